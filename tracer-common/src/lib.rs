@@ -1,0 +1,259 @@
+//! Types and names shared by tracer's eBPF programs (`tracer-ebpf`) and the
+//! daemon (`tracerd`).
+//!
+//! Every type here is `#[repr(C)]`, `Copy`, integers only, with explicit
+//! padding, and its size is pinned by a `const` assertion so that the kernel
+//! and user side can never disagree on a layout. Every map and program name is
+//! a `pub const` used by both sides: no string literal names a map twice.
+#![no_std]
+
+use core::mem::size_of;
+
+/// Live blocks: [`AllocKey`] → [`AllocInfo`]. One entry per live block of
+/// every traced process.
+pub const MAP_LIVE_ALLOCS: &str = "LIVE_ALLOCS";
+/// Calls in progress: thread id (`bpf_get_current_pid_tgid()`) → [`Inflight`],
+/// written at an allocator's entry and consumed at its return.
+pub const MAP_INFLIGHT: &str = "INFLIGHT";
+/// User stacks: a `BPF_MAP_TYPE_STACK_TRACE`, stack id → return addresses.
+pub const MAP_STACKS: &str = "STACKS";
+/// Per-process totals: tgid → [`ProcStats`].
+pub const MAP_PROCS: &str = "PROCS";
+/// Per-CPU counters indexed by [`Counter`].
+pub const MAP_COUNTERS: &str = "COUNTERS";
+/// Ring buffer of [`ProcEvent`]s: a process first seen, exec'd or exited.
+pub const MAP_EVENTS: &str = "EVENTS";
+
+/// Largest traceback the kernel stack walk can give (`PERF_MAX_STACK_DEPTH`).
+pub const MAX_NFRAME: u32 = 127;
+
+/// The name of the global in the eBPF object holding the daemon's own tgid,
+/// whose allocations are never traced.
+pub const GLOBAL_TRACERD_TGID: &str = "TRACERD_TGID";
+/// The name of the global holding the page size in bytes (for `pvalloc`).
+pub const GLOBAL_PAGE_SIZE: &str = "PAGE_SIZE";
+
+/// `stack_id` of an [`AllocInfo`] whose stack could not be stored.
+pub const STACK_ID_NONE: u32 = u32::MAX;
+
+/// The allocator functions tracer probes, with the names of their programs.
+///
+/// `entry` is the uprobe on the function's first instruction; `exit`, where
+/// present, the uretprobe that sees the result.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProbeSpec {
+    /// The glibc symbol.
+    pub symbol: &'static str,
+    /// The uprobe program run at entry.
+    pub entry: &'static str,
+    /// The uretprobe program run at return, if the result is needed.
+    pub exit: Option<&'static str>,
+}
+
+/// Every probe tracer attaches, in attach order. Exits are attached before
+/// entries so that no entry is ever recorded without its return being seen.
+pub const PROBES: [ProbeSpec; 10] = [
+    ProbeSpec { symbol: "malloc", entry: "malloc_enter", exit: Some("malloc_exit") },
+    ProbeSpec { symbol: "calloc", entry: "calloc_enter", exit: Some("calloc_exit") },
+    ProbeSpec { symbol: "realloc", entry: "realloc_enter", exit: Some("realloc_exit") },
+    ProbeSpec {
+        symbol: "reallocarray",
+        entry: "reallocarray_enter",
+        exit: Some("reallocarray_exit"),
+    },
+    ProbeSpec { symbol: "free", entry: "free_enter", exit: None },
+    ProbeSpec {
+        symbol: "posix_memalign",
+        entry: "posix_memalign_enter",
+        exit: Some("posix_memalign_exit"),
+    },
+    ProbeSpec {
+        symbol: "aligned_alloc",
+        entry: "aligned_alloc_enter",
+        exit: Some("aligned_alloc_exit"),
+    },
+    ProbeSpec { symbol: "memalign", entry: "memalign_enter", exit: Some("memalign_exit") },
+    ProbeSpec { symbol: "valloc", entry: "valloc_enter", exit: Some("valloc_exit") },
+    ProbeSpec { symbol: "pvalloc", entry: "pvalloc_enter", exit: Some("pvalloc_exit") },
+];
+
+/// The tracepoint programs for process lifecycle: (program, category, name).
+pub const TRACEPOINTS: [(&str, &str, &str); 2] = [
+    ("sched_process_exec", "sched", "sched_process_exec"),
+    ("sched_process_exit", "sched", "sched_process_exit"),
+];
+
+/// Key of [`MAP_LIVE_ALLOCS`]: one block of one process.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct AllocKey {
+    /// The process (thread group id).
+    pub tgid: u32,
+    /// Explicit padding, always 0.
+    pub _pad: u32,
+    /// The block's address in the process.
+    pub addr: u64,
+}
+const _: () = assert!(size_of::<AllocKey>() == 16);
+
+/// Value of [`MAP_LIVE_ALLOCS`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AllocInfo {
+    /// Requested size in bytes (for `pvalloc`, rounded up to the page size).
+    pub size: u64,
+    /// Id in [`MAP_STACKS`], or [`STACK_ID_NONE`] when the stack was not stored.
+    pub stack_id: u32,
+    /// The process generation ([`ProcStats::gen`]) the block belongs to: an
+    /// exec or a reused pid starts a new generation, so stale blocks of an
+    /// earlier image are never mixed with the new one.
+    pub gen_: u32,
+}
+const _: () = assert!(size_of::<AllocInfo>() == 16);
+
+/// Value of [`MAP_INFLIGHT`]: an allocator call between entry and return.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Inflight {
+    /// Size in bytes the call would allocate, overflow-checked.
+    pub size: u64,
+    /// `realloc`/`reallocarray`: the old block; `posix_memalign`: the
+    /// `memptr` out-pointer. 0 otherwise.
+    pub ptr: u64,
+    /// Nested calls of probed functions inside this one (glibc's `realloc`
+    /// calls `malloc` itself); they are not separate allocations.
+    pub depth: u32,
+    /// 1 when `n * m` overflowed (`calloc`, `reallocarray`): the call fails.
+    pub overflow: u32,
+}
+const _: () = assert!(size_of::<Inflight>() == 24);
+
+/// Value of [`MAP_PROCS`]: totals of one traced process, in bytes and counts.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProcStats {
+    /// Generation: unique per process image, from a global counter.
+    pub gen_: u32,
+    /// Explicit padding, always 0.
+    pub _pad: u32,
+    /// Bytes in live blocks now (`get_traced_memory()[0]`).
+    pub current: u64,
+    /// Highest `current` since tracing began or the last reset (`[1]`).
+    pub peak: u64,
+    /// Live blocks now.
+    pub blocks: u64,
+    /// Allocations recorded since tracing of this image began.
+    pub allocs: u64,
+    /// Frees of known blocks since tracing of this image began.
+    pub frees: u64,
+    /// Frees of pointers that were not live blocks (allocated before tracing
+    /// began, or lost).
+    pub unknown_frees: u64,
+    /// Events lost for this process (map full, stack not stored).
+    pub drops: u64,
+}
+const _: () = assert!(size_of::<ProcStats>() == 64);
+
+/// What a [`ProcEvent`] reports.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProcEventKind {
+    /// First allocation seen from a process image: read its maps now.
+    New = 1,
+    /// The image was replaced by exec: its blocks are gone.
+    Exec = 2,
+    /// The last thread exited: its blocks are gone.
+    Exit = 3,
+}
+
+/// Ring buffer record of [`MAP_EVENTS`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProcEvent {
+    /// A [`ProcEventKind`] as u32.
+    pub kind: u32,
+    /// The process.
+    pub tgid: u32,
+    /// The generation the event is about (for Exec/Exit: the one that ended).
+    pub gen_: u32,
+    /// Explicit padding, always 0.
+    pub _pad: u32,
+    /// `bpf_ktime_get_ns()` at the event, ns since boot (CLOCK_MONOTONIC).
+    pub ktime_ns: u64,
+    /// For Exec/Exit: the final totals of the generation that ended.
+    pub stats: ProcStats,
+}
+const _: () = assert!(size_of::<ProcEvent>() == 88);
+
+/// Slots of the per-CPU [`MAP_COUNTERS`] array.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Counter {
+    /// Allocations recorded.
+    Allocs = 0,
+    /// Frees of known blocks.
+    Frees = 1,
+    /// Frees of pointers not in the live map.
+    UnknownFrees = 2,
+    /// `free(NULL)` calls.
+    NullFrees = 3,
+    /// Allocator calls that returned failure.
+    FailedAllocs = 4,
+    /// Probed calls nested in another probed call (not counted twice).
+    Nested = 5,
+    /// A return seen without its entry (attached mid-call).
+    ExitWithoutEntry = 6,
+    /// Drop: [`MAP_LIVE_ALLOCS`] full, the block is not traced.
+    DropLiveFull = 7,
+    /// Drop: [`MAP_INFLIGHT`] full, the call is not traced.
+    DropInflightFull = 8,
+    /// Drop: [`MAP_PROCS`] full, the process is not traced.
+    DropProcsFull = 9,
+    /// The stack could not be stored (stack map full or bucket taken): the
+    /// block is traced with no traceback.
+    DropStack = 10,
+    /// Drop: the ring buffer was full, an event was lost.
+    DropEvents = 11,
+    /// A block overwrote a live block of the same address (its free was missed).
+    Overwrites = 12,
+    /// Process events sent.
+    ProcEvents = 13,
+}
+
+/// Number of slots in [`MAP_COUNTERS`].
+pub const COUNTER_SLOTS: u32 = 14;
+
+impl Counter {
+    /// Every counter with its name, in slot order.
+    pub const ALL: [(Counter, &'static str); COUNTER_SLOTS as usize] = [
+        (Counter::Allocs, "allocs"),
+        (Counter::Frees, "frees"),
+        (Counter::UnknownFrees, "unknown_frees"),
+        (Counter::NullFrees, "null_frees"),
+        (Counter::FailedAllocs, "failed_allocs"),
+        (Counter::Nested, "nested"),
+        (Counter::ExitWithoutEntry, "exit_without_entry"),
+        (Counter::DropLiveFull, "drop_live_full"),
+        (Counter::DropInflightFull, "drop_inflight_full"),
+        (Counter::DropProcsFull, "drop_procs_full"),
+        (Counter::DropStack, "drop_stack"),
+        (Counter::DropEvents, "drop_events"),
+        (Counter::Overwrites, "overwrites"),
+        (Counter::ProcEvents, "proc_events"),
+    ];
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: each type is #[repr(C)], Copy, made only of integers with
+    // explicit padding, so every bit pattern is valid.
+    unsafe impl aya::Pod for super::AllocKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::AllocInfo {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::Inflight {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::ProcStats {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::ProcEvent {}
+}

@@ -1,0 +1,560 @@
+//! Capture: load tracer's eBPF programs, attach them to the host's glibc and
+//! the scheduler's lifecycle tracepoints, and read what they keep in the
+//! kernel maps.
+//!
+//! Everything here talks to the kernel (needs root, or CAP_BPF +
+//! CAP_PERFMON); nothing here interprets what it reads: that is the job of
+//! [`crate::registry`] and [`crate::model`].
+use std::{
+    collections::{BTreeMap, HashSet},
+    fs,
+    os::unix::fs::MetadataExt,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf, StackTraceMap},
+    programs::{TracePoint, UProbe, uprobe::UProbeScope},
+};
+use object::{Object as _, ObjectSection as _, ObjectSymbol as _};
+use tracer_common::{
+    AllocInfo, AllocKey, COUNTER_SLOTS, Counter, GLOBAL_PAGE_SIZE, GLOBAL_TRACERD_TGID, MAP_COUNTERS,
+    MAP_EVENTS, MAP_INFLIGHT, MAP_LIVE_ALLOCS, MAP_PROCS, MAP_STACKS, MAX_NFRAME, PROBES,
+    ProcStats, TRACEPOINTS,
+};
+
+/// The eBPF object built by `build.rs` (empty when built with `AYA_BUILD_SKIP=1`).
+static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tracer"));
+
+/// Errors of loading, attaching and reading the eBPF side.
+#[derive(Debug, thiserror::Error)]
+pub enum CaptureError {
+    /// This binary was built with `AYA_BUILD_SKIP=1` and holds no eBPF object.
+    #[error("this tracerd was built without its eBPF programs (AYA_BUILD_SKIP); rebuild without it")]
+    NotBuilt,
+    /// The eBPF object could not be prepared or loaded.
+    #[error("loading the eBPF object: {0}")]
+    Load(String),
+    /// A program could not be loaded into the kernel (verifier, permissions).
+    #[error("loading program {program}: {source}")]
+    Program {
+        /// The program's name.
+        program: String,
+        /// What aya said.
+        #[source]
+        source: aya::programs::ProgramError,
+    },
+    /// A program could not be attached to its target.
+    #[error("attaching {program} to {target}: {source}")]
+    Attach {
+        /// The program's name.
+        program: String,
+        /// Where: a library path and symbol, or a tracepoint.
+        target: String,
+        /// What aya said.
+        #[source]
+        source: aya::programs::ProgramError,
+    },
+    /// No glibc was found to attach to.
+    #[error("no glibc found (looked at {looked}); pass --libc PATH")]
+    NoLibc {
+        /// The places looked at.
+        looked: String,
+    },
+    /// glibc could not be read or lacks a symbol tracer needs.
+    #[error("reading {path}: {reason}")]
+    Libc {
+        /// The library.
+        path: PathBuf,
+        /// What went wrong.
+        reason: String,
+    },
+    /// A kernel map is missing from the object or of the wrong type.
+    #[error("map {map}: {reason}")]
+    Map {
+        /// The map's name.
+        map: &'static str,
+        /// What went wrong.
+        reason: String,
+    },
+}
+
+/// Capacities and limits of the kernel side, set at load time.
+#[derive(Clone, Debug)]
+pub struct CaptureConfig {
+    /// Frames kept per stack, 1..=127 ([`MAX_NFRAME`]): the kernel's walk
+    /// stops there, and the stack map's value size is `nframe * 8` bytes.
+    pub nframe: u32,
+    /// Capacity of `LIVE_ALLOCS` in live blocks, all processes together.
+    pub max_live_blocks: u32,
+    /// Capacity of `STACKS` in distinct stacks.
+    pub max_stacks: u32,
+    /// Capacity of `PROCS` in processes.
+    pub max_procs: u32,
+    /// The glibc files to probe; empty: found as the dynamic loader finds them.
+    pub libc: Vec<PathBuf>,
+}
+
+/// One attached library: its path and the probes on it.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct AttachedLibrary {
+    /// The library as found (canonical path).
+    pub path: PathBuf,
+    /// `symbol@file_offset` of each attached uprobe (aliases share one).
+    pub probes: Vec<String>,
+}
+
+/// The loaded eBPF programs, their links, and handles to their maps.
+///
+/// Dropping it detaches every probe and frees every map.
+pub struct Capture {
+    /// Holds programs and links: dropping it detaches them.
+    _ebpf: Ebpf,
+    live: BpfHashMap<MapData, AllocKey, AllocInfo>,
+    stacks: StackTraceMap<MapData>,
+    procs: BpfHashMap<MapData, u32, ProcStats>,
+    counters: PerCpuArray<MapData, u64>,
+    inflight: BpfHashMap<MapData, u64, tracer_common::Inflight>,
+    events: Option<RingBuf<MapData>>,
+    libraries: Vec<AttachedLibrary>,
+    config: CaptureConfig,
+}
+
+impl Capture {
+    /// Loads the programs, sizes the maps from `config`, and attaches the
+    /// lifecycle tracepoints, then every allocator uretprobe, then every
+    /// uprobe (so no entry is recorded whose return would be missed).
+    ///
+    /// # Errors
+    /// [`CaptureError`] naming the program, map or library that failed.
+    pub fn load(config: CaptureConfig) -> Result<Self, CaptureError> {
+        if EBPF_OBJECT.is_empty() {
+            return Err(CaptureError::NotBuilt);
+        }
+        ensure_tracefs();
+        bump_memlock_rlimit();
+        let nframe = config.nframe.clamp(1, MAX_NFRAME);
+        let object = patch_map_value_size(EBPF_OBJECT, MAP_STACKS, nframe * 8)?;
+        let tgid = std::process::id();
+        // SAFETY: sysconf has no preconditions.
+        let page_size = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+        let mut ebpf = EbpfLoader::new()
+            .set_global(GLOBAL_TRACERD_TGID, &tgid, true)
+            .set_global(GLOBAL_PAGE_SIZE, &page_size, true)
+            .set_max_entries(MAP_LIVE_ALLOCS, config.max_live_blocks)
+            .set_max_entries(MAP_STACKS, config.max_stacks)
+            .set_max_entries(MAP_PROCS, config.max_procs)
+            .load(object.as_bytes())
+            .map_err(|e| CaptureError::Load(e.to_string()))?;
+
+        for (name, category, event) in TRACEPOINTS {
+            let program: &mut TracePoint = program_mut(&mut ebpf, name)?;
+            program.load().map_err(|source| CaptureError::Program { program: name.into(), source })?;
+            program.attach(category, event).map_err(|source| CaptureError::Attach {
+                program: name.into(),
+                target: format!("{category}:{event}"),
+                source,
+            })?;
+        }
+
+        let libcs = find_libc(&config.libc)?;
+        let mut libraries = Vec::new();
+        for path in &libcs {
+            let points = probe_points(path)?;
+            // Uretprobes first, then uprobes (see above).
+            for exit_pass in [true, false] {
+                for (spec, offset) in &points {
+                    let name = if exit_pass {
+                        match spec.exit {
+                            Some(exit) => exit,
+                            None => continue,
+                        }
+                    } else {
+                        spec.entry
+                    };
+                    let program: &mut UProbe = program_mut(&mut ebpf, name)?;
+                    if program.fd().is_err() {
+                        program
+                            .load()
+                            .map_err(|source| CaptureError::Program { program: name.into(), source })?;
+                    }
+                    program.attach(*offset, path, UProbeScope::AllProcesses).map_err(|source| {
+                        CaptureError::Attach {
+                            program: name.into(),
+                            target: format!("{}:{}", path.display(), spec.symbol),
+                            source,
+                        }
+                    })?;
+                }
+            }
+            libraries.push(AttachedLibrary {
+                path: path.clone(),
+                probes: points.iter().map(|(s, o)| format!("{}@{o:#x}", s.symbol)).collect(),
+            });
+        }
+
+        let live = take_map(&mut ebpf, MAP_LIVE_ALLOCS)?;
+        let stacks = take_map(&mut ebpf, MAP_STACKS)?;
+        let procs = take_map(&mut ebpf, MAP_PROCS)?;
+        let counters = take_map(&mut ebpf, MAP_COUNTERS)?;
+        let inflight = take_map(&mut ebpf, MAP_INFLIGHT)?;
+        let events = take_map(&mut ebpf, MAP_EVENTS)?;
+        Ok(Self {
+            _ebpf: ebpf,
+            live,
+            stacks,
+            procs,
+            counters,
+            inflight,
+            events: Some(events),
+            libraries,
+            config: CaptureConfig { nframe, ..config },
+        })
+    }
+
+    /// The libraries probed and the probe points on each.
+    pub fn libraries(&self) -> &[AttachedLibrary] {
+        &self.libraries
+    }
+
+    /// The configuration in force (nframe clamped to 1..=127).
+    pub fn config(&self) -> &CaptureConfig {
+        &self.config
+    }
+
+    /// The ring buffer of process events; taken once by the event loop.
+    pub fn take_events(&mut self) -> Option<RingBuf<MapData>> {
+        self.events.take()
+    }
+
+    /// Every live block of the processes `want` (tgid → generation), read
+    /// from `LIVE_ALLOCS`; with `want` None, every entry of every process.
+    /// One pass over the map (two syscalls per entry).
+    pub fn live_blocks(&self, want: Option<&BTreeMap<u32, u32>>) -> Vec<(AllocKey, AllocInfo)> {
+        let mut out = Vec::new();
+        for item in self.live.iter() {
+            let Ok((key, info)) = item else { continue };
+            match want {
+                Some(want) if want.get(&key.tgid) != Some(&info.gen_) => {}
+                _ => out.push((key, info)),
+            }
+        }
+        out
+    }
+
+    /// Removes the given blocks from `LIVE_ALLOCS`; returns how many were
+    /// removed (a block freed meanwhile is already gone).
+    pub fn remove_blocks(&mut self, keys: &[AllocKey]) -> usize {
+        keys.iter().filter(|key| self.live.remove(key).is_ok()).count()
+    }
+
+    /// The return addresses of stack `id` (frame 0 first: the call site in
+    /// the allocator's caller), from `STACKS`; None if it is not there.
+    pub fn stack(&self, id: u32) -> Option<Vec<u64>> {
+        let trace = self.stacks.get(&id, 0).ok()?;
+        Some(trace.frames().iter().map(|f| f.ip).collect())
+    }
+
+    /// Totals of one process's current image from `PROCS`.
+    pub fn proc_stats(&self, tgid: u32) -> Option<ProcStats> {
+        self.procs.get(&tgid, 0).ok()
+    }
+
+    /// Every process in `PROCS`: tgid → totals.
+    pub fn all_proc_stats(&self) -> Vec<(u32, ProcStats)> {
+        self.procs.iter().filter_map(Result::ok).collect()
+    }
+
+    /// Sets the peak of `tgid` to its current value (`reset_peak()`).
+    pub fn reset_peak(&mut self, tgid: u32) -> bool {
+        let Ok(mut stats) = self.procs.get(&tgid, 0) else { return false };
+        stats.peak = stats.current;
+        self.procs.insert(tgid, stats, 0).is_ok()
+    }
+
+    /// The per-CPU counters summed over CPUs, by name, in slot order.
+    pub fn counters(&self) -> Vec<(&'static str, u64)> {
+        Counter::ALL
+            .iter()
+            .map(|(counter, name)| {
+                let total = self
+                    .counters
+                    .get(&(*counter as u32), 0)
+                    .map(|values| values.iter().copied().fold(0u64, u64::wrapping_add))
+                    .unwrap_or(0);
+                (*name, total)
+            })
+            .collect()
+    }
+
+    /// Entries now in each kernel map: (map name, entries, capacity).
+    /// Counting walks the hash maps' keys (one syscall per key).
+    pub fn map_usage(&self) -> Vec<(&'static str, u64, u64)> {
+        vec![
+            (MAP_LIVE_ALLOCS, self.live.keys().count() as u64, u64::from(self.config.max_live_blocks)),
+            (MAP_STACKS, self.stacks.stack_ids().count() as u64, u64::from(self.config.max_stacks)),
+            (MAP_PROCS, self.procs.keys().count() as u64, u64::from(self.config.max_procs)),
+            (MAP_INFLIGHT, self.inflight.keys().count() as u64, 1 << 16),
+            (MAP_COUNTERS, u64::from(COUNTER_SLOTS), u64::from(COUNTER_SLOTS)),
+        ]
+    }
+}
+
+fn program_mut<'a, T>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut T, CaptureError>
+where
+    &'a mut T: TryFrom<&'a mut aya::programs::Program>,
+{
+    let program = ebpf
+        .program_mut(name)
+        .ok_or_else(|| CaptureError::Load(format!("program {name} is not in the object")))?;
+    program
+        .try_into()
+        .map_err(|_| CaptureError::Load(format!("program {name} has an unexpected type")))
+}
+
+fn take_map<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, CaptureError>
+where
+    T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>,
+{
+    let map = ebpf
+        .take_map(name)
+        .ok_or(CaptureError::Map { map: name, reason: "not in the object".into() })?;
+    T::try_from(map).map_err(|e| CaptureError::Map { map: name, reason: e.to_string() })
+}
+
+/// An 8-byte aligned copy of an ELF object (object parsing needs alignment).
+pub struct AlignedObject(Vec<u64>, usize);
+
+impl AlignedObject {
+    /// The object's bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        // SAFETY: the Vec holds at least self.1 initialised bytes (its length
+        // in u64s is rounded up), and u8 has no alignment requirement.
+        unsafe { std::slice::from_raw_parts(self.0.as_ptr().cast::<u8>(), self.1) }
+    }
+
+    fn as_bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in as_bytes, and we hold the only reference.
+        unsafe { std::slice::from_raw_parts_mut(self.0.as_mut_ptr().cast::<u8>(), self.1) }
+    }
+}
+
+/// Returns a copy of the eBPF object with the `value_size` of the legacy map
+/// definition `map` (a `struct bpf_map_def` in section `maps`) set to
+/// `value_size`. aya-ebpf's `StackTrace` is always 127 frames deep; the
+/// kernel walks only `value_size / 8` frames, so this sets `nframe` and the
+/// map's memory at once.
+///
+/// # Errors
+/// [`CaptureError::Load`] if the object has no such map definition.
+pub fn patch_map_value_size(
+    object: &[u8],
+    map: &str,
+    value_size: u32,
+) -> Result<AlignedObject, CaptureError> {
+    let mut copy = AlignedObject(vec![0u64; object.len().div_ceil(8)], object.len());
+    copy.as_bytes_mut().copy_from_slice(object);
+    let position = {
+        let file = object::File::parse(copy.as_bytes())
+            .map_err(|e| CaptureError::Load(format!("parsing the eBPF object: {e}")))?;
+        let symbol = file
+            .symbols()
+            .find(|s| s.name() == Ok(map))
+            .ok_or_else(|| CaptureError::Load(format!("no symbol {map} in the eBPF object")))?;
+        let section = symbol
+            .section_index()
+            .and_then(|i| file.section_by_index(i).ok())
+            .ok_or_else(|| CaptureError::Load(format!("symbol {map} has no section")))?;
+        let (start, _) = section
+            .file_range()
+            .ok_or_else(|| CaptureError::Load(format!("section of {map} has no data")))?;
+        // struct bpf_map_def { u32 type, key_size, value_size, ... }
+        usize::try_from(start + symbol.address() + 8)
+            .map_err(|_| CaptureError::Load(format!("map {map} lies beyond the object")))?
+    };
+    let field = copy
+        .as_bytes_mut()
+        .get_mut(position..position + 4)
+        .ok_or_else(|| CaptureError::Load(format!("map {map} lies beyond the object")))?;
+    let old = u32::from_le_bytes([field[0], field[1], field[2], field[3]]);
+    if old != MAX_NFRAME * 8 {
+        return Err(CaptureError::Load(format!(
+            "map {map} has value size {old}, expected {}",
+            MAX_NFRAME * 8
+        )));
+    }
+    field.copy_from_slice(&value_size.to_le_bytes());
+    Ok(copy)
+}
+
+/// Mounts tracefs at /sys/kernel/tracing if it is not mounted: attaching a
+/// tracepoint reads its id there.
+fn ensure_tracefs() {
+    if Path::new("/sys/kernel/tracing/events").exists()
+        || Path::new("/sys/kernel/debug/tracing/events").exists()
+    {
+        return;
+    }
+    let ok = Command::new("mount")
+        .args(["-t", "tracefs", "nodev", "/sys/kernel/tracing"])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !ok {
+        tracing::warn!(target = "/sys/kernel/tracing", "could not mount tracefs");
+    }
+}
+
+/// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK.
+fn bump_memlock_rlimit() {
+    let limit = libc::rlimit { rlim_cur: libc::RLIM_INFINITY, rlim_max: libc::RLIM_INFINITY };
+    // SAFETY: a valid rlimit struct for the call's duration.
+    let ret = unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &limit) };
+    if ret != 0 {
+        tracing::debug!("setrlimit(RLIMIT_MEMLOCK) failed; fine on kernels >= 5.11");
+    }
+}
+
+/// The glibc files to probe: `configured` if given, else every distinct
+/// `libc.so.6` the dynamic loader resolves: the one mapped into tracerd
+/// itself (/proc/self/maps) and those `ldconfig -p` lists (ld.so.cache).
+/// Distinct means a distinct (device, inode): symlinks collapse.
+///
+/// # Errors
+/// [`CaptureError::NoLibc`] when none is found.
+pub fn find_libc(configured: &[PathBuf]) -> Result<Vec<PathBuf>, CaptureError> {
+    let mut candidates: Vec<PathBuf> = configured.to_vec();
+    if candidates.is_empty() {
+        if let Ok(maps) = fs::read_to_string("/proc/self/maps") {
+            for line in maps.lines() {
+                if let Some(path) = line.split_whitespace().nth(5)
+                    && is_libc_name(path)
+                {
+                    candidates.push(PathBuf::from(path));
+                }
+            }
+        }
+        if let Ok(out) = Command::new("ldconfig").arg("-p").output() {
+            for line in String::from_utf8_lossy(&out.stdout).lines() {
+                // "\tlibc.so.6 (libc6,x86-64) => /lib/x86_64-linux-gnu/libc.so.6"
+                let line = line.trim();
+                if line.starts_with("libc.so.6 ")
+                    && host_abi_matches(line)
+                    && let Some((_, path)) = line.split_once(" => ")
+                {
+                    candidates.push(PathBuf::from(path.trim()));
+                }
+            }
+        }
+    }
+    let mut seen = HashSet::new();
+    let mut found = Vec::new();
+    for candidate in &candidates {
+        let Ok(canonical) = fs::canonicalize(candidate) else { continue };
+        let Ok(meta) = fs::metadata(&canonical) else { continue };
+        if seen.insert((meta.dev(), meta.ino())) {
+            found.push(canonical);
+        }
+    }
+    if found.is_empty() {
+        let looked = if configured.is_empty() {
+            "/proc/self/maps, ldconfig -p".to_string()
+        } else {
+            configured.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+        };
+        return Err(CaptureError::NoLibc { looked });
+    }
+    Ok(found)
+}
+
+fn is_libc_name(path: &str) -> bool {
+    Path::new(path)
+        .file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n == "libc.so.6" || (n.starts_with("libc-2.") && n.ends_with(".so")))
+}
+
+fn host_abi_matches(ldconfig_line: &str) -> bool {
+    if cfg!(target_arch = "x86_64") {
+        ldconfig_line.contains("x86-64")
+    } else if cfg!(target_arch = "aarch64") {
+        ldconfig_line.contains("AArch64")
+    } else {
+        true
+    }
+}
+
+/// Resolves each probed function of `PROBES` in the library's dynamic symbol
+/// table to its file offset. Functions that are aliases of one another (the
+/// same address, e.g. `aligned_alloc` and `memalign` in some glibc versions)
+/// get one probe, the first in `PROBES` order: two probes on one address
+/// would count one call twice. Functions the library lacks are skipped.
+///
+/// # Errors
+/// [`CaptureError::Libc`] if the file cannot be read, or lacks `malloc` or `free`.
+pub fn probe_points(
+    path: &Path,
+) -> Result<Vec<(tracer_common::ProbeSpec, u64)>, CaptureError> {
+    let err = |reason: String| CaptureError::Libc { path: path.to_path_buf(), reason };
+    let data = fs::read(path).map_err(|e| err(e.to_string()))?;
+    let file = object::File::parse(&*data).map_err(|e| err(e.to_string()))?;
+    let mut by_name = std::collections::HashMap::new();
+    for symbol in file.dynamic_symbols() {
+        if symbol.kind() != object::SymbolKind::Text || !symbol.is_definition() {
+            continue;
+        }
+        let Ok(name) = symbol.name() else { continue };
+        // Versioned names ("malloc@@GLIBC_2.2.5") are reported bare by object.
+        let name = name.split('@').next().unwrap_or(name);
+        by_name.entry(name.to_string()).or_insert(symbol.address());
+    }
+    let mut points = Vec::new();
+    let mut addresses = HashSet::new();
+    for spec in PROBES {
+        let Some(&address) = by_name.get(spec.symbol) else {
+            if spec.symbol == "malloc" || spec.symbol == "free" {
+                return Err(err(format!("no symbol {}", spec.symbol)));
+            }
+            continue;
+        };
+        if !addresses.insert(address) {
+            continue;
+        }
+        let section = file
+            .sections()
+            .find(|s| {
+                s.kind() == object::SectionKind::Text
+                    && (s.address()..s.address() + s.size()).contains(&address)
+            })
+            .ok_or_else(|| err(format!("{} is in no text section", spec.symbol)))?;
+        let (file_start, _) =
+            section.file_range().ok_or_else(|| err("text section without data".into()))?;
+        points.push((spec, address - section.address() + file_start));
+    }
+    Ok(points)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn probe_points_cover_glibc_allocators_once_per_address() {
+        let libc = find_libc(&[]).expect("the host has a glibc");
+        let points = probe_points(&libc[0]).expect("glibc has malloc and free");
+        let names: Vec<_> = points.iter().map(|(s, _)| s.symbol).collect();
+        for needed in ["malloc", "calloc", "realloc", "free", "posix_memalign", "valloc", "pvalloc"] {
+            assert!(names.contains(&needed), "{needed} missing from {names:?}");
+        }
+        let offsets: HashSet<_> = points.iter().map(|(_, o)| *o).collect();
+        assert_eq!(offsets.len(), points.len());
+    }
+
+    #[test]
+    fn find_libc_refuses_a_missing_configured_path() {
+        let err = find_libc(&[PathBuf::from("/nonexistent/libc.so.6")]).unwrap_err();
+        assert!(err.to_string().contains("/nonexistent/libc.so.6"), "{err}");
+    }
+}

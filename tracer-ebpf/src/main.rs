@@ -1,0 +1,557 @@
+//! tracer's eBPF programs.
+//!
+//! Uprobes on glibc's allocator functions keep, per traced process, the set of
+//! live blocks (`LIVE_ALLOCS`: (tgid, address) → size, stack id, generation)
+//! and running totals (`PROCS`). Everything is aggregated here in the kernel:
+//! userspace is woken only once per process image (first allocation, exec,
+//! exit), never per allocation.
+//!
+//! The stack is taken at the allocator's *return* (uretprobe). There the
+//! kernel has already restored the instruction pointer to the return address
+//! in the caller, and the caller's frame pointer is intact, so the
+//! frame-pointer walk starts at the call site in the allocator's caller
+//! (frame 0) and skips nothing. (At the uprobe on entry the walk would skip
+//! the immediate caller, because glibc's `malloc` does not begin with
+//! `push %rbp`.)
+//!
+//! Nesting: glibc's `realloc` calls `malloc` for mmapped chunks,
+//! `reallocarray` calls `realloc`, the memalign family calls `malloc`. Those
+//! inner calls hit our probes too; a per-thread depth in `INFLIGHT` makes the
+//! outermost call the only one recorded. An inner `free` (realloc(p, 0)) is
+//! recorded as a free: it has the same effect as the outer call.
+#![no_std]
+#![no_main]
+// Atomic read-modify-write on map values: the BPF target has no `Atomic*`
+// types, but LLVM lowers these intrinsics to BPF atomic instructions.
+#![allow(internal_features)]
+#![feature(asm_experimental_arch)]
+
+use core::arch::asm;
+
+use aya_ebpf::{
+    bindings::{BPF_F_NO_PREALLOC, BPF_F_USER_STACK, BPF_NOEXIST},
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user},
+    macros::{map, tracepoint, uprobe, uretprobe},
+    maps::{Array, HashMap, PerCpuArray, RingBuf, StackTrace},
+    programs::{ProbeContext, RetProbeContext, TracePointContext},
+    programs::tracing::StackIdContext,
+};
+use tracer_common::{
+    AllocInfo, AllocKey, COUNTER_SLOTS, Counter, Inflight, ProcEvent, ProcEventKind, ProcStats,
+    STACK_ID_NONE,
+};
+
+/// The daemon's own tgid: its allocations are never traced. Set at load time.
+#[unsafe(no_mangle)]
+static TRACERD_TGID: u32 = 0;
+
+/// Page size in bytes, for `pvalloc`. Set at load time.
+#[unsafe(no_mangle)]
+static PAGE_SIZE: u64 = 4096;
+
+const EEXIST: i32 = 17;
+
+// Capacities here are defaults; tracerd sets them at load time from its config.
+#[map]
+static LIVE_ALLOCS: HashMap<AllocKey, AllocInfo> =
+    HashMap::with_max_entries(1 << 22, BPF_F_NO_PREALLOC);
+
+#[map]
+static INFLIGHT: HashMap<u64, Inflight> = HashMap::with_max_entries(1 << 16, 0);
+
+#[map]
+static STACKS: StackTrace = StackTrace::with_max_entries(1 << 16, 0);
+
+#[map]
+static PROCS: HashMap<u32, ProcStats> = HashMap::with_max_entries(1 << 16, 0);
+
+#[map]
+static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTER_SLOTS, 0);
+
+/// Slot 0: the last generation handed out.
+#[map]
+static GENERATION: Array<u64> = Array::with_max_entries(1, 0);
+
+#[map]
+static EVENTS: RingBuf = RingBuf::with_byte_size(1 << 18, 0);
+
+#[inline(always)]
+fn count(counter: Counter) {
+    if let Some(slot) = COUNTERS.get_ptr_mut(counter as u32) {
+        // SAFETY: a per-CPU slot; BPF programs are not migrated while they run.
+        unsafe { *slot += 1 };
+    }
+}
+
+#[inline(always)]
+fn tracerd_tgid() -> u32 {
+    // SAFETY: a global set once at load time; volatile so the compiler does
+    // not fold the 0 it was compiled with.
+    unsafe { core::ptr::read_volatile(&TRACERD_TGID) }
+}
+
+/// The calling thread's id and its process's tgid, or None for tracerd itself.
+#[inline(always)]
+fn current() -> Option<(u64, u32)> {
+    let id = bpf_get_current_pid_tgid();
+    let tgid = (id >> 32) as u32;
+    if tgid == tracerd_tgid() { None } else { Some((id, tgid)) }
+}
+
+// Atomic read-modify-write on map values. The BPF target has no `Atomic*`
+// types and aya-build compiles for the generic (v1) CPU, where LLVM refuses
+// to use the result of an atomic add; the kernel itself runs the v3 atomic
+// instructions (BPF_FETCH, BPF_CMPXCHG, since 5.12), so they are written here
+// in BPF assembly.
+
+/// Atomically adds `v` (wrapping) to `*p` and returns the value before.
+#[inline(always)]
+fn fetch_add(p: *mut u64, v: u64) -> u64 {
+    let mut v = v;
+    // SAFETY: p points into a map value, 8-byte aligned, alive while the
+    // program runs; all concurrent writers use atomics.
+    unsafe {
+        asm!("{v} = atomic_fetch_add((u64 *)({p} + 0), {v})", p = in(reg) p, v = inout(reg) v);
+    }
+    v
+}
+
+/// Atomically sets `*p` to `new` if it is `expected`; returns the value seen.
+#[inline(always)]
+fn compare_exchange(p: *mut u64, expected: u64, new: u64) -> u64 {
+    let mut seen = expected;
+    // SAFETY: as for fetch_add. cmpxchg compares with and returns into r0.
+    unsafe {
+        asm!("r0 = cmpxchg_64({p} + 0, r0, {new})", p = in(reg) p, new = in(reg) new,
+             inout("r0") seen);
+    }
+    seen
+}
+
+// ---------------------------------------------------------------- entry side
+
+#[inline(always)]
+fn record_entry(size: u64, ptr: u64, overflow: bool) -> u32 {
+    let Some((id, _)) = current() else { return 0 };
+    if let Some(inflight) = INFLIGHT.get_ptr_mut(id) {
+        // SAFETY: the entry is this thread's own; no other thread writes it.
+        unsafe { (*inflight).depth += 1 };
+        count(Counter::Nested);
+        return 0;
+    }
+    let value = Inflight { size, ptr, depth: 0, overflow: overflow as u32 };
+    if INFLIGHT.insert(id, value, 0).is_err() {
+        count(Counter::DropInflightFull);
+    }
+    0
+}
+
+#[inline(always)]
+fn arg(ctx: &ProbeContext, n: usize) -> u64 {
+    ctx.arg::<u64>(n).unwrap_or(0)
+}
+
+/// `n * m` and whether it overflowed, without 128-bit multiplication (which
+/// the BPF target lacks).
+#[inline(always)]
+fn mul(n: u64, m: u64) -> (u64, bool) {
+    if n == 0 {
+        return (0, false);
+    }
+    // black_box keeps LLVM from turning the division back into a widening
+    // multiplication.
+    let limit = core::hint::black_box(u64::MAX / n);
+    (n.wrapping_mul(m), m > limit)
+}
+
+#[uprobe]
+pub fn malloc_enter(ctx: ProbeContext) -> u32 {
+    record_entry(arg(&ctx, 0), 0, false)
+}
+
+#[uprobe]
+pub fn calloc_enter(ctx: ProbeContext) -> u32 {
+    let (size, overflow) = mul(arg(&ctx, 0), arg(&ctx, 1));
+    record_entry(size, 0, overflow)
+}
+
+#[uprobe]
+pub fn realloc_enter(ctx: ProbeContext) -> u32 {
+    record_entry(arg(&ctx, 1), arg(&ctx, 0), false)
+}
+
+#[uprobe]
+pub fn reallocarray_enter(ctx: ProbeContext) -> u32 {
+    let (size, overflow) = mul(arg(&ctx, 1), arg(&ctx, 2));
+    record_entry(size, arg(&ctx, 0), overflow)
+}
+
+#[uprobe]
+pub fn posix_memalign_enter(ctx: ProbeContext) -> u32 {
+    record_entry(arg(&ctx, 2), arg(&ctx, 0), false)
+}
+
+#[uprobe]
+pub fn aligned_alloc_enter(ctx: ProbeContext) -> u32 {
+    record_entry(arg(&ctx, 1), 0, false)
+}
+
+#[uprobe]
+pub fn memalign_enter(ctx: ProbeContext) -> u32 {
+    record_entry(arg(&ctx, 1), 0, false)
+}
+
+#[uprobe]
+pub fn valloc_enter(ctx: ProbeContext) -> u32 {
+    record_entry(arg(&ctx, 0), 0, false)
+}
+
+#[uprobe]
+pub fn pvalloc_enter(ctx: ProbeContext) -> u32 {
+    // SAFETY: a global set once at load time.
+    let page = unsafe { core::ptr::read_volatile(&PAGE_SIZE) };
+    let n = arg(&ctx, 0);
+    let (sum, overflow) = n.overflowing_add(page.wrapping_sub(1));
+    record_entry(sum & !(page.wrapping_sub(1)), 0, overflow)
+}
+
+#[uprobe]
+pub fn free_enter(ctx: ProbeContext) -> u32 {
+    let Some((_, tgid)) = current() else { return 0 };
+    let ptr = arg(&ctx, 0);
+    if ptr == 0 {
+        count(Counter::NullFrees);
+        return 0;
+    }
+    remove_block(tgid, ptr, true);
+    0
+}
+
+// ----------------------------------------------------------------- exit side
+
+/// The outermost call's entry record, consumed; None for nested calls.
+#[inline(always)]
+fn take_inflight() -> Option<(u32, Inflight)> {
+    let (id, tgid) = current()?;
+    let Some(inflight) = INFLIGHT.get_ptr_mut(id) else {
+        count(Counter::ExitWithoutEntry);
+        return None;
+    };
+    // SAFETY: the entry is this thread's own; no other thread writes it.
+    let value = unsafe {
+        if (*inflight).depth > 0 {
+            (*inflight).depth -= 1;
+            return None;
+        }
+        *inflight
+    };
+    let _ = INFLIGHT.remove(id);
+    Some((tgid, value))
+}
+
+/// The totals of `tgid`, created (with a new generation, and a `New` event
+/// for userspace) at the process image's first allocation.
+#[inline(always)]
+fn proc_stats(tgid: u32) -> Option<*mut ProcStats> {
+    if let Some(stats) = PROCS.get_ptr_mut(tgid) {
+        return Some(stats);
+    }
+    let slot = GENERATION.get_ptr_mut(0)?;
+    let gen_ = fetch_add(slot, 1).wrapping_add(1) as u32;
+    let stats = ProcStats { gen_, ..ProcStats::default() };
+    match PROCS.insert(tgid, stats, BPF_NOEXIST as u64) {
+        Ok(()) => send_event(ProcEventKind::New, tgid, gen_, &ProcStats::default()),
+        // Another thread of the process created it first.
+        Err(e) if e == -EEXIST => {}
+        Err(_) => {
+            count(Counter::DropProcsFull);
+            return None;
+        }
+    }
+    PROCS.get_ptr_mut(tgid)
+}
+
+#[inline(always)]
+fn send_event(kind: ProcEventKind, tgid: u32, gen_: u32, stats: &ProcStats) {
+    let event = ProcEvent {
+        kind: kind as u32,
+        tgid,
+        gen_,
+        _pad: 0,
+        // SAFETY: a helper with no preconditions.
+        ktime_ns: unsafe { bpf_ktime_get_ns() },
+        stats: *stats,
+    };
+    if EVENTS.output::<ProcEvent>(&event, 0).is_err() {
+        count(Counter::DropEvents);
+    } else {
+        count(Counter::ProcEvents);
+    }
+}
+
+#[inline(always)]
+fn add_block(stats: *mut ProcStats, size: u64) {
+    // SAFETY: stats points into a PROCS value (see fetch_add).
+    let (current, peak, blocks, allocs) = unsafe {
+        (
+            &raw mut (*stats).current,
+            &raw mut (*stats).peak,
+            &raw mut (*stats).blocks,
+            &raw mut (*stats).allocs,
+        )
+    };
+    let now = fetch_add(current, size).wrapping_add(size);
+    fetch_add(blocks, 1);
+    fetch_add(allocs, 1);
+    // Bounded compare-and-swap: the verifier rejects unbounded loops.
+    // SAFETY: peak points into a PROCS value (see fetch_add).
+    let mut seen = unsafe { core::ptr::read_volatile(peak) };
+    let mut tries = 0;
+    while seen < now && tries < 8 {
+        let old = compare_exchange(peak, seen, now);
+        if old == seen {
+            break;
+        }
+        seen = old;
+        tries += 1;
+    }
+}
+
+#[inline(always)]
+fn sub_block(stats: *mut ProcStats, size: u64) {
+    // SAFETY: stats points into a PROCS value (see fetch_add).
+    let (current, blocks, frees) = unsafe {
+        (&raw mut (*stats).current, &raw mut (*stats).blocks, &raw mut (*stats).frees)
+    };
+    fetch_add(current, size.wrapping_neg());
+    fetch_add(blocks, u64::MAX);
+    fetch_add(frees, 1);
+}
+
+/// Removes the live block `ptr` of `tgid`; a pointer that is not a live block
+/// of the current image is counted as an unknown free when `count_unknown`.
+#[inline(always)]
+fn remove_block(tgid: u32, ptr: u64, count_unknown: bool) {
+    let key = AllocKey { tgid, _pad: 0, addr: ptr };
+    let stats = PROCS.get_ptr_mut(tgid);
+    let info = match LIVE_ALLOCS.get_ptr(key) {
+        // SAFETY: a LIVE_ALLOCS value, copied out at once.
+        Some(info) => unsafe { *info },
+        None => {
+            if count_unknown {
+                unknown_free(stats);
+            }
+            return;
+        }
+    };
+    let Some(stats) = stats else { return };
+    // SAFETY: a PROCS value.
+    if unsafe { (*stats).gen_ } != info.gen_ {
+        // A block of an earlier image of this pid: userspace removes it.
+        if count_unknown {
+            unknown_free(Some(stats));
+        }
+        return;
+    }
+    // Only the thread whose delete succeeds accounts for the block.
+    if LIVE_ALLOCS.remove(key).is_ok() {
+        sub_block(stats, info.size);
+        count(Counter::Frees);
+    }
+}
+
+#[inline(always)]
+fn unknown_free(stats: Option<*mut ProcStats>) {
+    count(Counter::UnknownFrees);
+    if let Some(stats) = stats {
+        // SAFETY: a PROCS value.
+        fetch_add(unsafe { &raw mut (*stats).unknown_frees }, 1);
+    }
+}
+
+/// Records the new block `addr` of `size` bytes with the current user stack.
+#[inline(always)]
+fn record_alloc<C: StackIdContext>(ctx: &C, tgid: u32, addr: u64, size: u64) {
+    let stack_id = match ctx.get_stackid(&STACKS, BPF_F_USER_STACK as u64) {
+        Ok(id) => id as u32,
+        Err(_) => {
+            count(Counter::DropStack);
+            STACK_ID_NONE
+        }
+    };
+    let Some(stats) = proc_stats(tgid) else { return };
+    // SAFETY: a PROCS value.
+    let gen_ = unsafe { (*stats).gen_ };
+    let key = AllocKey { tgid, _pad: 0, addr };
+    let info = AllocInfo { size, stack_id, gen_ };
+    match LIVE_ALLOCS.insert(key, info, BPF_NOEXIST as u64) {
+        Ok(()) => {}
+        Err(e) if e == -EEXIST => {
+            // The address is live already: its free was missed, or it is a
+            // stale block of an earlier image. Replace it, and take the old
+            // block out of the totals so that no phantom leak remains.
+            if let Some(old) = LIVE_ALLOCS.get_ptr(key) {
+                // SAFETY: a LIVE_ALLOCS value, copied out at once.
+                let old = unsafe { *old };
+                if old.gen_ == gen_ {
+                    sub_block(stats, old.size);
+                    count(Counter::Overwrites);
+                }
+            }
+            if LIVE_ALLOCS.insert(key, info, 0).is_err() {
+                drop_block(stats);
+                return;
+            }
+        }
+        Err(_) => {
+            drop_block(stats);
+            return;
+        }
+    }
+    add_block(stats, size);
+    count(Counter::Allocs);
+}
+
+#[inline(always)]
+fn drop_block(stats: *mut ProcStats) {
+    count(Counter::DropLiveFull);
+    // SAFETY: a PROCS value.
+    fetch_add(unsafe { &raw mut (*stats).drops }, 1);
+}
+
+/// Return of malloc, calloc, aligned_alloc, memalign, valloc, pvalloc.
+#[inline(always)]
+fn alloc_exit(ctx: &RetProbeContext) -> u32 {
+    let Some((tgid, inflight)) = take_inflight() else { return 0 };
+    let addr: u64 = ctx.ret();
+    if addr == 0 {
+        count(Counter::FailedAllocs);
+        return 0;
+    }
+    record_alloc(ctx, tgid, addr, inflight.size);
+    0
+}
+
+#[uretprobe]
+pub fn malloc_exit(ctx: RetProbeContext) -> u32 {
+    alloc_exit(&ctx)
+}
+
+#[uretprobe]
+pub fn calloc_exit(ctx: RetProbeContext) -> u32 {
+    alloc_exit(&ctx)
+}
+
+#[uretprobe]
+pub fn aligned_alloc_exit(ctx: RetProbeContext) -> u32 {
+    alloc_exit(&ctx)
+}
+
+#[uretprobe]
+pub fn memalign_exit(ctx: RetProbeContext) -> u32 {
+    alloc_exit(&ctx)
+}
+
+#[uretprobe]
+pub fn valloc_exit(ctx: RetProbeContext) -> u32 {
+    alloc_exit(&ctx)
+}
+
+#[uretprobe]
+pub fn pvalloc_exit(ctx: RetProbeContext) -> u32 {
+    alloc_exit(&ctx)
+}
+
+/// Return of realloc and reallocarray: see DESIGN.md's capture table.
+#[inline(always)]
+fn realloc_exit_common(ctx: &RetProbeContext) -> u32 {
+    let Some((tgid, inflight)) = take_inflight() else { return 0 };
+    let addr: u64 = ctx.ret();
+    let old = inflight.ptr;
+    if addr != 0 {
+        if old != 0 {
+            remove_block(tgid, old, true);
+        }
+        record_alloc(ctx, tgid, addr, inflight.size);
+    } else if inflight.size == 0 && inflight.overflow == 0 && old != 0 {
+        // realloc(p, 0) frees p; glibc's inner free() may have removed it
+        // already, which is not an unknown free.
+        remove_block(tgid, old, false);
+    } else {
+        count(Counter::FailedAllocs);
+    }
+    0
+}
+
+#[uretprobe]
+pub fn realloc_exit(ctx: RetProbeContext) -> u32 {
+    realloc_exit_common(&ctx)
+}
+
+#[uretprobe]
+pub fn reallocarray_exit(ctx: RetProbeContext) -> u32 {
+    realloc_exit_common(&ctx)
+}
+
+#[uretprobe]
+pub fn posix_memalign_exit(ctx: RetProbeContext) -> u32 {
+    let Some((tgid, inflight)) = take_inflight() else { return 0 };
+    let ret: i32 = ctx.ret();
+    if ret != 0 || inflight.ptr == 0 {
+        count(Counter::FailedAllocs);
+        return 0;
+    }
+    // SAFETY: bpf_probe_read_user checks the user address itself.
+    let Ok(addr) = (unsafe { bpf_probe_read_user(inflight.ptr as *const u64) }) else {
+        count(Counter::FailedAllocs);
+        return 0;
+    };
+    record_alloc(&ctx, tgid, addr, inflight.size);
+    0
+}
+
+// ----------------------------------------------------------- process lifecycle
+
+/// Ends the current generation of `tgid`: its totals go to userspace in an
+/// event, which then removes its blocks from `LIVE_ALLOCS`.
+#[inline(always)]
+fn end_generation(kind: ProcEventKind, tgid: u32) {
+    let Some(stats) = PROCS.get_ptr(tgid) else { return };
+    // SAFETY: a PROCS value, copied out at once.
+    let stats = unsafe { *stats };
+    let _ = PROCS.remove(tgid);
+    send_event(kind, tgid, stats.gen_, &stats);
+}
+
+#[tracepoint]
+pub fn sched_process_exec(_ctx: TracePointContext) -> u32 {
+    let Some((_, tgid)) = current() else { return 0 };
+    end_generation(ProcEventKind::Exec, tgid);
+    0
+}
+
+/// Offset of `group_dead` in the sched_process_exit record
+/// (/sys/kernel/tracing/events/sched/sched_process_exit/format).
+const EXIT_GROUP_DEAD_OFFSET: usize = 32;
+
+#[tracepoint]
+pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
+    let Some((id, tgid)) = current() else { return 0 };
+    let _ = INFLIGHT.remove(id);
+    // SAFETY: the offset is within the record (see the format file).
+    let group_dead: u8 = unsafe { ctx.read_at(EXIT_GROUP_DEAD_OFFSET) }.unwrap_or(0);
+    if group_dead != 0 {
+        end_generation(ProcEventKind::Exit, tgid);
+    }
+    0
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";
