@@ -1,0 +1,406 @@
+//! Symbolization of real processes: small C programs compiled here with
+//! `cc -g -fno-omit-frame-pointer`, run until they print the return addresses
+//! they see, captured while alive, killed, and only then symbolized — from the
+//! files held open by the capture, even though the binaries are deleted or
+//! replaced on disk by then.
+
+// STYLE.md: tests may unwrap.
+#![allow(clippy::unwrap_used)]
+
+use std::fs;
+use std::io::{BufRead as _, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use tracer_daemon::process::{ModuleCache, ModuleMaps};
+use tracer_daemon::symbolize::{SymFrame, Symbolizer};
+
+/// `record()` keeps its own return address: the instruction after a call to it,
+/// which here is the first instruction of the NEXT line, so only `addr - 1`
+/// finds the calling line.
+const O0_SOURCE: &str = r#"#include <stdio.h>
+#include <unistd.h>
+
+static void *seen[2];
+static int count;
+
+__attribute__((noinline)) void record(void) {
+    seen[count++] = __builtin_return_address(0);
+}
+
+__attribute__((noinline)) void helper(void) {
+    record(); /* HELPER_CALL */
+}
+
+int main(void) {
+    record(); /* MAIN_CALL */
+    helper(); /* MAIN_TO_HELPER */
+    printf("%p\n%p\n", seen[0], seen[1]);
+    fflush(stdout);
+    char c;
+    (void)!read(0, &c, 1);
+    return 0;
+}
+"#;
+
+/// At -O2, `leaf` and `middle` are inlined into `outer`: the one return address
+/// in `outer` is three frames deep.
+const INLINE_SOURCE: &str = r#"#include <stdio.h>
+#include <unistd.h>
+
+__attribute__((noinline)) void *where(void) {
+    void *r = __builtin_return_address(0);
+    __asm__ volatile("" : : "r"(r) : "memory");
+    return r;
+}
+
+static inline __attribute__((always_inline)) void *leaf(void) {
+    void *p = where(); /* LEAF_CALL */
+    __asm__ volatile("" : : : "memory");
+    return p;
+}
+
+static inline __attribute__((always_inline)) void *middle(void) {
+    void *p = leaf(); /* MIDDLE_CALL */
+    __asm__ volatile("" : : : "memory");
+    return p;
+}
+
+__attribute__((noinline)) void outer(void) {
+    void *p = middle(); /* OUTER_CALL */
+    printf("%p\n", p);
+    fflush(stdout);
+}
+
+int main(void) {
+    outer();
+    char c;
+    (void)!read(0, &c, 1);
+    return 0;
+}
+"#;
+
+/// A fresh directory under the system temp dir, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> Self {
+        static COUNTER: AtomicU32 = AtomicU32::new(0);
+        let unique = format!(
+            "tracer-symbolize-{}-{}-{name}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        );
+        let path = std::env::temp_dir().join(unique);
+        fs::create_dir_all(&path).unwrap();
+        // The canonical path is what both DWARF (cc's getcwd) and /proc/PID/maps show.
+        Self(path.canonicalize().unwrap())
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Writes `prog.c` into `dir` and compiles it there (so DWARF has comp_dir = dir
+/// and name `prog.c`) into `dir/output`.
+fn compile(dir: &Path, source: &str, output: &str, flags: &[&str]) -> PathBuf {
+    fs::write(dir.join("prog.c"), source).unwrap();
+    let status = Command::new("cc")
+        .args(flags)
+        .args(["-fno-omit-frame-pointer", "-o", output, "prog.c"])
+        .current_dir(dir)
+        .status()
+        .expect("running cc");
+    assert!(status.success(), "cc {flags:?} failed");
+    dir.join(output)
+}
+
+/// 1-based line of the only line of `source` with the comment `/* MARKER */`.
+fn line_of(source: &str, marker: &str) -> u32 {
+    let comment = format!("/* {marker} */");
+    let lines: Vec<usize> = source
+        .lines()
+        .enumerate()
+        .filter(|(_, line)| line.contains(&comment))
+        .map(|(index, _)| index + 1)
+        .collect();
+    assert_eq!(lines.len(), 1, "{marker}");
+    u32::try_from(lines[0]).unwrap()
+}
+
+/// A running fixture, killed (by its own pid) and reaped on drop.
+struct Fixture {
+    child: Child,
+}
+
+impl Fixture {
+    /// Starts `binary` and reads the `count` addresses it prints.
+    fn start(binary: &Path, count: usize) -> (Self, Vec<u64>) {
+        let mut child = Command::new(binary)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut addrs = Vec::new();
+        for _ in 0..count {
+            let mut line = String::new();
+            stdout.read_line(&mut line).unwrap();
+            let hex = line.trim().trim_start_matches("0x");
+            addrs.push(u64::from_str_radix(hex, 16).unwrap());
+        }
+        (Self { child }, addrs)
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn kill(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs `binary`, captures its maps while alive, then kills it and returns the
+/// maps and the printed addresses.
+fn capture_and_kill(cache: &ModuleCache, binary: &Path, count: usize) -> (ModuleMaps, Vec<u64>) {
+    let (fixture, addrs) = Fixture::start(binary, count);
+    let maps = cache.capture(fixture.pid()).unwrap();
+    fixture.kill();
+    (maps, addrs)
+}
+
+fn frame(
+    filename: &str,
+    lineno: u32,
+    function: Option<&str>,
+    module: &Path,
+    address: u64,
+) -> SymFrame {
+    SymFrame {
+        filename: Arc::from(filename),
+        lineno,
+        function: function.map(Arc::from),
+        module: Some(Arc::from(module.to_str().unwrap())),
+        address,
+    }
+}
+
+/// Paths of the files this process holds open (the targets of /proc/self/fd/*).
+fn open_files() -> Vec<String> {
+    fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|entry| fs::read_link(entry.ok()?.path()).ok())
+        .map(|target| target.to_string_lossy().into_owned())
+        .collect()
+}
+
+#[test]
+fn o0_return_addresses_resolve_to_call_lines_after_exit_and_replacement() {
+    let dir = TempDir::new("o0");
+    let binary = compile(&dir.0, O0_SOURCE, "prog", &["-g", "-O0"]);
+    let cache = ModuleCache::new(8);
+    let (maps, addrs) = capture_and_kill(&cache, &binary, 2);
+    // The file at that path is now something else entirely: the open file still
+    // holds the program that ran.
+    fs::write(dir.0.join("other"), b"not an ELF file").unwrap();
+    fs::rename(dir.0.join("other"), &binary).unwrap();
+
+    let symbolizer = Symbolizer::new();
+    let frames = symbolizer.symbolize(&maps, &addrs);
+    let source = dir.0.join("prog.c");
+    let source = source.to_str().unwrap();
+    assert_eq!(
+        frames,
+        vec![
+            vec![frame(
+                source,
+                line_of(O0_SOURCE, "MAIN_CALL"),
+                Some("main"),
+                &binary,
+                addrs[0]
+            )],
+            vec![frame(
+                source,
+                line_of(O0_SOURCE, "HELPER_CALL"),
+                Some("helper"),
+                &binary,
+                addrs[1]
+            )],
+        ]
+    );
+    assert_eq!(frames[0][0].lineno, 16);
+    assert_eq!(frames[1][0].lineno, 12);
+}
+
+#[test]
+fn repeated_addresses_come_from_the_cache() {
+    let dir = TempDir::new("cache");
+    let binary = compile(&dir.0, O0_SOURCE, "prog", &["-g", "-O0"]);
+    let cache = ModuleCache::new(8);
+    let (maps, addrs) = capture_and_kill(&cache, &binary, 2);
+    let symbolizer = Symbolizer::new();
+
+    let first = symbolizer.symbolize(&maps, &addrs);
+    let stats = symbolizer.stats();
+    assert_eq!((stats.cache_hits, stats.cache_misses), (0, 2));
+    assert_eq!(stats.cached_addresses, 2);
+    assert_eq!(stats.loaded_modules, 1);
+
+    // Same addresses again, twice in one request: no new blazesym work.
+    let again = symbolizer.symbolize(&maps, &[addrs[0], addrs[1], addrs[0]]);
+    let stats = symbolizer.stats();
+    assert_eq!((stats.cache_hits, stats.cache_misses), (3, 2));
+    assert_eq!(
+        again,
+        vec![first[0].clone(), first[1].clone(), first[0].clone()]
+    );
+}
+
+#[test]
+fn files_of_exited_processes_are_closed_once_unused() {
+    let dir = TempDir::new("release");
+    let binary = compile(&dir.0, O0_SOURCE, "prog", &["-g", "-O0"]);
+    let binary_name = binary.to_str().unwrap().to_owned();
+    let cache = ModuleCache::new(0);
+    let (maps, addrs) = capture_and_kill(&cache, &binary, 2);
+    fs::remove_file(&binary).unwrap();
+    let symbolizer = Symbolizer::new();
+    let frames = symbolizer.symbolize(&maps, &addrs);
+    assert_eq!(frames[0][0].lineno, line_of(O0_SOURCE, "MAIN_CALL"));
+    // Held by the maps (and by blazesym): the deleted binary is still open.
+    let deleted = format!("{binary_name} (deleted)");
+    assert!(open_files().contains(&deleted));
+    assert_eq!(symbolizer.stats().loaded_modules, 1);
+
+    drop(maps);
+    symbolizer.release_unused();
+    assert_eq!(symbolizer.stats().loaded_modules, 0);
+    assert_eq!(cache.live(), 0);
+    assert!(!open_files().contains(&deleted));
+}
+
+#[test]
+fn inlined_calls_are_frames_of_their_own_innermost_first() {
+    let dir = TempDir::new("inline");
+    let binary = compile(&dir.0, INLINE_SOURCE, "prog", &["-g", "-O2"]);
+    let cache = ModuleCache::default();
+    let (maps, addrs) = capture_and_kill(&cache, &binary, 1);
+    let symbolizer = Symbolizer::new();
+    let frames = symbolizer.symbolize(&maps, &addrs);
+    let source = dir.0.join("prog.c");
+    let source = source.to_str().unwrap();
+    assert_eq!(
+        frames,
+        vec![vec![
+            frame(
+                source,
+                line_of(INLINE_SOURCE, "LEAF_CALL"),
+                Some("leaf"),
+                &binary,
+                addrs[0]
+            ),
+            frame(
+                source,
+                line_of(INLINE_SOURCE, "MIDDLE_CALL"),
+                Some("middle"),
+                &binary,
+                addrs[0]
+            ),
+            frame(
+                source,
+                line_of(INLINE_SOURCE, "OUTER_CALL"),
+                Some("outer"),
+                &binary,
+                addrs[0]
+            ),
+        ]]
+    );
+    assert_eq!(
+        frames[0].iter().map(|f| f.lineno).collect::<Vec<_>>(),
+        vec![11, 17, 23]
+    );
+}
+
+#[test]
+fn without_debug_info_the_frame_is_the_module_with_the_symbol() {
+    let dir = TempDir::new("nodebug");
+    let binary = compile(&dir.0, O0_SOURCE, "prog", &["-O0"]);
+    let cache = ModuleCache::default();
+    let (maps, addrs) = capture_and_kill(&cache, &binary, 2);
+    let symbolizer = Symbolizer::new();
+    let module = binary.to_str().unwrap();
+    assert_eq!(
+        symbolizer.symbolize(&maps, &addrs),
+        vec![
+            vec![frame(module, 0, Some("main"), &binary, addrs[0])],
+            vec![frame(module, 0, Some("helper"), &binary, addrs[1])],
+        ]
+    );
+}
+
+#[test]
+fn stripped_binary_gives_module_path_and_line_zero() {
+    let dir = TempDir::new("stripped");
+    let binary = compile(&dir.0, O0_SOURCE, "prog", &["-g", "-O0", "-s"]);
+    let cache = ModuleCache::default();
+    let (maps, addrs) = capture_and_kill(&cache, &binary, 2);
+    let symbolizer = Symbolizer::new();
+    let module = binary.to_str().unwrap();
+    assert_eq!(
+        symbolizer.symbolize(&maps, &addrs),
+        vec![
+            vec![frame(module, 0, None, &binary, addrs[0])],
+            vec![frame(module, 0, None, &binary, addrs[1])],
+        ]
+    );
+}
+
+#[test]
+fn addresses_outside_every_module_are_unknown() {
+    let dir = TempDir::new("unknown");
+    let binary = compile(&dir.0, O0_SOURCE, "prog", &["-g", "-O0"]);
+    let cache = ModuleCache::default();
+    let (maps, addrs) = capture_and_kill(&cache, &binary, 2);
+    let symbolizer = Symbolizer::new();
+    // 0 (no call precedes it), a kernel address, and one past the end of the
+    // module's last executable mapping (its addr - 1, the end, is outside).
+    let last = maps
+        .mappings()
+        .iter()
+        .filter(|m| m.module.path().as_ref() == binary.to_str().unwrap())
+        .map(|m| m.end)
+        .max()
+        .unwrap();
+    let frames = symbolizer.symbolize(&maps, &[0, 0xffff_ffff_ff60_0000, last + 1, addrs[0]]);
+    assert_eq!(
+        frames[..3],
+        [
+            vec![SymFrame::unknown(0)],
+            vec![SymFrame::unknown(0xffff_ffff_ff60_0000)],
+            vec![SymFrame::unknown(last + 1)],
+        ]
+    );
+    assert_eq!(&*frames[1][0].filename, "<unknown>");
+    assert_eq!(frames[1][0].lineno, 0);
+    assert_eq!(frames[3][0].function.as_deref(), Some("main"));
+    // The end itself: addr - 1 is the mapping's last byte, so it is in the module.
+    let at_end = symbolizer.symbolize(&maps, &[last]);
+    assert_eq!(
+        at_end[0][0].module.as_deref(),
+        Some(binary.to_str().unwrap())
+    );
+}
