@@ -1,0 +1,46 @@
+//! The snapshot engine: tracemalloc's `Snapshot`, `Trace`, `Traceback`,
+//! `Frame`, `Statistic` and `StatisticDiff`, with `statistics()` and
+//! `compare_to()` matching CPython 3.11's `tracemalloc` exactly (sort
+//! orders and their ties, `str()` texts, `Traceback.format()`).
+//!
+//! Plain data and pure functions: no I/O, no aya, nothing that needs root.
+//! Sizes are in bytes, requested sizes as the traced program asked for them.
+//!
+//! Where the data comes from: `capture` records each live block (pid as
+//! `domain`, size, stack addresses), `symbolize` turns addresses into
+//! [`Frame`]s, and the store assembles them into a [`Snapshot`].
+//!
+//! ```
+//! use std::sync::Arc;
+//! use tracer_daemon::model::{Frame, GroupBy, Snapshot, Trace, Traceback};
+//!
+//! let stack = Arc::new(Traceback::new(
+//!     vec![Frame::new("src/cache.c", 88), Frame::new("src/main.c", 12)],
+//!     Some(2),
+//! ));
+//! let traces = (0..4)
+//!     .map(|_| Trace { domain: 1234, size: 256, traceback: Arc::clone(&stack) })
+//!     .collect();
+//! let snapshot = Snapshot::new(traces, 25);
+//! let stats = snapshot.statistics(GroupBy::Lineno, false).unwrap();
+//! assert_eq!(
+//!     stats[0].to_string(),
+//!     "src/cache.c:88: size=1024 B, count=4, average=256 B"
+//! );
+//! let diff = snapshot.compare_to(&Snapshot::default(), GroupBy::Lineno, false).unwrap();
+//! assert_eq!(
+//!     diff[0].to_string(),
+//!     "src/cache.c:88: size=1024 B (+1024 B), count=4 (+4), average=256 B"
+//! );
+//! ```
+
+mod error;
+mod format;
+mod hash;
+mod snapshot;
+mod traceback;
+
+pub use error::ModelError;
+pub use format::{format_size, format_size_f64, py_repr_str, true_div};
+pub use snapshot::{GroupBy, Snapshot, Statistic, StatisticDiff};
+pub use traceback::{Frame, FrameExtra, Trace, Traceback, UNKNOWN_FILENAME};

@@ -1,0 +1,348 @@
+//! Exact expectations, each taken from CPython 3.11's tracemalloc run on the
+//! same traces.
+
+use super::*;
+use crate::model::FrameExtra;
+
+/// `(domain, size in bytes, frames as (filename, lineno), most recent first)`.
+type RawTrace<'a> = (u32, u64, &'a [(&'a str, u32)]);
+
+/// A snapshot of raw traces, one `Arc` per trace (so stage 2 must merge
+/// equal tracebacks).
+fn snapshot(traces: &[RawTrace<'_>]) -> Snapshot {
+    let traces = traces
+        .iter()
+        .map(|&(domain, size, frames)| Trace {
+            domain,
+            size,
+            traceback: Arc::new(Traceback::new(
+                frames.iter().map(|&(f, l)| Frame::new(f, l)).collect(),
+                u32::try_from(frames.len()).ok(),
+            )),
+        })
+        .collect();
+    Snapshot::new(traces, 5)
+}
+
+fn lines<T: ToString>(items: &[T]) -> Vec<String> {
+    items.iter().map(ToString::to_string).collect()
+}
+
+#[test]
+fn statistics_ties_break_by_count_then_traceback_descending() {
+    let snap = snapshot(&[
+        (0, 100, &[("b.c", 1)]),
+        (0, 100, &[("a.c", 2)]),
+        (0, 50, &[("a.c", 1)]),
+        (1, 50, &[("a.c", 1)]),
+        (0, 100, &[("a.c", 10)]),
+        (0, 200, &[("c.c", 5)]),
+    ]);
+    let stats = snap.statistics(GroupBy::Lineno, false).expect("lineno");
+    assert_eq!(
+        lines(&stats),
+        [
+            "c.c:5: size=200 B, count=1, average=200 B",
+            "a.c:1: size=100 B, count=2, average=50 B",
+            "b.c:1: size=100 B, count=1, average=100 B",
+            "a.c:10: size=100 B, count=1, average=100 B",
+            "a.c:2: size=100 B, count=1, average=100 B",
+        ]
+    );
+    let stats = snap.statistics(GroupBy::Filename, false).expect("filename");
+    assert_eq!(
+        lines(&stats),
+        [
+            "a.c:0: size=300 B, count=4, average=75 B",
+            "c.c:0: size=200 B, count=1, average=200 B",
+            "b.c:0: size=100 B, count=1, average=100 B",
+        ]
+    );
+    assert_eq!(stats[0].traceback.frames(), [Frame::new("a.c", 0)]);
+}
+
+#[test]
+fn cumulative_counts_a_recursive_frame_once_per_occurrence_like_cpython() {
+    // CPython 3.11 adds a trace to a frame's group for every occurrence of
+    // the frame in the traceback: a.c:1 twice gives size 200, count 2.
+    let snap = snapshot(&[
+        (0, 100, &[("a.c", 1), ("b.c", 2), ("a.c", 1), ("a.c", 3)]),
+        (0, 7, &[("b.c", 2)]),
+    ]);
+    let stats = snap.statistics(GroupBy::Lineno, true).expect("lineno");
+    assert_eq!(
+        lines(&stats),
+        [
+            "a.c:1: size=200 B, count=2, average=100 B",
+            "b.c:2: size=107 B, count=2, average=54 B",
+            "a.c:3: size=100 B, count=1, average=100 B",
+        ]
+    );
+    let stats = snap.statistics(GroupBy::Filename, true).expect("filename");
+    assert_eq!(
+        lines(&stats),
+        [
+            "a.c:0: size=300 B, count=3, average=100 B",
+            "b.c:0: size=107 B, count=2, average=54 B",
+        ]
+    );
+    // Not cumulative: only the most recent frame, shown by its oldest frame.
+    let stats = snap.statistics(GroupBy::Traceback, false).expect("tb");
+    assert_eq!(
+        lines(&stats),
+        [
+            "a.c:3: size=100 B, count=1, average=100 B",
+            "b.c:2: size=7 B, count=1, average=7 B",
+        ]
+    );
+}
+
+#[test]
+fn cumulative_with_traceback_is_cpythons_error() {
+    let snap = snapshot(&[(0, 1, &[("a.c", 1)])]);
+    let err = snap
+        .statistics(GroupBy::Traceback, true)
+        .expect_err("cumulative traceback");
+    assert_eq!(err, ModelError::CumulativeTraceback);
+    assert_eq!(
+        err.to_string(),
+        "cumulative mode cannot by used with key type 'traceback'"
+    );
+    let err = snap
+        .compare_to(&Snapshot::default(), GroupBy::Traceback, true)
+        .expect_err("cumulative traceback");
+    assert_eq!(err, ModelError::CumulativeTraceback);
+}
+
+#[test]
+fn compare_to_lists_groups_only_in_old_with_size_zero() {
+    let old = snapshot(&[
+        (0, 100, &[("a.c", 1)]),
+        (0, 300, &[("d.c", 4)]),
+        (0, 10, &[("f.c", 1)]),
+    ]);
+    let new = snapshot(&[
+        (0, 150, &[("a.c", 1)]),
+        (0, 300, &[("e.c", 5)]),
+        (0, 10, &[("f.c", 1)]),
+    ]);
+    let diffs = new.compare_to(&old, GroupBy::Lineno, false).expect("diff");
+    assert_eq!(
+        lines(&diffs),
+        [
+            "e.c:5: size=300 B (+300 B), count=1 (+1), average=300 B",
+            "d.c:4: size=0 B (-300 B), count=0 (-1)",
+            "a.c:1: size=150 B (+50 B), count=1 (+0), average=150 B",
+            "f.c:1: size=10 B (+0 B), count=1 (+0), average=10 B",
+        ]
+    );
+    let gone = &diffs[1];
+    assert_eq!(
+        (gone.size, gone.size_diff, gone.count, gone.count_diff),
+        (0, -300, 0, -1)
+    );
+    let diffs = old.compare_to(&new, GroupBy::Lineno, false).expect("diff");
+    assert_eq!(
+        lines(&diffs),
+        [
+            "d.c:4: size=300 B (+300 B), count=1 (+1), average=300 B",
+            "e.c:5: size=0 B (-300 B), count=0 (-1)",
+            "a.c:1: size=100 B (-50 B), count=1 (+0), average=100 B",
+            "f.c:1: size=10 B (+0 B), count=1 (+0), average=10 B",
+        ]
+    );
+}
+
+#[test]
+fn compare_to_ties_break_by_size_count_diff_count_then_traceback() {
+    let x: &[(&str, u32)] = &[("x.c", 1)];
+    let y: &[(&str, u32)] = &[("y.c", 1)];
+    let old = snapshot(&[(0, 10, x), (0, 10, x), (0, 10, x), (0, 30, y)]);
+    let mut new_traces = vec![
+        (0, 60, x),
+        (0, 30, &[("z.c", 1)][..]),
+        (0, 30, &[("w.c", 1)][..]),
+    ];
+    new_traces.extend(std::iter::repeat_n((0, 10, y), 6));
+    let new = snapshot(&new_traces);
+    let diffs = new.compare_to(&old, GroupBy::Lineno, false).expect("diff");
+    assert_eq!(
+        lines(&diffs),
+        [
+            "y.c:1: size=60 B (+30 B), count=6 (+5), average=10 B",
+            "x.c:1: size=60 B (+30 B), count=1 (-2), average=60 B",
+            "z.c:1: size=30 B (+30 B), count=1 (+1), average=30 B",
+            "w.c:1: size=30 B (+30 B), count=1 (+1), average=30 B",
+        ]
+    );
+}
+
+#[test]
+fn traceback_groups_tie_break_on_oldest_frames_and_drop_total_nframe() {
+    let snap = snapshot(&[
+        (0, 10, &[("a.c", 1), ("m.c", 1)]),
+        (0, 10, &[("a.c", 1)]),
+        (0, 10, &[("b.c", 1), ("m.c", 1)]),
+        (0, 10, &[("a.c", 2), ("l.c", 9)]),
+    ]);
+    let stats = snap.statistics(GroupBy::Traceback, false).expect("tb");
+    let formatted: Vec<Vec<String>> = stats
+        .iter()
+        .map(|s| s.traceback.format(None, false))
+        .collect();
+    assert_eq!(
+        formatted,
+        [
+            vec!["  File \"m.c\", line 1", "  File \"b.c\", line 1"],
+            vec!["  File \"m.c\", line 1", "  File \"a.c\", line 1"],
+            vec!["  File \"l.c\", line 9", "  File \"a.c\", line 2"],
+            vec!["  File \"a.c\", line 1"],
+        ]
+    );
+    assert_eq!(
+        stats[0].to_string(),
+        "m.c:1: size=10 B, count=1, average=10 B"
+    );
+    assert!(stats.iter().all(|s| s.traceback.total_nframe().is_none()));
+    let stats = snap.statistics(GroupBy::Filename, true).expect("filename");
+    assert_eq!(
+        lines(&stats),
+        [
+            "a.c:0: size=30 B, count=3, average=10 B",
+            "m.c:0: size=20 B, count=2, average=10 B",
+            "l.c:0: size=10 B, count=1, average=10 B",
+            "b.c:0: size=10 B, count=1, average=10 B",
+        ]
+    );
+}
+
+#[test]
+fn equal_tracebacks_in_separate_arcs_form_one_group() {
+    let shared = Arc::new(Traceback::new(
+        vec![Frame::new("a.c", 1), Frame::new("m.c", 2)],
+        None,
+    ));
+    let copy = Arc::new(Traceback::new(
+        vec![Frame::new("a.c", 1), Frame::new("m.c", 2)],
+        Some(40),
+    ));
+    let trace = |size, traceback: &Arc<Traceback>| Trace {
+        domain: 7,
+        size,
+        traceback: Arc::clone(traceback),
+    };
+    let snap = Snapshot::new(
+        vec![
+            trace(1, &shared),
+            trace(2, &copy),
+            trace(4, &shared),
+            trace(8, &copy),
+        ],
+        2,
+    );
+    let stats = snap.statistics(GroupBy::Traceback, false).expect("tb");
+    assert_eq!(stats.len(), 1);
+    assert_eq!((stats[0].size, stats[0].count), (15, 4));
+    assert!(Arc::ptr_eq(&stats[0].traceback, &shared), "reuses the Arc");
+    let diffs = snap
+        .compare_to(&snap, GroupBy::Traceback, false)
+        .expect("diff");
+    assert_eq!(
+        lines(&diffs),
+        ["m.c:2: size=15 B (+0 B), count=4 (+0), average=4 B"]
+    );
+}
+
+#[test]
+fn lineno_groups_keep_the_first_frames_extra_and_filename_groups_none() {
+    let extra = FrameExtra {
+        function: Some("grow".into()),
+        module: Some("/usr/bin/app".into()),
+        address: Some(0x401000),
+    };
+    let first = Frame::new("a.c", 1).with_extra(extra.clone());
+    let second = Frame::new("a.c", 1).with_extra(FrameExtra {
+        address: Some(0x402000),
+        ..extra.clone()
+    });
+    let trace = |frame: Frame| Trace {
+        domain: 1,
+        size: 8,
+        traceback: Arc::new(Traceback::new(vec![frame], None)),
+    };
+    let snap = Snapshot::new(vec![trace(first), trace(second)], 1);
+    let stats = snap.statistics(GroupBy::Lineno, false).expect("lineno");
+    assert_eq!(
+        stats[0].traceback.frames()[0].extra.as_deref(),
+        Some(&extra)
+    );
+    let stats = snap.statistics(GroupBy::Filename, false).expect("filename");
+    assert_eq!(stats[0].traceback.frames()[0].extra, None);
+}
+
+#[test]
+fn empty_snapshots_give_empty_results() {
+    let empty = Snapshot::default();
+    assert!(
+        empty
+            .statistics(GroupBy::Lineno, true)
+            .expect("ok")
+            .is_empty()
+    );
+    assert!(
+        empty
+            .compare_to(&Snapshot::default(), GroupBy::Traceback, false)
+            .expect("ok")
+            .is_empty()
+    );
+}
+
+#[test]
+fn group_by_parses_and_names_valid_values_on_error() {
+    for group_by in [GroupBy::Filename, GroupBy::Lineno, GroupBy::Traceback] {
+        assert_eq!(group_by.to_string().parse::<GroupBy>(), Ok(group_by));
+    }
+    let err = "Lineno".parse::<GroupBy>().expect_err("case-sensitive");
+    assert_eq!(
+        err.to_string(),
+        "unknown key_type: 'Lineno'; valid values are 'filename', 'lineno', 'traceback'"
+    );
+    assert_eq!(
+        serde_json::to_value(GroupBy::Traceback).expect("serializes"),
+        "traceback"
+    );
+}
+
+#[test]
+fn statistic_texts_and_json_match_tracemalloc() {
+    let traceback = Arc::new(Traceback::new(vec![Frame::new("a.c", 1)], None));
+    let stat = Statistic {
+        traceback: Arc::clone(&traceback),
+        size: u64::MAX,
+        count: 3,
+    };
+    assert_eq!(
+        stat.to_string(),
+        "a.c:1: size=16777216 TiB, count=3, average=5592405 TiB"
+    );
+    let diff = StatisticDiff {
+        traceback,
+        size: 0,
+        size_diff: -300,
+        count: 0,
+        count_diff: -3,
+    };
+    assert_eq!(diff.to_string(), "a.c:1: size=0 B (-300 B), count=0 (-3)");
+    assert_eq!(diff.average(), None);
+    assert_eq!(
+        serde_json::to_value(&diff).expect("serializes"),
+        serde_json::json!({
+            "traceback": [{"filename": "a.c", "lineno": 1}],
+            "size": 0, "size_diff": -300, "count": 0, "count_diff": -3
+        })
+    );
+    assert_eq!(
+        serde_json::to_value(&stat).expect("serializes")["size"],
+        u64::MAX
+    );
+}

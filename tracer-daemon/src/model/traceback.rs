@@ -1,0 +1,479 @@
+//! `Frame`, `Traceback` and `Trace`: one live block and where it was allocated.
+
+use std::cmp::Ordering;
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use serde::Serialize;
+use serde::ser::{SerializeMap, SerializeSeq, Serializer};
+
+use super::format::format_size_f64;
+use super::hash::FxHasher;
+
+/// File name of the frame used when nothing is known about a call site,
+/// as tracemalloc names it.
+pub const UNKNOWN_FILENAME: &str = "<unknown>";
+
+/// One call site of a stack: tracemalloc's `Frame`.
+///
+/// `filename` and `lineno` come from the DWARF line info of the return
+/// address minus one (inlined calls are frames of their own); with no line
+/// info `filename` is the module's path and `lineno` is 0; with nothing at
+/// all the frame is [`Frame::unknown`] (`<unknown>:0`).
+///
+/// Equality, hashing and ordering use `(filename, lineno)` only, ordered as
+/// tracemalloc orders frames: by file name (Unicode code points, which is
+/// the byte order of UTF-8), then line number. `extra` is carried along for
+/// the JSON output and never compared.
+///
+/// JSON: `{"filename": "src/a.c", "lineno": 12}` plus `"function"`,
+/// `"module"` and `"address"` when [`FrameExtra`] has them.
+#[derive(Clone, Debug)]
+pub struct Frame {
+    /// Source file path as found in the debug info (or the module path, or
+    /// `<unknown>`).
+    pub filename: Arc<str>,
+    /// Line number in `filename`, 0 when unknown.
+    pub lineno: u32,
+    /// Symbolization details that tracemalloc does not have.
+    pub extra: Option<Arc<FrameExtra>>,
+}
+
+/// What symbolization knows about a frame beyond `file:line`.
+///
+/// Serialized flattened into the [`Frame`]'s JSON object; absent fields are
+/// omitted.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FrameExtra {
+    /// Name of the function containing the call site (demangled), if known.
+    pub function: Option<Arc<str>>,
+    /// Path of the mapped object file (executable or shared library).
+    pub module: Option<Arc<str>>,
+    /// Return address in the traced process's address space.
+    pub address: Option<u64>,
+}
+
+impl Frame {
+    /// A frame `filename:lineno` with no extra details.
+    #[must_use]
+    pub fn new(filename: impl Into<Arc<str>>, lineno: u32) -> Self {
+        Frame {
+            filename: filename.into(),
+            lineno,
+            extra: None,
+        }
+    }
+
+    /// tracemalloc's unknown frame, `<unknown>:0`.
+    #[must_use]
+    pub fn unknown() -> Self {
+        Frame::new(UNKNOWN_FILENAME, 0)
+    }
+
+    /// The same frame with `extra` attached.
+    #[must_use]
+    pub fn with_extra(mut self, extra: FrameExtra) -> Self {
+        self.extra = Some(Arc::new(extra));
+        self
+    }
+}
+
+impl PartialEq for Frame {
+    fn eq(&self, other: &Self) -> bool {
+        self.lineno == other.lineno
+            && (Arc::ptr_eq(&self.filename, &other.filename) || self.filename == other.filename)
+    }
+}
+
+impl Eq for Frame {}
+
+impl Hash for Frame {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.filename.hash(state);
+        self.lineno.hash(state);
+    }
+}
+
+impl PartialOrd for Frame {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Frame {
+    fn cmp(&self, other: &Self) -> Ordering {
+        let filename = if Arc::ptr_eq(&self.filename, &other.filename) {
+            Ordering::Equal
+        } else {
+            self.filename.cmp(&other.filename)
+        };
+        filename.then(self.lineno.cmp(&other.lineno))
+    }
+}
+
+/// `filename:lineno`, as `str(Frame)`.
+impl fmt::Display for Frame {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.filename, self.lineno)
+    }
+}
+
+impl Serialize for Frame {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let extra = self.extra.as_deref();
+        let function = extra.and_then(|e| e.function.as_deref());
+        let module = extra.and_then(|e| e.module.as_deref());
+        let address = extra.and_then(|e| e.address);
+        let len = 2
+            + usize::from(function.is_some())
+            + usize::from(module.is_some())
+            + usize::from(address.is_some());
+        let mut map = serializer.serialize_map(Some(len))?;
+        map.serialize_entry("filename", &*self.filename)?;
+        map.serialize_entry("lineno", &self.lineno)?;
+        if let Some(function) = function {
+            map.serialize_entry("function", function)?;
+        }
+        if let Some(module) = module {
+            map.serialize_entry("module", module)?;
+        }
+        if let Some(address) = address {
+            map.serialize_entry("address", &address)?;
+        }
+        map.end()
+    }
+}
+
+/// The stack of one allocation: tracemalloc's `Traceback`.
+///
+/// Frames are stored **most recent call first** (frame 0 is the call site
+/// in the caller of the allocator), like the raw frames tracemalloc keeps;
+/// Python's `Traceback` sequence shows them reversed, oldest first. There
+/// is at most `traceback_limit` of them and always at least one: an empty
+/// stack becomes `[<unknown>:0]`, as in `_tracemalloc`.
+///
+/// `total_nframe` is the depth of the stack before truncation to the
+/// limit, when the capture knows it.
+///
+/// Equality and hashing use the frames only (not `total_nframe`), and the
+/// ordering is tracemalloc's: frames compared oldest first, a traceback
+/// that is a prefix of the other (from the oldest end) sorting first. That
+/// ordering breaks the ties of `statistics()` and `compare_to()`.
+///
+/// JSON: an array of [`Frame`] objects, most recent call first.
+#[derive(Clone, Debug)]
+pub struct Traceback {
+    /// Most recent first; never empty. Shared so that a statistic can reuse
+    /// the frames of the traces it groups.
+    frames: Arc<[Frame]>,
+    total_nframe: Option<u32>,
+    /// Hash of the frames' `(filename, lineno)`, computed once.
+    hash: u64,
+}
+
+impl Traceback {
+    /// A traceback from `frames`, most recent call first. An empty `frames`
+    /// becomes `[<unknown>:0]`. `total_nframe` is the stack's depth before
+    /// truncation, if known.
+    #[must_use]
+    pub fn new(frames: Vec<Frame>, total_nframe: Option<u32>) -> Self {
+        let frames: Arc<[Frame]> = if frames.is_empty() {
+            Arc::from(vec![Frame::unknown()])
+        } else {
+            Arc::from(frames)
+        };
+        Traceback::from_shared(frames, total_nframe)
+    }
+
+    fn from_shared(frames: Arc<[Frame]>, total_nframe: Option<u32>) -> Self {
+        let mut hasher = FxHasher::default();
+        frames.hash(&mut hasher);
+        Traceback {
+            frames,
+            total_nframe,
+            hash: hasher.finish(),
+        }
+    }
+
+    /// The traceback of one frame, as `statistics()` makes for the
+    /// `lineno` and `filename` groups (no `total_nframe`).
+    #[must_use]
+    pub fn from_frame(frame: Frame) -> Self {
+        Traceback::from_shared(Arc::from(vec![frame]), None)
+    }
+
+    /// The same frames without `total_nframe`: the traceback of a statistic
+    /// grouped by traceback, as tracemalloc builds it. Shares the frames.
+    #[must_use]
+    pub(crate) fn without_total_nframe(&self) -> Self {
+        Traceback {
+            frames: Arc::clone(&self.frames),
+            total_nframe: None,
+            hash: self.hash,
+        }
+    }
+
+    /// The frames, most recent call first (at least one).
+    #[must_use]
+    pub fn frames(&self) -> &[Frame] {
+        &self.frames
+    }
+
+    /// Depth of the stack before truncation to `traceback_limit`, when known.
+    #[must_use]
+    pub fn total_nframe(&self) -> Option<u32> {
+        self.total_nframe
+    }
+
+    /// Lines of `Traceback.format(limit, most_recent_first)` without source
+    /// lines: `  File "src/a.c", line 12` per frame.
+    ///
+    /// Oldest frame first unless `most_recent_first`. A positive `limit`
+    /// keeps the `limit` most recent frames; zero keeps none; a negative
+    /// `limit` drops the `-limit` most recent frames; `None` keeps all.
+    #[must_use]
+    pub fn format(&self, limit: Option<i64>, most_recent_first: bool) -> Vec<String> {
+        let frames = self.frames();
+        let len = frames.len();
+        let clamp = |n: u64| usize::try_from(n).map_or(len, |n| n.min(len));
+        let selected = match limit {
+            None => frames,
+            // Python's `self[-limit:]`: the most recent `limit` frames.
+            Some(limit) if limit > 0 => frames.get(..clamp(limit.unsigned_abs())).unwrap_or(&[]),
+            // `self[:0]`: nothing.
+            Some(0) => &[],
+            // `self[:limit]`: all but the `-limit` most recent frames.
+            Some(limit) => frames.get(clamp(limit.unsigned_abs())..).unwrap_or(&[]),
+        };
+        let line = |frame: &Frame| format!("  File \"{}\", line {}", frame.filename, frame.lineno);
+        if most_recent_first {
+            selected.iter().map(line).collect()
+        } else {
+            selected.iter().rev().map(line).collect()
+        }
+    }
+}
+
+impl PartialEq for Traceback {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.frames, &other.frames)
+            || (self.hash == other.hash && self.frames == other.frames)
+    }
+}
+
+impl Eq for Traceback {}
+
+impl Hash for Traceback {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.hash);
+    }
+}
+
+impl PartialOrd for Traceback {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// tracemalloc compares its `_frames` tuples, which are oldest first.
+impl Ord for Traceback {
+    fn cmp(&self, other: &Self) -> Ordering {
+        if Arc::ptr_eq(&self.frames, &other.frames) {
+            return Ordering::Equal;
+        }
+        self.frames.iter().rev().cmp(other.frames.iter().rev())
+    }
+}
+
+/// `str(Traceback)`: the frame at index 0 of Python's sequence, which is
+/// the **oldest** frame (tracemalloc has shown that one since 3.7).
+impl fmt::Display for Traceback {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.frames.last() {
+            Some(frame) => frame.fmt(f),
+            None => Frame::unknown().fmt(f),
+        }
+    }
+}
+
+impl Serialize for Traceback {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut seq = serializer.serialize_seq(Some(self.frames.len()))?;
+        for frame in self.frames.iter() {
+            seq.serialize_element(frame)?;
+        }
+        seq.end()
+    }
+}
+
+/// Serializes the traceback behind an `Arc` (serde's `rc` feature is off).
+pub(crate) fn serialize_traceback<S: Serializer>(
+    traceback: &Arc<Traceback>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    traceback.as_ref().serialize(serializer)
+}
+
+/// One live memory block: tracemalloc's `Trace`.
+///
+/// JSON: `{"domain": 1234, "size": 256, "traceback": [frames...]}`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct Trace {
+    /// Address space of the block: the pid of the traced process.
+    pub domain: u32,
+    /// Requested size of the block in bytes.
+    pub size: u64,
+    /// Stack of the allocation. Traces with the same stack should share one
+    /// `Arc`: grouping is fastest when equal tracebacks are one allocation.
+    #[serde(serialize_with = "serialize_traceback")]
+    pub traceback: Arc<Traceback>,
+}
+
+/// `str(Trace)`: `"<oldest frame>: <size>"`, e.g. `"a.c:3: 256 B"`.
+impl fmt::Display for Trace {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // u64 -> f64 rounds as Python's int -> float does in `_format_size`.
+        write!(
+            f,
+            "{}: {}",
+            self.traceback,
+            format_size_f64(self.size as f64, false)
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tb(frames: &[(&str, u32)]) -> Traceback {
+        Traceback::new(
+            frames.iter().map(|&(f, l)| Frame::new(f, l)).collect(),
+            None,
+        )
+    }
+
+    #[test]
+    fn frame_displays_and_orders_by_filename_then_lineno() {
+        assert_eq!(Frame::new("src/a.c", 12).to_string(), "src/a.c:12");
+        assert_eq!(Frame::unknown().to_string(), "<unknown>:0");
+        let mut frames = [
+            Frame::new("b.c", 1),
+            Frame::new("a.c", 10),
+            Frame::new("a.c", 2),
+            Frame::new("B.c", 99),
+            Frame::new("<unknown>", 0),
+            Frame::new("é.c", 0),
+        ];
+        frames.sort();
+        let shown: Vec<String> = frames.iter().map(Frame::to_string).collect();
+        assert_eq!(
+            shown,
+            ["<unknown>:0", "B.c:99", "a.c:2", "a.c:10", "b.c:1", "é.c:0"]
+        );
+    }
+
+    #[test]
+    fn frame_equality_ignores_extra() {
+        let plain = Frame::new("a.c", 1);
+        let rich = Frame::new("a.c", 1).with_extra(FrameExtra {
+            function: Some("f".into()),
+            module: None,
+            address: Some(0x1234),
+        });
+        assert_eq!(plain, rich);
+        assert_eq!(plain.cmp(&rich), Ordering::Equal);
+    }
+
+    #[test]
+    fn empty_traceback_becomes_unknown_frame() {
+        let empty = Traceback::new(Vec::new(), Some(0));
+        assert_eq!(empty.frames(), [Frame::unknown()]);
+        assert_eq!(empty.to_string(), "<unknown>:0");
+        assert_eq!(empty.total_nframe(), Some(0));
+    }
+
+    #[test]
+    fn traceback_orders_oldest_frame_first_and_prefix_first() {
+        // Most recent first in the constructor; compared oldest first.
+        let a = tb(&[("z.c", 1), ("a.c", 1)]);
+        let b = tb(&[("a.c", 9), ("b.c", 1)]);
+        assert!(a < b, "oldest frames a.c:1 < b.c:1 decide");
+        // [a.c:1] is a prefix (from the oldest end) of [a.c:1, z.c:1].
+        let short = tb(&[("a.c", 1)]);
+        assert!(short < a);
+        assert_eq!(tb(&[("x.c", 1), ("a.c", 1)]).cmp(&a), Ordering::Less);
+        let same = Traceback::new(a.frames().to_vec(), Some(7));
+        assert_eq!(a, same, "total_nframe is not compared");
+        assert_eq!(a.cmp(&same), Ordering::Equal);
+    }
+
+    #[test]
+    fn traceback_displays_its_oldest_frame() {
+        let t = tb(&[("a.c", 3), ("a.c", 1), ("b.c", 2), ("main.c", 7)]);
+        assert_eq!(t.to_string(), "main.c:7");
+    }
+
+    #[test]
+    fn traceback_format_applies_limits_like_python() {
+        // Python order (oldest first): main.c:7, b.c:2, a.c:1, a.c:3
+        let t = tb(&[("a.c", 3), ("a.c", 1), ("b.c", 2), ("main.c", 7)]);
+        let line = |f: &str, l: u32| format!("  File \"{f}\", line {l}");
+        assert_eq!(
+            t.format(None, false),
+            [
+                line("main.c", 7),
+                line("b.c", 2),
+                line("a.c", 1),
+                line("a.c", 3)
+            ]
+        );
+        assert_eq!(t.format(Some(1), false), [line("a.c", 3)]);
+        assert_eq!(t.format(Some(2), false), [line("a.c", 1), line("a.c", 3)]);
+        assert_eq!(t.format(Some(2), true), [line("a.c", 3), line("a.c", 1)]);
+        assert_eq!(t.format(Some(100), false).len(), 4);
+        assert_eq!(t.format(Some(i64::MAX), true).len(), 4);
+        assert!(t.format(Some(0), false).is_empty());
+        assert_eq!(
+            t.format(Some(-1), false),
+            [line("main.c", 7), line("b.c", 2), line("a.c", 1)]
+        );
+        assert_eq!(
+            t.format(Some(-3), true),
+            [line("main.c", 7)],
+            "negative limit drops the most recent frames"
+        );
+        assert!(t.format(Some(-4), false).is_empty());
+        assert!(t.format(Some(i64::MIN), false).is_empty());
+    }
+
+    #[test]
+    fn frame_and_traceback_serialize_as_documented() {
+        let frame = Frame::new("a.c", 3).with_extra(FrameExtra {
+            function: Some("alloc_node".into()),
+            module: Some("/usr/bin/app".into()),
+            address: Some(4096),
+        });
+        let t = Traceback::new(vec![frame, Frame::new("main.c", 7)], Some(9));
+        let json = serde_json::to_value(&t).expect("serializes");
+        assert_eq!(
+            json,
+            serde_json::json!([
+                {"filename": "a.c", "lineno": 3, "function": "alloc_node",
+                 "module": "/usr/bin/app", "address": 4096},
+                {"filename": "main.c", "lineno": 7}
+            ])
+        );
+        let trace = Trace {
+            domain: 42,
+            size: 10240,
+            traceback: Arc::new(t),
+        };
+        assert_eq!(trace.to_string(), "main.c:7: 10.0 KiB");
+        let json = serde_json::to_value(&trace).expect("serializes");
+        assert_eq!(json["domain"], 42);
+        assert_eq!(json["size"], 10240);
+        assert_eq!(json["traceback"][1]["lineno"], 7);
+    }
+}
