@@ -214,10 +214,11 @@ impl Symbolizer {
         out
     }
 
-    /// Releases, now rather than on the next request, what blazesym and the cache
-    /// keep for modules that no [`ModuleMaps`] or [`ModuleCache`](crate::process::ModuleCache)
-    /// holds any more (their files are closed then). The worker also does this
-    /// before each request and when idle.
+    /// Makes blazesym drop, now rather than at the next request, the parsed data
+    /// and the file descriptor it keeps for each module that no [`ModuleMaps`] or
+    /// [`ModuleCache`](crate::process::ModuleCache) holds any more. The worker also
+    /// does this before each request and after 10 s idle. (Cached frames of such
+    /// modules are not looked up again and age out of the bounded cache.)
     pub fn release_unused(&self) {
         let (reply, answer) = mpsc::sync_channel(1);
         // A worker that never started holds nothing: do not start one for this.
