@@ -36,6 +36,7 @@
 
 mod error;
 mod format;
+mod group;
 mod hash;
 mod snapshot;
 mod traceback;

@@ -1,19 +1,10 @@
-//! `Snapshot.statistics()` and `Snapshot.compare_to()`, with the result types
-//! `Statistic` and `StatisticDiff`.
+//! `Snapshot` with `statistics()` and `compare_to()`, and their result types
+//! `Statistic` and `StatisticDiff`. The grouping itself is in `group`.
 //!
-//! Grouping runs in two stages so that the per-trace work is one lookup
-//! keyed by the traceback's `Arc` address, with no allocation:
-//! 1. sum size and count per distinct `Arc<Traceback>`;
-//! 2. group those sums by the key (`(filename, lineno)`, `(filename, 0)` or
-//!    the whole traceback, compared by content), once per distinct
-//!    traceback, or once per frame of it under `cumulative`.
-//!
-//! Group keys are unique, so the sort orders below are total and the
-//! results do not depend on hash-table order.
+//! Group keys are unique, so the sort orders below are total: the results
+//! do not depend on the order of the traces or of any hash table.
 
-use std::collections::hash_map::Entry;
 use std::fmt;
-use std::hash::Hash;
 use std::str::FromStr;
 use std::sync::Arc;
 
@@ -21,8 +12,11 @@ use serde::{Deserialize, Serialize};
 
 use super::error::ModelError;
 use super::format::{format_size_f64, true_div};
-use super::hash::FxHashMap;
-use super::traceback::{Frame, Trace, Traceback, serialize_traceback};
+use super::group::{
+    distinct_tracebacks, frame_group_traceback, frame_key, group_frames, group_tracebacks,
+    traceback_group_traceback,
+};
+use super::traceback::{Trace, Traceback, serialize_traceback};
 
 /// How `statistics()` and `compare_to()` group traces: tracemalloc's
 /// `key_type`. Parsed from and shown as `filename`, `lineno`, `traceback`.
@@ -215,19 +209,10 @@ impl Snapshot {
     ) -> Result<Vec<Statistic>, ModelError> {
         check_cumulative(group_by, cumulative)?;
         let distinct = distinct_tracebacks(&self.traces);
-        let mut statistics: Vec<Statistic> = match group_by {
-            GroupBy::Traceback => group_tracebacks(&distinct)
-                .into_iter()
-                .map(|(key, totals)| totals.statistic(traceback_group_key(key)))
-                .collect(),
+        let mut statistics = match group_by {
+            GroupBy::Traceback => group_tracebacks(&distinct).statistics(traceback_group_traceback),
             GroupBy::Lineno | GroupBy::Filename => group_frames(&distinct, group_by, cumulative)
-                .into_iter()
-                .map(|(key, group)| {
-                    group
-                        .totals
-                        .statistic(frame_group_key(key, group.frame, group_by))
-                })
-                .collect(),
+                .statistics(|rep| frame_group_traceback(rep, group_by)),
         };
         statistics.sort_unstable_by(|a, b| {
             b.size
@@ -254,18 +239,18 @@ impl Snapshot {
         let new_distinct = distinct_tracebacks(&self.traces);
         let old_distinct = distinct_tracebacks(&old.traces);
         let mut diffs = match group_by {
-            GroupBy::Traceback => diff_groups(
-                group_tracebacks(&new_distinct),
-                group_tracebacks(&old_distinct),
-                |totals| *totals,
-                |key, _| traceback_group_key(key),
+            GroupBy::Traceback => group_tracebacks(&new_distinct).compare_to(
+                &group_tracebacks(&old_distinct),
+                |rep| *rep,
+                traceback_group_traceback,
             ),
-            GroupBy::Lineno | GroupBy::Filename => diff_groups(
-                group_frames(&new_distinct, group_by, cumulative),
-                group_frames(&old_distinct, group_by, cumulative),
-                |group| group.totals,
-                |key, group| frame_group_key(*key, group.frame, group_by),
-            ),
+            GroupBy::Lineno | GroupBy::Filename => {
+                group_frames(&new_distinct, group_by, cumulative).compare_to(
+                    &group_frames(&old_distinct, group_by, cumulative),
+                    frame_key,
+                    |rep| frame_group_traceback(rep, group_by),
+                )
+            }
         };
         diffs.sort_unstable_by(|a, b| {
             b.size_diff
@@ -290,187 +275,6 @@ fn check_cumulative(group_by: GroupBy, cumulative: bool) -> Result<(), ModelErro
     } else {
         Ok(())
     }
-}
-
-/// Bytes and blocks of one group. Sums saturate instead of wrapping (no
-/// real process holds 2^64 bytes).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-struct Totals {
-    size: u64,
-    count: u64,
-}
-
-impl Totals {
-    fn add(&mut self, other: Totals) {
-        self.size = self.size.saturating_add(other.size);
-        self.count = self.count.saturating_add(other.count);
-    }
-
-    fn statistic(self, traceback: Arc<Traceback>) -> Statistic {
-        Statistic {
-            traceback,
-            size: self.size,
-            count: self.count,
-        }
-    }
-}
-
-/// Stage 1: the traces sharing one `Arc<Traceback>`.
-struct Distinct<'a> {
-    traceback: &'a Arc<Traceback>,
-    totals: Totals,
-}
-
-/// Stage 1: sums per `Arc<Traceback>` address, in order of first
-/// appearance. Equal tracebacks in different `Arc`s stay separate here and
-/// are merged by stage 2.
-fn distinct_tracebacks(traces: &[Trace]) -> Vec<Distinct<'_>> {
-    let mut index: FxHashMap<*const Traceback, usize> = FxHashMap::default();
-    let mut distinct: Vec<Distinct<'_>> = Vec::new();
-    // Consecutive traces often share a stack: skip the lookup for them.
-    let mut previous: Option<(*const Traceback, usize)> = None;
-    for trace in traces {
-        let pointer = Arc::as_ptr(&trace.traceback);
-        let slot = match previous {
-            Some((p, slot)) if p == pointer => slot,
-            _ => match index.entry(pointer) {
-                Entry::Occupied(entry) => *entry.get(),
-                Entry::Vacant(entry) => {
-                    entry.insert(distinct.len());
-                    distinct.push(Distinct {
-                        traceback: &trace.traceback,
-                        totals: Totals::default(),
-                    });
-                    distinct.len() - 1
-                }
-            },
-        };
-        previous = Some((pointer, slot));
-        if let Some(group) = distinct.get_mut(slot) {
-            group.totals.add(Totals {
-                size: trace.size,
-                count: 1,
-            });
-        }
-    }
-    distinct
-}
-
-/// Stage 2 for `traceback`: distinct tracebacks merged by content.
-fn group_tracebacks<'a>(distinct: &[Distinct<'a>]) -> FxHashMap<&'a Arc<Traceback>, Totals> {
-    let mut groups: FxHashMap<&'a Arc<Traceback>, Totals> = FxHashMap::default();
-    groups.reserve(distinct.len());
-    for d in distinct {
-        groups.entry(d.traceback).or_default().add(d.totals);
-    }
-    groups
-}
-
-/// A `lineno` or `filename` group: the first frame seen with the key (its
-/// `extra` is reported) and the totals.
-struct FrameGroup<'a> {
-    frame: &'a Frame,
-    totals: Totals,
-}
-
-/// Key of a frame group: `(filename, lineno)`, lineno 0 for `filename`.
-type FrameKey<'a> = (&'a str, u32);
-
-/// Stage 2 for `lineno` and `filename`: the most recent frame of each
-/// distinct traceback, or every frame of it under `cumulative`.
-fn group_frames<'a>(
-    distinct: &[Distinct<'a>],
-    group_by: GroupBy,
-    cumulative: bool,
-) -> FxHashMap<FrameKey<'a>, FrameGroup<'a>> {
-    let mut groups: FxHashMap<FrameKey<'a>, FrameGroup<'a>> = FxHashMap::default();
-    let keep_lineno = group_by == GroupBy::Lineno;
-    for d in distinct {
-        let traceback: &'a Traceback = d.traceback;
-        let frames = traceback.frames();
-        let selected = if cumulative {
-            frames
-        } else {
-            frames.get(..1).unwrap_or(&[])
-        };
-        for frame in selected {
-            let key = (&*frame.filename, if keep_lineno { frame.lineno } else { 0 });
-            groups
-                .entry(key)
-                .or_insert(FrameGroup {
-                    frame,
-                    totals: Totals::default(),
-                })
-                .totals
-                .add(d.totals);
-        }
-    }
-    groups
-}
-
-/// The statistic's traceback for a `traceback` group: the same frames
-/// without `total_nframe`, as tracemalloc's `Traceback(frames)`.
-fn traceback_group_key(traceback: &Arc<Traceback>) -> Arc<Traceback> {
-    if traceback.total_nframe().is_none() {
-        Arc::clone(traceback)
-    } else {
-        Arc::new(traceback.without_total_nframe())
-    }
-}
-
-/// The statistic's one-frame traceback for a `lineno` or `filename` group.
-/// A `filename` group's frame has lineno 0 and no `extra` (its function and
-/// address would describe one arbitrary line of the file).
-fn frame_group_key(key: FrameKey<'_>, frame: &Frame, group_by: GroupBy) -> Arc<Traceback> {
-    let extra = match group_by {
-        GroupBy::Lineno => frame.extra.clone(),
-        GroupBy::Filename | GroupBy::Traceback => None,
-    };
-    Arc::new(Traceback::from_frame(Frame {
-        filename: Arc::clone(&frame.filename),
-        lineno: key.1,
-        extra,
-    }))
-}
-
-/// tracemalloc's `_compare_grouped_stats`: every new group against the old
-/// group of the same key (absent: diff = the whole group), then the old
-/// groups left over (size and count 0, negative diffs).
-fn diff_groups<K: Hash + Eq, G>(
-    new: FxHashMap<K, G>,
-    mut old: FxHashMap<K, G>,
-    totals: impl Fn(&G) -> Totals,
-    key_traceback: impl Fn(&K, &G) -> Arc<Traceback>,
-) -> Vec<StatisticDiff> {
-    let mut diffs = Vec::with_capacity(new.len() + old.len());
-    for (key, group) in &new {
-        let now = totals(group);
-        let before = old.remove(key).map(|g| totals(&g)).unwrap_or_default();
-        diffs.push(StatisticDiff {
-            traceback: key_traceback(key, group),
-            size: now.size,
-            size_diff: difference(now.size, before.size),
-            count: now.count,
-            count_diff: difference(now.count, before.count),
-        });
-    }
-    for (key, group) in &old {
-        let before = totals(group);
-        diffs.push(StatisticDiff {
-            traceback: key_traceback(key, group),
-            size: 0,
-            size_diff: difference(0, before.size),
-            count: 0,
-            count_diff: difference(0, before.count),
-        });
-    }
-    diffs
-}
-
-/// `now - before`, saturating at the `i64` range.
-fn difference(now: u64, before: u64) -> i64 {
-    let diff = i128::from(now) - i128::from(before);
-    i64::try_from(diff).unwrap_or(if diff < 0 { i64::MIN } else { i64::MAX })
 }
 
 #[cfg(test)]

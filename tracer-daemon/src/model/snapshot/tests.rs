@@ -2,7 +2,7 @@
 //! same traces.
 
 use super::*;
-use crate::model::FrameExtra;
+use crate::model::{Frame, FrameExtra};
 
 /// `(domain, size in bytes, frames as (filename, lineno), most recent first)`.
 type RawTrace<'a> = (u32, u64, &'a [(&'a str, u32)]);

@@ -1,0 +1,389 @@
+//! Grouping of traces: the core of `statistics()` and `compare_to()`
+//! (tracemalloc's `Snapshot._group_by` and `_compare_grouped_stats`).
+//!
+//! Two stages, so that the per-trace work is a pointer comparison or one
+//! table lookup keyed by an address, with no allocation:
+//! 1. [`distinct_tracebacks`]: sum size and count per distinct
+//!    `Arc<Traceback>` (consecutive traces sharing one are summed before
+//!    any lookup);
+//! 2. [`group_tracebacks`] / [`group_frames`]: group those sums by content,
+//!    once per distinct traceback (or once per frame of it under
+//!    `cumulative`), frames looked up by the address of their file name
+//!    first and compared by text only the first time an address is seen.
+//!
+//! Groups come out in order of first appearance in the snapshot, so the
+//! representative chosen for a group (whose `FrameExtra` is reported) does
+//! not depend on hash-table order.
+
+use std::collections::hash_map::Entry;
+use std::hash::Hash;
+use std::sync::Arc;
+
+use super::hash::FxHashMap;
+use super::snapshot::{GroupBy, Statistic, StatisticDiff};
+use super::traceback::{Frame, Trace, Traceback};
+
+/// Bytes and blocks of one group. Sums saturate instead of wrapping (no
+/// real process holds 2^64 bytes).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct Totals {
+    /// Sum of block sizes, in bytes.
+    pub size: u64,
+    /// Number of blocks (frame occurrences under `cumulative`).
+    pub count: u64,
+}
+
+impl Totals {
+    fn add(&mut self, other: Totals) {
+        self.size = self.size.saturating_add(other.size);
+        self.count = self.count.saturating_add(other.count);
+    }
+}
+
+/// Stage 1 result: the traces sharing one `Arc<Traceback>`.
+pub(super) struct Distinct<'a> {
+    traceback: &'a Arc<Traceback>,
+    totals: Totals,
+}
+
+/// Stage 1: sums per `Arc<Traceback>` address, in order of first
+/// appearance. Equal tracebacks in different `Arc`s stay apart here and
+/// are merged by stage 2.
+pub(super) fn distinct_tracebacks(traces: &[Trace]) -> Vec<Distinct<'_>> {
+    /// Where a traceback first appears in `traces`, and its sums so far.
+    struct Slot {
+        first: usize,
+        totals: Totals,
+    }
+    let mut slots: FxHashMap<*const Traceback, Slot> = FxHashMap::default();
+    // The current run of consecutive traces with the same traceback, summed
+    // before touching the table.
+    let mut run: Option<(*const Traceback, usize, Totals)> = None;
+    let mut flush = |run: Option<(*const Traceback, usize, Totals)>| {
+        if let Some((pointer, first, totals)) = run {
+            slots
+                .entry(pointer)
+                .or_insert(Slot {
+                    first,
+                    totals: Totals::default(),
+                })
+                .totals
+                .add(totals);
+        }
+    };
+    for (position, trace) in traces.iter().enumerate() {
+        let pointer = Arc::as_ptr(&trace.traceback);
+        let block = Totals {
+            size: trace.size,
+            count: 1,
+        };
+        match &mut run {
+            Some((current, _, totals)) if *current == pointer => totals.add(block),
+            _ => flush(run.replace((pointer, position, block))),
+        }
+    }
+    flush(run);
+    let mut slots: Vec<Slot> = slots.into_values().collect();
+    slots.sort_unstable_by_key(|slot| slot.first);
+    slots
+        .into_iter()
+        .filter_map(|slot| {
+            traces.get(slot.first).map(|trace| Distinct {
+                traceback: &trace.traceback,
+                totals: slot.totals,
+            })
+        })
+        .collect()
+}
+
+/// One group: the first key value seen for it (the representative) and
+/// its totals.
+pub(super) struct Group<R> {
+    rep: R,
+    totals: Totals,
+}
+
+/// The groups of one snapshot in order of first appearance, with an index
+/// from key to position.
+pub(super) struct Groups<K, R> {
+    index: FxHashMap<K, usize>,
+    entries: Vec<Group<R>>,
+}
+
+impl<K: Hash + Eq, R> Groups<K, R> {
+    fn new() -> Self {
+        Groups {
+            index: FxHashMap::default(),
+            entries: Vec::new(),
+        }
+    }
+
+    /// Position of the group of `key`, created with `rep` if new.
+    fn slot(&mut self, key: K, rep: impl FnOnce() -> R) -> usize {
+        match self.index.entry(key) {
+            Entry::Occupied(entry) => *entry.get(),
+            Entry::Vacant(entry) => {
+                self.entries.push(Group {
+                    rep: rep(),
+                    totals: Totals::default(),
+                });
+                *entry.insert(self.entries.len() - 1)
+            }
+        }
+    }
+
+    fn add(&mut self, slot: usize, totals: Totals) {
+        if let Some(group) = self.entries.get_mut(slot) {
+            group.totals.add(totals);
+        }
+    }
+
+    /// `Snapshot.statistics()` before sorting.
+    pub(super) fn statistics(self, traceback_of: impl Fn(&R) -> Arc<Traceback>) -> Vec<Statistic> {
+        self.entries
+            .iter()
+            .map(|group| Statistic {
+                traceback: traceback_of(&group.rep),
+                size: group.totals.size,
+                count: group.totals.count,
+            })
+            .collect()
+    }
+
+    /// tracemalloc's `_compare_grouped_stats` (before sorting): every group
+    /// of `self` (new) against the group of the same key in `old` (absent:
+    /// the diff is the whole group), then the groups only in `old`, with
+    /// size and count 0 and negative diffs.
+    pub(super) fn compare_to(
+        &self,
+        old: &Groups<K, R>,
+        key_of: impl Fn(&R) -> K,
+        traceback_of: impl Fn(&R) -> Arc<Traceback>,
+    ) -> Vec<StatisticDiff> {
+        let mut matched = vec![false; old.entries.len()];
+        let mut diffs = Vec::with_capacity(self.entries.len() + old.entries.len());
+        for group in &self.entries {
+            let now = group.totals;
+            let mut before = Totals::default();
+            if let Some(&slot) = old.index.get(&key_of(&group.rep))
+                && let (Some(previous), Some(seen)) = (old.entries.get(slot), matched.get_mut(slot))
+            {
+                before = previous.totals;
+                *seen = true;
+            }
+            diffs.push(diff(traceback_of(&group.rep), now, before));
+        }
+        for (group, seen) in old.entries.iter().zip(&matched) {
+            if !seen {
+                diffs.push(diff(
+                    traceback_of(&group.rep),
+                    Totals::default(),
+                    group.totals,
+                ));
+            }
+        }
+        diffs
+    }
+}
+
+fn diff(traceback: Arc<Traceback>, now: Totals, before: Totals) -> StatisticDiff {
+    StatisticDiff {
+        traceback,
+        size: now.size,
+        size_diff: difference(now.size, before.size),
+        count: now.count,
+        count_diff: difference(now.count, before.count),
+    }
+}
+
+/// `now - before`, saturating at the `i64` range.
+fn difference(now: u64, before: u64) -> i64 {
+    let diff = i128::from(now) - i128::from(before);
+    i64::try_from(diff).unwrap_or(if diff < 0 { i64::MIN } else { i64::MAX })
+}
+
+/// Groups by whole traceback (compared by content).
+pub(super) type TracebackGroups<'a> = Groups<&'a Arc<Traceback>, &'a Arc<Traceback>>;
+
+/// Stage 2 for `traceback`: distinct tracebacks merged by content.
+pub(super) fn group_tracebacks<'a>(distinct: &[Distinct<'a>]) -> TracebackGroups<'a> {
+    let mut groups = Groups::new();
+    groups.index.reserve(distinct.len());
+    for d in distinct {
+        let slot = groups.slot(d.traceback, || d.traceback);
+        groups.add(slot, d.totals);
+    }
+    groups
+}
+
+/// The statistic's traceback for a `traceback` group: the same frames
+/// without `total_nframe`, as tracemalloc's `Traceback(frames)`.
+pub(super) fn traceback_group_traceback(traceback: &&Arc<Traceback>) -> Arc<Traceback> {
+    if traceback.total_nframe().is_none() {
+        Arc::clone(traceback)
+    } else {
+        Arc::new(traceback.without_total_nframe())
+    }
+}
+
+/// Representative of a `lineno` or `filename` group: the first frame seen
+/// and the group's line number (0 for `filename`).
+#[derive(Clone, Copy)]
+pub(super) struct FrameRep<'a> {
+    frame: &'a Frame,
+    lineno: u32,
+}
+
+/// Key of a frame group: `(filename, lineno)`, lineno 0 for `filename`.
+pub(super) type FrameKey<'a> = (&'a str, u32);
+
+/// Groups by frame or file name.
+pub(super) type FrameGroups<'a> = Groups<FrameKey<'a>, FrameRep<'a>>;
+
+/// Stage 2 for `lineno` and `filename`: the most recent frame of each
+/// distinct traceback, or every frame of it (each occurrence) under
+/// `cumulative`.
+pub(super) fn group_frames<'a>(
+    distinct: &[Distinct<'a>],
+    group_by: GroupBy,
+    cumulative: bool,
+) -> FrameGroups<'a> {
+    let keep_lineno = group_by == GroupBy::Lineno;
+    let mut groups = Groups::new();
+    // File names are usually shared `Arc<str>`s: find a group by the
+    // name's address and line, and compare text only for a new address.
+    let mut by_address: FxHashMap<(*const u8, u32), usize> = FxHashMap::default();
+    for d in distinct {
+        let traceback: &'a Traceback = d.traceback;
+        let frames = traceback.frames();
+        let selected = if cumulative {
+            frames
+        } else {
+            frames.get(..1).unwrap_or(&[])
+        };
+        for frame in selected {
+            let lineno = if keep_lineno { frame.lineno } else { 0 };
+            let slot = match by_address.entry((frame.filename.as_ptr(), lineno)) {
+                Entry::Occupied(entry) => *entry.get(),
+                Entry::Vacant(entry) => {
+                    let key = (&*frame.filename, lineno);
+                    *entry.insert(groups.slot(key, || FrameRep { frame, lineno }))
+                }
+            };
+            groups.add(slot, d.totals);
+        }
+    }
+    groups
+}
+
+/// Key of a frame group, from its representative.
+pub(super) fn frame_key<'a>(rep: &FrameRep<'a>) -> FrameKey<'a> {
+    (&*rep.frame.filename, rep.lineno)
+}
+
+/// The statistic's one-frame traceback for a `lineno` or `filename` group.
+/// A `filename` group's frame has lineno 0 and no `extra` (a function and
+/// address would describe one arbitrary line of the file).
+pub(super) fn frame_group_traceback(rep: &FrameRep<'_>, group_by: GroupBy) -> Arc<Traceback> {
+    let extra = match group_by {
+        GroupBy::Lineno => rep.frame.extra.clone(),
+        GroupBy::Filename | GroupBy::Traceback => None,
+    };
+    Arc::new(Traceback::from_frame(Frame {
+        filename: Arc::clone(&rep.frame.filename),
+        lineno: rep.lineno,
+        extra,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn trace(size: u64, traceback: &Arc<Traceback>) -> Trace {
+        Trace {
+            domain: 1,
+            size,
+            traceback: Arc::clone(traceback),
+        }
+    }
+
+    #[test]
+    fn distinct_tracebacks_sum_runs_and_keep_first_appearance_order() {
+        let a = Arc::new(Traceback::new(vec![Frame::new("a.c", 1)], None));
+        let b = Arc::new(Traceback::new(vec![Frame::new("b.c", 2)], None));
+        let a_copy = Arc::new(Traceback::new(vec![Frame::new("a.c", 1)], None));
+        let traces = [
+            trace(1, &b),
+            trace(2, &a),
+            trace(4, &a),
+            trace(8, &b),
+            trace(16, &a_copy),
+            trace(32, &a),
+        ];
+        let distinct = distinct_tracebacks(&traces);
+        let seen: Vec<(*const Traceback, Totals)> = distinct
+            .iter()
+            .map(|d| (Arc::as_ptr(d.traceback), d.totals))
+            .collect();
+        let totals = |size, count| Totals { size, count };
+        assert_eq!(
+            seen,
+            [
+                (Arc::as_ptr(&b), totals(9, 2)),
+                (Arc::as_ptr(&a), totals(38, 3)),
+                (Arc::as_ptr(&a_copy), totals(16, 1)),
+            ]
+        );
+        let groups = group_tracebacks(&distinct);
+        let merged: Vec<(*const Traceback, Totals)> = groups
+            .entries
+            .iter()
+            .map(|g| (Arc::as_ptr(g.rep), g.totals))
+            .collect();
+        assert_eq!(
+            merged,
+            [
+                (Arc::as_ptr(&b), totals(9, 2)),
+                (Arc::as_ptr(&a), totals(54, 4)),
+            ]
+        );
+    }
+
+    #[test]
+    fn frame_groups_merge_equal_names_in_separate_allocations() {
+        let shared: Arc<str> = Arc::from("a.c");
+        let separate: Arc<str> = Arc::from("a.c");
+        let frame = |name: &Arc<str>, lineno| Frame {
+            filename: Arc::clone(name),
+            lineno,
+            extra: None,
+        };
+        let one = Arc::new(Traceback::new(
+            vec![frame(&shared, 1), frame(&separate, 1), frame(&shared, 2)],
+            None,
+        ));
+        let two = Arc::new(Traceback::new(vec![frame(&separate, 2)], None));
+        let traces = [trace(10, &one), trace(5, &two)];
+        let distinct = distinct_tracebacks(&traces);
+        let groups = group_frames(&distinct, GroupBy::Lineno, true);
+        let found: Vec<(FrameKey<'_>, Totals)> = groups
+            .entries
+            .iter()
+            .map(|g| (frame_key(&g.rep), g.totals))
+            .collect();
+        assert_eq!(
+            found,
+            [
+                (("a.c", 1), Totals { size: 20, count: 2 }),
+                (("a.c", 2), Totals { size: 15, count: 2 }),
+            ]
+        );
+        let groups = group_frames(&distinct, GroupBy::Filename, false);
+        assert_eq!(groups.entries.len(), 1);
+        assert_eq!(
+            groups.entries.first().map(|g| g.totals),
+            Some(Totals { size: 15, count: 2 })
+        );
+    }
+}
