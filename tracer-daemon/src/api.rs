@@ -4,6 +4,7 @@
 //! |---|---|
 //! | `GET /health` | readiness: probes attached |
 //! | `GET /processes` | traced processes with current/peak bytes |
+//! | `GET /maps` | the kernel maps' entries and capacity, eBPF counters |
 //! | `GET /pid/{pid}` | one process (says whether it exited) |
 //! | `GET /pid/{pid}/statistics` | `take_snapshot().statistics(group_by, cumulative)` |
 //! | `POST /pid/{pid}/snapshots` | `take_snapshot()`, stored under an id |
@@ -72,7 +73,7 @@ impl From<DaemonError> for ApiError {
                 StatusCode::CONFLICT,
                 format!("use it through /pid/{of_pid}, or take one of this process with POST /pid/{{pid}}/snapshots"),
             ),
-            DaemonError::Model(ModelError::CumulativeTraceback { .. }) => (
+            DaemonError::Model(ModelError::CumulativeTraceback) => (
                 StatusCode::BAD_REQUEST,
                 "cumulative=true works with group_by=filename or group_by=lineno".to_string(),
             ),
@@ -88,6 +89,7 @@ pub fn router(daemon: Arc<Daemon>) -> Router {
     Router::new()
         .route("/health", get(health))
         .route("/processes", get(processes))
+        .route("/maps", get(kernel_maps))
         .route("/pid/{pid}", get(process))
         .route("/pid/{pid}/statistics", get(statistics))
         .route("/pid/{pid}/snapshots", get(list_snapshots).post(take_snapshot))
@@ -98,7 +100,7 @@ pub fn router(daemon: Arc<Daemon>) -> Router {
         .with_state(daemon)
 }
 
-const ROUTES: &str = "GET /health, GET /processes, GET /pid/{pid}, GET /pid/{pid}/statistics, \
+const ROUTES: &str = "GET /health, GET /processes, GET /maps, GET /pid/{pid}, GET /pid/{pid}/statistics, \
     POST|GET /pid/{pid}/snapshots, GET /pid/{pid}/compare, GET /pid/{pid}/traced-memory";
 
 async fn not_found() -> ApiError {
@@ -311,6 +313,11 @@ async fn processes(State(daemon): State<Arc<Daemon>>) -> Result<Response, ApiErr
     Ok(Json(json!({ "processes": list })).into_response())
 }
 
+async fn kernel_maps(State(daemon): State<Arc<Daemon>>) -> Result<Response, ApiError> {
+    let maps = blocking(move || Ok(daemon.kernel_maps())).await?;
+    Ok(Json(maps).into_response())
+}
+
 async fn process(
     State(daemon): State<Arc<Daemon>>,
     Path(pid): Path<String>,
@@ -365,7 +372,7 @@ async fn statistics(
         "cumulative": cumulative,
         "limit": limit,
         "total": total,
-        "traces": taken.snapshot.traces.len(),
+        "traces": taken.snapshot.traces().len(),
         "statistics": out,
     }))
     .into_response())
@@ -419,7 +426,7 @@ async fn compare(
                 None => {
                     let view = daemon.process(pid)?;
                     let empty =
-                        Arc::new(Snapshot { traces: Vec::new(), traceback_limit: daemon.nframe() });
+                        Arc::new(Snapshot::new(Vec::new(), daemon.nframe()));
                     (empty, json!({"kind": "tracing_start", "at_ms": view.first_seen_ms}))
                 }
             },

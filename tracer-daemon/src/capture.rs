@@ -141,11 +141,11 @@ impl Capture {
         // SAFETY: sysconf has no preconditions.
         let page_size = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
         let mut ebpf = EbpfLoader::new()
-            .set_global(GLOBAL_TRACERD_TGID, &tgid, true)
-            .set_global(GLOBAL_PAGE_SIZE, &page_size, true)
-            .set_max_entries(MAP_LIVE_ALLOCS, config.max_live_blocks)
-            .set_max_entries(MAP_STACKS, config.max_stacks)
-            .set_max_entries(MAP_PROCS, config.max_procs)
+            .override_global(GLOBAL_TRACERD_TGID, &tgid, true)
+            .override_global(GLOBAL_PAGE_SIZE, &page_size, true)
+            .map_max_entries(MAP_LIVE_ALLOCS, config.max_live_blocks)
+            .map_max_entries(MAP_STACKS, config.max_stacks)
+            .map_max_entries(MAP_PROCS, config.max_procs)
             .load(object.as_bytes())
             .map_err(|e| CaptureError::Load(e.to_string()))?;
 

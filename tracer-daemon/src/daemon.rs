@@ -259,7 +259,7 @@ impl Daemon {
             };
             traces.push(Trace { domain: pid, size: block.size, traceback });
         }
-        Snapshot { traces, traceback_limit: self.nframe }
+        Snapshot::new(traces, self.nframe)
     }
 
     fn traceback(&self, stack: &[u64], maps: Option<&ModuleMaps>) -> Traceback {
@@ -327,12 +327,12 @@ impl Daemon {
     /// # Errors
     /// [`DaemonError::NotTraced`].
     pub fn snapshots_of(&self, pid: u32) -> Result<Vec<SnapshotSummary>, DaemonError> {
-        let start_time = self.start_time_of(pid)?;
-        Ok(lock(&self.store).of_image(pid, start_time).map(StoredSnapshot::summary).collect())
+        let gen_ = self.gen_of(pid)?;
+        Ok(lock(&self.store).of_image(pid, gen_).map(StoredSnapshot::summary).collect())
     }
 
-    fn start_time_of(&self, pid: u32) -> Result<u64, DaemonError> {
-        lock(&self.registry).get(pid).map(|i| i.start_time).ok_or(DaemonError::NotTraced { pid })
+    fn gen_of(&self, pid: u32) -> Result<u32, DaemonError> {
+        lock(&self.registry).get(pid).map(|i| i.gen_).ok_or(DaemonError::NotTraced { pid })
     }
 
     /// Stored snapshot `id`, which must be of the image `pid` means now.
@@ -340,10 +340,10 @@ impl Daemon {
     /// # Errors
     /// [`DaemonError::SnapshotNotFound`], [`DaemonError::SnapshotOfOtherProcess`].
     pub fn stored_of(&self, pid: u32, id: u64) -> Result<StoredSnapshot, DaemonError> {
-        let start_time = self.start_time_of(pid)?;
+        let gen_ = self.gen_of(pid)?;
         let store = lock(&self.store);
         let stored = store.get(id).ok_or(DaemonError::SnapshotNotFound { id })?;
-        if stored.pid != pid || stored.start_time != start_time {
+        if stored.pid != pid || stored.gen_ != gen_ {
             return Err(DaemonError::SnapshotOfOtherProcess { id, of_pid: stored.pid, pid });
         }
         Ok(stored.clone())
@@ -355,8 +355,32 @@ impl Daemon {
     /// # Errors
     /// [`DaemonError::NotTraced`].
     pub fn latest_stored(&self, pid: u32) -> Result<Option<StoredSnapshot>, DaemonError> {
-        let start_time = self.start_time_of(pid)?;
-        Ok(lock(&self.store).of_image(pid, start_time).last().cloned())
+        let gen_ = self.gen_of(pid)?;
+        Ok(lock(&self.store).of_image(pid, gen_).last().cloned())
+    }
+
+    /// The kernel maps' use: entries and capacity of each, live blocks per
+    /// process, and the eBPF programs' counters.
+    pub fn kernel_maps(&self) -> serde_json::Value {
+        let capture = self.capture();
+        let maps: serde_json::Map<String, serde_json::Value> = capture
+            .map_usage()
+            .into_iter()
+            .map(|(name, entries, capacity)| {
+                (name.to_string(), serde_json::json!({"entries": entries, "capacity": capacity}))
+            })
+            .collect();
+        let mut by_pid: BTreeMap<u32, u64> = BTreeMap::new();
+        for (key, _) in capture.live_blocks(None) {
+            *by_pid.entry(key.tgid).or_default() += 1;
+        }
+        let counters: serde_json::Map<String, serde_json::Value> =
+            capture.counters().into_iter().map(|(n, v)| (n.to_string(), v.into())).collect();
+        serde_json::json!({
+            "maps": maps,
+            "live_allocs_by_pid": by_pid,
+            "counters": counters,
+        })
     }
 }
 

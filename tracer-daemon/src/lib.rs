@@ -6,18 +6,12 @@
 //! (addresses to `file:line` with DWARF) → [`model`] (the snapshot engine:
 //! statistics, compare_to; pure, no I/O) → [`store`] (stored snapshots) →
 //! [`api`] (HTTP routes). [`daemon`] holds the shared state that ties them.
-#[cfg(feature = "daemon")]
 pub mod api;
-#[cfg(feature = "daemon")]
 pub mod capture;
-#[cfg(feature = "daemon")]
 pub mod config;
-#[cfg(feature = "daemon")]
 pub mod daemon;
 pub mod model;
 pub mod process;
-#[cfg(feature = "daemon")]
 pub mod registry;
-#[cfg(feature = "daemon")]
 pub mod store;
 pub mod symbolize;

@@ -81,10 +81,12 @@ async fn shutdown_signal() {
 /// Drains the kernel's process events as they come (one wake-up per process
 /// image start or end, never per allocation) and expires old ones each second.
 async fn handle_events(daemon: Arc<Daemon>, ring: aya::maps::RingBuf<aya::maps::MapData>) {
-    let mut fd = match AsyncFd::new(ring) {
+    // SAFETY: the RingBuf owns its map fd for its whole life inside the
+    // AsyncFd, and as_raw_fd always returns that same fd.
+    let mut fd = match unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) } {
         Ok(fd) => fd,
         Err(err) => {
-            tracing::error!(%err, map = tracer_common::MAP_EVENTS, "cannot poll the ring buffer");
+            tracing::error!(err = %err, map = tracer_common::MAP_EVENTS, "cannot poll the ring buffer");
             return;
         }
     };

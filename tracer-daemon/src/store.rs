@@ -53,11 +53,11 @@ impl StoredSnapshot {
             id: self.id,
             pid: self.pid,
             taken_at_ms: unix_ms(self.taken_at),
-            traces: self.snapshot.traces.len(),
-            size: self.snapshot.traces.iter().map(|t| t.size).sum(),
+            traces: self.snapshot.traces().len(),
+            size: self.snapshot.traces().iter().map(|t| t.size).sum(),
             current: self.traced_memory.0,
             peak: self.traced_memory.1,
-            traceback_limit: self.snapshot.traceback_limit,
+            traceback_limit: self.snapshot.traceback_limit(),
         }
     }
 }
@@ -90,9 +90,11 @@ impl SnapshotStore {
         self.snapshots.get(&id)
     }
 
-    /// Snapshots of the image (pid, start_time), oldest first.
-    pub fn of_image(&self, pid: u32, start_time: u64) -> impl Iterator<Item = &StoredSnapshot> {
-        self.snapshots.values().filter(move |s| s.pid == pid && s.start_time == start_time)
+    /// Snapshots of the image (pid, generation), oldest first. The
+    /// generation, not the start time, tells images apart: exec keeps the
+    /// start time.
+    pub fn of_image(&self, pid: u32, gen_: u32) -> impl Iterator<Item = &StoredSnapshot> {
+        self.snapshots.values().filter(move |s| s.pid == pid && s.gen_ == gen_)
     }
 }
 
@@ -100,24 +102,24 @@ impl SnapshotStore {
 mod tests {
     use super::*;
 
-    fn stored(pid: u32, start_time: u64) -> StoredSnapshot {
+    fn stored(pid: u32, gen_: u32) -> StoredSnapshot {
         StoredSnapshot {
             id: 0,
             pid,
-            start_time,
-            gen_: 1,
+            start_time: 0,
+            gen_,
             taken_at: SystemTime::UNIX_EPOCH,
             traced_memory: (0, 0),
-            snapshot: Arc::new(Snapshot { traces: Vec::new(), traceback_limit: 16 }),
+            snapshot: Arc::new(Snapshot::new(Vec::new(), 16)),
         }
     }
 
     #[test]
     fn ids_increase_and_a_reused_pid_sees_only_its_own() {
         let mut store = SnapshotStore::default();
-        assert_eq!(store.insert(stored(5, 100)), 1);
-        assert_eq!(store.insert(stored(5, 200)), 2);
-        let ids: Vec<u64> = store.of_image(5, 200).map(|s| s.id).collect();
+        assert_eq!(store.insert(stored(5, 1)), 1);
+        assert_eq!(store.insert(stored(5, 2)), 2);
+        let ids: Vec<u64> = store.of_image(5, 2).map(|s| s.id).collect();
         assert_eq!(ids, vec![2]);
     }
 }

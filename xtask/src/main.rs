@@ -62,7 +62,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Task::Setup => setup(),
         Task::Run { args } => {
             setup()?;
-            cargo(&["build", "--release", "-p", "tracer-daemon", "--features", "daemon"])?;
+            cargo(&["build", "--release", "-p", "tracer-daemon"])?;
             let tracerd = workspace_root().join("target/release/tracerd");
             let status = Command::new(&tracerd)
                 .args(&args)
@@ -79,13 +79,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 bail!("the integration tests load eBPF programs: run `cargo xtask test` as root");
             }
             // Unit and differential tests of every crate, in parallel.
-            let mut unit = vec!["test", "--workspace", "--features", "tracer-daemon/daemon", "--lib", "--bins", "--"];
+            let mut unit = vec!["test", "--workspace", "--lib", "--bins", "--"];
             let extra: Vec<&str> = args.iter().filter_map(|a| a.to_str()).collect();
             unit.extend(extra.iter().copied());
             cargo(&unit)?;
             // Integration tests: they attach probes host-wide, so one at a time.
             let mut integration =
-                vec!["test", "-p", "tracer-daemon", "--features", "daemon", "--tests", "--", "--test-threads=1"];
+                vec!["test", "-p", "tracer-daemon", "--tests", "--", "--test-threads=1"];
             integration.extend(extra.iter().copied());
             cargo(&integration)
         }

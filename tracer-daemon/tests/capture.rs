@@ -1,0 +1,453 @@
+//! Root integration tests: the real tracerd with its real eBPF programs
+//! tracing C programs compiled here, checked through the HTTP API with exact
+//! sizes, counts and file:line.
+mod common;
+
+use std::{
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use common::{C_PRELUDE, Fixture, TempDir, Tracerd, compile_c, line_of, stat_at};
+use serde_json::Value;
+
+/// Compiles a fixture whose body is `body`, returning (exe, source path, source).
+fn fixture(dir: &TempDir, name: &str, body: &str) -> (PathBuf, PathBuf, String) {
+    let source = format!("{C_PRELUDE}{body}");
+    let exe = compile_c(dir.path(), name, &source, &["-pthread"]);
+    (exe, dir.path().join(format!("{name}.c")), source)
+}
+
+const KEEP_20000: &str = r#"
+int main(void) {
+    void **keep = calloc(20000, sizeof(void *));
+    say("ready");
+    wait_go();
+    for (int i = 0; i < 20000; i++)
+        keep[i] = malloc(256); /* ALLOC_SITE */
+    say("done");
+    wait_go();
+    return keep[0] == NULL;
+}
+"#;
+
+#[test]
+fn twenty_thousand_mallocs_at_one_line_show_exactly_in_compare() {
+    let dir = TempDir::new("keep20000");
+    let (exe, src, source) = fixture(&dir, "keep", KEEP_20000);
+    let line = line_of(&source, "ALLOC_SITE");
+    let tracerd = Tracerd::start(&[]);
+    let mut fx = Fixture::spawn(&exe, &[], &[]);
+    fx.expect_line("ready");
+    let pid = fx.pid();
+    tracerd.wait_traced(pid);
+    let (status, base) = tracerd.post(&format!("/pid/{pid}/snapshots"));
+    assert_eq!(status, 201, "{base}");
+    fx.go();
+    fx.expect_line("done");
+
+    let (status, body) = tracerd.get(&format!("/pid/{pid}/compare?group_by=lineno&limit=0"));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["base"]["kind"], "snapshot");
+    assert_eq!(body["base"]["id"], base["id"]);
+    let stats = &body["statistics"];
+    let top = &stats[0];
+    assert_eq!(top["traceback"][0]["filename"].as_str(), src.to_str(), "{top}");
+    assert_eq!(top["traceback"][0]["lineno"], line);
+    assert_eq!(top["size_diff"], 5_120_000);
+    assert_eq!(top["count_diff"], 20_000);
+    assert_eq!(top["size"], 5_120_000);
+    assert_eq!(top["count"], 20_000);
+    let expected = format!(
+        "{}:{line}: size=5000 KiB (+5000 KiB), count=20000 (+20000), average=256 B",
+        src.display()
+    );
+    assert_eq!(top["text"], expected);
+    // Nothing else changed by more than a few blocks (stdio buffers at most).
+    for other in stats.as_array().expect("array").iter().skip(1) {
+        assert!(other["count_diff"].as_i64().expect("count_diff").abs() <= 2, "{other}");
+    }
+
+    let (status, text) =
+        tracerd.get_text(&format!("/pid/{pid}/compare?group_by=lineno&limit=1&format=text"));
+    assert_eq!(status, 200);
+    assert_eq!(text, format!("{expected}\n"));
+
+    let (status, memory) = tracerd.get(&format!("/pid/{pid}/traced-memory"));
+    assert_eq!(status, 200);
+    let current = memory["current"].as_u64().expect("current");
+    assert!(current >= 5_120_000 + 160_000, "{memory}");
+    assert!(memory["peak"].as_u64().expect("peak") >= current);
+    fx.go();
+    assert!(fx.finish().success());
+}
+
+const ALLOCATORS: &str = r#"
+int main(void) {
+    say("ready");
+    wait_go();
+    void *a = calloc(10, 30); /* CALLOC */
+    void *b = malloc(100); /* GROW_FROM */
+    b = realloc(b, 1000); /* GROW_TO */
+    void *c = malloc(1000); /* SHRINK_FROM */
+    c = realloc(c, 10); /* SHRINK_TO */
+    void *d = realloc(NULL, 777); /* REALLOC_NULL */
+    void *e = malloc(555); /* ZERO_FROM */
+    void *e2 = realloc(e, 0); /* ZERO_TO */
+    void *f = malloc(444); /* FAIL_FROM */
+    void *f2 = realloc(f, SIZE_MAX / 2); /* FAIL_TO */
+    void *g = reallocarray(NULL, 7, 11); /* REALLOCARRAY */
+    void *g2 = reallocarray(NULL, SIZE_MAX, 2); /* REALLOCARRAY_OVERFLOW */
+    void *h = NULL;
+    int rc = posix_memalign(&h, 64, 640); /* POSIX_MEMALIGN */
+    void *h2 = NULL;
+    int rc2 = posix_memalign(&h2, 3, 640); /* POSIX_MEMALIGN_EINVAL */
+    void *i = aligned_alloc(64, 128); /* ALIGNED_ALLOC */
+    void *j = memalign(32, 96); /* MEMALIGN */
+    void *k = valloc(200); /* VALLOC */
+    void *l = pvalloc(100); /* PVALLOC */
+    void *m = calloc(SIZE_MAX, 2); /* CALLOC_OVERFLOW */
+    void *n = malloc(300); /* FREED */
+    free(n);
+    free(NULL);
+    printf("%d %d %d %d %d\n", e2 == NULL, f2 == NULL, g2 == NULL, rc, rc2 != 0);
+    fflush(stdout);
+    say("done");
+    wait_go();
+    return (a && b && c && d && f && g && h && i && j && k && l && !m) ? 0 : 1;
+}
+"#;
+
+#[test]
+fn every_allocator_records_its_exact_size_and_failures_record_nothing() {
+    let dir = TempDir::new("allocators");
+    let (exe, src, source) = fixture(&dir, "allocators", ALLOCATORS);
+    let tracerd = Tracerd::start(&[]);
+    let mut fx = Fixture::spawn(&exe, &[], &[]);
+    fx.expect_line("ready");
+    let pid = fx.pid();
+    tracerd.wait_traced(pid);
+    let (status, _) = tracerd.post(&format!("/pid/{pid}/snapshots"));
+    assert_eq!(status, 201);
+    fx.go();
+    assert_eq!(fx.read_line(), "1 1 1 0 1", "glibc's own results as the test assumes");
+    fx.expect_line("done");
+    let (status, body) = tracerd.get(&format!("/pid/{pid}/compare?group_by=lineno&limit=0"));
+    assert_eq!(status, 200, "{body}");
+    let stats = &body["statistics"];
+    let expect = |marker: &str, size: i64, count: i64| {
+        let line = line_of(&source, &format!("/* {marker} */"));
+        match stat_at(stats, &src, line) {
+            Some(stat) => {
+                assert_eq!((stat["size_diff"].as_i64(), stat["count_diff"].as_i64()),
+                    (Some(size), Some(count)), "{marker} at line {line}: {stat}");
+            }
+            None => assert_eq!((size, count), (0, 0), "{marker} at line {line} missing in {stats}"),
+        }
+    };
+    expect("CALLOC", 300, 1);
+    expect("GROW_FROM", 0, 0);
+    expect("GROW_TO", 1000, 1);
+    expect("SHRINK_FROM", 0, 0);
+    expect("SHRINK_TO", 10, 1);
+    expect("REALLOC_NULL", 777, 1);
+    expect("ZERO_FROM", 0, 0);
+    expect("ZERO_TO", 0, 0);
+    expect("FAIL_FROM", 444, 1);
+    expect("FAIL_TO", 0, 0);
+    expect("REALLOCARRAY", 77, 1);
+    expect("REALLOCARRAY_OVERFLOW", 0, 0);
+    expect("POSIX_MEMALIGN", 640, 1);
+    expect("POSIX_MEMALIGN_EINVAL", 0, 0);
+    expect("ALIGNED_ALLOC", 128, 1);
+    expect("MEMALIGN", 96, 1);
+    expect("VALLOC", 200, 1);
+    expect("PVALLOC", 4096, 1);
+    expect("CALLOC_OVERFLOW", 0, 0);
+    expect("FREED", 0, 0);
+    fx.go();
+    assert!(fx.finish().success());
+}
+
+const THREADS: &str = r#"
+#define PER_THREAD 5000
+static void *blocks[4][PER_THREAD];
+static pthread_barrier_t barrier;
+static void *worker(void *arg) {
+    long t = (long)arg;
+    for (int i = 0; i < PER_THREAD; i++)
+        blocks[t][i] = malloc((size_t)(t + 1) * 16); /* THREAD_ALLOC */
+    pthread_barrier_wait(&barrier);
+    /* Free half of the next thread's blocks: frees cross threads. */
+    long u = (t + 1) % 4;
+    for (int i = 0; i < PER_THREAD / 2; i++)
+        free(blocks[u][i]);
+    return NULL;
+}
+int main(void) {
+    pthread_t threads[4];
+    say("ready");
+    wait_go();
+    pthread_barrier_init(&barrier, NULL, 4);
+    for (long t = 0; t < 4; t++)
+        pthread_create(&threads[t], NULL, worker, (void *)t);
+    for (int t = 0; t < 4; t++)
+        pthread_join(threads[t], NULL);
+    say("done");
+    wait_go();
+    return 0;
+}
+"#;
+
+#[test]
+fn four_threads_freeing_across_threads_give_exact_totals() {
+    let dir = TempDir::new("threads");
+    let (exe, src, source) = fixture(&dir, "threads", THREADS);
+    let line = line_of(&source, "THREAD_ALLOC");
+    let tracerd = Tracerd::start(&[]);
+    let mut fx = Fixture::spawn(&exe, &[], &[]);
+    fx.expect_line("ready");
+    let pid = fx.pid();
+    tracerd.wait_traced(pid);
+    let (_, before) = tracerd.get(&format!("/pid/{pid}/traced-memory"));
+    let (status, _) = tracerd.post(&format!("/pid/{pid}/snapshots"));
+    assert_eq!(status, 201);
+    fx.go();
+    fx.expect_line("done");
+    let (status, body) = tracerd.get(&format!("/pid/{pid}/compare?group_by=lineno&limit=0"));
+    assert_eq!(status, 200, "{body}");
+    let stat = stat_at(&body["statistics"], &src, line).expect("the worker's malloc line");
+    // 2500 live blocks per thread, of 16, 32, 48 and 64 bytes.
+    assert_eq!(stat["count_diff"], 10_000, "{stat}");
+    assert_eq!(stat["size_diff"], 2500 * (16 + 32 + 48 + 64), "{stat}");
+    assert_eq!(stat["count"], 10_000);
+    let (_, after) = tracerd.get(&format!("/pid/{pid}/traced-memory"));
+    let (before, after) = (before["current"].as_i64().expect("n"), after["current"].as_i64().expect("n"));
+    // Thread start-up allocates a little of its own (TLS), freed at join or kept.
+    let grew = after - before;
+    assert!((400_000..400_000 + 8192).contains(&grew), "current grew by {grew}");
+    fx.go();
+    assert!(fx.finish().success());
+}
+
+const CHAIN: &str = r#"
+__attribute__((noinline)) static void *make_block(size_t n) {
+    return malloc(n); /* MAKE_BLOCK */
+}
+__attribute__((noinline)) static void *grow(size_t n) {
+    void *p = make_block(n * 2); /* GROW */
+    return p;
+}
+int main(void) {
+    say("ready");
+    wait_go();
+    void *p = grow(1234); /* MAIN */
+    say("done");
+    wait_go();
+    return p == NULL;
+}
+"#;
+
+#[test]
+fn traceback_grouping_shows_the_whole_caller_chain() {
+    let dir = TempDir::new("chain");
+    let (exe, src, source) = fixture(&dir, "chain", CHAIN);
+    let tracerd = Tracerd::start(&[]);
+    let mut fx = Fixture::spawn(&exe, &[], &[]);
+    fx.expect_line("ready");
+    let pid = fx.pid();
+    tracerd.wait_traced(pid);
+    fx.go();
+    fx.expect_line("done");
+    let (status, body) = tracerd.get(&format!("/pid/{pid}/statistics?group_by=traceback&limit=0"));
+    assert_eq!(status, 200, "{body}");
+    let stat = body["statistics"]
+        .as_array()
+        .expect("array")
+        .iter()
+        .find(|s| s["size"] == 2468)
+        .unwrap_or_else(|| panic!("no 2468-byte block in {body}"));
+    let frames = stat["traceback"].as_array().expect("frames");
+    let got: Vec<(Option<&str>, u64, Option<&str>)> = frames
+        .iter()
+        .take(3)
+        .map(|f| (f["filename"].as_str(), f["lineno"].as_u64().unwrap_or(0), f["function"].as_str()))
+        .collect();
+    let file = src.to_str();
+    assert_eq!(
+        got,
+        vec![
+            (file, u64::from(line_of(&source, "MAKE_BLOCK")), Some("make_block")),
+            (file, u64::from(line_of(&source, "GROW */")), Some("grow")),
+            (file, u64::from(line_of(&source, "MAIN */")), Some("main")),
+        ]
+    );
+    assert!(frames[0]["module"].as_str().is_some_and(|m| m.ends_with("/chain")), "{frames:?}");
+    assert!(frames[0]["address"].as_u64().is_some());
+    fx.go();
+    assert!(fx.finish().success());
+}
+
+const EXITS: &str = r#"
+int main(int argc, char **argv) {
+    int n = atoi(argv[1]);
+    for (int i = 0; i < n; i++)
+        if (!malloc(100)) /* EXIT_ALLOC */
+            return 1;
+    usleep(50 * 1000);
+    return 0;
+}
+"#;
+
+/// Entries of `pid` in the kernel's live-block map, from GET /maps.
+fn kernel_blocks(tracerd: &Tracerd, pid: u32) -> u64 {
+    let (status, maps) = tracerd.get("/maps");
+    assert_eq!(status, 200, "{maps}");
+    maps["live_allocs_by_pid"][pid.to_string()].as_u64().unwrap_or(0)
+}
+
+#[test]
+fn an_exited_program_leaves_the_maps_within_a_second_and_stays_queryable() {
+    let dir = TempDir::new("exits");
+    let (exe, src, source) = fixture(&dir, "exits", EXITS);
+    let line = line_of(&source, "EXIT_ALLOC");
+    let tracerd = Tracerd::start(&[]);
+    let mut fx = Fixture::spawn(&exe, &["1000"], &[]);
+    let pid = fx.pid();
+    let status = fx.finish();
+    let exited_at = Instant::now();
+    assert!(status.success());
+    loop {
+        if kernel_blocks(&tracerd, pid) == 0 {
+            break;
+        }
+        assert!(exited_at.elapsed() < Duration::from_secs(1), "entries of {pid} still in LIVE_ALLOCS");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The last state of the 50 ms program stays, symbolized after its exit.
+    let (status, process) = tracerd.get(&format!("/pid/{pid}"));
+    assert_eq!(status, 200, "{process}");
+    assert_eq!(process["state"], "exited");
+    let (status, body) = tracerd.get(&format!("/pid/{pid}/statistics?group_by=lineno&limit=0"));
+    assert_eq!(status, 200, "{body}");
+    let stat = stat_at(&body["statistics"], &src, line).expect("the exited program's line");
+    assert_eq!(stat["count"], 1000);
+    assert_eq!(stat["size"], 100_000);
+}
+
+#[test]
+fn process_churn_does_not_grow_the_kernel_maps() {
+    let dir = TempDir::new("churn");
+    let (exe, _, _) = fixture(&dir, "churn", EXITS);
+    let tracerd = Tracerd::start(&[]);
+    let total_before = total_kernel_blocks(&tracerd);
+    for _ in 0..50 {
+        let mut fx = Fixture::spawn(&exe, &["200"], &[]);
+        assert!(fx.finish().success());
+    }
+    std::thread::sleep(Duration::from_millis(1000));
+    let (_, maps) = tracerd.get("/maps");
+    let after = total_kernel_blocks(&tracerd);
+    // 50 processes x 200 blocks came and went; other processes on the host
+    // may allocate meanwhile, but not 10000 blocks.
+    assert!(after < total_before + 2000, "LIVE_ALLOCS grew from {total_before} to {after}: {maps}");
+    let procs = maps["maps"]["PROCS"]["entries"].as_u64().expect("PROCS entries");
+    assert!(procs < 200, "PROCS holds {procs} entries after churn");
+}
+
+fn total_kernel_blocks(tracerd: &Tracerd) -> u64 {
+    let (_, maps) = tracerd.get("/maps");
+    maps["maps"]["LIVE_ALLOCS"]["entries"].as_u64().expect("LIVE_ALLOCS entries")
+}
+
+const EXEC: &str = r#"
+int main(int argc, char **argv) {
+    if (argc > 1) {
+        for (int i = 0; i < 5; i++)
+            malloc(10); /* AFTER_EXEC */
+        say("after");
+        wait_go();
+        return 0;
+    }
+    for (int i = 0; i < 3000; i++)
+        malloc(100); /* BEFORE_EXEC */
+    say("before");
+    wait_go();
+    execl("/proc/self/exe", argv[0], "again", (char *)NULL);
+    return 1;
+}
+"#;
+
+#[test]
+fn exec_starts_a_new_image_that_never_mixes_with_the_old_one() {
+    let dir = TempDir::new("exec");
+    let (exe, src, source) = fixture(&dir, "exec", EXEC);
+    let tracerd = Tracerd::start(&[]);
+    let mut fx = Fixture::spawn(&exe, &[], &[]);
+    fx.expect_line("before");
+    let pid = fx.pid();
+    tracerd.wait_traced(pid);
+    let (_, body) = tracerd.get(&format!("/pid/{pid}/statistics?limit=0"));
+    let before = stat_at(&body["statistics"], &src, line_of(&source, "BEFORE_EXEC")).expect("before");
+    assert_eq!(before["count"], 3000);
+    let (status, old) = tracerd.post(&format!("/pid/{pid}/snapshots"));
+    assert_eq!(status, 201);
+    fx.go();
+    fx.expect_line("after");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let body = loop {
+        let (status, body) = tracerd.get(&format!("/pid/{pid}/statistics?limit=0"));
+        if status == 200 && stat_at(&body["statistics"], &src, line_of(&source, "AFTER_EXEC")).is_some() {
+            break body;
+        }
+        assert!(Instant::now() < deadline, "new image not seen: {body}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(stat_at(&body["statistics"], &src, line_of(&source, "BEFORE_EXEC")).is_none(), "{body}");
+    let after = stat_at(&body["statistics"], &src, line_of(&source, "AFTER_EXEC")).expect("after");
+    assert_eq!(after["count"], 5);
+    assert_eq!(after["size"], 50);
+    // The old image's snapshot belongs to the old image only.
+    let (status, err) = tracerd.get(&format!("/pid/{pid}/compare?base={}", old["id"]));
+    assert_eq!(status, 409, "{err}");
+    let (_, list) = tracerd.get(&format!("/pid/{pid}/snapshots"));
+    assert_eq!(list["snapshots"], Value::Array(vec![]));
+    fx.go();
+    assert!(fx.finish().success());
+}
+
+#[test]
+fn tracerd_never_traces_itself_and_stops_cleanly_on_sigterm() {
+    let mut tracerd = Tracerd::start(&[]);
+    // Make tracerd allocate a lot: symbolization and JSON of every process.
+    for _ in 0..5 {
+        let (status, _) = tracerd.get("/processes");
+        assert_eq!(status, 200);
+    }
+    let (status, body) = tracerd.get(&format!("/pid/{}", tracerd.pid()));
+    assert_eq!(status, 404, "{body}");
+    let (clean, took) = tracerd.terminate();
+    assert!(clean, "tracerd did not exit 0 on SIGTERM");
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+}
+
+#[test]
+fn bad_requests_get_a_4xx_that_names_the_valid_values() {
+    let tracerd = Tracerd::start(&[]);
+    let cases: [(&str, u16, &str); 8] = [
+        ("/pid/abc/statistics", 400, "pid is a positive integer"),
+        ("/pid/1/statistics?group_by=line", 400, "group_by is one of: filename, lineno, traceback"),
+        ("/pid/1/statistics?cumulative=yes", 400, "cumulative is one of: true, false, 1, 0"),
+        ("/pid/1/statistics?limit=-3", 400, "limit is a whole number >= 0 (0 means all)"),
+        ("/pid/1/statistics?format=xml", 400, "format is one of: json, text"),
+        ("/pid/1/statistics?bogus=1", 400, "valid parameters: group_by, cumulative, limit, format"),
+        ("/pid/4000000/statistics", 404, "GET /processes lists the traced pids"),
+        ("/nope", 404, "GET /health"),
+    ];
+    for (path, status, hint) in cases {
+        let (got, body) = tracerd.get(path);
+        assert_eq!(got, status, "{path}: {body}");
+        assert!(body["hint"].as_str().is_some_and(|h| h.contains(hint)), "{path}: {body}");
+        assert!(body["error"].as_str().is_some_and(|e| !e.is_empty()), "{path}: {body}");
+    }
+}
