@@ -100,16 +100,16 @@ pub struct TakenSnapshot {
 
 /// The daemon's shared state. Lock order: capture, registry, store.
 pub struct Daemon {
-    capture: Mutex<Capture>,
-    registry: Mutex<Registry>,
-    store: Mutex<SnapshotStore>,
-    symbolizer: Symbolizer,
-    nframe: u32,
+    pub(crate) capture: Mutex<Capture>,
+    pub(crate) registry: Mutex<Registry>,
+    pub(crate) store: Mutex<SnapshotStore>,
+    pub(crate) symbolizer: Symbolizer,
+    pub(crate) nframe: u32,
     /// When tracing began (wall clock).
     pub started_at: SystemTime,
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding a lock must not take the daemon down with it:
     // the data is still consistent enough to serve.
     mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -385,7 +385,7 @@ impl Daemon {
 }
 
 /// Reads the stacks of `entries` (each distinct stack id once) into blocks.
-fn raw_blocks(capture: &Capture, entries: &[(AllocKey, AllocInfo)]) -> Vec<RawBlock> {
+pub(crate) fn raw_blocks(capture: &Capture, entries: &[(AllocKey, AllocInfo)]) -> Vec<RawBlock> {
     let mut stacks: HashMap<u32, Option<Arc<[u64]>>> = HashMap::new();
     entries
         .iter()
@@ -403,18 +403,18 @@ fn raw_blocks(capture: &Capture, entries: &[(AllocKey, AllocInfo)]) -> Vec<RawBl
         .collect()
 }
 
-fn live_stats(capture: &Capture, image: &ProcessImage) -> ProcStats {
+pub(crate) fn live_stats(capture: &Capture, image: &ProcessImage) -> ProcStats {
     capture
         .proc_stats(image.pid)
         .filter(|stats| stats.gen_ == image.gen_)
         .unwrap_or_default()
 }
 
-fn ended_stats(image: &ProcessImage) -> ProcStats {
+pub(crate) fn ended_stats(image: &ProcessImage) -> ProcStats {
     image.ended.as_ref().map(|e| e.stats).unwrap_or_default()
 }
 
-fn view(image: &ProcessImage, stats: ProcStats) -> ProcessView {
+pub(crate) fn view(image: &ProcessImage, stats: ProcStats) -> ProcessView {
     ProcessView {
         pid: image.pid,
         comm: image.comm.clone(),
