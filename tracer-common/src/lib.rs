@@ -15,8 +15,18 @@ pub const MAP_LIVE_ALLOCS: &str = "LIVE_ALLOCS";
 /// Calls in progress: thread id (`bpf_get_current_pid_tgid()`) → [`Inflight`],
 /// written at an allocator's entry and consumed at its return.
 pub const MAP_INFLIGHT: &str = "INFLIGHT";
-/// User stacks: a `BPF_MAP_TYPE_STACK_TRACE`, stack id → return addresses.
+/// User stacks: stack id (a 64-bit hash of the frames) → [`STACK_WORDS`]
+/// u64s: a second, independent 64-bit hash of the frames, then the return
+/// addresses, frame 0 first, 0 after the last. A plain hash map rather than
+/// `BPF_MAP_TYPE_STACK_TRACE`: that one drops every stack whose bucket is
+/// taken (3.6% of stacks at 8% occupancy, measured here).
 pub const MAP_STACKS: &str = "STACKS";
+/// Per-CPU scratch buffer of one stack value ([`STACK_WORDS`] u64s).
+pub const MAP_STACK_SCRATCH: &str = "STACK_SCRATCH";
+/// u64 words of a [`MAP_STACKS`] value as compiled: the check hash and up to
+/// [`MAX_NFRAME`] frames. tracerd shrinks the value to `1 + nframe` words at
+/// load time, which also bounds the kernel's stack walk.
+pub const STACK_WORDS: usize = 1 + MAX_NFRAME as usize;
 /// Per-process totals: tgid → [`ProcStats`].
 pub const MAP_PROCS: &str = "PROCS";
 /// Per-CPU counters indexed by [`Counter`].
@@ -32,9 +42,11 @@ pub const MAX_NFRAME: u32 = 127;
 pub const GLOBAL_TRACERD_TGID: &str = "TRACERD_TGID";
 /// The name of the global holding the page size in bytes (for `pvalloc`).
 pub const GLOBAL_PAGE_SIZE: &str = "PAGE_SIZE";
+/// The name of the global holding `nframe`, the frames walked per stack.
+pub const GLOBAL_NFRAME: &str = "NFRAME";
 
 /// `stack_id` of an [`AllocInfo`] whose stack could not be stored.
-pub const STACK_ID_NONE: u32 = u32::MAX;
+pub const STACK_ID_NONE: u64 = u64::MAX;
 
 /// The allocator functions tracer probes, with the names of their programs.
 ///
@@ -103,13 +115,15 @@ pub struct AllocInfo {
     /// Requested size in bytes (for `pvalloc`, rounded up to the page size).
     pub size: u64,
     /// Id in [`MAP_STACKS`], or [`STACK_ID_NONE`] when the stack was not stored.
-    pub stack_id: u32,
-    /// The process generation ([`ProcStats::gen`]) the block belongs to: an
+    pub stack_id: u64,
+    /// The process generation ([`ProcStats::gen_`]) the block belongs to: an
     /// exec or a reused pid starts a new generation, so stale blocks of an
     /// earlier image are never mixed with the new one.
     pub gen_: u32,
+    /// Explicit padding, always 0.
+    pub _pad: u32,
 }
-const _: () = assert!(size_of::<AllocInfo>() == 16);
+const _: () = assert!(size_of::<AllocInfo>() == 24);
 
 /// Value of [`MAP_INFLIGHT`]: an allocator call between entry and return.
 #[repr(C)]
@@ -182,8 +196,11 @@ pub struct ProcEvent {
     pub ktime_ns: u64,
     /// For Exec/Exit: the final totals of the generation that ended.
     pub stats: ProcStats,
+    /// `comm` of the thread that caused the event (`bpf_get_current_comm`),
+    /// NUL-padded: the name of a process gone before `/proc` could be read.
+    pub comm: [u8; 16],
 }
-const _: () = assert!(size_of::<ProcEvent>() == 88);
+const _: () = assert!(size_of::<ProcEvent>() == 104);
 
 /// Slots of the per-CPU [`MAP_COUNTERS`] array.
 #[repr(u32)]
@@ -209,8 +226,8 @@ pub enum Counter {
     DropInflightFull = 8,
     /// Drop: [`MAP_PROCS`] full, the process is not traced.
     DropProcsFull = 9,
-    /// The stack could not be stored (stack map full or bucket taken): the
-    /// block is traced with no traceback.
+    /// The stack could not be walked or stored (stack map full, or another
+    /// stack with the same id): the block is traced with no traceback.
     DropStack = 10,
     /// Drop: the ring buffer was full, an event was lost.
     DropEvents = 11,

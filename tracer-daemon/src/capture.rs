@@ -6,23 +6,25 @@
 //! CAP_PERFMON); nothing here interprets what it reads: that is the job of
 //! [`crate::registry`] and [`crate::model`].
 use std::{
-    collections::{BTreeMap, HashSet},
+    collections::HashSet,
     fs,
     os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
     process::Command,
 };
 
+use std::os::fd::AsFd as _;
+
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf, StackTraceMap},
+    maps::{HashMap as BpfHashMap, Map, MapData, PerCpuArray, RingBuf},
     programs::{TracePoint, UProbe, uprobe::UProbeScope},
 };
 use object::{Object as _, ObjectSection as _, ObjectSymbol as _};
 use tracer_common::{
-    AllocInfo, AllocKey, COUNTER_SLOTS, Counter, GLOBAL_PAGE_SIZE, GLOBAL_TRACERD_TGID, MAP_COUNTERS,
-    MAP_EVENTS, MAP_INFLIGHT, MAP_LIVE_ALLOCS, MAP_PROCS, MAP_STACKS, MAX_NFRAME, PROBES,
-    ProcStats, TRACEPOINTS,
+    AllocInfo, AllocKey, COUNTER_SLOTS, Counter, GLOBAL_NFRAME, GLOBAL_PAGE_SIZE,
+    GLOBAL_TRACERD_TGID, MAP_COUNTERS, MAP_EVENTS, MAP_INFLIGHT, MAP_LIVE_ALLOCS, MAP_PROCS,
+    MAP_STACKS, MAX_NFRAME, PROBES, ProcStats, STACK_WORDS, TRACEPOINTS,
 };
 
 /// The eBPF object built by `build.rs` (empty when built with `AYA_BUILD_SKIP=1`).
@@ -113,7 +115,9 @@ pub struct Capture {
     /// Holds programs and links: dropping it detaches them.
     _ebpf: Ebpf,
     live: BpfHashMap<MapData, AllocKey, AllocInfo>,
-    stacks: StackTraceMap<MapData>,
+    /// STACKS: its value size depends on nframe, so it is read with raw
+    /// map syscalls rather than a typed aya map.
+    stacks: MapData,
     procs: BpfHashMap<MapData, u32, ProcStats>,
     counters: PerCpuArray<MapData, u64>,
     inflight: BpfHashMap<MapData, u64, tracer_common::Inflight>,
@@ -136,13 +140,15 @@ impl Capture {
         ensure_tracefs();
         bump_memlock_rlimit();
         let nframe = config.nframe.clamp(1, MAX_NFRAME);
-        let object = patch_map_value_size(EBPF_OBJECT, MAP_STACKS, nframe * 8)?;
+        let object =
+            patch_map_value_size(EBPF_OBJECT, MAP_STACKS, STACK_WORDS as u32 * 8, (1 + nframe) * 8)?;
         let tgid = std::process::id();
         // SAFETY: sysconf has no preconditions.
         let page_size = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
         let mut ebpf = EbpfLoader::new()
             .override_global(GLOBAL_TRACERD_TGID, &tgid, true)
             .override_global(GLOBAL_PAGE_SIZE, &page_size, true)
+            .override_global(GLOBAL_NFRAME, &nframe, true)
             .map_max_entries(MAP_LIVE_ALLOCS, config.max_live_blocks)
             .map_max_entries(MAP_STACKS, config.max_stacks)
             .map_max_entries(MAP_PROCS, config.max_procs)
@@ -196,7 +202,10 @@ impl Capture {
         }
 
         let live = take_map(&mut ebpf, MAP_LIVE_ALLOCS)?;
-        let stacks = take_map(&mut ebpf, MAP_STACKS)?;
+        let stacks = match ebpf.take_map(MAP_STACKS) {
+            Some(Map::HashMap(data)) => data,
+            _ => return Err(CaptureError::Map { map: MAP_STACKS, reason: "missing or not a hash map".into() }),
+        };
         let procs = take_map(&mut ebpf, MAP_PROCS)?;
         let counters = take_map(&mut ebpf, MAP_COUNTERS)?;
         let inflight = take_map(&mut ebpf, MAP_INFLIGHT)?;
@@ -229,16 +238,20 @@ impl Capture {
         self.events.take()
     }
 
-    /// Every live block of the processes `want` (tgid → generation), read
-    /// from `LIVE_ALLOCS`; with `want` None, every entry of every process.
-    /// One pass over the map (two syscalls per entry).
-    pub fn live_blocks(&self, want: Option<&BTreeMap<u32, u32>>) -> Vec<(AllocKey, AllocInfo)> {
+    /// Every live block of the process images `want` (tgid, generation),
+    /// read from `LIVE_ALLOCS`; with `want` None, every entry of every
+    /// process. One pass over the map (two syscalls per entry).
+    pub fn live_blocks(&self, want: Option<&HashSet<(u32, u32)>>) -> Vec<(AllocKey, AllocInfo)> {
         let mut out = Vec::new();
-        for item in self.live.iter() {
-            let Ok((key, info)) = item else { continue };
-            match want {
-                Some(want) if want.get(&key.tgid) != Some(&info.gen_) => {}
-                _ => out.push((key, info)),
+        let mut keep = |key: &AllocKey, info: &AllocInfo| match want {
+            Some(want) if !want.contains(&(key.tgid, info.gen_)) => {}
+            _ => out.push((*key, *info)),
+        };
+        // BPF_MAP_LOOKUP_BATCH reads thousands of entries per syscall; fall
+        // back to one lookup per key where the kernel lacks it (< 5.6).
+        if bpf_sys::lookup_batch(aya::maps::IterableMap::map(&self.live).fd().as_fd(), &mut keep).is_err() {
+            for (key, info) in self.live.iter().flatten() {
+                keep(&key, &info);
             }
         }
         out
@@ -252,9 +265,32 @@ impl Capture {
 
     /// The return addresses of stack `id` (frame 0 first: the call site in
     /// the allocator's caller), from `STACKS`; None if it is not there.
-    pub fn stack(&self, id: u32) -> Option<Vec<u64>> {
-        let trace = self.stacks.get(&id, 0).ok()?;
-        Some(trace.frames().iter().map(|f| f.ip).collect())
+    pub fn stack(&self, id: u64) -> Option<Vec<u64>> {
+        let mut value = vec![0u64; 1 + self.config.nframe as usize];
+        let fd = self.stacks.fd().as_fd();
+        bpf_sys::lookup(fd, &id, &mut value).ok()?;
+        Some(value.into_iter().skip(1).take_while(|&ip| ip != 0).collect())
+    }
+
+    /// Every stack id in `STACKS` (one syscall per id).
+    pub fn stack_ids(&self) -> Vec<u64> {
+        bpf_sys::keys::<u64>(self.stacks.fd().as_fd())
+    }
+
+    /// Removes the given stacks from `STACKS`; returns how many were removed.
+    pub fn remove_stacks(&mut self, ids: &[u64]) -> usize {
+        let fd = self.stacks.fd().as_fd();
+        ids.iter().filter(|id| bpf_sys::delete(fd, *id)).count()
+    }
+
+    /// Stacks now in `STACKS` (one syscall per stack).
+    pub fn map_usage_of_stacks(&self) -> u64 {
+        bpf_sys::count_keys::<u64>(self.stacks.fd().as_fd())
+    }
+
+    /// Capacity of `STACKS` in stacks.
+    pub fn max_stacks(&self) -> u32 {
+        self.config.max_stacks
     }
 
     /// Totals of one process's current image from `PROCS`.
@@ -289,12 +325,25 @@ impl Capture {
             .collect()
     }
 
+    /// Run statistics the kernel keeps for each loaded program while
+    /// `BPF_ENABLE_STATS` is on (zero otherwise): (program name, total run
+    /// time, run count), from `bpf_prog_info`. Read-only.
+    pub fn program_stats(&self) -> Vec<(String, std::time::Duration, u64)> {
+        self._ebpf
+            .programs()
+            .filter_map(|(name, program)| {
+                let info = program.info().ok()?;
+                Some((name.to_string(), info.run_time(), info.run_count()))
+            })
+            .collect()
+    }
+
     /// Entries now in each kernel map: (map name, entries, capacity).
     /// Counting walks the hash maps' keys (one syscall per key).
     pub fn map_usage(&self) -> Vec<(&'static str, u64, u64)> {
         vec![
             (MAP_LIVE_ALLOCS, self.live.keys().count() as u64, u64::from(self.config.max_live_blocks)),
-            (MAP_STACKS, self.stacks.stack_ids().count() as u64, u64::from(self.config.max_stacks)),
+            (MAP_STACKS, bpf_sys::count_keys::<u64>(self.stacks.fd().as_fd()), u64::from(self.config.max_stacks)),
             (MAP_PROCS, self.procs.keys().count() as u64, u64::from(self.config.max_procs)),
             (MAP_INFLIGHT, self.inflight.keys().count() as u64, 1 << 16),
             (MAP_COUNTERS, u64::from(COUNTER_SLOTS), u64::from(COUNTER_SLOTS)),
@@ -342,16 +391,18 @@ impl AlignedObject {
 }
 
 /// Returns a copy of the eBPF object with the `value_size` of the legacy map
-/// definition `map` (a `struct bpf_map_def` in section `maps`) set to
-/// `value_size`. aya-ebpf's `StackTrace` is always 127 frames deep; the
-/// kernel walks only `value_size / 8` frames, so this sets `nframe` and the
-/// map's memory at once.
+/// definition `map` (a `struct bpf_map_def` in section `maps`) changed from
+/// `expected` to `value_size` bytes. STACKS is compiled for 127 frames; a
+/// value of `1 + nframe` words keeps each stored stack as small as nframe
+/// allows.
 ///
 /// # Errors
-/// [`CaptureError::Load`] if the object has no such map definition.
+/// [`CaptureError::Load`] if the object has no such map definition, or its
+/// value size is not `expected`.
 pub fn patch_map_value_size(
     object: &[u8],
     map: &str,
+    expected: u32,
     value_size: u32,
 ) -> Result<AlignedObject, CaptureError> {
     let mut copy = AlignedObject(vec![0u64; object.len().div_ceil(8)], object.len());
@@ -379,10 +430,9 @@ pub fn patch_map_value_size(
         .get_mut(position..position + 4)
         .ok_or_else(|| CaptureError::Load(format!("map {map} lies beyond the object")))?;
     let old = u32::from_le_bytes([field[0], field[1], field[2], field[3]]);
-    if old != MAX_NFRAME * 8 {
+    if old != expected {
         return Err(CaptureError::Load(format!(
-            "map {map} has value size {old}, expected {}",
-            MAX_NFRAME * 8
+            "map {map} has value size {old}, expected {expected}"
         )));
     }
     field.copy_from_slice(&value_size.to_le_bytes());
@@ -534,6 +584,183 @@ pub fn probe_points(
         points.push((spec, address - section.address() + file_start));
     }
     Ok(points)
+}
+
+/// Raw `bpf(2)` map operations, for the one map whose value size is only
+/// known at run time (STACKS).
+mod bpf_sys {
+    use std::{io, os::fd::BorrowedFd};
+
+    use std::os::fd::AsRawFd as _;
+
+    const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
+    const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
+
+    /// `union bpf_attr` as the map element commands use it.
+    #[repr(C)]
+    #[derive(Default)]
+    struct ElemAttr {
+        map_fd: u32,
+        _pad: u32,
+        key: u64,
+        value: u64,
+        flags: u64,
+    }
+
+    fn call(command: libc::c_long, attr: &mut ElemAttr) -> io::Result<()> {
+        // SAFETY: attr is a valid, initialised bpf_attr prefix whose pointers
+        // point at live buffers of the map's key and value sizes (callers).
+        let ret = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                command,
+                std::ptr::from_mut(attr),
+                size_of::<ElemAttr>() as libc::c_uint,
+            )
+        };
+        if ret < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+    }
+
+    /// Looks `key` up into `value`, which must be exactly the map's value size.
+    pub fn lookup<K>(fd: BorrowedFd<'_>, key: &K, value: &mut [u64]) -> io::Result<()> {
+        let mut attr = ElemAttr {
+            map_fd: fd.as_raw_fd() as u32,
+            key: std::ptr::from_ref(key) as u64,
+            value: value.as_mut_ptr() as u64,
+            ..ElemAttr::default()
+        };
+        call(BPF_MAP_LOOKUP_ELEM, &mut attr)
+    }
+
+    const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
+    const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
+
+    /// `union bpf_attr` as the batch commands use it.
+    #[repr(C)]
+    #[derive(Default)]
+    struct BatchAttr {
+        in_batch: u64,
+        out_batch: u64,
+        keys: u64,
+        values: u64,
+        count: u32,
+        map_fd: u32,
+        elem_flags: u64,
+        flags: u64,
+    }
+
+    /// Calls `f` on every (key, value) of a hash map, many per syscall
+    /// (BPF_MAP_LOOKUP_BATCH, Linux 5.6+). Entries changed meanwhile may be
+    /// seen or not, as with any walk of a live map.
+    ///
+    /// # Errors
+    /// The syscall's error when the kernel refuses the batch command at
+    /// once (before any entry was given to `f`): fall back to iteration.
+    pub fn lookup_batch<K: Copy + Default, V: Copy + Default>(
+        fd: BorrowedFd<'_>,
+        f: &mut impl FnMut(&K, &V),
+    ) -> io::Result<()> {
+        let mut chunk = 4096usize;
+        let mut keys = vec![K::default(); chunk];
+        let mut values = vec![V::default(); chunk];
+        let (mut token_in, mut token_out) = (0u64, 0u64);
+        let mut first = true;
+        loop {
+            let mut attr = BatchAttr {
+                in_batch: if first { 0 } else { std::ptr::from_ref(&token_in) as u64 },
+                out_batch: std::ptr::from_mut(&mut token_out) as u64,
+                keys: keys.as_mut_ptr() as u64,
+                values: values.as_mut_ptr() as u64,
+                count: chunk as u32,
+                map_fd: fd.as_raw_fd() as u32,
+                ..BatchAttr::default()
+            };
+            // SAFETY: the buffers hold `count` keys and values of the map's
+            // key and value sizes (K and V are the map's types); the tokens
+            // are 8 bytes, more than the kernel's 4-byte hash batch token.
+            let ret = unsafe {
+                libc::syscall(
+                    libc::SYS_bpf,
+                    BPF_MAP_LOOKUP_BATCH,
+                    std::ptr::from_mut(&mut attr),
+                    size_of::<BatchAttr>() as libc::c_uint,
+                )
+            };
+            let err = (ret < 0).then(io::Error::last_os_error);
+            let got = (attr.count as usize).min(chunk);
+            if err.as_ref().and_then(io::Error::raw_os_error) == Some(libc::ENOSPC) {
+                // A bucket holds more entries than fit: retry it, larger.
+                chunk *= 2;
+                keys.resize(chunk, K::default());
+                values.resize(chunk, V::default());
+                continue;
+            }
+            if let Some(err) = &err
+                && err.raw_os_error() != Some(libc::ENOENT)
+                && first
+            {
+                return Err(io::Error::new(err.kind(), err.to_string()));
+            }
+            for (key, value) in keys.iter().zip(&values).take(got) {
+                f(key, value);
+            }
+            if err.is_some() {
+                return Ok(());
+            }
+            token_in = token_out;
+            first = false;
+        }
+    }
+
+    /// Deletes `key`; false if it was not there.
+    pub fn delete<K>(fd: BorrowedFd<'_>, key: &K) -> bool {
+        let mut attr = ElemAttr {
+            map_fd: fd.as_raw_fd() as u32,
+            key: std::ptr::from_ref(key) as u64,
+            ..ElemAttr::default()
+        };
+        call(BPF_MAP_DELETE_ELEM, &mut attr).is_ok()
+    }
+
+    /// Every key of a map, by walking them (one syscall per key).
+    pub fn keys<K: Default + Copy>(fd: BorrowedFd<'_>) -> Vec<K> {
+        let mut out = Vec::new();
+        let mut key: Option<K> = None;
+        loop {
+            let mut next = K::default();
+            let mut attr = ElemAttr {
+                map_fd: fd.as_raw_fd() as u32,
+                key: key.as_ref().map_or(0, |k| std::ptr::from_ref(k) as u64),
+                value: std::ptr::from_mut(&mut next) as u64,
+                ..ElemAttr::default()
+            };
+            if call(BPF_MAP_GET_NEXT_KEY, &mut attr).is_err() {
+                return out;
+            }
+            out.push(next);
+            key = Some(next);
+        }
+    }
+
+    /// Number of keys, by walking them (one syscall per key).
+    pub fn count_keys<K: Default + Copy>(fd: BorrowedFd<'_>) -> u64 {
+        let mut count = 0;
+        let mut key: Option<K> = None;
+        loop {
+            let mut next = K::default();
+            let mut attr = ElemAttr {
+                map_fd: fd.as_raw_fd() as u32,
+                key: key.as_ref().map_or(0, |k| std::ptr::from_ref(k) as u64),
+                value: std::ptr::from_mut(&mut next) as u64,
+                ..ElemAttr::default()
+            };
+            if call(BPF_MAP_GET_NEXT_KEY, &mut attr).is_err() {
+                return count;
+            }
+            count += 1;
+            key = Some(next);
+        }
+    }
 }
 
 #[cfg(test)]

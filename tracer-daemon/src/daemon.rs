@@ -5,7 +5,7 @@
 //! Every method here blocks (map syscalls, DWARF): call them from
 //! `spawn_blocking`.
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, HashMap, HashSet},
     sync::{Arc, Mutex, MutexGuard},
     time::SystemTime,
 };
@@ -83,6 +83,9 @@ pub struct ProcessView {
     pub unknown_frees: u64,
     /// Blocks not traced because a kernel map was full.
     pub drops: u64,
+    /// True when no event of this image was lost (`drops == 0`): its traces
+    /// and totals are exact. False means the data undercounts.
+    pub complete: bool,
 }
 
 /// A snapshot taken now, with what the API reports beside it.
@@ -105,6 +108,8 @@ pub struct Daemon {
     pub(crate) store: Mutex<SnapshotStore>,
     pub(crate) symbolizer: Symbolizer,
     pub(crate) nframe: u32,
+    /// Images whose blocks looked orphaned at the last sweep.
+    orphans: Mutex<HashSet<(u32, u32)>>,
     /// When tracing began (wall clock).
     pub started_at: SystemTime,
 }
@@ -125,6 +130,7 @@ impl Daemon {
             store: Mutex::new(SnapshotStore::default()),
             symbolizer: Symbolizer::new(),
             nframe,
+            orphans: Mutex::new(HashSet::new()),
             started_at: SystemTime::now(),
         }
     }
@@ -152,7 +158,12 @@ impl Daemon {
                 _ => continue,
             };
             if kind == ProcEventKind::New {
-                let image = ProcessImage::capture(event.tgid, event.gen_);
+                let mut image = ProcessImage::capture(event.tgid, event.gen_);
+                if image.comm.is_empty() {
+                    // Gone before /proc could be read: the kernel's name.
+                    let len = event.comm.iter().position(|&b| b == 0).unwrap_or(event.comm.len());
+                    image.comm = String::from_utf8_lossy(&event.comm[..len]).into_owned();
+                }
                 tracing::debug!(pid = event.tgid, gen = event.gen_, comm = %image.comm, "new image");
                 lock(&self.registry).add(image);
             } else if let Some(end) = EndEvent::new(kind, event.tgid, event.gen_, event.stats) {
@@ -162,17 +173,19 @@ impl Daemon {
         if ends.is_empty() {
             return;
         }
-        let want: BTreeMap<u32, u32> = ends.iter().map(|e| (e.pid, e.gen_)).collect();
+        // One process can end twice in a batch (exec, then exit): key by
+        // image, never by pid alone.
+        let want: HashSet<(u32, u32)> = ends.iter().map(|e| (e.pid, e.gen_)).collect();
         let mut capture = self.capture();
         let entries = capture.live_blocks(Some(&want));
-        let mut by_pid: HashMap<u32, Vec<(AllocKey, AllocInfo)>> = HashMap::new();
+        let mut by_image: HashMap<(u32, u32), Vec<(AllocKey, AllocInfo)>> = HashMap::new();
         for (key, info) in entries {
-            by_pid.entry(key.tgid).or_default().push((key, info));
+            by_image.entry((key.tgid, info.gen_)).or_default().push((key, info));
         }
-        let keys: Vec<AllocKey> = by_pid.values().flatten().map(|(k, _)| *k).collect();
+        let keys: Vec<AllocKey> = by_image.values().flatten().map(|(k, _)| *k).collect();
         let mut registry = lock(&self.registry);
         for end in ends {
-            let entries = by_pid.remove(&end.pid).unwrap_or_default();
+            let entries = by_image.remove(&(end.pid, end.gen_)).unwrap_or_default();
             let blocks = raw_blocks(&capture, &entries);
             tracing::debug!(pid = end.pid, gen = end.gen_, blocks = blocks.len(), "image ended");
             registry.end(end, blocks);
@@ -184,6 +197,51 @@ impl Daemon {
     /// Drops ended images past their retention.
     pub fn expire(&self) {
         lock(&self.registry).expire(SystemTime::now());
+    }
+
+    /// Removes blocks of images that ended without their end being handled
+    /// here (an event lost to a full ring buffer): blocks whose (tgid,
+    /// generation) is no longer in `PROCS` and is not a live image, seen so
+    /// in two sweeps in a row (so an end event in flight is never raced).
+    /// `PROCS` is read after `LIVE_ALLOCS`: a block's `PROCS` entry is
+    /// created before the block, so a block of a live image always matches.
+    /// Returns the number of blocks removed.
+    pub fn sweep_orphans(&self) -> usize {
+        let mut capture = self.capture();
+        // Stacks are collected when STACKS is half full: the ids listed
+        // *before* the scan of LIVE_ALLOCS that no block references. (A
+        // block stored after the scan with such a stack shows no traceback
+        // until that stack is stored again by its next allocation.)
+        let stacks_before = (capture.map_usage_of_stacks() * 2 > u64::from(capture.max_stacks()))
+            .then(|| capture.stack_ids());
+        let entries = capture.live_blocks(None);
+        if let Some(before) = stacks_before {
+            let referenced: HashSet<u64> = entries.iter().map(|(_, info)| info.stack_id).collect();
+            let unreferenced: Vec<u64> =
+                before.into_iter().filter(|id| !referenced.contains(id)).collect();
+            let removed = capture.remove_stacks(&unreferenced);
+            tracing::info!(removed, map = tracer_common::MAP_STACKS, "collected unreferenced stacks");
+        }
+        let current: HashSet<(u32, u32)> =
+            capture.all_proc_stats().into_iter().map(|(tgid, stats)| (tgid, stats.gen_)).collect();
+        let registry = lock(&self.registry);
+        let mut orphans = lock(&self.orphans);
+        let mut seen = HashSet::new();
+        let mut doomed = Vec::new();
+        for (key, info) in entries {
+            let image = (key.tgid, info.gen_);
+            if current.contains(&image) || registry.has_live(image.0, image.1) {
+                continue;
+            }
+            seen.insert(image);
+            if orphans.contains(&image) {
+                doomed.push(key);
+            }
+        }
+        drop(registry);
+        *orphans = seen;
+        drop(orphans);
+        capture.remove_blocks(&doomed)
     }
 
     /// Every traced process: live ones first by pid, then ended ones still
@@ -226,7 +284,7 @@ impl Daemon {
             Some(ended) => (ended.blocks.clone(), ended.stats),
             None => {
                 image.refresh_maps();
-                let want = BTreeMap::from([(image.pid, image.gen_)]);
+                let want = HashSet::from([(image.pid, image.gen_)]);
                 let entries = capture.live_blocks(Some(&want));
                 (raw_blocks(&capture, &entries), live_stats(&capture, image))
             }
@@ -386,7 +444,7 @@ impl Daemon {
 
 /// Reads the stacks of `entries` (each distinct stack id once) into blocks.
 pub(crate) fn raw_blocks(capture: &Capture, entries: &[(AllocKey, AllocInfo)]) -> Vec<RawBlock> {
-    let mut stacks: HashMap<u32, Option<Arc<[u64]>>> = HashMap::new();
+    let mut stacks: HashMap<u64, Option<Arc<[u64]>>> = HashMap::new();
     entries
         .iter()
         .map(|(_, info)| {
@@ -433,5 +491,6 @@ pub(crate) fn view(image: &ProcessImage, stats: ProcStats) -> ProcessView {
         frees: stats.frees,
         unknown_frees: stats.unknown_frees,
         drops: stats.drops,
+        complete: stats.drops == 0,
     }
 }

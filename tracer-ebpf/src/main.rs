@@ -29,16 +29,19 @@
 use core::arch::asm;
 
 use aya_ebpf::{
+    EbpfContext,
     bindings::{BPF_F_NO_PREALLOC, BPF_F_USER_STACK, BPF_NOEXIST},
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user},
+    helpers::{
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_stack, bpf_ktime_get_ns,
+        bpf_probe_read_user,
+    },
     macros::{map, tracepoint, uprobe, uretprobe},
-    maps::{Array, HashMap, PerCpuArray, RingBuf, StackTrace},
+    maps::{Array, HashMap, PerCpuArray, RingBuf},
     programs::{ProbeContext, RetProbeContext, TracePointContext},
-    programs::tracing::StackIdContext,
 };
 use tracer_common::{
-    AllocInfo, AllocKey, COUNTER_SLOTS, Counter, Inflight, ProcEvent, ProcEventKind, ProcStats,
-    STACK_ID_NONE,
+    AllocInfo, AllocKey, COUNTER_SLOTS, Counter, Inflight, MAX_NFRAME, ProcEvent, ProcEventKind,
+    ProcStats, STACK_ID_NONE, STACK_WORDS,
 };
 
 /// The daemon's own tgid: its allocations are never traced. Set at load time.
@@ -48,6 +51,10 @@ static TRACERD_TGID: u32 = 0;
 /// Page size in bytes, for `pvalloc`. Set at load time.
 #[unsafe(no_mangle)]
 static PAGE_SIZE: u64 = 4096;
+
+/// Frames walked per stack (tracemalloc's nframe), 1..=127. Set at load time.
+#[unsafe(no_mangle)]
+static NFRAME: u32 = 16;
 
 const EEXIST: i32 = 17;
 
@@ -60,7 +67,11 @@ static LIVE_ALLOCS: HashMap<AllocKey, AllocInfo> =
 static INFLIGHT: HashMap<u64, Inflight> = HashMap::with_max_entries(1 << 16, 0);
 
 #[map]
-static STACKS: StackTrace = StackTrace::with_max_entries(1 << 16, 0);
+static STACKS: HashMap<u64, [u64; STACK_WORDS]> =
+    HashMap::with_max_entries(1 << 16, BPF_F_NO_PREALLOC);
+
+#[map]
+static STACK_SCRATCH: PerCpuArray<[u64; STACK_WORDS]> = PerCpuArray::with_max_entries(1, 0);
 
 #[map]
 static PROCS: HashMap<u32, ProcStats> = HashMap::with_max_entries(1 << 16, 0);
@@ -281,6 +292,7 @@ fn send_event(kind: ProcEventKind, tgid: u32, gen_: u32, stats: &ProcStats) {
         // SAFETY: a helper with no preconditions.
         ktime_ns: unsafe { bpf_ktime_get_ns() },
         stats: *stats,
+        comm: bpf_get_current_comm().unwrap_or([0; 16]),
     };
     if EVENTS.output::<ProcEvent>(&event, 0).is_err() {
         count(Counter::DropEvents);
@@ -369,21 +381,87 @@ fn unknown_free(stats: Option<*mut ProcStats>) {
     }
 }
 
+/// Walks the user stack (frame pointers, at most NFRAME frames) and stores
+/// it once in STACKS; returns its id, or STACK_ID_NONE (counted) when it
+/// cannot be walked or stored.
+///
+/// The id is one 64-bit hash of the frames; the value's first word is a
+/// second, independent one. A stored value whose check hash differs is
+/// another stack with the same id: refused, never merged.
+#[inline(always)]
+fn stack_id<C: EbpfContext>(ctx: &C) -> u64 {
+    let Some(buf) = STACK_SCRATCH.get_ptr_mut(0) else { return drop_stack() };
+    // SAFETY: a global set once at load time.
+    let mut nframe = unsafe { core::ptr::read_volatile(&NFRAME) } as usize;
+    if nframe > MAX_NFRAME as usize {
+        nframe = MAX_NFRAME as usize;
+    }
+    if nframe == 0 {
+        nframe = 1;
+    }
+    // SAFETY: buf is this CPU's scratch value of STACK_WORDS u64s; the walk
+    // writes at most nframe*8 bytes after the first word and zeroes the
+    // rest of those bytes.
+    let words = unsafe { &mut *buf };
+    let written = unsafe {
+        bpf_get_stack(
+            ctx.as_ptr(),
+            words.as_mut_ptr().add(1).cast(),
+            (nframe * 8) as u32,
+            BPF_F_USER_STACK as u64,
+        )
+    };
+    if written <= 0 {
+        return drop_stack();
+    }
+    let (mut id, mut check) = (0xcbf2_9ce4_8422_2325u64, 0x9e37_79b9_7f4a_7c15u64);
+    let mut i = 1;
+    while i < STACK_WORDS {
+        if i > nframe {
+            break;
+        }
+        let word = words[i];
+        id = (id ^ word).wrapping_mul(0x0000_0100_0000_01b3);
+        check = (check ^ word.rotate_left(29)).wrapping_mul(0xff51_afd7_ed55_8ccd);
+        i += 1;
+    }
+    id ^= id >> 31;
+    check ^= check >> 33;
+    if id == STACK_ID_NONE {
+        id = STACK_ID_NONE - 1;
+    }
+    words[0] = check;
+    if let Some(stored) = STACKS.get_ptr(id) {
+        // SAFETY: a STACKS value holds at least its first word.
+        return if unsafe { (*stored)[0] } == check { id } else { drop_stack() };
+    }
+    match STACKS.insert(id, &*words, BPF_NOEXIST as u64) {
+        Ok(()) => id,
+        // Another CPU stored the same id meanwhile: check it as above.
+        Err(e) if e == -EEXIST => match STACKS.get_ptr(id) {
+            // SAFETY: as above.
+            Some(stored) if unsafe { (*stored)[0] } == check => id,
+            _ => drop_stack(),
+        },
+        Err(_) => drop_stack(),
+    }
+}
+
+#[inline(always)]
+fn drop_stack() -> u64 {
+    count(Counter::DropStack);
+    STACK_ID_NONE
+}
+
 /// Records the new block `addr` of `size` bytes with the current user stack.
 #[inline(always)]
-fn record_alloc<C: StackIdContext>(ctx: &C, tgid: u32, addr: u64, size: u64) {
-    let stack_id = match ctx.get_stackid(&STACKS, BPF_F_USER_STACK as u64) {
-        Ok(id) => id as u32,
-        Err(_) => {
-            count(Counter::DropStack);
-            STACK_ID_NONE
-        }
-    };
+fn record_alloc<C: EbpfContext>(ctx: &C, tgid: u32, addr: u64, size: u64) {
+    let stack_id = stack_id(ctx);
     let Some(stats) = proc_stats(tgid) else { return };
     // SAFETY: a PROCS value.
     let gen_ = unsafe { (*stats).gen_ };
     let key = AllocKey { tgid, _pad: 0, addr };
-    let info = AllocInfo { size, stack_id, gen_ };
+    let info = AllocInfo { size, stack_id, gen_, _pad: 0 };
     match LIVE_ALLOCS.insert(key, info, BPF_NOEXIST as u64) {
         Ok(()) => {}
         Err(e) if e == -EEXIST => {
