@@ -612,6 +612,7 @@ fn statistic_texts_match_cpython_for_extreme_sizes() {
                 traceback: Arc::clone(&traceback),
                 size,
                 count,
+                label: None,
             };
             let diff = StatisticDiff {
                 traceback: Arc::clone(&traceback),
@@ -619,6 +620,7 @@ fn statistic_texts_match_cpython_for_extreme_sizes() {
                 size_diff,
                 count,
                 count_diff,
+                label: None,
             };
             json!([stat.to_string(), diff.to_string()])
         })

@@ -6,11 +6,12 @@ use super::format::py_repr_str;
 /// tracemalloc word for word where it has one.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ModelError {
-    /// A group key other than `filename`, `lineno` or `traceback` (from
+    /// A group key other than `filename`, `lineno`, `traceback`, `function`
+    /// or `module` (from
     /// [`GroupBy::from_str`](std::str::FromStr::from_str)); `value` is the
     /// text given.
     #[error(
-        "unknown key_type: {}; valid values are 'filename', 'lineno', 'traceback'",
+        "unknown key_type: {}; valid values are 'filename', 'lineno', 'traceback', 'function', 'module'",
         py_repr_str(.value)
     )]
     UnknownGroupBy {

@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use super::hash::FxHashMap;
 use super::snapshot::{GroupBy, Statistic, StatisticDiff};
-use super::traceback::{Frame, Trace, Traceback};
+use super::traceback::{Frame, FrameExtra, Trace, Traceback, UNKNOWN_FILENAME};
 
 /// Bytes and blocks of one group. Sums saturate instead of wrapping (no
 /// real process holds 2^64 bytes).
@@ -140,12 +140,22 @@ impl<K: Hash + Eq, R> Groups<K, R> {
 
     /// `Snapshot.statistics()` before sorting.
     pub(super) fn statistics(self, traceback_of: impl Fn(&R) -> Arc<Traceback>) -> Vec<Statistic> {
+        self.labelled_statistics(traceback_of, |_| None)
+    }
+
+    /// `Snapshot.statistics()` before sorting, with a label per group.
+    fn labelled_statistics(
+        self,
+        traceback_of: impl Fn(&R) -> Arc<Traceback>,
+        label_of: impl Fn(&R) -> Option<Arc<str>>,
+    ) -> Vec<Statistic> {
         self.entries
             .iter()
             .map(|group| Statistic {
                 traceback: traceback_of(&group.rep),
                 size: group.totals.size,
                 count: group.totals.count,
+                label: label_of(&group.rep),
             })
             .collect()
     }
@@ -160,6 +170,17 @@ impl<K: Hash + Eq, R> Groups<K, R> {
         key_of: impl Fn(&R) -> K,
         traceback_of: impl Fn(&R) -> Arc<Traceback>,
     ) -> Vec<StatisticDiff> {
+        self.labelled_compare_to(old, key_of, traceback_of, |_| None)
+    }
+
+    /// [`Groups::compare_to`] with a label per group.
+    fn labelled_compare_to(
+        &self,
+        old: &Groups<K, R>,
+        key_of: impl Fn(&R) -> K,
+        traceback_of: impl Fn(&R) -> Arc<Traceback>,
+        label_of: impl Fn(&R) -> Option<Arc<str>>,
+    ) -> Vec<StatisticDiff> {
         let mut matched = vec![false; old.entries.len()];
         let mut diffs = Vec::with_capacity(self.entries.len() + old.entries.len());
         for group in &self.entries {
@@ -171,12 +192,18 @@ impl<K: Hash + Eq, R> Groups<K, R> {
                 before = previous.totals;
                 *seen = true;
             }
-            diffs.push(diff(traceback_of(&group.rep), now, before));
+            diffs.push(diff(
+                traceback_of(&group.rep),
+                label_of(&group.rep),
+                now,
+                before,
+            ));
         }
         for (group, seen) in old.entries.iter().zip(&matched) {
             if !seen {
                 diffs.push(diff(
                     traceback_of(&group.rep),
+                    label_of(&group.rep),
                     Totals::default(),
                     group.totals,
                 ));
@@ -186,13 +213,19 @@ impl<K: Hash + Eq, R> Groups<K, R> {
     }
 }
 
-fn diff(traceback: Arc<Traceback>, now: Totals, before: Totals) -> StatisticDiff {
+fn diff(
+    traceback: Arc<Traceback>,
+    label: Option<Arc<str>>,
+    now: Totals,
+    before: Totals,
+) -> StatisticDiff {
     StatisticDiff {
         traceback,
         size: now.size,
         size_diff: difference(now.size, before.size),
         count: now.count,
         count_diff: difference(now.count, before.count),
+        label,
     }
 }
 
@@ -287,13 +320,115 @@ pub(super) fn frame_key<'a>(rep: &FrameRep<'a>) -> FrameKey<'a> {
 pub(super) fn frame_group_traceback(rep: &FrameRep<'_>, group_by: GroupBy) -> Arc<Traceback> {
     let extra = match group_by {
         GroupBy::Lineno => rep.frame.extra.clone(),
-        GroupBy::Filename | GroupBy::Traceback => None,
+        GroupBy::Filename | GroupBy::Traceback | GroupBy::Function | GroupBy::Module => None,
     };
     Arc::new(Traceback::from_frame(Frame {
         filename: Arc::clone(&rep.frame.filename),
         lineno: rep.lineno,
         extra,
     }))
+}
+
+/// Representative of a `function` or `module` group: its label and the
+/// first frame seen with it.
+pub(super) struct LabelRep<'a> {
+    label: &'a Arc<str>,
+    frame: &'a Frame,
+    function: bool,
+}
+
+/// Groups by function or module name.
+pub(super) type LabelGroups<'a> = Groups<&'a str, LabelRep<'a>>;
+
+/// Stage 2 for `function` and `module`: the label of the most recent frame
+/// of each distinct traceback, or of every frame (each occurrence) under
+/// `cumulative`. Frames with no such name count under `<unknown>`.
+pub(super) fn group_labels<'a>(
+    distinct: &[Distinct<'a>],
+    group_by: GroupBy,
+    cumulative: bool,
+) -> LabelGroups<'a> {
+    static UNKNOWN: std::sync::OnceLock<Arc<str>> = std::sync::OnceLock::new();
+    let unknown: &'static Arc<str> = UNKNOWN.get_or_init(|| Arc::from(UNKNOWN_FILENAME));
+    let function = group_by == GroupBy::Function;
+    let mut groups = Groups::new();
+    // Names are shared `Arc<str>`s: look up by address first.
+    let mut by_address: FxHashMap<(*const u8, usize), usize> = FxHashMap::default();
+    for d in distinct {
+        let traceback: &'a Traceback = d.traceback;
+        let frames = traceback.frames();
+        let selected = if cumulative {
+            frames
+        } else {
+            frames.get(..1).unwrap_or(&[])
+        };
+        for frame in selected {
+            let extra = frame.extra.as_deref();
+            let name = if function {
+                extra.and_then(|e| e.function.as_ref())
+            } else {
+                extra.and_then(|e| e.module.as_ref())
+            };
+            let label: &'a Arc<str> = name.unwrap_or(unknown);
+            let slot = match by_address.entry((label.as_ptr(), label.len())) {
+                Entry::Occupied(entry) => *entry.get(),
+                Entry::Vacant(entry) => *entry.insert(groups.slot(&**label, || LabelRep {
+                    label,
+                    frame,
+                    function,
+                })),
+            };
+            groups.add(slot, d.totals);
+        }
+    }
+    groups
+}
+
+/// The statistic's one-frame traceback for a label group: the first frame
+/// seen, at line 0, with the function and module, for `function`; the
+/// module path at line 0 for `module`.
+fn label_group_traceback(rep: &LabelRep<'_>) -> Arc<Traceback> {
+    let module = rep.frame.extra.as_deref().and_then(|e| e.module.clone());
+    let frame = if rep.function {
+        Frame {
+            filename: Arc::clone(&rep.frame.filename),
+            lineno: 0,
+            extra: Some(Arc::new(FrameExtra {
+                function: Some(Arc::clone(rep.label)),
+                module,
+                address: None,
+            })),
+        }
+    } else {
+        Frame {
+            filename: Arc::clone(rep.label),
+            lineno: 0,
+            extra: module.map(|module| {
+                Arc::new(FrameExtra {
+                    function: None,
+                    module: Some(module),
+                    address: None,
+                })
+            }),
+        }
+    };
+    Arc::new(Traceback::from_frame(frame))
+}
+
+fn label_of(rep: &LabelRep<'_>) -> Option<Arc<str>> {
+    Some(Arc::clone(rep.label))
+}
+
+impl<'a> LabelGroups<'a> {
+    /// `statistics()` of label groups, before sorting.
+    pub(super) fn label_statistics(self) -> Vec<Statistic> {
+        self.labelled_statistics(label_group_traceback, label_of)
+    }
+
+    /// `compare_to()` of label groups, before sorting.
+    pub(super) fn label_compare_to(&self, old: &LabelGroups<'a>) -> Vec<StatisticDiff> {
+        self.labelled_compare_to(old, |rep| &**rep.label, label_group_traceback, label_of)
+    }
 }
 
 #[cfg(test)]

@@ -1,7 +1,9 @@
 //! The snapshot engine: tracemalloc's `Snapshot`, `Trace`, `Traceback`,
-//! `Frame`, `Statistic` and `StatisticDiff`, with `statistics()` and
-//! `compare_to()` matching CPython 3.11's `tracemalloc` exactly (sort
-//! orders and their ties, `str()` texts, `Traceback.format()`).
+//! `Frame`, `Statistic`, `StatisticDiff`, `Filter` and `DomainFilter`, with
+//! `statistics()`, `compare_to()` and `filter_traces()` matching CPython
+//! 3.11's `tracemalloc` exactly (sort orders and their ties, `str()` texts,
+//! `Traceback.format()`, `fnmatch`), and grouping by `function` and
+//! `module` beyond tracemalloc.
 //!
 //! Plain data and pure functions: no I/O, no aya, nothing that needs root.
 //! Sizes are in bytes, requested sizes as the traced program asked for them.
@@ -35,6 +37,8 @@
 //! ```
 
 mod error;
+mod filter;
+mod fnmatch;
 mod format;
 mod group;
 mod hash;
@@ -42,6 +46,8 @@ mod snapshot;
 mod traceback;
 
 pub use error::ModelError;
+pub use filter::{DomainFilter, Filter, TraceFilter, normalize_filename};
+pub use fnmatch::Pattern;
 pub use format::{format_size, format_size_f64, py_repr_str, true_div};
 pub use snapshot::{GroupBy, Snapshot, Statistic, StatisticDiff};
 pub use traceback::{Frame, FrameExtra, Trace, Traceback, UNKNOWN_FILENAME};

@@ -13,13 +13,14 @@ use serde::{Deserialize, Serialize};
 use super::error::ModelError;
 use super::format::{format_size_f64, true_div};
 use super::group::{
-    distinct_tracebacks, frame_group_traceback, frame_key, group_frames, group_tracebacks,
-    traceback_group_traceback,
+    distinct_tracebacks, frame_group_traceback, frame_key, group_frames, group_labels,
+    group_tracebacks, traceback_group_traceback,
 };
 use super::traceback::{Trace, Traceback, serialize_traceback};
 
 /// How `statistics()` and `compare_to()` group traces: tracemalloc's
-/// `key_type`. Parsed from and shown as `filename`, `lineno`, `traceback`.
+/// `key_type` (`filename`, `lineno`, `traceback`), plus `function` and
+/// `module`, which tracemalloc does not have.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum GroupBy {
@@ -30,17 +31,46 @@ pub enum GroupBy {
     Lineno,
     /// By the whole traceback.
     Traceback,
+    /// By the function of the most recent frame (its
+    /// [`FrameExtra::function`](super::FrameExtra), `<unknown>` when not
+    /// known). The group's frame is the first frame seen in that function,
+    /// at line 0; the statistic's `label` is the function name.
+    Function,
+    /// By the object file (executable or shared library) of the most recent
+    /// frame ([`FrameExtra::module`](super::FrameExtra), `<unknown>` when
+    /// not known). The group's frame is `module:0`; the `label` is the
+    /// module path.
+    Module,
 }
 
 impl GroupBy {
-    /// The word tracemalloc uses: `"filename"`, `"lineno"` or `"traceback"`.
+    /// Every grouping, in the order the API lists them.
+    pub const ALL: [GroupBy; 5] = [
+        GroupBy::Filename,
+        GroupBy::Lineno,
+        GroupBy::Traceback,
+        GroupBy::Function,
+        GroupBy::Module,
+    ];
+
+    /// The word tracemalloc uses: `"filename"`, `"lineno"` or `"traceback"`
+    /// (and `"function"`, `"module"`).
     #[must_use]
     pub fn as_str(self) -> &'static str {
         match self {
             GroupBy::Filename => "filename",
             GroupBy::Lineno => "lineno",
             GroupBy::Traceback => "traceback",
+            GroupBy::Function => "function",
+            GroupBy::Module => "module",
         }
+    }
+
+    /// Whether the groups are named by a label (function, module) rather
+    /// than by frames.
+    #[must_use]
+    pub fn is_labelled(self) -> bool {
+        matches!(self, GroupBy::Function | GroupBy::Module)
     }
 }
 
@@ -53,13 +83,16 @@ impl fmt::Display for GroupBy {
 impl FromStr for GroupBy {
     type Err = ModelError;
 
-    /// Exactly `filename`, `lineno` or `traceback` (case-sensitive, as in
-    /// tracemalloc); anything else is [`ModelError::UnknownGroupBy`].
+    /// Exactly `filename`, `lineno`, `traceback`, `function` or `module`
+    /// (case-sensitive, as in tracemalloc); anything else is
+    /// [`ModelError::UnknownGroupBy`].
     fn from_str(value: &str) -> Result<Self, Self::Err> {
         match value {
             "filename" => Ok(GroupBy::Filename),
             "lineno" => Ok(GroupBy::Lineno),
             "traceback" => Ok(GroupBy::Traceback),
+            "function" => Ok(GroupBy::Function),
+            "module" => Ok(GroupBy::Module),
             _ => Err(ModelError::UnknownGroupBy {
                 value: value.to_owned(),
             }),
@@ -70,7 +103,7 @@ impl FromStr for GroupBy {
 /// Memory allocated at one group key: tracemalloc's `Statistic`.
 ///
 /// JSON: `{"traceback": [frames, most recent first], "size": bytes,
-/// "count": blocks}`.
+/// "count": blocks}`, plus `"label"` for `function` and `module` groups.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
 pub struct Statistic {
     /// The group key: one frame (`lineno`; `filename:0` for `filename`) or
@@ -83,6 +116,13 @@ pub struct Statistic {
     /// occurrence: a frame twice in a traceback counts twice, as in
     /// tracemalloc).
     pub count: u64,
+    /// The group's name for `function` and `module` groups (shown instead
+    /// of the traceback by `str()`); None for tracemalloc's groupings.
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "serialize_label"
+    )]
+    pub label: Option<Arc<str>>,
 }
 
 impl Statistic {
@@ -101,7 +141,7 @@ impl fmt::Display for Statistic {
         write!(
             f,
             "{}: size={}, count={}",
-            self.traceback,
+            GroupName(&self.traceback, self.label.as_deref()),
             format_size_f64(self.size as f64, false),
             self.count
         )?;
@@ -116,7 +156,8 @@ impl fmt::Display for Statistic {
 /// `StatisticDiff`.
 ///
 /// JSON: `{"traceback": [frames], "size": bytes, "size_diff": bytes,
-/// "count": blocks, "count_diff": blocks}`.
+/// "count": blocks, "count_diff": blocks}`, plus `"label"` for `function`
+/// and `module` groups.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
 pub struct StatisticDiff {
     /// The group key, as in [`Statistic::traceback`].
@@ -131,6 +172,13 @@ pub struct StatisticDiff {
     pub count: u64,
     /// `count` minus the group's blocks in the old snapshot.
     pub count_diff: i64,
+    /// The group's name for `function` and `module` groups, as in
+    /// [`Statistic::label`].
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "serialize_label"
+    )]
+    pub label: Option<Arc<str>>,
 }
 
 impl StatisticDiff {
@@ -149,7 +197,7 @@ impl fmt::Display for StatisticDiff {
         write!(
             f,
             "{}: size={} ({}), count={} ({:+})",
-            self.traceback,
+            GroupName(&self.traceback, self.label.as_deref()),
             format_size_f64(self.size as f64, false),
             format_size_f64(self.size_diff as f64, true),
             self.count,
@@ -196,7 +244,8 @@ impl Snapshot {
     }
 
     /// `Snapshot.statistics(key_type, cumulative)`: one [`Statistic`] per
-    /// group, biggest first by `size`, then `count`, then traceback.
+    /// group, biggest first by `size`, then `count`, then traceback (the
+    /// label for `function` and `module` groups).
     ///
     /// With `cumulative`, every frame of a traceback (not only the most
     /// recent) adds the trace's size and 1 to its group, once per
@@ -213,12 +262,15 @@ impl Snapshot {
             GroupBy::Traceback => group_tracebacks(&distinct).statistics(traceback_group_traceback),
             GroupBy::Lineno | GroupBy::Filename => group_frames(&distinct, group_by, cumulative)
                 .statistics(|rep| frame_group_traceback(rep, group_by)),
+            GroupBy::Function | GroupBy::Module => {
+                group_labels(&distinct, group_by, cumulative).label_statistics()
+            }
         };
         statistics.sort_unstable_by(|a, b| {
             b.size
                 .cmp(&a.size)
                 .then(b.count.cmp(&a.count))
-                .then_with(|| b.traceback.cmp(&a.traceback))
+                .then_with(|| group_order(b, a))
         });
         Ok(statistics)
     }
@@ -226,7 +278,7 @@ impl Snapshot {
     /// `Snapshot.compare_to(old, key_type, cumulative)`: one
     /// [`StatisticDiff`] per group of either snapshot (groups only in `old`
     /// have `size` and `count` 0), biggest first by `|size_diff|`, `size`,
-    /// `|count_diff|`, `count`, then traceback.
+    /// `|count_diff|`, `count`, then traceback (or label).
     ///
     /// Same grouping and errors as [`Snapshot::statistics`].
     pub fn compare_to(
@@ -238,20 +290,25 @@ impl Snapshot {
         check_cumulative(group_by, cumulative)?;
         let new_distinct = distinct_tracebacks(&self.traces);
         let old_distinct = distinct_tracebacks(&old.traces);
-        let mut diffs = match group_by {
-            GroupBy::Traceback => group_tracebacks(&new_distinct).compare_to(
-                &group_tracebacks(&old_distinct),
-                |rep| *rep,
-                traceback_group_traceback,
-            ),
-            GroupBy::Lineno | GroupBy::Filename => {
-                group_frames(&new_distinct, group_by, cumulative).compare_to(
-                    &group_frames(&old_distinct, group_by, cumulative),
-                    frame_key,
-                    |rep| frame_group_traceback(rep, group_by),
-                )
-            }
-        };
+        let mut diffs =
+            match group_by {
+                GroupBy::Traceback => group_tracebacks(&new_distinct).compare_to(
+                    &group_tracebacks(&old_distinct),
+                    |rep| *rep,
+                    traceback_group_traceback,
+                ),
+                GroupBy::Lineno | GroupBy::Filename => {
+                    group_frames(&new_distinct, group_by, cumulative).compare_to(
+                        &group_frames(&old_distinct, group_by, cumulative),
+                        frame_key,
+                        |rep| frame_group_traceback(rep, group_by),
+                    )
+                }
+                GroupBy::Function | GroupBy::Module => {
+                    group_labels(&new_distinct, group_by, cumulative)
+                        .label_compare_to(&group_labels(&old_distinct, group_by, cumulative))
+                }
+            };
         diffs.sort_unstable_by(|a, b| {
             b.size_diff
                 .unsigned_abs()
@@ -263,9 +320,58 @@ impl Snapshot {
                         .cmp(&a.count_diff.unsigned_abs()),
                 )
                 .then(b.count.cmp(&a.count))
-                .then_with(|| b.traceback.cmp(&a.traceback))
+                .then_with(|| group_order(b, a))
         });
         Ok(diffs)
+    }
+}
+
+/// What a statistic or diff is keyed by, for the last sort key.
+trait GroupKey {
+    fn key(&self) -> (&Arc<Traceback>, Option<&str>);
+}
+
+impl GroupKey for Statistic {
+    fn key(&self) -> (&Arc<Traceback>, Option<&str>) {
+        (&self.traceback, self.label.as_deref())
+    }
+}
+
+impl GroupKey for StatisticDiff {
+    fn key(&self) -> (&Arc<Traceback>, Option<&str>) {
+        (&self.traceback, self.label.as_deref())
+    }
+}
+
+/// The last sort key: the label when both have one (labels are unique
+/// within one result), else tracemalloc's traceback order.
+fn group_order<T: GroupKey>(a: &T, b: &T) -> std::cmp::Ordering {
+    match (a.key(), b.key()) {
+        ((_, Some(x)), (_, Some(y))) => x.cmp(y),
+        ((x, _), (y, _)) => x.cmp(y),
+    }
+}
+
+/// The name `str()` shows for a group: its label, else the traceback.
+struct GroupName<'a>(&'a Traceback, Option<&'a str>);
+
+impl fmt::Display for GroupName<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.1 {
+            Some(label) => f.write_str(label),
+            None => self.0.fmt(f),
+        }
+    }
+}
+
+#[allow(clippy::ref_option)] // serde's serialize_with passes &Option.
+fn serialize_label<S: serde::Serializer>(
+    label: &Option<Arc<str>>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    match label {
+        Some(label) => serializer.serialize_str(label),
+        None => serializer.serialize_none(),
     }
 }
 

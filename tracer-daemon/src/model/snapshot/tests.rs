@@ -299,13 +299,13 @@ fn empty_snapshots_give_empty_results() {
 
 #[test]
 fn group_by_parses_and_names_valid_values_on_error() {
-    for group_by in [GroupBy::Filename, GroupBy::Lineno, GroupBy::Traceback] {
+    for group_by in GroupBy::ALL {
         assert_eq!(group_by.to_string().parse::<GroupBy>(), Ok(group_by));
     }
     let err = "Lineno".parse::<GroupBy>().expect_err("case-sensitive");
     assert_eq!(
         err.to_string(),
-        "unknown key_type: 'Lineno'; valid values are 'filename', 'lineno', 'traceback'"
+        "unknown key_type: 'Lineno'; valid values are 'filename', 'lineno', 'traceback', 'function', 'module'"
     );
     assert_eq!(
         serde_json::to_value(GroupBy::Traceback).expect("serializes"),
@@ -320,6 +320,7 @@ fn statistic_texts_and_json_match_tracemalloc() {
         traceback: Arc::clone(&traceback),
         size: u64::MAX,
         count: 3,
+        label: None,
     };
     assert_eq!(
         stat.to_string(),
@@ -331,6 +332,7 @@ fn statistic_texts_and_json_match_tracemalloc() {
         size_diff: -300,
         count: 0,
         count_diff: -3,
+        label: None,
     };
     assert_eq!(diff.to_string(), "a.c:1: size=0 B (-300 B), count=0 (-3)");
     assert_eq!(diff.average(), None);
@@ -344,5 +346,158 @@ fn statistic_texts_and_json_match_tracemalloc() {
     assert_eq!(
         serde_json::to_value(&stat).expect("serializes")["size"],
         u64::MAX
+    );
+}
+
+/// A frame with a function and module, as symbolization makes them.
+fn rich(file: &str, lineno: u32, function: Option<&str>, module: Option<&str>) -> Frame {
+    Frame::new(file, lineno).with_extra(FrameExtra {
+        function: function.map(Arc::from),
+        module: module.map(Arc::from),
+        address: Some(0x1000 + u64::from(lineno)),
+    })
+}
+
+fn rich_snapshot() -> Snapshot {
+    let tb = |frames: Vec<Frame>| Arc::new(Traceback::new(frames, None));
+    let alloc = rich("src/a.c", 10, Some("alloc_node"), Some("/usr/bin/app"));
+    let alloc2 = rich("src/a.c", 12, Some("alloc_node"), Some("/usr/bin/app"));
+    let main = rich("src/main.c", 5, Some("main"), Some("/usr/bin/app"));
+    let dup = rich("lib/x.c", 3, Some("strdup_x"), Some("/lib/libx.so"));
+    let recursive = tb(vec![alloc.clone(), alloc2.clone(), main.clone()]);
+    let traces = vec![
+        Trace {
+            domain: 1,
+            size: 100,
+            traceback: tb(vec![alloc.clone(), main.clone()]),
+        },
+        Trace {
+            domain: 1,
+            size: 50,
+            traceback: tb(vec![alloc2, main.clone()]),
+        },
+        Trace {
+            domain: 1,
+            size: 70,
+            traceback: tb(vec![dup, main.clone()]),
+        },
+        Trace {
+            domain: 1,
+            size: 30,
+            traceback: recursive,
+        },
+        Trace {
+            domain: 1,
+            size: 20,
+            traceback: tb(vec![Frame::unknown()]),
+        },
+        Trace {
+            domain: 1,
+            size: 5,
+            traceback: tb(vec![Frame::new("src/b.c", 1), main]),
+        },
+    ];
+    Snapshot::new(traces, 5)
+}
+
+#[test]
+fn group_by_function_sums_the_most_recent_frames_function() {
+    let stats = rich_snapshot()
+        .statistics(GroupBy::Function, false)
+        .expect("function");
+    assert_eq!(
+        lines(&stats),
+        [
+            "alloc_node: size=180 B, count=3, average=60 B",
+            "strdup_x: size=70 B, count=1, average=70 B",
+            "<unknown>: size=25 B, count=2, average=12 B",
+        ]
+    );
+    let json = serde_json::to_value(&stats[0]).expect("serializes");
+    assert_eq!(
+        json,
+        serde_json::json!({
+            "traceback": [{"filename": "src/a.c", "lineno": 0, "function": "alloc_node",
+                           "module": "/usr/bin/app"}],
+            "size": 180, "count": 3, "label": "alloc_node"
+        })
+    );
+}
+
+#[test]
+fn group_by_function_cumulative_counts_every_occurrence() {
+    let stats = rich_snapshot()
+        .statistics(GroupBy::Function, true)
+        .expect("function");
+    assert_eq!(
+        lines(&stats),
+        [
+            "main: size=255 B, count=5, average=51 B",
+            "alloc_node: size=210 B, count=4, average=52 B",
+            "strdup_x: size=70 B, count=1, average=70 B",
+            "<unknown>: size=25 B, count=2, average=12 B",
+        ]
+    );
+}
+
+#[test]
+fn group_by_module_and_its_compare_to() {
+    let new = rich_snapshot();
+    let stats = new.statistics(GroupBy::Module, false).expect("module");
+    assert_eq!(
+        lines(&stats),
+        [
+            "/usr/bin/app: size=180 B, count=3, average=60 B",
+            "/lib/libx.so: size=70 B, count=1, average=70 B",
+            "<unknown>: size=25 B, count=2, average=12 B",
+        ]
+    );
+    assert_eq!(stats[1].traceback.frames()[0].to_string(), "/lib/libx.so:0");
+    let old = Snapshot::new(new.traces()[2..].to_vec(), 5);
+    let diffs = new.compare_to(&old, GroupBy::Module, true).expect("module");
+    assert_eq!(
+        lines(&diffs),
+        [
+            "/usr/bin/app: size=465 B (+300 B), count=9 (+4), average=52 B",
+            "/lib/libx.so: size=70 B (+0 B), count=1 (+0), average=70 B",
+            "<unknown>: size=25 B (+0 B), count=2 (+0), average=12 B",
+        ]
+    );
+    let gone = old
+        .compare_to(&new, GroupBy::Function, false)
+        .expect("function");
+    assert_eq!(
+        lines(&gone),
+        [
+            "alloc_node: size=30 B (-150 B), count=1 (-2), average=30 B",
+            "strdup_x: size=70 B (+0 B), count=1 (+0), average=70 B",
+            "<unknown>: size=25 B (+0 B), count=2 (+0), average=12 B",
+        ]
+    );
+    assert_eq!(gone[0].label.as_deref(), Some("alloc_node"));
+}
+
+#[test]
+fn labelled_ties_break_by_label_descending() {
+    let tb = |f: &str| Arc::new(Traceback::new(vec![rich("a.c", 1, Some(f), None)], None));
+    let snap = Snapshot::new(
+        ["b", "a", "c"]
+            .iter()
+            .map(|f| Trace {
+                domain: 0,
+                size: 8,
+                traceback: tb(f),
+            })
+            .collect(),
+        1,
+    );
+    let stats = snap.statistics(GroupBy::Function, false).expect("function");
+    assert_eq!(
+        lines(&stats),
+        [
+            "c: size=8 B, count=1, average=8 B",
+            "b: size=8 B, count=1, average=8 B",
+            "a: size=8 B, count=1, average=8 B"
+        ]
     );
 }
