@@ -2,8 +2,10 @@
 //! `Frame`, `Statistic`, `StatisticDiff`, `Filter` and `DomainFilter`, with
 //! `statistics()`, `compare_to()` and `filter_traces()` matching CPython
 //! 3.11's `tracemalloc` exactly (sort orders and their ties, `str()` texts,
-//! `Traceback.format()`, `fnmatch`), and grouping by `function` and
-//! `module` beyond tracemalloc.
+//! `Traceback.format()`, `fnmatch`), grouping by `function` and `module`
+//! beyond tracemalloc, and the snapshot file formats as byte codecs:
+//! tracer's own ([`encode`]/[`decode`]) and tracemalloc's pickle
+//! ([`load_tracemalloc`]/[`dump_tracemalloc`]).
 //!
 //! Plain data and pure functions: no I/O, no aya, nothing that needs root.
 //! Sizes are in bytes, requested sizes as the traced program asked for them.
@@ -36,18 +38,22 @@
 //! );
 //! ```
 
+mod dump;
 mod error;
 mod filter;
 mod fnmatch;
 mod format;
 mod group;
 mod hash;
+mod pickle;
 mod snapshot;
 mod traceback;
 
+pub use dump::{DUMP_MAGIC, DUMP_VERSION, Decoded, DumpError, crc32, decode, encode};
 pub use error::ModelError;
 pub use filter::{DomainFilter, Filter, TraceFilter, normalize_filename};
 pub use fnmatch::Pattern;
 pub use format::{format_size, format_size_f64, py_repr_str, true_div};
+pub use pickle::{PickleError, dump_tracemalloc, load_tracemalloc};
 pub use snapshot::{GroupBy, Snapshot, Statistic, StatisticDiff};
 pub use traceback::{Frame, FrameExtra, Trace, Traceback, UNKNOWN_FILENAME};

@@ -196,6 +196,16 @@ impl Traceback {
         }
     }
 
+    /// A traceback over shared frames (most recent first); empty frames
+    /// become `[<unknown>:0]` as in [`Traceback::new`].
+    #[must_use]
+    pub(crate) fn from_frames(frames: Arc<[Frame]>, total_nframe: Option<u32>) -> Self {
+        if frames.is_empty() {
+            return Traceback::new(Vec::new(), total_nframe);
+        }
+        Traceback::from_shared(frames, total_nframe)
+    }
+
     /// The traceback of one frame, as `statistics()` makes for the
     /// `lineno` and `filename` groups (no `total_nframe`).
     #[must_use]
