@@ -5,13 +5,17 @@
 //! and [`registry`] (process images and their lifecycle) → [`symbolize`]
 //! (addresses to `file:line` with DWARF) → [`model`] (the snapshot engine:
 //! statistics, compare_to; pure, no I/O) → [`store`] (stored snapshots) →
-//! [`api`] (HTTP routes). [`daemon`] holds the shared state that ties them.
+//! [`api`] (HTTP routes) and [`metrics`] (Prometheus), served by [`server`]
+//! (listeners, authentication, limits). [`daemon`] holds the shared state
+//! that ties them; [`config`] reads tracerd's settings.
 pub mod api;
 pub mod capture;
 pub mod config;
 pub mod daemon;
+pub mod metrics;
 pub mod model;
 pub mod process;
 pub mod registry;
+pub mod server;
 pub mod store;
 pub mod symbolize;

@@ -1,5 +1,6 @@
-//! `tracerd`: load the probes, serve the API, stop cleanly on SIGTERM/SIGINT.
-use std::{sync::Arc, time::Duration};
+//! `tracerd`: load the probes, serve the API and /metrics, stop cleanly on
+//! SIGTERM/SIGINT; `tracerd config check FILE` and `tracerd config default`.
+use std::{process::ExitCode, sync::Arc, time::Duration};
 
 use anyhow::Context as _;
 use clap::Parser as _;
@@ -8,27 +9,87 @@ use tracer_common::ProcEvent;
 use tracer_daemon::{
     api,
     capture::{Capture, CaptureConfig},
-    config::Config,
+    config::{Cli, Command, Config, ConfigCommand, Flags},
     daemon::Daemon,
+    metrics::{Metrics, MetricsOptions},
+    server::{self, Limits, Token},
 };
 
-fn main() -> anyhow::Result<()> {
-    let config = Config::parse();
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Some(Command::Config(ConfigCommand::Default)) => print_default(),
+        Some(Command::Config(ConfigCommand::Check { file })) => match Config::from_file(&file) {
+            Ok(config) => config.to_toml().map(|text| {
+                println!("# {}: ok; the settings it gives:\n{text}", file.display());
+            }),
+            Err(err) => Err(err),
+        }
+        .map_err(anyhow::Error::from),
+        None => daemon_main(&cli.flags),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("tracerd: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn print_default() -> anyhow::Result<()> {
+    let text = Config::default().to_toml()?;
+    println!("# tracerd's default configuration (/etc/tracer/tracerd.toml)\n{text}");
+    Ok(())
+}
+
+fn daemon_main(flags: &Flags) -> anyhow::Result<()> {
+    let config = Config::load(flags)?;
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_new(&config.log).context("--log")?)
+        .with_env_filter(tracing_subscriber::EnvFilter::try_new(&config.log).context("log")?)
         .with_writer(std::io::stderr)
         .init();
-    tokio::runtime::Builder::new_multi_thread()
+    let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
-        .context("starting the tokio runtime")?
-        .block_on(run(config))
+        .context("starting the tokio runtime")?;
+    let result = runtime.block_on(run(config));
+    // Blocking work still running (a long snapshot) must not hold the stop:
+    // whatever it holds is released by the kernel at exit.
+    runtime.shutdown_timeout(Duration::from_millis(500));
+    result
 }
 
 async fn run(config: Config) -> anyhow::Result<()> {
+    let token = config
+        .auth_token_file
+        .as_deref()
+        .map(Token::read)
+        .transpose()?;
+    // Bind first: a port in use fails at once, before any probe is attached.
+    let tcp = server::bind_tcp(config.listen).await?;
+    let unix = config
+        .unix_socket
+        .as_deref()
+        .map(server::bind_unix)
+        .transpose()?;
     std::fs::create_dir_all(&config.state_dir)
-        .with_context(|| format!("creating --state-dir {}", config.state_dir.display()))?;
+        .with_context(|| format!("creating state_dir {}", config.state_dir.display()))?;
+    // Held open for tracerd's life: the kernel keeps BPF run-time statistics
+    // only while some process holds a BPF_ENABLE_STATS fd.
+    let bpf_stats = if config.bpf_stats {
+        match aya::sys::enable_stats(aya::sys::Stats::RunTime) {
+            Ok(fd) => Some(fd),
+            Err(err) => {
+                tracing::warn!(err = %err, "BPF_ENABLE_STATS refused: tracer_bpf_program_* stay 0");
+                None
+            }
+        }
+    } else {
+        None
+    };
+
     let mut capture = Capture::load(CaptureConfig {
         nframe: config.nframe,
         max_live_blocks: config.max_live_blocks,
@@ -41,23 +102,66 @@ async fn run(config: Config) -> anyhow::Result<()> {
         tracing::info!(target = %library.path.display(), probes = library.probes.len(), "attached");
     }
     let events = capture.take_events().context("the event ring buffer")?;
-    let daemon = Arc::new(Daemon::new(capture, Duration::from_secs(config.exited_retention)));
+    let daemon = Arc::new(Daemon::new(
+        capture,
+        Duration::from_secs(config.exited_retention),
+    ));
 
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .with_context(|| format!("listening on {}", config.listen))?;
-    tracing::info!(listen = %config.listen, nframe = config.nframe, "tracerd ready");
+    let mut metrics = Metrics::new();
+    metrics.collect_daemon(
+        daemon.clone(),
+        MetricsOptions {
+            top_processes: config.metrics_top_processes as usize,
+            call_sites: config.metrics_call_sites as usize,
+            bpf_stats_enabled: bpf_stats.is_some(),
+        },
+    );
+    let metrics = Arc::new(metrics);
+    let limits = Limits {
+        body_limit_bytes: usize::try_from(config.body_limit_bytes).unwrap_or(usize::MAX),
+        request_timeout: Duration::from_secs(config.request_timeout_secs),
+        max_expensive_requests: config.max_expensive_requests as usize,
+    };
+    let tcp_app = server::app(api::router(daemon.clone()), metrics.clone(), &limits, token);
+    // The socket's mode (0660) is its access control: no token there.
+    let unix = unix.map(|listener| {
+        (
+            listener,
+            server::app(api::router(daemon.clone()), metrics.clone(), &limits, None),
+        )
+    });
 
     let event_loop = tokio::spawn(handle_events(daemon.clone(), events));
-    let app = api::router(daemon.clone());
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown_signal())
-        .await
-        .context("serving the API")?;
+    server::notify(&[
+        sd_notify::NotifyState::Ready,
+        sd_notify::NotifyState::Status(&format!("tracing; API on {}", config.listen)),
+    ]);
+    tracing::info!(listen = %config.listen, unix_socket = ?config.unix_socket, nframe = config.nframe, "tracerd ready");
+
+    let grace = Duration::from_secs(config.shutdown_grace_secs);
+    let drained = server::serve((tcp, tcp_app), unix, shutdown_signal(), grace).await;
+    server::notify(&[sd_notify::NotifyState::Stopping]);
+    tracing::info!(drained, "stopping: API closed");
     event_loop.abort();
     let _ = event_loop.await;
-    tracing::info!("stopping: detaching probes");
-    drop(daemon);
+    drop(metrics);
+    if let Err(err) = server::write_last_stop(&config.state_dir, &daemon, drained) {
+        tracing::warn!(err = %err, "cannot record the stop in the state directory");
+    }
+    if let Some(path) = &config.unix_socket {
+        let _ = std::fs::remove_file(path);
+    }
+    // Dropping the last reference drops the Capture: every probe detached,
+    // every map freed. A request still running holds one; the kernel then
+    // detaches everything when the process exits a moment later.
+    match Arc::try_unwrap(daemon) {
+        Ok(daemon) => {
+            drop(daemon);
+            tracing::info!("probes detached");
+        }
+        Err(_) => tracing::info!("a request still holds the probes; they detach at exit"),
+    }
+    drop(bpf_stats);
     Ok(())
 }
 
@@ -83,7 +187,9 @@ async fn shutdown_signal() {
 async fn handle_events(daemon: Arc<Daemon>, ring: aya::maps::RingBuf<aya::maps::MapData>) {
     // SAFETY: the RingBuf owns its map fd for its whole life inside the
     // AsyncFd, and as_raw_fd always returns that same fd.
-    let mut fd = match unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) } {
+    let mut fd = match unsafe {
+        AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE)
+    } {
         Ok(fd) => fd,
         Err(err) => {
             tracing::error!(err = %err, map = tracer_common::MAP_EVENTS, "cannot poll the ring buffer");

@@ -85,6 +85,16 @@ impl SnapshotStore {
         self.next_id
     }
 
+    /// Number of stored snapshots.
+    pub fn len(&self) -> usize {
+        self.snapshots.len()
+    }
+
+    /// True when no snapshot is stored.
+    pub fn is_empty(&self) -> bool {
+        self.snapshots.is_empty()
+    }
+
     /// The snapshot `id`.
     pub fn get(&self, id: u64) -> Option<&StoredSnapshot> {
         self.snapshots.get(&id)

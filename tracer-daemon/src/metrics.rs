@@ -1,0 +1,774 @@
+//! Prometheus metrics at `GET /metrics` (prometheus-client, OpenMetrics text).
+//!
+//! Two kinds of metric live here:
+//!
+//! - Read at each scrape by [`DaemonCollector`] from the daemon's state and
+//!   the kernel maps: per-process traced memory (the `metrics_top_processes`
+//!   largest by current bytes, labelled `pid` and `comm`, the rest summed
+//!   under `pid="other",comm="other"`), optional per-call-site gauges, and
+//!   tracer's own health (eBPF counters, drops by reason, map use, BPF
+//!   program run time, symbolizer cache, snapshot store, tracerd's memory).
+//! - Kept as they happen: API requests by route and status, and their
+//!   latency ([`Metrics::observe`], fed by [`track_requests`]).
+//!
+//! `docs/metrics.md` lists every metric; a test checks that list against
+//! what a scrape shows.
+use std::{
+    fmt,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use axum::{
+    Router,
+    extract::{MatchedPath, Request, State},
+    http::{HeaderValue, StatusCode, header},
+    middleware::Next,
+    response::{IntoResponse, Response},
+    routing::get,
+};
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric},
+    metrics::{
+        MetricType,
+        counter::{ConstCounter, Counter},
+        family::Family,
+        gauge::ConstGauge,
+        histogram::Histogram,
+    },
+    registry::Registry,
+};
+
+use crate::{
+    daemon::{Daemon, ProcessView},
+    model::GroupBy,
+};
+
+/// The content type of the OpenMetrics text format that prometheus-client
+/// writes (Prometheus negotiates and parses it).
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// What `/metrics` exports beyond the fixed set.
+#[derive(Clone, Copy, Debug)]
+pub struct MetricsOptions {
+    /// Processes labelled by pid and comm; the rest sum under `other`.
+    pub top_processes: usize,
+    /// Call sites per labelled process exported as gauges; 0: none.
+    pub call_sites: usize,
+    /// Whether `BPF_ENABLE_STATS` is on (the fd is held by the caller).
+    pub bpf_stats_enabled: bool,
+}
+
+/// Labels of `tracer_api_requests_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    /// The route template (`/pid/{pid}/statistics`), never the raw path,
+    /// so that the label set stays bounded; `unmatched` for a 404.
+    pub route: String,
+    /// HTTP method.
+    pub method: String,
+    /// HTTP status code.
+    pub status: u16,
+}
+
+/// Labels of `tracer_api_request_duration_seconds`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabels {
+    /// The route template, as in [`RequestLabels`].
+    pub route: String,
+}
+
+/// The registry and the metrics kept as events happen.
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    durations: Family<RouteLabels, Histogram>,
+}
+
+impl fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// The API request metrics alone; [`Metrics::collect_daemon`] adds
+    /// everything read from the daemon.
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let requests = Family::<RequestLabels, Counter>::default();
+        registry.register(
+            "tracer_api_requests",
+            "HTTP API requests answered, by route template, method and status",
+            requests.clone(),
+        );
+        let durations = Family::<RouteLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new([0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0])
+        });
+        registry.register(
+            "tracer_api_request_duration_seconds",
+            "Time from request to response head, by route template, in seconds",
+            durations.clone(),
+        );
+        Self {
+            registry,
+            requests,
+            durations,
+        }
+    }
+
+    /// Adds the metrics read from `daemon` at each scrape.
+    pub fn collect_daemon(&mut self, daemon: Arc<Daemon>, options: MetricsOptions) {
+        self.registry
+            .register_collector(Box::new(DaemonCollector { daemon, options }));
+    }
+
+    /// Counts one answered request.
+    pub fn observe(&self, route: &str, method: &str, status: u16, elapsed: Duration) {
+        self.requests
+            .get_or_create(&RequestLabels {
+                route: route.to_string(),
+                method: method.to_string(),
+                status,
+            })
+            .inc();
+        self.durations
+            .get_or_create(&RouteLabels {
+                route: route.to_string(),
+            })
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// Every metric in the OpenMetrics text format. Blocks (reads kernel
+    /// maps): call it from `spawn_blocking`.
+    ///
+    /// # Errors
+    /// Only if formatting into a String fails, which it does not.
+    pub fn encode(&self) -> Result<String, fmt::Error> {
+        let mut out = String::with_capacity(16 * 1024);
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+}
+
+/// The `/metrics` route.
+pub fn router(metrics: Arc<Metrics>) -> Router {
+    Router::new()
+        .route("/metrics", get(scrape))
+        .with_state(metrics)
+}
+
+async fn scrape(State(metrics): State<Arc<Metrics>>) -> Response {
+    match tokio::task::spawn_blocking(move || metrics.encode()).await {
+        Ok(Ok(text)) => {
+            let mut response = text.into_response();
+            response
+                .headers_mut()
+                .insert(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE));
+            response
+        }
+        Ok(Err(_)) | Err(_) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            axum::Json(serde_json::json!({
+                "error": "encoding the metrics failed",
+                "hint": "see tracerd's log",
+            })),
+        )
+            .into_response(),
+    }
+}
+
+/// Middleware counting every request by route template and status. Apply
+/// it with `Router::layer` so that [`MatchedPath`] is known.
+pub async fn track_requests(
+    State(metrics): State<Arc<Metrics>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let start = Instant::now();
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
+    let method = request.method().as_str().to_string();
+    let response = next.run(request).await;
+    metrics.observe(&route, &method, response.status().as_u16(), start.elapsed());
+    response
+}
+
+/// Reads the daemon's state at each scrape.
+struct DaemonCollector {
+    daemon: Arc<Daemon>,
+    options: MetricsOptions,
+}
+
+impl fmt::Debug for DaemonCollector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DaemonCollector")
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Totals of the processes not labelled one by one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OtherTotals {
+    /// How many processes are summed.
+    pub processes: u64,
+    /// Sum of current bytes.
+    pub current: u64,
+    /// Sum of peak bytes.
+    pub peak: u64,
+    /// Sum of live blocks.
+    pub blocks: u64,
+    /// Sum of allocations.
+    pub allocs: u64,
+    /// Sum of frees.
+    pub frees: u64,
+    /// Sum of unknown frees.
+    pub unknown_frees: u64,
+    /// Sum of drops.
+    pub drops: u64,
+}
+
+/// Splits live processes into the `n` largest by current bytes (ties: lower
+/// pid first) and the sum of the rest.
+pub fn top_processes(mut views: Vec<ProcessView>, n: usize) -> (Vec<ProcessView>, OtherTotals) {
+    views.sort_by(|a, b| b.current.cmp(&a.current).then(a.pid.cmp(&b.pid)));
+    let rest = if views.len() > n {
+        views.split_off(n)
+    } else {
+        Vec::new()
+    };
+    let mut other = OtherTotals::default();
+    for view in &rest {
+        other.processes += 1;
+        other.current += view.current;
+        other.peak += view.peak;
+        other.blocks += view.blocks;
+        other.allocs += view.allocs;
+        other.frees += view.frees;
+        other.unknown_frees += view.unknown_frees;
+        other.drops += view.drops;
+    }
+    (views, other)
+}
+
+/// Maps an eBPF counter (`tracer_common::Counter::ALL` names) to the metric
+/// it feeds: a drop reason, the unknown frees, or an event kind.
+pub fn counter_metric(name: &str) -> CounterMetric {
+    match name {
+        "drop_live_full" => CounterMetric::Drop("live_map_full"),
+        "drop_inflight_full" => CounterMetric::Drop("inflight_map_full"),
+        "drop_procs_full" => CounterMetric::Drop("procs_map_full"),
+        "drop_stack" => CounterMetric::Drop("stack_store_full"),
+        "drop_events" => CounterMetric::Drop("event_ring_full"),
+        "unknown_frees" => CounterMetric::UnknownFrees,
+        other => match other.strip_prefix("drop_") {
+            Some(reason) => CounterMetric::DropNamed(reason.to_string()),
+            None => CounterMetric::Event(other.to_string()),
+        },
+    }
+}
+
+/// Where an eBPF counter goes in `/metrics`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CounterMetric {
+    /// `tracer_drops_total{reason}`.
+    Drop(&'static str),
+    /// `tracer_drops_total{reason}` for a counter added later.
+    DropNamed(String),
+    /// `tracer_unknown_frees_total`.
+    UnknownFrees,
+    /// `tracer_events_total{kind}`.
+    Event(String),
+}
+
+type Labels<'a> = Vec<(&'static str, &'a str)>;
+
+fn gauge(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    samples: &[(Labels<'_>, i64)],
+) -> fmt::Result {
+    let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    if let [(labels, value)] = samples
+        && labels.is_empty()
+    {
+        return ConstGauge::new(*value).encode(family);
+    }
+    for (labels, value) in samples {
+        ConstGauge::new(*value).encode(family.encode_family(labels)?)?;
+    }
+    Ok(())
+}
+
+fn gauge_f64(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    samples: &[(Labels<'_>, f64)],
+) -> fmt::Result {
+    let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    if let [(labels, value)] = samples
+        && labels.is_empty()
+    {
+        return ConstGauge::new(*value).encode(family);
+    }
+    for (labels, value) in samples {
+        ConstGauge::new(*value).encode(family.encode_family(labels)?)?;
+    }
+    Ok(())
+}
+
+/// `name` without `_total`: prometheus-client appends it to counters.
+fn counter(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    samples: &[(Labels<'_>, u64)],
+) -> fmt::Result {
+    let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+    if let [(labels, value)] = samples
+        && labels.is_empty()
+    {
+        return ConstCounter::new(*value).encode(family);
+    }
+    for (labels, value) in samples {
+        ConstCounter::new(*value).encode(family.encode_family(labels)?)?;
+    }
+    Ok(())
+}
+
+fn counter_f64(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    samples: &[(Labels<'_>, f64)],
+) -> fmt::Result {
+    let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+    for (labels, value) in samples {
+        ConstCounter::new(*value).encode(family.encode_family(labels)?)?;
+    }
+    Ok(())
+}
+
+fn as_gauge(samples: Vec<(Labels<'_>, u64)>) -> Vec<(Labels<'_>, i64)> {
+    samples.into_iter().map(|(l, v)| (l, signed(v))).collect()
+}
+
+fn signed(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+/// tracerd's own resident memory in bytes, from `/proc/self/statm`.
+pub fn resident_memory_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let page = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+    Some(pages * page)
+}
+
+/// A call site of a labelled process: (index in the labels, filename,
+/// lineno, bytes, blocks).
+type SiteRow = (usize, String, String, u64, u64);
+
+/// One labelled process's identity as label values.
+struct ProcLabels {
+    pid: String,
+    comm: String,
+}
+
+impl Collector for DaemonCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
+        let daemon = &self.daemon;
+        let views = daemon.processes();
+        let ended = views.iter().filter(|v| v.state != "alive").count();
+        let live: Vec<ProcessView> = views.into_iter().filter(|v| v.state == "alive").collect();
+        let live_count = live.len();
+        let (top, other) = top_processes(live, self.options.top_processes);
+
+        let labels: Vec<ProcLabels> = top
+            .iter()
+            .map(|v| ProcLabels {
+                pid: v.pid.to_string(),
+                comm: v.comm.clone(),
+            })
+            .chain((other.processes > 0).then(|| ProcLabels {
+                pid: "other".into(),
+                comm: "other".into(),
+            }))
+            .collect();
+        let per_process =
+            |value: &dyn Fn(&ProcessView) -> u64, other_value: u64| -> Vec<(Labels<'_>, u64)> {
+                let mut samples: Vec<(Labels<'_>, u64)> = top
+                    .iter()
+                    .zip(&labels)
+                    .map(|(v, l)| {
+                        (
+                            vec![("pid", l.pid.as_str()), ("comm", l.comm.as_str())],
+                            value(v),
+                        )
+                    })
+                    .collect();
+                if let Some(l) = labels.get(top.len()) {
+                    samples.push((
+                        vec![("pid", l.pid.as_str()), ("comm", l.comm.as_str())],
+                        other_value,
+                    ));
+                }
+                samples
+            };
+
+        gauge(
+            &mut encoder,
+            "tracer_process_current_bytes",
+            "Traced memory now, get_traced_memory()[0]: bytes in live blocks, requested sizes",
+            &as_gauge(per_process(&|v| v.current, other.current)),
+        )?;
+        gauge(
+            &mut encoder,
+            "tracer_process_peak_bytes",
+            "Peak of traced memory since tracing began or reset_peak, get_traced_memory()[1], in bytes",
+            &as_gauge(per_process(&|v| v.peak, other.peak)),
+        )?;
+        gauge(
+            &mut encoder,
+            "tracer_process_live_blocks",
+            "Live blocks (traces) now",
+            &as_gauge(per_process(&|v| v.blocks, other.blocks)),
+        )?;
+        counter(
+            &mut encoder,
+            "tracer_process_allocations",
+            "Allocations recorded since tracing of the process image began",
+            &per_process(&|v| v.allocs, other.allocs),
+        )?;
+        counter(
+            &mut encoder,
+            "tracer_process_frees",
+            "Frees of traced blocks since tracing of the process image began",
+            &per_process(&|v| v.frees, other.frees),
+        )?;
+        counter(
+            &mut encoder,
+            "tracer_process_unknown_frees",
+            "Frees of pointers that were not traced blocks (allocated before tracing, or dropped)",
+            &per_process(&|v| v.unknown_frees, other.unknown_frees),
+        )?;
+        counter(
+            &mut encoder,
+            "tracer_process_drops",
+            "Events of the process lost because a kernel map was full: its data is incomplete when > 0",
+            &per_process(&|v| v.drops, other.drops),
+        )?;
+        gauge(
+            &mut encoder,
+            "tracer_processes",
+            "Process images known: alive (traced now) or ended (kept for exited_retention)",
+            &[
+                (vec![("state", "alive")], signed(live_count as u64)),
+                (vec![("state", "ended")], signed(ended as u64)),
+            ],
+        )?;
+
+        if self.options.call_sites > 0 {
+            self.encode_call_sites(&mut encoder, &top, &labels)?;
+        }
+        self.encode_self(&mut encoder)
+    }
+}
+
+impl DaemonCollector {
+    fn encode_call_sites(
+        &self,
+        encoder: &mut DescriptorEncoder,
+        top: &[ProcessView],
+        labels: &[ProcLabels],
+    ) -> fmt::Result {
+        let mut rows: Vec<SiteRow> = Vec::new();
+        for (index, view) in top.iter().enumerate() {
+            let Ok(taken) = self.daemon.take_snapshot(view.pid) else {
+                continue;
+            };
+            let Ok(stats) = taken.snapshot.statistics(GroupBy::Lineno, false) else {
+                continue;
+            };
+            for stat in stats.iter().take(self.options.call_sites) {
+                let (filename, lineno) = match stat.traceback.frames().first() {
+                    Some(frame) => (frame.filename.to_string(), frame.lineno.to_string()),
+                    None => (crate::model::UNKNOWN_FILENAME.to_string(), "0".to_string()),
+                };
+                rows.push((index, filename, lineno, stat.size, stat.count));
+            }
+        }
+        let samples = |value: &dyn Fn(&SiteRow) -> u64| -> Vec<(Labels<'_>, i64)> {
+            rows.iter()
+                .filter_map(|row| {
+                    let l = labels.get(row.0)?;
+                    Some((
+                        vec![
+                            ("pid", l.pid.as_str()),
+                            ("comm", l.comm.as_str()),
+                            ("filename", row.1.as_str()),
+                            ("lineno", row.2.as_str()),
+                        ],
+                        signed(value(row)),
+                    ))
+                })
+                .collect()
+        };
+        gauge(
+            encoder,
+            "tracer_call_site_current_bytes",
+            "Bytes in live blocks allocated at one call site (statistics group_by=lineno), largest sites of each labelled process",
+            &samples(&|row| row.3),
+        )?;
+        gauge(
+            encoder,
+            "tracer_call_site_live_blocks",
+            "Live blocks allocated at one call site (statistics group_by=lineno)",
+            &samples(&|row| row.4),
+        )
+    }
+
+    fn encode_self(&self, encoder: &mut DescriptorEncoder) -> fmt::Result {
+        let capture = self.daemon.capture();
+        let counters = capture.counters();
+        let usage = capture.map_usage();
+        let programs = capture.program_stats();
+        drop(capture);
+
+        let mut events: Vec<(Labels<'_>, u64)> = Vec::new();
+        let mut drops: Vec<(Labels<'_>, u64)> = Vec::new();
+        let mut unknown_frees = 0;
+        let mut named: Vec<(String, u64, bool)> = Vec::new();
+        for (name, value) in &counters {
+            match counter_metric(name) {
+                CounterMetric::Drop(reason) => drops.push((vec![("reason", reason)], *value)),
+                CounterMetric::UnknownFrees => unknown_frees = *value,
+                CounterMetric::DropNamed(reason) => named.push((reason, *value, true)),
+                CounterMetric::Event(kind) => named.push((kind, *value, false)),
+            }
+        }
+        for (label, value, is_drop) in &named {
+            if *is_drop {
+                drops.push((vec![("reason", label.as_str())], *value));
+            } else {
+                events.push((vec![("kind", label.as_str())], *value));
+            }
+        }
+        counter(
+            encoder,
+            "tracer_events",
+            "Allocator and process events seen by the eBPF programs, by kind (all processes)",
+            &events,
+        )?;
+        counter(
+            encoder,
+            "tracer_unknown_frees",
+            "Frees of pointers that were not traced blocks, all processes",
+            &[(Vec::new(), unknown_frees)],
+        )?;
+        counter(
+            encoder,
+            "tracer_drops",
+            "Events lost by the eBPF programs, by reason (a full kernel map or ring buffer)",
+            &drops,
+        )?;
+        gauge(
+            encoder,
+            "tracer_bpf_map_entries",
+            "Entries now in each kernel map",
+            &usage
+                .iter()
+                .map(|(map, entries, _)| (vec![("map", *map)], signed(*entries)))
+                .collect::<Vec<_>>(),
+        )?;
+        gauge(
+            encoder,
+            "tracer_bpf_map_max_entries",
+            "Capacity of each kernel map in entries (max_entries)",
+            &usage
+                .iter()
+                .map(|(map, _, cap)| (vec![("map", *map)], signed(*cap)))
+                .collect::<Vec<_>>(),
+        )?;
+        gauge(
+            encoder,
+            "tracer_bpf_stats_enabled",
+            "1 while tracerd holds BPF_ENABLE_STATS on (tracer_bpf_program_* count), else 0",
+            &[(Vec::new(), i64::from(self.options.bpf_stats_enabled))],
+        )?;
+        counter_f64(
+            encoder,
+            "tracer_bpf_program_run_seconds",
+            "Time the kernel spent running each eBPF program while BPF_ENABLE_STATS was on, in seconds",
+            &programs
+                .iter()
+                .map(|(name, time, _)| (vec![("program", name.as_str())], time.as_secs_f64()))
+                .collect::<Vec<_>>(),
+        )?;
+        counter(
+            encoder,
+            "tracer_bpf_program_runs",
+            "Runs of each eBPF program while BPF_ENABLE_STATS was on",
+            &programs
+                .iter()
+                .map(|(name, _, count)| (vec![("program", name.as_str())], *count))
+                .collect::<Vec<_>>(),
+        )?;
+
+        let sym = self.daemon.symbolizer.stats();
+        gauge(
+            encoder,
+            "tracer_symbolizer_cache_entries",
+            "Symbolized addresses (module, file offset) held in the symbolizer's cache",
+            &[(Vec::new(), signed(sym.cached_addresses))],
+        )?;
+        gauge(
+            encoder,
+            "tracer_symbolizer_loaded_modules",
+            "Modules whose ELF and DWARF the symbolizer keeps loaded",
+            &[(Vec::new(), signed(sym.loaded_modules))],
+        )?;
+        counter(
+            encoder,
+            "tracer_symbolizer_cache_hits",
+            "Addresses answered from the symbolizer's cache",
+            &[(Vec::new(), sym.cache_hits)],
+        )?;
+        counter(
+            encoder,
+            "tracer_symbolizer_cache_misses",
+            "Addresses that needed DWARF lookups (cache misses)",
+            &[(Vec::new(), sym.cache_misses)],
+        )?;
+        gauge(
+            encoder,
+            "tracer_snapshot_store_snapshots",
+            "Snapshots kept in the snapshot store",
+            &[(
+                Vec::new(),
+                signed(crate::daemon::lock(&self.daemon.store).len() as u64),
+            )],
+        )?;
+        gauge(
+            encoder,
+            "process_resident_memory_bytes",
+            "tracerd's own resident memory (RSS) in bytes, from /proc/self/statm",
+            &[(Vec::new(), signed(resident_memory_bytes().unwrap_or(0)))],
+        )?;
+        gauge_f64(
+            encoder,
+            "process_start_time_seconds",
+            "When tracerd started tracing, in seconds since the Unix epoch",
+            &[(
+                Vec::new(),
+                self.daemon
+                    .started_at
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0.0, |d| d.as_secs_f64()),
+            )],
+        )?;
+        gauge(
+            encoder,
+            "tracer_build_info",
+            "Always 1; the version of tracerd in its label",
+            &[(vec![("version", env!("CARGO_PKG_VERSION"))], 1)],
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(pid: u32, comm: &str, current: u64) -> ProcessView {
+        ProcessView {
+            pid,
+            comm: comm.into(),
+            exe: None,
+            state: "alive",
+            first_seen_ms: 0,
+            ended_ms: None,
+            current,
+            peak: current * 2,
+            blocks: current / 10,
+            allocs: 7,
+            frees: 3,
+            unknown_frees: 1,
+            drops: 0,
+            complete: true,
+        }
+    }
+
+    #[test]
+    fn top_processes_by_current_bytes_rest_summed() {
+        let views = vec![
+            view(5, "a", 100),
+            view(3, "b", 500),
+            view(9, "c", 100),
+            view(1, "d", 40),
+        ];
+        let (top, other) = top_processes(views, 2);
+        assert_eq!(top.iter().map(|v| v.pid).collect::<Vec<_>>(), vec![3, 5]);
+        assert_eq!(
+            other,
+            OtherTotals {
+                processes: 2,
+                current: 140,
+                peak: 280,
+                blocks: 14,
+                allocs: 14,
+                frees: 6,
+                unknown_frees: 2,
+                drops: 0,
+            }
+        );
+    }
+
+    #[test]
+    fn top_processes_with_room_for_all_has_no_other() {
+        let (top, other) = top_processes(vec![view(1, "a", 1)], 20);
+        assert_eq!(top.len(), 1);
+        assert_eq!(other, OtherTotals::default());
+    }
+
+    #[test]
+    fn every_ebpf_counter_has_a_metric() {
+        let mut drops = Vec::new();
+        for (_, name) in tracer_common::Counter::ALL {
+            match counter_metric(name) {
+                CounterMetric::Drop(reason) => drops.push(reason),
+                CounterMetric::DropNamed(reason) => {
+                    panic!("drop counter {reason} has no reason label")
+                }
+                CounterMetric::UnknownFrees | CounterMetric::Event(_) => {}
+            }
+        }
+        assert_eq!(
+            drops,
+            [
+                "live_map_full",
+                "inflight_map_full",
+                "procs_map_full",
+                "stack_store_full",
+                "event_ring_full"
+            ]
+        );
+        assert_eq!(
+            counter_metric("allocs"),
+            CounterMetric::Event("allocs".into())
+        );
+    }
+}
