@@ -116,6 +116,10 @@ pub struct AllocInfo {
     pub size: u64,
     /// Id in [`MAP_STACKS`], or [`STACK_ID_NONE`] when the stack was not stored.
     pub stack_id: u64,
+    /// The return address into the allocator's caller (frame 0), kept with
+    /// every block: when the stack could not be stored, statistics by
+    /// `lineno` and `filename` are still exact.
+    pub frame0: u64,
     /// The process generation ([`ProcStats::gen_`]) the block belongs to: an
     /// exec or a reused pid starts a new generation, so stale blocks of an
     /// earlier image are never mixed with the new one.
@@ -123,7 +127,7 @@ pub struct AllocInfo {
     /// Explicit padding, always 0.
     pub _pad: u32,
 }
-const _: () = assert!(size_of::<AllocInfo>() == 24);
+const _: () = assert!(size_of::<AllocInfo>() == 32);
 
 /// Value of [`MAP_INFLIGHT`]: an allocator call between entry and return.
 #[repr(C)]

@@ -445,10 +445,11 @@ impl Daemon {
 /// Reads the stacks of `entries` (each distinct stack id once) into blocks.
 pub(crate) fn raw_blocks(capture: &Capture, entries: &[(AllocKey, AllocInfo)]) -> Vec<RawBlock> {
     let mut stacks: HashMap<u64, Option<Arc<[u64]>>> = HashMap::new();
+    let mut frame0_only: HashMap<u64, Arc<[u64]>> = HashMap::new();
     entries
         .iter()
         .map(|(_, info)| {
-            let stack = if info.stack_id == STACK_ID_NONE {
+            let stored = if info.stack_id == STACK_ID_NONE {
                 None
             } else {
                 stacks
@@ -456,6 +457,12 @@ pub(crate) fn raw_blocks(capture: &Capture, entries: &[(AllocKey, AllocInfo)]) -
                     .or_insert_with(|| capture.stack(info.stack_id).map(Arc::from))
                     .clone()
             };
+            // Without its stack a block still has its exact call site.
+            let stack = stored.or_else(|| {
+                (info.frame0 != 0).then(|| {
+                    frame0_only.entry(info.frame0).or_insert_with(|| Arc::from([info.frame0])).clone()
+                })
+            });
             RawBlock { size: info.size, stack }
         })
         .collect()

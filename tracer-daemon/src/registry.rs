@@ -22,7 +22,8 @@ use crate::process::{self, ModuleMaps};
 pub struct RawBlock {
     /// Requested size in bytes.
     pub size: u64,
-    /// Return addresses, frame 0 first; None when the stack was not stored.
+    /// Return addresses, frame 0 first; when the stack was not stored, only
+    /// frame 0 (kept with every block).
     pub stack: Option<Arc<[u64]>>,
 }
 

@@ -451,3 +451,46 @@ fn bad_requests_get_a_4xx_that_names_the_valid_values() {
         assert!(body["error"].as_str().is_some_and(|e| !e.is_empty()), "{path}: {body}");
     }
 }
+
+/// 600 distinct callers of one allocation site: 600 distinct stacks.
+fn many_callers_source() -> String {
+    let mut body = String::from(
+        "__attribute__((noinline)) static void *alloc_here(void) {\n    return malloc(48); /* MANY_SITE */\n}\n",
+    );
+    for i in 0..600 {
+        body.push_str(&format!(
+            "__attribute__((noinline)) static void *caller{i}(void) {{ return alloc_here(); }}\n"
+        ));
+    }
+    body.push_str("int main(void) {\n    say(\"ready\");\n    wait_go();\n");
+    for i in 0..600 {
+        body.push_str(&format!("    if (!caller{i}()) return 1;\n"));
+    }
+    body.push_str("    say(\"done\");\n    wait_go();\n    return 0;\n}\n");
+    body
+}
+
+#[test]
+fn blocks_whose_stack_was_not_stored_keep_their_exact_call_site() {
+    let dir = TempDir::new("manystacks");
+    let (exe, src, source) = fixture(&dir, "many", &many_callers_source());
+    let line = line_of(&source, "MANY_SITE");
+    // Room for 256 stacks only: most of the 600 cannot be stored.
+    let tracerd = Tracerd::start(&["--max-stacks", "256"]);
+    let mut fx = Fixture::spawn(&exe, &[], &[]);
+    fx.expect_line("ready");
+    let pid = fx.pid();
+    tracerd.wait_traced(pid);
+    fx.go();
+    fx.expect_line("done");
+    let (_, maps) = tracerd.get("/maps");
+    let dropped = maps["counters"]["drop_stack"].as_u64().expect("drop_stack");
+    assert!(dropped >= 600 - 256, "only {dropped} stacks dropped: {maps}");
+    let (status, body) = tracerd.get(&format!("/pid/{pid}/statistics?group_by=lineno&limit=0"));
+    assert_eq!(status, 200, "{body}");
+    let stat = stat_at(&body["statistics"], &src, line).expect("the allocation site");
+    assert_eq!(stat["count"], 600, "{stat}");
+    assert_eq!(stat["size"], 600 * 48);
+    fx.go();
+    assert!(fx.finish().success());
+}

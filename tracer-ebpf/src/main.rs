@@ -454,14 +454,18 @@ fn drop_stack() -> u64 {
 }
 
 /// Records the new block `addr` of `size` bytes with the current user stack.
+/// Called at a uretprobe, where the instruction pointer is the return
+/// address into the allocator's caller.
 #[inline(always)]
-fn record_alloc<C: EbpfContext>(ctx: &C, tgid: u32, addr: u64, size: u64) {
+fn record_alloc(ctx: &RetProbeContext, tgid: u32, addr: u64, size: u64) {
     let stack_id = stack_id(ctx);
+    // SAFETY: regs points at the probe's saved registers for its duration.
+    let frame0 = unsafe { (*ctx.regs).rip };
     let Some(stats) = proc_stats(tgid) else { return };
     // SAFETY: a PROCS value.
     let gen_ = unsafe { (*stats).gen_ };
     let key = AllocKey { tgid, _pad: 0, addr };
-    let info = AllocInfo { size, stack_id, gen_, _pad: 0 };
+    let info = AllocInfo { size, stack_id, frame0, gen_, _pad: 0 };
     match LIVE_ALLOCS.insert(key, info, BPF_NOEXIST as u64) {
         Ok(()) => {}
         Err(e) if e == -EEXIST => {
