@@ -699,6 +699,53 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn shutdown_lets_a_request_in_flight_finish_then_stops() {
+        let gate = Arc::new(tokio::sync::Notify::new());
+        let entered = Arc::new(AtomicUsize::new(0));
+        let app = slow_app(&limits(), None, gate.clone(), entered.clone());
+        let listener = bind_tcp(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve(
+            (listener, app),
+            None,
+            async move {
+                let _ = stopped.await;
+            },
+            Duration::from_secs(3),
+        ));
+        let request = tokio::task::spawn_blocking(move || {
+            use std::io::{Read as _, Write as _};
+            let mut stream = std::net::TcpStream::connect(addr).expect("connect");
+            stream
+                .write_all(
+                    b"GET /pid/1/statistics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+                )
+                .expect("write");
+            let mut response = String::new();
+            stream.read_to_string(&mut response).expect("read");
+            response
+        });
+        while entered.load(Ordering::SeqCst) == 0 {
+            tokio::task::yield_now().await;
+        }
+        stop.send(()).expect("signal");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // Stopped listening: a new connection is refused while the first
+        // request is still running.
+        assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+        gate.notify_one();
+        let response = request.await.expect("request task");
+        assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+        assert!(
+            server.await.expect("serve"),
+            "drained within the grace period"
+        );
+    }
+
+    #[tokio::test]
     async fn unix_socket_is_created_with_mode_0660_replacing_a_stale_one() {
         let dir = std::env::temp_dir().join(format!("tracer-sock-{}", std::process::id()));
         let path = dir.join("tracerd.sock");
