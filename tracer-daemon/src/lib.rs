@@ -17,5 +17,6 @@ pub mod model;
 pub mod process;
 pub mod registry;
 pub mod server;
+pub mod source;
 pub mod store;
 pub mod symbolize;

@@ -172,15 +172,14 @@ pub fn encode(snapshot: &Snapshot, meta: &Value) -> Vec<u8> {
     let mut tracebacks_body = Vec::new();
     let mut traceback_count = 0u64;
     let mut by_pointer: FxHashMap<*const Traceback, u64> = FxHashMap::default();
-    let mut by_content: HashMap<(&Traceback, Option<u32>), u64> = HashMap::new();
+    // Keyed by frame ids, so frames equal in file:line but not in their
+    // extras (function, module, address) stay apart.
+    let mut by_content: HashMap<(Vec<u64>, Option<u32>), u64> = HashMap::new();
     let mut traces_body = Vec::with_capacity(snapshot.traces.len() * 4);
     for trace in &snapshot.traces {
         let traceback: &Traceback = &trace.traceback;
         let pointer = Arc::as_ptr(&trace.traceback);
         let index = if let Some(&i) = by_pointer.get(&pointer) {
-            i
-        } else if let Some(&i) = by_content.get(&(traceback, traceback.total_nframe())) {
-            by_pointer.insert(pointer, i);
             i
         } else {
             let mut ids = Vec::with_capacity(traceback.frames().len());
@@ -215,16 +214,25 @@ pub fn encode(snapshot: &Snapshot, meta: &Value) -> Vec<u8> {
                 };
                 ids.push(id);
             }
+            let content = (ids, traceback.total_nframe());
+            if let Some(&i) = by_content.get(&content) {
+                by_pointer.insert(pointer, i);
+                put_varint(&mut traces_body, u64::from(trace.domain));
+                put_varint(&mut traces_body, trace.size);
+                put_varint(&mut traces_body, i);
+                continue;
+            }
+            let ids = &content.0;
             put_varint(
                 &mut tracebacks_body,
                 traceback.total_nframe().map_or(0, |n| u64::from(n) + 1),
             );
             put_varint(&mut tracebacks_body, ids.len() as u64);
-            for id in ids {
+            for &id in ids {
                 put_varint(&mut tracebacks_body, id);
             }
             by_pointer.insert(pointer, traceback_count);
-            by_content.insert((traceback, traceback.total_nframe()), traceback_count);
+            by_content.insert(content, traceback_count);
             traceback_count += 1;
             traceback_count - 1
         };
@@ -609,6 +617,47 @@ mod tests {
         assert_eq!(extra.address, Some(0x5555_0000_1234));
         // Equal re-encoding: the format is deterministic.
         assert_eq!(encode(&decoded.snapshot, &decoded.meta), bytes);
+    }
+
+    #[test]
+    fn equal_lines_with_other_extras_stay_apart() {
+        let at = |address| {
+            Frame::new("/usr/bin/grep", 0).with_extra(FrameExtra {
+                function: None,
+                module: Some("/usr/bin/grep".into()),
+                address: Some(address),
+            })
+        };
+        let one = Arc::new(Traceback::new(vec![at(0x10)], None));
+        let two = Arc::new(Traceback::new(vec![at(0x20)], None));
+        let snapshot = Snapshot::new(
+            vec![
+                Trace {
+                    domain: 1,
+                    size: 1,
+                    traceback: one,
+                },
+                Trace {
+                    domain: 1,
+                    size: 2,
+                    traceback: two,
+                },
+            ],
+            1,
+        );
+        let decoded = decode(&encode(&snapshot, &json!({}))).expect("decodes");
+        let addresses: Vec<Option<u64>> = decoded
+            .snapshot
+            .traces()
+            .iter()
+            .map(|t| {
+                t.traceback.frames()[0]
+                    .extra
+                    .as_ref()
+                    .and_then(|e| e.address)
+            })
+            .collect();
+        assert_eq!(addresses, [Some(0x10), Some(0x20)]);
     }
 
     #[test]

@@ -56,4 +56,4 @@ pub use fnmatch::Pattern;
 pub use format::{format_size, format_size_f64, py_repr_str, true_div};
 pub use pickle::{PickleError, dump_tracemalloc, load_tracemalloc};
 pub use snapshot::{GroupBy, Snapshot, Statistic, StatisticDiff};
-pub use traceback::{Frame, FrameExtra, Trace, Traceback, UNKNOWN_FILENAME};
+pub use traceback::{Frame, FrameExtra, Trace, Traceback, UNKNOWN_FILENAME, is_python_space};

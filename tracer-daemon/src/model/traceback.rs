@@ -244,6 +244,20 @@ impl Traceback {
     /// `limit` drops the `-limit` most recent frames; `None` keeps all.
     #[must_use]
     pub fn format(&self, limit: Option<i64>, most_recent_first: bool) -> Vec<String> {
+        self.format_with(limit, most_recent_first, |_, _| String::new())
+    }
+
+    /// `Traceback.format(limit, most_recent_first)` with source lines:
+    /// after each frame's line, `    <source line, stripped>` when
+    /// `getline(filename, lineno)` (tracemalloc calls `linecache.getline`)
+    /// gives a line that is not blank after Python's `str.strip()`.
+    #[must_use]
+    pub fn format_with(
+        &self,
+        limit: Option<i64>,
+        most_recent_first: bool,
+        mut getline: impl FnMut(&str, u32) -> String,
+    ) -> Vec<String> {
         let frames = self.frames();
         let len = frames.len();
         let clamp = |n: u64| usize::try_from(n).map_or(len, |n| n.min(len));
@@ -256,13 +270,32 @@ impl Traceback {
             // `self[:limit]`: all but the `-limit` most recent frames.
             Some(limit) => frames.get(clamp(limit.unsigned_abs())..).unwrap_or(&[]),
         };
-        let line = |frame: &Frame| format!("  File \"{}\", line {}", frame.filename, frame.lineno);
+        let mut lines = Vec::with_capacity(selected.len());
+        let mut emit = |frame: &Frame| {
+            lines.push(format!(
+                "  File \"{}\", line {}",
+                frame.filename, frame.lineno
+            ));
+            let source = getline(&frame.filename, frame.lineno);
+            let source = source.trim_matches(is_python_space);
+            if !source.is_empty() {
+                lines.push(format!("    {source}"));
+            }
+        };
         if most_recent_first {
-            selected.iter().map(line).collect()
+            selected.iter().for_each(&mut emit);
         } else {
-            selected.iter().rev().map(line).collect()
+            selected.iter().rev().for_each(&mut emit);
         }
+        lines
     }
+}
+
+/// Python's `str.isspace()` for one character, which `str.strip()` uses:
+/// Unicode White_Space plus the separators U+001C to U+001F.
+#[must_use]
+pub fn is_python_space(c: char) -> bool {
+    c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c)
 }
 
 impl PartialEq for Traceback {
