@@ -85,6 +85,12 @@ pub struct Config {
     pub state_dir: PathBuf,
     /// Seconds an exited process's last state stays queryable.
     pub exited_retention: u64,
+    /// Seconds between automatic snapshots of every traced process (what
+    /// `compare?since=` compares against); 0 turns them off.
+    pub snapshot_interval: u64,
+    /// Seconds an automatic snapshot is kept (the longest `since=` that
+    /// finds one).
+    pub snapshot_retention: u64,
     /// Capacity of the kernel's live-block map (`LIVE_ALLOCS`) in blocks,
     /// all processes together.
     pub max_live_blocks: u32,
@@ -127,6 +133,8 @@ impl Default for Config {
             nframe: 16,
             state_dir: PathBuf::from("/var/lib/tracer"),
             exited_retention: 600,
+            snapshot_interval: 60,
+            snapshot_retention: 3600,
             max_live_blocks: 4 * 1024 * 1024,
             max_stacks: 65536,
             max_procs: 65536,
@@ -212,6 +220,12 @@ pub struct Flags {
     /// Seconds an exited process's last state stays queryable.
     #[arg(long, env = "TRACERD_EXITED_RETENTION")]
     pub exited_retention: Option<u64>,
+    /// Seconds between automatic snapshots (for compare?since=); 0: none.
+    #[arg(long, env = "TRACERD_SNAPSHOT_INTERVAL")]
+    pub snapshot_interval: Option<u64>,
+    /// Seconds an automatic snapshot is kept.
+    #[arg(long, env = "TRACERD_SNAPSHOT_RETENTION")]
+    pub snapshot_retention: Option<u64>,
     /// Capacity of the kernel's live-block map in blocks, all processes together.
     #[arg(long, env = "TRACERD_MAX_LIVE_BLOCKS")]
     pub max_live_blocks: Option<u32>,
@@ -361,6 +375,8 @@ impl Config {
             7 * 86400,
             "0..=604800 (seconds)",
         )?;
+        range("snapshot_interval", self.snapshot_interval, 0, 86_400, "0..=86400 (seconds; 0: off)")?;
+        range("snapshot_retention", self.snapshot_retention, 0, 30 * 86_400, "0..=2592000 (seconds)")?;
         range(
             "metrics_top_processes",
             self.metrics_top_processes.into(),

@@ -101,11 +101,13 @@ pub struct TakenSnapshot {
     pub gen_: u32,
 }
 
-/// The daemon's shared state. Lock order: capture, registry, store.
+/// The daemon's shared state. Lock order: capture, registry, control, store.
 pub struct Daemon {
     pub(crate) capture: Mutex<Capture>,
     pub(crate) registry: Mutex<Registry>,
     pub(crate) store: Mutex<SnapshotStore>,
+    /// tracemalloc's start/stop/clear_traces state (see [`crate::views`]).
+    pub(crate) control: Mutex<crate::control::TracingControl>,
     pub(crate) symbolizer: Symbolizer,
     pub(crate) nframe: u32,
     /// Images whose blocks looked orphaned at the last sweep.
@@ -128,6 +130,7 @@ impl Daemon {
             capture: Mutex::new(capture),
             registry: Mutex::new(Registry::new(retention)),
             store: Mutex::new(SnapshotStore::default()),
+            control: Mutex::new(crate::control::TracingControl::new(nframe)),
             symbolizer: Symbolizer::new(),
             nframe,
             orphans: Mutex::new(HashSet::new()),

@@ -11,6 +11,7 @@
 pub mod api;
 pub mod capture;
 pub mod config;
+pub mod control;
 pub mod daemon;
 pub mod metrics;
 pub mod model;
@@ -20,3 +21,4 @@ pub mod server;
 pub mod source;
 pub mod store;
 pub mod symbolize;
+pub mod views;

@@ -13,6 +13,7 @@ use tracer_daemon::{
     daemon::Daemon,
     metrics::{Metrics, MetricsOptions},
     server::{self, Limits, Token},
+    views::{self, AutoPolicy},
 };
 
 fn main() -> ExitCode {
@@ -106,6 +107,8 @@ async fn run(config: Config) -> anyhow::Result<()> {
         capture,
         Duration::from_secs(config.exited_retention),
     ));
+    let policy = AutoPolicy { interval_secs: config.snapshot_interval, retention_secs: config.snapshot_retention };
+    views::start(&daemon, &config.state_dir, policy).context("opening the snapshot store in state_dir")?;
 
     let mut metrics = Metrics::new();
     metrics.collect_daemon(

@@ -43,7 +43,7 @@ fn random_snapshot(seed: u64) -> Snapshot {
     let names: Vec<Arc<str>> = FILENAMES.iter().map(|&n| Arc::from(n)).collect();
     let mut pool: Vec<Arc<Traceback>> = Vec::new();
     let mut traces = Vec::new();
-    let n = if seed % 7 == 0 {
+    let n = if seed.is_multiple_of(7) {
         0
     } else {
         rng.random_range(1..200)

@@ -56,7 +56,8 @@ pub struct Tracerd {
     child: Child,
     pub base: String,
     pub client: reqwest::blocking::Client,
-    _state: TempDir,
+    /// The state directory when this Tracerd made it (removed on drop).
+    _state: Option<TempDir>,
 }
 
 fn free_port() -> u16 {
@@ -66,13 +67,21 @@ fn free_port() -> u16 {
 
 impl Tracerd {
     pub fn start(extra: &[&str]) -> Self {
-        require_root();
         let state = TempDir::new("state");
+        let mut tracerd = Self::start_at(state.path(), extra);
+        tracerd._state = Some(state);
+        tracerd
+    }
+
+    /// Starts tracerd with `state` as its state directory (kept on drop, so
+    /// another tracerd can start on it).
+    pub fn start_at(state: &Path, extra: &[&str]) -> Self {
+        require_root();
         let port = free_port();
         let listen = format!("127.0.0.1:{port}");
         let child = Command::new(env!("CARGO_BIN_EXE_tracerd"))
             .args(["--listen", &listen, "--state-dir"])
-            .arg(state.path())
+            .arg(state)
             .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
@@ -82,7 +91,7 @@ impl Tracerd {
             .timeout(Duration::from_secs(60))
             .build()
             .expect("http client");
-        let mut tracerd = Self { child, base: format!("http://{listen}"), client, _state: state };
+        let mut tracerd = Self { child, base: format!("http://{listen}"), client, _state: None };
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             if let Some(status) = tracerd.child.try_wait().expect("try_wait") {
@@ -117,6 +126,27 @@ impl Tracerd {
     pub fn post(&self, path: &str) -> (u16, Value) {
         let r = self.client.post(format!("{}{path}", self.base)).send().expect("POST");
         decode(r)
+    }
+
+    /// A request with an optional body; returns (status, JSON or text).
+    pub fn send(&self, method: reqwest::Method, path: &str, body: Option<Vec<u8>>) -> (u16, Value) {
+        let mut request = self.client.request(method, format!("{}{path}", self.base));
+        if let Some(body) = body {
+            request = request.body(body);
+        }
+        decode(request.send().expect("request"))
+    }
+
+    /// GET a path's body as bytes, with the status.
+    pub fn get_bytes(&self, path: &str) -> (u16, Vec<u8>) {
+        let r = self.client.get(format!("{}{path}", self.base)).send().expect("GET");
+        (r.status().as_u16(), r.bytes().expect("body").to_vec())
+    }
+
+    /// SIGKILL, and waits until it is gone.
+    pub fn kill9(&mut self) {
+        kill(self.child.id(), "KILL");
+        let _ = self.child.wait();
     }
 
     /// Sends SIGTERM and waits for the exit; returns (exited cleanly, time taken).
