@@ -23,7 +23,7 @@ use aya::{
 use object::{Object as _, ObjectSection as _, ObjectSymbol as _};
 use tracer_common::{
     AllocInfo, AllocKey, COUNTER_SLOTS, Counter, GLOBAL_NFRAME, GLOBAL_PAGE_SIZE,
-    GLOBAL_TRACERD_TGID, MAP_COUNTERS, MAP_EVENTS, MAP_INFLIGHT, MAP_LIVE_ALLOCS, MAP_PROCS,
+    FLOOR_PROGRAMS, GLOBAL_TRACERD_TGID, MAP_COUNTERS, MAP_EVENTS, MAP_INFLIGHT, MAP_LIVE_ALLOCS, MAP_PROCS,
     MAP_STACKS, MAX_NFRAME, PROBES, ProcStats, STACK_WORDS, TRACEPOINTS,
 };
 
@@ -99,6 +99,28 @@ pub struct CaptureConfig {
     pub libc: Vec<PathBuf>,
 }
 
+/// Which programs [`Capture`] attaches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Programs {
+    /// tracer's own.
+    Tracer,
+    /// Empty ones, at the same points (the physical floor).
+    Floor,
+}
+
+/// Where the probes of one allocator function go, as file offsets in the
+/// library.
+#[derive(Clone, Copy, Debug)]
+pub struct ProbePoint {
+    /// The function and its programs.
+    pub spec: tracer_common::ProbeSpec,
+    /// The function's first instruction: the uretprobe goes here.
+    pub function: u64,
+    /// The entry uprobe: the first instruction, or past a leading NULL check
+    /// (see [`entry_skip`]).
+    pub entry: u64,
+}
+
 /// One attached library: its path and the probes on it.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct AttachedLibrary {
@@ -134,6 +156,20 @@ impl Capture {
     /// # Errors
     /// [`CaptureError`] naming the program, map or library that failed.
     pub fn load(config: CaptureConfig) -> Result<Self, CaptureError> {
+        Self::load_programs(config, Programs::Tracer)
+    }
+
+    /// As [`Capture::load`], but with the empty programs of
+    /// [`FLOOR_PROGRAMS`] at every entry and return point tracerd uses: the
+    /// physical floor of the probes, for benchmarks. Nothing is recorded.
+    ///
+    /// # Errors
+    /// As [`Capture::load`].
+    pub fn load_floor(config: CaptureConfig) -> Result<Self, CaptureError> {
+        Self::load_programs(config, Programs::Floor)
+    }
+
+    fn load_programs(config: CaptureConfig, programs: Programs) -> Result<Self, CaptureError> {
         if EBPF_OBJECT.is_empty() {
             return Err(CaptureError::NotBuilt);
         }
@@ -171,14 +207,20 @@ impl Capture {
             let points = probe_points(path)?;
             // Uretprobes first, then uprobes (see above).
             for exit_pass in [true, false] {
-                for (spec, offset) in &points {
-                    let name = if exit_pass {
+                for point in &points {
+                    let spec = &point.spec;
+                    let (name, offset) = if exit_pass {
                         match spec.exit {
-                            Some(exit) => exit,
+                            Some(exit) => (exit, point.function),
                             None => continue,
                         }
                     } else {
-                        spec.entry
+                        (spec.entry, point.entry)
+                    };
+                    let name = match programs {
+                        Programs::Tracer => name,
+                        Programs::Floor if exit_pass => FLOOR_PROGRAMS.1,
+                        Programs::Floor => FLOOR_PROGRAMS.0,
                     };
                     let program: &mut UProbe = program_mut(&mut ebpf, name)?;
                     if program.fd().is_err() {
@@ -186,7 +228,7 @@ impl Capture {
                             .load()
                             .map_err(|source| CaptureError::Program { program: name.into(), source })?;
                     }
-                    program.attach(*offset, path, UProbeScope::AllProcesses).map_err(|source| {
+                    program.attach(offset, path, UProbeScope::AllProcesses).map_err(|source| {
                         CaptureError::Attach {
                             program: name.into(),
                             target: format!("{}:{}", path.display(), spec.symbol),
@@ -197,7 +239,13 @@ impl Capture {
             }
             libraries.push(AttachedLibrary {
                 path: path.clone(),
-                probes: points.iter().map(|(s, o)| format!("{}@{o:#x}", s.symbol)).collect(),
+                probes: points
+                    .iter()
+                    .map(|p| match p.entry - p.function {
+                        0 => format!("{}@{:#x}", p.spec.symbol, p.entry),
+                        skip => format!("{}+{skip}@{:#x}", p.spec.symbol, p.entry),
+                    })
+                    .collect(),
             });
         }
 
@@ -544,9 +592,7 @@ fn host_abi_matches(ldconfig_line: &str) -> bool {
 ///
 /// # Errors
 /// [`CaptureError::Libc`] if the file cannot be read, or lacks `malloc` or `free`.
-pub fn probe_points(
-    path: &Path,
-) -> Result<Vec<(tracer_common::ProbeSpec, u64)>, CaptureError> {
+pub fn probe_points(path: &Path) -> Result<Vec<ProbePoint>, CaptureError> {
     let err = |reason: String| CaptureError::Libc { path: path.to_path_buf(), reason };
     let data = fs::read(path).map_err(|e| err(e.to_string()))?;
     let file = object::File::parse(&*data).map_err(|e| err(e.to_string()))?;
@@ -581,9 +627,43 @@ pub fn probe_points(
             .ok_or_else(|| err(format!("{} is in no text section", spec.symbol)))?;
         let (file_start, _) =
             section.file_range().ok_or_else(|| err("text section without data".into()))?;
-        points.push((spec, address - section.address() + file_start));
+        let function = address - section.address() + file_start;
+        let code = usize::try_from(function)
+            .ok()
+            .and_then(|start| data.get(start..start.saturating_add(32).min(data.len())))
+            .unwrap_or(&[]);
+        let entry = function + entry_skip(spec.symbol, code, address);
+        points.push(ProbePoint { spec, function, entry });
     }
     Ok(points)
+}
+
+/// Bytes to skip at the start of `symbol` before its entry uprobe, from its
+/// first instructions `code` (at virtual address `ip`), decoded with iced-x86.
+///
+/// A uprobe on an instruction the kernel cannot emulate is single-stepped
+/// out of line, which costs about 7x more here. glibc's `free` begins with
+/// `test %rdi,%rdi; je` (not emulated); the `push` after it is. Skipping the
+/// check loses only `free(NULL)`, which changes nothing. Only that exact
+/// pattern in `free` is skipped; anything else, or bytes that do not
+/// decode, attach at the entry (0).
+pub fn entry_skip(symbol: &str, code: &[u8], ip: u64) -> u64 {
+    use iced_x86::{Code, Decoder, DecoderOptions, Mnemonic, OpKind, Register};
+    if symbol != "free" || !cfg!(target_arch = "x86_64") {
+        return 0;
+    }
+    let mut decoder = Decoder::with_ip(64, code, ip, DecoderOptions::NONE);
+    let mut next = || decoder.can_decode().then(|| decoder.decode()).filter(|i| !i.is_invalid());
+    let (Some(test), Some(branch), Some(push)) = (next(), next(), next()) else { return 0 };
+    let tests_first_arg = test.mnemonic() == Mnemonic::Test
+        && test.op_count() == 2
+        && test.op0_kind() == OpKind::Register
+        && test.op1_kind() == OpKind::Register
+        && test.op0_register() == Register::RDI
+        && test.op1_register() == Register::RDI;
+    let jumps_if_null = matches!(branch.code(), Code::Je_rel8_64 | Code::Je_rel32_64);
+    let pushes = push.mnemonic() == Mnemonic::Push && push.op0_kind() == OpKind::Register;
+    if tests_first_arg && jumps_if_null && pushes { push.ip() - ip } else { 0 }
 }
 
 /// Raw `bpf(2)` map operations, for the one map whose value size is only
@@ -771,12 +851,40 @@ mod tests {
     fn probe_points_cover_glibc_allocators_once_per_address() {
         let libc = find_libc(&[]).expect("the host has a glibc");
         let points = probe_points(&libc[0]).expect("glibc has malloc and free");
-        let names: Vec<_> = points.iter().map(|(s, _)| s.symbol).collect();
+        let names: Vec<_> = points.iter().map(|p| p.spec.symbol).collect();
         for needed in ["malloc", "calloc", "realloc", "free", "posix_memalign", "valloc", "pvalloc"] {
             assert!(names.contains(&needed), "{needed} missing from {names:?}");
         }
-        let offsets: HashSet<_> = points.iter().map(|(_, o)| *o).collect();
+        let offsets: HashSet<_> = points.iter().map(|p| p.function).collect();
         assert_eq!(offsets.len(), points.len());
+    }
+
+    #[test]
+    fn free_is_entered_past_its_null_check_and_nothing_else_moves() {
+        // glibc 2.36's free: test %rdi,%rdi; je +0xbf; push %rbp
+        let free = [0x48, 0x85, 0xff, 0x0f, 0x84, 0xbf, 0x00, 0x00, 0x00, 0x55];
+        assert_eq!(entry_skip("free", &free, 0x98ef0), 9);
+        // The same bytes in another function, or another register, stay put.
+        assert_eq!(entry_skip("malloc", &free, 0x98ef0), 0);
+        let rsi = [0x48, 0x85, 0xf6, 0x0f, 0x84, 0xbf, 0x00, 0x00, 0x00, 0x55];
+        assert_eq!(entry_skip("free", &rsi, 0), 0);
+        // A push first (malloc's shape), or too few bytes: the entry.
+        assert_eq!(entry_skip("free", &[0x41, 0x54, 0x55], 0), 0);
+        assert_eq!(entry_skip("free", &free[..4], 0), 0);
+    }
+
+    #[test]
+    fn the_hosts_free_skips_only_its_null_check() {
+        let libc = find_libc(&[]).expect("the host has a glibc");
+        let points = probe_points(&libc[0]).expect("glibc has malloc and free");
+        for point in &points {
+            let skip = point.entry - point.function;
+            match point.spec.symbol {
+                // Debian 12's glibc: 3-byte test + 6-byte je.
+                "free" => assert_eq!(skip, 9, "{point:?}"),
+                _ => assert_eq!(skip, 0, "{point:?}"),
+            }
+        }
     }
 
     #[test]

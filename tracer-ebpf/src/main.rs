@@ -16,8 +16,9 @@
 //!
 //! Nesting: glibc's `realloc` calls `malloc` for mmapped chunks,
 //! `reallocarray` calls `realloc`, the memalign family calls `malloc`. Those
-//! inner calls hit our probes too; a per-thread depth in `INFLIGHT` makes the
-//! outermost call the only one recorded. An inner `free` (realloc(p, 0)) is
+//! inner calls hit our probes too; a per-thread depth in the thread's
+//! in-flight record (`INFLIGHT_SLOTS`, or `INFLIGHT` when its slot is taken)
+//! makes the outermost call the only one recorded. An inner `free` (realloc(p, 0)) is
 //! recorded as a free: it has the same effect as the outer call.
 #![no_std]
 #![no_main]
@@ -32,7 +33,7 @@ use aya_ebpf::{
     EbpfContext,
     bindings::{BPF_F_NO_PREALLOC, BPF_F_USER_STACK, BPF_NOEXIST},
     helpers::{
-        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_stack, bpf_ktime_get_ns,
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns,
         bpf_probe_read_user,
     },
     macros::{map, tracepoint, uprobe, uretprobe},
@@ -40,8 +41,8 @@ use aya_ebpf::{
     programs::{ProbeContext, RetProbeContext, TracePointContext},
 };
 use tracer_common::{
-    AllocInfo, AllocKey, COUNTER_SLOTS, Counter, Inflight, MAX_NFRAME, ProcEvent, ProcEventKind,
-    ProcStats, STACK_ID_NONE, STACK_WORDS,
+    AllocInfo, AllocKey, COUNTER_SLOTS, Counter, INFLIGHT_SLOT_COUNT, Inflight, InflightSlot, MAX_NFRAME,
+    ProcEvent, ProcEventKind, ProcStats, STACK_ID_NONE, STACK_WORDS,
 };
 
 /// The daemon's own tgid: its allocations are never traced. Set at load time.
@@ -65,6 +66,13 @@ static LIVE_ALLOCS: HashMap<AllocKey, AllocInfo> =
 
 #[map]
 static INFLIGHT: HashMap<u64, Inflight> = HashMap::with_max_entries(1 << 16, 0);
+
+#[map]
+static INFLIGHT_SLOTS: Array<InflightSlot> = Array::with_max_entries(INFLIGHT_SLOT_COUNT, 0);
+
+/// Slot 0: threads whose call is in INFLIGHT (the spill), not a slot.
+#[map]
+static INFLIGHT_SPILL: Array<u64> = Array::with_max_entries(1, 0);
 
 #[map]
 static STACKS: HashMap<u64, [u64; STACK_WORDS]> =
@@ -142,17 +150,64 @@ fn compare_exchange(p: *mut u64, expected: u64, new: u64) -> u64 {
 // ---------------------------------------------------------------- entry side
 
 #[inline(always)]
+fn slot_of(id: u64) -> Option<*mut InflightSlot> {
+    INFLIGHT_SLOTS.get_ptr_mut((id as u32) & (INFLIGHT_SLOT_COUNT - 1))
+}
+
+#[inline(always)]
+fn spilled() -> u64 {
+    match INFLIGHT_SPILL.get_ptr(0) {
+        // SAFETY: an array value; a plain read of a counter kept atomically.
+        Some(p) => unsafe { core::ptr::read_volatile(p) },
+        None => 0,
+    }
+}
+
+#[inline(always)]
+fn add_spilled(delta: u64) {
+    if let Some(p) = INFLIGHT_SPILL.get_ptr_mut(0) {
+        fetch_add(p, delta);
+    }
+}
+
+#[inline(always)]
 fn record_entry(size: u64, ptr: u64, overflow: bool) -> u32 {
     let Some((id, _)) = current() else { return 0 };
-    if let Some(inflight) = INFLIGHT.get_ptr_mut(id) {
-        // SAFETY: the entry is this thread's own; no other thread writes it.
+    let value = Inflight { size, ptr, depth: 0, overflow: overflow as u32 };
+    let slot = slot_of(id);
+    if let Some(slot) = slot {
+        // SAFETY: a slot of the array; its owner field is only changed by
+        // compare-and-swap from 0, or reset by its owner.
+        let owner = unsafe { core::ptr::read_volatile(&raw const (*slot).owner) };
+        if owner == id {
+            // SAFETY: the slot is this thread's own.
+            unsafe { (*slot).call.depth += 1 };
+            count(Counter::Nested);
+            return 0;
+        }
+    }
+    // A call of this thread may be in the spill map (its slot was taken
+    // when it began): then this one is nested in it. Only looked at while
+    // some thread spilled.
+    if spilled() != 0
+        && let Some(inflight) = INFLIGHT.get_ptr_mut(id)
+    {
+        // SAFETY: the entry is this thread's own.
         unsafe { (*inflight).depth += 1 };
         count(Counter::Nested);
         return 0;
     }
-    let value = Inflight { size, ptr, depth: 0, overflow: overflow as u32 };
-    if INFLIGHT.insert(id, value, 0).is_err() {
-        count(Counter::DropInflightFull);
+    if let Some(slot) = slot
+        // SAFETY: as above.
+        && compare_exchange(unsafe { &raw mut (*slot).owner }, 0, id) == 0
+    {
+        // SAFETY: claimed: the slot is this thread's own until it frees it.
+        unsafe { (*slot).call = value };
+        return 0;
+    }
+    match INFLIGHT.insert(id, value, BPF_NOEXIST as u64) {
+        Ok(()) => add_spilled(1),
+        Err(_) => count(Counter::DropInflightFull),
     }
     0
 }
@@ -244,6 +299,24 @@ pub fn free_enter(ctx: ProbeContext) -> u32 {
 #[inline(always)]
 fn take_inflight() -> Option<(u32, Inflight)> {
     let (id, tgid) = current()?;
+    if let Some(slot) = slot_of(id) {
+        // SAFETY: see record_entry.
+        let owner = unsafe { core::ptr::read_volatile(&raw const (*slot).owner) };
+        if owner == id {
+            // SAFETY: the slot is this thread's own.
+            let call = unsafe {
+                if (*slot).call.depth > 0 {
+                    (*slot).call.depth -= 1;
+                    return None;
+                }
+                (*slot).call
+            };
+            // Free the slot after the call was copied out.
+            // SAFETY: as above; the owner field is reset by its owner only.
+            unsafe { core::ptr::write_volatile(&raw mut (*slot).owner, 0) };
+            return Some((tgid, call));
+        }
+    }
     let Some(inflight) = INFLIGHT.get_ptr_mut(id) else {
         count(Counter::ExitWithoutEntry);
         return None;
@@ -256,7 +329,9 @@ fn take_inflight() -> Option<(u32, Inflight)> {
         }
         *inflight
     };
-    let _ = INFLIGHT.remove(id);
+    if INFLIGHT.remove(id).is_ok() {
+        add_spilled(u64::MAX);
+    }
     Some((tgid, value))
 }
 
@@ -399,19 +474,9 @@ fn stack_id<C: EbpfContext>(ctx: &C) -> u64 {
     if nframe == 0 {
         nframe = 1;
     }
-    // SAFETY: buf is this CPU's scratch value of STACK_WORDS u64s; the walk
-    // writes at most nframe*8 bytes after the first word and zeroes the
-    // rest of those bytes.
+    // SAFETY: buf is this CPU's scratch value of STACK_WORDS u64s.
     let words = unsafe { &mut *buf };
-    let written = unsafe {
-        bpf_get_stack(
-            ctx.as_ptr(),
-            words.as_mut_ptr().add(1).cast(),
-            (nframe * 8) as u32,
-            BPF_F_USER_STACK as u64,
-        )
-    };
-    if written <= 0 {
+    if walk_frame_pointers(ctx, words, nframe) == 0 {
         return drop_stack();
     }
     let (mut id, mut check) = (0xcbf2_9ce4_8422_2325u64, 0x9e37_79b9_7f4a_7c15u64);
@@ -445,6 +510,46 @@ fn stack_id<C: EbpfContext>(ctx: &C) -> u64 {
         },
         Err(_) => drop_stack(),
     }
+}
+
+/// Walks the frame-pointer chain of the user stack into `words[1..]`:
+/// frame 0 is the instruction pointer (at a uretprobe, the return address in
+/// the allocator's caller), then the return address of each frame found
+/// through `rbp`, at most `nframe` in all; the rest of `words[1..=nframe]`
+/// is zeroed. Returns the frames written.
+///
+/// The same walk as the kernel's `bpf_get_stack(BPF_F_USER_STACK)` (stop at
+/// an unreadable frame, a frame pointer that does not move up the stack, or
+/// a zero return address), done here with one `bpf_probe_read_user` of 16
+/// bytes per frame: about a third of the helper's cost on this kernel, which
+/// sets up a perf callchain context for every call.
+#[inline(always)]
+fn walk_frame_pointers<C: EbpfContext>(ctx: &C, words: &mut [u64; STACK_WORDS], nframe: usize) -> usize {
+    let regs = ctx.as_ptr() as *const aya_ebpf::bindings::pt_regs;
+    // SAFETY: a uprobe's context is its saved user registers.
+    let (ip, mut fp) = unsafe { ((*regs).rip, (*regs).rbp) };
+    words[1] = ip;
+    let mut n = 1;
+    let mut i = 2;
+    while i < STACK_WORDS {
+        if i > nframe {
+            break;
+        }
+        words[i] = 0;
+        if n == i - 1 && fp != 0 && fp % 8 == 0 {
+            // SAFETY: bpf_probe_read_user checks the user address itself.
+            if let Ok(frame) = unsafe { bpf_probe_read_user(fp as *const [u64; 2]) } {
+                let (next, ret) = (frame[0], frame[1]);
+                if ret != 0 {
+                    words[i] = ret;
+                    n += 1;
+                    fp = if next > fp { next } else { 0 };
+                }
+            }
+        }
+        i += 1;
+    }
+    n
 }
 
 #[inline(always)]
@@ -619,12 +724,38 @@ const EXIT_GROUP_DEAD_OFFSET: usize = 32;
 #[tracepoint]
 pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
     let Some((id, tgid)) = current() else { return 0 };
-    let _ = INFLIGHT.remove(id);
+    // A thread that dies inside a probed call leaves its state behind.
+    if let Some(slot) = slot_of(id) {
+        // SAFETY: see record_entry; only the owner resets its slot.
+        unsafe {
+            if core::ptr::read_volatile(&raw const (*slot).owner) == id {
+                core::ptr::write_volatile(&raw mut (*slot).owner, 0);
+            }
+        }
+    }
+    if INFLIGHT.remove(id).is_ok() {
+        add_spilled(u64::MAX);
+    }
     // SAFETY: the offset is within the record (see the format file).
     let group_dead: u8 = unsafe { ctx.read_at(EXIT_GROUP_DEAD_OFFSET) }.unwrap_or(0);
     if group_dead != 0 {
         end_generation(ProcEventKind::Exit, tgid);
     }
+    0
+}
+
+// ------------------------------------------------------------ physical floor
+
+/// Does nothing: attached by `tracer-floor` at tracerd's own entry points to
+/// measure what the probes cost before any program body runs.
+#[uprobe]
+pub fn floor_enter(_ctx: ProbeContext) -> u32 {
+    0
+}
+
+/// Does nothing: the return-probe counterpart of [`floor_enter`].
+#[uretprobe]
+pub fn floor_exit(_ctx: RetProbeContext) -> u32 {
     0
 }
 

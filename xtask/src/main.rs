@@ -16,6 +16,8 @@ use std::{
 use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
 
+mod bench;
+
 /// The bpf-linker release whose default feature links the nightly rustc's own
 /// LLVM (newer ones need a system LLVM 21+ that Debian 12 lacks).
 const BPF_LINKER_VERSION: &str = "0.10.0";
@@ -39,6 +41,9 @@ enum Task {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<OsString>,
     },
+    /// Set up, build in release mode, and measure tracerd's overhead side by
+    /// side with the reference tools (prints a markdown table, writes JSON).
+    Bench(bench::BenchArgs),
     /// Set up, build, and run every test.
     Test {
         /// Extra arguments for the test binaries (after `--`), e.g. a filter.
@@ -63,7 +68,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Task::Run { args } => {
             setup()?;
             cargo(&["build", "--release", "-p", "tracer-daemon"])?;
-            let tracerd = workspace_root().join("target/release/tracerd");
+            let tracerd = target_dir(&workspace_root()).join("release/tracerd");
             let status = Command::new(&tracerd)
                 .args(&args)
                 .status()
@@ -72,6 +77,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 bail!("tracerd exited with {status}");
             }
             Ok(())
+        }
+        Task::Bench(args) => {
+            setup()?;
+            cargo(&["build", "--release", "-p", "tracer-daemon", "--bins"])?;
+            bench::run(&workspace_root(), &args)
         }
         Task::Test { args } => {
             setup()?;
@@ -90,6 +100,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             cargo(&integration)
         }
     }
+}
+
+/// Cargo's target directory: `CARGO_TARGET_DIR`, else `ROOT/target`.
+fn target_dir(root: &Path) -> PathBuf {
+    env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from)
 }
 
 fn workspace_root() -> PathBuf {
@@ -126,7 +141,40 @@ fn output(program: &str, args: &[&str]) -> Option<String> {
 fn setup() -> anyhow::Result<()> {
     ensure_nightly()?;
     ensure_rust_src()?;
-    ensure_bpf_linker()
+    ensure_bpf_linker()?;
+    ensure_packages(DEBIAN_PACKAGES)
+}
+
+/// Debian packages the tests and benchmarks use: (command that proves it is
+/// installed, package).
+const DEBIAN_PACKAGES: &[(&str, &str)] = &[
+    ("gcc", "gcc"),
+    ("python3", "python3"),
+    ("bpftrace", "bpftrace"),
+    ("heaptrack", "heaptrack"),
+    ("valgrind", "valgrind"),
+    ("sqlite3", "sqlite3"),
+];
+
+/// Installs the packages whose command is missing (apt-get update once,
+/// then apt-get install -y); silent when all are present.
+fn ensure_packages(packages: &[(&str, &str)]) -> anyhow::Result<()> {
+    let missing: Vec<&str> = packages
+        .iter()
+        .filter(|(command, _)| output("sh", &["-c", &format!("command -v {command}")]).is_none())
+        .map(|(_, package)| *package)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    eprintln!("xtask: installing {}", missing.join(" "));
+    run_checked(Command::new("apt-get").args(["update", "-qq"]))?;
+    run_checked(
+        Command::new("apt-get")
+            .args(["install", "-y", "-qq", "--no-install-recommends"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    )
 }
 
 fn ensure_nightly() -> anyhow::Result<()> {

@@ -1,0 +1,30 @@
+//! `tracer-floor`: attaches empty eBPF programs at exactly the points
+//! tracerd probes (same libraries, same offsets, uprobes and uretprobes),
+//! prints `ready`, and holds them until it is stopped (SIGTERM/SIGINT).
+//!
+//! What a workload costs under it is the physical floor of the probes: the
+//! traps, the kernel's uprobe machinery and an empty program. `cargo xtask
+//! bench` measures tracerd against it.
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use tracer_daemon::capture::{Capture, CaptureConfig};
+
+fn main() -> anyhow::Result<()> {
+    let libc: Vec<PathBuf> = std::env::args_os().skip(1).map(PathBuf::from).collect();
+    let capture = Capture::load_floor(CaptureConfig {
+        nframe: 1,
+        max_live_blocks: 1024,
+        max_stacks: 256,
+        max_procs: 64,
+        libc,
+    })
+    .context("attaching the empty programs (needs root)")?;
+    for library in capture.libraries() {
+        eprintln!("tracer-floor: {} {}", library.path.display(), library.probes.join(" "));
+    }
+    println!("ready");
+    loop {
+        std::thread::park();
+    }
+}
