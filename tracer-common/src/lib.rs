@@ -106,10 +106,19 @@ pub const PROBES: [ProbeSpec; 10] = [
 pub const FLOOR_PROGRAMS: (&str, &str) = ("floor_enter", "floor_exit");
 
 /// The tracepoint programs for process lifecycle: (program, category, name).
-pub const TRACEPOINTS: [(&str, &str, &str); 2] = [
+pub const TRACEPOINTS: [(&str, &str, &str); 3] = [
     ("sched_process_exec", "sched", "sched_process_exec"),
     ("sched_process_exit", "sched", "sched_process_exit"),
+    ("sched_process_fork", "sched", "sched_process_fork"),
 ];
+
+/// Runtime switches of the eBPF programs: an array of one u64 of
+/// `SWITCH_*` bits, written by tracerd.
+pub const MAP_SWITCHES: &str = "SWITCHES";
+/// Tracing is scoped to some processes: report every exec and fork on the
+/// host ([`ProcEventKind::ExecAny`], [`ProcEventKind::Fork`]) so that
+/// tracerd can attach to the processes that match.
+pub const SWITCH_SCOPED: u64 = 1;
 
 /// Key of [`MAP_LIVE_ALLOCS`]: one block of one process.
 #[repr(C)]
@@ -209,6 +218,11 @@ pub enum ProcEventKind {
     Exec = 2,
     /// The last thread exited: its blocks are gone.
     Exit = 3,
+    /// Scoped mode: a process (traced or not) called exec.
+    ExecAny = 4,
+    /// Scoped mode: a task was created; `tgid` is the child's id (a thread
+    /// or a process: userspace tells them apart).
+    Fork = 5,
 }
 
 /// Ring buffer record of [`MAP_EVENTS`].

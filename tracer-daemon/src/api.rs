@@ -250,6 +250,7 @@ pub fn router(daemon: Arc<Daemon>) -> Router {
         .route("/tracing/start", post(system_tracing_start))
         .route("/tracing/stop", post(system_tracing_stop))
         .route("/tracing/memory", get(tracing_memory))
+        .merge(crate::scope::routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(daemon)

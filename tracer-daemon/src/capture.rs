@@ -6,7 +6,7 @@
 //! CAP_PERFMON); nothing here interprets what it reads: that is the job of
 //! [`crate::registry`] and [`crate::model`].
 use std::{
-    collections::HashSet,
+    collections::{HashMap, HashSet},
     fs,
     os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
@@ -24,7 +24,7 @@ use object::{Object as _, ObjectSection as _, ObjectSymbol as _};
 use tracer_common::{
     AllocInfo, AllocKey, COUNTER_SLOTS, Counter, GLOBAL_NFRAME, GLOBAL_PAGE_SIZE,
     FLOOR_PROGRAMS, GLOBAL_TRACERD_TGID, MAP_COUNTERS, MAP_EVENTS, MAP_INFLIGHT, MAP_LIVE_ALLOCS, MAP_PROCS,
-    MAP_STACKS, MAX_NFRAME, PROBES, ProcStats, STACK_WORDS, TRACEPOINTS,
+    MAP_STACKS, MAP_SWITCHES, MAX_NFRAME, PROBES, ProcStats, STACK_WORDS, TRACEPOINTS,
 };
 
 /// The eBPF object built by `build.rs` (empty when built with `AYA_BUILD_SKIP=1`).
@@ -135,7 +135,7 @@ pub struct AttachedLibrary {
 /// Dropping it detaches every probe and frees every map.
 pub struct Capture {
     /// Holds programs and links: dropping it detaches them.
-    _ebpf: Ebpf,
+    ebpf: Ebpf,
     live: BpfHashMap<MapData, AllocKey, AllocInfo>,
     /// STACKS: its value size depends on nframe, so it is read with raw
     /// map syscalls rather than a typed aya map.
@@ -143,8 +143,14 @@ pub struct Capture {
     procs: BpfHashMap<MapData, u32, ProcStats>,
     counters: PerCpuArray<MapData, u64>,
     inflight: BpfHashMap<MapData, u64, tracer_common::Inflight>,
+    switches: aya::maps::Array<MapData, u64>,
     events: Option<RingBuf<MapData>>,
     libraries: Vec<AttachedLibrary>,
+    /// Each probed library with its probe points.
+    targets: Vec<(PathBuf, Vec<ProbePoint>)>,
+    programs: Programs,
+    /// Attached uprobe links: None for system-wide, Some(pid) per process.
+    links: HashMap<Option<u32>, Vec<(&'static str, aya::programs::uprobe::UProbeLinkId)>>,
     config: CaptureConfig,
 }
 
@@ -203,40 +209,9 @@ impl Capture {
 
         let libcs = find_libc(&config.libc)?;
         let mut libraries = Vec::new();
+        let mut targets = Vec::new();
         for path in &libcs {
             let points = probe_points(path)?;
-            // Uretprobes first, then uprobes (see above).
-            for exit_pass in [true, false] {
-                for point in &points {
-                    let spec = &point.spec;
-                    let (name, offset) = if exit_pass {
-                        match spec.exit {
-                            Some(exit) => (exit, point.function),
-                            None => continue,
-                        }
-                    } else {
-                        (spec.entry, point.entry)
-                    };
-                    let name = match programs {
-                        Programs::Tracer => name,
-                        Programs::Floor if exit_pass => FLOOR_PROGRAMS.1,
-                        Programs::Floor => FLOOR_PROGRAMS.0,
-                    };
-                    let program: &mut UProbe = program_mut(&mut ebpf, name)?;
-                    if program.fd().is_err() {
-                        program
-                            .load()
-                            .map_err(|source| CaptureError::Program { program: name.into(), source })?;
-                    }
-                    program.attach(offset, path, UProbeScope::AllProcesses).map_err(|source| {
-                        CaptureError::Attach {
-                            program: name.into(),
-                            target: format!("{}:{}", path.display(), spec.symbol),
-                            source,
-                        }
-                    })?;
-                }
-            }
             libraries.push(AttachedLibrary {
                 path: path.clone(),
                 probes: points
@@ -247,8 +222,9 @@ impl Capture {
                     })
                     .collect(),
             });
+            targets.push((path.clone(), points));
         }
-
+        let switches = take_map(&mut ebpf, MAP_SWITCHES)?;
         let live = take_map(&mut ebpf, MAP_LIVE_ALLOCS)?;
         let stacks = match ebpf.take_map(MAP_STACKS) {
             Some(Map::HashMap(data)) => data,
@@ -258,17 +234,121 @@ impl Capture {
         let counters = take_map(&mut ebpf, MAP_COUNTERS)?;
         let inflight = take_map(&mut ebpf, MAP_INFLIGHT)?;
         let events = take_map(&mut ebpf, MAP_EVENTS)?;
-        Ok(Self {
-            _ebpf: ebpf,
+        let mut capture = Self {
+            ebpf,
             live,
             stacks,
             procs,
             counters,
             inflight,
+            switches,
             events: Some(events),
             libraries,
+            targets,
+            programs,
+            links: HashMap::new(),
             config: CaptureConfig { nframe, ..config },
-        })
+        };
+        capture.attach(None)?;
+        Ok(capture)
+    }
+
+    /// Attaches the allocator probes for every process (`pid` None) or for
+    /// one process only: its probes are registered with the kernel for that
+    /// process (a perf event with a pid), so the breakpoints are placed in
+    /// its memory only and other processes pay nothing. Uretprobes first,
+    /// then uprobes, so no entry is recorded whose return would be missed.
+    /// Attaching what is attached already does nothing.
+    ///
+    /// # Errors
+    /// [`CaptureError::Attach`] (e.g. the process is gone); nothing of this
+    /// attach stays attached then.
+    pub fn attach(&mut self, pid: Option<u32>) -> Result<(), CaptureError> {
+        if self.links.contains_key(&pid) {
+            return Ok(());
+        }
+        let scope = match pid.and_then(std::num::NonZeroU32::new) {
+            Some(pid) => UProbeScope::OneProcess(pid),
+            None => UProbeScope::AllProcesses,
+        };
+        let mut links = Vec::new();
+        let mut result = Ok(());
+        'targets: for (path, points) in &self.targets {
+            for exit_pass in [true, false] {
+                for point in points {
+                    let spec = &point.spec;
+                    let (name, offset) = if exit_pass {
+                        match spec.exit {
+                            Some(exit) => (exit, point.function),
+                            None => continue,
+                        }
+                    } else {
+                        (spec.entry, point.entry)
+                    };
+                    let name = match self.programs {
+                        Programs::Tracer => name,
+                        Programs::Floor if exit_pass => FLOOR_PROGRAMS.1,
+                        Programs::Floor => FLOOR_PROGRAMS.0,
+                    };
+                    let attached = program_mut::<UProbe>(&mut self.ebpf, name).and_then(|program| {
+                        if program.fd().is_err() {
+                            program.load().map_err(|source| CaptureError::Program {
+                                program: name.into(),
+                                source,
+                            })?;
+                        }
+                        program.attach(offset, path, scope).map_err(|source| CaptureError::Attach {
+                            program: name.into(),
+                            target: format!("{}:{}", path.display(), spec.symbol),
+                            source,
+                        })
+                    });
+                    match attached {
+                        Ok(link) => links.push((name, link)),
+                        Err(err) => {
+                            result = Err(err);
+                            break 'targets;
+                        }
+                    }
+                }
+            }
+        }
+        if let Err(err) = result {
+            self.detach_links(links);
+            return Err(err);
+        }
+        self.links.insert(pid, links);
+        Ok(())
+    }
+
+    /// Detaches what [`Capture::attach`] attached for `pid` (None: the
+    /// system-wide probes). Detaching what is not attached does nothing.
+    pub fn detach(&mut self, pid: Option<u32>) {
+        if let Some(links) = self.links.remove(&pid) {
+            self.detach_links(links);
+        }
+    }
+
+    fn detach_links(&mut self, links: Vec<(&'static str, aya::programs::uprobe::UProbeLinkId)>) {
+        for (name, link) in links {
+            if let Ok(program) = program_mut::<UProbe>(&mut self.ebpf, name) {
+                let _ = program.detach(link);
+            }
+        }
+    }
+
+    /// What is attached: None for system-wide, else the pids.
+    pub fn attached(&self) -> Vec<Option<u32>> {
+        let mut keys: Vec<Option<u32>> = self.links.keys().copied().collect();
+        keys.sort_unstable();
+        keys
+    }
+
+    /// Sets the programs' runtime switches (`SWITCH_*` bits of tracer-common).
+    pub fn set_switches(&mut self, bits: u64) {
+        if let Err(err) = self.switches.set(0, bits, 0) {
+            tracing::warn!(map = MAP_SWITCHES, %err, "cannot set the switches");
+        }
     }
 
     /// The libraries probed and the probe points on each.
@@ -377,7 +457,7 @@ impl Capture {
     /// `BPF_ENABLE_STATS` is on (zero otherwise): (program name, total run
     /// time, run count), from `bpf_prog_info`. Read-only.
     pub fn program_stats(&self) -> Vec<(String, std::time::Duration, u64)> {
-        self._ebpf
+        self.ebpf
             .programs()
             .filter_map(|(name, program)| {
                 let info = program.info().ok()?;

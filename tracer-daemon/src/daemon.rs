@@ -112,6 +112,8 @@ pub struct Daemon {
     pub(crate) nframe: u32,
     /// Images whose blocks looked orphaned at the last sweep.
     orphans: Mutex<HashSet<(u32, u32)>>,
+    /// Which processes are traced (see [`crate::scope`]).
+    pub(crate) scope: Mutex<crate::scope::Scope>,
     /// When tracing began (wall clock).
     pub started_at: SystemTime,
 }
@@ -134,6 +136,7 @@ impl Daemon {
             symbolizer: Symbolizer::new(),
             nframe,
             orphans: Mutex::new(HashSet::new()),
+            scope: Mutex::new(crate::scope::Scope::default()),
             started_at: SystemTime::now(),
         }
     }
@@ -158,8 +161,14 @@ impl Daemon {
                 1 => ProcEventKind::New,
                 2 => ProcEventKind::Exec,
                 3 => ProcEventKind::Exit,
+                4 => ProcEventKind::ExecAny,
+                5 => ProcEventKind::Fork,
                 _ => continue,
             };
+            if matches!(kind, ProcEventKind::ExecAny | ProcEventKind::Fork) {
+                self.scope_candidate(event.tgid, kind == ProcEventKind::Fork);
+                continue;
+            }
             if kind == ProcEventKind::New {
                 let mut image = ProcessImage::capture(event.tgid, event.gen_);
                 if image.comm.is_empty() {
@@ -210,6 +219,7 @@ impl Daemon {
     /// created before the block, so a block of a live image always matches.
     /// Returns the number of blocks removed.
     pub fn sweep_orphans(&self) -> usize {
+        self.prune_scope();
         let mut capture = self.capture();
         // Stacks are collected when STACKS is half full: the ids listed
         // *before* the scan of LIVE_ALLOCS that no block references. (A

@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod model;
 pub mod process;
 pub mod registry;
+pub mod scope;
 pub mod server;
 pub mod source;
 pub mod store;

@@ -190,9 +190,7 @@ async fn shutdown_signal() {
 async fn handle_events(daemon: Arc<Daemon>, ring: aya::maps::RingBuf<aya::maps::MapData>) {
     // SAFETY: the RingBuf owns its map fd for its whole life inside the
     // AsyncFd, and as_raw_fd always returns that same fd.
-    let mut fd = match unsafe {
-        AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE)
-    } {
+    let mut fd = match unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) } {
         Ok(fd) => fd,
         Err(err) => {
             tracing::error!(err = %err, map = tracer_common::MAP_EVENTS, "cannot poll the ring buffer");
@@ -200,6 +198,7 @@ async fn handle_events(daemon: Arc<Daemon>, ring: aya::maps::RingBuf<aya::maps::
         }
     };
     let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut ticks: u64 = 0;
     loop {
         tokio::select! {
             guard = fd.readable_mut() => {
@@ -218,8 +217,18 @@ async fn handle_events(daemon: Arc<Daemon>, ring: aya::maps::RingBuf<aya::maps::
                 let _ = tokio::task::spawn_blocking(move || daemon.handle_events(&batch)).await;
             }
             _ = tick.tick() => {
+                ticks += 1;
                 let daemon = daemon.clone();
-                let _ = tokio::task::spawn_blocking(move || daemon.expire()).await;
+                let _ = tokio::task::spawn_blocking(move || {
+                    daemon.expire();
+                    if ticks % 10 == 0 {
+                        let removed = daemon.sweep_orphans();
+                        if removed > 0 {
+                            tracing::info!(removed, map = tracer_common::MAP_LIVE_ALLOCS, "removed orphaned blocks");
+                        }
+                    }
+                })
+                .await;
             }
         }
     }

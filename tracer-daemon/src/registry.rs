@@ -138,7 +138,7 @@ impl EndEvent {
     /// From a kernel event kind; None for `New`.
     pub fn new(kind: ProcEventKind, pid: u32, gen_: u32, stats: ProcStats) -> Option<Self> {
         let reason = match kind {
-            ProcEventKind::New => return None,
+            ProcEventKind::New | ProcEventKind::ExecAny | ProcEventKind::Fork => return None,
             ProcEventKind::Exec => EndReason::Exec,
             ProcEventKind::Exit => EndReason::Exit,
         };

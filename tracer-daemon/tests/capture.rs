@@ -495,3 +495,61 @@ fn blocks_whose_stack_was_not_stored_keep_their_exact_call_site() {
     fx.go();
     assert!(fx.finish().success());
 }
+
+fn put(tracerd: &Tracerd, path: &str) -> (u16, Value) {
+    let r = tracerd.client.put(format!("{}{path}", tracerd.base)).send().expect("PUT");
+    let status = r.status().as_u16();
+    (status, r.json().unwrap_or(Value::Null))
+}
+
+fn counter(tracerd: &Tracerd, name: &str) -> u64 {
+    let (_, maps) = tracerd.get("/maps");
+    maps["counters"][name].as_u64().expect("counter")
+}
+
+#[test]
+fn scoped_tracing_runs_no_program_for_processes_outside_the_scope() {
+    let dir = TempDir::new("scope");
+    let (exe, src, source) = fixture(&dir, "keep", KEEP_20000);
+    let (churn, _, _) = fixture(&dir, "churn", EXITS);
+    let line = line_of(&source, "ALLOC_SITE");
+    let tracerd = Tracerd::start(&[]);
+    let mut fx = Fixture::spawn(&exe, &[], &[]);
+    fx.expect_line("ready");
+    let pid = fx.pid();
+    let (status, body) = put(&tracerd, &format!("/scope?pid={pid}"));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["attached_pids"], serde_json::json!([pid]));
+    let (_, scope) = tracerd.get("/scope");
+    assert_eq!(scope["all_processes"], false, "{scope}");
+
+    // 100000 allocations of a process out of scope: no program runs at all.
+    let (allocs, frees) = (counter(&tracerd, "allocs"), counter(&tracerd, "frees"));
+    let mut other = Fixture::spawn(&churn, &["100000"], &[]);
+    assert!(other.finish().success());
+    assert_eq!(counter(&tracerd, "allocs"), allocs);
+    assert_eq!(counter(&tracerd, "frees"), frees);
+    let (status, _) = tracerd.get(&format!("/pid/{}", other.pid()));
+    assert_eq!(status, 404);
+
+    // The process in scope is traced exactly.
+    tracerd.wait_traced(pid);
+    let (status, _) = tracerd.post(&format!("/pid/{pid}/snapshots"));
+    assert_eq!(status, 201);
+    fx.go();
+    fx.expect_line("done");
+    let (status, body) = tracerd.get(&format!("/pid/{pid}/compare?limit=0"));
+    assert_eq!(status, 200, "{body}");
+    let stat = stat_at(&body["statistics"], &src, line).expect("the allocation site");
+    assert_eq!(stat["count_diff"], 20_000);
+    assert_eq!(stat["size_diff"], 5_120_000);
+
+    // Back to every process.
+    let (status, body) = put(&tracerd, "/scope");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["all_processes"], true);
+    let (status, body) = put(&tracerd, "/scope?exe=relative/path");
+    assert_eq!(status, 400, "{body}");
+    fx.go();
+    assert!(fx.finish().success());
+}

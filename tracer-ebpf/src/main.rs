@@ -92,6 +92,9 @@ static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTER_SLOTS,
 static GENERATION: Array<u64> = Array::with_max_entries(1, 0);
 
 #[map]
+static SWITCHES: Array<u64> = Array::with_max_entries(1, 0);
+
+#[map]
 static EVENTS: RingBuf = RingBuf::with_byte_size(1 << 18, 0);
 
 #[inline(always)]
@@ -710,10 +713,38 @@ fn end_generation(kind: ProcEventKind, tgid: u32) {
     send_event(kind, tgid, stats.gen_, &stats);
 }
 
+#[inline(always)]
+fn scoped() -> bool {
+    match SWITCHES.get_ptr(0) {
+        // SAFETY: an array value written by tracerd.
+        Some(p) => (unsafe { core::ptr::read_volatile(p) } & tracer_common::SWITCH_SCOPED) != 0,
+        None => false,
+    }
+}
+
 #[tracepoint]
 pub fn sched_process_exec(_ctx: TracePointContext) -> u32 {
     let Some((_, tgid)) = current() else { return 0 };
     end_generation(ProcEventKind::Exec, tgid);
+    if scoped() {
+        send_event(ProcEventKind::ExecAny, tgid, 0, &ProcStats::default());
+    }
+    0
+}
+
+/// Offset of `child_pid` in the sched_process_fork record.
+const FORK_CHILD_PID_OFFSET: usize = 20;
+
+#[tracepoint]
+pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
+    if !scoped() {
+        return 0;
+    }
+    // SAFETY: the offset is within the record (see its format file).
+    let child: i32 = unsafe { ctx.read_at(FORK_CHILD_PID_OFFSET) }.unwrap_or(0);
+    if child > 0 {
+        send_event(ProcEventKind::Fork, child as u32, 0, &ProcStats::default());
+    }
     0
 }
 
