@@ -56,6 +56,18 @@ pub const GLOBAL_TRACERD_TGID: &str = "TRACERD_TGID";
 pub const GLOBAL_PAGE_SIZE: &str = "PAGE_SIZE";
 /// The name of the global holding `nframe`, the frames walked per stack.
 pub const GLOBAL_NFRAME: &str = "NFRAME";
+/// The name of the global holding the mean sampling interval in bytes
+/// (0: every allocation is recorded).
+pub const GLOBAL_SAMPLE_MEAN: &str = "SAMPLE_MEAN";
+
+/// Exponential variates for sampling: [`EXP_TABLE_LEN`] u32 entries,
+/// entry i = -ln((i + 0.5) / EXP_TABLE_LEN) in 16.16 fixed point, filled by
+/// tracerd (BPF has no floating point).
+pub const MAP_EXP_TABLE: &str = "EXP_TABLE";
+/// Entries of [`MAP_EXP_TABLE`] (a power of two).
+pub const EXP_TABLE_LEN: u32 = 1024;
+/// Per-CPU bytes left until the next sampled allocation (an i64).
+pub const MAP_SAMPLE_LEFT: &str = "SAMPLE_LEFT";
 
 /// `stack_id` of an [`AllocInfo`] whose stack could not be stored.
 pub const STACK_ID_NONE: u64 = u64::MAX;
@@ -166,9 +178,16 @@ pub struct Inflight {
     /// Nested calls of probed functions inside this one (glibc's `realloc`
     /// calls `malloc` itself); they are not separate allocations.
     pub depth: u32,
-    /// 1 when `n * m` overflowed (`calloc`, `reallocarray`): the call fails.
+    /// [`INFLIGHT_OVERFLOW`] when `n * m` overflowed (`calloc`,
+    /// `reallocarray`: the call fails), [`INFLIGHT_UNSAMPLED`] when sampling
+    /// passed this call over.
     pub overflow: u32,
 }
+
+/// [`Inflight::overflow`] bit: `n * m` overflowed.
+pub const INFLIGHT_OVERFLOW: u32 = 1;
+/// [`Inflight::overflow`] bit: not sampled (its block is not recorded).
+pub const INFLIGHT_UNSAMPLED: u32 = 2;
 const _: () = assert!(size_of::<Inflight>() == 24);
 
 /// Value of [`MAP_INFLIGHT_SLOTS`].
@@ -280,10 +299,12 @@ pub enum Counter {
     Overwrites = 12,
     /// Process events sent.
     ProcEvents = 13,
+    /// Allocations passed over by sampling.
+    Unsampled = 14,
 }
 
 /// Number of slots in [`MAP_COUNTERS`].
-pub const COUNTER_SLOTS: u32 = 14;
+pub const COUNTER_SLOTS: u32 = 15;
 
 impl Counter {
     /// Every counter with its name, in slot order.
@@ -302,6 +323,7 @@ impl Counter {
         (Counter::DropEvents, "drop_events"),
         (Counter::Overwrites, "overwrites"),
         (Counter::ProcEvents, "proc_events"),
+        (Counter::Unsampled, "unsampled"),
     ];
 }
 

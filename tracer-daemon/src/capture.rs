@@ -24,7 +24,7 @@ use object::{Object as _, ObjectSection as _, ObjectSymbol as _};
 use tracer_common::{
     AllocInfo, AllocKey, COUNTER_SLOTS, Counter, GLOBAL_NFRAME, GLOBAL_PAGE_SIZE,
     FLOOR_PROGRAMS, GLOBAL_TRACERD_TGID, MAP_COUNTERS, MAP_EVENTS, MAP_INFLIGHT, MAP_LIVE_ALLOCS, MAP_PROCS,
-    MAP_STACKS, MAP_SWITCHES, MAX_NFRAME, PROBES, ProcStats, STACK_WORDS, TRACEPOINTS,
+    EXP_TABLE_LEN, GLOBAL_SAMPLE_MEAN, MAP_EXP_TABLE, MAP_STACKS, MAP_SWITCHES, MAX_NFRAME, PROBES, ProcStats, STACK_WORDS, TRACEPOINTS,
 };
 
 /// The eBPF object built by `build.rs` (empty when built with `AYA_BUILD_SKIP=1`).
@@ -97,6 +97,9 @@ pub struct CaptureConfig {
     pub max_procs: u32,
     /// The glibc files to probe; empty: found as the dynamic loader finds them.
     pub libc: Vec<PathBuf>,
+    /// Mean sampling interval in bytes (byte-weighted Poisson sampling);
+    /// 0 records every allocation (exact).
+    pub sample_interval: u64,
 }
 
 /// Which programs [`Capture`] attaches.
@@ -191,6 +194,7 @@ impl Capture {
             .override_global(GLOBAL_TRACERD_TGID, &tgid, true)
             .override_global(GLOBAL_PAGE_SIZE, &page_size, true)
             .override_global(GLOBAL_NFRAME, &nframe, true)
+            .override_global(GLOBAL_SAMPLE_MEAN, &config.sample_interval, true)
             .map_max_entries(MAP_LIVE_ALLOCS, config.max_live_blocks)
             .map_max_entries(MAP_STACKS, config.max_stacks)
             .map_max_entries(MAP_PROCS, config.max_procs)
@@ -225,6 +229,12 @@ impl Capture {
             targets.push((path.clone(), points));
         }
         let switches = take_map(&mut ebpf, MAP_SWITCHES)?;
+        let mut exp_table: aya::maps::Array<MapData, u32> = take_map(&mut ebpf, MAP_EXP_TABLE)?;
+        for (i, value) in exponential_table().into_iter().enumerate() {
+            exp_table
+                .set(i as u32, value, 0)
+                .map_err(|e| CaptureError::Map { map: MAP_EXP_TABLE, reason: e.to_string() })?;
+        }
         let live = take_map(&mut ebpf, MAP_LIVE_ALLOCS)?;
         let stacks = match ebpf.take_map(MAP_STACKS) {
             Some(Map::HashMap(data)) => data,
@@ -565,6 +575,15 @@ pub fn patch_map_value_size(
     }
     field.copy_from_slice(&value_size.to_le_bytes());
     Ok(copy)
+}
+
+/// `-ln((i + 0.5) / n)` for i in 0..n, in 16.16 fixed point: exponential
+/// variates of mean 1 for the kernel's sampling countdown.
+pub fn exponential_table() -> Vec<u32> {
+    let n = f64::from(EXP_TABLE_LEN);
+    (0..EXP_TABLE_LEN)
+        .map(|i| (-((f64::from(i) + 0.5) / n).ln() * 65536.0).round() as u32)
+        .collect()
 }
 
 /// Mounts tracefs at /sys/kernel/tracing if it is not mounted: attaching a
@@ -937,6 +956,15 @@ mod tests {
         }
         let offsets: HashSet<_> = points.iter().map(|p| p.function).collect();
         assert_eq!(offsets.len(), points.len());
+    }
+
+    #[test]
+    fn exponential_table_has_mean_one() {
+        let table = exponential_table();
+        assert_eq!(table.len(), EXP_TABLE_LEN as usize);
+        let mean = table.iter().map(|&v| f64::from(v) / 65536.0).sum::<f64>() / table.len() as f64;
+        assert!((mean - 1.0).abs() < 0.002, "mean {mean}");
+        assert!(table.windows(2).all(|w| w[0] > w[1]));
     }
 
     #[test]

@@ -98,6 +98,17 @@ pub struct Config {
     pub max_stacks: u32,
     /// Capacity of the kernel's per-process map (`PROCS`) in processes.
     pub max_procs: u32,
+    /// Mean sampling interval in bytes: byte-weighted Poisson sampling as
+    /// tcmalloc does it, with unbiased estimates in statistics and compare;
+    /// 0 records every allocation (exact, the default).
+    pub sample_interval: u64,
+    /// Trace only these pids (with `scope_exes` and `scope_cgroups`; all
+    /// empty: every process). Probes are registered for those processes only.
+    pub scope_pids: Vec<u32>,
+    /// Trace only processes running these executables (absolute paths).
+    pub scope_exes: Vec<PathBuf>,
+    /// Trace only processes in these cgroup v2 paths (or below them).
+    pub scope_cgroups: Vec<String>,
     /// glibc files to probe; empty: every libc.so.6 the dynamic loader resolves.
     pub libc: Vec<PathBuf>,
     /// Log filter (tracing's EnvFilter syntax), e.g. `info` or `tracer_daemon=debug`.
@@ -138,6 +149,10 @@ impl Default for Config {
             max_live_blocks: 4 * 1024 * 1024,
             max_stacks: 65536,
             max_procs: 65536,
+            sample_interval: 0,
+            scope_pids: Vec::new(),
+            scope_exes: Vec::new(),
+            scope_cgroups: Vec::new(),
             libc: Vec::new(),
             log: "info".to_string(),
             metrics_top_processes: 20,
@@ -235,6 +250,18 @@ pub struct Flags {
     /// Capacity of the kernel's per-process map in processes.
     #[arg(long, env = "TRACERD_MAX_PROCS")]
     pub max_procs: Option<u32>,
+    /// Mean sampling interval in bytes (e.g. 524288); 0: exact (every allocation).
+    #[arg(long, env = "TRACERD_SAMPLE_INTERVAL")]
+    pub sample_interval: Option<u64>,
+    /// Trace only this pid (repeatable; the variable takes a `,`-separated list).
+    #[arg(long = "scope-pid", env = "TRACERD_SCOPE_PIDS", value_delimiter = ',')]
+    pub scope_pids: Option<Vec<u32>>,
+    /// Trace only processes running this executable (repeatable, absolute path).
+    #[arg(long = "scope-exe", env = "TRACERD_SCOPE_EXES", value_delimiter = ':')]
+    pub scope_exes: Option<Vec<PathBuf>>,
+    /// Trace only processes in this cgroup v2 path or below (repeatable).
+    #[arg(long = "scope-cgroup", env = "TRACERD_SCOPE_CGROUPS", value_delimiter = ',')]
+    pub scope_cgroups: Option<Vec<String>>,
     /// glibc to probe (repeatable; the variable takes a `:`-separated list).
     #[arg(long, env = "TRACERD_LIBC", value_delimiter = ':')]
     pub libc: Option<Vec<PathBuf>>,
@@ -376,6 +403,15 @@ impl Config {
             "0..=604800 (seconds)",
         )?;
         range("snapshot_interval", self.snapshot_interval, 0, 86_400, "0..=86400 (seconds; 0: off)")?;
+        if self.sample_interval != 0 {
+            range(
+                "sample_interval",
+                self.sample_interval,
+                64,
+                1 << 30,
+                "0 (exact) or 64..=1073741824 (bytes)",
+            )?;
+        }
         range("snapshot_retention", self.snapshot_retention, 0, 30 * 86_400, "0..=2592000 (seconds)")?;
         range(
             "metrics_top_processes",

@@ -110,6 +110,8 @@ pub struct Daemon {
     pub(crate) control: Mutex<crate::control::TracingControl>,
     pub(crate) symbolizer: Symbolizer,
     pub(crate) nframe: u32,
+    /// Mean sampling interval in bytes; 0: exact.
+    pub(crate) sample_interval: u64,
     /// Images whose blocks looked orphaned at the last sweep.
     orphans: Mutex<HashSet<(u32, u32)>>,
     /// Which processes are traced (see [`crate::scope`]).
@@ -128,6 +130,7 @@ impl Daemon {
     /// A daemon over a loaded capture; ended images are kept for `retention`.
     pub fn new(capture: Capture, retention: std::time::Duration) -> Self {
         let nframe = capture.config().nframe;
+        let sample_interval = capture.config().sample_interval;
         Self {
             capture: Mutex::new(capture),
             registry: Mutex::new(Registry::new(retention)),
@@ -135,6 +138,7 @@ impl Daemon {
             control: Mutex::new(crate::control::TracingControl::new(nframe)),
             symbolizer: Symbolizer::new(),
             nframe,
+            sample_interval,
             orphans: Mutex::new(HashSet::new()),
             scope: Mutex::new(crate::scope::Scope::default()),
             started_at: SystemTime::now(),
@@ -319,6 +323,10 @@ impl Daemon {
     pub fn build_snapshot(&self, pid: u32, blocks: &[RawBlock], maps: Option<&ModuleMaps>) -> Snapshot {
         let mut tracebacks: HashMap<*const u64, Arc<Traceback>> = HashMap::new();
         let unknown = Arc::new(Traceback::new(vec![Frame::unknown()], Some(1)));
+        let mean = self.sample_interval;
+        if mean > 0 {
+            return Snapshot::new(self.estimated_traces(pid, blocks, maps, mean), self.nframe);
+        }
         let mut traces = Vec::with_capacity(blocks.len());
         for block in blocks {
             let traceback = match &block.stack {
@@ -331,6 +339,46 @@ impl Daemon {
             traces.push(Trace { domain: pid, size: block.size, traceback });
         }
         Snapshot::new(traces, self.nframe)
+    }
+
+    /// Sampled blocks to traces with unbiased estimates. A block of `s`
+    /// bytes was sampled with probability p = 1 - exp(-s/mean), so it stands
+    /// for 1/p blocks and s/p bytes (Horvitz-Thompson). Per traceback the
+    /// estimates are summed, and the group is rebuilt as round(count)
+    /// traces (at least 1) whose sizes add up to round(bytes): statistics
+    /// and compare_to then report the estimated count and size.
+    fn estimated_traces(
+        &self,
+        pid: u32,
+        blocks: &[RawBlock],
+        maps: Option<&ModuleMaps>,
+        mean: u64,
+    ) -> Vec<Trace> {
+        let mut groups: HashMap<Option<*const u64>, (Option<Arc<[u64]>>, f64, f64)> = HashMap::new();
+        for block in blocks {
+            let s = block.size as f64;
+            let p = -(-s / mean as f64).exp_m1();
+            let (count, bytes) = if p > 0.0 { (1.0 / p, s / p) } else { (mean as f64, 0.0) };
+            let key = block.stack.as_ref().map(|stack| stack.as_ptr());
+            let entry = groups.entry(key).or_insert_with(|| (block.stack.clone(), 0.0, 0.0));
+            entry.1 += count;
+            entry.2 += bytes;
+        }
+        let mut traces = Vec::new();
+        for (_, (stack, count, bytes)) in groups {
+            let traceback = match &stack {
+                Some(stack) => Arc::new(self.traceback(stack, maps)),
+                None => Arc::new(Traceback::new(vec![Frame::unknown()], Some(1))),
+            };
+            let n = (count.round() as u64).max(1);
+            let total = bytes.round() as u64;
+            let (each, extra) = (total / n, total % n);
+            for i in 0..n {
+                let size = each + u64::from(i < extra);
+                traces.push(Trace { domain: pid, size, traceback: traceback.clone() });
+            }
+        }
+        traces
     }
 
     fn traceback(&self, stack: &[u64], maps: Option<&ModuleMaps>) -> Traceback {

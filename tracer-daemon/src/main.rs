@@ -97,6 +97,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
         max_stacks: config.max_stacks,
         max_procs: config.max_procs,
         libc: config.libc.clone(),
+        sample_interval: config.sample_interval,
     })
     .context("loading the eBPF probes (tracerd needs root, or CAP_BPF and CAP_PERFMON)")?;
     for library in capture.libraries() {
@@ -107,6 +108,15 @@ async fn run(config: Config) -> anyhow::Result<()> {
         capture,
         Duration::from_secs(config.exited_retention),
     ));
+    let scope = tracer_daemon::scope::Scope {
+        pids: config.scope_pids.iter().copied().collect(),
+        exes: config.scope_exes.iter().cloned().collect(),
+        cgroups: config.scope_cgroups.iter().cloned().collect(),
+    };
+    if !scope.is_all() {
+        let attached = daemon.set_scope(scope).map_err(anyhow::Error::msg).context("scope")?;
+        tracing::info!(processes = attached.len(), "scoped: probes registered per process");
+    }
     let policy = AutoPolicy { interval_secs: config.snapshot_interval, retention_secs: config.snapshot_retention };
     views::start(&daemon, &config.state_dir, policy).context("opening the snapshot store in state_dir")?;
 

@@ -553,3 +553,61 @@ fn scoped_tracing_runs_no_program_for_processes_outside_the_scope() {
     fx.go();
     assert!(fx.finish().success());
 }
+
+const SAMPLED: &str = r#"
+int main(void) {
+    say("ready");
+    wait_go();
+    for (int i = 0; i < 100000; i++) if (!malloc(32)) return 1; /* SMALL */
+    for (int i = 0; i < 20000; i++) if (!malloc(1000)) return 1; /* MEDIUM */
+    for (int i = 0; i < 200; i++) if (!malloc(100000)) return 1; /* LARGE */
+    say("done");
+    wait_go();
+    return 0;
+}
+"#;
+
+/// (count, size) per marker line of SAMPLED, compared with the start of tracing.
+fn sampled_run(extra: &[&str], dir: &TempDir) -> Vec<(f64, f64)> {
+    let (exe, src, source) = fixture(dir, "sampled", SAMPLED);
+    let tracerd = Tracerd::start(extra);
+    let mut fx = Fixture::spawn(&exe, &[], &[]);
+    fx.expect_line("ready");
+    let pid = fx.pid();
+    tracerd.wait_traced(pid);
+    fx.go();
+    fx.expect_line("done");
+    let (status, body) = tracerd.get(&format!("/pid/{pid}/statistics?limit=0"));
+    assert_eq!(status, 200, "{body}");
+    let figures = ["SMALL", "MEDIUM", "LARGE"]
+        .iter()
+        .map(|marker| {
+            let line = line_of(&source, &format!("/* {marker} */"));
+            let stat = stat_at(&body["statistics"], &src, line)
+                .unwrap_or_else(|| panic!("no statistic at {marker}: {body}"));
+            (stat["count"].as_f64().expect("count"), stat["size"].as_f64().expect("size"))
+        })
+        .collect();
+    fx.go();
+    assert!(fx.finish().success());
+    figures
+}
+
+#[test]
+fn sampling_estimates_are_within_the_stated_error_of_an_exact_run() {
+    let dir = TempDir::new("sampling");
+    let exact = sampled_run(&[], &dir);
+    assert_eq!(exact, vec![(100_000.0, 3_200_000.0), (20_000.0, 20_000_000.0), (200.0, 20_000_000.0)]);
+    // Mean interval 8 KiB: about 390, 2440 and 200 samples at the three
+    // sites; the bounds are about 4 standard deviations of each estimate.
+    let sampled = sampled_run(&["--sample-interval", "8192"], &dir);
+    for ((site, bound), ((count, size), (exact_count, exact_size))) in
+        [("SMALL", 0.20), ("MEDIUM", 0.08), ("LARGE", 0.02)].iter().zip(sampled.iter().zip(&exact))
+    {
+        let count_error = (count - exact_count).abs() / exact_count;
+        let size_error = (size - exact_size).abs() / exact_size;
+        eprintln!("sampling {site}: count {count} ({count_error:.3}), size {size} ({size_error:.3})");
+        assert!(count_error <= *bound, "{site}: count {count} vs {exact_count} ({count_error:.3} > {bound})");
+        assert!(size_error <= *bound, "{site}: size {size} vs {exact_size} ({size_error:.3} > {bound})");
+    }
+}

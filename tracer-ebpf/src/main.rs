@@ -41,8 +41,9 @@ use aya_ebpf::{
     programs::{ProbeContext, RetProbeContext, TracePointContext},
 };
 use tracer_common::{
-    AllocInfo, AllocKey, COUNTER_SLOTS, Counter, INFLIGHT_SLOT_COUNT, Inflight, InflightSlot, MAX_NFRAME,
-    ProcEvent, ProcEventKind, ProcStats, STACK_ID_NONE, STACK_WORDS,
+    AllocInfo, AllocKey, COUNTER_SLOTS, Counter, EXP_TABLE_LEN, INFLIGHT_OVERFLOW,
+    INFLIGHT_SLOT_COUNT, INFLIGHT_UNSAMPLED, Inflight, InflightSlot, MAX_NFRAME, ProcEvent,
+    ProcEventKind, ProcStats, STACK_ID_NONE, STACK_WORDS,
 };
 
 /// The daemon's own tgid: its allocations are never traced. Set at load time.
@@ -56,6 +57,44 @@ static PAGE_SIZE: u64 = 4096;
 /// Frames walked per stack (tracemalloc's nframe), 1..=127. Set at load time.
 #[unsafe(no_mangle)]
 static NFRAME: u32 = 16;
+
+/// Mean sampling interval in bytes; 0 records every allocation. Set at load.
+#[unsafe(no_mangle)]
+static SAMPLE_MEAN: u64 = 0;
+
+#[map]
+static EXP_TABLE: Array<u32> = Array::with_max_entries(EXP_TABLE_LEN, 0);
+
+#[map]
+static SAMPLE_LEFT: PerCpuArray<i64> = PerCpuArray::with_max_entries(1, 0);
+
+#[inline(always)]
+fn sample_mean() -> u64 {
+    // SAFETY: a global set once at load time.
+    unsafe { core::ptr::read_volatile(&SAMPLE_MEAN) }
+}
+
+/// Byte-weighted Poisson sampling, as tcmalloc and jemalloc do it: every
+/// byte is sampled with probability 1/mean, so an allocation of `size`
+/// bytes is sampled with probability 1 - exp(-size/mean). A per-CPU
+/// countdown of bytes is refilled with exponential variates (memoryless,
+/// so sharing it between the threads of a CPU keeps the probabilities).
+#[inline(always)]
+fn take_sample(size: u64, mean: u64) -> bool {
+    let Some(left) = SAMPLE_LEFT.get_ptr_mut(0) else { return true };
+    // SAFETY: this CPU's slot.
+    let mut remaining = unsafe { *left }.wrapping_sub(size as i64);
+    let sampled = remaining <= 0;
+    if sampled {
+        // SAFETY: a helper with no preconditions.
+        let r = unsafe { aya_ebpf::helpers::bpf_get_prandom_u32() };
+        let e = EXP_TABLE.get(r & (EXP_TABLE_LEN - 1)).copied().unwrap_or(1 << 16);
+        remaining = ((mean.wrapping_mul(u64::from(e))) >> 16) as i64 + 1;
+    }
+    // SAFETY: as above.
+    unsafe { *left = remaining };
+    sampled
+}
 
 const EEXIST: i32 = 17;
 
@@ -176,7 +215,12 @@ fn add_spilled(delta: u64) {
 #[inline(always)]
 fn record_entry(size: u64, ptr: u64, overflow: bool) -> u32 {
     let Some((id, _)) = current() else { return 0 };
-    let value = Inflight { size, ptr, depth: 0, overflow: overflow as u32 };
+    let mut flags = if overflow { INFLIGHT_OVERFLOW } else { 0 };
+    let mean = sample_mean();
+    if mean != 0 && !take_sample(size, mean) {
+        flags |= INFLIGHT_UNSAMPLED;
+    }
+    let value = Inflight { size, ptr, depth: 0, overflow: flags };
     let slot = slot_of(id);
     if let Some(slot) = slot {
         // SAFETY: a slot of the array; its owner field is only changed by
@@ -292,7 +336,8 @@ pub fn free_enter(ctx: ProbeContext) -> u32 {
         count(Counter::NullFrees);
         return 0;
     }
-    remove_block(tgid, ptr, true);
+    // Sampled: most freed pointers were never recorded, and that is fine.
+    remove_block(tgid, ptr, sample_mean() == 0);
     0
 }
 
@@ -618,6 +663,10 @@ fn alloc_exit(ctx: &RetProbeContext) -> u32 {
         count(Counter::FailedAllocs);
         return 0;
     }
+    if inflight.overflow & INFLIGHT_UNSAMPLED != 0 {
+        count(Counter::Unsampled);
+        return 0;
+    }
     record_alloc(ctx, tgid, addr, inflight.size);
     0
 }
@@ -658,12 +707,17 @@ fn realloc_exit_common(ctx: &RetProbeContext) -> u32 {
     let Some((tgid, inflight)) = take_inflight() else { return 0 };
     let addr: u64 = ctx.ret();
     let old = inflight.ptr;
+    let exact = sample_mean() == 0;
     if addr != 0 {
         if old != 0 {
-            remove_block(tgid, old, true);
+            remove_block(tgid, old, exact);
         }
-        record_alloc(ctx, tgid, addr, inflight.size);
-    } else if inflight.size == 0 && inflight.overflow == 0 && old != 0 {
+        if inflight.overflow & INFLIGHT_UNSAMPLED != 0 {
+            count(Counter::Unsampled);
+        } else {
+            record_alloc(ctx, tgid, addr, inflight.size);
+        }
+    } else if inflight.size == 0 && inflight.overflow & INFLIGHT_OVERFLOW == 0 && old != 0 {
         // realloc(p, 0) frees p; glibc's inner free() may have removed it
         // already, which is not an unknown free.
         remove_block(tgid, old, false);
@@ -689,6 +743,10 @@ pub fn posix_memalign_exit(ctx: RetProbeContext) -> u32 {
     let ret: i32 = ctx.ret();
     if ret != 0 || inflight.ptr == 0 {
         count(Counter::FailedAllocs);
+        return 0;
+    }
+    if inflight.overflow & INFLIGHT_UNSAMPLED != 0 {
+        count(Counter::Unsampled);
         return 0;
     }
     // SAFETY: bpf_probe_read_user checks the user address itself.

@@ -18,6 +18,7 @@ fn main() -> anyhow::Result<()> {
         max_stacks: 256,
         max_procs: 64,
         libc,
+        sample_interval: 0,
     })
     .context("attaching the empty programs (needs root)")?;
     for library in capture.libraries() {
