@@ -128,7 +128,9 @@ pub struct Config {
     /// Largest request body accepted, in bytes (larger: 413).
     pub body_limit_bytes: u64,
     /// Expensive requests (statistics, compare, snapshots, traces) served at
-    /// once; more are answered 429 at once.
+    /// once; more are answered 429 at once. Their kernel-map reads take turns
+    /// on one lock, so more than about the number of cores only queues (a
+    /// load test with 64 clients: 2 gives p99 0.8 s, 8 gives p99 24 s).
     pub max_expensive_requests: u32,
     /// Seconds the API gets to finish its requests after SIGTERM/SIGINT
     /// before they are cut.
@@ -160,7 +162,7 @@ impl Default for Config {
             bpf_stats: true,
             request_timeout_secs: 30,
             body_limit_bytes: 64 * 1024 * 1024,
-            max_expensive_requests: 8,
+            max_expensive_requests: 2,
             shutdown_grace_secs: 3,
         }
     }

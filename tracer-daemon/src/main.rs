@@ -158,8 +158,20 @@ async fn run(config: Config) -> anyhow::Result<()> {
     event_loop.abort();
     let _ = event_loop.await;
     drop(metrics);
-    if let Err(err) = server::write_last_stop(&config.state_dir, &daemon, drained) {
-        tracing::warn!(err = %err, "cannot record the stop in the state directory");
+    // Requests cut at the end of the grace period may still hold the
+    // capture lock in blocking work: the record gets one second, never
+    // more, so the stop stays within 5 s.
+    let record = tokio::task::spawn_blocking({
+        let daemon = daemon.clone();
+        let state_dir = config.state_dir.clone();
+        move || server::write_last_stop(&state_dir, &daemon, drained)
+    });
+    match tokio::time::timeout(Duration::from_secs(1), record).await {
+        Ok(Ok(Ok(()))) => {}
+        Ok(Ok(Err(err))) => {
+            tracing::warn!(err = %err, "cannot record the stop in the state directory")
+        }
+        Ok(Err(_)) | Err(_) => tracing::warn!("the stop record did not finish within 1 s: skipped"),
     }
     if let Some(path) = &config.unix_socket {
         let _ = std::fs::remove_file(path);

@@ -126,8 +126,11 @@ impl Metrics {
 
     /// Adds the metrics read from `daemon` at each scrape.
     pub fn collect_daemon(&mut self, daemon: Arc<Daemon>, options: MetricsOptions) {
-        self.registry
-            .register_collector(Box::new(DaemonCollector { daemon, options }));
+        self.registry.register_collector(Box::new(DaemonCollector {
+            daemon,
+            options,
+            map_usage: std::sync::Mutex::new(None),
+        }));
     }
 
     /// Counts one answered request.
@@ -203,10 +206,20 @@ pub async fn track_requests(
     response
 }
 
+/// How long a reading of the kernel maps' entries is reused: counting them
+/// walks every key (one syscall each) under the capture lock, which many
+/// scrapers at once must not repeat.
+pub const MAP_USAGE_MAX_AGE: Duration = Duration::from_secs(5);
+
+/// A reading of `Capture::map_usage`: (map, entries, capacity).
+type MapUsage = Vec<(&'static str, u64, u64)>;
+
 /// Reads the daemon's state at each scrape.
 struct DaemonCollector {
     daemon: Arc<Daemon>,
     options: MetricsOptions,
+    /// The last map reading and when it was taken.
+    map_usage: std::sync::Mutex<Option<(Instant, MapUsage)>>,
 }
 
 impl fmt::Debug for DaemonCollector {
@@ -489,6 +502,24 @@ impl Collector for DaemonCollector {
 }
 
 impl DaemonCollector {
+    /// The maps' entries, walked at most once per [`MAP_USAGE_MAX_AGE`];
+    /// scrapes meanwhile reuse the reading (and wait here, not on the
+    /// capture lock, while one is taken).
+    fn map_usage(&self) -> MapUsage {
+        let mut cached = self
+            .map_usage
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((at, usage)) = cached.as_ref()
+            && at.elapsed() < MAP_USAGE_MAX_AGE
+        {
+            return usage.clone();
+        }
+        let usage = self.daemon.capture().map_usage();
+        *cached = Some((Instant::now(), usage.clone()));
+        usage
+    }
+
     fn encode_call_sites(
         &self,
         encoder: &mut DescriptorEncoder,
@@ -542,9 +573,9 @@ impl DaemonCollector {
     }
 
     fn encode_self(&self, encoder: &mut DescriptorEncoder) -> fmt::Result {
+        let usage = self.map_usage();
         let capture = self.daemon.capture();
         let counters = capture.counters();
-        let usage = capture.map_usage();
         let programs = capture.program_stats();
         drop(capture);
 

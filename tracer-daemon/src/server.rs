@@ -379,6 +379,7 @@ pub async fn serve(
             tracing::error!("a listener stopped on its own; shutting down");
         }
     }
+    tracing::info!("stop requested: closing the API");
     let _ = stop.send(true);
     let drained = tokio::time::timeout(grace, async { while tasks.join_next().await.is_some() {} })
         .await

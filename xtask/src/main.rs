@@ -6,6 +6,8 @@
 //! - `run [-- TRACERD_ARGS]`: setup, build, start `tracerd` (needs root).
 //! - `test`: setup, build, run every test (integration tests as root, one at
 //!   a time: they share the kernel's probes).
+//! - `fuzz`, `load`, `soak`: the long runs of [`service_tasks`], kept out of
+//!   `test`.
 use std::{
     env,
     ffi::OsString,
@@ -17,6 +19,7 @@ use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod service_tasks;
 
 /// The bpf-linker release whose default feature links the nightly rustc's own
 /// LLVM (newer ones need a system LLVM 21+ that Debian 12 lacks).
@@ -44,6 +47,14 @@ enum Task {
     /// Set up, build in release mode, and measure tracerd's overhead side by
     /// side with the reference tools (prints a markdown table, writes JSON).
     Bench(bench::BenchArgs),
+    /// Fuzz every parser of untrusted input (cargo fuzz), 10 minutes each.
+    Fuzz(service_tasks::FuzzArgs),
+    /// Load test: 64 loopback clients on statistics, compare and metrics for
+    /// 60 s while a churning workload is traced; p50/p99, zero 5xx.
+    Load(service_tasks::LoadArgs),
+    /// Soak: 10 minutes of short-lived processes; tracerd's memory and map
+    /// entries before and after.
+    Soak(service_tasks::SoakArgs),
     /// Set up, build, and run every test.
     Test {
         /// Extra arguments for the test binaries (after `--`), e.g. a filter.
@@ -82,6 +93,20 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             setup()?;
             cargo(&["build", "--release", "-p", "tracer-daemon", "--bins"])?;
             bench::run(&workspace_root(), &args)
+        }
+        Task::Fuzz(args) => {
+            setup()?;
+            service_tasks::fuzz(&workspace_root(), &args)
+        }
+        Task::Load(args) => {
+            setup()?;
+            cargo(&["build", "--release", "-p", "tracer-daemon", "--bin", "tracerd"])?;
+            service_tasks::load(&workspace_root(), &args)
+        }
+        Task::Soak(args) => {
+            setup()?;
+            cargo(&["build", "--release", "-p", "tracer-daemon", "--bin", "tracerd"])?;
+            service_tasks::soak(&workspace_root(), &args)
         }
         Task::Test { args } => {
             setup()?;
@@ -142,7 +167,7 @@ fn setup() -> anyhow::Result<()> {
     ensure_nightly()?;
     ensure_rust_src()?;
     ensure_bpf_linker()?;
-    ensure_packages(DEBIAN_PACKAGES)
+    ensure_packages(&[DEBIAN_PACKAGES, service_tasks::SERVICE_PACKAGES].concat())
 }
 
 /// Debian packages the tests and benchmarks use: (command that proves it is

@@ -1,0 +1,9 @@
+//! Files written by Python's tracemalloc.Snapshot.dump() (untrusted pickle,
+//! parsed, never executed).
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let _ = tracer_daemon::model::load_tracemalloc(data);
+});
