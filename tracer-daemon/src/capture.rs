@@ -398,7 +398,8 @@ impl Capture {
     /// Removes the given blocks from `LIVE_ALLOCS`; returns how many were
     /// removed (a block freed meanwhile is already gone).
     pub fn remove_blocks(&mut self, keys: &[AllocKey]) -> usize {
-        keys.iter().filter(|key| self.live.remove(key).is_ok()).count()
+        let fd = aya::maps::IterableMap::map(&self.live).fd().as_fd();
+        bpf_sys::delete_batch(fd, keys)
     }
 
     /// The return addresses of stack `id` (frame 0 first: the call site in
@@ -479,8 +480,13 @@ impl Capture {
     /// Entries now in each kernel map: (map name, entries, capacity).
     /// Counting walks the hash maps' keys (one syscall per key).
     pub fn map_usage(&self) -> Vec<(&'static str, u64, u64)> {
+        let mut live_entries = 0u64;
+        let mut count = |_: &AllocKey, _: &AllocInfo| live_entries += 1;
+        if bpf_sys::lookup_batch(aya::maps::IterableMap::map(&self.live).fd().as_fd(), &mut count).is_err() {
+            live_entries = self.live.keys().count() as u64;
+        }
         vec![
-            (MAP_LIVE_ALLOCS, self.live.keys().count() as u64, u64::from(self.config.max_live_blocks)),
+            (MAP_LIVE_ALLOCS, live_entries, u64::from(self.config.max_live_blocks)),
             (MAP_STACKS, bpf_sys::count_keys::<u64>(self.stacks.fd().as_fd()), u64::from(self.config.max_stacks)),
             (MAP_PROCS, self.procs.keys().count() as u64, u64::from(self.config.max_procs)),
             (MAP_INFLIGHT, self.inflight.keys().count() as u64, 1 << 16),
@@ -889,6 +895,48 @@ mod bpf_sys {
             token_in = token_out;
             first = false;
         }
+    }
+
+    const BPF_MAP_DELETE_BATCH: libc::c_long = 27;
+
+    /// Deletes `keys`, thousands per syscall (BPF_MAP_DELETE_BATCH, Linux
+    /// 5.6+); a key that is gone already is passed over. Falls back to one
+    /// delete per key where the kernel lacks the batch command. Returns how
+    /// many were deleted.
+    pub fn delete_batch<K>(fd: BorrowedFd<'_>, keys: &[K]) -> usize {
+        let mut deleted = 0;
+        let mut rest = keys;
+        while !rest.is_empty() {
+            let chunk = rest.len().min(65536);
+            let mut attr = BatchAttr {
+                keys: rest.as_ptr() as u64,
+                count: chunk as u32,
+                map_fd: fd.as_raw_fd() as u32,
+                ..BatchAttr::default()
+            };
+            // SAFETY: attr.keys points at `count` keys of the map's key size.
+            let ret = unsafe {
+                libc::syscall(
+                    libc::SYS_bpf,
+                    BPF_MAP_DELETE_BATCH,
+                    std::ptr::from_mut(&mut attr),
+                    size_of::<BatchAttr>() as libc::c_uint,
+                )
+            };
+            let done = (attr.count as usize).min(chunk);
+            deleted += done;
+            if ret == 0 {
+                rest = &rest[chunk..];
+                continue;
+            }
+            match io::Error::last_os_error().raw_os_error() {
+                // The key at `done` is gone already: pass it over.
+                Some(libc::ENOENT) => rest = rest.get(done + 1..).unwrap_or(&[]),
+                // No batch command: one at a time.
+                _ => return deleted + rest[done..].iter().filter(|key| delete(fd, *key)).count(),
+            }
+        }
+        deleted
     }
 
     /// Deletes `key`; false if it was not there.

@@ -192,8 +192,10 @@ impl Daemon {
         // One process can end twice in a batch (exec, then exit): key by
         // image, never by pid alone.
         let want: HashSet<(u32, u32)> = ends.iter().map(|e| (e.pid, e.gen_)).collect();
+        let started = std::time::Instant::now();
         let mut capture = self.capture();
         let entries = capture.live_blocks(Some(&want));
+        let scanned = started.elapsed();
         let mut by_image: HashMap<(u32, u32), Vec<(AllocKey, AllocInfo)>> = HashMap::new();
         for (key, info) in entries {
             by_image.entry((key.tgid, info.gen_)).or_default().push((key, info));
@@ -207,7 +209,16 @@ impl Daemon {
             registry.end(end, blocks);
         }
         drop(registry);
-        capture.remove_blocks(&keys);
+        let collected = started.elapsed();
+        let removed = capture.remove_blocks(&keys);
+        tracing::debug!(
+            images = want.len(),
+            removed,
+            scan_ms = scanned.as_millis() as u64,
+            collect_ms = (collected - scanned).as_millis() as u64,
+            remove_ms = (started.elapsed() - collected).as_millis() as u64,
+            "ended images removed from the kernel maps"
+        );
     }
 
     /// Drops ended images past their retention.

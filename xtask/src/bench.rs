@@ -38,6 +38,12 @@ pub struct BenchArgs {
     /// Only these workloads (comma-separated: churn,threads,python,sqlite,gcc).
     #[arg(long, value_delimiter = ',')]
     pub workloads: Vec<String>,
+    /// Skip the scale part (4,000,000 live blocks, a 1,000,000-block snapshot).
+    #[arg(long)]
+    pub no_scale: bool,
+    /// Skip the scope part (an untraced process while another is traced).
+    #[arg(long)]
+    pub no_scope: bool,
     /// Run even while other tracers are attached (their cost is added to
     /// every mode, so differences stay meaningful but ratios do not).
     #[arg(long)]
@@ -49,6 +55,20 @@ pub struct BenchArgs {
 
 const ALL_MODES: [&str; 6] = ["none", "floor", "tracerd", "memleak", "heaptrack", "massif"];
 const ALL_WORKLOADS: [&str; 5] = ["churn", "threads", "python", "sqlite", "gcc"];
+
+const KEEP_C: &str = r#"
+#include <stdio.h>
+#include <stdlib.h>
+int main(int argc, char **argv) {
+    long n = atol(argv[1]);
+    void **keep = malloc(n * sizeof(void *));
+    for (long i = 0; i < n; i++) keep[i] = malloc(16 + (i & 15));
+    printf("done\n");
+    fflush(stdout);
+    getchar();
+    return keep[0] == NULL;
+}
+"#;
 
 const CHURN_C: &str = r#"
 #include <stdio.h>
@@ -512,7 +532,174 @@ pub fn run(root: &Path, args: &BenchArgs) -> anyhow::Result<()> {
             }
         }
     }
-    report(args, &modes, &workloads, &mut results, &tracerd_cpu_ticks, tracerd_rss_kb, tracerd_map_bytes)
+    report(args, &modes, &workloads, &mut results, &tracerd_cpu_ticks, tracerd_rss_kb, tracerd_map_bytes)?;
+    let mut extra = serde_json::Map::new();
+    if !args.no_scope {
+        extra.insert("scope".into(), scope_part(root, &dir, args)?);
+    }
+    if !args.no_scale {
+        extra.insert("scale".into(), scale_part(root, &dir)?);
+    }
+    let text = fs::read_to_string(&args.json)?;
+    let mut json: serde_json::Value = serde_json::from_str(&text)?;
+    if let Some(object) = json.as_object_mut() {
+        object.extend(extra);
+    }
+    fs::write(&args.json, serde_json::to_string_pretty(&json)?)?;
+    Ok(())
+}
+
+/// A minimal HTTP/1.1 client for tracerd on loopback (the bench needs two
+/// calls; no client library for that).
+fn http(method: &str, path: &str) -> anyhow::Result<(u16, String)> {
+    use std::io::{Read as _, Write as _};
+    let mut stream = std::net::TcpStream::connect("127.0.0.1:7467")?;
+    stream.set_read_timeout(Some(Duration::from_secs(300)))?;
+    write!(stream, "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    let status = response.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    Ok((status, body))
+}
+
+/// Runs the keep-N fixture until it has allocated; returns the child.
+fn keep_blocks(exe: &Path, n: u64) -> anyhow::Result<Child> {
+    let mut child = Command::new(exe)
+        .arg(n.to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()?;
+    let stdout = child.stdout.take().context("stdout")?;
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line)?;
+    if line.trim() != "done" {
+        bail!("the keep fixture said {line:?}");
+    }
+    Ok(child)
+}
+
+fn finish(mut child: Child) {
+    drop(child.stdin.take());
+    let _ = child.wait();
+}
+
+/// 4,000,000 live blocks at once, and the time to snapshot 1,000,000.
+fn scale_part(root: &Path, dir: &Path) -> anyhow::Result<serde_json::Value> {
+    let src = dir.join("keep.c");
+    fs::write(&src, KEEP_C)?;
+    let exe = dir.join("keep");
+    let status = Command::new("gcc").args(["-O2", "-g", "-fno-omit-frame-pointer", "-o"]).arg(&exe).arg(&src).status()?;
+    if !status.success() {
+        bail!("compiling keep.c failed");
+    }
+    let mut command = Command::new(crate::target_dir(root).join("release/tracerd"));
+    command
+        .args(["--listen", "127.0.0.1:7467", "--state-dir"])
+        .arg(dir.join("state"))
+        .args(["--max-live-blocks", &(8u32 << 20).to_string()]);
+    let tracer = start_until(command, "tracerd ready", true)?;
+    let pid = tracer.pid;
+    let maps_before = bpf_map_memory(pid);
+    let child = keep_blocks(&exe, 4_000_000)?;
+    let (_, maps) = http("GET", "/maps")?;
+    let maps: serde_json::Value = serde_json::from_str(&maps)?;
+    let blocks = maps["live_allocs_by_pid"][child.id().to_string()].as_u64().unwrap_or(0);
+    let entries = maps["maps"]["LIVE_ALLOCS"]["entries"].as_u64().unwrap_or(0);
+    let maps_after = bpf_map_memory(pid);
+    let per_block = (maps_after.saturating_sub(maps_before)) as f64 / blocks.max(1) as f64;
+    let exited = Instant::now();
+    finish(child);
+    // The exited process's blocks leave the kernel map (one pass, batched).
+    loop {
+        let (_, maps) = http("GET", "/maps")?;
+        let maps: serde_json::Value = serde_json::from_str(&maps)?;
+        if maps["live_allocs_by_pid"].as_object().is_some_and(|m| m.values().all(|v| v.as_u64() < Some(100_000))) {
+            break;
+        }
+        if exited.elapsed() > Duration::from_secs(60) {
+            bail!("the exited process's blocks are still in LIVE_ALLOCS after 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let cleanup_ms = exited.elapsed().as_secs_f64() * 1000.0;
+    let child = keep_blocks(&exe, 1_000_000)?;
+    let start = Instant::now();
+    let (status, body) = http("POST", &format!("/pid/{}/snapshots", child.id()))?;
+    let snapshot_ms = start.elapsed().as_secs_f64() * 1000.0;
+    if status != 201 {
+        bail!("snapshot failed ({status}): {body}");
+    }
+    let summary: serde_json::Value = serde_json::from_str(&body)?;
+    let start = Instant::now();
+    let (status, _) = http("GET", &format!("/pid/{}/statistics?group_by=lineno&limit=10", child.id()))?;
+    let statistics_ms = start.elapsed().as_secs_f64() * 1000.0;
+    finish(child);
+    tracer.stop();
+    println!("\n### Scale\n");
+    println!("- live blocks of one process held at once: {blocks} (LIVE_ALLOCS entries in all: {entries})");
+    println!("- kernel memory per live block: {per_block:.0} bytes (BPF maps' memlock, before/after)");
+    println!("- its 4,000,000 blocks left the kernel map {cleanup_ms:.0} ms after it exited");
+    println!(
+        "- POST /pid/N/snapshots of {} live blocks: {snapshot_ms:.0} ms; GET statistics (lineno) of them: {statistics_ms:.0} ms (status {status})",
+        summary["traces"]
+    );
+    Ok(serde_json::json!({
+        "blocks_held": blocks,
+        "live_allocs_entries": entries,
+        "kernel_bytes_per_block": per_block,
+        "exit_cleanup_ms": cleanup_ms,
+        "snapshot_1m_ms": snapshot_ms,
+        "snapshot_traces": summary["traces"],
+        "statistics_1m_ms": statistics_ms,
+    }))
+}
+
+/// Churn of a process outside the scope while another process is traced:
+/// against uninstrumented, median of the rounds.
+fn scope_part(root: &Path, dir: &Path, args: &BenchArgs) -> anyhow::Result<serde_json::Value> {
+    let churn = dir.join("churn");
+    let run = || -> anyhow::Result<f64> {
+        let out = Command::new(&churn).arg(args.pairs.to_string()).output()?;
+        String::from_utf8_lossy(&out.stdout).trim().parse::<f64>().context("churn figure")
+    };
+    let mut none = Vec::new();
+    let mut scoped = Vec::new();
+    let mut traced = Vec::new();
+    let mut sleeper = Command::new("sleep").arg("600").spawn()?;
+    run()?; // warm-up
+    for _ in 0..args.rounds.max(1) {
+        none.push(run()?);
+        let release = crate::target_dir(root).join("release");
+        let mut command = Command::new(release.join("tracerd"));
+        command
+            .args(["--listen", "127.0.0.1:7467", "--state-dir"])
+            .arg(dir.join("state"))
+            .args(["--scope-pid", &sleeper.id().to_string()]);
+        let tracer = start_until(command, "tracerd ready", true)?;
+        scoped.push(run()?);
+        // The same churn in scope, for contrast.
+        let (status, body) = http("PUT", "/scope")?;
+        if status != 200 {
+            bail!("PUT /scope failed ({status}): {body}");
+        }
+        traced.push(run()?);
+        tracer.stop();
+    }
+    signal(sleeper.id(), "KILL");
+    let _ = sleeper.wait();
+    let (none, scoped, traced) = (median(&mut none), median(&mut scoped), median(&mut traced));
+    println!("\n### Scope\n");
+    println!(
+        "- churn outside the scope while another process is traced: {scoped:.1} ns/pair vs {none:.1} uninstrumented ({:.2}x); traced: {traced:.1} ns/pair",
+        scoped / none
+    );
+    Ok(serde_json::json!({
+        "uninstrumented_ns_per_pair": none,
+        "out_of_scope_ns_per_pair": scoped,
+        "ratio": scoped / none,
+        "traced_ns_per_pair": traced,
+    }))
 }
 
 #[allow(clippy::too_many_arguments)]
