@@ -22,7 +22,11 @@ fn main() -> anyhow::Result<()> {
         .into_iter()
         .find(|cargo_metadata::Package { name, .. }| name.as_str() == "tracer-ebpf")
         .ok_or_else(|| anyhow!("tracer-ebpf package not found"))?;
-    let cargo_metadata::Package { name, manifest_path, .. } = ebpf_package;
+    let cargo_metadata::Package {
+        name,
+        manifest_path,
+        ..
+    } = ebpf_package;
     let ebpf_package = aya_build::Package {
         name: name.as_str(),
         root_dir: manifest_path

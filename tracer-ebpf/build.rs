@@ -13,5 +13,8 @@ use which::which;
 /// [bindeps]: https://doc.rust-lang.org/nightly/cargo/reference/unstable.html?highlight=feature#artifact-dependencies
 fn main() {
     let bpf_linker = which("bpf-linker").expect("bpf-linker is installed by `cargo xtask setup`");
-    println!("cargo:rerun-if-changed={}", bpf_linker.to_str().expect("utf-8 path"));
+    println!(
+        "cargo:rerun-if-changed={}",
+        bpf_linker.to_str().expect("utf-8 path")
+    );
 }

@@ -89,15 +89,31 @@ pub struct ProbeSpec {
 /// Every probe tracer attaches, in attach order. Exits are attached before
 /// entries so that no entry is ever recorded without its return being seen.
 pub const PROBES: [ProbeSpec; 10] = [
-    ProbeSpec { symbol: "malloc", entry: "malloc_enter", exit: Some("malloc_exit") },
-    ProbeSpec { symbol: "calloc", entry: "calloc_enter", exit: Some("calloc_exit") },
-    ProbeSpec { symbol: "realloc", entry: "realloc_enter", exit: Some("realloc_exit") },
+    ProbeSpec {
+        symbol: "malloc",
+        entry: "malloc_enter",
+        exit: Some("malloc_exit"),
+    },
+    ProbeSpec {
+        symbol: "calloc",
+        entry: "calloc_enter",
+        exit: Some("calloc_exit"),
+    },
+    ProbeSpec {
+        symbol: "realloc",
+        entry: "realloc_enter",
+        exit: Some("realloc_exit"),
+    },
     ProbeSpec {
         symbol: "reallocarray",
         entry: "reallocarray_enter",
         exit: Some("reallocarray_exit"),
     },
-    ProbeSpec { symbol: "free", entry: "free_enter", exit: None },
+    ProbeSpec {
+        symbol: "free",
+        entry: "free_enter",
+        exit: None,
+    },
     ProbeSpec {
         symbol: "posix_memalign",
         entry: "posix_memalign_enter",
@@ -108,9 +124,21 @@ pub const PROBES: [ProbeSpec; 10] = [
         entry: "aligned_alloc_enter",
         exit: Some("aligned_alloc_exit"),
     },
-    ProbeSpec { symbol: "memalign", entry: "memalign_enter", exit: Some("memalign_exit") },
-    ProbeSpec { symbol: "valloc", entry: "valloc_enter", exit: Some("valloc_exit") },
-    ProbeSpec { symbol: "pvalloc", entry: "pvalloc_enter", exit: Some("pvalloc_exit") },
+    ProbeSpec {
+        symbol: "memalign",
+        entry: "memalign_enter",
+        exit: Some("memalign_exit"),
+    },
+    ProbeSpec {
+        symbol: "valloc",
+        entry: "valloc_enter",
+        exit: Some("valloc_exit"),
+    },
+    ProbeSpec {
+        symbol: "pvalloc",
+        entry: "pvalloc_enter",
+        exit: Some("pvalloc_exit"),
+    },
 ];
 
 /// Empty uprobe and uretprobe programs, attached in place of every entry and

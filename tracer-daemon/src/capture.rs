@@ -22,9 +22,10 @@ use aya::{
 };
 use object::{Object as _, ObjectSection as _, ObjectSymbol as _};
 use tracer_common::{
-    AllocInfo, AllocKey, COUNTER_SLOTS, Counter, GLOBAL_NFRAME, GLOBAL_PAGE_SIZE,
-    FLOOR_PROGRAMS, GLOBAL_TRACERD_TGID, MAP_COUNTERS, MAP_EVENTS, MAP_INFLIGHT, MAP_LIVE_ALLOCS, MAP_PROCS,
-    EXP_TABLE_LEN, GLOBAL_SAMPLE_MEAN, MAP_EXP_TABLE, MAP_STACKS, MAP_SWITCHES, MAX_NFRAME, PROBES, ProcStats, STACK_WORDS, TRACEPOINTS,
+    AllocInfo, AllocKey, COUNTER_SLOTS, Counter, EXP_TABLE_LEN, FLOOR_PROGRAMS, GLOBAL_NFRAME,
+    GLOBAL_PAGE_SIZE, GLOBAL_SAMPLE_MEAN, GLOBAL_TRACERD_TGID, MAP_COUNTERS, MAP_EVENTS,
+    MAP_EXP_TABLE, MAP_INFLIGHT, MAP_LIVE_ALLOCS, MAP_PROCS, MAP_STACKS, MAP_SWITCHES, MAX_NFRAME,
+    PROBES, ProcStats, STACK_WORDS, TRACEPOINTS,
 };
 
 /// The eBPF object built by `build.rs` (empty when built with `AYA_BUILD_SKIP=1`).
@@ -34,7 +35,9 @@ static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"),
 #[derive(Debug, thiserror::Error)]
 pub enum CaptureError {
     /// This binary was built with `AYA_BUILD_SKIP=1` and holds no eBPF object.
-    #[error("this tracerd was built without its eBPF programs (AYA_BUILD_SKIP); rebuild without it")]
+    #[error(
+        "this tracerd was built without its eBPF programs (AYA_BUILD_SKIP); rebuild without it"
+    )]
     NotBuilt,
     /// The eBPF object could not be prepared or loaded.
     #[error("loading the eBPF object: {0}")]
@@ -44,9 +47,9 @@ pub enum CaptureError {
     Program {
         /// The program's name.
         program: String,
-        /// What aya said.
+        /// What aya said (boxed: it is large, and errors are rare).
         #[source]
-        source: aya::programs::ProgramError,
+        source: Box<aya::programs::ProgramError>,
     },
     /// A program could not be attached to its target.
     #[error("attaching {program} to {target}: {source}")]
@@ -55,9 +58,9 @@ pub enum CaptureError {
         program: String,
         /// Where: a library path and symbol, or a tracepoint.
         target: String,
-        /// What aya said.
+        /// What aya said (boxed, as above).
         #[source]
-        source: aya::programs::ProgramError,
+        source: Box<aya::programs::ProgramError>,
     },
     /// No glibc was found to attach to.
     #[error("no glibc found (looked at {looked}); pass --libc PATH")]
@@ -185,8 +188,12 @@ impl Capture {
         ensure_tracefs();
         bump_memlock_rlimit();
         let nframe = config.nframe.clamp(1, MAX_NFRAME);
-        let object =
-            patch_map_value_size(EBPF_OBJECT, MAP_STACKS, STACK_WORDS as u32 * 8, (1 + nframe) * 8)?;
+        let object = patch_map_value_size(
+            EBPF_OBJECT,
+            MAP_STACKS,
+            STACK_WORDS as u32 * 8,
+            (1 + nframe) * 8,
+        )?;
         let tgid = std::process::id();
         // SAFETY: sysconf has no preconditions.
         let page_size = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
@@ -203,12 +210,17 @@ impl Capture {
 
         for (name, category, event) in TRACEPOINTS {
             let program: &mut TracePoint = program_mut(&mut ebpf, name)?;
-            program.load().map_err(|source| CaptureError::Program { program: name.into(), source })?;
-            program.attach(category, event).map_err(|source| CaptureError::Attach {
+            program.load().map_err(|source| CaptureError::Program {
                 program: name.into(),
-                target: format!("{category}:{event}"),
-                source,
+                source: Box::new(source),
             })?;
+            program
+                .attach(category, event)
+                .map_err(|source| CaptureError::Attach {
+                    program: name.into(),
+                    target: format!("{category}:{event}"),
+                    source: Box::new(source),
+                })?;
         }
 
         let libcs = find_libc(&config.libc)?;
@@ -233,12 +245,20 @@ impl Capture {
         for (i, value) in exponential_table().into_iter().enumerate() {
             exp_table
                 .set(i as u32, value, 0)
-                .map_err(|e| CaptureError::Map { map: MAP_EXP_TABLE, reason: e.to_string() })?;
+                .map_err(|e| CaptureError::Map {
+                    map: MAP_EXP_TABLE,
+                    reason: e.to_string(),
+                })?;
         }
         let live = take_map(&mut ebpf, MAP_LIVE_ALLOCS)?;
         let stacks = match ebpf.take_map(MAP_STACKS) {
             Some(Map::HashMap(data)) => data,
-            _ => return Err(CaptureError::Map { map: MAP_STACKS, reason: "missing or not a hash map".into() }),
+            _ => {
+                return Err(CaptureError::Map {
+                    map: MAP_STACKS,
+                    reason: "missing or not a hash map".into(),
+                });
+            }
         };
         let procs = take_map(&mut ebpf, MAP_PROCS)?;
         let counters = take_map(&mut ebpf, MAP_COUNTERS)?;
@@ -300,19 +320,22 @@ impl Capture {
                         Programs::Floor if exit_pass => FLOOR_PROGRAMS.1,
                         Programs::Floor => FLOOR_PROGRAMS.0,
                     };
-                    let attached = program_mut::<UProbe>(&mut self.ebpf, name).and_then(|program| {
-                        if program.fd().is_err() {
-                            program.load().map_err(|source| CaptureError::Program {
-                                program: name.into(),
-                                source,
-                            })?;
-                        }
-                        program.attach(offset, path, scope).map_err(|source| CaptureError::Attach {
-                            program: name.into(),
-                            target: format!("{}:{}", path.display(), spec.symbol),
-                            source,
-                        })
-                    });
+                    let attached =
+                        program_mut::<UProbe>(&mut self.ebpf, name).and_then(|program| {
+                            if program.fd().is_err() {
+                                program.load().map_err(|source| CaptureError::Program {
+                                    program: name.into(),
+                                    source: Box::new(source),
+                                })?;
+                            }
+                            program.attach(offset, path, scope).map_err(|source| {
+                                CaptureError::Attach {
+                                    program: name.into(),
+                                    target: format!("{}:{}", path.display(), spec.symbol),
+                                    source: Box::new(source),
+                                }
+                            })
+                        });
                     match attached {
                         Ok(link) => links.push((name, link)),
                         Err(err) => {
@@ -387,7 +410,12 @@ impl Capture {
         };
         // BPF_MAP_LOOKUP_BATCH reads thousands of entries per syscall; fall
         // back to one lookup per key where the kernel lacks it (< 5.6).
-        if bpf_sys::lookup_batch(aya::maps::IterableMap::map(&self.live).fd().as_fd(), &mut keep).is_err() {
+        if bpf_sys::lookup_batch(
+            aya::maps::IterableMap::map(&self.live).fd().as_fd(),
+            &mut keep,
+        )
+        .is_err()
+        {
             for (key, info) in self.live.iter().flatten() {
                 keep(&key, &info);
             }
@@ -408,7 +436,13 @@ impl Capture {
         let mut value = vec![0u64; 1 + self.config.nframe as usize];
         let fd = self.stacks.fd().as_fd();
         bpf_sys::lookup(fd, &id, &mut value).ok()?;
-        Some(value.into_iter().skip(1).take_while(|&ip| ip != 0).collect())
+        Some(
+            value
+                .into_iter()
+                .skip(1)
+                .take_while(|&ip| ip != 0)
+                .collect(),
+        )
     }
 
     /// Every stack id in `STACKS` (one syscall per id).
@@ -444,7 +478,9 @@ impl Capture {
 
     /// Sets the peak of `tgid` to its current value (`reset_peak()`).
     pub fn reset_peak(&mut self, tgid: u32) -> bool {
-        let Ok(mut stats) = self.procs.get(&tgid, 0) else { return false };
+        let Ok(mut stats) = self.procs.get(&tgid, 0) else {
+            return false;
+        };
         stats.peak = stats.current;
         self.procs.insert(tgid, stats, 0).is_ok()
     }
@@ -482,15 +518,36 @@ impl Capture {
     pub fn map_usage(&self) -> Vec<(&'static str, u64, u64)> {
         let mut live_entries = 0u64;
         let mut count = |_: &AllocKey, _: &AllocInfo| live_entries += 1;
-        if bpf_sys::lookup_batch(aya::maps::IterableMap::map(&self.live).fd().as_fd(), &mut count).is_err() {
+        if bpf_sys::lookup_batch(
+            aya::maps::IterableMap::map(&self.live).fd().as_fd(),
+            &mut count,
+        )
+        .is_err()
+        {
             live_entries = self.live.keys().count() as u64;
         }
         vec![
-            (MAP_LIVE_ALLOCS, live_entries, u64::from(self.config.max_live_blocks)),
-            (MAP_STACKS, bpf_sys::count_keys::<u64>(self.stacks.fd().as_fd()), u64::from(self.config.max_stacks)),
-            (MAP_PROCS, self.procs.keys().count() as u64, u64::from(self.config.max_procs)),
+            (
+                MAP_LIVE_ALLOCS,
+                live_entries,
+                u64::from(self.config.max_live_blocks),
+            ),
+            (
+                MAP_STACKS,
+                bpf_sys::count_keys::<u64>(self.stacks.fd().as_fd()),
+                u64::from(self.config.max_stacks),
+            ),
+            (
+                MAP_PROCS,
+                self.procs.keys().count() as u64,
+                u64::from(self.config.max_procs),
+            ),
             (MAP_INFLIGHT, self.inflight.keys().count() as u64, 1 << 16),
-            (MAP_COUNTERS, u64::from(COUNTER_SLOTS), u64::from(COUNTER_SLOTS)),
+            (
+                MAP_COUNTERS,
+                u64::from(COUNTER_SLOTS),
+                u64::from(COUNTER_SLOTS),
+            ),
         ]
     }
 }
@@ -511,10 +568,14 @@ fn take_map<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, CaptureError>
 where
     T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>,
 {
-    let map = ebpf
-        .take_map(name)
-        .ok_or(CaptureError::Map { map: name, reason: "not in the object".into() })?;
-    T::try_from(map).map_err(|e| CaptureError::Map { map: name, reason: e.to_string() })
+    let map = ebpf.take_map(name).ok_or(CaptureError::Map {
+        map: name,
+        reason: "not in the object".into(),
+    })?;
+    T::try_from(map).map_err(|e| CaptureError::Map {
+        map: name,
+        reason: e.to_string(),
+    })
 }
 
 /// An 8-byte aligned copy of an ELF object (object parsing needs alignment).
@@ -612,7 +673,10 @@ fn ensure_tracefs() {
 
 /// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK.
 fn bump_memlock_rlimit() {
-    let limit = libc::rlimit { rlim_cur: libc::RLIM_INFINITY, rlim_max: libc::RLIM_INFINITY };
+    let limit = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
     // SAFETY: a valid rlimit struct for the call's duration.
     let ret = unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &limit) };
     if ret != 0 {
@@ -655,8 +719,12 @@ pub fn find_libc(configured: &[PathBuf]) -> Result<Vec<PathBuf>, CaptureError> {
     let mut seen = HashSet::new();
     let mut found = Vec::new();
     for candidate in &candidates {
-        let Ok(canonical) = fs::canonicalize(candidate) else { continue };
-        let Ok(meta) = fs::metadata(&canonical) else { continue };
+        let Ok(canonical) = fs::canonicalize(candidate) else {
+            continue;
+        };
+        let Ok(meta) = fs::metadata(&canonical) else {
+            continue;
+        };
         if seen.insert((meta.dev(), meta.ino())) {
             found.push(canonical);
         }
@@ -665,7 +733,11 @@ pub fn find_libc(configured: &[PathBuf]) -> Result<Vec<PathBuf>, CaptureError> {
         let looked = if configured.is_empty() {
             "/proc/self/maps, ldconfig -p".to_string()
         } else {
-            configured.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+            configured
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
         };
         return Err(CaptureError::NoLibc { looked });
     }
@@ -698,7 +770,10 @@ fn host_abi_matches(ldconfig_line: &str) -> bool {
 /// # Errors
 /// [`CaptureError::Libc`] if the file cannot be read, or lacks `malloc` or `free`.
 pub fn probe_points(path: &Path) -> Result<Vec<ProbePoint>, CaptureError> {
-    let err = |reason: String| CaptureError::Libc { path: path.to_path_buf(), reason };
+    let err = |reason: String| CaptureError::Libc {
+        path: path.to_path_buf(),
+        reason,
+    };
     let data = fs::read(path).map_err(|e| err(e.to_string()))?;
     let file = object::File::parse(&*data).map_err(|e| err(e.to_string()))?;
     let mut by_name = std::collections::HashMap::new();
@@ -730,15 +805,20 @@ pub fn probe_points(path: &Path) -> Result<Vec<ProbePoint>, CaptureError> {
                     && (s.address()..s.address() + s.size()).contains(&address)
             })
             .ok_or_else(|| err(format!("{} is in no text section", spec.symbol)))?;
-        let (file_start, _) =
-            section.file_range().ok_or_else(|| err("text section without data".into()))?;
+        let (file_start, _) = section
+            .file_range()
+            .ok_or_else(|| err("text section without data".into()))?;
         let function = address - section.address() + file_start;
         let code = usize::try_from(function)
             .ok()
             .and_then(|start| data.get(start..start.saturating_add(32).min(data.len())))
             .unwrap_or(&[]);
         let entry = function + entry_skip(spec.symbol, code, address);
-        points.push(ProbePoint { spec, function, entry });
+        points.push(ProbePoint {
+            spec,
+            function,
+            entry,
+        });
     }
     Ok(points)
 }
@@ -758,8 +838,15 @@ pub fn entry_skip(symbol: &str, code: &[u8], ip: u64) -> u64 {
         return 0;
     }
     let mut decoder = Decoder::with_ip(64, code, ip, DecoderOptions::NONE);
-    let mut next = || decoder.can_decode().then(|| decoder.decode()).filter(|i| !i.is_invalid());
-    let (Some(test), Some(branch), Some(push)) = (next(), next(), next()) else { return 0 };
+    let mut next = || {
+        decoder
+            .can_decode()
+            .then(|| decoder.decode())
+            .filter(|i| !i.is_invalid())
+    };
+    let (Some(test), Some(branch), Some(push)) = (next(), next(), next()) else {
+        return 0;
+    };
     let tests_first_arg = test.mnemonic() == Mnemonic::Test
         && test.op_count() == 2
         && test.op0_kind() == OpKind::Register
@@ -768,7 +855,11 @@ pub fn entry_skip(symbol: &str, code: &[u8], ip: u64) -> u64 {
         && test.op1_register() == Register::RDI;
     let jumps_if_null = matches!(branch.code(), Code::Je_rel8_64 | Code::Je_rel32_64);
     let pushes = push.mnemonic() == Mnemonic::Push && push.op0_kind() == OpKind::Register;
-    if tests_first_arg && jumps_if_null && pushes { push.ip() - ip } else { 0 }
+    if tests_first_arg && jumps_if_null && pushes {
+        push.ip() - ip
+    } else {
+        0
+    }
 }
 
 /// Raw `bpf(2)` map operations, for the one map whose value size is only
@@ -803,7 +894,11 @@ mod bpf_sys {
                 size_of::<ElemAttr>() as libc::c_uint,
             )
         };
-        if ret < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+        if ret < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
     }
 
     /// Looks `key` up into `value`, which must be exactly the map's value size.
@@ -852,7 +947,11 @@ mod bpf_sys {
         let mut first = true;
         loop {
             let mut attr = BatchAttr {
-                in_batch: if first { 0 } else { std::ptr::from_ref(&token_in) as u64 },
+                in_batch: if first {
+                    0
+                } else {
+                    std::ptr::from_ref(&token_in) as u64
+                },
                 out_batch: std::ptr::from_mut(&mut token_out) as u64,
                 keys: keys.as_mut_ptr() as u64,
                 values: values.as_mut_ptr() as u64,
@@ -999,7 +1098,15 @@ mod tests {
         let libc = find_libc(&[]).expect("the host has a glibc");
         let points = probe_points(&libc[0]).expect("glibc has malloc and free");
         let names: Vec<_> = points.iter().map(|p| p.spec.symbol).collect();
-        for needed in ["malloc", "calloc", "realloc", "free", "posix_memalign", "valloc", "pvalloc"] {
+        for needed in [
+            "malloc",
+            "calloc",
+            "realloc",
+            "free",
+            "posix_memalign",
+            "valloc",
+            "pvalloc",
+        ] {
             assert!(names.contains(&needed), "{needed} missing from {names:?}");
         }
         let offsets: HashSet<_> = points.iter().map(|p| p.function).collect();

@@ -262,7 +262,11 @@ pub struct Flags {
     #[arg(long = "scope-exe", env = "TRACERD_SCOPE_EXES", value_delimiter = ':')]
     pub scope_exes: Option<Vec<PathBuf>>,
     /// Trace only processes in this cgroup v2 path or below (repeatable).
-    #[arg(long = "scope-cgroup", env = "TRACERD_SCOPE_CGROUPS", value_delimiter = ',')]
+    #[arg(
+        long = "scope-cgroup",
+        env = "TRACERD_SCOPE_CGROUPS",
+        value_delimiter = ','
+    )]
     pub scope_cgroups: Option<Vec<String>>,
     /// glibc to probe (repeatable; the variable takes a `:`-separated list).
     #[arg(long, env = "TRACERD_LIBC", value_delimiter = ':')]
@@ -404,7 +408,13 @@ impl Config {
             7 * 86400,
             "0..=604800 (seconds)",
         )?;
-        range("snapshot_interval", self.snapshot_interval, 0, 86_400, "0..=86400 (seconds; 0: off)")?;
+        range(
+            "snapshot_interval",
+            self.snapshot_interval,
+            0,
+            86_400,
+            "0..=86400 (seconds; 0: off)",
+        )?;
         if self.sample_interval != 0 {
             range(
                 "sample_interval",
@@ -414,7 +424,13 @@ impl Config {
                 "0 (exact) or 64..=1073741824 (bytes)",
             )?;
         }
-        range("snapshot_retention", self.snapshot_retention, 0, 30 * 86_400, "0..=2592000 (seconds)")?;
+        range(
+            "snapshot_retention",
+            self.snapshot_retention,
+            0,
+            30 * 86_400,
+            "0..=2592000 (seconds)",
+        )?;
         range(
             "metrics_top_processes",
             self.metrics_top_processes.into(),

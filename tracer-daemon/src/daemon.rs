@@ -123,7 +123,9 @@ pub struct Daemon {
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding a lock must not take the daemon down with it:
     // the data is still consistent enough to serve.
-    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Daemon {
@@ -177,7 +179,11 @@ impl Daemon {
                 let mut image = ProcessImage::capture(event.tgid, event.gen_);
                 if image.comm.is_empty() {
                     // Gone before /proc could be read: the kernel's name.
-                    let len = event.comm.iter().position(|&b| b == 0).unwrap_or(event.comm.len());
+                    let len = event
+                        .comm
+                        .iter()
+                        .position(|&b| b == 0)
+                        .unwrap_or(event.comm.len());
                     image.comm = String::from_utf8_lossy(&event.comm[..len]).into_owned();
                 }
                 tracing::debug!(pid = event.tgid, gen = event.gen_, comm = %image.comm, "new image");
@@ -198,7 +204,10 @@ impl Daemon {
         let scanned = started.elapsed();
         let mut by_image: HashMap<(u32, u32), Vec<(AllocKey, AllocInfo)>> = HashMap::new();
         for (key, info) in entries {
-            by_image.entry((key.tgid, info.gen_)).or_default().push((key, info));
+            by_image
+                .entry((key.tgid, info.gen_))
+                .or_default()
+                .push((key, info));
         }
         let keys: Vec<AllocKey> = by_image.values().flatten().map(|(k, _)| *k).collect();
         let mut registry = lock(&self.registry);
@@ -245,13 +254,22 @@ impl Daemon {
         let entries = capture.live_blocks(None);
         if let Some(before) = stacks_before {
             let referenced: HashSet<u64> = entries.iter().map(|(_, info)| info.stack_id).collect();
-            let unreferenced: Vec<u64> =
-                before.into_iter().filter(|id| !referenced.contains(id)).collect();
+            let unreferenced: Vec<u64> = before
+                .into_iter()
+                .filter(|id| !referenced.contains(id))
+                .collect();
             let removed = capture.remove_stacks(&unreferenced);
-            tracing::info!(removed, map = tracer_common::MAP_STACKS, "collected unreferenced stacks");
+            tracing::info!(
+                removed,
+                map = tracer_common::MAP_STACKS,
+                "collected unreferenced stacks"
+            );
         }
-        let current: HashSet<(u32, u32)> =
-            capture.all_proc_stats().into_iter().map(|(tgid, stats)| (tgid, stats.gen_)).collect();
+        let current: HashSet<(u32, u32)> = capture
+            .all_proc_stats()
+            .into_iter()
+            .map(|(tgid, stats)| (tgid, stats.gen_))
+            .collect();
         let registry = lock(&self.registry);
         let mut orphans = lock(&self.orphans);
         let mut seen = HashSet::new();
@@ -277,10 +295,16 @@ impl Daemon {
     pub fn processes(&self) -> Vec<ProcessView> {
         let capture = self.capture();
         let registry = lock(&self.registry);
-        let mut live: Vec<ProcessView> =
-            registry.live().map(|image| view(image, live_stats(&capture, image))).collect();
+        let mut live: Vec<ProcessView> = registry
+            .live()
+            .map(|image| view(image, live_stats(&capture, image)))
+            .collect();
         live.sort_by_key(|v| v.pid);
-        live.extend(registry.ended().map(|image| view(image, ended_stats(image))));
+        live.extend(
+            registry
+                .ended()
+                .map(|image| view(image, ended_stats(image))),
+        );
         live
     }
 
@@ -307,7 +331,9 @@ impl Daemon {
     pub fn take_snapshot(&self, pid: u32) -> Result<TakenSnapshot, DaemonError> {
         let capture = self.capture();
         let mut registry = lock(&self.registry);
-        let image = registry.get_mut(pid).ok_or(DaemonError::NotTraced { pid })?;
+        let image = registry
+            .get_mut(pid)
+            .ok_or(DaemonError::NotTraced { pid })?;
         let (blocks, stats) = match &image.ended {
             Some(ended) => (ended.blocks.clone(), ended.stats),
             None => {
@@ -331,7 +357,12 @@ impl Daemon {
 
     /// Turns raw blocks into a [`Snapshot`]: one symbolization per distinct
     /// stack, tracebacks truncated to `nframe` frames, domain = pid.
-    pub fn build_snapshot(&self, pid: u32, blocks: &[RawBlock], maps: Option<&ModuleMaps>) -> Snapshot {
+    pub fn build_snapshot(
+        &self,
+        pid: u32,
+        blocks: &[RawBlock],
+        maps: Option<&ModuleMaps>,
+    ) -> Snapshot {
         let mut tracebacks: HashMap<*const u64, Arc<Traceback>> = HashMap::new();
         let unknown = Arc::new(Traceback::new(vec![Frame::unknown()], Some(1)));
         let mean = self.sample_interval;
@@ -347,7 +378,11 @@ impl Daemon {
                     .or_insert_with(|| Arc::new(self.traceback(stack, maps)))
                     .clone(),
             };
-            traces.push(Trace { domain: pid, size: block.size, traceback });
+            traces.push(Trace {
+                domain: pid,
+                size: block.size,
+                traceback,
+            });
         }
         Snapshot::new(traces, self.nframe)
     }
@@ -365,13 +400,19 @@ impl Daemon {
         maps: Option<&ModuleMaps>,
         mean: u64,
     ) -> Vec<Trace> {
-        let mut groups: HashMap<Option<*const u64>, (Option<Arc<[u64]>>, f64, f64)> = HashMap::new();
+        let mut groups: HashMap<Option<*const u64>, EstimatedGroup> = HashMap::new();
         for block in blocks {
             let s = block.size as f64;
             let p = -(-s / mean as f64).exp_m1();
-            let (count, bytes) = if p > 0.0 { (1.0 / p, s / p) } else { (mean as f64, 0.0) };
+            let (count, bytes) = if p > 0.0 {
+                (1.0 / p, s / p)
+            } else {
+                (mean as f64, 0.0)
+            };
             let key = block.stack.as_ref().map(|stack| stack.as_ptr());
-            let entry = groups.entry(key).or_insert_with(|| (block.stack.clone(), 0.0, 0.0));
+            let entry = groups
+                .entry(key)
+                .or_insert_with(|| (block.stack.clone(), 0.0, 0.0));
             entry.1 += count;
             entry.2 += bytes;
         }
@@ -386,7 +427,11 @@ impl Daemon {
             let (each, extra) = (total / n, total % n);
             for i in 0..n {
                 let size = each + u64::from(i < extra);
-                traces.push(Trace { domain: pid, size, traceback: traceback.clone() });
+                traces.push(Trace {
+                    domain: pid,
+                    size,
+                    traceback: traceback.clone(),
+                });
             }
         }
         traces
@@ -411,7 +456,11 @@ impl Daemon {
             }
         } else {
             frames.extend(stack.iter().map(|&address| Frame {
-                extra: Some(Arc::new(FrameExtra { function: None, module: None, address: Some(address) })),
+                extra: Some(Arc::new(FrameExtra {
+                    function: None,
+                    module: None,
+                    address: Some(address),
+                })),
                 ..Frame::unknown()
             }));
         }
@@ -449,7 +498,10 @@ impl Daemon {
         };
         let mut store = lock(&self.store);
         let id = store.insert(stored);
-        store.get(id).map(StoredSnapshot::summary).ok_or(DaemonError::SnapshotNotFound { id })
+        store
+            .get(id)
+            .map(StoredSnapshot::summary)
+            .ok_or(DaemonError::SnapshotNotFound { id })
     }
 
     /// Stored snapshots of the image `pid` means now, oldest first.
@@ -458,11 +510,17 @@ impl Daemon {
     /// [`DaemonError::NotTraced`].
     pub fn snapshots_of(&self, pid: u32) -> Result<Vec<SnapshotSummary>, DaemonError> {
         let gen_ = self.gen_of(pid)?;
-        Ok(lock(&self.store).of_image(pid, gen_).map(StoredSnapshot::summary).collect())
+        Ok(lock(&self.store)
+            .of_image(pid, gen_)
+            .map(StoredSnapshot::summary)
+            .collect())
     }
 
     fn gen_of(&self, pid: u32) -> Result<u32, DaemonError> {
-        lock(&self.registry).get(pid).map(|i| i.gen_).ok_or(DaemonError::NotTraced { pid })
+        lock(&self.registry)
+            .get(pid)
+            .map(|i| i.gen_)
+            .ok_or(DaemonError::NotTraced { pid })
     }
 
     /// Stored snapshot `id`, which must be of the image `pid` means now.
@@ -474,7 +532,11 @@ impl Daemon {
         let store = lock(&self.store);
         let stored = store.get(id).ok_or(DaemonError::SnapshotNotFound { id })?;
         if stored.pid != pid || stored.gen_ != gen_ {
-            return Err(DaemonError::SnapshotOfOtherProcess { id, of_pid: stored.pid, pid });
+            return Err(DaemonError::SnapshotOfOtherProcess {
+                id,
+                of_pid: stored.pid,
+                pid,
+            });
         }
         Ok(stored.clone())
     }
@@ -497,15 +559,21 @@ impl Daemon {
             .map_usage()
             .into_iter()
             .map(|(name, entries, capacity)| {
-                (name.to_string(), serde_json::json!({"entries": entries, "capacity": capacity}))
+                (
+                    name.to_string(),
+                    serde_json::json!({"entries": entries, "capacity": capacity}),
+                )
             })
             .collect();
         let mut by_pid: BTreeMap<u32, u64> = BTreeMap::new();
         for (key, _) in capture.live_blocks(None) {
             *by_pid.entry(key.tgid).or_default() += 1;
         }
-        let counters: serde_json::Map<String, serde_json::Value> =
-            capture.counters().into_iter().map(|(n, v)| (n.to_string(), v.into())).collect();
+        let counters: serde_json::Map<String, serde_json::Value> = capture
+            .counters()
+            .into_iter()
+            .map(|(n, v)| (n.to_string(), v.into()))
+            .collect();
         serde_json::json!({
             "maps": maps,
             "live_allocs_by_pid": by_pid,
@@ -513,6 +581,9 @@ impl Daemon {
         })
     }
 }
+
+/// A traceback's sampled blocks: its stack, estimated count and bytes.
+type EstimatedGroup = (Option<Arc<[u64]>>, f64, f64);
 
 /// Reads the stacks of `entries` (each distinct stack id once) into blocks.
 pub(crate) fn raw_blocks(capture: &Capture, entries: &[(AllocKey, AllocInfo)]) -> Vec<RawBlock> {
@@ -532,10 +603,16 @@ pub(crate) fn raw_blocks(capture: &Capture, entries: &[(AllocKey, AllocInfo)]) -
             // Without its stack a block still has its exact call site.
             let stack = stored.or_else(|| {
                 (info.frame0 != 0).then(|| {
-                    frame0_only.entry(info.frame0).or_insert_with(|| Arc::from([info.frame0])).clone()
+                    frame0_only
+                        .entry(info.frame0)
+                        .or_insert_with(|| Arc::from([info.frame0]))
+                        .clone()
                 })
             });
-            RawBlock { size: info.size, stack }
+            RawBlock {
+                size: info.size,
+                stack,
+            }
         })
         .collect()
 }

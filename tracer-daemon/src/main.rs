@@ -114,11 +114,21 @@ async fn run(config: Config) -> anyhow::Result<()> {
         cgroups: config.scope_cgroups.iter().cloned().collect(),
     };
     if !scope.is_all() {
-        let attached = daemon.set_scope(scope).map_err(anyhow::Error::msg).context("scope")?;
-        tracing::info!(processes = attached.len(), "scoped: probes registered per process");
+        let attached = daemon
+            .set_scope(scope)
+            .map_err(anyhow::Error::msg)
+            .context("scope")?;
+        tracing::info!(
+            processes = attached.len(),
+            "scoped: probes registered per process"
+        );
     }
-    let policy = AutoPolicy { interval_secs: config.snapshot_interval, retention_secs: config.snapshot_retention };
-    views::start(&daemon, &config.state_dir, policy).context("opening the snapshot store in state_dir")?;
+    let policy = AutoPolicy {
+        interval_secs: config.snapshot_interval,
+        retention_secs: config.snapshot_retention,
+    };
+    views::start(&daemon, &config.state_dir, policy)
+        .context("opening the snapshot store in state_dir")?;
 
     let mut metrics = Metrics::new();
     metrics.collect_daemon(
@@ -212,7 +222,9 @@ async fn shutdown_signal() {
 async fn handle_events(daemon: Arc<Daemon>, ring: aya::maps::RingBuf<aya::maps::MapData>) {
     // SAFETY: the RingBuf owns its map fd for its whole life inside the
     // AsyncFd, and as_raw_fd always returns that same fd.
-    let mut fd = match unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) } {
+    let mut fd = match unsafe {
+        AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE)
+    } {
         Ok(fd) => fd,
         Err(err) => {
             tracing::error!(err = %err, map = tracer_common::MAP_EVENTS, "cannot poll the ring buffer");
@@ -243,7 +255,7 @@ async fn handle_events(daemon: Arc<Daemon>, ring: aya::maps::RingBuf<aya::maps::
                 let daemon = daemon.clone();
                 let _ = tokio::task::spawn_blocking(move || {
                     daemon.expire();
-                    if ticks % 10 == 0 {
+                    if ticks.is_multiple_of(10) {
                         let removed = daemon.sweep_orphans();
                         if removed > 0 {
                             tracing::info!(removed, map = tracer_common::MAP_LIVE_ALLOCS, "removed orphaned blocks");

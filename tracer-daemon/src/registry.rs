@@ -142,14 +142,23 @@ impl EndEvent {
             ProcEventKind::Exec => EndReason::Exec,
             ProcEventKind::Exit => EndReason::Exit,
         };
-        Some(Self { pid, gen_, reason, stats })
+        Some(Self {
+            pid,
+            gen_,
+            reason,
+            stats,
+        })
     }
 }
 
 impl Registry {
     /// An empty registry keeping ended images for `retention`.
     pub fn new(retention: Duration) -> Self {
-        Self { live: HashMap::new(), ended: VecDeque::new(), retention }
+        Self {
+            live: HashMap::new(),
+            ended: VecDeque::new(),
+            retention,
+        }
     }
 
     /// Adds a new image (from a `New` event). An image of the same pid with
@@ -180,13 +189,18 @@ impl Registry {
     /// (its `New` event was lost) is recorded from what the event says.
     pub fn end(&mut self, event: EndEvent, blocks: Vec<RawBlock>) {
         let mut image = match self.live.get(&event.pid) {
-            Some(image) if image.gen_ == event.gen_ => {
-                self.live.remove(&event.pid).unwrap_or_else(|| unknown_image(event))
-            }
+            Some(image) if image.gen_ == event.gen_ => self
+                .live
+                .remove(&event.pid)
+                .unwrap_or_else(|| unknown_image(event)),
             _ => unknown_image(event),
         };
-        image.ended =
-            Some(Ended { reason: event.reason, at: SystemTime::now(), stats: event.stats, blocks });
+        image.ended = Some(Ended {
+            reason: event.reason,
+            at: SystemTime::now(),
+            stats: event.stats,
+            blocks,
+        });
         self.ended.push_back(image);
     }
 
@@ -247,21 +261,34 @@ mod tests {
     use super::*;
 
     fn image(pid: u32, gen_: u32) -> ProcessImage {
-        ProcessImage { gen_, ..unknown_image(EndEvent {
-            pid,
+        ProcessImage {
             gen_,
-            reason: EndReason::Exit,
-            stats: ProcStats::default(),
-        }) }
+            ..unknown_image(EndEvent {
+                pid,
+                gen_,
+                reason: EndReason::Exit,
+                stats: ProcStats::default(),
+            })
+        }
     }
 
     #[test]
     fn ended_image_stays_queryable_until_retention() {
         let mut registry = Registry::new(Duration::from_secs(60));
         registry.add(image(7, 1));
-        let stats = ProcStats { gen_: 1, current: 100, ..ProcStats::default() };
+        let stats = ProcStats {
+            gen_: 1,
+            current: 100,
+            ..ProcStats::default()
+        };
         let event = EndEvent::new(ProcEventKind::Exit, 7, 1, stats).expect("an end");
-        registry.end(event, vec![RawBlock { size: 100, stack: None }]);
+        registry.end(
+            event,
+            vec![RawBlock {
+                size: 100,
+                stack: None,
+            }],
+        );
         let got = registry.get(7).expect("retained");
         assert_eq!(got.ended.as_ref().map(|e| e.stats.current), Some(100));
         registry.expire(SystemTime::now() + Duration::from_secs(61));

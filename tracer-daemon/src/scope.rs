@@ -68,7 +68,10 @@ impl Scope {
             && let Ok(text) = fs::read_to_string(format!("/proc/{pid}/cgroup"))
             && let Some(cgroup) = cgroup_v2_path(&text)
         {
-            return self.cgroups.iter().any(|want| cgroup_contains(want, cgroup));
+            return self
+                .cgroups
+                .iter()
+                .any(|want| cgroup_contains(want, cgroup));
         }
         false
     }
@@ -85,7 +88,11 @@ impl Scope {
         if let Some(exe) = self.exes.iter().find(|e| !e.is_absolute()) {
             return Err(format!("exe {} is not an absolute path", exe.display()));
         }
-        if let Some(cgroup) = self.cgroups.iter().find(|c| !c.starts_with('/') || c.contains("/../")) {
+        if let Some(cgroup) = self
+            .cgroups
+            .iter()
+            .find(|c| !c.starts_with('/') || c.contains("/../"))
+        {
             return Err(format!(
                 "cgroup {cgroup:?} is not an absolute cgroup path such as /system.slice/app.service"
             ));
@@ -104,24 +111,33 @@ pub fn cgroup_contains(want: &str, path: &str) -> bool {
     let want = want.trim_end_matches('/');
     want.is_empty()
         || path == want
-        || path.strip_prefix(want).is_some_and(|rest| rest.starts_with('/'))
+        || path
+            .strip_prefix(want)
+            .is_some_and(|rest| rest.starts_with('/'))
 }
 
 /// Process ids of every process now (thread-group leaders in `/proc`).
 fn all_pids() -> Vec<u32> {
-    let Ok(entries) = fs::read_dir("/proc") else { return Vec::new() };
-    entries.flatten().filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok()).collect()
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .collect()
 }
 
 /// True if `pid` is a process (its own thread-group leader), not a thread.
 fn is_process(pid: u32) -> bool {
-    fs::read_to_string(format!("/proc/{pid}/status")).ok().is_some_and(|status| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("Tgid:"))
-            .and_then(|v| v.trim().parse::<u32>().ok())
-            == Some(pid)
-    })
+    fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .is_some_and(|status| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("Tgid:"))
+                .and_then(|v| v.trim().parse::<u32>().ok())
+                == Some(pid)
+        })
 }
 
 impl Daemon {
@@ -236,7 +252,12 @@ pub fn parse_scope(query: Option<&str>) -> Result<Scope, ApiError> {
                 Ok(pid) if pid > 0 => {
                     scope.pids.insert(pid);
                 }
-                _ => return Err(bad(format!("invalid pid {value:?}"), "pid is a positive integer")),
+                _ => {
+                    return Err(bad(
+                        format!("invalid pid {value:?}"),
+                        "pid is a positive integer",
+                    ));
+                }
             },
             "exe" => {
                 scope.exes.insert(PathBuf::from(value.as_ref()));
@@ -265,8 +286,9 @@ async fn put_scope(
     let scope = parse_scope(query.as_deref())?;
     let result = tokio::task::spawn_blocking(move || daemon.set_scope(scope)).await;
     match result {
-        Ok(Ok(pids)) => Ok(Json(json!({"attached_pids": pids, "all_processes": pids.is_empty()}))
-            .into_response()),
+        Ok(Ok(pids)) => Ok(
+            Json(json!({"attached_pids": pids, "all_processes": pids.is_empty()})).into_response(),
+        ),
         Ok(Err(error)) => Err(ApiError {
             status: StatusCode::CONFLICT,
             error,
@@ -286,34 +308,65 @@ mod tests {
 
     #[test]
     fn scope_queries_parse_and_refuse_bad_values() {
-        let scope = parse_scope(Some("pid=12&pid=13&exe=/usr/bin/app&cgroup=/system.slice")).unwrap();
+        let scope =
+            parse_scope(Some("pid=12&pid=13&exe=/usr/bin/app&cgroup=/system.slice")).unwrap();
         assert_eq!(scope.pids, BTreeSet::from([12, 13]));
         assert_eq!(scope.exes, BTreeSet::from([PathBuf::from("/usr/bin/app")]));
         assert!(parse_scope(None).unwrap().is_all());
         let err = parse_scope(Some("process=1")).unwrap_err();
         assert_eq!(err.status, StatusCode::BAD_REQUEST);
-        assert!(err.hint.starts_with("valid parameters: pid, exe, cgroup"), "{}", err.hint);
-        assert_eq!(parse_scope(Some("pid=-1")).unwrap_err().hint, "pid is a positive integer");
+        assert!(
+            err.hint.starts_with("valid parameters: pid, exe, cgroup"),
+            "{}",
+            err.hint
+        );
+        assert_eq!(
+            parse_scope(Some("pid=-1")).unwrap_err().hint,
+            "pid is a positive integer"
+        );
         assert!(parse_scope(Some("exe=relative")).is_err());
     }
 
     #[test]
     fn cgroup_matching_is_by_whole_components() {
-        assert!(cgroup_contains("/system.slice", "/system.slice/nginx.service"));
+        assert!(cgroup_contains(
+            "/system.slice",
+            "/system.slice/nginx.service"
+        ));
         assert!(cgroup_contains("/system.slice/", "/system.slice"));
         assert!(!cgroup_contains("/system.slice", "/system.slicex/a"));
         assert!(cgroup_contains("/", "/anything"));
-        assert_eq!(cgroup_v2_path("0::/user.slice/session-1.scope\n"), Some("/user.slice/session-1.scope"));
+        assert_eq!(
+            cgroup_v2_path("0::/user.slice/session-1.scope\n"),
+            Some("/user.slice/session-1.scope")
+        );
         assert_eq!(cgroup_v2_path("1:name=systemd:/x\n"), None);
     }
 
     #[test]
     fn invalid_scopes_say_what_is_valid() {
-        let bad_exe = Scope { exes: BTreeSet::from([PathBuf::from("bin/app")]), ..Scope::default() };
-        assert_eq!(bad_exe.validate().unwrap_err(), "exe bin/app is not an absolute path");
-        let bad_cgroup = Scope { cgroups: BTreeSet::from(["app.service".to_string()]), ..Scope::default() };
-        assert!(bad_cgroup.validate().unwrap_err().contains("not an absolute cgroup path"));
-        let bad_pid = Scope { pids: BTreeSet::from([0]), ..Scope::default() };
+        let bad_exe = Scope {
+            exes: BTreeSet::from([PathBuf::from("bin/app")]),
+            ..Scope::default()
+        };
+        assert_eq!(
+            bad_exe.validate().unwrap_err(),
+            "exe bin/app is not an absolute path"
+        );
+        let bad_cgroup = Scope {
+            cgroups: BTreeSet::from(["app.service".to_string()]),
+            ..Scope::default()
+        };
+        assert!(
+            bad_cgroup
+                .validate()
+                .unwrap_err()
+                .contains("not an absolute cgroup path")
+        );
+        let bad_pid = Scope {
+            pids: BTreeSet::from([0]),
+            ..Scope::default()
+        };
         assert!(bad_pid.validate().is_err());
         assert!(Scope::default().validate().is_ok());
     }
@@ -323,13 +376,31 @@ mod tests {
         let pid = std::process::id();
         let exe = fs::read_link("/proc/self/exe").expect("exe");
         let cgroup = fs::read_to_string("/proc/self/cgroup").expect("cgroup");
-        assert!(Scope { pids: BTreeSet::from([pid]), ..Scope::default() }.matches(pid));
-        assert!(Scope { exes: BTreeSet::from([exe]), ..Scope::default() }.matches(pid));
+        assert!(
+            Scope {
+                pids: BTreeSet::from([pid]),
+                ..Scope::default()
+            }
+            .matches(pid)
+        );
+        assert!(
+            Scope {
+                exes: BTreeSet::from([exe]),
+                ..Scope::default()
+            }
+            .matches(pid)
+        );
         if let Some(path) = cgroup_v2_path(&cgroup) {
-            let scope = Scope { cgroups: BTreeSet::from([path.to_string()]), ..Scope::default() };
+            let scope = Scope {
+                cgroups: BTreeSet::from([path.to_string()]),
+                ..Scope::default()
+            };
             assert!(scope.matches(pid));
         }
-        let other = Scope { exes: BTreeSet::from([PathBuf::from("/nonexistent/app")]), ..Scope::default() };
+        let other = Scope {
+            exes: BTreeSet::from([PathBuf::from("/nonexistent/app")]),
+            ..Scope::default()
+        };
         assert!(!other.matches(pid));
         assert!(is_process(pid));
     }

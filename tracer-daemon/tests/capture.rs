@@ -52,7 +52,11 @@ fn twenty_thousand_mallocs_at_one_line_show_exactly_in_compare() {
     assert_eq!(body["base"]["id"], base["id"]);
     let stats = &body["statistics"];
     let top = &stats[0];
-    assert_eq!(top["traceback"][0]["filename"].as_str(), src.to_str(), "{top}");
+    assert_eq!(
+        top["traceback"][0]["filename"].as_str(),
+        src.to_str(),
+        "{top}"
+    );
     assert_eq!(top["traceback"][0]["lineno"], line);
     assert_eq!(top["size_diff"], 5_120_000);
     assert_eq!(top["count_diff"], 20_000);
@@ -65,11 +69,15 @@ fn twenty_thousand_mallocs_at_one_line_show_exactly_in_compare() {
     assert_eq!(top["text"], expected);
     // Nothing else changed by more than a few blocks (stdio buffers at most).
     for other in stats.as_array().expect("array").iter().skip(1) {
-        assert!(other["count_diff"].as_i64().expect("count_diff").abs() <= 2, "{other}");
+        assert!(
+            other["count_diff"].as_i64().expect("count_diff").abs() <= 2,
+            "{other}"
+        );
     }
 
-    let (status, text) =
-        tracerd.get_text(&format!("/pid/{pid}/compare?group_by=lineno&limit=1&format=text"));
+    let (status, text) = tracerd.get_text(&format!(
+        "/pid/{pid}/compare?group_by=lineno&limit=1&format=text"
+    ));
     assert_eq!(status, 200);
     assert_eq!(text, format!("{expected}\n"));
 
@@ -130,7 +138,11 @@ fn every_allocator_records_its_exact_size_and_failures_record_nothing() {
     let (status, _) = tracerd.post(&format!("/pid/{pid}/snapshots"));
     assert_eq!(status, 201);
     fx.go();
-    assert_eq!(fx.read_line(), "1 1 1 0 1", "glibc's own results as the test assumes");
+    assert_eq!(
+        fx.read_line(),
+        "1 1 1 0 1",
+        "glibc's own results as the test assumes"
+    );
     fx.expect_line("done");
     let (status, body) = tracerd.get(&format!("/pid/{pid}/compare?group_by=lineno&limit=0"));
     assert_eq!(status, 200, "{body}");
@@ -139,10 +151,17 @@ fn every_allocator_records_its_exact_size_and_failures_record_nothing() {
         let line = line_of(&source, &format!("/* {marker} */"));
         match stat_at(stats, &src, line) {
             Some(stat) => {
-                assert_eq!((stat["size_diff"].as_i64(), stat["count_diff"].as_i64()),
-                    (Some(size), Some(count)), "{marker} at line {line}: {stat}");
+                assert_eq!(
+                    (stat["size_diff"].as_i64(), stat["count_diff"].as_i64()),
+                    (Some(size), Some(count)),
+                    "{marker} at line {line}: {stat}"
+                );
             }
-            None => assert_eq!((size, count), (0, 0), "{marker} at line {line} missing in {stats}"),
+            None => assert_eq!(
+                (size, count),
+                (0, 0),
+                "{marker} at line {line} missing in {stats}"
+            ),
         }
     };
     expect("CALLOC", 300, 1);
@@ -222,10 +241,16 @@ fn four_threads_freeing_across_threads_give_exact_totals() {
     assert_eq!(stat["size_diff"], 2500 * (16 + 32 + 48 + 64), "{stat}");
     assert_eq!(stat["count"], 10_000);
     let (_, after) = tracerd.get(&format!("/pid/{pid}/traced-memory"));
-    let (before, after) = (before["current"].as_i64().expect("n"), after["current"].as_i64().expect("n"));
+    let (before, after) = (
+        before["current"].as_i64().expect("n"),
+        after["current"].as_i64().expect("n"),
+    );
     // Thread start-up allocates a little of its own (TLS), freed at join or kept.
     let grew = after - before;
-    assert!((400_000..400_000 + 8192).contains(&grew), "current grew by {grew}");
+    assert!(
+        (400_000..400_000 + 8192).contains(&grew),
+        "current grew by {grew}"
+    );
     fx.go();
     assert!(fx.finish().success());
 }
@@ -271,18 +296,33 @@ fn traceback_grouping_shows_the_whole_caller_chain() {
     let got: Vec<(Option<&str>, u64, Option<&str>)> = frames
         .iter()
         .take(3)
-        .map(|f| (f["filename"].as_str(), f["lineno"].as_u64().unwrap_or(0), f["function"].as_str()))
+        .map(|f| {
+            (
+                f["filename"].as_str(),
+                f["lineno"].as_u64().unwrap_or(0),
+                f["function"].as_str(),
+            )
+        })
         .collect();
     let file = src.to_str();
     assert_eq!(
         got,
         vec![
-            (file, u64::from(line_of(&source, "MAKE_BLOCK")), Some("make_block")),
+            (
+                file,
+                u64::from(line_of(&source, "MAKE_BLOCK")),
+                Some("make_block")
+            ),
             (file, u64::from(line_of(&source, "GROW */")), Some("grow")),
             (file, u64::from(line_of(&source, "MAIN */")), Some("main")),
         ]
     );
-    assert!(frames[0]["module"].as_str().is_some_and(|m| m.ends_with("/chain")), "{frames:?}");
+    assert!(
+        frames[0]["module"]
+            .as_str()
+            .is_some_and(|m| m.ends_with("/chain")),
+        "{frames:?}"
+    );
     assert!(frames[0]["address"].as_u64().is_some());
     fx.go();
     assert!(fx.finish().success());
@@ -303,7 +343,9 @@ int main(int argc, char **argv) {
 fn kernel_blocks(tracerd: &Tracerd, pid: u32) -> u64 {
     let (status, maps) = tracerd.get("/maps");
     assert_eq!(status, 200, "{maps}");
-    maps["live_allocs_by_pid"][pid.to_string()].as_u64().unwrap_or(0)
+    maps["live_allocs_by_pid"][pid.to_string()]
+        .as_u64()
+        .unwrap_or(0)
 }
 
 #[test]
@@ -321,7 +363,10 @@ fn an_exited_program_leaves_the_maps_within_a_second_and_stays_queryable() {
         if kernel_blocks(&tracerd, pid) == 0 {
             break;
         }
-        assert!(exited_at.elapsed() < Duration::from_secs(1), "entries of {pid} still in LIVE_ALLOCS");
+        assert!(
+            exited_at.elapsed() < Duration::from_secs(1),
+            "entries of {pid} still in LIVE_ALLOCS"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
     // The last state of the 50 ms program stays, symbolized after its exit.
@@ -351,13 +396,22 @@ fn process_churn_leaves_no_entries_of_exited_processes() {
     // Other processes on the host allocate meanwhile; none of ours may stay.
     for pid in &pids {
         let left = &maps["live_allocs_by_pid"][pid.to_string()];
-        assert!(left.is_null(), "pid {pid} still has {left} blocks in LIVE_ALLOCS");
+        assert!(
+            left.is_null(),
+            "pid {pid} still has {left} blocks in LIVE_ALLOCS"
+        );
         let (status, process) = tracerd.get(&format!("/pid/{pid}"));
         assert_eq!(status, 200, "{process}");
         assert_eq!(process["state"], "exited", "{process}");
-        assert_eq!(process["allocs"].as_u64().map(|n| n >= 200), Some(true), "{process}");
+        assert_eq!(
+            process["allocs"].as_u64().map(|n| n >= 200),
+            Some(true),
+            "{process}"
+        );
     }
-    let procs = maps["maps"]["PROCS"]["entries"].as_u64().expect("PROCS entries");
+    let procs = maps["maps"]["PROCS"]["entries"]
+        .as_u64()
+        .expect("PROCS entries");
     assert!(procs < 200, "PROCS holds {procs} entries after churn");
 }
 
@@ -389,7 +443,8 @@ fn exec_starts_a_new_image_that_never_mixes_with_the_old_one() {
     let pid = fx.pid();
     tracerd.wait_traced(pid);
     let (_, body) = tracerd.get(&format!("/pid/{pid}/statistics?limit=0"));
-    let before = stat_at(&body["statistics"], &src, line_of(&source, "BEFORE_EXEC")).expect("before");
+    let before =
+        stat_at(&body["statistics"], &src, line_of(&source, "BEFORE_EXEC")).expect("before");
     assert_eq!(before["count"], 3000);
     let (status, old) = tracerd.post(&format!("/pid/{pid}/snapshots"));
     assert_eq!(status, 201);
@@ -398,13 +453,18 @@ fn exec_starts_a_new_image_that_never_mixes_with_the_old_one() {
     let deadline = Instant::now() + Duration::from_secs(5);
     let body = loop {
         let (status, body) = tracerd.get(&format!("/pid/{pid}/statistics?limit=0"));
-        if status == 200 && stat_at(&body["statistics"], &src, line_of(&source, "AFTER_EXEC")).is_some() {
+        if status == 200
+            && stat_at(&body["statistics"], &src, line_of(&source, "AFTER_EXEC")).is_some()
+        {
             break body;
         }
         assert!(Instant::now() < deadline, "new image not seen: {body}");
         std::thread::sleep(Duration::from_millis(20));
     };
-    assert!(stat_at(&body["statistics"], &src, line_of(&source, "BEFORE_EXEC")).is_none(), "{body}");
+    assert!(
+        stat_at(&body["statistics"], &src, line_of(&source, "BEFORE_EXEC")).is_none(),
+        "{body}"
+    );
     let after = stat_at(&body["statistics"], &src, line_of(&source, "AFTER_EXEC")).expect("after");
     assert_eq!(after["count"], 5);
     assert_eq!(after["size"], 50);
@@ -437,19 +497,49 @@ fn bad_requests_get_a_4xx_that_names_the_valid_values() {
     let tracerd = Tracerd::start(&[]);
     let cases: [(&str, u16, &str); 8] = [
         ("/pid/abc/statistics", 400, "pid is a positive integer"),
-        ("/pid/1/statistics?group_by=line", 400, "group_by is one of: filename, lineno, traceback"),
-        ("/pid/1/statistics?cumulative=yes", 400, "cumulative is one of: true, false, 1, 0"),
-        ("/pid/1/statistics?limit=-3", 400, "limit is a whole number >= 0 (0 means all)"),
-        ("/pid/1/statistics?format=xml", 400, "format is one of: json, text"),
-        ("/pid/1/statistics?bogus=1", 400, "valid parameters: group_by, cumulative, limit, format"),
-        ("/pid/4000000/statistics", 404, "GET /processes lists the traced pids"),
+        (
+            "/pid/1/statistics?group_by=line",
+            400,
+            "group_by is one of: filename, lineno, traceback",
+        ),
+        (
+            "/pid/1/statistics?cumulative=yes",
+            400,
+            "cumulative is one of: true, false, 1, 0",
+        ),
+        (
+            "/pid/1/statistics?limit=-3",
+            400,
+            "limit is a whole number >= 0 (0 means all)",
+        ),
+        (
+            "/pid/1/statistics?format=xml",
+            400,
+            "format is one of: json, text",
+        ),
+        (
+            "/pid/1/statistics?bogus=1",
+            400,
+            "valid parameters: group_by, cumulative, limit, format",
+        ),
+        (
+            "/pid/4000000/statistics",
+            404,
+            "GET /processes lists the traced pids",
+        ),
         ("/nope", 404, "GET /health"),
     ];
     for (path, status, hint) in cases {
         let (got, body) = tracerd.get(path);
         assert_eq!(got, status, "{path}: {body}");
-        assert!(body["hint"].as_str().is_some_and(|h| h.contains(hint)), "{path}: {body}");
-        assert!(body["error"].as_str().is_some_and(|e| !e.is_empty()), "{path}: {body}");
+        assert!(
+            body["hint"].as_str().is_some_and(|h| h.contains(hint)),
+            "{path}: {body}"
+        );
+        assert!(
+            body["error"].as_str().is_some_and(|e| !e.is_empty()),
+            "{path}: {body}"
+        );
     }
 }
 
@@ -486,7 +576,10 @@ fn blocks_whose_stack_was_not_stored_keep_their_exact_call_site() {
     fx.expect_line("done");
     let (_, maps) = tracerd.get("/maps");
     let dropped = maps["counters"]["drop_stack"].as_u64().expect("drop_stack");
-    assert!(dropped >= 600 - 256, "only {dropped} stacks dropped: {maps}");
+    assert!(
+        dropped >= 600 - 256,
+        "only {dropped} stacks dropped: {maps}"
+    );
     let (status, body) = tracerd.get(&format!("/pid/{pid}/statistics?group_by=lineno&limit=0"));
     assert_eq!(status, 200, "{body}");
     let stat = stat_at(&body["statistics"], &src, line).expect("the allocation site");
@@ -497,7 +590,11 @@ fn blocks_whose_stack_was_not_stored_keep_their_exact_call_site() {
 }
 
 fn put(tracerd: &Tracerd, path: &str) -> (u16, Value) {
-    let r = tracerd.client.put(format!("{}{path}", tracerd.base)).send().expect("PUT");
+    let r = tracerd
+        .client
+        .put(format!("{}{path}", tracerd.base))
+        .send()
+        .expect("PUT");
     let status = r.status().as_u16();
     (status, r.json().unwrap_or(Value::Null))
 }
@@ -585,7 +682,10 @@ fn sampled_run(extra: &[&str], dir: &TempDir) -> Vec<(f64, f64)> {
             let line = line_of(&source, &format!("/* {marker} */"));
             let stat = stat_at(&body["statistics"], &src, line)
                 .unwrap_or_else(|| panic!("no statistic at {marker}: {body}"));
-            (stat["count"].as_f64().expect("count"), stat["size"].as_f64().expect("size"))
+            (
+                stat["count"].as_f64().expect("count"),
+                stat["size"].as_f64().expect("size"),
+            )
         })
         .collect();
     fx.go();
@@ -597,17 +697,34 @@ fn sampled_run(extra: &[&str], dir: &TempDir) -> Vec<(f64, f64)> {
 fn sampling_estimates_are_within_the_stated_error_of_an_exact_run() {
     let dir = TempDir::new("sampling");
     let exact = sampled_run(&[], &dir);
-    assert_eq!(exact, vec![(100_000.0, 3_200_000.0), (20_000.0, 20_000_000.0), (200.0, 20_000_000.0)]);
+    assert_eq!(
+        exact,
+        vec![
+            (100_000.0, 3_200_000.0),
+            (20_000.0, 20_000_000.0),
+            (200.0, 20_000_000.0)
+        ]
+    );
     // Mean interval 8 KiB: about 390, 2440 and 200 samples at the three
     // sites; the bounds are about 4 standard deviations of each estimate.
     let sampled = sampled_run(&["--sample-interval", "8192"], &dir);
     for ((site, bound), ((count, size), (exact_count, exact_size))) in
-        [("SMALL", 0.20), ("MEDIUM", 0.08), ("LARGE", 0.02)].iter().zip(sampled.iter().zip(&exact))
+        [("SMALL", 0.20), ("MEDIUM", 0.08), ("LARGE", 0.02)]
+            .iter()
+            .zip(sampled.iter().zip(&exact))
     {
         let count_error = (count - exact_count).abs() / exact_count;
         let size_error = (size - exact_size).abs() / exact_size;
-        eprintln!("sampling {site}: count {count} ({count_error:.3}), size {size} ({size_error:.3})");
-        assert!(count_error <= *bound, "{site}: count {count} vs {exact_count} ({count_error:.3} > {bound})");
-        assert!(size_error <= *bound, "{site}: size {size} vs {exact_size} ({size_error:.3} > {bound})");
+        eprintln!(
+            "sampling {site}: count {count} ({count_error:.3}), size {size} ({size_error:.3})"
+        );
+        assert!(
+            count_error <= *bound,
+            "{site}: count {count} vs {exact_count} ({count_error:.3} > {bound})"
+        );
+        assert!(
+            size_error <= *bound,
+            "{site}: size {size} vs {exact_size} ({size_error:.3} > {bound})"
+        );
     }
 }

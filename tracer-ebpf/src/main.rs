@@ -33,8 +33,7 @@ use aya_ebpf::{
     EbpfContext,
     bindings::{BPF_F_NO_PREALLOC, BPF_F_USER_STACK, BPF_NOEXIST},
     helpers::{
-        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns,
-        bpf_probe_read_user,
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user,
     },
     macros::{map, tracepoint, uprobe, uretprobe},
     maps::{Array, HashMap, PerCpuArray, RingBuf},
@@ -81,14 +80,19 @@ fn sample_mean() -> u64 {
 /// so sharing it between the threads of a CPU keeps the probabilities).
 #[inline(always)]
 fn take_sample(size: u64, mean: u64) -> bool {
-    let Some(left) = SAMPLE_LEFT.get_ptr_mut(0) else { return true };
+    let Some(left) = SAMPLE_LEFT.get_ptr_mut(0) else {
+        return true;
+    };
     // SAFETY: this CPU's slot.
     let mut remaining = unsafe { *left }.wrapping_sub(size as i64);
     let sampled = remaining <= 0;
     if sampled {
         // SAFETY: a helper with no preconditions.
         let r = unsafe { aya_ebpf::helpers::bpf_get_prandom_u32() };
-        let e = EXP_TABLE.get(r & (EXP_TABLE_LEN - 1)).copied().unwrap_or(1 << 16);
+        let e = EXP_TABLE
+            .get(r & (EXP_TABLE_LEN - 1))
+            .copied()
+            .unwrap_or(1 << 16);
         remaining = ((mean.wrapping_mul(u64::from(e))) >> 16) as i64 + 1;
     }
     // SAFETY: as above.
@@ -156,7 +160,11 @@ fn tracerd_tgid() -> u32 {
 fn current() -> Option<(u64, u32)> {
     let id = bpf_get_current_pid_tgid();
     let tgid = (id >> 32) as u32;
-    if tgid == tracerd_tgid() { None } else { Some((id, tgid)) }
+    if tgid == tracerd_tgid() {
+        None
+    } else {
+        Some((id, tgid))
+    }
 }
 
 // Atomic read-modify-write on map values. The BPF target has no `Atomic*`
@@ -220,7 +228,12 @@ fn record_entry(size: u64, ptr: u64, overflow: bool) -> u32 {
     if mean != 0 && !take_sample(size, mean) {
         flags |= INFLIGHT_UNSAMPLED;
     }
-    let value = Inflight { size, ptr, depth: 0, overflow: flags };
+    let value = Inflight {
+        size,
+        ptr,
+        depth: 0,
+        overflow: flags,
+    };
     let slot = slot_of(id);
     if let Some(slot) = slot {
         // SAFETY: a slot of the array; its owner field is only changed by
@@ -392,7 +405,10 @@ fn proc_stats(tgid: u32) -> Option<*mut ProcStats> {
     }
     let slot = GENERATION.get_ptr_mut(0)?;
     let gen_ = fetch_add(slot, 1).wrapping_add(1) as u32;
-    let stats = ProcStats { gen_, ..ProcStats::default() };
+    let stats = ProcStats {
+        gen_,
+        ..ProcStats::default()
+    };
     match PROCS.insert(tgid, stats, BPF_NOEXIST as u64) {
         Ok(()) => send_event(ProcEventKind::New, tgid, gen_, &ProcStats::default()),
         // Another thread of the process created it first.
@@ -456,7 +472,11 @@ fn add_block(stats: *mut ProcStats, size: u64) {
 fn sub_block(stats: *mut ProcStats, size: u64) {
     // SAFETY: stats points into a PROCS value (see fetch_add).
     let (current, blocks, frees) = unsafe {
-        (&raw mut (*stats).current, &raw mut (*stats).blocks, &raw mut (*stats).frees)
+        (
+            &raw mut (*stats).current,
+            &raw mut (*stats).blocks,
+            &raw mut (*stats).frees,
+        )
     };
     fetch_add(current, size.wrapping_neg());
     fetch_add(blocks, u64::MAX);
@@ -467,7 +487,11 @@ fn sub_block(stats: *mut ProcStats, size: u64) {
 /// of the current image is counted as an unknown free when `count_unknown`.
 #[inline(always)]
 fn remove_block(tgid: u32, ptr: u64, count_unknown: bool) {
-    let key = AllocKey { tgid, _pad: 0, addr: ptr };
+    let key = AllocKey {
+        tgid,
+        _pad: 0,
+        addr: ptr,
+    };
     let stats = PROCS.get_ptr_mut(tgid);
     let info = match LIVE_ALLOCS.get_ptr(key) {
         // SAFETY: a LIVE_ALLOCS value, copied out at once.
@@ -513,7 +537,9 @@ fn unknown_free(stats: Option<*mut ProcStats>) {
 /// another stack with the same id: refused, never merged.
 #[inline(always)]
 fn stack_id<C: EbpfContext>(ctx: &C) -> u64 {
-    let Some(buf) = STACK_SCRATCH.get_ptr_mut(0) else { return drop_stack() };
+    let Some(buf) = STACK_SCRATCH.get_ptr_mut(0) else {
+        return drop_stack();
+    };
     // SAFETY: a global set once at load time.
     let mut nframe = unsafe { core::ptr::read_volatile(&NFRAME) } as usize;
     if nframe > MAX_NFRAME as usize {
@@ -546,7 +572,11 @@ fn stack_id<C: EbpfContext>(ctx: &C) -> u64 {
     words[0] = check;
     if let Some(stored) = STACKS.get_ptr(id) {
         // SAFETY: a STACKS value holds at least its first word.
-        return if unsafe { (*stored)[0] } == check { id } else { drop_stack() };
+        return if unsafe { (*stored)[0] } == check {
+            id
+        } else {
+            drop_stack()
+        };
     }
     match STACKS.insert(id, &*words, BPF_NOEXIST as u64) {
         Ok(()) => id,
@@ -572,7 +602,11 @@ fn stack_id<C: EbpfContext>(ctx: &C) -> u64 {
 /// bytes per frame: about a third of the helper's cost on this kernel, which
 /// sets up a perf callchain context for every call.
 #[inline(always)]
-fn walk_frame_pointers<C: EbpfContext>(ctx: &C, words: &mut [u64; STACK_WORDS], nframe: usize) -> usize {
+fn walk_frame_pointers<C: EbpfContext>(
+    ctx: &C,
+    words: &mut [u64; STACK_WORDS],
+    nframe: usize,
+) -> usize {
     let regs = ctx.as_ptr() as *const aya_ebpf::bindings::pt_regs;
     // SAFETY: a uprobe's context is its saved user registers.
     let (ip, mut fp) = unsafe { ((*regs).rip, (*regs).rbp) };
@@ -614,11 +648,23 @@ fn record_alloc(ctx: &RetProbeContext, tgid: u32, addr: u64, size: u64) {
     let stack_id = stack_id(ctx);
     // SAFETY: regs points at the probe's saved registers for its duration.
     let frame0 = unsafe { (*ctx.regs).rip };
-    let Some(stats) = proc_stats(tgid) else { return };
+    let Some(stats) = proc_stats(tgid) else {
+        return;
+    };
     // SAFETY: a PROCS value.
     let gen_ = unsafe { (*stats).gen_ };
-    let key = AllocKey { tgid, _pad: 0, addr };
-    let info = AllocInfo { size, stack_id, frame0, gen_, _pad: 0 };
+    let key = AllocKey {
+        tgid,
+        _pad: 0,
+        addr,
+    };
+    let info = AllocInfo {
+        size,
+        stack_id,
+        frame0,
+        gen_,
+        _pad: 0,
+    };
     match LIVE_ALLOCS.insert(key, info, BPF_NOEXIST as u64) {
         Ok(()) => {}
         Err(e) if e == -EEXIST => {
@@ -657,7 +703,9 @@ fn drop_block(stats: *mut ProcStats) {
 /// Return of malloc, calloc, aligned_alloc, memalign, valloc, pvalloc.
 #[inline(always)]
 fn alloc_exit(ctx: &RetProbeContext) -> u32 {
-    let Some((tgid, inflight)) = take_inflight() else { return 0 };
+    let Some((tgid, inflight)) = take_inflight() else {
+        return 0;
+    };
     let addr: u64 = ctx.ret();
     if addr == 0 {
         count(Counter::FailedAllocs);
@@ -704,7 +752,9 @@ pub fn pvalloc_exit(ctx: RetProbeContext) -> u32 {
 /// Return of realloc and reallocarray: see DESIGN.md's capture table.
 #[inline(always)]
 fn realloc_exit_common(ctx: &RetProbeContext) -> u32 {
-    let Some((tgid, inflight)) = take_inflight() else { return 0 };
+    let Some((tgid, inflight)) = take_inflight() else {
+        return 0;
+    };
     let addr: u64 = ctx.ret();
     let old = inflight.ptr;
     let exact = sample_mean() == 0;
@@ -739,7 +789,9 @@ pub fn reallocarray_exit(ctx: RetProbeContext) -> u32 {
 
 #[uretprobe]
 pub fn posix_memalign_exit(ctx: RetProbeContext) -> u32 {
-    let Some((tgid, inflight)) = take_inflight() else { return 0 };
+    let Some((tgid, inflight)) = take_inflight() else {
+        return 0;
+    };
     let ret: i32 = ctx.ret();
     if ret != 0 || inflight.ptr == 0 {
         count(Counter::FailedAllocs);
@@ -764,7 +816,9 @@ pub fn posix_memalign_exit(ctx: RetProbeContext) -> u32 {
 /// event, which then removes its blocks from `LIVE_ALLOCS`.
 #[inline(always)]
 fn end_generation(kind: ProcEventKind, tgid: u32) {
-    let Some(stats) = PROCS.get_ptr(tgid) else { return };
+    let Some(stats) = PROCS.get_ptr(tgid) else {
+        return;
+    };
     // SAFETY: a PROCS value, copied out at once.
     let stats = unsafe { *stats };
     let _ = PROCS.remove(tgid);
@@ -812,7 +866,9 @@ const EXIT_GROUP_DEAD_OFFSET: usize = 32;
 
 #[tracepoint]
 pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
-    let Some((id, tgid)) = current() else { return 0 };
+    let Some((id, tgid)) = current() else {
+        return 0;
+    };
     // A thread that dies inside a probed call leaves its state behind.
     if let Some(slot) = slot_of(id) {
         // SAFETY: see record_entry; only the owner resets its slot.

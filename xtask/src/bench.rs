@@ -127,9 +127,12 @@ doc = [{'id': i, 'name': 'item-%d' % i, 'tags': ['a', 'b', 'c'], 'values': list(
 for _ in range(3):\n    doc = json.loads(json.dumps(doc))\n";
 
 fn sqlite_script() -> String {
-    let mut sql = String::from("CREATE TABLE t(id INTEGER PRIMARY KEY, name TEXT, v REAL);\nBEGIN;\n");
+    let mut sql =
+        String::from("CREATE TABLE t(id INTEGER PRIMARY KEY, name TEXT, v REAL);\nBEGIN;\n");
     for i in 0..20_000 {
-        sql.push_str(&format!("INSERT INTO t(name, v) VALUES ('name-{i}', {i}.5);\n"));
+        sql.push_str(&format!(
+            "INSERT INTO t(name, v) VALUES ('name-{i}', {i}.5);\n"
+        ));
     }
     sql.push_str("COMMIT;\nCREATE INDEX t_name ON t(name);\n");
     sql.push_str("SELECT count(*), sum(v) FROM t WHERE name LIKE 'name-1%';\n");
@@ -254,7 +257,9 @@ fn prepare(dir: &Path, pairs: u64) -> anyhow::Result<Vec<Workload>> {
 
 fn which(name: &str) -> Option<PathBuf> {
     std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths).map(|p| p.join(name)).find(|p| p.is_file())
+        std::env::split_paths(&paths)
+            .map(|p| p.join(name))
+            .find(|p| p.is_file())
     })
 }
 
@@ -289,15 +294,24 @@ impl Drop for Tracer {
 }
 
 fn signal(pid: u32, sig: &str) {
-    let _ = Command::new("kill").arg(format!("-{sig}")).arg(pid.to_string()).status();
+    let _ = Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .status();
 }
 
 /// Starts `command` and waits until a line of its output contains `ready`.
 fn start_until(mut command: Command, ready: &str, from_stderr: bool) -> anyhow::Result<Tracer> {
     let mut child = if from_stderr {
-        command.stdout(Stdio::null()).stderr(Stdio::piped()).spawn()?
+        command
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()?
     } else {
-        command.stdout(Stdio::piped()).stderr(Stdio::null()).spawn()?
+        command
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()?
     };
     let pid = child.id();
     let pipe: Box<dyn std::io::Read + Send> = if from_stderr {
@@ -325,14 +339,18 @@ fn start_until(mut command: Command, ready: &str, from_stderr: bool) -> anyhow::
         }
     });
     let tracer = Tracer { child, pid };
-    rx.recv_timeout(Duration::from_secs(120)).context("the tracer did not become ready")?;
+    rx.recv_timeout(Duration::from_secs(120))
+        .context("the tracer did not become ready")?;
     // Give the kernel a moment to finish installing breakpoints.
     std::thread::sleep(Duration::from_millis(300));
     Ok(tracer)
 }
 
 fn libc_path() -> anyhow::Result<String> {
-    let out = Command::new("ldconfig").arg("-p").output().context("ldconfig -p")?;
+    let out = Command::new("ldconfig")
+        .arg("-p")
+        .output()
+        .context("ldconfig -p")?;
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .map(str::trim)
@@ -395,20 +413,27 @@ fn run_once(mode: &str, workload: &Workload, dir: &Path) -> anyhow::Result<f64> 
         }
         "massif" => {
             argv.extend(["valgrind", "--tool=massif", "-q"].map(String::from));
-            argv.push(format!("--massif-out-file={}", dir.join("massif.out").display()));
+            argv.push(format!(
+                "--massif-out-file={}",
+                dir.join("massif.out").display()
+            ));
         }
         _ => {}
     }
     argv.extend(workload.argv.iter().cloned());
     let mut command = Command::new(&argv[0]);
-    command.args(&argv[1..]).envs(workload.env.iter().map(|(k, v)| (k, v)));
+    command
+        .args(&argv[1..])
+        .envs(workload.env.iter().map(|(k, v)| (k, v)));
     command.stderr(Stdio::null());
     match &workload.stdin {
         Some(path) => command.stdin(fs::File::open(path)?),
         None => command.stdin(Stdio::null()),
     };
     let start = Instant::now();
-    let out = command.output().with_context(|| format!("running {}", argv.join(" ")))?;
+    let out = command
+        .output()
+        .with_context(|| format!("running {}", argv.join(" ")))?;
     let elapsed = start.elapsed();
     if !out.status.success() {
         bail!("{} under {mode} failed: {}", workload.name, out.status);
@@ -429,9 +454,20 @@ fn run_once(mode: &str, workload: &Workload, dir: &Path) -> anyhow::Result<f64> 
 /// CPU time (user + system, in clock ticks) and peak RSS (kB) of a pid.
 fn cpu_and_rss(pid: u32) -> (u64, u64) {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let fields: Vec<&str> = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("").split_whitespace().collect();
-    let ticks = fields.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
-        + fields.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r)
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    let ticks = fields
+        .get(11)
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0)
+        + fields
+            .get(12)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0);
     let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     let hwm = status
         .lines()
@@ -445,7 +481,9 @@ fn cpu_and_rss(pid: u32) -> (u64, u64) {
 /// Kernel memory of tracerd's BPF maps in bytes (the `memlock:` of each
 /// map fd in /proc/PID/fdinfo).
 fn bpf_map_memory(pid: u32) -> u64 {
-    let Ok(entries) = fs::read_dir(format!("/proc/{pid}/fdinfo")) else { return 0 };
+    let Ok(entries) = fs::read_dir(format!("/proc/{pid}/fdinfo")) else {
+        return 0;
+    };
     entries
         .flatten()
         .filter_map(|e| fs::read_to_string(e.path()).ok())
@@ -474,8 +512,19 @@ fn other_tracers() -> Vec<String> {
         for entry in entries.flatten() {
             let comm = fs::read_to_string(entry.path().join("comm")).unwrap_or_default();
             let comm = comm.trim();
-            if ["tracerd", "bpftrace", "tracer-floor", "heaptrack", "memleak"].contains(&comm) {
-                found.push(format!("{comm} (pid {})", entry.file_name().to_string_lossy()));
+            if [
+                "tracerd",
+                "bpftrace",
+                "tracer-floor",
+                "heaptrack",
+                "memleak",
+            ]
+            .contains(&comm)
+            {
+                found.push(format!(
+                    "{comm} (pid {})",
+                    entry.file_name().to_string_lossy()
+                ));
             }
         }
     }
@@ -486,11 +535,15 @@ fn other_tracers() -> Vec<String> {
 pub fn run(root: &Path, args: &BenchArgs) -> anyhow::Result<()> {
     let others = other_tracers();
     if !others.is_empty() && !args.force {
-        bail!("other tracers are running ({}): they would slow every mode; stop them first", others.join(", "));
+        bail!(
+            "other tracers are running ({}): they would slow every mode; stop them first",
+            others.join(", ")
+        );
     }
-    for (given, valid, what) in
-        [(&args.modes, &ALL_MODES[..], "mode"), (&args.workloads, &ALL_WORKLOADS[..], "workload")]
-    {
+    for (given, valid, what) in [
+        (&args.modes, &ALL_MODES[..], "mode"),
+        (&args.workloads, &ALL_WORKLOADS[..], "workload"),
+    ] {
         if let Some(bad) = given.iter().find(|g| !valid.contains(&g.as_str())) {
             bail!("unknown {what} {bad:?}; valid: {}", valid.join(", "));
         }
@@ -517,7 +570,12 @@ pub fn run(root: &Path, args: &BenchArgs) -> anyhow::Result<()> {
             let before = tracer.as_ref().map(|t| cpu_and_rss(t.pid));
             for workload in &workloads {
                 let figure = run_once(mode, workload, &dir)?;
-                results.entry(workload.name).or_default().entry(mode).or_default().push(figure);
+                results
+                    .entry(workload.name)
+                    .or_default()
+                    .entry(mode)
+                    .or_default()
+                    .push(figure);
             }
             if let (Some(t), Some((ticks0, _))) = (&tracer, before)
                 && mode == "tracerd"
@@ -532,7 +590,15 @@ pub fn run(root: &Path, args: &BenchArgs) -> anyhow::Result<()> {
             }
         }
     }
-    report(args, &modes, &workloads, &mut results, &tracerd_cpu_ticks, tracerd_rss_kb, tracerd_map_bytes)?;
+    report(
+        args,
+        &modes,
+        &workloads,
+        &mut results,
+        &tracerd_cpu_ticks,
+        tracerd_rss_kb,
+        tracerd_map_bytes,
+    )?;
     let mut extra = serde_json::Map::new();
     if !args.no_scope {
         extra.insert("scope".into(), scope_part(root, &dir, args)?);
@@ -555,11 +621,21 @@ fn http(method: &str, path: &str) -> anyhow::Result<(u16, String)> {
     use std::io::{Read as _, Write as _};
     let mut stream = std::net::TcpStream::connect("127.0.0.1:7467")?;
     stream.set_read_timeout(Some(Duration::from_secs(300)))?;
-    write!(stream, "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")?;
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )?;
     let mut response = String::new();
     stream.read_to_string(&mut response)?;
-    let status = response.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-    let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
     Ok((status, body))
 }
 
@@ -589,7 +665,11 @@ fn scale_part(root: &Path, dir: &Path) -> anyhow::Result<serde_json::Value> {
     let src = dir.join("keep.c");
     fs::write(&src, KEEP_C)?;
     let exe = dir.join("keep");
-    let status = Command::new("gcc").args(["-O2", "-g", "-fno-omit-frame-pointer", "-o"]).arg(&exe).arg(&src).status()?;
+    let status = Command::new("gcc")
+        .args(["-O2", "-g", "-fno-omit-frame-pointer", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .status()?;
     if !status.success() {
         bail!("compiling keep.c failed");
     }
@@ -604,7 +684,9 @@ fn scale_part(root: &Path, dir: &Path) -> anyhow::Result<serde_json::Value> {
     let child = keep_blocks(&exe, 4_000_000)?;
     let (_, maps) = http("GET", "/maps")?;
     let maps: serde_json::Value = serde_json::from_str(&maps)?;
-    let blocks = maps["live_allocs_by_pid"][child.id().to_string()].as_u64().unwrap_or(0);
+    let blocks = maps["live_allocs_by_pid"][child.id().to_string()]
+        .as_u64()
+        .unwrap_or(0);
     let entries = maps["maps"]["LIVE_ALLOCS"]["entries"].as_u64().unwrap_or(0);
     let maps_after = bpf_map_memory(pid);
     let per_block = (maps_after.saturating_sub(maps_before)) as f64 / blocks.max(1) as f64;
@@ -614,7 +696,10 @@ fn scale_part(root: &Path, dir: &Path) -> anyhow::Result<serde_json::Value> {
     loop {
         let (_, maps) = http("GET", "/maps")?;
         let maps: serde_json::Value = serde_json::from_str(&maps)?;
-        if maps["live_allocs_by_pid"].as_object().is_some_and(|m| m.values().all(|v| v.as_u64() < Some(100_000))) {
+        if maps["live_allocs_by_pid"]
+            .as_object()
+            .is_some_and(|m| m.values().all(|v| v.as_u64() < Some(100_000)))
+        {
             break;
         }
         if exited.elapsed() > Duration::from_secs(60) {
@@ -632,13 +717,20 @@ fn scale_part(root: &Path, dir: &Path) -> anyhow::Result<serde_json::Value> {
     }
     let summary: serde_json::Value = serde_json::from_str(&body)?;
     let start = Instant::now();
-    let (status, _) = http("GET", &format!("/pid/{}/statistics?group_by=lineno&limit=10", child.id()))?;
+    let (status, _) = http(
+        "GET",
+        &format!("/pid/{}/statistics?group_by=lineno&limit=10", child.id()),
+    )?;
     let statistics_ms = start.elapsed().as_secs_f64() * 1000.0;
     finish(child);
     tracer.stop();
     println!("\n### Scale\n");
-    println!("- live blocks of one process held at once: {blocks} (LIVE_ALLOCS entries in all: {entries})");
-    println!("- kernel memory per live block: {per_block:.0} bytes (BPF maps' memlock, before/after)");
+    println!(
+        "- live blocks of one process held at once: {blocks} (LIVE_ALLOCS entries in all: {entries})"
+    );
+    println!(
+        "- kernel memory per live block: {per_block:.0} bytes (BPF maps' memlock, before/after)"
+    );
     println!("- its 4,000,000 blocks left the kernel map {cleanup_ms:.0} ms after it exited");
     println!(
         "- POST /pid/N/snapshots of {} live blocks: {snapshot_ms:.0} ms; GET statistics (lineno) of them: {statistics_ms:.0} ms (status {status})",
@@ -661,7 +753,10 @@ fn scope_part(root: &Path, dir: &Path, args: &BenchArgs) -> anyhow::Result<serde
     let churn = dir.join("churn");
     let run = || -> anyhow::Result<f64> {
         let out = Command::new(&churn).arg(args.pairs.to_string()).output()?;
-        String::from_utf8_lossy(&out.stdout).trim().parse::<f64>().context("churn figure")
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse::<f64>()
+            .context("churn figure")
     };
     let mut none = Vec::new();
     let mut scoped = Vec::new();
@@ -715,10 +810,16 @@ fn report(
     let mut medians: BTreeMap<String, BTreeMap<String, f64>> = BTreeMap::new();
     for (workload, by_mode) in results.iter_mut() {
         for (mode, figures) in by_mode.iter_mut() {
-            medians.entry(workload.to_string()).or_default().insert(mode.to_string(), median(figures));
+            medians
+                .entry(workload.to_string())
+                .or_default()
+                .insert(mode.to_string(), median(figures));
         }
     }
-    println!("\n### Overhead, median of {} rounds (slowdown vs uninstrumented)\n", args.rounds);
+    println!(
+        "\n### Overhead, median of {} rounds (slowdown vs uninstrumented)\n",
+        args.rounds
+    );
     print!("| workload | unit |");
     for mode in modes {
         print!(" {mode} |");
@@ -730,7 +831,9 @@ fn report(
     }
     println!();
     for workload in workloads {
-        let Some(by_mode) = medians.get(workload.name) else { continue };
+        let Some(by_mode) = medians.get(workload.name) else {
+            continue;
+        };
         let base = by_mode.get("none").copied();
         print!("| {} | {} |", workload.name, workload.unit);
         for mode in modes {
@@ -752,14 +855,18 @@ fn report(
         if let Some(memleak) = churn.get("memleak") {
             let theirs = memleak - none;
             let ratio = added / theirs;
-            println!("  memleak-style bpftrace adds {theirs:.0} ns: tracerd/memleak = {ratio:.2} (goal <= 0.35)");
+            println!(
+                "  memleak-style bpftrace adds {theirs:.0} ns: tracerd/memleak = {ratio:.2} (goal <= 0.35)"
+            );
             goals.insert("memleak_added_ns_per_pair".into(), theirs.into());
             goals.insert("ratio_vs_memleak".into(), ratio.into());
         }
         if let Some(floor) = churn.get("floor") {
             let floor_added = floor - none;
             let ratio = added / floor_added;
-            println!("  empty programs at the same points add {floor_added:.0} ns: tracerd/floor = {ratio:.2} (goal <= 1.5)");
+            println!(
+                "  empty programs at the same points add {floor_added:.0} ns: tracerd/floor = {ratio:.2} (goal <= 1.5)"
+            );
             goals.insert("floor_added_ns_per_pair".into(), floor_added.into());
             goals.insert("ratio_vs_floor".into(), ratio.into());
         }
@@ -767,7 +874,9 @@ fn report(
     let ticks_per_s = 100.0;
     let mut cpu = tracerd_cpu_ticks.to_vec();
     cpu.sort_unstable();
-    let cpu_median_ms = cpu.get(cpu.len() / 2).map_or(0.0, |t| *t as f64 / ticks_per_s * 1000.0);
+    let cpu_median_ms = cpu
+        .get(cpu.len() / 2)
+        .map_or(0.0, |t| *t as f64 / ticks_per_s * 1000.0);
     println!(
         "tracerd: {cpu_median_ms:.0} ms CPU per round of all workloads (median), peak RSS {} MiB, kernel maps {} MiB",
         tracerd_rss_kb / 1024,

@@ -100,12 +100,26 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Task::Load(args) => {
             setup()?;
-            cargo(&["build", "--release", "-p", "tracer-daemon", "--bin", "tracerd"])?;
+            cargo(&[
+                "build",
+                "--release",
+                "-p",
+                "tracer-daemon",
+                "--bin",
+                "tracerd",
+            ])?;
             service_tasks::load(&workspace_root(), &args)
         }
         Task::Soak(args) => {
             setup()?;
-            cargo(&["build", "--release", "-p", "tracer-daemon", "--bin", "tracerd"])?;
+            cargo(&[
+                "build",
+                "--release",
+                "-p",
+                "tracer-daemon",
+                "--bin",
+                "tracerd",
+            ])?;
             service_tasks::soak(&workspace_root(), &args)
         }
         Task::Test { args } => {
@@ -119,8 +133,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             unit.extend(extra.iter().copied());
             cargo(&unit)?;
             // Integration tests: they attach probes host-wide, so one at a time.
-            let mut integration =
-                vec!["test", "-p", "tracer-daemon", "--tests", "--", "--test-threads=1"];
+            let mut integration = vec![
+                "test",
+                "-p",
+                "tracer-daemon",
+                "--tests",
+                "--",
+                "--test-threads=1",
+            ];
             integration.extend(extra.iter().copied());
             cargo(&integration)
         }
@@ -133,7 +153,10 @@ fn target_dir(root: &Path) -> PathBuf {
 }
 
 fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_default()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default()
 }
 
 fn cargo(args: &[&str]) -> anyhow::Result<()> {
@@ -159,8 +182,14 @@ fn is_root() -> bool {
 
 /// Output of a command, or None if it could not run or failed.
 fn output(program: &str, args: &[&str]) -> Option<String> {
-    let out = Command::new(program).args(args).stderr(Stdio::null()).output().ok()?;
-    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+    let out = Command::new(program)
+        .args(args)
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 fn setup() -> anyhow::Result<()> {
@@ -207,7 +236,13 @@ fn ensure_nightly() -> anyhow::Result<()> {
         return Ok(());
     }
     eprintln!("xtask: installing the {NIGHTLY} toolchain");
-    run_checked(Command::new("rustup").args(["toolchain", "install", NIGHTLY, "--profile", "minimal"]))
+    run_checked(Command::new("rustup").args([
+        "toolchain",
+        "install",
+        NIGHTLY,
+        "--profile",
+        "minimal",
+    ]))
 }
 
 fn ensure_rust_src() -> anyhow::Result<()> {
@@ -229,13 +264,22 @@ fn ensure_rust_src() -> anyhow::Result<()> {
     // Offline fallback: the same component, shipped beside the project.
     let tarball = workspace_root().join("../shared/toolchain/rust-src-nightly-2026-05-19.tar.xz");
     if !tarball.exists() {
-        bail!("rustup could not add rust-src and {} is missing", tarball.display());
+        bail!(
+            "rustup could not add rust-src and {} is missing",
+            tarball.display()
+        );
     }
     eprintln!("xtask: extracting {}", tarball.display());
     let dir = env::temp_dir().join("tracer-rust-src");
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
-    run_checked(Command::new("tar").arg("-xJf").arg(&tarball).arg("-C").arg(&dir))?;
+    run_checked(
+        Command::new("tar")
+            .arg("-xJf")
+            .arg(&tarball)
+            .arg("-C")
+            .arg(&dir),
+    )?;
     // The tarball is a rust-installer package: rust-src-*/rust-src/lib/rustlib/src.
     let found = walk_for(&dir, "lib/rustlib/src").context("no lib/rustlib/src in the tarball")?;
     run_checked(Command::new("cp").arg("-a").arg(&found).arg(&rustlib))?;
@@ -274,7 +318,9 @@ fn ensure_bpf_linker() -> anyhow::Result<()> {
 }
 
 fn run_checked(command: &mut Command) -> anyhow::Result<()> {
-    let status = command.status().with_context(|| format!("running {command:?}"))?;
+    let status = command
+        .status()
+        .with_context(|| format!("running {command:?}"))?;
     if !status.success() {
         bail!("{command:?} failed ({status})");
     }

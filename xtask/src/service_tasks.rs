@@ -673,4 +673,3 @@ pub fn soak(root: &Path, args: &SoakArgs) -> anyhow::Result<()> {
     }
     Ok(())
 }
-

@@ -22,7 +22,11 @@ fn main() -> anyhow::Result<()> {
     })
     .context("attaching the empty programs (needs root)")?;
     for library in capture.libraries() {
-        eprintln!("tracer-floor: {} {}", library.path.display(), library.probes.join(" "));
+        eprintln!(
+            "tracer-floor: {} {}",
+            library.path.display(),
+            library.probes.join(" ")
+        );
     }
     println!("ready");
     loop {

@@ -19,7 +19,10 @@ use serde_json::Value;
 pub fn require_root() {
     // SAFETY: geteuid has no preconditions.
     let euid = unsafe { libc_geteuid() };
-    assert_eq!(euid, 0, "integration tests load eBPF: run them as root (cargo xtask test)");
+    assert_eq!(
+        euid, 0,
+        "integration tests load eBPF: run them as root (cargo xtask test)"
+    );
 }
 
 unsafe extern "C" {
@@ -35,7 +38,8 @@ static COUNTER: AtomicU32 = AtomicU32::new(0);
 impl TempDir {
     pub fn new(tag: &str) -> Self {
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("tracer-test-{tag}-{}-{n}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("tracer-test-{tag}-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("create temp dir");
         Self(dir)
@@ -91,13 +95,21 @@ impl Tracerd {
             .timeout(Duration::from_secs(60))
             .build()
             .expect("http client");
-        let mut tracerd = Self { child, base: format!("http://{listen}"), client, _state: None };
+        let mut tracerd = Self {
+            child,
+            base: format!("http://{listen}"),
+            client,
+            _state: None,
+        };
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             if let Some(status) = tracerd.child.try_wait().expect("try_wait") {
                 panic!("tracerd exited at start: {status}");
             }
-            if let Ok(r) = tracerd.client.get(format!("{}/health", tracerd.base)).send()
+            if let Ok(r) = tracerd
+                .client
+                .get(format!("{}/health", tracerd.base))
+                .send()
                 && r.status().is_success()
             {
                 break;
@@ -114,17 +126,29 @@ impl Tracerd {
 
     /// GET a path; returns (status, body as JSON, or the text as a JSON string).
     pub fn get(&self, path: &str) -> (u16, Value) {
-        let r = self.client.get(format!("{}{path}", self.base)).send().expect("GET");
+        let r = self
+            .client
+            .get(format!("{}{path}", self.base))
+            .send()
+            .expect("GET");
         decode(r)
     }
 
     pub fn get_text(&self, path: &str) -> (u16, String) {
-        let r = self.client.get(format!("{}{path}", self.base)).send().expect("GET");
+        let r = self
+            .client
+            .get(format!("{}{path}", self.base))
+            .send()
+            .expect("GET");
         (r.status().as_u16(), r.text().expect("body"))
     }
 
     pub fn post(&self, path: &str) -> (u16, Value) {
-        let r = self.client.post(format!("{}{path}", self.base)).send().expect("POST");
+        let r = self
+            .client
+            .post(format!("{}{path}", self.base))
+            .send()
+            .expect("POST");
         decode(r)
     }
 
@@ -139,7 +163,11 @@ impl Tracerd {
 
     /// GET a path's body as bytes, with the status.
     pub fn get_bytes(&self, path: &str) -> (u16, Vec<u8>) {
-        let r = self.client.get(format!("{}{path}", self.base)).send().expect("GET");
+        let r = self
+            .client
+            .get(format!("{}{path}", self.base))
+            .send()
+            .expect("GET");
         (r.status().as_u16(), r.bytes().expect("body").to_vec())
     }
 
@@ -174,7 +202,10 @@ impl Tracerd {
             if status == 200 {
                 return;
             }
-            assert!(Instant::now() < deadline, "pid {pid} not traced within 10 s");
+            assert!(
+                Instant::now() < deadline,
+                "pid {pid} not traced within 10 s"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -188,7 +219,10 @@ fn decode(r: reqwest::blocking::Response) -> (u16, Value) {
 }
 
 fn kill(pid: u32, signal: &str) {
-    let _ = Command::new("kill").arg(format!("-{signal}")).arg(pid.to_string()).status();
+    let _ = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status();
 }
 
 impl Drop for Tracerd {
@@ -212,7 +246,11 @@ pub fn compile_c(dir: &Path, name: &str, source: &str, flags: &[&str]) -> PathBu
         .args(flags)
         .output()
         .expect("run cc");
-    assert!(out.status.success(), "cc failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "cc failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     exe
 }
 
@@ -224,7 +262,11 @@ pub fn line_of(source: &str, marker: &str) -> u32 {
         .filter(|(_, l)| l.contains(marker))
         .map(|(i, _)| i + 1)
         .collect();
-    assert_eq!(lines.len(), 1, "marker {marker} must be on exactly one line");
+    assert_eq!(
+        lines.len(),
+        1,
+        "marker {marker} must be on exactly one line"
+    );
     lines[0] as u32
 }
 
@@ -240,14 +282,22 @@ pub struct Fixture {
 impl Fixture {
     pub fn spawn(exe: &Path, args: &[&str], env: &[(&str, &str)]) -> Self {
         let mut command = Command::new(exe);
-        command.args(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit());
+        command
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
         for (k, v) in env {
             command.env(k, v);
         }
         let mut child = command.spawn().expect("spawn fixture");
         let stdin = child.stdin.take();
         let stdout = BufReader::new(child.stdout.take().expect("stdout"));
-        Self { child, stdin, stdout }
+        Self {
+            child,
+            stdin,
+            stdout,
+        }
     }
 
     pub fn pid(&self) -> u32 {
@@ -257,7 +307,9 @@ impl Fixture {
     /// Reads the next line the fixture prints (trimmed).
     pub fn read_line(&mut self) -> String {
         let mut line = String::new();
-        self.stdout.read_line(&mut line).expect("read fixture output");
+        self.stdout
+            .read_line(&mut line)
+            .expect("read fixture output");
         line.trim().to_string()
     }
 
@@ -307,6 +359,7 @@ static void wait_go(void) { char buf[16]; if (!fgets(buf, sizeof buf, stdin)) ex
 pub fn stat_at<'a>(stats: &'a Value, file: &Path, line: u32) -> Option<&'a Value> {
     stats.as_array()?.iter().find(|s| {
         let frame = &s["traceback"][0];
-        frame["filename"].as_str() == file.to_str() && frame["lineno"].as_u64() == Some(u64::from(line))
+        frame["filename"].as_str() == file.to_str()
+            && frame["lineno"].as_u64() == Some(u64::from(line))
     })
 }
