@@ -260,6 +260,11 @@ async fn handle_events(daemon: Arc<Daemon>, ring: aya::maps::RingBuf<aya::maps::
                         if removed > 0 {
                             tracing::info!(removed, map = tracer_common::MAP_LIVE_ALLOCS, "removed orphaned blocks");
                         }
+                        // Ended images of large processes leave big freed
+                        // blocks in glibc's heap, which it keeps: give them
+                        // back so tracerd's RSS follows what it holds.
+                        // SAFETY: malloc_trim has no preconditions.
+                        unsafe { libc::malloc_trim(0) };
                     }
                 })
                 .await;
