@@ -671,9 +671,11 @@ fn sampled_run(extra: &[&str], dir: &TempDir) -> Vec<(f64, f64)> {
     let mut fx = Fixture::spawn(&exe, &[], &[]);
     fx.expect_line("ready");
     let pid = fx.pid();
-    tracerd.wait_traced(pid);
     fx.go();
     fx.expect_line("done");
+    // Sampled, a process is first seen at its first sampled allocation: the
+    // loops above make sure there is one.
+    tracerd.wait_traced(pid);
     let (status, body) = tracerd.get(&format!("/pid/{pid}/statistics?limit=0"));
     assert_eq!(status, 200, "{body}");
     let figures = ["SMALL", "MEDIUM", "LARGE"]
