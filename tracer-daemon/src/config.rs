@@ -11,7 +11,9 @@
 //! [`Config`], its default in `Default`, and an `Option` field of the same
 //! name in [`Flags`] with `#[arg(long, env = "TRACERD_NAME")]`. Flags are
 //! merged by name (through serde), so no merge code needs to change; give it
-//! a range check in [`Config::validate`] if not every value is valid.
+//! a range check in [`Config::validate`] if not every value is valid, and a
+//! commented line in `deploy/tracerd.toml` (a test checks that the file
+//! holds exactly the defaults).
 use std::{
     net::SocketAddr,
     path::{Path, PathBuf},
