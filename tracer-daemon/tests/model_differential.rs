@@ -609,13 +609,13 @@ fn statistic_texts_match_cpython_for_extreme_sizes() {
         .iter()
         .map(|&(size, count, size_diff, count_diff)| {
             let stat = Statistic {
-                traceback: Arc::clone(&traceback),
+                traceback: Traceback::clone(&traceback),
                 size,
                 count,
                 label: None,
             };
             let diff = StatisticDiff {
-                traceback: Arc::clone(&traceback),
+                traceback: Traceback::clone(&traceback),
                 size,
                 size_diff,
                 count,

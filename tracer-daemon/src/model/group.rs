@@ -21,6 +21,7 @@ use std::sync::Arc;
 
 use super::hash::FxHashMap;
 use super::snapshot::{GroupBy, Statistic, StatisticDiff};
+use super::table::{AHEAD, Table, TableKey, prefetch};
 use super::traceback::{Frame, FrameExtra, Trace, Traceback, UNKNOWN_FILENAME};
 
 /// Bytes and blocks of one group. Sums saturate instead of wrapping (no
@@ -41,58 +42,193 @@ impl Totals {
 }
 
 /// Stage 1 result: the traces sharing one `Arc<Traceback>`.
+#[derive(Clone, Copy)]
 pub(super) struct Distinct<'a> {
     traceback: &'a Arc<Traceback>,
     totals: Totals,
 }
 
+/// Inputs smaller than this are grouped on the calling thread only.
+const PARALLEL_MIN: usize = 50_000;
+/// Most threads one grouping uses.
+const MAX_THREADS: usize = 8;
+
+/// How many threads to spread `work` items over.
+pub(super) fn threads_for(work: usize) -> usize {
+    if work < PARALLEL_MIN {
+        return 1;
+    }
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(1, MAX_THREADS)
+}
+
+/// Runs `job(part)` for every part in `0..parts`, part 0 on the calling
+/// thread and the others on scoped threads; results in part order. A part
+/// whose thread failed is run again on the calling thread.
+pub(super) fn in_parallel<T: Send>(parts: usize, job: impl Fn(usize) -> T + Sync) -> Vec<T> {
+    if parts <= 1 {
+        return vec![job(0)];
+    }
+    std::thread::scope(|scope| {
+        let job = &job;
+        let handles: Vec<_> = (1..parts)
+            .map(|part| scope.spawn(move || job(part)))
+            .collect();
+        let mut results = Vec::with_capacity(parts);
+        results.push(job(0));
+        for (offset, handle) in handles.into_iter().enumerate() {
+            results.push(handle.join().unwrap_or_else(|_| job(offset + 1)));
+        }
+        results
+    })
+}
+
+/// Sorts `items` by `cmp`, the two halves on two threads when there are
+/// many, then merges them.
+pub(super) fn sort_parallel<T: Send>(
+    mut items: Vec<T>,
+    cmp: impl Fn(&T, &T) -> std::cmp::Ordering + Sync,
+) -> Vec<T> {
+    if threads_for(items.len()) < 2 {
+        items.sort_unstable_by(&cmp);
+        return items;
+    }
+    let mid = items.len() / 2;
+    let failed = std::thread::scope(|scope| {
+        let cmp = &cmp;
+        let (left, right) = items.split_at_mut(mid);
+        let handle = scope.spawn(move || right.sort_unstable_by(cmp));
+        left.sort_unstable_by(cmp);
+        handle.join().is_err()
+    });
+    if failed && let Some(right) = items.get_mut(mid..) {
+        right.sort_unstable_by(&cmp);
+    }
+    let right = items.split_off(mid);
+    let left = items;
+    let mut merged = Vec::with_capacity(left.len() + right.len());
+    let mut left = left.into_iter().peekable();
+    let mut right = right.into_iter().peekable();
+    loop {
+        let take_left = match (left.peek(), right.peek()) {
+            (Some(a), Some(b)) => cmp(a, b) != std::cmp::Ordering::Greater,
+            (Some(_), None) => true,
+            (None, Some(_)) => false,
+            (None, None) => break,
+        };
+        let next = if take_left { left.next() } else { right.next() };
+        merged.extend(next);
+    }
+    merged
+}
+
 /// Stage 1: sums per `Arc<Traceback>` address, in order of first
 /// appearance. Equal tracebacks in different `Arc`s stay apart here and
 /// are merged by stage 2.
+///
+/// The addresses are split between threads by hash (each thread scans
+/// every trace and keeps its own), then the parts are merged by position
+/// of first appearance.
 pub(super) fn distinct_tracebacks(traces: &[Trace]) -> Vec<Distinct<'_>> {
-    /// Where a traceback first appears in `traces`, and its sums so far.
-    struct Slot {
-        first: usize,
+    let parts = threads_for(traces.len());
+    let mut lists = in_parallel(parts, |part| distinct_part(traces, part, parts));
+    if lists.len() == 1 {
+        return lists
+            .pop()
+            .map(|l| l.into_iter().map(|(_, d)| d).collect())
+            .unwrap_or_default();
+    }
+    // k-way merge by first position (k is small).
+    let total = lists.iter().map(Vec::len).sum();
+    let mut merged = Vec::with_capacity(total);
+    let mut cursors: Vec<std::iter::Peekable<std::vec::IntoIter<(usize, Distinct<'_>)>>> = lists
+        .into_iter()
+        .map(|l| l.into_iter().peekable())
+        .collect();
+    loop {
+        let next = cursors
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(i, c)| c.peek().map(|(first, _)| (*first, i)))
+            .min();
+        let Some((_, i)) = next else { break };
+        if let Some((_, d)) = cursors.get_mut(i).and_then(Iterator::next) {
+            merged.push(d);
+        }
+    }
+    merged
+}
+
+/// The part of stage 1 for the addresses whose hash falls in `part` of
+/// `parts`: one table access per trace (none for a run of traces sharing
+/// one `Arc`), prefetched [`AHEAD`] traces in advance, the sums kept in the
+/// table's bucket. Each result carries the position of its first trace.
+fn distinct_part(traces: &[Trace], part: usize, parts: usize) -> Vec<(usize, Distinct<'_>)> {
+    /// Position in the output, and the sums so far.
+    #[derive(Clone, Copy, Default)]
+    struct Acc {
+        index: u32,
         totals: Totals,
     }
-    let mut slots: FxHashMap<*const Traceback, Slot> = FxHashMap::default();
+    let expected = (traces.len() / 4 / parts).min(1 << 20);
+    let mut table: Table<usize, Acc> = Table::with_capacity(expected);
+    let mut firsts: Vec<(usize, &Arc<Traceback>)> = Vec::new();
+    let address = |trace: &Trace| Arc::as_ptr(&trace.traceback) as usize;
+    let mine = |key: usize| parts == 1 || (TableKey::hash(&key) >> 32) as usize % parts == part;
+    fn flush<'a>(
+        table: &mut Table<usize, Acc>,
+        firsts: &mut Vec<(usize, &'a Arc<Traceback>)>,
+        run: Option<(usize, usize, &'a Arc<Traceback>, Totals)>,
+    ) {
+        if let Some((key, position, traceback, totals)) = run {
+            let index = u32::try_from(firsts.len()).unwrap_or(u32::MAX);
+            let (acc, new) = table.get_or_insert(key, || Acc {
+                index,
+                totals: Totals::default(),
+            });
+            acc.totals.add(totals);
+            if new {
+                firsts.push((position, traceback));
+            }
+        }
+    }
     // The current run of consecutive traces with the same traceback, summed
     // before touching the table.
-    let mut run: Option<(*const Traceback, usize, Totals)> = None;
-    let mut flush = |run: Option<(*const Traceback, usize, Totals)>| {
-        if let Some((pointer, first, totals)) = run {
-            slots
-                .entry(pointer)
-                .or_insert(Slot {
-                    first,
-                    totals: Totals::default(),
-                })
-                .totals
-                .add(totals);
-        }
-    };
+    let mut run: Option<(usize, usize, &Arc<Traceback>, Totals)> = None;
     for (position, trace) in traces.iter().enumerate() {
-        let pointer = Arc::as_ptr(&trace.traceback);
+        if let Some(ahead) = traces.get(position + AHEAD) {
+            let key = address(ahead);
+            if mine(key) {
+                table.prefetch(&key);
+            }
+        }
+        let key = address(trace);
         let block = Totals {
             size: trace.size,
             count: 1,
         };
         match &mut run {
-            Some((current, _, totals)) if *current == pointer => totals.add(block),
-            _ => flush(run.replace((pointer, position, block))),
+            Some((current, _, _, totals)) if *current == key => totals.add(block),
+            _ if !mine(key) => {}
+            _ => flush(
+                &mut table,
+                &mut firsts,
+                run.replace((key, position, &trace.traceback, block)),
+            ),
         }
     }
-    flush(run);
-    let mut slots: Vec<Slot> = slots.into_values().collect();
-    slots.sort_unstable_by_key(|slot| slot.first);
-    slots
+    flush(&mut table, &mut firsts, run);
+    let mut totals = vec![Totals::default(); firsts.len()];
+    for (_, acc) in table.iter() {
+        if let Some(slot) = totals.get_mut(acc.index as usize) {
+            *slot = acc.totals;
+        }
+    }
+    firsts
         .into_iter()
-        .filter_map(|slot| {
-            traces.get(slot.first).map(|trace| Distinct {
-                traceback: &trace.traceback,
-                totals: slot.totals,
-            })
-        })
+        .zip(totals)
+        .map(|((position, traceback), totals)| (position, Distinct { traceback, totals }))
         .collect()
 }
 
@@ -138,15 +274,27 @@ impl<K: Hash + Eq, R> Groups<K, R> {
         }
     }
 
+    /// Adds the groups of `later`, computed over traces that come after
+    /// this one's (so this one's representatives are the first seen).
+    fn absorb(&mut self, later: Groups<K, R>, key_of: impl Fn(&R) -> K)
+    where
+        R: Copy,
+    {
+        for group in later.entries {
+            let slot = self.slot(key_of(&group.rep), || group.rep);
+            self.add(slot, group.totals);
+        }
+    }
+
     /// `Snapshot.statistics()` before sorting.
-    pub(super) fn statistics(self, traceback_of: impl Fn(&R) -> Arc<Traceback>) -> Vec<Statistic> {
+    pub(super) fn statistics(self, traceback_of: impl Fn(&R) -> Traceback) -> Vec<Statistic> {
         self.labelled_statistics(traceback_of, |_| None)
     }
 
     /// `Snapshot.statistics()` before sorting, with a label per group.
     fn labelled_statistics(
         self,
-        traceback_of: impl Fn(&R) -> Arc<Traceback>,
+        traceback_of: impl Fn(&R) -> Traceback,
         label_of: impl Fn(&R) -> Option<Arc<str>>,
     ) -> Vec<Statistic> {
         self.entries
@@ -168,7 +316,7 @@ impl<K: Hash + Eq, R> Groups<K, R> {
         &self,
         old: &Groups<K, R>,
         key_of: impl Fn(&R) -> K,
-        traceback_of: impl Fn(&R) -> Arc<Traceback>,
+        traceback_of: impl Fn(&R) -> Traceback,
     ) -> Vec<StatisticDiff> {
         self.labelled_compare_to(old, key_of, traceback_of, |_| None)
     }
@@ -178,7 +326,7 @@ impl<K: Hash + Eq, R> Groups<K, R> {
         &self,
         old: &Groups<K, R>,
         key_of: impl Fn(&R) -> K,
-        traceback_of: impl Fn(&R) -> Arc<Traceback>,
+        traceback_of: impl Fn(&R) -> Traceback,
         label_of: impl Fn(&R) -> Option<Arc<str>>,
     ) -> Vec<StatisticDiff> {
         let mut matched = vec![false; old.entries.len()];
@@ -214,7 +362,7 @@ impl<K: Hash + Eq, R> Groups<K, R> {
 }
 
 fn diff(
-    traceback: Arc<Traceback>,
+    traceback: Traceback,
     label: Option<Arc<str>>,
     now: Totals,
     before: Totals,
@@ -240,9 +388,44 @@ pub(super) type TracebackGroups<'a> = Groups<&'a Arc<Traceback>, &'a Arc<Traceba
 
 /// Stage 2 for `traceback`: distinct tracebacks merged by content.
 pub(super) fn group_tracebacks<'a>(distinct: &[Distinct<'a>]) -> TracebackGroups<'a> {
+    in_chunks(distinct, distinct.len(), group_tracebacks_part, |rep| *rep)
+}
+
+/// Runs `part` over contiguous chunks of `distinct` on several threads
+/// (as many as `work` items call for) and merges the chunks' groups in
+/// order, so that the result equals one pass over all of `distinct`.
+fn in_chunks<'a, K: Hash + Eq + Send, R: Copy + Send>(
+    distinct: &[Distinct<'a>],
+    work: usize,
+    part: impl Fn(&[Distinct<'a>]) -> Groups<K, R> + Sync,
+    key_of: impl Fn(&R) -> K,
+) -> Groups<K, R> {
+    let parts = threads_for(work).min(distinct.len().max(1));
+    let chunk = distinct.len().div_ceil(parts).max(1);
+    let results = in_parallel(parts, |i| {
+        let start = (i * chunk).min(distinct.len());
+        let end = ((i + 1) * chunk).min(distinct.len());
+        part(distinct.get(start..end).unwrap_or(&[]))
+    });
+    let mut results = results.into_iter();
+    let Some(mut merged) = results.next() else {
+        return Groups::new();
+    };
+    for later in results {
+        merged.absorb(later, &key_of);
+    }
+    merged
+}
+
+fn group_tracebacks_part<'a>(distinct: &[Distinct<'a>]) -> TracebackGroups<'a> {
     let mut groups = Groups::new();
     groups.index.reserve(distinct.len());
-    for d in distinct {
+    for (i, d) in distinct.iter().enumerate() {
+        // The table hashes the traceback (its hash is stored in it): fetch
+        // the traceback ahead.
+        if let Some(ahead) = distinct.get(i + AHEAD) {
+            prefetch(Arc::as_ptr(ahead.traceback).cast());
+        }
         let slot = groups.slot(d.traceback, || d.traceback);
         groups.add(slot, d.totals);
     }
@@ -251,18 +434,17 @@ pub(super) fn group_tracebacks<'a>(distinct: &[Distinct<'a>]) -> TracebackGroups
 
 /// The statistic's traceback for a `traceback` group: the same frames
 /// without `total_nframe`, as tracemalloc's `Traceback(frames)`.
-pub(super) fn traceback_group_traceback(traceback: &&Arc<Traceback>) -> Arc<Traceback> {
-    if traceback.total_nframe().is_none() {
-        Arc::clone(traceback)
-    } else {
-        Arc::new(traceback.without_total_nframe())
-    }
+pub(super) fn traceback_group_traceback(traceback: &&Arc<Traceback>) -> Traceback {
+    traceback.without_total_nframe()
 }
 
 /// Representative of a `lineno` or `filename` group: the first frame seen
 /// and the group's line number (0 for `filename`).
 #[derive(Clone, Copy)]
 pub(super) struct FrameRep<'a> {
+    /// The traceback it was seen in, and its index there.
+    traceback: &'a Traceback,
+    index: usize,
     frame: &'a Frame,
     lineno: u32,
 }
@@ -281,12 +463,39 @@ pub(super) fn group_frames<'a>(
     group_by: GroupBy,
     cumulative: bool,
 ) -> FrameGroups<'a> {
+    let work = if cumulative {
+        distinct.len().saturating_mul(8)
+    } else {
+        distinct.len()
+    };
+    in_chunks(
+        distinct,
+        work,
+        |chunk| group_frames_part(chunk, group_by, cumulative),
+        frame_key,
+    )
+}
+
+fn group_frames_part<'a>(
+    distinct: &[Distinct<'a>],
+    group_by: GroupBy,
+    cumulative: bool,
+) -> FrameGroups<'a> {
     let keep_lineno = group_by == GroupBy::Lineno;
     let mut groups = Groups::new();
     // File names are usually shared `Arc<str>`s: find a group by the
     // name's address and line, and compare text only for a new address.
-    let mut by_address: FxHashMap<(*const u8, u32), usize> = FxHashMap::default();
-    for d in distinct {
+    let mut by_address: Table<(usize, u32), u32> = Table::with_capacity(1024);
+    for (i, d) in distinct.iter().enumerate() {
+        // Two dependent misses per traceback (the traceback, then its
+        // frames): fetch the traceback 2 * AHEAD ahead and its frames AHEAD
+        // ahead.
+        if let Some(far) = distinct.get(i + 2 * AHEAD) {
+            prefetch(Arc::as_ptr(far.traceback).cast());
+        }
+        if let Some(ahead) = distinct.get(i + AHEAD) {
+            prefetch(ahead.traceback.frames().as_ptr().cast());
+        }
         let traceback: &'a Traceback = d.traceback;
         let frames = traceback.frames();
         let selected = if cumulative {
@@ -294,16 +503,21 @@ pub(super) fn group_frames<'a>(
         } else {
             frames.get(..1).unwrap_or(&[])
         };
-        for frame in selected {
+        for (index, frame) in selected.iter().enumerate() {
             let lineno = if keep_lineno { frame.lineno } else { 0 };
-            let slot = match by_address.entry((frame.filename.as_ptr(), lineno)) {
-                Entry::Occupied(entry) => *entry.get(),
-                Entry::Vacant(entry) => {
-                    let key = (&*frame.filename, lineno);
-                    *entry.insert(groups.slot(key, || FrameRep { frame, lineno }))
-                }
-            };
-            groups.add(slot, d.totals);
+            let address = (frame.filename.as_ptr() as usize, lineno);
+            let (slot, new) = by_address.get_or_insert(address, || 0);
+            if new {
+                let key = (&*frame.filename, lineno);
+                let group = groups.slot(key, || FrameRep {
+                    traceback,
+                    index,
+                    frame,
+                    lineno,
+                });
+                *slot = u32::try_from(group).unwrap_or(u32::MAX);
+            }
+            groups.add(*slot as usize, d.totals);
         }
     }
     groups
@@ -317,20 +531,24 @@ pub(super) fn frame_key<'a>(rep: &FrameRep<'a>) -> FrameKey<'a> {
 /// The statistic's one-frame traceback for a `lineno` or `filename` group.
 /// A `filename` group's frame has lineno 0 and no `extra` (a function and
 /// address would describe one arbitrary line of the file).
-pub(super) fn frame_group_traceback(rep: &FrameRep<'_>, group_by: GroupBy) -> Arc<Traceback> {
-    let extra = match group_by {
-        GroupBy::Lineno => rep.frame.extra.clone(),
-        GroupBy::Filename | GroupBy::Traceback | GroupBy::Function | GroupBy::Module => None,
-    };
-    Arc::new(Traceback::from_frame(Frame {
+pub(super) fn frame_group_traceback(rep: &FrameRep<'_>, group_by: GroupBy) -> Traceback {
+    if group_by == GroupBy::Lineno
+        && let Some(view) = rep.traceback.frame_view(rep.index)
+    {
+        // The frame itself, extra included, shared with the trace's
+        // traceback.
+        return view;
+    }
+    Traceback::from_frame(Frame {
         filename: Arc::clone(&rep.frame.filename),
         lineno: rep.lineno,
-        extra,
-    }))
+        extra: None,
+    })
 }
 
 /// Representative of a `function` or `module` group: its label and the
 /// first frame seen with it.
+#[derive(Clone, Copy)]
 pub(super) struct LabelRep<'a> {
     label: &'a Arc<str>,
     frame: &'a Frame,
@@ -344,6 +562,24 @@ pub(super) type LabelGroups<'a> = Groups<&'a str, LabelRep<'a>>;
 /// of each distinct traceback, or of every frame (each occurrence) under
 /// `cumulative`. Frames with no such name count under `<unknown>`.
 pub(super) fn group_labels<'a>(
+    distinct: &[Distinct<'a>],
+    group_by: GroupBy,
+    cumulative: bool,
+) -> LabelGroups<'a> {
+    let work = if cumulative {
+        distinct.len().saturating_mul(8)
+    } else {
+        distinct.len()
+    };
+    in_chunks(
+        distinct,
+        work,
+        |chunk| group_labels_part(chunk, group_by, cumulative),
+        |rep| &**rep.label,
+    )
+}
+
+fn group_labels_part<'a>(
     distinct: &[Distinct<'a>],
     group_by: GroupBy,
     cumulative: bool,
@@ -387,7 +623,7 @@ pub(super) fn group_labels<'a>(
 /// The statistic's one-frame traceback for a label group: the first frame
 /// seen, at line 0, with the function and module, for `function`; the
 /// module path at line 0 for `module`.
-fn label_group_traceback(rep: &LabelRep<'_>) -> Arc<Traceback> {
+fn label_group_traceback(rep: &LabelRep<'_>) -> Traceback {
     let module = rep.frame.extra.as_deref().and_then(|e| e.module.clone());
     let frame = if rep.function {
         Frame {
@@ -412,7 +648,7 @@ fn label_group_traceback(rep: &LabelRep<'_>) -> Arc<Traceback> {
             }),
         }
     };
-    Arc::new(Traceback::from_frame(frame))
+    Traceback::from_frame(frame)
 }
 
 fn label_of(rep: &LabelRep<'_>) -> Option<Arc<str>> {

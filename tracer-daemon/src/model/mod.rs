@@ -47,6 +47,7 @@ mod group;
 mod hash;
 mod pickle;
 mod snapshot;
+mod table;
 mod traceback;
 
 pub use dump::{DUMP_MAGIC, DUMP_VERSION, Decoded, DumpError, crc32, decode, encode};

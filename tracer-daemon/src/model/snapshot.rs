@@ -14,9 +14,9 @@ use super::error::ModelError;
 use super::format::{format_size_f64, true_div};
 use super::group::{
     distinct_tracebacks, frame_group_traceback, frame_key, group_frames, group_labels,
-    group_tracebacks, traceback_group_traceback,
+    group_tracebacks, sort_parallel, traceback_group_traceback,
 };
-use super::traceback::{Trace, Traceback, serialize_traceback};
+use super::traceback::{Trace, Traceback};
 
 /// How `statistics()` and `compare_to()` group traces: tracemalloc's
 /// `key_type` (`filename`, `lineno`, `traceback`), plus `function` and
@@ -108,8 +108,7 @@ impl FromStr for GroupBy {
 pub struct Statistic {
     /// The group key: one frame (`lineno`; `filename:0` for `filename`) or
     /// the whole traceback (`traceback`), with no `total_nframe`.
-    #[serde(serialize_with = "serialize_traceback")]
-    pub traceback: Arc<Traceback>,
+    pub traceback: Traceback,
     /// Sum of the sizes of the group's blocks, in bytes.
     pub size: u64,
     /// Number of blocks in the group (under `cumulative`, one per frame
@@ -161,8 +160,7 @@ impl fmt::Display for Statistic {
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
 pub struct StatisticDiff {
     /// The group key, as in [`Statistic::traceback`].
-    #[serde(serialize_with = "serialize_traceback")]
-    pub traceback: Arc<Traceback>,
+    pub traceback: Traceback,
     /// Bytes in the group in the new snapshot; 0 if the group is gone.
     pub size: u64,
     /// `size` minus the group's bytes in the old snapshot (saturating at the
@@ -258,7 +256,7 @@ impl Snapshot {
     ) -> Result<Vec<Statistic>, ModelError> {
         check_cumulative(group_by, cumulative)?;
         let distinct = distinct_tracebacks(&self.traces);
-        let mut statistics = match group_by {
+        let statistics = match group_by {
             GroupBy::Traceback => group_tracebacks(&distinct).statistics(traceback_group_traceback),
             GroupBy::Lineno | GroupBy::Filename => group_frames(&distinct, group_by, cumulative)
                 .statistics(|rep| frame_group_traceback(rep, group_by)),
@@ -266,13 +264,12 @@ impl Snapshot {
                 group_labels(&distinct, group_by, cumulative).label_statistics()
             }
         };
-        statistics.sort_unstable_by(|a, b| {
+        Ok(sort_parallel(statistics, |a, b| {
             b.size
                 .cmp(&a.size)
                 .then(b.count.cmp(&a.count))
                 .then_with(|| group_order(b, a))
-        });
-        Ok(statistics)
+        }))
     }
 
     /// `Snapshot.compare_to(old, key_type, cumulative)`: one
@@ -290,7 +287,7 @@ impl Snapshot {
         check_cumulative(group_by, cumulative)?;
         let new_distinct = distinct_tracebacks(&self.traces);
         let old_distinct = distinct_tracebacks(&old.traces);
-        let mut diffs =
+        let diffs =
             match group_by {
                 GroupBy::Traceback => group_tracebacks(&new_distinct).compare_to(
                     &group_tracebacks(&old_distinct),
@@ -309,7 +306,7 @@ impl Snapshot {
                         .label_compare_to(&group_labels(&old_distinct, group_by, cumulative))
                 }
             };
-        diffs.sort_unstable_by(|a, b| {
+        Ok(sort_parallel(diffs, |a, b| {
             b.size_diff
                 .unsigned_abs()
                 .cmp(&a.size_diff.unsigned_abs())
@@ -321,24 +318,23 @@ impl Snapshot {
                 )
                 .then(b.count.cmp(&a.count))
                 .then_with(|| group_order(b, a))
-        });
-        Ok(diffs)
+        }))
     }
 }
 
 /// What a statistic or diff is keyed by, for the last sort key.
 trait GroupKey {
-    fn key(&self) -> (&Arc<Traceback>, Option<&str>);
+    fn key(&self) -> (&Traceback, Option<&str>);
 }
 
 impl GroupKey for Statistic {
-    fn key(&self) -> (&Arc<Traceback>, Option<&str>) {
+    fn key(&self) -> (&Traceback, Option<&str>) {
         (&self.traceback, self.label.as_deref())
     }
 }
 
 impl GroupKey for StatisticDiff {
-    fn key(&self) -> (&Arc<Traceback>, Option<&str>) {
+    fn key(&self) -> (&Traceback, Option<&str>) {
         (&self.traceback, self.label.as_deref())
     }
 }

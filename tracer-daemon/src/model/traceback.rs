@@ -165,8 +165,11 @@ impl Serialize for Frame {
 #[derive(Clone, Debug)]
 pub struct Traceback {
     /// Most recent first; never empty. Shared so that a statistic can reuse
-    /// the frames of the traces it groups.
+    /// the frames of the traces it groups: the traceback is the frames
+    /// `start..start + len` of this array.
     frames: Arc<[Frame]>,
+    start: u32,
+    len: u32,
     total_nframe: Option<u32>,
     /// Hash of the frames' `(filename, lineno)`, computed once.
     hash: u64,
@@ -189,8 +192,11 @@ impl Traceback {
     fn from_shared(frames: Arc<[Frame]>, total_nframe: Option<u32>) -> Self {
         let mut hasher = FxHasher::default();
         frames.hash(&mut hasher);
+        let len = u32::try_from(frames.len()).unwrap_or(u32::MAX);
         Traceback {
             frames,
+            start: 0,
+            len,
             total_nframe,
             hash: hasher.finish(),
         }
@@ -219,15 +225,44 @@ impl Traceback {
     pub(crate) fn without_total_nframe(&self) -> Self {
         Traceback {
             frames: Arc::clone(&self.frames),
+            start: self.start,
+            len: self.len,
             total_nframe: None,
             hash: self.hash,
         }
     }
 
+    /// The one-frame traceback of frame `index` (most recent first) of this
+    /// one, with no `total_nframe`, sharing the frames (no allocation): the
+    /// traceback of a `lineno` statistic. None if `index` is out of range.
+    #[must_use]
+    pub(crate) fn frame_view(&self, index: usize) -> Option<Self> {
+        let frame = self.frames().get(index)?;
+        let mut hasher = FxHasher::default();
+        std::slice::from_ref(frame).hash(&mut hasher);
+        Some(Traceback {
+            frames: Arc::clone(&self.frames),
+            start: self.start + u32::try_from(index).ok()?,
+            len: 1,
+            total_nframe: None,
+            hash: hasher.finish(),
+        })
+    }
+
     /// The frames, most recent call first (at least one).
     #[must_use]
     pub fn frames(&self) -> &[Frame] {
-        &self.frames
+        let start = self.start as usize;
+        self.frames
+            .get(start..start + self.len as usize)
+            .unwrap_or(&[])
+    }
+
+    /// Whether both share the same frames (same array, same range).
+    fn same_frames(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.frames, &other.frames)
+            && self.start == other.start
+            && self.len == other.len
     }
 
     /// Depth of the stack before truncation to `traceback_limit`, when known.
@@ -300,8 +335,7 @@ pub fn is_python_space(c: char) -> bool {
 
 impl PartialEq for Traceback {
     fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.frames, &other.frames)
-            || (self.hash == other.hash && self.frames == other.frames)
+        self.same_frames(other) || (self.hash == other.hash && self.frames() == other.frames())
     }
 }
 
@@ -322,10 +356,10 @@ impl PartialOrd for Traceback {
 /// tracemalloc compares its `_frames` tuples, which are oldest first.
 impl Ord for Traceback {
     fn cmp(&self, other: &Self) -> Ordering {
-        if Arc::ptr_eq(&self.frames, &other.frames) {
+        if self.same_frames(other) {
             return Ordering::Equal;
         }
-        self.frames.iter().rev().cmp(other.frames.iter().rev())
+        self.frames().iter().rev().cmp(other.frames().iter().rev())
     }
 }
 
@@ -333,7 +367,7 @@ impl Ord for Traceback {
 /// the **oldest** frame (tracemalloc has shown that one since 3.7).
 impl fmt::Display for Traceback {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.frames.last() {
+        match self.frames().last() {
             Some(frame) => frame.fmt(f),
             None => Frame::unknown().fmt(f),
         }
@@ -342,8 +376,9 @@ impl fmt::Display for Traceback {
 
 impl Serialize for Traceback {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let mut seq = serializer.serialize_seq(Some(self.frames.len()))?;
-        for frame in self.frames.iter() {
+        let frames = self.frames();
+        let mut seq = serializer.serialize_seq(Some(frames.len()))?;
+        for frame in frames {
             seq.serialize_element(frame)?;
         }
         seq.end()

@@ -243,7 +243,11 @@ fn equal_tracebacks_in_separate_arcs_form_one_group() {
     let stats = snap.statistics(GroupBy::Traceback, false).expect("tb");
     assert_eq!(stats.len(), 1);
     assert_eq!((stats[0].size, stats[0].count), (15, 4));
-    assert!(Arc::ptr_eq(&stats[0].traceback, &shared), "reuses the Arc");
+    assert_eq!(
+        stats[0].traceback.frames().as_ptr(),
+        shared.frames().as_ptr(),
+        "shares the frames"
+    );
     let diffs = snap
         .compare_to(&snap, GroupBy::Traceback, false)
         .expect("diff");
@@ -315,9 +319,9 @@ fn group_by_parses_and_names_valid_values_on_error() {
 
 #[test]
 fn statistic_texts_and_json_match_tracemalloc() {
-    let traceback = Arc::new(Traceback::new(vec![Frame::new("a.c", 1)], None));
+    let traceback = Traceback::new(vec![Frame::new("a.c", 1)], None);
     let stat = Statistic {
-        traceback: Arc::clone(&traceback),
+        traceback: traceback.clone(),
         size: u64::MAX,
         count: 3,
         label: None,
@@ -500,4 +504,107 @@ fn labelled_ties_break_by_label_descending() {
             "a: size=8 B, count=1, average=8 B"
         ]
     );
+}
+
+/// Large enough for the threaded paths (stage 1 split by address, stage 2
+/// by chunks, the sort by halves): the result must equal one sequential
+/// pass, the representative's extra included.
+#[test]
+fn threaded_grouping_equals_one_sequential_pass() {
+    use std::collections::HashMap;
+    let names: Vec<Arc<str>> = (0..50).map(|i| Arc::from(format!("f{i}.c"))).collect();
+    // A second allocation of some names: equal text, other address.
+    let twins: Vec<Arc<str>> = (0..50).map(|i| Arc::from(format!("f{i}.c"))).collect();
+    let mut seed = 12345u64;
+    let mut next = move |n: u64| {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (seed >> 33) % n
+    };
+    let mut pool = Vec::new();
+    for i in 0..6000u64 {
+        let depth = 1 + next(6) as usize;
+        let frames = (0..depth)
+            .map(|_| {
+                let n = next(50) as usize;
+                let name = if next(4) == 0 { &twins[n] } else { &names[n] };
+                Frame {
+                    filename: Arc::clone(name),
+                    lineno: next(20) as u32,
+                    extra: Some(Arc::new(FrameExtra {
+                        function: Some(Arc::from(format!("fn{}", next(30)))),
+                        module: None,
+                        address: Some(i),
+                    })),
+                }
+            })
+            .collect();
+        pool.push(Arc::new(Traceback::new(frames, None)));
+    }
+    let traces: Vec<Trace> = (0..120_000)
+        .map(|_| Trace {
+            domain: 0,
+            size: 1 + next(5000),
+            traceback: Arc::clone(&pool[next(pool.len() as u64) as usize]),
+        })
+        .collect();
+    let snapshot = Snapshot::new(traces, 6);
+    for cumulative in [false, true] {
+        // The reference: one pass in trace order.
+        let mut expected: HashMap<(String, u32), (u64, u64, Option<u64>)> = HashMap::new();
+        for trace in snapshot.traces() {
+            let frames = trace.traceback.frames();
+            let selected = if cumulative { frames } else { &frames[..1] };
+            for frame in selected {
+                let entry = expected
+                    .entry((frame.filename.to_string(), frame.lineno))
+                    .or_insert((0, 0, frame.extra.as_ref().and_then(|e| e.address)));
+                entry.0 += trace.size;
+                entry.1 += 1;
+            }
+        }
+        let stats = snapshot
+            .statistics(GroupBy::Lineno, cumulative)
+            .expect("lineno");
+        assert_eq!(stats.len(), expected.len());
+        for s in &stats {
+            let frame = &s.traceback.frames()[0];
+            let want = expected[&(frame.filename.to_string(), frame.lineno)];
+            let address = frame.extra.as_ref().and_then(|e| e.address);
+            assert_eq!((s.size, s.count, address), want, "{frame}");
+        }
+        for pair in stats.windows(2) {
+            let key = |s: &Statistic| (s.size, s.count);
+            assert!(
+                key(&pair[0]) > key(&pair[1])
+                    || (key(&pair[0]) == key(&pair[1]) && pair[0].traceback > pair[1].traceback)
+            );
+        }
+    }
+    let by_traceback = snapshot
+        .statistics(GroupBy::Traceback, false)
+        .expect("traceback");
+    let total: u64 = by_traceback.iter().map(|s| s.count).sum();
+    assert_eq!(total, 120_000);
+    let distinct: std::collections::HashSet<&Traceback> = pool.iter().map(|t| &**t).collect();
+    assert!(by_traceback.len() <= distinct.len());
+    let old = Snapshot::new(snapshot.traces()[..60_000].to_vec(), 6);
+    let diffs = snapshot
+        .compare_to(&old, GroupBy::Function, true)
+        .expect("function");
+    let count_diff: i64 = diffs.iter().map(|d| d.count_diff).sum();
+    let new_count: u64 = snapshot
+        .statistics(GroupBy::Function, true)
+        .expect("f")
+        .iter()
+        .map(|s| s.count)
+        .sum();
+    let old_count: u64 = old
+        .statistics(GroupBy::Function, true)
+        .expect("f")
+        .iter()
+        .map(|s| s.count)
+        .sum();
+    assert_eq!(count_diff, new_count as i64 - old_count as i64);
 }
