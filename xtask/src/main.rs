@@ -19,6 +19,7 @@ use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod bench_model;
 mod service_tasks;
 
 /// The bpf-linker release whose default feature links the nightly rustc's own
@@ -47,6 +48,9 @@ enum Task {
     /// Set up, build in release mode, and measure tracerd's overhead side by
     /// side with the reference tools (prints a markdown table, writes JSON).
     Bench(bench::BenchArgs),
+    /// Time the snapshot engine against CPython 3.11's tracemalloc on the
+    /// same dump files (prints a markdown table).
+    BenchModel(bench_model::BenchModelArgs),
     /// Fuzz every parser of untrusted input (cargo fuzz), 10 minutes each.
     Fuzz(service_tasks::FuzzArgs),
     /// Load test: 64 loopback clients on statistics, compare and metrics for
@@ -121,6 +125,18 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 "tracerd",
             ])?;
             service_tasks::soak(&workspace_root(), &args)
+        }
+        Task::BenchModel(args) => {
+            cargo(&[
+                "build",
+                "--release",
+                "-p",
+                "tracer-daemon",
+                "--example",
+                "bench_model",
+            ])?;
+            let example = bench_model::example_path(&target_dir(&workspace_root()));
+            bench_model::run(&workspace_root(), &example, &args)
         }
         Task::Test { args } => {
             setup()?;

@@ -1,0 +1,109 @@
+//! The model's side of `cargo xtask bench-model`: loads two tracemalloc
+//! dump files (written by Python's `Snapshot.dump()`), then times
+//! `statistics()` and `compare_to()` for every tracemalloc `key_type`,
+//! cumulative included, exactly as the CPython side does on the same files.
+//!
+//! Usage: `bench_model NEW.pickle OLD.pickle OUT_DIR RUNS [OPERATION]`
+//! (only that operation, for profiling). For each
+//! operation it prints `name<TAB>median seconds<TAB>min seconds<TAB>median
+//! user-mode CPU seconds` and writes
+//! the `str()` of every result line to `OUT_DIR/tracer-<name>.txt`, so the
+//! results can be compared line for line with CPython's.
+use std::{fs, path::PathBuf, time::Instant};
+
+use anyhow::Context as _;
+use tracer_daemon::model::{GroupBy, Snapshot, load_tracemalloc};
+
+/// (name, key_type, cumulative, compare_to instead of statistics).
+const OPS: [(&str, GroupBy, bool, bool); 10] = [
+    ("statistics-filename", GroupBy::Filename, false, false),
+    (
+        "statistics-filename-cumulative",
+        GroupBy::Filename,
+        true,
+        false,
+    ),
+    ("statistics-lineno", GroupBy::Lineno, false, false),
+    ("statistics-lineno-cumulative", GroupBy::Lineno, true, false),
+    ("statistics-traceback", GroupBy::Traceback, false, false),
+    ("compare_to-filename", GroupBy::Filename, false, true),
+    (
+        "compare_to-filename-cumulative",
+        GroupBy::Filename,
+        true,
+        true,
+    ),
+    ("compare_to-lineno", GroupBy::Lineno, false, true),
+    ("compare_to-lineno-cumulative", GroupBy::Lineno, true, true),
+    ("compare_to-traceback", GroupBy::Traceback, false, true),
+];
+
+/// User-mode CPU seconds of this process (diagnostics: immune to other
+/// processes' load and to probes attached to the allocator).
+fn user_seconds() -> f64 {
+    // SAFETY: getrusage writes into the zeroed struct we pass; no other
+    // precondition.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
+        usage
+    };
+    usage.ru_utime.tv_sec as f64 + usage.ru_utime.tv_usec as f64 / 1e6
+}
+
+fn load(path: &str) -> anyhow::Result<Snapshot> {
+    let bytes = fs::read(path).with_context(|| format!("reading {path}"))?;
+    load_tracemalloc(&bytes).with_context(|| format!("parsing {path}"))
+}
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let (new, old, out, runs, only) = match args.as_slice() {
+        [_, new, old, out, runs] => (new, old, out, runs, None),
+        [_, new, old, out, runs, only] => (new, old, out, runs, Some(only.as_str())),
+        _ => anyhow::bail!("usage: bench_model NEW.pickle OLD.pickle OUT_DIR RUNS [OPERATION]"),
+    };
+    let runs: usize = runs.parse().context("RUNS is a whole number")?;
+    let out = PathBuf::from(out);
+    let started = Instant::now();
+    let new = load(new)?;
+    let old = load(old)?;
+    println!(
+        "load\t{:.6}\t{:.6}",
+        started.elapsed().as_secs_f64(),
+        started.elapsed().as_secs_f64()
+    );
+    for (name, group_by, cumulative, compare) in OPS {
+        if only.is_some_and(|only| only != name) {
+            continue;
+        }
+        let mut times = Vec::with_capacity(runs);
+        let mut user = Vec::with_capacity(runs);
+        let mut lines: Vec<String> = Vec::new();
+        for _ in 0..runs.max(1) {
+            let start = Instant::now();
+            let user_start = user_seconds();
+            if compare {
+                let diffs = new.compare_to(&old, group_by, cumulative)?;
+                times.push(start.elapsed().as_secs_f64());
+                user.push(user_seconds() - user_start);
+                lines = diffs.iter().map(ToString::to_string).collect();
+            } else {
+                let stats = new.statistics(group_by, cumulative)?;
+                times.push(start.elapsed().as_secs_f64());
+                user.push(user_seconds() - user_start);
+                lines = stats.iter().map(ToString::to_string).collect();
+            }
+        }
+        times.sort_by(f64::total_cmp);
+        let median = times.get(times.len() / 2).copied().unwrap_or(0.0);
+        let min = times.first().copied().unwrap_or(0.0);
+        let mut text = lines.join("\n");
+        text.push('\n');
+        fs::write(out.join(format!("tracer-{name}.txt")), text)?;
+        user.sort_by(f64::total_cmp);
+        let user_median = user.get(user.len() / 2).copied().unwrap_or(0.0);
+        println!("{name}\t{median:.6}\t{min:.6}\t{user_median:.6}");
+    }
+    Ok(())
+}
