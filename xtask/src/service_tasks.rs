@@ -675,9 +675,20 @@ pub fn soak(root: &Path, args: &SoakArgs) -> anyhow::Result<()> {
     for thread in threads {
         let _ = thread.join();
     }
-    // Let exits be handled, retention expire and the orphan sweep pass.
-    std::thread::sleep(Duration::from_secs(25));
-    let after = gauges(&daemon)?;
+    // Let exits be handled, retention expire and the orphan sweep pass:
+    // settled once no exited process has a block left (at most 120 s; the
+    // host's own processes keep exiting too).
+    let settle = Instant::now();
+    std::thread::sleep(Duration::from_secs(10));
+    let mut after = gauges(&daemon)?;
+    while after.dead_blocks > 0 && settle.elapsed() < Duration::from_secs(120) {
+        std::thread::sleep(Duration::from_secs(5));
+        after = gauges(&daemon)?;
+    }
+    println!(
+        "soak: settled {:.0} s after the churn",
+        settle.elapsed().as_secs_f64()
+    );
     let stop_took = daemon.stop()?;
     println!(
         "soak: {} s, tracerd flags {:?}, {} spawners pausing {} ms: {} short-lived processes (each 200 allocations, 100 left live at exit)",
