@@ -448,7 +448,7 @@ pub fn decode(bytes: &[u8]) -> Result<Decoded, DumpError> {
         let raw = r.slice(len)?;
         let text = std::str::from_utf8(raw)
             .map_err(|e| r.fail(format!("string {} is not UTF-8: {e}", strings.len())))?;
-        strings.push(Arc::from(text));
+        strings.push(super::intern::intern(text));
     }
 
     r.section = "frames";
@@ -528,6 +528,7 @@ pub fn decode(bytes: &[u8]) -> Result<Decoded, DumpError> {
     let n = count(&header, "traces")?;
     r.check_count(n, 3)?;
     let mut traces = Vec::with_capacity(n);
+    let mut ids = Vec::with_capacity(n);
     for _ in 0..n {
         let domain = r.u32("domain")?;
         let size = r.varint()?;
@@ -538,13 +539,16 @@ pub fn decode(bytes: &[u8]) -> Result<Decoded, DumpError> {
                 size,
                 traceback: Arc::clone(traceback),
             });
+            ids.push(u32::try_from(i).unwrap_or(u32::MAX));
         }
     }
     if r.remaining() != 0 {
         return Err(r.fail(format!("{} bytes after the last trace", r.remaining())));
     }
     Ok(Decoded {
-        snapshot: Snapshot::new(traces, traceback_limit),
+        // The file's traceback table is the interning when its writer
+        // numbered tracebacks by first appearance (this one does).
+        snapshot: Snapshot::with_interned(traces, traceback_limit, tracebacks, ids),
         meta,
     })
 }

@@ -209,17 +209,22 @@ impl Snapshot {
         }
         let any_inclusive = checks.iter().any(|(inclusive, _)| *inclusive);
         let mut names = NameCache::default();
-        let mut verdicts: FxHashMap<*const Traceback, Vec<bool>> = FxHashMap::default();
+        // The filters' verdicts on each interned traceback, computed once.
+        let interned = self.interned();
+        let mut verdicts: Vec<Option<Vec<bool>>> = vec![None; interned.len()];
         let mut traces = Vec::new();
-        for trace in &self.traces {
-            let tb_verdicts = verdicts
-                .entry(Arc::as_ptr(&trace.traceback))
-                .or_insert_with(|| {
-                    patterns
-                        .iter()
-                        .map(|f| f.traceback_verdict(&trace.traceback, &mut names))
-                        .collect()
-                });
+        let mut kept = Vec::with_capacity(self.traces.len());
+        for (trace, &id) in self.traces.iter().zip(interned.ids()) {
+            let Some(slot) = verdicts.get_mut(id as usize) else {
+                kept.push(false);
+                continue;
+            };
+            let tb_verdicts = slot.get_or_insert_with(|| {
+                patterns
+                    .iter()
+                    .map(|f| f.traceback_verdict(&trace.traceback, &mut names))
+                    .collect()
+            });
             let matches = |check: &Check| -> bool {
                 match *check {
                     Check::Domain(d) => (trace.domain == d.domain) == d.inclusive,
@@ -238,11 +243,14 @@ impl Snapshot {
             let excluded = checks
                 .iter()
                 .any(|(inclusive, check)| !*inclusive && !matches(check));
-            if included && !excluded {
+            let keep = included && !excluded;
+            kept.push(keep);
+            if keep {
                 traces.push(trace_clone(trace));
             }
         }
-        Snapshot::new(traces, self.traceback_limit)
+        let subset = interned.subset(&kept);
+        Snapshot::from_subset(traces, self.traceback_limit, subset)
     }
 }
 

@@ -21,7 +21,11 @@ use std::sync::Arc;
 
 use super::hash::FxHashMap;
 use super::snapshot::{GroupBy, Statistic, StatisticDiff};
+<<<<<<< Updated upstream
 use super::table::{AHEAD, Table, TableKey, prefetch};
+=======
+use super::table::{AHEAD, Table, prefetch};
+>>>>>>> Stashed changes
 use super::traceback::{Frame, FrameExtra, Trace, Traceback, UNKNOWN_FILENAME};
 
 /// Bytes and blocks of one group. Sums saturate instead of wrapping (no
@@ -57,6 +61,7 @@ const MAX_THREADS: usize = 8;
 pub(super) fn threads_for(work: usize) -> usize {
     if work < PARALLEL_MIN {
         return 1;
+<<<<<<< Updated upstream
     }
     std::thread::available_parallelism()
         .map_or(1, |n| n.get())
@@ -229,8 +234,245 @@ fn distinct_part(traces: &[Trace], part: usize, parts: usize) -> Vec<(usize, Dis
         .into_iter()
         .zip(totals)
         .map(|((position, traceback), totals)| (position, Distinct { traceback, totals }))
+=======
+    }
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(1, MAX_THREADS)
+}
+
+/// Runs `job(part)` for every part in `0..parts`, part 0 on the calling
+/// thread and the others on scoped threads; results in part order. A part
+/// whose thread failed is run again on the calling thread.
+pub(super) fn in_parallel<T: Send>(parts: usize, job: impl Fn(usize) -> T + Sync) -> Vec<T> {
+    if parts <= 1 {
+        return vec![job(0)];
+    }
+    std::thread::scope(|scope| {
+        let job = &job;
+        let handles: Vec<_> = (1..parts)
+            .map(|part| scope.spawn(move || job(part)))
+            .collect();
+        let mut results = Vec::with_capacity(parts);
+        results.push(job(0));
+        for (offset, handle) in handles.into_iter().enumerate() {
+            results.push(handle.join().unwrap_or_else(|_| job(offset + 1)));
+        }
+        results
+    })
+}
+
+/// Sorts `items` by `cmp`, the two halves on two threads when there are
+/// many, then merges them.
+pub(super) fn sort_parallel<T: Send>(
+    mut items: Vec<T>,
+    cmp: impl Fn(&T, &T) -> std::cmp::Ordering + Sync,
+) -> Vec<T> {
+    if threads_for(items.len()) < 2 {
+        items.sort_unstable_by(&cmp);
+        return items;
+    }
+    let mid = items.len() / 2;
+    let failed = std::thread::scope(|scope| {
+        let cmp = &cmp;
+        let (left, right) = items.split_at_mut(mid);
+        let handle = scope.spawn(move || right.sort_unstable_by(cmp));
+        left.sort_unstable_by(cmp);
+        handle.join().is_err()
+    });
+    if failed && let Some(right) = items.get_mut(mid..) {
+        right.sort_unstable_by(&cmp);
+    }
+    let right = items.split_off(mid);
+    let left = items;
+    let mut merged = Vec::with_capacity(left.len() + right.len());
+    let mut left = left.into_iter().peekable();
+    let mut right = right.into_iter().peekable();
+    loop {
+        let take_left = match (left.peek(), right.peek()) {
+            (Some(a), Some(b)) => cmp(a, b) != std::cmp::Ordering::Greater,
+            (Some(_), None) => true,
+            (None, Some(_)) => false,
+            (None, None) => break,
+        };
+        let next = if take_left { left.next() } else { right.next() };
+        merged.extend(next);
+    }
+    merged
+}
+
+/// The distinct `Arc<Traceback>`s of a snapshot's traces, in order of
+/// first appearance, and each trace's index into them: tracebacks interned
+/// as `_tracemalloc` interns them. Loaders and the capture know the
+/// sharing already and hand it over ([`Interned::checked`]); otherwise it is
+/// computed once per snapshot ([`Interned::of`]).
+#[derive(Debug)]
+pub(crate) struct Interned {
+    /// Distinct by address, first appearance first.
+    tracebacks: Vec<Arc<Traceback>>,
+    /// One per trace: its traceback's index in `tracebacks`.
+    ids: Vec<u32>,
+}
+
+impl Interned {
+    /// Interns `traces` by the address of their tracebacks: one table access
+    /// per trace (none within a run of traces sharing one `Arc`), prefetched
+    /// [`AHEAD`] traces in advance.
+    pub(crate) fn of(traces: &[Trace]) -> Self {
+        let mut table: Table<usize, u32> = Table::with_capacity((traces.len() / 4).min(1 << 20));
+        let mut tracebacks: Vec<Arc<Traceback>> = Vec::new();
+        let mut ids = Vec::with_capacity(traces.len());
+        let address = |trace: &Trace| Arc::as_ptr(&trace.traceback) as usize;
+        let mut last: Option<(usize, u32)> = None;
+        for (position, trace) in traces.iter().enumerate() {
+            if let Some(ahead) = traces.get(position + AHEAD) {
+                table.prefetch(&address(ahead));
+            }
+            let key = address(trace);
+            let id = match last {
+                Some((previous, id)) if previous == key => id,
+                _ => {
+                    let next = u32::try_from(tracebacks.len()).unwrap_or(u32::MAX);
+                    let (id, new) = table.get_or_insert(key, || next);
+                    if new {
+                        tracebacks.push(Arc::clone(&trace.traceback));
+                    }
+                    *id
+                }
+            };
+            last = Some((key, id));
+            ids.push(id);
+        }
+        Interned { tracebacks, ids }
+    }
+
+    /// The interning a loader computed, if it is one: an index per trace,
+    /// each naming the very `Arc` of that trace, indices numbered in order
+    /// of first appearance, every traceback used.
+    pub(crate) fn checked(
+        traces: &[Trace],
+        tracebacks: Vec<Arc<Traceback>>,
+        ids: Vec<u32>,
+    ) -> Option<Self> {
+        if ids.len() != traces.len() {
+            return None;
+        }
+        let mut next = 0usize;
+        for (trace, &id) in traces.iter().zip(&ids) {
+            let id = id as usize;
+            if !Arc::ptr_eq(tracebacks.get(id)?, &trace.traceback) || id > next {
+                return None;
+            }
+            if id == next {
+                next += 1;
+            }
+        }
+        (next == tracebacks.len()).then_some(Interned { tracebacks, ids })
+    }
+
+    /// The interning of the traces `keep` accepts, numbered anew.
+    pub(crate) fn subset(&self, keep: &[bool]) -> Self {
+        let mut renumber: Vec<u32> = vec![u32::MAX; self.tracebacks.len()];
+        let mut tracebacks = Vec::new();
+        let mut ids = Vec::new();
+        for (&id, &kept) in self.ids.iter().zip(keep) {
+            if !kept {
+                continue;
+            }
+            let Some(slot) = renumber.get_mut(id as usize) else {
+                continue;
+            };
+            if *slot == u32::MAX {
+                *slot = u32::try_from(tracebacks.len()).unwrap_or(u32::MAX);
+                if let Some(traceback) = self.tracebacks.get(id as usize) {
+                    tracebacks.push(Arc::clone(traceback));
+                }
+            }
+            ids.push(*slot);
+        }
+        Interned { tracebacks, ids }
+    }
+
+    /// Each trace's traceback index.
+    pub(crate) fn ids(&self) -> &[u32] {
+        &self.ids
+    }
+
+    /// How many distinct tracebacks.
+    pub(crate) fn len(&self) -> usize {
+        self.tracebacks.len()
+    }
+}
+
+/// Stage 1: the size and count of the traces of each interned traceback,
+/// in order of first appearance: a dense sum, no table. Equal tracebacks
+/// in different `Arc`s stay apart here and are merged by stage 2. Large
+/// snapshots are summed in two halves on two threads.
+pub(super) fn distinct_tracebacks<'a>(
+    interned: &'a Interned,
+    traces: &[Trace],
+) -> Vec<Distinct<'a>> {
+    let n = interned.tracebacks.len();
+    let sum = |traces: &[Trace], ids: &[u32]| {
+        let mut totals = vec![Totals::default(); n];
+        for (trace, &id) in traces.iter().zip(ids) {
+            if let Some(slot) = totals.get_mut(id as usize) {
+                slot.add(Totals {
+                    size: trace.size,
+                    count: 1,
+                });
+            }
+        }
+        totals
+    };
+    let parts = threads_for(traces.len()).min(2);
+    let mid = traces.len() / 2;
+    let halves = in_parallel(parts, |part| {
+        let range = match (parts, part) {
+            (1, _) => 0..traces.len(),
+            (_, 0) => 0..mid,
+            _ => mid..traces.len(),
+        };
+        sum(
+            traces.get(range.clone()).unwrap_or(&[]),
+            interned.ids.get(range).unwrap_or(&[]),
+        )
+    });
+    let mut halves = halves.into_iter();
+    let mut totals = halves.next().unwrap_or_default();
+    for other in halves {
+        for (a, b) in totals.iter_mut().zip(other) {
+            a.add(b);
+        }
+    }
+    interned
+        .tracebacks
+        .iter()
+        .zip(totals)
+        .map(|(traceback, totals)| Distinct { traceback, totals })
+>>>>>>> Stashed changes
         .collect()
 }
+
+/// A representative whose statistic reads memory worth fetching ahead.
+pub(super) trait Touch {
+    /// Prefetches what building this group's statistic reads.
+    fn touch(&self) {}
+}
+
+impl Touch for &Arc<Traceback> {
+    fn touch(&self) {
+        prefetch(self.frames().as_ptr().cast());
+    }
+}
+
+impl Touch for FrameRep<'_> {
+    fn touch(&self) {
+        prefetch(self.traceback.frames().as_ptr().cast());
+    }
+}
+
+impl Touch for LabelRep<'_> {}
 
 /// One group: the first key value seen for it (the representative) and
 /// its totals.
@@ -287,7 +529,14 @@ impl<K: Hash + Eq, R> Groups<K, R> {
     }
 
     /// `Snapshot.statistics()` before sorting.
+<<<<<<< Updated upstream
     pub(super) fn statistics(self, traceback_of: impl Fn(&R) -> Traceback) -> Vec<Statistic> {
+=======
+    pub(super) fn statistics(self, traceback_of: impl Fn(&R) -> Traceback) -> Vec<Statistic>
+    where
+        R: Touch,
+    {
+>>>>>>> Stashed changes
         self.labelled_statistics(traceback_of, |_| None)
     }
 
@@ -296,14 +545,24 @@ impl<K: Hash + Eq, R> Groups<K, R> {
         self,
         traceback_of: impl Fn(&R) -> Traceback,
         label_of: impl Fn(&R) -> Option<Arc<str>>,
-    ) -> Vec<Statistic> {
-        self.entries
+    ) -> Vec<Statistic>
+    where
+        R: Touch,
+    {
+        let entries = &self.entries;
+        entries
             .iter()
-            .map(|group| Statistic {
-                traceback: traceback_of(&group.rep),
-                size: group.totals.size,
-                count: group.totals.count,
-                label: label_of(&group.rep),
+            .enumerate()
+            .map(|(i, group)| {
+                if let Some(ahead) = entries.get(i + AHEAD) {
+                    ahead.rep.touch();
+                }
+                Statistic {
+                    traceback: traceback_of(&group.rep),
+                    size: group.totals.size,
+                    count: group.totals.count,
+                    label: label_of(&group.rep),
+                }
             })
             .collect()
     }
@@ -317,7 +576,14 @@ impl<K: Hash + Eq, R> Groups<K, R> {
         old: &Groups<K, R>,
         key_of: impl Fn(&R) -> K,
         traceback_of: impl Fn(&R) -> Traceback,
+<<<<<<< Updated upstream
     ) -> Vec<StatisticDiff> {
+=======
+    ) -> Vec<StatisticDiff>
+    where
+        R: Touch,
+    {
+>>>>>>> Stashed changes
         self.labelled_compare_to(old, key_of, traceback_of, |_| None)
     }
 
@@ -328,10 +594,16 @@ impl<K: Hash + Eq, R> Groups<K, R> {
         key_of: impl Fn(&R) -> K,
         traceback_of: impl Fn(&R) -> Traceback,
         label_of: impl Fn(&R) -> Option<Arc<str>>,
-    ) -> Vec<StatisticDiff> {
+    ) -> Vec<StatisticDiff>
+    where
+        R: Touch,
+    {
         let mut matched = vec![false; old.entries.len()];
         let mut diffs = Vec::with_capacity(self.entries.len() + old.entries.len());
-        for group in &self.entries {
+        for (i, group) in self.entries.iter().enumerate() {
+            if let Some(ahead) = self.entries.get(i + AHEAD) {
+                ahead.rep.touch();
+            }
             let now = group.totals;
             let mut before = Totals::default();
             if let Some(&slot) = old.index.get(&key_of(&group.rep))
@@ -485,7 +757,19 @@ fn group_frames_part<'a>(
     let mut groups = Groups::new();
     // File names are usually shared `Arc<str>`s: find a group by the
     // name's address and line, and compare text only for a new address.
+<<<<<<< Updated upstream
     let mut by_address: Table<(usize, u32), u32> = Table::with_capacity(1024);
+=======
+    let mut by_address: Table<(usize, u32), u32> = Table::with_capacity(
+        if cumulative {
+            distinct.len()
+        } else {
+            distinct.len() / 2
+        }
+        .min(1 << 18),
+    );
+    groups.index.reserve(distinct.len().min(1 << 16));
+>>>>>>> Stashed changes
     for (i, d) in distinct.iter().enumerate() {
         // Two dependent misses per traceback (the traceback, then its
         // frames): fetch the traceback 2 * AHEAD ahead and its frames AHEAD
@@ -680,6 +964,36 @@ mod tests {
     }
 
     #[test]
+    fn interning_from_a_loader_is_checked_and_subsets_renumber() {
+        let a = Arc::new(Traceback::new(vec![Frame::new("a.c", 1)], None));
+        let b = Arc::new(Traceback::new(vec![Frame::new("b.c", 2)], None));
+        let traces = [trace(1, &a), trace(2, &b), trace(4, &a)];
+        let good = Interned::checked(&traces, vec![Arc::clone(&a), Arc::clone(&b)], vec![0, 1, 0]);
+        assert_eq!(good.as_ref().map(Interned::ids), Some(&[0, 1, 0][..]));
+        // Not in order of first appearance, another Arc, unused, short.
+        assert!(
+            Interned::checked(&traces, vec![Arc::clone(&b), Arc::clone(&a)], vec![1, 0, 1])
+                .is_none()
+        );
+        let copy = Arc::new(Traceback::new(vec![Frame::new("a.c", 1)], None));
+        assert!(Interned::checked(&traces, vec![copy, Arc::clone(&b)], vec![0, 1, 0]).is_none());
+        assert!(
+            Interned::checked(
+                &traces,
+                vec![Arc::clone(&a), Arc::clone(&b), Arc::clone(&b)],
+                vec![0, 1, 0]
+            )
+            .is_none()
+        );
+        assert!(
+            Interned::checked(&traces, vec![Arc::clone(&a), Arc::clone(&b)], vec![0, 1]).is_none()
+        );
+        let subset = Interned::of(&traces).subset(&[false, true, true]);
+        assert_eq!(subset.ids(), [0, 1]);
+        assert_eq!(subset.len(), 2);
+    }
+
+    #[test]
     fn distinct_tracebacks_sum_runs_and_keep_first_appearance_order() {
         let a = Arc::new(Traceback::new(vec![Frame::new("a.c", 1)], None));
         let b = Arc::new(Traceback::new(vec![Frame::new("b.c", 2)], None));
@@ -692,7 +1006,9 @@ mod tests {
             trace(16, &a_copy),
             trace(32, &a),
         ];
-        let distinct = distinct_tracebacks(&traces);
+        let interned = Interned::of(&traces);
+        assert_eq!(interned.ids(), [0, 1, 1, 0, 2, 1]);
+        let distinct = distinct_tracebacks(&interned, &traces);
         let seen: Vec<(*const Traceback, Totals)> = distinct
             .iter()
             .map(|d| (Arc::as_ptr(d.traceback), d.totals))
@@ -736,7 +1052,8 @@ mod tests {
         ));
         let two = Arc::new(Traceback::new(vec![frame(&separate, 2)], None));
         let traces = [trace(10, &one), trace(5, &two)];
-        let distinct = distinct_tracebacks(&traces);
+        let interned = Interned::of(&traces);
+        let distinct = distinct_tracebacks(&interned, &traces);
         let groups = group_frames(&distinct, GroupBy::Lineno, true);
         let found: Vec<(FrameKey<'_>, Totals)> = groups
             .entries

@@ -244,7 +244,7 @@ impl<'a> Machine<'a> {
             return Ok(Value::Str(index));
         }
         let index = arena_index(self.heap.strings.len(), self.op_at)?;
-        let shared: Arc<str> = Arc::from(text);
+        let shared: Arc<str> = super::intern::intern(text);
         self.heap.strings.push(Arc::clone(&shared));
         self.interned.insert(shared, index);
         Ok(Value::Str(index))
@@ -652,18 +652,71 @@ fn opcode_name(op: u8) -> &'static str {
     }
 }
 
+/// A traceback's shared `Arc` and its index in order of first appearance.
+type Interned = (Arc<Traceback>, u32);
+
 /// Builds the model's snapshot from the parsed values.
 struct Converter<'h> {
     heap: &'h Heap,
     names: FxHashMap<u32, Arc<str>>,
     frames: FxHashMap<u32, Frame>,
     frame_lists: FxHashMap<u32, Arc<[Frame]>>,
-    tracebacks: FxHashMap<(u32, Option<u32>), Arc<Traceback>>,
-    /// Equal tracebacks from separate tuples share one `Arc` too.
-    by_content: HashMap<(Arc<Traceback>, Option<u32>), Arc<Traceback>>,
+    /// Each traceback tuple (with its total_nframe): its `Arc` and interned
+    /// index.
+    tracebacks: FxHashMap<(u32, Option<u32>), Interned>,
+    /// Equal tracebacks from separate tuples share one `Arc` (and index).
+    by_content: HashMap<(Arc<Traceback>, Option<u32>), Interned>,
+    /// The distinct `Arc`s in order of first appearance.
+    interned: Vec<Arc<Traceback>>,
 }
 
-fn int_in<T: TryFrom<i128>>(value: Value, what: &str, range: &str) -> Result<T, PickleError> {
+/// Where a value is, for error messages (formatted only on error).
+#[derive(Clone, Copy)]
+struct At {
+    trace: usize,
+    frame: Option<usize>,
+    field: &'static str,
+}
+
+impl At {
+    fn trace(trace: usize) -> Self {
+        At {
+            trace,
+            frame: None,
+            field: "",
+        }
+    }
+
+    fn frame(self, frame: usize) -> Self {
+        At {
+            frame: Some(frame),
+            ..self
+        }
+    }
+
+    fn field(self, field: &'static str) -> Self {
+        At { field, ..self }
+    }
+}
+
+impl std::fmt::Display for At {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "trace {}", self.trace)?;
+        if let Some(frame) = self.frame {
+            write!(f, " frame {frame}")?;
+        }
+        if !self.field.is_empty() {
+            write!(f, " {}", self.field)?;
+        }
+        Ok(())
+    }
+}
+
+fn int_in<T: TryFrom<i128>>(
+    value: Value,
+    what: impl std::fmt::Display,
+    range: &str,
+) -> Result<T, PickleError> {
     match value {
         Value::Int(v) => T::try_from(v)
             .map_err(|_| shape(format!("{what} {v} is out of range (must be {range})"))),
@@ -703,7 +756,7 @@ impl Converter<'_> {
         }
     }
 
-    fn name(&mut self, value: Value, at: &str) -> Result<Arc<str>, PickleError> {
+    fn name(&mut self, value: Value, at: At) -> Result<Arc<str>, PickleError> {
         let Value::Str(index) = value else {
             return Err(shape(format!(
                 "{at}: the file name is a {}, not a str",
@@ -722,7 +775,7 @@ impl Converter<'_> {
         Ok(name)
     }
 
-    fn frame(&mut self, value: Value, at: &str) -> Result<Frame, PickleError> {
+    fn frame(&mut self, value: Value, at: At) -> Result<Frame, PickleError> {
         let Value::Tuple(index) = value else {
             return Err(shape(format!(
                 "{at} is a {}, not a (filename, lineno) tuple",
@@ -737,7 +790,7 @@ impl Converter<'_> {
         };
         let frame = Frame {
             filename: self.name(filename, at)?,
-            lineno: int_in(lineno, &format!("{at} lineno"), "0 to 4294967295")?,
+            lineno: int_in(lineno, at.field("lineno"), "0 to 4294967295")?,
             extra: None,
         };
         self.frames.insert(index, frame.clone());
@@ -748,16 +801,16 @@ impl Converter<'_> {
         &mut self,
         value: Value,
         total_nframe: Option<u32>,
-        at: &str,
-    ) -> Result<Arc<Traceback>, PickleError> {
+        at: At,
+    ) -> Result<(Arc<Traceback>, u32), PickleError> {
         let Value::Tuple(index) = value else {
             return Err(shape(format!(
                 "{at}: the traceback is a {}, not a tuple",
                 value.kind()
             )));
         };
-        if let Some(tb) = self.tracebacks.get(&(index, total_nframe)) {
-            return Ok(Arc::clone(tb));
+        if let Some((tb, id)) = self.tracebacks.get(&(index, total_nframe)) {
+            return Ok((Arc::clone(tb), *id));
         }
         let frames = match self.frame_lists.get(&index) {
             Some(frames) => Arc::clone(frames),
@@ -770,7 +823,7 @@ impl Converter<'_> {
                 }
                 let mut frames = Vec::with_capacity(items.len());
                 for (i, &item) in items.iter().enumerate() {
-                    frames.push(self.frame(item, &format!("{at} frame {i}"))?);
+                    frames.push(self.frame(item, at.frame(i))?);
                 }
                 let frames: Arc<[Frame]> = Arc::from(frames);
                 self.frame_lists.insert(index, Arc::clone(&frames));
@@ -778,14 +831,20 @@ impl Converter<'_> {
             }
         };
         let fresh = Arc::new(Traceback::from_frames(frames, total_nframe));
-        let traceback = Arc::clone(
-            self.by_content
+        let next = u32::try_from(self.interned.len()).unwrap_or(u32::MAX);
+        let (traceback, id) = {
+            let (traceback, id) = self
+                .by_content
                 .entry((Arc::clone(&fresh), total_nframe))
-                .or_insert(fresh),
-        );
+                .or_insert_with(|| (fresh, next));
+            (Arc::clone(traceback), *id)
+        };
+        if id == next {
+            self.interned.push(Arc::clone(&traceback));
+        }
         self.tracebacks
-            .insert((index, total_nframe), Arc::clone(&traceback));
-        Ok(traceback)
+            .insert((index, total_nframe), (Arc::clone(&traceback), id));
+        Ok((traceback, id))
     }
 
     fn snapshot(&mut self, root: Value) -> Result<Snapshot, PickleError> {
@@ -815,6 +874,7 @@ impl Converter<'_> {
             }
         };
         let mut out = Vec::with_capacity(items.len());
+        let mut ids = Vec::with_capacity(items.len());
         for (n, &item) in items.iter().enumerate() {
             let Value::Tuple(t) = item else {
                 return Err(shape(format!(
@@ -831,18 +891,21 @@ impl Converter<'_> {
                     )));
                 }
             };
-            let at = format!("trace {n}");
+            let at = At::trace(n);
             let total_nframe = match total {
                 Value::None => None,
-                v => Some(int_in(v, &format!("{at} total_nframe"), "0 to 4294967295")?),
+                v => Some(int_in(v, at.field("total_nframe"), "0 to 4294967295")?),
             };
+            let (traceback, id) = self.traceback(traceback, total_nframe, at)?;
             out.push(Trace {
-                domain: int_in(domain, &format!("{at} domain"), "0 to 4294967295")?,
-                size: int_in(size, &format!("{at} size"), "0 to 2**64-1")?,
-                traceback: self.traceback(traceback, total_nframe, &at)?,
+                domain: int_in(domain, at.field("domain"), "0 to 4294967295")?,
+                size: int_in(size, at.field("size"), "0 to 2**64-1")?,
+                traceback,
             });
+            ids.push(id);
         }
-        Ok(Snapshot::new(out, traceback_limit))
+        let interned = std::mem::take(&mut self.interned);
+        Ok(Snapshot::with_interned(out, traceback_limit, interned, ids))
     }
 }
 
@@ -888,6 +951,7 @@ pub fn load_tracemalloc(bytes: &[u8]) -> Result<Snapshot, PickleError> {
         frame_lists: FxHashMap::default(),
         tracebacks: FxHashMap::default(),
         by_content: HashMap::new(),
+        interned: Vec::new(),
     };
     converter.snapshot(root)
 }

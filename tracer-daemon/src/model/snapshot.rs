@@ -6,14 +6,18 @@
 
 use std::fmt;
 use std::str::FromStr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use serde::{Deserialize, Serialize};
 
 use super::error::ModelError;
 use super::format::{format_size_f64, true_div};
 use super::group::{
+<<<<<<< Updated upstream
     distinct_tracebacks, frame_group_traceback, frame_key, group_frames, group_labels,
+=======
+    Interned, distinct_tracebacks, frame_group_traceback, frame_key, group_frames, group_labels,
+>>>>>>> Stashed changes
     group_tracebacks, sort_parallel, traceback_group_traceback,
 };
 use super::traceback::{Trace, Traceback};
@@ -209,14 +213,28 @@ impl fmt::Display for StatisticDiff {
 }
 
 /// The live blocks of one process at one moment: tracemalloc's `Snapshot`.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+///
+/// The traces' distinct tracebacks are interned once per snapshot (as
+/// `_tracemalloc` interns them): handed over by the loaders, else computed
+/// at the first grouping. Equality compares the traces and the limit only.
+#[derive(Clone, Debug, Default)]
 pub struct Snapshot {
     /// Every live block, in no particular order.
-    pub traces: Vec<Trace>,
+    pub(crate) traces: Vec<Trace>,
     /// Most frames a traceback may hold: the `nframe` tracing was started
     /// with.
     pub traceback_limit: u32,
+    /// The traces' distinct tracebacks and each trace's index into them.
+    interned: OnceLock<Arc<Interned>>,
 }
+
+impl PartialEq for Snapshot {
+    fn eq(&self, other: &Self) -> bool {
+        self.traceback_limit == other.traceback_limit && self.traces == other.traces
+    }
+}
+
+impl Eq for Snapshot {}
 
 impl Snapshot {
     /// A snapshot of `traces` taken with at most `traceback_limit` frames
@@ -226,7 +244,49 @@ impl Snapshot {
         Snapshot {
             traces,
             traceback_limit,
+            interned: OnceLock::new(),
         }
+    }
+
+    /// A snapshot whose tracebacks a loader interned already: `ids[i]` is
+    /// the index in `tracebacks` of trace `i`'s `Arc`, numbered in order
+    /// of first appearance. Anything else is ignored (and computed later).
+    #[must_use]
+    pub(crate) fn with_interned(
+        traces: Vec<Trace>,
+        traceback_limit: u32,
+        tracebacks: Vec<Arc<Traceback>>,
+        ids: Vec<u32>,
+    ) -> Self {
+        let snapshot = Snapshot::new(traces, traceback_limit);
+        if let Some(interned) = Interned::checked(&snapshot.traces, tracebacks, ids) {
+            let _ = snapshot.interned.set(Arc::new(interned));
+        }
+        snapshot
+    }
+
+    /// A snapshot of a subset of another's traces, with the subset of its
+    /// interning (no table needed).
+    pub(crate) fn from_subset(
+        traces: Vec<Trace>,
+        traceback_limit: u32,
+        interned: Interned,
+    ) -> Self {
+        let snapshot = Snapshot::new(traces, traceback_limit);
+        let _ = snapshot.interned.set(Arc::new(interned));
+        snapshot
+    }
+
+    /// The interned tracebacks, computed at the first call.
+    pub(crate) fn interned(&self) -> &Interned {
+        self.interned
+            .get_or_init(|| Arc::new(Interned::of(&self.traces)))
+    }
+
+    /// The traces, by value.
+    #[must_use]
+    pub fn into_traces(self) -> Vec<Trace> {
+        self.traces
     }
 
     /// Every live block, in no particular order.
@@ -255,7 +315,11 @@ impl Snapshot {
         cumulative: bool,
     ) -> Result<Vec<Statistic>, ModelError> {
         check_cumulative(group_by, cumulative)?;
+<<<<<<< Updated upstream
         let distinct = distinct_tracebacks(&self.traces);
+=======
+        let distinct = distinct_tracebacks(self.interned(), &self.traces);
+>>>>>>> Stashed changes
         let statistics = match group_by {
             GroupBy::Traceback => group_tracebacks(&distinct).statistics(traceback_group_traceback),
             GroupBy::Lineno | GroupBy::Filename => group_frames(&distinct, group_by, cumulative)
@@ -285,8 +349,13 @@ impl Snapshot {
         cumulative: bool,
     ) -> Result<Vec<StatisticDiff>, ModelError> {
         check_cumulative(group_by, cumulative)?;
+<<<<<<< Updated upstream
         let new_distinct = distinct_tracebacks(&self.traces);
         let old_distinct = distinct_tracebacks(&old.traces);
+=======
+        let new_distinct = distinct_tracebacks(self.interned(), &self.traces);
+        let old_distinct = distinct_tracebacks(old.interned(), &old.traces);
+>>>>>>> Stashed changes
         let diffs =
             match group_by {
                 GroupBy::Traceback => group_tracebacks(&new_distinct).compare_to(
