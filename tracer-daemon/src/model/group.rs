@@ -21,11 +21,7 @@ use std::sync::Arc;
 
 use super::hash::FxHashMap;
 use super::snapshot::{GroupBy, Statistic, StatisticDiff};
-<<<<<<< Updated upstream
-use super::table::{AHEAD, Table, TableKey, prefetch};
-=======
 use super::table::{AHEAD, Table, prefetch};
->>>>>>> Stashed changes
 use super::traceback::{Frame, FrameExtra, Trace, Traceback, UNKNOWN_FILENAME};
 
 /// Bytes and blocks of one group. Sums saturate instead of wrapping (no
@@ -61,180 +57,6 @@ const MAX_THREADS: usize = 8;
 pub(super) fn threads_for(work: usize) -> usize {
     if work < PARALLEL_MIN {
         return 1;
-<<<<<<< Updated upstream
-    }
-    std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .clamp(1, MAX_THREADS)
-}
-
-/// Runs `job(part)` for every part in `0..parts`, part 0 on the calling
-/// thread and the others on scoped threads; results in part order. A part
-/// whose thread failed is run again on the calling thread.
-pub(super) fn in_parallel<T: Send>(parts: usize, job: impl Fn(usize) -> T + Sync) -> Vec<T> {
-    if parts <= 1 {
-        return vec![job(0)];
-    }
-    std::thread::scope(|scope| {
-        let job = &job;
-        let handles: Vec<_> = (1..parts)
-            .map(|part| scope.spawn(move || job(part)))
-            .collect();
-        let mut results = Vec::with_capacity(parts);
-        results.push(job(0));
-        for (offset, handle) in handles.into_iter().enumerate() {
-            results.push(handle.join().unwrap_or_else(|_| job(offset + 1)));
-        }
-        results
-    })
-}
-
-/// Sorts `items` by `cmp`, the two halves on two threads when there are
-/// many, then merges them.
-pub(super) fn sort_parallel<T: Send>(
-    mut items: Vec<T>,
-    cmp: impl Fn(&T, &T) -> std::cmp::Ordering + Sync,
-) -> Vec<T> {
-    if threads_for(items.len()) < 2 {
-        items.sort_unstable_by(&cmp);
-        return items;
-    }
-    let mid = items.len() / 2;
-    let failed = std::thread::scope(|scope| {
-        let cmp = &cmp;
-        let (left, right) = items.split_at_mut(mid);
-        let handle = scope.spawn(move || right.sort_unstable_by(cmp));
-        left.sort_unstable_by(cmp);
-        handle.join().is_err()
-    });
-    if failed && let Some(right) = items.get_mut(mid..) {
-        right.sort_unstable_by(&cmp);
-    }
-    let right = items.split_off(mid);
-    let left = items;
-    let mut merged = Vec::with_capacity(left.len() + right.len());
-    let mut left = left.into_iter().peekable();
-    let mut right = right.into_iter().peekable();
-    loop {
-        let take_left = match (left.peek(), right.peek()) {
-            (Some(a), Some(b)) => cmp(a, b) != std::cmp::Ordering::Greater,
-            (Some(_), None) => true,
-            (None, Some(_)) => false,
-            (None, None) => break,
-        };
-        let next = if take_left { left.next() } else { right.next() };
-        merged.extend(next);
-    }
-    merged
-}
-
-/// Stage 1: sums per `Arc<Traceback>` address, in order of first
-/// appearance. Equal tracebacks in different `Arc`s stay apart here and
-/// are merged by stage 2.
-///
-/// The addresses are split between threads by hash (each thread scans
-/// every trace and keeps its own), then the parts are merged by position
-/// of first appearance.
-pub(super) fn distinct_tracebacks(traces: &[Trace]) -> Vec<Distinct<'_>> {
-    let parts = threads_for(traces.len());
-    let mut lists = in_parallel(parts, |part| distinct_part(traces, part, parts));
-    if lists.len() == 1 {
-        return lists
-            .pop()
-            .map(|l| l.into_iter().map(|(_, d)| d).collect())
-            .unwrap_or_default();
-    }
-    // k-way merge by first position (k is small).
-    let total = lists.iter().map(Vec::len).sum();
-    let mut merged = Vec::with_capacity(total);
-    let mut cursors: Vec<std::iter::Peekable<std::vec::IntoIter<(usize, Distinct<'_>)>>> = lists
-        .into_iter()
-        .map(|l| l.into_iter().peekable())
-        .collect();
-    loop {
-        let next = cursors
-            .iter_mut()
-            .enumerate()
-            .filter_map(|(i, c)| c.peek().map(|(first, _)| (*first, i)))
-            .min();
-        let Some((_, i)) = next else { break };
-        if let Some((_, d)) = cursors.get_mut(i).and_then(Iterator::next) {
-            merged.push(d);
-        }
-    }
-    merged
-}
-
-/// The part of stage 1 for the addresses whose hash falls in `part` of
-/// `parts`: one table access per trace (none for a run of traces sharing
-/// one `Arc`), prefetched [`AHEAD`] traces in advance, the sums kept in the
-/// table's bucket. Each result carries the position of its first trace.
-fn distinct_part(traces: &[Trace], part: usize, parts: usize) -> Vec<(usize, Distinct<'_>)> {
-    /// Position in the output, and the sums so far.
-    #[derive(Clone, Copy, Default)]
-    struct Acc {
-        index: u32,
-        totals: Totals,
-    }
-    let expected = (traces.len() / 4 / parts).min(1 << 20);
-    let mut table: Table<usize, Acc> = Table::with_capacity(expected);
-    let mut firsts: Vec<(usize, &Arc<Traceback>)> = Vec::new();
-    let address = |trace: &Trace| Arc::as_ptr(&trace.traceback) as usize;
-    let mine = |key: usize| parts == 1 || (TableKey::hash(&key) >> 32) as usize % parts == part;
-    fn flush<'a>(
-        table: &mut Table<usize, Acc>,
-        firsts: &mut Vec<(usize, &'a Arc<Traceback>)>,
-        run: Option<(usize, usize, &'a Arc<Traceback>, Totals)>,
-    ) {
-        if let Some((key, position, traceback, totals)) = run {
-            let index = u32::try_from(firsts.len()).unwrap_or(u32::MAX);
-            let (acc, new) = table.get_or_insert(key, || Acc {
-                index,
-                totals: Totals::default(),
-            });
-            acc.totals.add(totals);
-            if new {
-                firsts.push((position, traceback));
-            }
-        }
-    }
-    // The current run of consecutive traces with the same traceback, summed
-    // before touching the table.
-    let mut run: Option<(usize, usize, &Arc<Traceback>, Totals)> = None;
-    for (position, trace) in traces.iter().enumerate() {
-        if let Some(ahead) = traces.get(position + AHEAD) {
-            let key = address(ahead);
-            if mine(key) {
-                table.prefetch(&key);
-            }
-        }
-        let key = address(trace);
-        let block = Totals {
-            size: trace.size,
-            count: 1,
-        };
-        match &mut run {
-            Some((current, _, _, totals)) if *current == key => totals.add(block),
-            _ if !mine(key) => {}
-            _ => flush(
-                &mut table,
-                &mut firsts,
-                run.replace((key, position, &trace.traceback, block)),
-            ),
-        }
-    }
-    flush(&mut table, &mut firsts, run);
-    let mut totals = vec![Totals::default(); firsts.len()];
-    for (_, acc) in table.iter() {
-        if let Some(slot) = totals.get_mut(acc.index as usize) {
-            *slot = acc.totals;
-        }
-    }
-    firsts
-        .into_iter()
-        .zip(totals)
-        .map(|((position, traceback), totals)| (position, Distinct { traceback, totals }))
-=======
     }
     std::thread::available_parallelism()
         .map_or(1, |n| n.get())
@@ -450,7 +272,6 @@ pub(super) fn distinct_tracebacks<'a>(
         .iter()
         .zip(totals)
         .map(|(traceback, totals)| Distinct { traceback, totals })
->>>>>>> Stashed changes
         .collect()
 }
 
@@ -529,14 +350,10 @@ impl<K: Hash + Eq, R> Groups<K, R> {
     }
 
     /// `Snapshot.statistics()` before sorting.
-<<<<<<< Updated upstream
-    pub(super) fn statistics(self, traceback_of: impl Fn(&R) -> Traceback) -> Vec<Statistic> {
-=======
     pub(super) fn statistics(self, traceback_of: impl Fn(&R) -> Traceback) -> Vec<Statistic>
     where
         R: Touch,
     {
->>>>>>> Stashed changes
         self.labelled_statistics(traceback_of, |_| None)
     }
 
@@ -576,14 +393,10 @@ impl<K: Hash + Eq, R> Groups<K, R> {
         old: &Groups<K, R>,
         key_of: impl Fn(&R) -> K,
         traceback_of: impl Fn(&R) -> Traceback,
-<<<<<<< Updated upstream
-    ) -> Vec<StatisticDiff> {
-=======
     ) -> Vec<StatisticDiff>
     where
         R: Touch,
     {
->>>>>>> Stashed changes
         self.labelled_compare_to(old, key_of, traceback_of, |_| None)
     }
 
@@ -757,9 +570,6 @@ fn group_frames_part<'a>(
     let mut groups = Groups::new();
     // File names are usually shared `Arc<str>`s: find a group by the
     // name's address and line, and compare text only for a new address.
-<<<<<<< Updated upstream
-    let mut by_address: Table<(usize, u32), u32> = Table::with_capacity(1024);
-=======
     let mut by_address: Table<(usize, u32), u32> = Table::with_capacity(
         if cumulative {
             distinct.len()
@@ -769,7 +579,6 @@ fn group_frames_part<'a>(
         .min(1 << 18),
     );
     groups.index.reserve(distinct.len().min(1 << 16));
->>>>>>> Stashed changes
     for (i, d) in distinct.iter().enumerate() {
         // Two dependent misses per traceback (the traceback, then its
         // frames): fetch the traceback 2 * AHEAD ahead and its frames AHEAD

@@ -13,11 +13,7 @@ use serde::{Deserialize, Serialize};
 use super::error::ModelError;
 use super::format::{format_size_f64, true_div};
 use super::group::{
-<<<<<<< Updated upstream
-    distinct_tracebacks, frame_group_traceback, frame_key, group_frames, group_labels,
-=======
     Interned, distinct_tracebacks, frame_group_traceback, frame_key, group_frames, group_labels,
->>>>>>> Stashed changes
     group_tracebacks, sort_parallel, traceback_group_traceback,
 };
 use super::traceback::{Trace, Traceback};
@@ -315,11 +311,7 @@ impl Snapshot {
         cumulative: bool,
     ) -> Result<Vec<Statistic>, ModelError> {
         check_cumulative(group_by, cumulative)?;
-<<<<<<< Updated upstream
-        let distinct = distinct_tracebacks(&self.traces);
-=======
         let distinct = distinct_tracebacks(self.interned(), &self.traces);
->>>>>>> Stashed changes
         let statistics = match group_by {
             GroupBy::Traceback => group_tracebacks(&distinct).statistics(traceback_group_traceback),
             GroupBy::Lineno | GroupBy::Filename => group_frames(&distinct, group_by, cumulative)
@@ -349,13 +341,8 @@ impl Snapshot {
         cumulative: bool,
     ) -> Result<Vec<StatisticDiff>, ModelError> {
         check_cumulative(group_by, cumulative)?;
-<<<<<<< Updated upstream
-        let new_distinct = distinct_tracebacks(&self.traces);
-        let old_distinct = distinct_tracebacks(&old.traces);
-=======
         let new_distinct = distinct_tracebacks(self.interned(), &self.traces);
         let old_distinct = distinct_tracebacks(old.interned(), &old.traces);
->>>>>>> Stashed changes
         let diffs =
             match group_by {
                 GroupBy::Traceback => group_tracebacks(&new_distinct).compare_to(

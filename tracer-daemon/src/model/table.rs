@@ -134,6 +134,7 @@ impl<K: TableKey, V: Copy + Default> Table<K, V> {
     }
 
     /// Every key and value, in bucket order.
+    #[cfg(test)]
     pub(super) fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
         self.buckets
             .iter()
