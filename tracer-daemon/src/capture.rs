@@ -1070,22 +1070,7 @@ mod bpf_sys {
 
     /// Number of keys, by walking them (one syscall per key).
     pub fn count_keys<K: Default + Copy>(fd: BorrowedFd<'_>) -> u64 {
-        let mut count = 0;
-        let mut key: Option<K> = None;
-        loop {
-            let mut next = K::default();
-            let mut attr = ElemAttr {
-                map_fd: fd.as_raw_fd() as u32,
-                key: key.as_ref().map_or(0, |k| std::ptr::from_ref(k) as u64),
-                value: std::ptr::from_mut(&mut next) as u64,
-                ..ElemAttr::default()
-            };
-            if call(BPF_MAP_GET_NEXT_KEY, &mut attr).is_err() {
-                return count;
-            }
-            count += 1;
-            key = Some(next);
-        }
+        keys::<K>(fd).len() as u64
     }
 }
 
