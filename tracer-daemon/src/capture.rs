@@ -103,6 +103,10 @@ pub struct CaptureConfig {
     /// Mean sampling interval in bytes (byte-weighted Poisson sampling);
     /// 0 records every allocation (exact).
     pub sample_interval: u64,
+    /// Attach the probes for every process at load; false attaches none
+    /// until [`Capture::attach`] (a scoped tracerd, so no process outside
+    /// its scope is traced even while it starts).
+    pub system_wide: bool,
 }
 
 /// Which programs [`Capture`] attaches.
@@ -112,6 +116,33 @@ enum Programs {
     Tracer,
     /// Empty ones, at the same points (the physical floor).
     Floor,
+}
+
+impl Programs {
+    /// The program attached where tracer's `name` goes (`exit`: a
+    /// uretprobe).
+    fn program_for(self, name: &'static str, exit: bool) -> &'static str {
+        match self {
+            Programs::Tracer => name,
+            Programs::Floor if exit => FLOOR_PROGRAMS.1,
+            Programs::Floor => FLOOR_PROGRAMS.0,
+        }
+    }
+}
+
+/// The uprobe program `name`, loaded into the kernel if it is not yet.
+///
+/// # Errors
+/// [`CaptureError::Program`] naming it.
+fn load_uprobe<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut UProbe, CaptureError> {
+    let program = program_mut::<UProbe>(ebpf, name)?;
+    if program.fd().is_err() {
+        program.load().map_err(|source| CaptureError::Program {
+            program: name.into(),
+            source: Box::new(source),
+        })?;
+    }
+    Ok(program)
 }
 
 /// Where the probes of one allocator function go, as file offsets in the
@@ -162,8 +193,9 @@ pub struct Capture {
 
 impl Capture {
     /// Loads the programs, sizes the maps from `config`, and attaches the
-    /// lifecycle tracepoints, then every allocator uretprobe, then every
-    /// uprobe (so no entry is recorded whose return would be missed).
+    /// lifecycle tracepoints, then (when `config.system_wide`) every
+    /// allocator uretprobe, then every uprobe (so no entry is recorded whose
+    /// return would be missed).
     ///
     /// # Errors
     /// [`CaptureError`] naming the program, map or library that failed.
@@ -240,6 +272,19 @@ impl Capture {
             });
             targets.push((path.clone(), points));
         }
+        // Every uprobe program is loaded now, while the object still holds
+        // every map its instructions refer to (a map taken out of it below
+        // and dropped, as EXP_TABLE is, would leave a later load with a
+        // closed fd); a scoped tracerd attaches them only later.
+        for (_, points) in &targets {
+            for point in points {
+                let names = [Some(point.spec.entry), point.spec.exit];
+                for name in names.into_iter().flatten() {
+                    let name = programs.program_for(name, point.spec.exit == Some(name));
+                    load_uprobe(&mut ebpf, name)?;
+                }
+            }
+        }
         let switches = take_map(&mut ebpf, MAP_SWITCHES)?;
         let mut exp_table: aya::maps::Array<MapData, u32> = take_map(&mut ebpf, MAP_EXP_TABLE)?;
         for (i, value) in exponential_table().into_iter().enumerate() {
@@ -279,7 +324,9 @@ impl Capture {
             links: HashMap::new(),
             config: CaptureConfig { nframe, ..config },
         };
-        capture.attach(None)?;
+        if capture.config.system_wide {
+            capture.attach(None)?;
+        }
         Ok(capture)
     }
 
@@ -315,27 +362,16 @@ impl Capture {
                     } else {
                         (spec.entry, point.entry)
                     };
-                    let name = match self.programs {
-                        Programs::Tracer => name,
-                        Programs::Floor if exit_pass => FLOOR_PROGRAMS.1,
-                        Programs::Floor => FLOOR_PROGRAMS.0,
-                    };
-                    let attached =
-                        program_mut::<UProbe>(&mut self.ebpf, name).and_then(|program| {
-                            if program.fd().is_err() {
-                                program.load().map_err(|source| CaptureError::Program {
-                                    program: name.into(),
-                                    source: Box::new(source),
-                                })?;
-                            }
-                            program.attach(offset, path, scope).map_err(|source| {
-                                CaptureError::Attach {
-                                    program: name.into(),
-                                    target: format!("{}:{}", path.display(), spec.symbol),
-                                    source: Box::new(source),
-                                }
+                    let name = self.programs.program_for(name, exit_pass);
+                    let attached = load_uprobe(&mut self.ebpf, name).and_then(|program| {
+                        program
+                            .attach(offset, path, scope)
+                            .map_err(|source| CaptureError::Attach {
+                                program: name.into(),
+                                target: format!("{}:{}", path.display(), spec.symbol),
+                                source: Box::new(source),
                             })
-                        });
+                    });
                     match attached {
                         Ok(link) => links.push((name, link)),
                         Err(err) => {

@@ -91,6 +91,11 @@ async fn run(config: Config) -> anyhow::Result<()> {
         None
     };
 
+    let scope = tracer_daemon::scope::Scope {
+        pids: config.scope_pids.iter().copied().collect(),
+        exes: config.scope_exes.iter().cloned().collect(),
+        cgroups: config.scope_cgroups.iter().cloned().collect(),
+    };
     let mut capture = Capture::load(CaptureConfig {
         nframe: config.nframe,
         max_live_blocks: config.max_live_blocks,
@@ -98,21 +103,17 @@ async fn run(config: Config) -> anyhow::Result<()> {
         max_procs: config.max_procs,
         libc: config.libc.clone(),
         sample_interval: config.sample_interval,
+        system_wide: scope.is_all(),
     })
     .context("loading the eBPF probes (tracerd needs root, or CAP_BPF and CAP_PERFMON)")?;
     for library in capture.libraries() {
-        tracing::info!(target = %library.path.display(), probes = library.probes.len(), "attached");
+        tracing::info!(target = %library.path.display(), probes = library.probes.len(), "probe points");
     }
     let events = capture.take_events().context("the event ring buffer")?;
     let daemon = Arc::new(Daemon::new(
         capture,
         Duration::from_secs(config.exited_retention),
     ));
-    let scope = tracer_daemon::scope::Scope {
-        pids: config.scope_pids.iter().copied().collect(),
-        exes: config.scope_exes.iter().cloned().collect(),
-        cgroups: config.scope_cgroups.iter().cloned().collect(),
-    };
     if !scope.is_all() {
         let attached = daemon
             .set_scope(scope)

@@ -174,8 +174,13 @@ impl Daemon {
         let own = std::process::id();
         let mut attached = Vec::new();
         for pid in all_pids() {
-            if pid != own && scope.matches(pid) && capture.attach(Some(pid)).is_ok() {
-                attached.push(pid);
+            if pid == own || !scope.matches(pid) {
+                continue;
+            }
+            match capture.attach(Some(pid)) {
+                Ok(()) => attached.push(pid),
+                // A process can end between the listing and the attach.
+                Err(err) => tracing::debug!(pid, %err, "could not attach to a process in scope"),
             }
         }
         for key in previous {

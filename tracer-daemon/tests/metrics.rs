@@ -157,32 +157,81 @@ fn metrics_give_each_process_the_values_of_the_api() {
     assert!(fx.finish().success());
 }
 
+/// Holds `argv[1]` blocks of 4096 bytes from one line, then waits.
+const KEEP_N: &str = r#"
+int main(int argc, char **argv) {
+    int n = argc > 1 ? atoi(argv[1]) : 0;
+    void **keep = calloc(n, sizeof(void *));
+    say("ready");
+    wait_go();
+    for (int i = 0; i < n; i++)
+        keep[i] = malloc(4096);
+    say("done");
+    wait_go();
+    return keep == NULL;
+}
+"#;
+
+/// The value of a sample line `name{labels} value`.
+fn line_value(line: &str) -> f64 {
+    line.rsplit(' ')
+        .next()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no value in {line}"))
+}
+
 #[test]
 fn beyond_the_top_n_processes_are_summed_as_other() {
-    let tracerd = Tracerd::start(&["--metrics-top-processes", "1"]);
+    // Three processes in scope (so no other process of the host takes part),
+    // holding 1000, 300 and 100 blocks of 4096 bytes.
+    let dir = TempDir::new("topn");
+    let exe = compile_c(dir.path(), "keepn", &format!("{C_PRELUDE}{KEEP_N}"), &[]);
+    let mut fixtures: Vec<Fixture> = ["1000", "300", "100"]
+        .iter()
+        .map(|n| Fixture::spawn(&exe, &[n], &[]))
+        .collect();
+    for fx in &mut fixtures {
+        fx.expect_line("ready");
+    }
+    let pids: Vec<String> = fixtures.iter().map(|fx| fx.pid().to_string()).collect();
+    let scope = pids.join(",");
+    let tracerd = Tracerd::start(&["--metrics-top-processes", "1", "--scope-pid", &scope]);
+    // Tracing is attached to the three before tracerd is ready; each is
+    // known from its first allocation on.
+    for fx in &mut fixtures {
+        fx.go();
+        fx.expect_line("done");
+    }
+    let current = |pid: &str| {
+        let (status, memory) = tracerd.get(&format!("/pid/{pid}/traced-memory"));
+        assert_eq!(status, 200, "{memory}");
+        memory["current"].as_f64().expect("current")
+    };
+    let (top, second, third) = (current(&pids[0]), current(&pids[1]), current(&pids[2]));
+    // Their only allocations since tracerd started are the blocks.
+    assert_eq!((top, second, third), (4_096_000.0, 1_228_800.0, 409_600.0));
+
     let text = scrape(&tracerd);
-    let current: Vec<&str> = text
+    let lines: Vec<&str> = text
         .lines()
         .filter(|l| l.starts_with("tracer_process_current_bytes{"))
         .collect();
-    // One labelled process and the rest under other (the host always runs
-    // more than one traced process: at least this test and cargo).
-    assert_eq!(current.len(), 2, "{current:?}");
-    assert!(
-        current[1].starts_with("tracer_process_current_bytes{pid=\"other\",comm=\"other\"} "),
-        "{current:?}"
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    let top_prefix = format!(
+        "tracer_process_current_bytes{{pid=\"{}\",comm=\"keepn\"}} ",
+        pids[0]
     );
-    let top: f64 = current[0]
-        .rsplit(' ')
-        .next()
-        .and_then(|v| v.parse().ok())
-        .expect("value");
-    let other: f64 = current[1]
-        .rsplit(' ')
-        .next()
-        .and_then(|v| v.parse().ok())
-        .expect("value");
-    assert!(top >= 0.0 && other >= 0.0);
+    assert!(lines[0].starts_with(&top_prefix), "{lines:?}");
+    assert_eq!(line_value(lines[0]), top);
+    assert!(
+        lines[1].starts_with("tracer_process_current_bytes{pid=\"other\",comm=\"other\"} "),
+        "{lines:?}"
+    );
+    assert_eq!(line_value(lines[1]), second + third);
+    for fx in &mut fixtures {
+        fx.go();
+        assert!(fx.finish().success());
+    }
 }
 
 #[test]

@@ -19,6 +19,7 @@ fn main() -> anyhow::Result<()> {
         max_procs: 64,
         libc,
         sample_interval: 0,
+        system_wide: true,
     })
     .context("attaching the empty programs (needs root)")?;
     for library in capture.libraries() {
