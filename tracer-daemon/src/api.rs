@@ -7,7 +7,10 @@
 //! domain per pid) and per stored snapshot (`/snapshots/{id}/...`), and all
 //! take the filters of `Snapshot.filter_traces()`: `include=` and
 //! `exclude=PATTERN[:LINENO][@DOMAIN]` (repeatable), `all_frames=`,
-//! `domain=` and `exclude_domain=` (repeatable).
+//! `domain=` and `exclude_domain=` (repeatable). Each of their answers, and
+//! every stored snapshot's summary, says whether its data is complete
+//! (`complete`, `drops`, `drops_by_pid`: [`Completeness`]); a compare says
+//! it of each side.
 //!
 //! Errors are JSON `{"error": ..., "hint": ...}`: 400 for a bad parameter
 //! or file (the hint names the valid values), 404 for an unknown pid,
@@ -34,7 +37,7 @@ use crate::{
         TraceFilter, Traceback, dump_tracemalloc, encode,
     },
     source::LineCache,
-    store::{StoreError, unix_ms},
+    store::{Completeness, StoreError, unix_ms},
     views::{BaseSpec, Scope, Side, SnapshotRef, ViewError},
 };
 
@@ -704,9 +707,20 @@ fn stats_query(params: &Params) -> Result<StatsQuery, ApiError> {
     Ok(query)
 }
 
-/// Statistics of `snapshot` (filtered) as JSON with `head` fields, or text.
+/// The text headers that say whether the data is complete (text has no
+/// room for it in its lines, which are tracemalloc's own).
+fn completeness_headers(completeness: &Completeness) -> [(&'static str, String); 2] {
+    [
+        ("x-tracer-complete", completeness.is_complete().to_string()),
+        ("x-tracer-drops", completeness.drops().to_string()),
+    ]
+}
+
+/// Statistics of `snapshot` (filtered) as JSON with `head` fields and its
+/// completeness, or text.
 fn statistics_response(
     snapshot: &Snapshot,
+    completeness: &Completeness,
     query: &StatsQuery,
     mut head: serde_json::Map<String, Value>,
 ) -> Result<Response, ApiError> {
@@ -721,7 +735,7 @@ fn statistics_response(
                 .options
                 .lines(s.to_string(), &s.traceback, &mut cache, &mut lines);
         }
-        return Ok(text_response(&lines, &[]));
+        return Ok(text_response(&lines, &completeness_headers(completeness)));
     }
     let out: Vec<_> = stats
         .iter()
@@ -737,11 +751,13 @@ fn statistics_response(
     head.insert("total".into(), json!(total));
     head.insert("traces".into(), json!(filtered.traces().len()));
     head.insert("traceback_limit".into(), json!(filtered.traceback_limit()));
+    completeness.insert_into(&mut head);
     head.insert("statistics".into(), json!(out));
     Ok(Json(Value::Object(head)).into_response())
 }
 
-/// `new.compare_to(base)` of the filtered sides, as JSON or text.
+/// `new.compare_to(base)` of the filtered sides, as JSON or text. Each
+/// side says its completeness; the answer is complete when both are.
 fn compare_response(
     base: &Side,
     new: &Side,
@@ -768,7 +784,14 @@ fn compare_response(
             (Some("since"), _) => "since".to_string(),
             _ => "tracing-start".to_string(),
         };
-        return Ok(text_response(&lines, &[("x-tracer-base", base_header)]));
+        let complete = base.completeness.is_complete() && new.completeness.is_complete();
+        let headers = [
+            ("x-tracer-base", base_header),
+            ("x-tracer-complete", complete.to_string()),
+            ("x-tracer-base-drops", base.completeness.drops().to_string()),
+            ("x-tracer-new-drops", new.completeness.drops().to_string()),
+        ];
+        return Ok(text_response(&lines, &headers));
     }
     let out: Vec<_> = diffs
         .iter()
@@ -777,8 +800,17 @@ fn compare_response(
             text: d.to_string(),
         })
         .collect();
-    head.insert("base".into(), base.info.clone());
-    head.insert("new".into(), new.info.clone());
+    let side = |side: &Side| {
+        let mut info = object(side.info.clone());
+        side.completeness.insert_into(&mut info);
+        Value::Object(info)
+    };
+    head.insert(
+        "complete".into(),
+        json!(base.completeness.is_complete() && new.completeness.is_complete()),
+    );
+    head.insert("base".into(), side(base));
+    head.insert("new".into(), side(new));
     head.insert("group_by".into(), json!(query.group_by.as_str()));
     head.insert("cumulative".into(), json!(query.cumulative));
     head.insert("filters".into(), query.filters_json.clone());
@@ -788,10 +820,11 @@ fn compare_response(
     Ok(Json(Value::Object(head)).into_response())
 }
 
-/// The traces of `snapshot` (filtered), `offset`/`limit` paged, as JSON or
-/// text (`str(Trace)` per line).
+/// The traces of `snapshot` (filtered), `offset`/`limit` paged, as JSON
+/// (with its completeness) or text (`str(Trace)` per line).
 fn traces_response(
     snapshot: &Snapshot,
+    completeness: &Completeness,
     params: &Params,
     mut head: serde_json::Map<String, Value>,
 ) -> Result<Response, ApiError> {
@@ -818,7 +851,7 @@ fn traces_response(
         for t in page {
             options.lines(t.to_string(), &t.traceback, &mut cache, &mut lines);
         }
-        return Ok(text_response(&lines, &[]));
+        return Ok(text_response(&lines, &completeness_headers(completeness)));
     }
     let out: Vec<_> = page
         .iter()
@@ -832,6 +865,7 @@ fn traces_response(
     head.insert("limit".into(), json!(limit));
     head.insert("total".into(), json!(total));
     head.insert("traceback_limit".into(), json!(filtered.traceback_limit()));
+    completeness.insert_into(&mut head);
     head.insert("traces".into(), json!(out));
     Ok(Json(Value::Object(head)).into_response())
 }
@@ -941,6 +975,7 @@ async fn pid_statistics(
         let now = daemon.snapshot_now(Scope::Process(pid))?;
         statistics_response(
             &now.snapshot,
+            &now.completeness,
             &query,
             object(json!({"pid": pid, "process": now.process})),
         )
@@ -962,7 +997,7 @@ async fn system_statistics(
         let head = object(
             json!({"pids": now.pids, "current": now.traced_memory.0, "peak": now.traced_memory.1}),
         );
-        statistics_response(&now.snapshot, &query, head)
+        statistics_response(&now.snapshot, &now.completeness, &query, head)
     })
     .await
 }
@@ -982,6 +1017,7 @@ async fn snapshot_statistics(
         let (stored, summary) = daemon.stored(&reference)?;
         statistics_response(
             &stored.snapshot,
+            &stored.completeness,
             &query,
             object(json!({"snapshot": summary})),
         )
@@ -1111,6 +1147,7 @@ async fn snapshot_compare(
             snapshot: Arc::clone(&s.snapshot),
             info: json!({"kind": "snapshot", "id": s.id, "snapshot_kind": summary.kind, "label": summary.label,
                          "taken_at_ms": summary.taken_at_ms}),
+            completeness: s.completeness.clone(),
         };
         compare_response(&side(&base_stored, &base_summary), &side(&new_stored, &new_summary), &query, serde_json::Map::new())
     })
@@ -1129,7 +1166,12 @@ async fn pid_traces(
     params.text_options(params.text()?)?;
     blocking(move || {
         let now = daemon.snapshot_now(Scope::Process(pid))?;
-        traces_response(&now.snapshot, &params, object(json!({"pid": pid})))
+        traces_response(
+            &now.snapshot,
+            &now.completeness,
+            &params,
+            object(json!({"pid": pid})),
+        )
     })
     .await
 }
@@ -1142,7 +1184,12 @@ async fn system_traces(
     params.text_options(params.text()?)?;
     blocking(move || {
         let now = daemon.snapshot_now(Scope::System)?;
-        traces_response(&now.snapshot, &params, object(json!({"pids": now.pids})))
+        traces_response(
+            &now.snapshot,
+            &now.completeness,
+            &params,
+            object(json!({"pids": now.pids})),
+        )
     })
     .await
 }
@@ -1159,6 +1206,7 @@ async fn snapshot_traces(
         let (stored, summary) = daemon.stored(&reference)?;
         traces_response(
             &stored.snapshot,
+            &stored.completeness,
             &params,
             object(json!({"snapshot": summary})),
         )
@@ -1313,12 +1361,13 @@ async fn snapshot_dump(
         let bytes = if tracemalloc {
             dump_tracemalloc(&stored.snapshot)
         } else {
-            let meta = json!({
+            let mut meta = object(json!({
                 "id": summary.id, "pid": summary.pid, "kind": summary.kind, "label": summary.label,
                 "taken_at_ms": summary.taken_at_ms, "traced_memory": [summary.current, summary.peak],
                 "comm": summary.comm,
-            });
-            encode(&stored.snapshot, &meta)
+            }));
+            stored.completeness.insert_into(&mut meta);
+            encode(&stored.snapshot, &Value::Object(meta))
         };
         let name = format!("snapshot-{}.{}", summary.id, if tracemalloc { "pickle" } else { "tsnap" });
         Ok::<_, ApiError>((bytes, name))

@@ -18,7 +18,7 @@ use crate::{
     model::{Frame, FrameExtra, Snapshot, Trace, Traceback},
     process::ModuleMaps,
     registry::{EndEvent, EndReason, ProcessImage, RawBlock, Registry},
-    store::{SnapshotStore, SnapshotSummary, StoredSnapshot, unix_ms},
+    store::{Completeness, SnapshotStore, SnapshotSummary, StoredSnapshot, unix_ms},
     symbolize::Symbolizer,
 };
 
@@ -494,6 +494,7 @@ impl Daemon {
             gen_: taken.gen_,
             taken_at: SystemTime::now(),
             traced_memory: (taken.process.current, taken.process.peak),
+            completeness: Completeness::of_process(pid, taken.process.drops),
             snapshot: taken.snapshot,
         };
         let mut store = lock(&self.store);

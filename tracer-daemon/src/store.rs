@@ -28,7 +28,7 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use serde::Serialize;
+use serde::{Serialize, ser::SerializeStruct as _};
 use serde_json::{Value, json};
 
 use crate::model::{Snapshot, decode, encode};
@@ -125,6 +125,118 @@ impl SnapshotKind {
     }
 }
 
+/// Whether a snapshot's data is complete, and the loss when it is not:
+/// events (allocations) of its processes lost since their tracing began
+/// because a kernel map was full. With no drop the traces are every live
+/// block; with drops they undercount.
+///
+/// The one shape every response and snapshot file uses: serialized as
+/// `{"complete": bool, "drops": N, "drops_by_pid": {"PID": N, ...}}`, where
+/// `drops_by_pid` lists only processes with drops (so `{}` when complete).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Completeness {
+    /// Drops in all, summed over the processes.
+    drops: u64,
+    /// Drops of each process that had any.
+    by_pid: BTreeMap<u32, u64>,
+}
+
+impl Completeness {
+    /// Complete: no drop (a loaded tracemalloc file, the empty state at
+    /// tracing start).
+    #[must_use]
+    pub fn complete() -> Self {
+        Self::default()
+    }
+
+    /// The loss of one process: `drops` events of `pid`.
+    #[must_use]
+    pub fn of_process(pid: u32, drops: u64) -> Self {
+        let mut out = Self::default();
+        out.add(pid, drops);
+        out
+    }
+
+    /// Adds `drops` events lost by `pid` (several domains in one snapshot).
+    pub fn add(&mut self, pid: u32, drops: u64) {
+        if drops == 0 {
+            return;
+        }
+        self.drops = self.drops.saturating_add(drops);
+        let slot = self.by_pid.entry(pid).or_default();
+        *slot = slot.saturating_add(drops);
+    }
+
+    /// Adds the loss of another part of the same snapshot.
+    pub fn merge(&mut self, other: &Completeness) {
+        self.drops = self.drops.saturating_add(other.drops);
+        for (&pid, &drops) in &other.by_pid {
+            let slot = self.by_pid.entry(pid).or_default();
+            *slot = slot.saturating_add(drops);
+        }
+    }
+
+    /// True when no event was lost.
+    #[must_use]
+    pub fn is_complete(&self) -> bool {
+        self.drops == 0
+    }
+
+    /// Events lost in all.
+    #[must_use]
+    pub fn drops(&self) -> u64 {
+        self.drops
+    }
+
+    /// Drops of each process that had any.
+    #[must_use]
+    pub fn by_pid(&self) -> &BTreeMap<u32, u64> {
+        &self.by_pid
+    }
+
+    /// Adds `complete`, `drops` and `drops_by_pid` to a JSON object (a
+    /// response head, a compare side, a file's metadata).
+    pub fn insert_into(&self, map: &mut serde_json::Map<String, Value>) {
+        if let Ok(Value::Object(fields)) = serde_json::to_value(self) {
+            map.extend(fields);
+        }
+    }
+
+    /// Reads what [`Completeness::insert_into`] wrote in a file's metadata.
+    /// Files without it (tracer files written before drops were recorded)
+    /// read as complete. `drops` is the total; `drops_by_pid` entries that
+    /// do not parse are ignored, and a total below their sum is raised to it.
+    #[must_use]
+    pub fn from_meta(meta: &Value) -> Self {
+        let mut by_pid = BTreeMap::new();
+        if let Some(map) = meta.get("drops_by_pid").and_then(Value::as_object) {
+            for (pid, drops) in map {
+                if let (Ok(pid), Some(drops)) = (pid.parse::<u32>(), drops.as_u64())
+                    && drops > 0
+                {
+                    by_pid.insert(pid, drops);
+                }
+            }
+        }
+        let sum = by_pid.values().fold(0u64, |a, &d| a.saturating_add(d));
+        let total = meta.get("drops").and_then(Value::as_u64).unwrap_or(0);
+        Self {
+            drops: total.max(sum),
+            by_pid,
+        }
+    }
+}
+
+impl Serialize for Completeness {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut out = serializer.serialize_struct("Completeness", 3)?;
+        out.serialize_field("complete", &self.is_complete())?;
+        out.serialize_field("drops", &self.drops)?;
+        out.serialize_field("drops_by_pid", &self.by_pid)?;
+        out.end()
+    }
+}
+
 /// A snapshot kept in the store.
 #[derive(Clone, Debug)]
 pub struct StoredSnapshot {
@@ -142,6 +254,8 @@ pub struct StoredSnapshot {
     pub taken_at: SystemTime,
     /// `get_traced_memory()` at that moment: (current, peak) in bytes.
     pub traced_memory: (u64, u64),
+    /// Whether its processes lost events before it was taken.
+    pub completeness: Completeness,
     /// The traces.
     pub snapshot: Arc<Snapshot>,
 }
@@ -208,6 +322,9 @@ pub struct SnapshotSummary {
     pub traceback_limit: u32,
     /// The process's name when it was taken, if known.
     pub comm: Option<String>,
+    /// `complete`, `drops` and `drops_by_pid` (see [`Completeness`]).
+    #[serde(flatten)]
+    pub completeness: Completeness,
     /// True if it was stored by this run of tracerd; false for snapshots
     /// read back from the state directory (their pid names no process of
     /// this run, so `/pid/{pid}` routes never use them).
@@ -246,6 +363,7 @@ impl StoredSnapshot {
             peak: self.traced_memory.1,
             traceback_limit: self.snapshot.traceback_limit(),
             comm: info.comm.clone(),
+            completeness: self.completeness.clone(),
             this_run,
             persisted,
         }
@@ -627,7 +745,7 @@ fn file_of(dir: &Path, id: u64) -> PathBuf {
 /// The metadata kept in a snapshot file's header.
 fn meta_of(entry: &Entry) -> Value {
     let s = &entry.stored;
-    json!({
+    let mut meta = json!({
         "id": s.id,
         "pid": s.pid,
         "start_time": s.start_time,
@@ -638,7 +756,11 @@ fn meta_of(entry: &Entry) -> Value {
         "label": entry.info.label,
         "comm": entry.info.comm,
         "source_format": entry.info.source_format,
-    })
+    });
+    if let Some(map) = meta.as_object_mut() {
+        s.completeness.insert_into(map);
+    }
+    meta
 }
 
 fn read_snapshot_file(path: &Path, stem: &str) -> Result<Entry, String> {
@@ -687,6 +809,7 @@ fn read_snapshot_file(path: &Path, stem: &str) -> Result<Entry, String> {
             .unwrap_or(0),
         taken_at: SystemTime::UNIX_EPOCH + Duration::from_millis(field("taken_at_ms").unwrap_or(0)),
         traced_memory: (traced_at(0), traced_at(1)),
+        completeness: Completeness::from_meta(meta),
         snapshot: Arc::new(decoded.snapshot),
     };
     let info = SnapshotInfo {
@@ -758,6 +881,7 @@ mod tests {
             gen_,
             taken_at: SystemTime::UNIX_EPOCH + Duration::from_millis(1_700_000_000_123),
             traced_memory: (300, 400),
+            completeness: Completeness::complete(),
             snapshot: Arc::new(Snapshot::new(
                 vec![Trace {
                     domain: pid,
@@ -873,6 +997,81 @@ mod tests {
             .unwrap();
         assert!(next > auto, "id {next} reused");
         let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn drops_survive_a_reopen_and_files_without_them_read_as_complete() {
+        let dir = temp_dir("drops");
+        let mut store = SnapshotStore::open(&dir).unwrap();
+        let mut lossy = stored(5, 1);
+        lossy.completeness = Completeness::of_process(5, 476);
+        lossy.completeness.add(6, 24);
+        let id = store
+            .add(lossy, SnapshotInfo::new(SnapshotKind::Taken, None))
+            .unwrap();
+        let complete = store
+            .add(stored(7, 1), SnapshotInfo::new(SnapshotKind::Taken, None))
+            .unwrap();
+        drop(store);
+        // A file written before drops were recorded: its meta has no such key.
+        let old = json!({"id": 9, "pid": 8, "kind": "taken", "traced_memory": [300, 400]});
+        fs::write(
+            dir.join("snapshots/9.tsnap"),
+            encode(&stored(8, 1).snapshot, &old),
+        )
+        .unwrap();
+
+        let store = SnapshotStore::open(&dir).unwrap();
+        assert!(store.unreadable().is_empty(), "{:?}", store.unreadable());
+        let summary = serde_json::to_value(store.summary(id).unwrap()).unwrap();
+        assert_eq!(summary["complete"], false);
+        assert_eq!(summary["drops"], 500);
+        assert_eq!(summary["drops_by_pid"], json!({"5": 476, "6": 24}));
+        for other in [complete, 9] {
+            let summary = serde_json::to_value(store.summary(other).unwrap()).unwrap();
+            assert_eq!(
+                (
+                    &summary["complete"],
+                    &summary["drops"],
+                    &summary["drops_by_pid"]
+                ),
+                (&json!(true), &json!(0), &json!({})),
+                "{summary}"
+            );
+        }
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn completeness_merges_per_pid_and_reads_bad_meta_safely() {
+        let mut all = Completeness::complete();
+        assert!(all.is_complete());
+        all.add(3, 0);
+        assert_eq!(all, Completeness::complete(), "no drop adds no pid");
+        all.merge(&Completeness::of_process(3, 2));
+        all.merge(&Completeness::of_process(3, 5));
+        all.add(4, u64::MAX);
+        assert_eq!(all.drops(), u64::MAX);
+        assert_eq!(all.by_pid().get(&3), Some(&7));
+        assert!(!all.is_complete());
+        let read = Completeness::from_meta(&json!({
+            "drops": 1, "drops_by_pid": {"x": 4, "2": "many", "9": 3, "10": 0}
+        }));
+        assert_eq!(
+            read,
+            Completeness::of_process(9, 3),
+            "total raised to the sum"
+        );
+        assert_eq!(
+            Completeness::from_meta(&json!({"drops": "lots"})),
+            Completeness::complete()
+        );
+        let mut map = serde_json::Map::new();
+        Completeness::of_process(9, 3).insert_into(&mut map);
+        assert_eq!(
+            Value::Object(map),
+            json!({"complete": false, "drops": 3, "drops_by_pid": {"9": 3}})
+        );
     }
 
     #[test]

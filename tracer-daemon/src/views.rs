@@ -23,8 +23,8 @@ use crate::{
         DumpError, ModelError, PickleError, Snapshot, Trace, Traceback, decode, load_tracemalloc,
     },
     store::{
-        SnapshotInfo, SnapshotKind, SnapshotStore, SnapshotSummary, StoreError, StoredSnapshot,
-        unix_ms,
+        Completeness, SnapshotInfo, SnapshotKind, SnapshotStore, SnapshotSummary, StoreError,
+        StoredSnapshot, unix_ms,
     },
 };
 
@@ -120,6 +120,8 @@ pub struct Now {
     pub pids: Vec<u32>,
     /// (current, peak) in bytes; for the system, the sums.
     pub traced_memory: (u64, u64),
+    /// Events its processes lost since their tracing began.
+    pub completeness: Completeness,
     /// When.
     pub at: SystemTime,
 }
@@ -132,6 +134,8 @@ pub struct Side {
     /// JSON describing it (`kind`: `now`, `snapshot`, `tracing_start`,
     /// `since`).
     pub info: Value,
+    /// Events its processes lost before it was taken.
+    pub completeness: Completeness,
 }
 
 /// Where a compare's base comes from.
@@ -163,6 +167,8 @@ struct ImageNow {
     comm: String,
     snapshot: Snapshot,
     traced_memory: (u64, u64),
+    /// Events of the image lost since its tracing began.
+    drops: u64,
 }
 
 /// `get_tracemalloc_memory()`: what tracing costs, in bytes.
@@ -292,6 +298,7 @@ impl Daemon {
                 Ok(Now {
                     snapshot: Arc::new(truncate(snapshot, tracing.traceback_limit)),
                     traced_memory: (process.current, process.peak),
+                    completeness: Completeness::of_process(pid, process.drops),
                     process: Some(process),
                     image: Some(((pid, taken.gen_), taken.start_time)),
                     pids: vec![pid],
@@ -311,8 +318,10 @@ impl Daemon {
                 let mut traces = Vec::new();
                 let mut pids = Vec::new();
                 let (mut current, mut peak) = (0u64, 0u64);
+                let mut completeness = Completeness::complete();
                 for image in images {
                     pids.push(image.key.0);
+                    completeness.add(image.key.0, image.drops);
                     current = current.saturating_add(image.traced_memory.0);
                     peak = peak.saturating_add(image.traced_memory.1);
                     traces.extend(image.snapshot.traces);
@@ -324,6 +333,7 @@ impl Daemon {
                     image: None,
                     pids,
                     traced_memory: (current, peak),
+                    completeness,
                     at,
                 })
             }
@@ -387,6 +397,7 @@ impl Daemon {
                     comm: image.comm.clone(),
                     snapshot: truncate(snapshot, tracing.traceback_limit),
                     traced_memory: (current, peak),
+                    drops: stats.drops,
                 }
             })
             .collect()
@@ -416,6 +427,7 @@ impl Daemon {
             gen_,
             taken_at: now.at,
             traced_memory: now.traced_memory,
+            completeness: now.completeness,
             snapshot: now.snapshot,
         };
         let mut info = SnapshotInfo::new(SnapshotKind::Taken, now.image.map(|(k, _)| k));
@@ -444,6 +456,7 @@ impl Daemon {
         if let Some(label) = &label {
             crate::store::check_label(label)?;
         }
+        // A tracemalloc file has no notion of loss: it is complete.
         let (snapshot, meta, format) = if tracemalloc {
             (load_tracemalloc(bytes)?, json!({}), "tracemalloc")
         } else {
@@ -473,6 +486,7 @@ impl Daemon {
                 SystemTime::UNIX_EPOCH + Duration::from_millis(ms)
             }),
             traced_memory: traced_memory.unwrap_or((size, size)),
+            completeness: Completeness::from_meta(&meta),
             snapshot: Arc::new(snapshot),
         };
         let mut info = SnapshotInfo::new(SnapshotKind::Loaded, None);
@@ -599,10 +613,7 @@ impl Daemon {
             };
             return Err(ViewError::WrongScope { id, pid, reason });
         }
-        Ok(Side {
-            snapshot: Arc::clone(&stored.snapshot),
-            info: snapshot_side(stored, info),
-        })
+        Ok(stored_side(stored, info))
     }
 
     /// The two sides of `/pid/{pid}/compare` or `/compare`: `new` (None:
@@ -626,16 +637,14 @@ impl Daemon {
                     .info(stored.id)
                     .cloned()
                     .unwrap_or_else(|| SnapshotInfo::new(SnapshotKind::Taken, None));
-                Side {
-                    snapshot: Arc::clone(&stored.snapshot),
-                    info: snapshot_side(&stored, &info),
-                }
+                stored_side(&stored, &info)
             }
             (scope, None) => {
                 let now = self.snapshot_now(scope)?;
                 Side {
                     snapshot: now.snapshot,
                     info: json!({"kind": "now", "at_ms": unix_ms(now.at)}),
+                    completeness: now.completeness,
                 }
             }
         };
@@ -651,20 +660,14 @@ impl Daemon {
                     .info(stored.id)
                     .cloned()
                     .unwrap_or_else(|| SnapshotInfo::new(SnapshotKind::Taken, None));
-                Side {
-                    snapshot: Arc::clone(&stored.snapshot),
-                    info: snapshot_side(&stored, &info),
-                }
+                stored_side(&stored, &info)
             }
             (Scope::Process(pid), BaseSpec::Default) => {
                 let (key, _) = self.image_of(pid)?;
                 let store = lock(&self.store);
                 let latest = store.of_image(key.0, key.1).last().map(|s| s.id);
                 match latest.and_then(|id| Some((store.get(id)?, store.info(id)?))) {
-                    Some((stored, info)) => Side {
-                        snapshot: Arc::clone(&stored.snapshot),
-                        info: snapshot_side(stored, info),
-                    },
+                    Some((stored, info)) => stored_side(stored, info),
                     None => {
                         drop(store);
                         let first_seen = self.process(pid)?.first_seen_ms;
@@ -681,10 +684,7 @@ impl Daemon {
                     })
                     .filter(|(s, _)| s.taken_at >= self.started_at)
                     .last()
-                    .map(|(s, i)| Side {
-                        snapshot: Arc::clone(&s.snapshot),
-                        info: snapshot_side(s, i),
-                    });
+                    .map(|(s, i)| stored_side(s, i));
                 latest.unwrap_or_else(|| empty_side(limit, unix_ms(self.started_at)))
             }
             (scope, BaseSpec::Since(ago)) => self.since_side(scope, *ago, limit)?,
@@ -724,6 +724,7 @@ impl Daemon {
         let store = lock(&self.store);
         let mut traces = Vec::new();
         let mut parts = Vec::new();
+        let mut completeness = Completeness::complete();
         for (key, first_seen_ms) in keys {
             let found = store
                 .of_image_all(key.0, key.1)
@@ -732,6 +733,7 @@ impl Daemon {
             match found {
                 Some((stored, info)) => {
                     traces.extend(stored.snapshot.traces().iter().cloned());
+                    completeness.merge(&stored.completeness);
                     parts.push(json!({"pid": key.0, "kind": "snapshot", "id": stored.id,
                         "snapshot_kind": info.kind, "taken_at_ms": unix_ms(stored.taken_at)}));
                 }
@@ -753,6 +755,7 @@ impl Daemon {
         Ok(Side {
             snapshot: Arc::new(Snapshot::new(traces, limit)),
             info,
+            completeness,
         })
     }
 
@@ -772,6 +775,7 @@ impl Daemon {
                 gen_: image.key.1,
                 taken_at: at,
                 traced_memory: image.traced_memory,
+                completeness: Completeness::of_process(image.key.0, image.drops),
                 snapshot: Arc::new(image.snapshot),
             };
             let mut info = SnapshotInfo::new(SnapshotKind::Auto, Some(image.key));
@@ -1025,10 +1029,21 @@ fn snapshot_side(stored: &StoredSnapshot, info: &SnapshotInfo) -> Value {
            "taken_at_ms": unix_ms(stored.taken_at)})
 }
 
+/// A stored snapshot as a compare side.
+fn stored_side(stored: &StoredSnapshot, info: &SnapshotInfo) -> Side {
+    Side {
+        snapshot: Arc::clone(&stored.snapshot),
+        info: snapshot_side(stored, info),
+        completeness: stored.completeness.clone(),
+    }
+}
+
+/// The empty state when tracing began: nothing lost yet.
 fn empty_side(limit: u32, at_ms: u64) -> Side {
     Side {
         snapshot: Arc::new(Snapshot::new(Vec::new(), limit)),
         info: json!({"kind": "tracing_start", "at_ms": at_ms}),
+        completeness: Completeness::complete(),
     }
 }
 

@@ -109,6 +109,15 @@ fn enc(text: &str) -> String {
     form_urlencoded::byte_serialize(text.as_bytes()).collect()
 }
 
+/// Asserts that `body` says its data is complete: no drop.
+fn assert_complete(body: &Value) {
+    assert_eq!(
+        (&body["complete"], &body["drops"], &body["drops_by_pid"]),
+        (&json!(true), &json!(0), &json!({})),
+        "{body}"
+    );
+}
+
 fn texts(body: &Value) -> Vec<String> {
     body["statistics"]
         .as_array()
@@ -219,6 +228,8 @@ fn group_by_function_and_module_with_cumulative() {
         body
     };
     let body = get("group_by=function");
+    assert_complete(&body);
+    assert_eq!(body["process"]["complete"], true);
     assert_eq!(
         texts(&body),
         [
@@ -268,6 +279,7 @@ fn group_by_function_and_module_with_cumulative() {
     let mut fx = fx;
     let (status, base) = tracerd.post(&format!("/pid/{pid}/snapshots"));
     assert_eq!(status, 201, "{base}");
+    assert_complete(&base);
     fx.go();
     fx.expect_line("phase3");
     let (status, body) = tracerd.get(&format!(
@@ -279,6 +291,14 @@ fn group_by_function_and_module_with_cumulative() {
         ["alloc_b: size=1400 B (+400 B), count=7 (+2), average=200 B"]
     );
     assert_eq!(body["base"]["id"], base["id"]);
+    assert_eq!(body["complete"], true);
+    assert_complete(&body["base"]);
+    assert_complete(&body["new"]);
+    let id = base["id"].as_u64().expect("id");
+    let (status, body) = tracerd.get(&format!("/snapshots/{id}/statistics?limit=1"));
+    assert_eq!(status, 200, "{body}");
+    assert_complete(&body);
+    assert_complete(&body["snapshot"]);
 }
 
 #[test]
@@ -311,6 +331,11 @@ fn system_wide_views_have_one_domain_per_process() {
         pids.contains(&u64::from(p1)) && pids.contains(&u64::from(p2)),
         "{pids:?}"
     );
+    // Other processes of the host may lose events; these two lose none.
+    for pid in [p1, p2] {
+        assert_eq!(body["drops_by_pid"].get(pid.to_string()), None, "{body}");
+    }
+    assert_eq!(body["complete"], body["drops"] == 0, "{body}");
     // Traces carry their pid as domain.
     let o = app.line("SITE_OBJ");
     let (status, body) = tracerd.get(&format!(
@@ -652,6 +677,7 @@ fn dump_and_load_in_both_formats_with_cpython() {
         (loaded["kind"].as_str(), loaded["pid"].clone()),
         (Some("loaded"), Value::Null)
     );
+    assert_complete(&loaded);
     let reloaded = loaded["id"].as_u64().expect("id");
     assert_eq!(stats_text(reloaded), ours);
     assert_eq!(loaded["traces"], snap["traces"]);
@@ -678,6 +704,8 @@ fn dump_and_load_in_both_formats_with_cpython() {
         Some(bytes.clone()),
     );
     assert_eq!(status, 201, "{body}");
+    // tracemalloc knows no loss: a file of its is complete.
+    assert_complete(&body);
     let py_id = body["id"].as_u64().expect("id");
     let expected = python(PY_STATS, &[theirs.to_str().expect("path")]);
     let mut expected = expected.lines();

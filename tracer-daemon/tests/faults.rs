@@ -1,6 +1,7 @@
 //! Full kernel maps: tracing degrades with counted drops, the data says it is
-//! incomplete, sizes stay exact for what is traced, and a block whose
-//! allocation was dropped never shows up as a leak.
+//! incomplete (every answer and stored snapshot, restarts included), sizes
+//! stay exact for what is traced, and a block whose allocation was dropped
+//! never shows up as a leak.
 mod common;
 
 use common::{C_PRELUDE, Fixture, TempDir, Tracerd, compile_c};
@@ -99,6 +100,205 @@ fn a_full_live_map_counts_drops_says_incomplete_and_leaves_no_phantom_leak() {
         .and_then(|v| v.parse::<u64>().ok())
         .expect("tracer_drops_total{reason=\"live_map_full\"}");
     assert!(live_full >= drops, "{live_full} < {drops}");
+    fx.go();
+    assert!(fx.finish().success());
+}
+
+/// 1500 allocations of 64 bytes kept: with LIVE_ALLOCS at its smallest (1024
+/// entries) and this process the only one in scope, exactly 1024 are
+/// recorded and 476 dropped.
+const FIFTEEN_HUNDRED: &str = r#"
+int main(void) {
+    static void *keep[1500];
+    setvbuf(stdout, NULL, _IONBF, 0);
+    setvbuf(stdin, NULL, _IONBF, 0);
+    say("ready");
+    wait_go();
+    for (int i = 0; i < 1500; i++)
+        keep[i] = malloc(64);
+    say("allocated");
+    wait_go();
+    return keep[0] == NULL;
+}
+"#;
+
+/// Asserts `complete`, `drops` and `drops_by_pid` of a response or side.
+fn assert_loss(body: &serde_json::Value, pid: u32, drops: u64) {
+    let by_pid = if drops == 0 {
+        serde_json::json!({})
+    } else {
+        serde_json::json!({ pid.to_string(): drops })
+    };
+    assert_eq!(
+        (&body["complete"], &body["drops"], &body["drops_by_pid"]),
+        (
+            &serde_json::json!(drops == 0),
+            &serde_json::json!(drops),
+            &by_pid
+        ),
+        "{body}"
+    );
+}
+
+/// A text response's completeness headers.
+fn loss_headers(tracerd: &Tracerd, path: &str) -> Vec<(String, String)> {
+    let response = tracerd
+        .client
+        .get(format!("{}{path}", tracerd.base))
+        .send()
+        .expect("GET");
+    assert_eq!(response.status().as_u16(), 200, "{path}");
+    let mut headers: Vec<(String, String)> = response
+        .headers()
+        .iter()
+        .filter(|(name, _)| {
+            name.as_str().starts_with("x-tracer-") && name.as_str() != "x-tracer-base"
+        })
+        .map(|(name, value)| {
+            (
+                name.as_str().to_string(),
+                value.to_str().expect("ascii").to_string(),
+            )
+        })
+        .collect();
+    headers.sort();
+    headers
+}
+
+fn pair(name: &str, value: &str) -> (String, String) {
+    (name.to_string(), value.to_string())
+}
+
+#[test]
+fn every_snapshot_and_answer_says_it_is_incomplete_and_the_drops_survive_a_restart() {
+    let dir = TempDir::new("lossvisible");
+    let exe = compile_c(
+        dir.path(),
+        "fifteenhundred",
+        &format!("{C_PRELUDE}{FIFTEEN_HUNDRED}"),
+        &[],
+    );
+    let mut fx = Fixture::spawn(&exe, &[], &[]);
+    fx.expect_line("ready");
+    let pid = fx.pid();
+    // Only this process is traced, so the map's 1024 entries are all its.
+    let state = TempDir::new("lossstate");
+    let args = ["--max-live-blocks", "1024", "--scope-pid", &pid.to_string()];
+    let mut tracerd = Tracerd::start_at(state.path(), &args);
+    fx.go();
+    fx.expect_line("allocated");
+    tracerd.wait_traced(pid);
+    const DROPS: u64 = 1500 - 1024;
+
+    let (_, process) = tracerd.get(&format!("/pid/{pid}"));
+    assert_eq!(
+        (n(&process, "allocs"), n(&process, "drops")),
+        (1024, DROPS),
+        "{process}"
+    );
+    assert_eq!(process["complete"], false);
+
+    // Per process: statistics, traces, compare (against the empty state at
+    // tracing start, which lost nothing).
+    let (status, stats) = tracerd.get(&format!("/pid/{pid}/statistics?limit=0"));
+    assert_eq!(status, 200, "{stats}");
+    assert_loss(&stats, pid, DROPS);
+    assert_eq!(n(&stats["statistics"][0], "size"), 1024 * 64, "{stats}");
+    let (_, traces) = tracerd.get(&format!("/pid/{pid}/traces?limit=1"));
+    assert_loss(&traces, pid, DROPS);
+    let (status, compare) = tracerd.get(&format!("/pid/{pid}/compare"));
+    assert_eq!(status, 200, "{compare}");
+    assert_eq!(compare["complete"], false);
+    assert_eq!(compare["base"]["kind"], "tracing_start");
+    assert_loss(&compare["base"], pid, 0);
+    assert_loss(&compare["new"], pid, DROPS);
+
+    // System-wide: every process of the answer, summed, and per pid.
+    let (status, system) = tracerd.get("/statistics?limit=1");
+    assert_eq!(status, 200, "{system}");
+    assert_eq!(system["pids"], serde_json::json!([pid]));
+    assert_loss(&system, pid, DROPS);
+    let (_, system) = tracerd.get("/traces?limit=1");
+    assert_loss(&system, pid, DROPS);
+    let (_, system) = tracerd.get("/compare?limit=1");
+    assert_eq!(system["complete"], false);
+    assert_loss(&system["new"], pid, DROPS);
+
+    // Text keeps tracemalloc's lines and says it in headers.
+    let headers = loss_headers(&tracerd, &format!("/pid/{pid}/statistics?format=text"));
+    assert_eq!(
+        headers,
+        [
+            pair("x-tracer-complete", "false"),
+            pair("x-tracer-drops", "476")
+        ]
+    );
+    let headers = loss_headers(&tracerd, &format!("/pid/{pid}/compare?format=text"));
+    assert_eq!(
+        headers,
+        [
+            pair("x-tracer-base-drops", "0"),
+            pair("x-tracer-complete", "false"),
+            pair("x-tracer-new-drops", "476")
+        ]
+    );
+
+    // A stored snapshot keeps the drops it was taken with.
+    let (status, taken) = tracerd.post(&format!("/pid/{pid}/snapshots"));
+    assert_eq!(status, 201, "{taken}");
+    assert_loss(&taken, pid, DROPS);
+    let id = n(&taken, "id");
+    let (_, stats) = tracerd.get(&format!("/snapshots/{id}/statistics"));
+    assert_loss(&stats, pid, DROPS);
+    assert_loss(&stats["snapshot"], pid, DROPS);
+    let (_, traces) = tracerd.get(&format!("/snapshots/{id}/traces?limit=1"));
+    assert_loss(&traces, pid, DROPS);
+    let (_, compare) = tracerd.get(&format!("/snapshots/{id}/compare?base={id}"));
+    assert_eq!(compare["complete"], false);
+    assert_loss(&compare["base"], pid, DROPS);
+    assert_loss(&compare["new"], pid, DROPS);
+    // Its own base now: the compare's sides are both that snapshot.
+    let (_, compare) = tracerd.get(&format!("/pid/{pid}/compare"));
+    assert_loss(&compare["base"], pid, DROPS);
+    let (status, system_taken) = tracerd.send(reqwest::Method::POST, "/snapshots", None);
+    assert_eq!(status, 201, "{system_taken}");
+    assert_loss(&system_taken, pid, DROPS);
+    let system_id = n(&system_taken, "id");
+    // A dump loaded back keeps them; a tracemalloc file knows no loss.
+    let (_, file) = tracerd.get_bytes(&format!("/snapshots/{id}/dump"));
+    let (status, loaded) = tracerd.send(reqwest::Method::POST, "/snapshots", Some(file));
+    assert_eq!(status, 201, "{loaded}");
+    assert_loss(&loaded, pid, DROPS);
+    let (_, pickle) = tracerd.get_bytes(&format!("/snapshots/{id}/dump?format=tracemalloc"));
+    let (status, loaded) = tracerd.send(
+        reqwest::Method::POST,
+        "/snapshots?format=tracemalloc",
+        Some(pickle),
+    );
+    assert_eq!(status, 201, "{loaded}");
+    assert_loss(&loaded, pid, 0);
+
+    // After a restart the stored snapshots still say so.
+    let (clean, _) = tracerd.terminate();
+    assert!(clean, "tracerd did not stop cleanly");
+    drop(tracerd);
+    let tracerd = Tracerd::start_at(state.path(), &args);
+    for stored in [id, system_id] {
+        let (status, summary) = tracerd.get(&format!("/snapshots/{stored}"));
+        assert_eq!(status, 200, "{summary}");
+        assert_eq!(summary["this_run"], false);
+        assert_loss(&summary, pid, DROPS);
+        let (_, stats) = tracerd.get(&format!("/snapshots/{stored}/statistics"));
+        assert_loss(&stats, pid, DROPS);
+    }
+    let (_, list) = tracerd.get("/snapshots");
+    let listed = list["snapshots"]
+        .as_array()
+        .expect("snapshots")
+        .iter()
+        .find(|s| s["id"] == id)
+        .expect("the snapshot is listed");
+    assert_loss(listed, pid, DROPS);
     fx.go();
     assert!(fx.finish().success());
 }

@@ -20,7 +20,11 @@
 //! `{"format": "tracer-snapshot", "version": 1, "traceback_limit": N,
 //! "counts": {"strings": S, "frames": F, "tracebacks": T, "traces": N},
 //! "layout": "...", "meta": {...}}`; `meta` is free-form (the store keeps
-//! the snapshot's id, pid, label and times there).
+//! the snapshot's id, pid, label and times there, and its loss as
+//! `complete`, `drops` and `drops_by_pid`: see
+//! `crate::store::Completeness`). A reader ignores keys it does not know
+//! and treats a missing one as absent, so adding a key to `meta` needs no
+//! new version: files written before drops were recorded read as complete.
 //!
 //! Equal strings, frames and tracebacks are written once; a decoded
 //! snapshot shares them again (one `Arc` per distinct traceback).
