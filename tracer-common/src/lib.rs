@@ -15,13 +15,15 @@ pub const MAP_LIVE_ALLOCS: &str = "LIVE_ALLOCS";
 /// Calls in progress: thread id (`bpf_get_current_pid_tgid()`) → [`Inflight`],
 /// written at an allocator's entry and consumed at its return.
 pub const MAP_INFLIGHT: &str = "INFLIGHT";
-/// Calls in progress, fast path: [`INFLIGHT_SLOT_COUNT`] slots indexed by
-/// `tid % INFLIGHT_SLOT_COUNT`, each claimed by one thread at a time
-/// ([`InflightSlot::owner`]). A thread whose slot is taken by another uses
-/// [`MAP_INFLIGHT`] instead. An array lookup is a few ns; a hash insert,
-/// lookup and delete cost about 400 ns per call here.
+/// Calls in progress, fast path: a power of two of slots (tracerd's
+/// `inflight_slots`, [`INFLIGHT_SLOT_COUNT`] as compiled) indexed by
+/// `tid & (slots - 1)` ([`GLOBAL_INFLIGHT_SLOT_MASK`]), each claimed by one
+/// thread at a time ([`InflightSlot::owner`]). A thread whose slot is taken
+/// by another uses [`MAP_INFLIGHT`] instead. An array lookup is a few ns; a
+/// hash insert, lookup and delete cost about 400 ns per call here.
 pub const MAP_INFLIGHT_SLOTS: &str = "INFLIGHT_SLOTS";
-/// Number of slots of [`MAP_INFLIGHT_SLOTS`] (a power of two).
+/// Number of slots of [`MAP_INFLIGHT_SLOTS`] as compiled (a power of two);
+/// tracerd sets the real number at load time.
 pub const INFLIGHT_SLOT_COUNT: u32 = 1 << 16;
 /// Threads whose call is in [`MAP_INFLIGHT`] rather than a slot: while it is
 /// 0 (almost always) no entry needs to look there. Array of one u64.
@@ -44,7 +46,12 @@ pub const MAP_PROCS: &str = "PROCS";
 /// Per-CPU counters indexed by [`Counter`].
 pub const MAP_COUNTERS: &str = "COUNTERS";
 /// Ring buffer of [`ProcEvent`]s: a process first seen, exec'd or exited.
+/// Its size in bytes (a power of two multiple of the page size) is
+/// tracerd's `events_ring_bytes`, [`EVENTS_RING_BYTES`] as compiled.
 pub const MAP_EVENTS: &str = "EVENTS";
+/// Size of [`MAP_EVENTS`] in bytes as compiled; tracerd sets the real size
+/// at load time.
+pub const EVENTS_RING_BYTES: u32 = 1 << 18;
 
 /// Largest traceback the kernel stack walk can give (`PERF_MAX_STACK_DEPTH`).
 pub const MAX_NFRAME: u32 = 127;
@@ -59,6 +66,9 @@ pub const GLOBAL_NFRAME: &str = "NFRAME";
 /// The name of the global holding the mean sampling interval in bytes
 /// (0: every allocation is recorded).
 pub const GLOBAL_SAMPLE_MEAN: &str = "SAMPLE_MEAN";
+/// The name of the global holding the slot index mask of
+/// [`MAP_INFLIGHT_SLOTS`]: its number of slots (a power of two) minus 1.
+pub const GLOBAL_INFLIGHT_SLOT_MASK: &str = "INFLIGHT_SLOT_MASK";
 
 /// Exponential variates for sampling: [`EXP_TABLE_LEN`] u32 entries,
 /// entry i = -ln((i + 0.5) / EXP_TABLE_LEN) in 16.16 fixed point, filled by
@@ -314,7 +324,9 @@ pub enum Counter {
     ExitWithoutEntry = 6,
     /// Drop: [`MAP_LIVE_ALLOCS`] full, the block is not traced.
     DropLiveFull = 7,
-    /// Drop: [`MAP_INFLIGHT`] full, the call is not traced.
+    /// Drop: the call's slot in [`MAP_INFLIGHT_SLOTS`] was taken and
+    /// [`MAP_INFLIGHT`] was full: the call is not traced (a `realloc`'s old
+    /// block leaves the live set at once, so no phantom leak remains).
     DropInflightFull = 8,
     /// Drop: [`MAP_PROCS`] full, the process is not traced.
     DropProcsFull = 9,

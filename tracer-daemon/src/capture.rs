@@ -22,10 +22,11 @@ use aya::{
 };
 use object::{Object as _, ObjectSection as _, ObjectSymbol as _};
 use tracer_common::{
-    AllocInfo, AllocKey, COUNTER_SLOTS, Counter, EXP_TABLE_LEN, FLOOR_PROGRAMS, GLOBAL_NFRAME,
-    GLOBAL_PAGE_SIZE, GLOBAL_SAMPLE_MEAN, GLOBAL_TRACERD_TGID, MAP_COUNTERS, MAP_EVENTS,
-    MAP_EXP_TABLE, MAP_INFLIGHT, MAP_LIVE_ALLOCS, MAP_PROCS, MAP_STACKS, MAP_SWITCHES, MAX_NFRAME,
-    PROBES, ProcStats, STACK_WORDS, TRACEPOINTS,
+    AllocInfo, AllocKey, COUNTER_SLOTS, Counter, EXP_TABLE_LEN, FLOOR_PROGRAMS,
+    GLOBAL_INFLIGHT_SLOT_MASK, GLOBAL_NFRAME, GLOBAL_PAGE_SIZE, GLOBAL_SAMPLE_MEAN,
+    GLOBAL_TRACERD_TGID, InflightSlot, MAP_COUNTERS, MAP_EVENTS, MAP_EXP_TABLE, MAP_INFLIGHT,
+    MAP_INFLIGHT_SLOTS, MAP_LIVE_ALLOCS, MAP_PROCS, MAP_STACKS, MAP_SWITCHES, MAX_NFRAME, PROBES,
+    ProcStats, STACK_WORDS, TRACEPOINTS,
 };
 
 /// The eBPF object built by `build.rs` (empty when built with `AYA_BUILD_SKIP=1`).
@@ -98,6 +99,17 @@ pub struct CaptureConfig {
     pub max_stacks: u32,
     /// Capacity of `PROCS` in processes.
     pub max_procs: u32,
+    /// Capacity of `INFLIGHT` (the spill of calls in progress whose slot is
+    /// taken) in calls.
+    pub max_inflight: u32,
+    /// Slots of `INFLIGHT_SLOTS` (calls in progress, one per thread id
+    /// modulo this), a power of two up to 4194304: a value that is not is
+    /// rounded up to one at load.
+    pub inflight_slots: u32,
+    /// Size of the `EVENTS` ring buffer in bytes, a power of two multiple
+    /// of the page size: a value that is not is rounded up to one at load
+    /// (as aya and libbpf do).
+    pub events_ring_bytes: u32,
     /// The glibc files to probe; empty: found as the dynamic loader finds them.
     pub libc: Vec<PathBuf>,
     /// Mean sampling interval in bytes (byte-weighted Poisson sampling);
@@ -180,6 +192,12 @@ pub struct Capture {
     procs: BpfHashMap<MapData, u32, ProcStats>,
     counters: PerCpuArray<MapData, u64>,
     inflight: BpfHashMap<MapData, u64, tracer_common::Inflight>,
+    /// INFLIGHT_SLOTS, read with raw batch lookups (only to count the
+    /// slots in use).
+    inflight_slots: MapData,
+    /// The positions of `EVENTS`, which stay readable after the ring buffer
+    /// itself was taken by the event loop; None if they could not be mapped.
+    events_positions: Option<RingPositions>,
     switches: aya::maps::Array<MapData, u64>,
     events: Option<RingBuf<MapData>>,
     libraries: Vec<AttachedLibrary>,
@@ -228,15 +246,28 @@ impl Capture {
         )?;
         let tgid = std::process::id();
         // SAFETY: sysconf has no preconditions.
-        let page_size = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+        let page_size = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
+            .ok()
+            .filter(|p| p.is_power_of_two())
+            .unwrap_or(4096);
+        let inflight_slots = config
+            .inflight_slots
+            .clamp(1, MAX_INFLIGHT_SLOTS)
+            .next_power_of_two();
+        let slot_mask = inflight_slots - 1;
+        let events_ring_bytes = ring_size(config.events_ring_bytes, page_size);
         let mut ebpf = EbpfLoader::new()
             .override_global(GLOBAL_TRACERD_TGID, &tgid, true)
             .override_global(GLOBAL_PAGE_SIZE, &page_size, true)
             .override_global(GLOBAL_NFRAME, &nframe, true)
             .override_global(GLOBAL_SAMPLE_MEAN, &config.sample_interval, true)
+            .override_global(GLOBAL_INFLIGHT_SLOT_MASK, &slot_mask, true)
             .map_max_entries(MAP_LIVE_ALLOCS, config.max_live_blocks)
             .map_max_entries(MAP_STACKS, config.max_stacks)
             .map_max_entries(MAP_PROCS, config.max_procs)
+            .map_max_entries(MAP_INFLIGHT, config.max_inflight)
+            .map_max_entries(MAP_INFLIGHT_SLOTS, inflight_slots)
+            .map_max_entries(MAP_EVENTS, events_ring_bytes)
             .load(object.as_bytes())
             .map_err(|e| CaptureError::Load(e.to_string()))?;
 
@@ -308,7 +339,23 @@ impl Capture {
         let procs = take_map(&mut ebpf, MAP_PROCS)?;
         let counters = take_map(&mut ebpf, MAP_COUNTERS)?;
         let inflight = take_map(&mut ebpf, MAP_INFLIGHT)?;
-        let events = take_map(&mut ebpf, MAP_EVENTS)?;
+        let inflight_slots_map = match ebpf.take_map(MAP_INFLIGHT_SLOTS) {
+            Some(Map::Array(data)) => data,
+            _ => {
+                return Err(CaptureError::Map {
+                    map: MAP_INFLIGHT_SLOTS,
+                    reason: "missing or not an array".into(),
+                });
+            }
+        };
+        let events: RingBuf<MapData> = take_map(&mut ebpf, MAP_EVENTS)?;
+        let events_positions = RingPositions::map(events.as_fd(), page_size);
+        if events_positions.is_none() {
+            tracing::warn!(
+                map = MAP_EVENTS,
+                "cannot map the ring buffer's positions: its use reads 0"
+            );
+        }
         let mut capture = Self {
             ebpf,
             live,
@@ -316,13 +363,20 @@ impl Capture {
             procs,
             counters,
             inflight,
+            inflight_slots: inflight_slots_map,
+            events_positions,
             switches,
             events: Some(events),
             libraries,
             targets,
             programs,
             links: HashMap::new(),
-            config: CaptureConfig { nframe, ..config },
+            config: CaptureConfig {
+                nframe,
+                inflight_slots,
+                events_ring_bytes,
+                ..config
+            },
         };
         if capture.config.system_wide {
             capture.attach(None)?;
@@ -425,7 +479,8 @@ impl Capture {
         &self.libraries
     }
 
-    /// The configuration in force (nframe clamped to 1..=127).
+    /// The configuration in force (nframe clamped to 1..=127, the in-flight
+    /// slots and the ring buffer's size rounded as the kernel has them).
     pub fn config(&self) -> &CaptureConfig {
         &self.config
     }
@@ -549,8 +604,11 @@ impl Capture {
             .collect()
     }
 
-    /// Entries now in each kernel map: (map name, entries, capacity).
-    /// Counting walks the hash maps' keys (one syscall per key).
+    /// Entries now in each kernel map: (map name, entries, capacity), the
+    /// capacities as configured. Counting walks the hash maps' keys (one
+    /// syscall per key); `INFLIGHT_SLOTS` counts the slots in use (a batch
+    /// read of the array, 32 bytes a slot); `EVENTS` is in bytes: those
+    /// written and not yet read, of the ring's size.
     pub fn map_usage(&self) -> Vec<(&'static str, u64, u64)> {
         let mut live_entries = 0u64;
         let mut count = |_: &AllocKey, _: &AllocInfo| live_entries += 1;
@@ -578,13 +636,133 @@ impl Capture {
                 self.procs.keys().count() as u64,
                 u64::from(self.config.max_procs),
             ),
-            (MAP_INFLIGHT, self.inflight.keys().count() as u64, 1 << 16),
+            (
+                MAP_INFLIGHT,
+                self.inflight.keys().count() as u64,
+                u64::from(self.config.max_inflight),
+            ),
+            (
+                MAP_INFLIGHT_SLOTS,
+                self.inflight_slots_in_use(),
+                u64::from(self.config.inflight_slots),
+            ),
+            (
+                MAP_EVENTS,
+                self.events_positions
+                    .as_ref()
+                    .map_or(0, RingPositions::pending),
+                u64::from(self.config.events_ring_bytes),
+            ),
             (
                 MAP_COUNTERS,
                 u64::from(COUNTER_SLOTS),
                 u64::from(COUNTER_SLOTS),
             ),
         ]
+    }
+}
+
+impl Capture {
+    /// Slots of `INFLIGHT_SLOTS` that a thread holds now (a call in
+    /// progress): one batch read of the array, thousands of slots a syscall.
+    fn inflight_slots_in_use(&self) -> u64 {
+        let mut used = 0u64;
+        let mut count = |_: &u32, slot: &InflightSlot| used += u64::from(slot.owner != 0);
+        if bpf_sys::lookup_batch(self.inflight_slots.fd().as_fd(), &mut count).is_err() {
+            tracing::debug!(
+                map = MAP_INFLIGHT_SLOTS,
+                "no batch lookup: slots in use not counted"
+            );
+        }
+        used
+    }
+}
+
+/// Largest `inflight_slots`: the kernel's largest pid_max (PID_MAX_LIMIT),
+/// so that every thread id has a slot of its own.
+pub const MAX_INFLIGHT_SLOTS: u32 = 1 << 22;
+
+/// The size the kernel gives a ring buffer asked for `bytes`: a power of two
+/// multiple of `page_size` bytes, rounded up as aya (and libbpf) do.
+pub fn ring_size(bytes: u32, page_size: u64) -> u32 {
+    let page = u32::try_from(page_size).unwrap_or(4096).max(1);
+    bytes
+        .max(1)
+        .div_ceil(page)
+        .checked_next_power_of_two()
+        .and_then(|pages| pages.checked_mul(page))
+        .unwrap_or(1 << 31)
+}
+
+/// A read-only mapping of a BPF ring buffer's first two pages: the
+/// consumer's position (what userspace has read) and the producer's (what
+/// the programs have written), so its use can be read while the event loop
+/// owns the ring buffer itself.
+struct RingPositions {
+    /// The mapping: the consumer page, then the producer page.
+    base: std::ptr::NonNull<libc::c_void>,
+    /// Page size in bytes (the mapping is two pages).
+    page: usize,
+}
+
+// SAFETY: the mapping is only read, through atomics, and is unmapped once,
+// by its owner, on drop: moving it to another thread is sound.
+unsafe impl Send for RingPositions {}
+
+impl RingPositions {
+    /// Maps the positions of the ring buffer `fd`; None if the kernel
+    /// refuses (then its use is not known).
+    fn map(fd: std::os::fd::BorrowedFd<'_>, page_size: u64) -> Option<Self> {
+        use std::os::fd::AsRawFd as _;
+        let page = usize::try_from(page_size).ok()?;
+        // SAFETY: a new shared read-only mapping of a BPF ring buffer fd
+        // (the kernel allows its first pages read-only); nothing else
+        // aliases it as Rust memory.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                2 * page,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return None;
+        }
+        Some(Self {
+            base: std::ptr::NonNull::new(base)?,
+            page,
+        })
+    }
+
+    /// Bytes written by the programs and not yet read by tracerd.
+    fn pending(&self) -> u64 {
+        let at = |offset: usize| {
+            // SAFETY: offset is 0 or one page: the start of a mapped page,
+            // 8-byte aligned, where the kernel keeps an unsigned long
+            // position that it writes with release semantics.
+            unsafe {
+                (*self
+                    .base
+                    .as_ptr()
+                    .cast::<u8>()
+                    .add(offset)
+                    .cast::<std::sync::atomic::AtomicU64>())
+                .load(std::sync::atomic::Ordering::Acquire)
+            }
+        };
+        let consumer = at(0);
+        let producer = at(self.page);
+        producer.wrapping_sub(consumer)
+    }
+}
+
+impl Drop for RingPositions {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in map, of this length, unmapped once.
+        unsafe { libc::munmap(self.base.as_ptr(), 2 * self.page) };
     }
 }
 
@@ -1132,6 +1310,17 @@ mod tests {
         }
         let offsets: HashSet<_> = points.iter().map(|p| p.function).collect();
         assert_eq!(offsets.len(), points.len());
+    }
+
+    #[test]
+    fn ring_sizes_round_up_to_a_power_of_two_of_pages_as_the_kernel_needs() {
+        assert_eq!(ring_size(4096, 4096), 4096);
+        assert_eq!(ring_size(1, 4096), 4096);
+        assert_eq!(ring_size(5000, 4096), 8192);
+        assert_eq!(ring_size(3 * 4096, 4096), 4 * 4096);
+        assert_eq!(ring_size(1 << 18, 4096), 1 << 18);
+        assert_eq!(ring_size(1 << 30, 4096), 1 << 30);
+        assert_eq!(ring_size(4096, 65536), 65536);
     }
 
     #[test]

@@ -54,7 +54,7 @@ pub enum ConfigError {
         /// The value given.
         value: String,
         /// The valid range or values.
-        valid: &'static str,
+        valid: std::borrow::Cow<'static, str>,
     },
     /// A value is malformed.
     #[error("{field} = {value:?} is invalid: {reason}")]
@@ -100,6 +100,21 @@ pub struct Config {
     pub max_stacks: u32,
     /// Capacity of the kernel's per-process map (`PROCS`) in processes.
     pub max_procs: u32,
+    /// Capacity of the kernel's in-flight spill map (`INFLIGHT`) in calls:
+    /// allocator calls in progress whose thread's slot in `INFLIGHT_SLOTS`
+    /// is taken by another thread. 1 to 4194304.
+    pub max_inflight: u32,
+    /// Slots of the kernel's in-flight array (`INFLIGHT_SLOTS`), one call in
+    /// progress each, indexed by thread id modulo their number: a power of
+    /// two, 1 to 4194304 (the kernel's largest pid_max: a slot per thread).
+    /// 32 bytes each, allocated at start.
+    pub inflight_slots: u32,
+    /// Size of the kernel's process-event ring buffer (`EVENTS`) in bytes: a
+    /// power of two multiple of the page size, up to 1 GiB. 104-byte events
+    /// plus an 8-byte header each; events that find it full are lost
+    /// (counted), and the blocks of an exited process whose end was lost are
+    /// removed by the orphan sweep (every 10 s) instead.
+    pub events_ring_bytes: u32,
     /// Mean sampling interval in bytes: byte-weighted Poisson sampling as
     /// tcmalloc does it, with unbiased estimates in statistics and compare;
     /// 0 records every allocation (exact, the default).
@@ -153,6 +168,9 @@ impl Default for Config {
             max_live_blocks: 4 * 1024 * 1024,
             max_stacks: 65536,
             max_procs: 65536,
+            max_inflight: 65536,
+            inflight_slots: 65536,
+            events_ring_bytes: 1 << 18,
             sample_interval: 0,
             scope_pids: Vec::new(),
             scope_exes: Vec::new(),
@@ -254,6 +272,15 @@ pub struct Flags {
     /// Capacity of the kernel's per-process map in processes.
     #[arg(long, env = "TRACERD_MAX_PROCS")]
     pub max_procs: Option<u32>,
+    /// Capacity of the kernel's in-flight spill map in calls (threads whose slot is taken).
+    #[arg(long, env = "TRACERD_MAX_INFLIGHT")]
+    pub max_inflight: Option<u32>,
+    /// Slots of the kernel's in-flight array (a power of two; a thread uses slot tid % slots).
+    #[arg(long, env = "TRACERD_INFLIGHT_SLOTS")]
+    pub inflight_slots: Option<u32>,
+    /// Size of the kernel's process-event ring buffer in bytes (a power of two multiple of the page size).
+    #[arg(long, env = "TRACERD_EVENTS_RING_BYTES")]
+    pub events_ring_bytes: Option<u32>,
     /// Mean sampling interval in bytes (e.g. 524288); 0: exact (every allocation).
     #[arg(long, env = "TRACERD_SAMPLE_INTERVAL")]
     pub sample_interval: Option<u64>,
@@ -404,6 +431,31 @@ impl Config {
             "64..=4194304",
         )?;
         range(
+            "max_inflight",
+            self.max_inflight.into(),
+            1,
+            1 << 22,
+            "1..=4194304 (calls)",
+        )?;
+        power_of_two(
+            "inflight_slots",
+            self.inflight_slots.into(),
+            1,
+            1 << 22,
+            "a power of two, 1..=4194304".into(),
+        )?;
+        let page = page_size();
+        power_of_two(
+            "events_ring_bytes",
+            self.events_ring_bytes.into(),
+            page,
+            1 << 30,
+            format!(
+                "a power of two multiple of the page size ({page} bytes), {page}..=1073741824 (bytes)"
+            )
+            .into(),
+        )?;
+        range(
             "exited_retention",
             self.exited_retention,
             0,
@@ -529,9 +581,37 @@ fn range(
         Err(ConfigError::OutOfRange {
             field,
             value: value.to_string(),
+            valid: valid.into(),
+        })
+    }
+}
+
+/// As [`range`], for a value that must also be a power of two (`low` is one).
+fn power_of_two(
+    field: &'static str,
+    value: u64,
+    low: u64,
+    high: u64,
+    valid: std::borrow::Cow<'static, str>,
+) -> Result<(), ConfigError> {
+    if (low..=high).contains(&value) && value.is_power_of_two() {
+        Ok(())
+    } else {
+        Err(ConfigError::OutOfRange {
+            field,
+            value: value.to_string(),
             valid,
         })
     }
+}
+
+/// This host's page size in bytes (4096 if the kernel does not say).
+fn page_size() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
+        .ok()
+        .filter(|p| p.is_power_of_two())
+        .unwrap_or(4096)
 }
 
 /// A path setting must be absolute, free of `..` and NUL: the daemon runs
@@ -633,6 +713,85 @@ mod tests {
             err.to_string(),
             "state_dir = \"var/lib\" is invalid: must be an absolute path"
         );
+    }
+
+    #[test]
+    fn in_flight_and_event_ring_sizes_outside_their_range_are_refused_with_it() {
+        let page = page_size();
+        let ring = format!(
+            "a power of two multiple of the page size ({page} bytes), {page}..=1073741824 (bytes)"
+        );
+        let page_half = (page / 2).to_string();
+        let not_power = (page * 3).to_string();
+        let cases: [(&[&str], String); 8] = [
+            (
+                &["--max-inflight", "0"],
+                "max_inflight = 0 is out of range; valid: 1..=4194304 (calls)".into(),
+            ),
+            (
+                &["--max-inflight", "4194305"],
+                "max_inflight = 4194305 is out of range; valid: 1..=4194304 (calls)".into(),
+            ),
+            (
+                &["--inflight-slots", "0"],
+                "inflight_slots = 0 is out of range; valid: a power of two, 1..=4194304".into(),
+            ),
+            (
+                &["--inflight-slots", "3"],
+                "inflight_slots = 3 is out of range; valid: a power of two, 1..=4194304".into(),
+            ),
+            (
+                &["--inflight-slots", "8388608"],
+                "inflight_slots = 8388608 is out of range; valid: a power of two, 1..=4194304"
+                    .into(),
+            ),
+            (
+                &["--events-ring-bytes", &page_half],
+                format!("events_ring_bytes = {page_half} is out of range; valid: {ring}"),
+            ),
+            (
+                &["--events-ring-bytes", &not_power],
+                format!("events_ring_bytes = {not_power} is out of range; valid: {ring}"),
+            ),
+            (
+                &["--events-ring-bytes", "2147483648"],
+                format!("events_ring_bytes = 2147483648 is out of range; valid: {ring}"),
+            ),
+        ];
+        for (args, message) in cases {
+            let err = Config::load(&flags(args)).expect_err("must fail");
+            assert_eq!(err.to_string(), message, "{args:?}");
+        }
+        let err = Config::from_toml_str("inflight_slots = 6", "t").expect_err("must fail");
+        assert_eq!(
+            err.to_string(),
+            "inflight_slots = 6 is out of range; valid: a power of two, 1..=4194304"
+        );
+        // The edges are valid.
+        let page = page.to_string();
+        for args in [
+            [
+                "--max-inflight",
+                "1",
+                "--inflight-slots",
+                "1",
+                "--events-ring-bytes",
+                &page,
+            ],
+            [
+                "--max-inflight",
+                "4194304",
+                "--inflight-slots",
+                "4194304",
+                "--events-ring-bytes",
+                "1073741824",
+            ],
+        ] {
+            let config = Config::load(&flags(&args)).expect("must succeed");
+            assert_eq!(config.max_inflight.to_string(), args[1]);
+            assert_eq!(config.inflight_slots.to_string(), args[3]);
+            assert_eq!(config.events_ring_bytes.to_string(), args[5]);
+        }
     }
 
     #[test]

@@ -7,7 +7,7 @@
 //! generation (`ProcStats::gen_`) and tags every block with it; here an image
 //! is also identified by its start time (`/proc/PID/stat` field 22).
 use std::{
-    collections::{HashMap, VecDeque},
+    collections::{HashMap, HashSet, VecDeque},
     sync::Arc,
     time::{Duration, SystemTime},
 };
@@ -94,6 +94,16 @@ impl ProcessImage {
         }
     }
 
+    /// True when `/proc/PID` shows that the process is gone: no such pid, or
+    /// another process (another start time). An image whose start time was
+    /// never read counts as gone only when the pid is free.
+    pub fn is_gone(&self) -> bool {
+        match process::read_start_time(self.pid) {
+            Ok(now) => self.start_time != 0 && now != self.start_time,
+            Err(_) => true,
+        }
+    }
+
     /// True while the image has not ended and `/proc/PID` still shows the
     /// same process (same start time).
     pub fn is_alive(&self) -> bool {
@@ -119,7 +129,15 @@ pub struct Registry {
     live: HashMap<u32, ProcessImage>,
     ended: VecDeque<ProcessImage>,
     retention: Duration,
+    /// Live images whose process was gone at the last check.
+    gone: HashSet<(u32, u32)>,
+    /// When live images were last checked against `/proc`.
+    last_check: Option<SystemTime>,
 }
+
+/// How often [`Registry::expire`] checks the live images against `/proc`
+/// (one read of `/proc/PID/stat` each): the orphan sweep's period.
+pub const GONE_CHECK_INTERVAL: Duration = Duration::from_secs(10);
 
 /// An end to apply: the image (pid, gen) ended, with its final totals.
 #[derive(Clone, Copy, Debug)]
@@ -158,6 +176,8 @@ impl Registry {
             live: HashMap::new(),
             ended: VecDeque::new(),
             retention,
+            gone: HashSet::new(),
+            last_check: None,
         }
     }
 
@@ -204,8 +224,18 @@ impl Registry {
         self.ended.push_back(image);
     }
 
-    /// Drops ended images older than the retention.
+    /// Drops ended images older than the retention, and ends the live
+    /// images whose process is gone (see [`Registry::end_gone`]) every
+    /// [`GONE_CHECK_INTERVAL`].
     pub fn expire(&mut self, now: SystemTime) {
+        let due = self.last_check.is_none_or(|at| {
+            now.duration_since(at)
+                .map_or(true, |d| d >= GONE_CHECK_INTERVAL)
+        });
+        if due {
+            self.last_check = Some(now);
+            self.end_gone(now);
+        }
         while let Some(front) = self.ended.front() {
             let at = front.ended.as_ref().map_or(now, |e| e.at);
             if now.duration_since(at).unwrap_or_default() > self.retention {
@@ -214,6 +244,42 @@ impl Registry {
                 break;
             }
         }
+    }
+
+    /// Ends, as exited with no blocks, every live image whose process was
+    /// gone ([`ProcessImage::is_gone`]) at this check and the one before:
+    /// its end event was lost (the ring buffer was full). Two checks in a
+    /// row, so that an end event in flight is never raced. Its totals are
+    /// unknown: `drops` is 1, so it reads as incomplete. Until then its
+    /// blocks count as those of a live image, and the orphan sweep keeps
+    /// them; after, it removes them.
+    pub fn end_gone(&mut self, now: SystemTime) {
+        let gone: HashSet<(u32, u32)> = self
+            .live
+            .values()
+            .filter(|image| image.is_gone())
+            .map(|image| (image.pid, image.gen_))
+            .collect();
+        for &(pid, gen_) in gone.intersection(&self.gone) {
+            let Some(mut image) = self.live.remove(&pid) else {
+                continue;
+            };
+            image.ended = Some(Ended {
+                reason: EndReason::Exit,
+                at: now,
+                stats: ProcStats {
+                    gen_,
+                    drops: 1,
+                    ..ProcStats::default()
+                },
+                blocks: Vec::new(),
+            });
+            self.ended.push_back(image);
+        }
+        self.gone = gone
+            .into_iter()
+            .filter(|(pid, gen_)| self.has_live(*pid, *gen_))
+            .collect();
     }
 
     /// The image a query for `pid` means: its live image, else its most
@@ -293,6 +359,37 @@ mod tests {
         assert_eq!(got.ended.as_ref().map(|e| e.stats.current), Some(100));
         registry.expire(SystemTime::now() + Duration::from_secs(61));
         assert!(registry.get(7).is_none());
+    }
+
+    #[test]
+    fn a_gone_process_whose_end_was_lost_ends_at_the_second_check() {
+        let mut registry = Registry::new(Duration::from_secs(600));
+        // Above the kernel's largest pid_max: never a process.
+        let gone = 5_000_000;
+        let mut dead = image(gone, 3);
+        dead.start_time = 12345;
+        registry.add(dead);
+        registry.add(image(gone + 1, 4));
+        let me = ProcessImage::capture(std::process::id(), 5);
+        assert_ne!(me.start_time, 0);
+        registry.add(me);
+        let t0 = SystemTime::now();
+        registry.expire(t0);
+        assert!(registry.has_live(gone, 3), "one check is not enough");
+        registry.expire(t0 + Duration::from_secs(5));
+        assert!(registry.has_live(gone, 3), "checked every 10 s only");
+        registry.expire(t0 + GONE_CHECK_INTERVAL);
+        assert!(!registry.has_live(gone, 3));
+        assert!(!registry.has_live(gone + 1, 4));
+        assert!(registry.has_live(std::process::id(), 5));
+        let ended = registry
+            .get(gone)
+            .and_then(|i| i.ended.as_ref())
+            .expect("ended");
+        assert_eq!(ended.reason, EndReason::Exit);
+        assert_eq!((ended.stats.gen_, ended.stats.drops), (3, 1));
+        assert!(ended.blocks.is_empty());
+        assert_eq!(registry.ended().count(), 2);
     }
 
     #[test]

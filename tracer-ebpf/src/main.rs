@@ -40,9 +40,9 @@ use aya_ebpf::{
     programs::{ProbeContext, RetProbeContext, TracePointContext},
 };
 use tracer_common::{
-    AllocInfo, AllocKey, COUNTER_SLOTS, Counter, EXP_TABLE_LEN, INFLIGHT_OVERFLOW,
-    INFLIGHT_SLOT_COUNT, INFLIGHT_UNSAMPLED, Inflight, InflightSlot, MAX_NFRAME, ProcEvent,
-    ProcEventKind, ProcStats, STACK_ID_NONE, STACK_WORDS,
+    AllocInfo, AllocKey, COUNTER_SLOTS, Counter, EVENTS_RING_BYTES, EXP_TABLE_LEN,
+    INFLIGHT_OVERFLOW, INFLIGHT_SLOT_COUNT, INFLIGHT_UNSAMPLED, Inflight, InflightSlot, MAX_NFRAME,
+    ProcEvent, ProcEventKind, ProcStats, STACK_ID_NONE, STACK_WORDS,
 };
 
 /// The daemon's own tgid: its allocations are never traced. Set at load time.
@@ -60,6 +60,11 @@ static NFRAME: u32 = 16;
 /// Mean sampling interval in bytes; 0 records every allocation. Set at load.
 #[unsafe(no_mangle)]
 static SAMPLE_MEAN: u64 = 0;
+
+/// Slots of INFLIGHT_SLOTS minus 1 (their number is a power of two). Set at
+/// load time, with the array's size.
+#[unsafe(no_mangle)]
+static INFLIGHT_SLOT_MASK: u32 = INFLIGHT_SLOT_COUNT - 1;
 
 #[map]
 static EXP_TABLE: Array<u32> = Array::with_max_entries(EXP_TABLE_LEN, 0);
@@ -138,7 +143,7 @@ static GENERATION: Array<u64> = Array::with_max_entries(1, 0);
 static SWITCHES: Array<u64> = Array::with_max_entries(1, 0);
 
 #[map]
-static EVENTS: RingBuf = RingBuf::with_byte_size(1 << 18, 0);
+static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_RING_BYTES, 0);
 
 #[inline(always)]
 fn count(counter: Counter) {
@@ -201,7 +206,9 @@ fn compare_exchange(p: *mut u64, expected: u64, new: u64) -> u64 {
 
 #[inline(always)]
 fn slot_of(id: u64) -> Option<*mut InflightSlot> {
-    INFLIGHT_SLOTS.get_ptr_mut((id as u32) & (INFLIGHT_SLOT_COUNT - 1))
+    // SAFETY: a global set once at load time (volatile: not the compiled value).
+    let mask = unsafe { core::ptr::read_volatile(&INFLIGHT_SLOT_MASK) };
+    INFLIGHT_SLOTS.get_ptr_mut((id as u32) & mask)
 }
 
 #[inline(always)]
@@ -220,9 +227,12 @@ fn add_spilled(delta: u64) {
     }
 }
 
+/// Records an allocator call's entry, for its return. Returns the tgid when
+/// the call could not be recorded (both in-flight maps full: counted as a
+/// drop), else None.
 #[inline(always)]
-fn record_entry(size: u64, ptr: u64, overflow: bool) -> u32 {
-    let Some((id, _)) = current() else { return 0 };
+fn record_entry(size: u64, ptr: u64, overflow: bool) -> Option<u32> {
+    let (id, tgid) = current()?;
     let mut flags = if overflow { INFLIGHT_OVERFLOW } else { 0 };
     let mean = sample_mean();
     if mean != 0 && !take_sample(size, mean) {
@@ -243,7 +253,7 @@ fn record_entry(size: u64, ptr: u64, overflow: bool) -> u32 {
             // SAFETY: the slot is this thread's own.
             unsafe { (*slot).call.depth += 1 };
             count(Counter::Nested);
-            return 0;
+            return None;
         }
     }
     // A call of this thread may be in the spill map (its slot was taken
@@ -255,7 +265,7 @@ fn record_entry(size: u64, ptr: u64, overflow: bool) -> u32 {
         // SAFETY: the entry is this thread's own.
         unsafe { (*inflight).depth += 1 };
         count(Counter::Nested);
-        return 0;
+        return None;
     }
     if let Some(slot) = slot
         // SAFETY: as above.
@@ -263,11 +273,39 @@ fn record_entry(size: u64, ptr: u64, overflow: bool) -> u32 {
     {
         // SAFETY: claimed: the slot is this thread's own until it frees it.
         unsafe { (*slot).call = value };
-        return 0;
+        return None;
     }
-    match INFLIGHT.insert(id, value, BPF_NOEXIST as u64) {
-        Ok(()) => add_spilled(1),
-        Err(_) => count(Counter::DropInflightFull),
+    if INFLIGHT.insert(id, value, BPF_NOEXIST as u64).is_ok() {
+        add_spilled(1);
+        return None;
+    }
+    // Its return will find no entry: nothing of this call is recorded.
+    count(Counter::DropInflightFull);
+    if let Some(stats) = PROCS.get_ptr_mut(tgid) {
+        // SAFETY: a PROCS value.
+        fetch_add(unsafe { &raw mut (*stats).drops }, 1);
+    }
+    Some(tgid)
+}
+
+/// Entry of an allocator that returns a new block: see [`record_entry`].
+#[inline(always)]
+fn alloc_entry(size: u64, ptr: u64, overflow: bool) -> u32 {
+    let _ = record_entry(size, ptr, overflow);
+    0
+}
+
+/// Entry of `realloc(old, size)` and `reallocarray`. When the call cannot be
+/// recorded, `old` leaves the live set at once: its return will not be seen,
+/// and glibc frees or moves the block (or it stays if the call fails: an
+/// untraced live block only undercounts), so keeping it would leave a
+/// phantom leak.
+#[inline(always)]
+fn realloc_entry(size: u64, old: u64, overflow: bool) -> u32 {
+    if let Some(tgid) = record_entry(size, old, overflow)
+        && old != 0
+    {
+        remove_block(tgid, old, false);
     }
     0
 }
@@ -292,44 +330,44 @@ fn mul(n: u64, m: u64) -> (u64, bool) {
 
 #[uprobe]
 pub fn malloc_enter(ctx: ProbeContext) -> u32 {
-    record_entry(arg(&ctx, 0), 0, false)
+    alloc_entry(arg(&ctx, 0), 0, false)
 }
 
 #[uprobe]
 pub fn calloc_enter(ctx: ProbeContext) -> u32 {
     let (size, overflow) = mul(arg(&ctx, 0), arg(&ctx, 1));
-    record_entry(size, 0, overflow)
+    alloc_entry(size, 0, overflow)
 }
 
 #[uprobe]
 pub fn realloc_enter(ctx: ProbeContext) -> u32 {
-    record_entry(arg(&ctx, 1), arg(&ctx, 0), false)
+    realloc_entry(arg(&ctx, 1), arg(&ctx, 0), false)
 }
 
 #[uprobe]
 pub fn reallocarray_enter(ctx: ProbeContext) -> u32 {
     let (size, overflow) = mul(arg(&ctx, 1), arg(&ctx, 2));
-    record_entry(size, arg(&ctx, 0), overflow)
+    realloc_entry(size, arg(&ctx, 0), overflow)
 }
 
 #[uprobe]
 pub fn posix_memalign_enter(ctx: ProbeContext) -> u32 {
-    record_entry(arg(&ctx, 2), arg(&ctx, 0), false)
+    alloc_entry(arg(&ctx, 2), arg(&ctx, 0), false)
 }
 
 #[uprobe]
 pub fn aligned_alloc_enter(ctx: ProbeContext) -> u32 {
-    record_entry(arg(&ctx, 1), 0, false)
+    alloc_entry(arg(&ctx, 1), 0, false)
 }
 
 #[uprobe]
 pub fn memalign_enter(ctx: ProbeContext) -> u32 {
-    record_entry(arg(&ctx, 1), 0, false)
+    alloc_entry(arg(&ctx, 1), 0, false)
 }
 
 #[uprobe]
 pub fn valloc_enter(ctx: ProbeContext) -> u32 {
-    record_entry(arg(&ctx, 0), 0, false)
+    alloc_entry(arg(&ctx, 0), 0, false)
 }
 
 #[uprobe]
@@ -338,7 +376,7 @@ pub fn pvalloc_enter(ctx: ProbeContext) -> u32 {
     let page = unsafe { core::ptr::read_volatile(&PAGE_SIZE) };
     let n = arg(&ctx, 0);
     let (sum, overflow) = n.overflowing_add(page.wrapping_sub(1));
-    record_entry(sum & !(page.wrapping_sub(1)), 0, overflow)
+    alloc_entry(sum & !(page.wrapping_sub(1)), 0, overflow)
 }
 
 #[uprobe]
