@@ -44,6 +44,13 @@ pub struct BenchArgs {
     /// Skip the scope part (an untraced process while another is traced).
     #[arg(long)]
     pub no_scope: bool,
+    /// Skip the snapshot-engine part (statistics and compare_to of
+    /// 1,000,000 traces against CPython's tracemalloc, `bench-model`).
+    #[arg(long)]
+    pub no_model: bool,
+    /// Traces per snapshot in the snapshot-engine part.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub model_traces: u64,
     /// Run even while other tracers are attached (their cost is added to
     /// every mode, so differences stay meaningful but ratios do not).
     #[arg(long)]

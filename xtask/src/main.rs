@@ -46,7 +46,8 @@ enum Task {
         args: Vec<OsString>,
     },
     /// Set up, build in release mode, and measure tracerd's overhead side by
-    /// side with the reference tools (prints a markdown table, writes JSON).
+    /// side with the reference tools, then the snapshot engine side by side
+    /// with CPython's tracemalloc (prints markdown tables, writes JSON).
     Bench(bench::BenchArgs),
     /// Time the snapshot engine against CPython 3.11's tracemalloc on the
     /// same dump files (prints a markdown table).
@@ -96,7 +97,19 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Task::Bench(args) => {
             setup()?;
             cargo(&["build", "--release", "-p", "tracer-daemon", "--bins"])?;
-            bench::run(&workspace_root(), &args)
+            bench::run(&workspace_root(), &args)?;
+            if args.no_model {
+                return Ok(());
+            }
+            // The snapshot engine against CPython, on a machine as quiet as
+            // the overhead part needed.
+            bench_model(&bench_model::BenchModelArgs {
+                traces: args.model_traces,
+                runs: u32::try_from(args.rounds).unwrap_or(u32::MAX),
+                python: std::env::var("TRACER_PYTHON").unwrap_or_else(|_| "python3".into()),
+                out: PathBuf::from("target/bench-model"),
+                force: args.force,
+            })
         }
         Task::Fuzz(args) => {
             setup()?;
@@ -126,18 +139,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             ])?;
             service_tasks::soak(&workspace_root(), &args)
         }
-        Task::BenchModel(args) => {
-            cargo(&[
-                "build",
-                "--release",
-                "-p",
-                "tracer-daemon",
-                "--example",
-                "bench_model",
-            ])?;
-            let example = bench_model::example_path(&target_dir(&workspace_root()));
-            bench_model::run(&workspace_root(), &example, &args)
-        }
+        Task::BenchModel(args) => bench_model(&args),
         Task::Test { args } => {
             setup()?;
             if !is_root() {
@@ -350,4 +352,18 @@ fn run_checked(command: &mut Command) -> anyhow::Result<()> {
         bail!("{command:?} failed ({status})");
     }
     Ok(())
+}
+
+/// Builds the model's benchmark and runs it beside CPython's tracemalloc.
+fn bench_model(args: &bench_model::BenchModelArgs) -> anyhow::Result<()> {
+    cargo(&[
+        "build",
+        "--release",
+        "-p",
+        "tracer-daemon",
+        "--example",
+        "bench_model",
+    ])?;
+    let example = bench_model::example_path(&target_dir(&workspace_root()));
+    bench_model::run(&workspace_root(), &example, args)
 }
