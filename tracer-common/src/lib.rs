@@ -162,9 +162,16 @@ pub const TRACEPOINTS: [(&str, &str, &str); 3] = [
     ("sched_process_fork", "sched", "sched_process_fork"),
 ];
 
-/// Runtime switches of the eBPF programs: an array of one u64 of
-/// `SWITCH_*` bits, written by tracerd.
+/// Runtime switches of the eBPF programs, written by tracerd: an array of
+/// [`SWITCH_SLOTS`] u64s, slot 0 the `SWITCH_*` bits, slot
+/// [`SWITCH_STACK_EPOCH`] the stack epoch.
 pub const MAP_SWITCHES: &str = "SWITCHES";
+/// Slots of [`MAP_SWITCHES`].
+pub const SWITCH_SLOTS: u32 = 2;
+/// Slot of [`MAP_SWITCHES`] counting the collections of `STACKS`: tracerd
+/// raises it after it removes stacks, which empties every CPU's cache of
+/// the last stack stored (so no new block names a removed stack).
+pub const SWITCH_STACK_EPOCH: u32 = 1;
 /// Tracing is scoped to some processes: report every exec and fork on the
 /// host ([`ProcEventKind::ExecAny`], [`ProcEventKind::Fork`]) so that
 /// tracerd can attach to the processes that match.

@@ -541,10 +541,24 @@ impl Capture {
         bpf_sys::keys::<u64>(self.stacks.fd().as_fd())
     }
 
-    /// Removes the given stacks from `STACKS`; returns how many were removed.
+    /// Removes the given stacks from `STACKS` and raises the stack epoch
+    /// (`SWITCHES[SWITCH_STACK_EPOCH]`), which empties every CPU's cache of
+    /// its last stack; returns how many were removed.
     pub fn remove_stacks(&mut self, ids: &[u64]) -> usize {
         let fd = self.stacks.fd().as_fd();
-        ids.iter().filter(|id| bpf_sys::delete(fd, *id)).count()
+        let removed = ids.iter().filter(|id| bpf_sys::delete(fd, *id)).count();
+        // Every CPU's cache of its last stack may name a removed one.
+        let epoch = self
+            .switches
+            .get(&tracer_common::SWITCH_STACK_EPOCH, 0)
+            .unwrap_or(0);
+        if let Err(err) =
+            self.switches
+                .set(tracer_common::SWITCH_STACK_EPOCH, epoch.wrapping_add(1), 0)
+        {
+            tracing::warn!(map = MAP_SWITCHES, %err, "cannot raise the stack epoch");
+        }
+        removed
     }
 
     /// Stacks now in `STACKS` (one syscall per stack).

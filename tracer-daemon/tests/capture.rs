@@ -589,6 +589,85 @@ fn blocks_whose_stack_was_not_stored_keep_their_exact_call_site() {
     assert!(fx.finish().success());
 }
 
+/// 150 distinct stacks freed at once, then the last of them again (the same
+/// call instructions: the same stack), kept; pinned to CPU 0 so the second
+/// allocation meets that CPU's cache of the last stack stored.
+fn collected_stacks_source() -> String {
+    let mut body = String::from(
+        "__attribute__((noinline)) static void *alloc_here(void) {\n    return malloc(48); /* GC_SITE */\n}\n",
+    );
+    for i in 0..150 {
+        body.push_str(&format!(
+            "__attribute__((noinline)) static void *caller{i}(void) {{ return alloc_here(); }}\n"
+        ));
+    }
+    body.push_str(
+        "int main(void) {\n    cpu_set_t one;\n    CPU_ZERO(&one);\n    CPU_SET(0, &one);\n    \
+         if (sched_setaffinity(0, sizeof one, &one)) return 2;\n    say(\"ready\");\n    wait_go();\n",
+    );
+    for i in 0..149 {
+        body.push_str(&format!("    free(caller{i}());\n"));
+    }
+    // One call instruction for both allocations of caller149: one stack.
+    body.push_str(
+        "    void *kept = NULL;\n    for (int round = 0; round < 2; round++) {\n        \
+         void *p = caller149();\n        if (round == 1) { kept = p; break; }\n        \
+         free(p);\n        say(\"freed\");\n        wait_go();\n    }\n",
+    );
+    body.push_str("    say(\"kept\");\n    wait_go();\n    return kept == NULL;\n}\n");
+    body
+}
+
+#[test]
+fn a_stack_collected_by_the_sweep_is_stored_again_by_its_next_allocation() {
+    let dir = TempDir::new("gcstacks");
+    let source = format!("#include <sched.h>\n{}", collected_stacks_source());
+    let (exe, src, source) = fixture(&dir, "gcstacks", &source);
+    let line = line_of(&source, "GC_SITE");
+    let mut fx = Fixture::spawn(&exe, &[], &[]);
+    fx.expect_line("ready");
+    let pid = fx.pid();
+    // Only this process, and room for 256 stacks: the sweep collects
+    // unreferenced stacks once more than 128 are stored.
+    let scope = pid.to_string();
+    let tracerd = Tracerd::start(&["--scope-pid", &scope, "--max-stacks", "256"]);
+    fx.go();
+    fx.expect_line("freed");
+    let stacks = |tracerd: &Tracerd| {
+        let (_, maps) = tracerd.get("/maps");
+        maps["maps"]["STACKS"]["entries"]
+            .as_u64()
+            .expect("STACKS entries")
+    };
+    assert!(stacks(&tracerd) >= 150, "{}", stacks(&tracerd));
+    // The sweep runs every 10 s.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while stacks(&tracerd) >= 150 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no stack collected in 30 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    fx.go();
+    fx.expect_line("kept");
+    let (status, body) = tracerd.get(&format!("/pid/{pid}/statistics?group_by=traceback&limit=0"));
+    assert_eq!(status, 200, "{body}");
+    let stat = stat_at(&body["statistics"], &src, line).expect("the kept block");
+    assert_eq!(stat["count"], 1, "{stat}");
+    // alloc_here <- caller149 <- main: the whole stack, not the call site alone.
+    let functions: Vec<&str> = stat["traceback"]
+        .as_array()
+        .expect("traceback")
+        .iter()
+        .take(3)
+        .map(|f| f["function"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(functions, ["alloc_here", "caller149", "main"], "{stat}");
+    fx.go();
+    assert!(fx.finish().success());
+}
+
 fn put(tracerd: &Tracerd, path: &str) -> (u16, Value) {
     let r = tracerd
         .client

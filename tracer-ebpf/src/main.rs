@@ -140,7 +140,13 @@ static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTER_SLOTS,
 static GENERATION: Array<u64> = Array::with_max_entries(1, 0);
 
 #[map]
-static SWITCHES: Array<u64> = Array::with_max_entries(1, 0);
+static SWITCHES: Array<u64> = Array::with_max_entries(tracer_common::SWITCH_SLOTS, 0);
+
+/// Per CPU, the last stack this CPU found or put in STACKS: (id, check
+/// hash, stack epoch + 1). A hit skips the STACKS lookup; an epoch raised by
+/// tracerd (it removed stacks) makes every entry a miss.
+#[map]
+static STACK_CACHE: PerCpuArray<[u64; 3]> = PerCpuArray::with_max_entries(1, 0);
 
 #[map]
 static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_RING_BYTES, 0);
@@ -572,7 +578,9 @@ fn unknown_free(stats: Option<*mut ProcStats>) {
 ///
 /// The id is one 64-bit hash of the frames; the value's first word is a
 /// second, independent one. A stored value whose check hash differs is
-/// another stack with the same id: refused, never merged.
+/// another stack with the same id: refused, never merged. The stack this
+/// CPU found or stored last is cached (`STACK_CACHE`), so a loop allocating
+/// from one stack skips the STACKS lookup.
 #[inline(always)]
 fn stack_id<C: EbpfContext>(ctx: &C) -> u64 {
     let Some(buf) = STACK_SCRATCH.get_ptr_mut(0) else {
@@ -588,13 +596,17 @@ fn stack_id<C: EbpfContext>(ctx: &C) -> u64 {
     }
     // SAFETY: buf is this CPU's scratch value of STACK_WORDS u64s.
     let words = unsafe { &mut *buf };
-    if walk_frame_pointers(ctx, words, nframe) == 0 {
+    let walked = walk_frame_pointers(ctx, words, nframe);
+    if walked == 0 {
         return drop_stack();
     }
+    // The frames walked identify the stack (the words after them are 0).
     let (mut id, mut check) = (0xcbf2_9ce4_8422_2325u64, 0x9e37_79b9_7f4a_7c15u64);
+    id = (id ^ walked as u64).wrapping_mul(0x0000_0100_0000_01b3);
+    check = (check ^ walked as u64).wrapping_mul(0xff51_afd7_ed55_8ccd);
     let mut i = 1;
     while i < STACK_WORDS {
-        if i > nframe {
+        if i > walked {
             break;
         }
         let word = words[i];
@@ -608,24 +620,41 @@ fn stack_id<C: EbpfContext>(ctx: &C) -> u64 {
         id = STACK_ID_NONE - 1;
     }
     words[0] = check;
-    if let Some(stored) = STACKS.get_ptr(id) {
+    let epoch = match SWITCHES.get_ptr(tracer_common::SWITCH_STACK_EPOCH) {
+        // SAFETY: an array value written by tracerd.
+        Some(p) => unsafe { core::ptr::read_volatile(p) }.wrapping_add(1),
+        None => 0,
+    };
+    let cache = STACK_CACHE.get_ptr_mut(0);
+    if let Some(cache) = cache {
+        // SAFETY: this CPU's entry; BPF programs are not migrated while they run.
+        let hit = unsafe { (*cache)[0] == id && (*cache)[1] == check && (*cache)[2] == epoch };
+        if hit {
+            return id;
+        }
+    }
+    let stored = match STACKS.get_ptr(id) {
         // SAFETY: a STACKS value holds at least its first word.
-        return if unsafe { (*stored)[0] } == check {
-            id
-        } else {
-            drop_stack()
-        };
-    }
-    match STACKS.insert(id, &*words, BPF_NOEXIST as u64) {
-        Ok(()) => id,
-        // Another CPU stored the same id meanwhile: check it as above.
-        Err(e) if e == -EEXIST => match STACKS.get_ptr(id) {
-            // SAFETY: as above.
-            Some(stored) if unsafe { (*stored)[0] } == check => id,
-            _ => drop_stack(),
+        Some(stored) => (unsafe { (*stored)[0] }) == check,
+        None => match STACKS.insert(id, &*words, BPF_NOEXIST as u64) {
+            Ok(()) => true,
+            // Another CPU stored the same id meanwhile: check it as above.
+            Err(e) if e == -EEXIST => match STACKS.get_ptr(id) {
+                // SAFETY: as above.
+                Some(stored) => (unsafe { (*stored)[0] }) == check,
+                None => false,
+            },
+            Err(_) => false,
         },
-        Err(_) => drop_stack(),
+    };
+    if !stored {
+        return drop_stack();
     }
+    if let Some(cache) = cache {
+        // SAFETY: as above.
+        unsafe { *cache = [id, check, epoch] };
+    }
+    id
 }
 
 /// Walks the frame-pointer chain of the user stack into `words[1..]`:
