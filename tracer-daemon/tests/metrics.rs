@@ -75,6 +75,8 @@ fn metrics_give_each_process_the_values_of_the_api() {
         "10000",
         "--max-live-blocks",
         "2000000",
+        "--bpf-stats",
+        "true",
     ]);
     let (mut fx, pid, _, _) = keep_fixture(&dir);
     fx.expect_line("ready");
