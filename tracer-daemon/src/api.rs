@@ -608,6 +608,30 @@ impl TextOptions {
             );
         }
     }
+
+    /// The lines of every item of `items` (see [`TextOptions::lines`]).
+    fn all_lines<T: std::fmt::Display>(
+        &self,
+        items: &[T],
+        traceback: impl Fn(&T) -> &Traceback,
+    ) -> Vec<String> {
+        let mut cache = LineCache::new();
+        let mut lines = Vec::new();
+        for item in items {
+            self.lines(item.to_string(), traceback(item), &mut cache, &mut lines);
+        }
+        lines
+    }
+}
+
+/// Adds the query's `group_by`, `cumulative`, `filters` and `limit`, and
+/// the number of groups before the limit (`total`), to a response head.
+fn insert_query(head: &mut serde_json::Map<String, Value>, query: &StatsQuery, total: usize) {
+    head.insert("group_by".into(), json!(query.group_by.as_str()));
+    head.insert("cumulative".into(), json!(query.cumulative));
+    head.insert("filters".into(), query.filters_json.clone());
+    head.insert("limit".into(), json!(query.limit));
+    head.insert("total".into(), json!(total));
 }
 
 fn text_response(lines: &[String], headers: &[(&'static str, String)]) -> Response {
@@ -728,13 +752,7 @@ fn statistics_response(
     let stats = filtered.statistics(query.group_by, query.cumulative)?;
     let (stats, total) = cut(stats, query.limit);
     if query.text {
-        let mut cache = LineCache::new();
-        let mut lines = Vec::new();
-        for s in &stats {
-            query
-                .options
-                .lines(s.to_string(), &s.traceback, &mut cache, &mut lines);
-        }
+        let lines = query.options.all_lines(&stats, |s| &s.traceback);
         return Ok(text_response(&lines, &completeness_headers(completeness)));
     }
     let out: Vec<_> = stats
@@ -744,11 +762,7 @@ fn statistics_response(
             text: s.to_string(),
         })
         .collect();
-    head.insert("group_by".into(), json!(query.group_by.as_str()));
-    head.insert("cumulative".into(), json!(query.cumulative));
-    head.insert("filters".into(), query.filters_json.clone());
-    head.insert("limit".into(), json!(query.limit));
-    head.insert("total".into(), json!(total));
+    insert_query(&mut head, query, total);
     head.insert("traces".into(), json!(filtered.traces().len()));
     head.insert("traceback_limit".into(), json!(filtered.traceback_limit()));
     completeness.insert_into(&mut head);
@@ -768,14 +782,9 @@ fn compare_response(
     let base_filtered = base.snapshot.filter_traces(&query.filters);
     let diffs = new_filtered.compare_to(&base_filtered, query.group_by, query.cumulative)?;
     let (diffs, total) = cut(diffs, query.limit);
+    let complete = base.completeness.is_complete() && new.completeness.is_complete();
     if query.text {
-        let mut cache = LineCache::new();
-        let mut lines = Vec::new();
-        for d in &diffs {
-            query
-                .options
-                .lines(d.to_string(), &d.traceback, &mut cache, &mut lines);
-        }
+        let lines = query.options.all_lines(&diffs, |d| &d.traceback);
         let base_header = match (
             base.info.get("kind").and_then(Value::as_str),
             base.info.get("id"),
@@ -784,7 +793,6 @@ fn compare_response(
             (Some("since"), _) => "since".to_string(),
             _ => "tracing-start".to_string(),
         };
-        let complete = base.completeness.is_complete() && new.completeness.is_complete();
         let headers = [
             ("x-tracer-base", base_header),
             ("x-tracer-complete", complete.to_string()),
@@ -805,17 +813,10 @@ fn compare_response(
         side.completeness.insert_into(&mut info);
         Value::Object(info)
     };
-    head.insert(
-        "complete".into(),
-        json!(base.completeness.is_complete() && new.completeness.is_complete()),
-    );
+    head.insert("complete".into(), json!(complete));
     head.insert("base".into(), side(base));
     head.insert("new".into(), side(new));
-    head.insert("group_by".into(), json!(query.group_by.as_str()));
-    head.insert("cumulative".into(), json!(query.cumulative));
-    head.insert("filters".into(), query.filters_json.clone());
-    head.insert("limit".into(), json!(query.limit));
-    head.insert("total".into(), json!(total));
+    insert_query(&mut head, query, total);
     head.insert("statistics".into(), json!(out));
     Ok(Json(Value::Object(head)).into_response())
 }
@@ -846,11 +847,7 @@ fn traces_response(
     };
     let page = filtered.traces().get(offset.min(total)..end).unwrap_or(&[]);
     if text {
-        let mut cache = LineCache::new();
-        let mut lines = Vec::new();
-        for t in page {
-            options.lines(t.to_string(), &t.traceback, &mut cache, &mut lines);
-        }
+        let lines = options.all_lines(page, |t| &t.traceback);
         return Ok(text_response(&lines, &completeness_headers(completeness)));
     }
     let out: Vec<_> = page

@@ -540,6 +540,16 @@ pub(super) type FrameKey<'a> = (&'a str, u32);
 /// Groups by frame or file name.
 pub(super) type FrameGroups<'a> = Groups<FrameKey<'a>, FrameRep<'a>>;
 
+/// Work items of a pass over the frames of `distinct`: one frame each, or
+/// about 8 (a deep traceback's) under `cumulative`; it sets the threads.
+fn frame_work(distinct: &[Distinct<'_>], cumulative: bool) -> usize {
+    if cumulative {
+        distinct.len().saturating_mul(8)
+    } else {
+        distinct.len()
+    }
+}
+
 /// Stage 2 for `lineno` and `filename`: the most recent frame of each
 /// distinct traceback, or every frame of it (each occurrence) under
 /// `cumulative`.
@@ -548,11 +558,7 @@ pub(super) fn group_frames<'a>(
     group_by: GroupBy,
     cumulative: bool,
 ) -> FrameGroups<'a> {
-    let work = if cumulative {
-        distinct.len().saturating_mul(8)
-    } else {
-        distinct.len()
-    };
+    let work = frame_work(distinct, cumulative);
     in_chunks(
         distinct,
         work,
@@ -659,11 +665,7 @@ pub(super) fn group_labels<'a>(
     group_by: GroupBy,
     cumulative: bool,
 ) -> LabelGroups<'a> {
-    let work = if cumulative {
-        distinct.len().saturating_mul(8)
-    } else {
-        distinct.len()
-    };
+    let work = frame_work(distinct, cumulative);
     in_chunks(
         distinct,
         work,
