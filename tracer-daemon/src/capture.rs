@@ -142,11 +142,12 @@ impl Programs {
     }
 }
 
-/// The uprobe program `name`, loaded into the kernel if it is not yet.
+/// Loads the uprobe program `name` into the kernel if it is not yet (a
+/// program shared by several probe points, as the floor's are, loads once).
 ///
 /// # Errors
 /// [`CaptureError::Program`] naming it.
-fn load_uprobe<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut UProbe, CaptureError> {
+fn load_uprobe(ebpf: &mut Ebpf, name: &'static str) -> Result<(), CaptureError> {
     let program = program_mut::<UProbe>(ebpf, name)?;
     if program.fd().is_err() {
         program.load().map_err(|source| CaptureError::Program {
@@ -154,7 +155,7 @@ fn load_uprobe<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut UPr
             source: Box::new(source),
         })?;
     }
-    Ok(program)
+    Ok(())
 }
 
 /// Where the probes of one allocator function go, as file offsets in the
@@ -309,10 +310,9 @@ impl Capture {
         // closed fd); a scoped tracerd attaches them only later.
         for (_, points) in &targets {
             for point in points {
-                let names = [Some(point.spec.entry), point.spec.exit];
-                for name in names.into_iter().flatten() {
-                    let name = programs.program_for(name, point.spec.exit == Some(name));
-                    load_uprobe(&mut ebpf, name)?;
+                let exit = point.spec.exit.map(|name| (name, true));
+                for (name, is_exit) in std::iter::once((point.spec.entry, false)).chain(exit) {
+                    load_uprobe(&mut ebpf, programs.program_for(name, is_exit))?;
                 }
             }
         }
@@ -417,15 +417,17 @@ impl Capture {
                         (spec.entry, point.entry)
                     };
                     let name = self.programs.program_for(name, exit_pass);
-                    let attached = load_uprobe(&mut self.ebpf, name).and_then(|program| {
-                        program
-                            .attach(offset, path, scope)
-                            .map_err(|source| CaptureError::Attach {
-                                program: name.into(),
-                                target: format!("{}:{}", path.display(), spec.symbol),
-                                source: Box::new(source),
+                    // Loaded by load_programs already.
+                    let attached =
+                        program_mut::<UProbe>(&mut self.ebpf, name).and_then(|program| {
+                            program.attach(offset, path, scope).map_err(|source| {
+                                CaptureError::Attach {
+                                    program: name.into(),
+                                    target: format!("{}:{}", path.display(), spec.symbol),
+                                    source: Box::new(source),
+                                }
                             })
-                    });
+                        });
                     match attached {
                         Ok(link) => links.push((name, link)),
                         Err(err) => {

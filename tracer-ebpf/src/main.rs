@@ -620,11 +620,7 @@ fn stack_id<C: EbpfContext>(ctx: &C) -> u64 {
         id = STACK_ID_NONE - 1;
     }
     words[0] = check;
-    let epoch = match SWITCHES.get_ptr(tracer_common::SWITCH_STACK_EPOCH) {
-        // SAFETY: an array value written by tracerd.
-        Some(p) => unsafe { core::ptr::read_volatile(p) }.wrapping_add(1),
-        None => 0,
-    };
+    let epoch = switch(tracer_common::SWITCH_STACK_EPOCH).wrapping_add(1);
     let cache = STACK_CACHE.get_ptr_mut(0);
     if let Some(cache) = cache {
         // SAFETY: this CPU's entry; BPF programs are not migrated while they run.
@@ -892,13 +888,19 @@ fn end_generation(kind: ProcEventKind, tgid: u32) {
     send_event(kind, tgid, stats.gen_, &stats);
 }
 
+/// Slot `slot` of SWITCHES, as tracerd last wrote it (0 if out of range).
+#[inline(always)]
+fn switch(slot: u32) -> u64 {
+    match SWITCHES.get_ptr(slot) {
+        // SAFETY: an array value written by tracerd.
+        Some(p) => unsafe { core::ptr::read_volatile(p) },
+        None => 0,
+    }
+}
+
 #[inline(always)]
 fn scoped() -> bool {
-    match SWITCHES.get_ptr(0) {
-        // SAFETY: an array value written by tracerd.
-        Some(p) => (unsafe { core::ptr::read_volatile(p) } & tracer_common::SWITCH_SCOPED) != 0,
-        None => false,
-    }
+    switch(0) & tracer_common::SWITCH_SCOPED != 0
 }
 
 #[tracepoint]
