@@ -306,12 +306,16 @@ pub enum CounterMetric {
 
 type Labels<'a> = Vec<(&'static str, &'a str)>;
 
-fn gauge(
+/// A gauge family: one unlabelled sample, or one sample per label set.
+fn gauge<N: Copy>(
     encoder: &mut DescriptorEncoder,
     name: &str,
     help: &str,
-    samples: &[(Labels<'_>, i64)],
-) -> fmt::Result {
+    samples: &[(Labels<'_>, N)],
+) -> fmt::Result
+where
+    ConstGauge<N>: EncodeMetric,
+{
     let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
     if let [(labels, value)] = samples
         && labels.is_empty()
@@ -324,50 +328,23 @@ fn gauge(
     Ok(())
 }
 
-fn gauge_f64(
+/// A counter family, as [`gauge`]; `name` without `_total`:
+/// prometheus-client appends it to counters.
+fn counter<N: Copy>(
     encoder: &mut DescriptorEncoder,
     name: &str,
     help: &str,
-    samples: &[(Labels<'_>, f64)],
-) -> fmt::Result {
-    let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
-    if let [(labels, value)] = samples
-        && labels.is_empty()
-    {
-        return ConstGauge::new(*value).encode(family);
-    }
-    for (labels, value) in samples {
-        ConstGauge::new(*value).encode(family.encode_family(labels)?)?;
-    }
-    Ok(())
-}
-
-/// `name` without `_total`: prometheus-client appends it to counters.
-fn counter(
-    encoder: &mut DescriptorEncoder,
-    name: &str,
-    help: &str,
-    samples: &[(Labels<'_>, u64)],
-) -> fmt::Result {
+    samples: &[(Labels<'_>, N)],
+) -> fmt::Result
+where
+    ConstCounter<N>: EncodeMetric,
+{
     let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
     if let [(labels, value)] = samples
         && labels.is_empty()
     {
         return ConstCounter::new(*value).encode(family);
     }
-    for (labels, value) in samples {
-        ConstCounter::new(*value).encode(family.encode_family(labels)?)?;
-    }
-    Ok(())
-}
-
-fn counter_f64(
-    encoder: &mut DescriptorEncoder,
-    name: &str,
-    help: &str,
-    samples: &[(Labels<'_>, f64)],
-) -> fmt::Result {
-    let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
     for (labels, value) in samples {
         ConstCounter::new(*value).encode(family.encode_family(labels)?)?;
     }
@@ -640,7 +617,7 @@ impl DaemonCollector {
             "1 while tracerd holds BPF_ENABLE_STATS on (tracer_bpf_program_* count), else 0",
             &[(Vec::new(), i64::from(self.options.bpf_stats_enabled))],
         )?;
-        counter_f64(
+        counter(
             encoder,
             "tracer_bpf_program_run_seconds",
             "Time the kernel spent running each eBPF program while BPF_ENABLE_STATS was on, in seconds",
@@ -699,7 +676,7 @@ impl DaemonCollector {
             "tracerd's own resident memory (RSS) in bytes, from /proc/self/statm",
             &[(Vec::new(), signed(resident_memory_bytes().unwrap_or(0)))],
         )?;
-        gauge_f64(
+        gauge(
             encoder,
             "process_start_time_seconds",
             "When tracerd started tracing, in seconds since the Unix epoch",
