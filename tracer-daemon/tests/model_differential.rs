@@ -14,8 +14,8 @@
 //! sort key ties often; tracebacks recurse, hold `<unknown>` frames, vary in
 //! depth, and equal tracebacks come both shared and as separate `Arc`s.
 
-use std::io::Write;
-use std::process::{Command, Stdio};
+mod oracle;
+
 use std::sync::{Arc, OnceLock};
 
 use rand::rngs::StdRng;
@@ -328,13 +328,8 @@ fn oracle() -> &'static Oracle {
             "sizes": sizes.iter().flat_map(|&s| [json!([s, false]), json!([s, true])]).collect::<Vec<_>>(),
             "statistic_texts": statistic_texts,
         });
-        let response = run_python(&request);
-        let version = &response["version"];
-        assert_eq!(
-            (version[0].as_u64(), version[1].as_u64()),
-            (Some(3), Some(11)),
-            "the reference is CPython 3.11's tracemalloc; got Python {version}"
-        );
+        // Checks too that the answer came from CPython 3.11.
+        let response = oracle::run("tracemalloc_oracle.py", &request);
         Oracle {
             cases,
             sizes,
@@ -342,38 +337,6 @@ fn oracle() -> &'static Oracle {
             response,
         }
     })
-}
-
-fn run_python(request: &Value) -> Value {
-    let python = std::env::var("TRACER_PYTHON").unwrap_or_else(|_| "python3".to_owned());
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/support/tracemalloc_oracle.py"
-    );
-    let mut child = Command::new(&python)
-        .arg(script)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot run {python} (set TRACER_PYTHON): {e}"));
-    let body = serde_json::to_vec(request).expect("request serializes");
-    let mut stdin = child.stdin.take().expect("stdin is piped");
-    // Write from another thread: the oracle may fill stdout before it has
-    // read all of stdin.
-    let writer = std::thread::spawn(move || stdin.write_all(&body));
-    let output = child.wait_with_output().expect("oracle runs");
-    writer
-        .join()
-        .expect("writer thread")
-        .expect("request written");
-    assert!(
-        output.status.success(),
-        "oracle failed: {}\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_slice(&output.stdout).expect("oracle prints JSON")
 }
 
 /// The first place where `actual` differs from `expected`, with both sides.
