@@ -23,11 +23,14 @@ use aya::{
 use object::{Object as _, ObjectSection as _, ObjectSymbol as _};
 use tracer_common::{
     AllocInfo, AllocKey, COUNTER_SLOTS, Counter, EXP_TABLE_LEN, FLOOR_PROGRAMS,
-    GLOBAL_INFLIGHT_SLOT_MASK, GLOBAL_NFRAME, GLOBAL_PAGE_SIZE, GLOBAL_SAMPLE_MEAN,
-    GLOBAL_TRACERD_TGID, InflightSlot, MAP_COUNTERS, MAP_EVENTS, MAP_EXP_TABLE, MAP_INFLIGHT,
-    MAP_INFLIGHT_SLOTS, MAP_LIVE_ALLOCS, MAP_PROCS, MAP_STACKS, MAP_SWITCHES, MAX_NFRAME, PROBES,
-    ProcStats, STACK_WORDS, TRACEPOINTS,
+    GLOBAL_INFLIGHT_SLOT_MASK, GLOBAL_LIVE_BUCKET_MASK, GLOBAL_NFRAME, GLOBAL_PAGE_SIZE,
+    GLOBAL_SAMPLE_MEAN, GLOBAL_TRACERD_TGID, InflightSlot, LIVE_WAYS, MAP_COUNTERS, MAP_EVENTS,
+    MAP_EXP_TABLE, MAP_INFLIGHT, MAP_INFLIGHT_SLOTS, MAP_LIVE_ALLOCS, MAP_LIVE_KEYS,
+    MAP_LIVE_VALUES, MAP_PROCS, MAP_STACKS, MAP_SWITCHES, MAX_NFRAME, PROBES, ProcStats,
+    STACK_WORDS, TRACEPOINTS,
 };
+
+use crate::live_table::{self, LiveTable, Removed};
 
 /// The eBPF object built by `build.rs` (empty when built with `AYA_BUILD_SKIP=1`).
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tracer"));
@@ -95,6 +98,10 @@ pub struct CaptureConfig {
     pub nframe: u32,
     /// Capacity of `LIVE_ALLOCS` in live blocks, all processes together.
     pub max_live_blocks: u32,
+    /// Block slots of the fast table (`LIVE_KEYS`, `LIVE_VALUES`), rounded
+    /// up to [`LIVE_WAYS`](tracer_common::LIVE_WAYS) times a power of two
+    /// (at least 2) at load; 0: no table, every block in `LIVE_ALLOCS`.
+    pub live_table_blocks: u32,
     /// Capacity of `STACKS` in distinct stacks.
     pub max_stacks: u32,
     /// Capacity of `PROCS` in processes.
@@ -187,6 +194,10 @@ pub struct Capture {
     /// Holds programs and links: dropping it detaches them.
     ebpf: Ebpf,
     live: BpfHashMap<MapData, AllocKey, AllocInfo>,
+    /// The fast table in front of `live`, mapped; None when it is off.
+    live_table: Option<LiveTable>,
+    /// LIVE_KEYS and LIVE_VALUES, kept open with their mapping.
+    _live_table_maps: (MapData, MapData),
     /// STACKS: its value size depends on nframe, so it is read with raw
     /// map syscalls rather than a typed aya map.
     stacks: MapData,
@@ -257,13 +268,18 @@ impl Capture {
             .next_power_of_two();
         let slot_mask = inflight_slots - 1;
         let events_ring_bytes = ring_size(config.events_ring_bytes, page_size);
+        let live_buckets = live_table::buckets_for(config.live_table_blocks);
+        let live_bucket_mask = live_buckets.saturating_sub(1);
         let mut ebpf = EbpfLoader::new()
             .override_global(GLOBAL_TRACERD_TGID, &tgid, true)
             .override_global(GLOBAL_PAGE_SIZE, &page_size, true)
             .override_global(GLOBAL_NFRAME, &nframe, true)
             .override_global(GLOBAL_SAMPLE_MEAN, &config.sample_interval, true)
             .override_global(GLOBAL_INFLIGHT_SLOT_MASK, &slot_mask, true)
+            .override_global(GLOBAL_LIVE_BUCKET_MASK, &live_bucket_mask, true)
             .map_max_entries(MAP_LIVE_ALLOCS, config.max_live_blocks)
+            .map_max_entries(MAP_LIVE_KEYS, live_buckets.max(1))
+            .map_max_entries(MAP_LIVE_VALUES, live_buckets.max(1) * LIVE_WAYS)
             .map_max_entries(MAP_STACKS, config.max_stacks)
             .map_max_entries(MAP_PROCS, config.max_procs)
             .map_max_entries(MAP_INFLIGHT, config.max_inflight)
@@ -327,6 +343,19 @@ impl Capture {
                 })?;
         }
         let live = take_map(&mut ebpf, MAP_LIVE_ALLOCS)?;
+        let live_keys = take_array(&mut ebpf, MAP_LIVE_KEYS)?;
+        let live_values = take_array(&mut ebpf, MAP_LIVE_VALUES)?;
+        let live_table = match live_buckets {
+            0 => None,
+            buckets => Some(
+                LiveTable::map(live_keys.fd().as_fd(), live_values.fd().as_fd(), buckets).map_err(
+                    |e| CaptureError::Map {
+                        map: MAP_LIVE_KEYS,
+                        reason: format!("cannot map the fast live-block table: {e}"),
+                    },
+                )?,
+            ),
+        };
         let stacks = match ebpf.take_map(MAP_STACKS) {
             Some(Map::HashMap(data)) => data,
             _ => {
@@ -339,15 +368,7 @@ impl Capture {
         let procs = take_map(&mut ebpf, MAP_PROCS)?;
         let counters = take_map(&mut ebpf, MAP_COUNTERS)?;
         let inflight = take_map(&mut ebpf, MAP_INFLIGHT)?;
-        let inflight_slots_map = match ebpf.take_map(MAP_INFLIGHT_SLOTS) {
-            Some(Map::Array(data)) => data,
-            _ => {
-                return Err(CaptureError::Map {
-                    map: MAP_INFLIGHT_SLOTS,
-                    reason: "missing or not an array".into(),
-                });
-            }
-        };
+        let inflight_slots_map = take_array(&mut ebpf, MAP_INFLIGHT_SLOTS)?;
         let events: RingBuf<MapData> = take_map(&mut ebpf, MAP_EVENTS)?;
         let events_positions = RingPositions::map(events.as_fd(), page_size);
         if events_positions.is_none() {
@@ -359,6 +380,8 @@ impl Capture {
         let mut capture = Self {
             ebpf,
             live,
+            live_table,
+            _live_table_maps: (live_keys, live_values),
             stacks,
             procs,
             counters,
@@ -375,6 +398,7 @@ impl Capture {
                 nframe,
                 inflight_slots,
                 events_ring_bytes,
+                live_table_blocks: live_buckets * LIVE_WAYS,
                 ..config
             },
         };
@@ -493,14 +517,17 @@ impl Capture {
     }
 
     /// Every live block of the process images `want` (tgid, generation),
-    /// read from `LIVE_ALLOCS`; with `want` None, every entry of every
-    /// process. One pass over the map (two syscalls per entry).
+    /// read from the fast table (through its mapping) and `LIVE_ALLOCS`;
+    /// with `want` None, every block of every process. One pass over each.
     pub fn live_blocks(&self, want: Option<&HashSet<(u32, u32)>>) -> Vec<(AllocKey, AllocInfo)> {
         let mut out = Vec::new();
         let mut keep = |key: &AllocKey, info: &AllocInfo| match want {
             Some(want) if !want.contains(&(key.tgid, info.gen_)) => {}
             _ => out.push((*key, *info)),
         };
+        if let Some(table) = &self.live_table {
+            table.for_each(|key, info| keep(&key, &info));
+        }
         // BPF_MAP_LOOKUP_BATCH reads thousands of entries per syscall; fall
         // back to one lookup per key where the kernel lacks it (< 5.6).
         if bpf_sys::lookup_batch(
@@ -516,11 +543,32 @@ impl Capture {
         out
     }
 
-    /// Removes the given blocks from `LIVE_ALLOCS`; returns how many were
-    /// removed (a block freed meanwhile is already gone).
+    /// Removes the given blocks from the fast table or `LIVE_ALLOCS`;
+    /// returns how many were removed (a block freed meanwhile is already
+    /// gone).
     pub fn remove_blocks(&mut self, keys: &[AllocKey]) -> usize {
+        let Some(table) = &self.live_table else {
+            let fd = aya::maps::IterableMap::map(&self.live).fd().as_fd();
+            return bpf_sys::delete_batch(fd, keys);
+        };
+        let spilled: Vec<AllocKey> = keys
+            .iter()
+            .filter(|key| table.remove(key) == Removed::NotInTable)
+            .copied()
+            .collect();
         let fd = aya::maps::IterableMap::map(&self.live).fd().as_fd();
-        bpf_sys::delete_batch(fd, keys)
+        // One at a time: the bucket of each block removed is told.
+        let removed = spilled
+            .iter()
+            .filter(|key| {
+                let gone = bpf_sys::delete(fd, *key);
+                if gone {
+                    table.spill_removed(key);
+                }
+                gone
+            })
+            .count();
+        keys.len() - spilled.len() + removed
     }
 
     /// The return addresses of stack `id` (frame 0 first: the call site in
@@ -641,6 +689,11 @@ impl Capture {
                 MAP_LIVE_ALLOCS,
                 live_entries,
                 u64::from(self.config.max_live_blocks),
+            ),
+            (
+                MAP_LIVE_KEYS,
+                self.live_table.as_ref().map_or(0, LiveTable::len),
+                u64::from(self.config.live_table_blocks),
             ),
             (
                 MAP_STACKS,
@@ -806,6 +859,18 @@ where
         map: name,
         reason: e.to_string(),
     })
+}
+
+/// Takes the array map `name` out of `ebpf`, untyped (its values are read
+/// raw or through a mapping).
+fn take_array(ebpf: &mut Ebpf, name: &'static str) -> Result<MapData, CaptureError> {
+    match ebpf.take_map(name) {
+        Some(Map::Array(data)) => Ok(data),
+        _ => Err(CaptureError::Map {
+            map: name,
+            reason: "missing or not an array".into(),
+        }),
+    }
 }
 
 /// An 8-byte aligned copy of an ELF object (object parsing needs alignment).

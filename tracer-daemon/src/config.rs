@@ -96,6 +96,12 @@ pub struct Config {
     /// Capacity of the kernel's live-block map (`LIVE_ALLOCS`) in blocks,
     /// all processes together.
     pub max_live_blocks: u32,
+    /// Blocks of the kernel's preallocated fast live-block table
+    /// (`LIVE_KEYS`, `LIVE_VALUES`), rounded up to 7 times a power of two;
+    /// 0 turns it off. 42 bytes each, allocated at start. A block claims a
+    /// slot there by one compare-and-swap instead of a hash insert; blocks
+    /// beyond it (or in a full bucket of 7) go to `LIVE_ALLOCS`.
+    pub live_table_blocks: u32,
     /// Capacity of the kernel's stack map (`STACKS`) in distinct stacks.
     pub max_stacks: u32,
     /// Capacity of the kernel's per-process map (`PROCS`) in processes.
@@ -167,6 +173,7 @@ impl Default for Config {
             snapshot_interval: 60,
             snapshot_retention: 3600,
             max_live_blocks: 4 * 1024 * 1024,
+            live_table_blocks: 7 << 16,
             max_stacks: 65536,
             max_procs: 65536,
             max_inflight: 65536,
@@ -267,6 +274,9 @@ pub struct Flags {
     /// Capacity of the kernel's live-block map in blocks, all processes together.
     #[arg(long, env = "TRACERD_MAX_LIVE_BLOCKS")]
     pub max_live_blocks: Option<u32>,
+    /// Blocks of the kernel's preallocated fast live-block table (7 x a power of two); 0: off.
+    #[arg(long, env = "TRACERD_LIVE_TABLE_BLOCKS")]
+    pub live_table_blocks: Option<u32>,
     /// Capacity of the kernel's stack map in distinct stacks.
     #[arg(long, env = "TRACERD_MAX_STACKS")]
     pub max_stacks: Option<u32>,
@@ -416,6 +426,13 @@ impl Config {
             1024,
             1 << 26,
             "1024..=67108864",
+        )?;
+        range(
+            "live_table_blocks",
+            self.live_table_blocks.into(),
+            0,
+            1 << 26,
+            "0..=67108864 (blocks; 0: off)",
         )?;
         range(
             "max_stacks",

@@ -13,6 +13,7 @@ pub mod capture;
 pub mod config;
 pub mod control;
 pub mod daemon;
+pub mod live_table;
 pub mod metrics;
 pub mod model;
 pub mod process;

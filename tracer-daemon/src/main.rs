@@ -99,6 +99,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
     let mut capture = Capture::load(CaptureConfig {
         nframe: config.nframe,
         max_live_blocks: config.max_live_blocks,
+        live_table_blocks: config.live_table_blocks,
         max_stacks: config.max_stacks,
         max_procs: config.max_procs,
         max_inflight: config.max_inflight,

@@ -1,5 +1,6 @@
-//! The capacities of the in-flight maps (`INFLIGHT_SLOTS`, `INFLIGHT`) and
-//! of the process-event ring buffer (`EVENTS`) are configurable: the kernel
+//! The capacities of the in-flight maps (`INFLIGHT_SLOTS`, `INFLIGHT`), of
+//! the fast live-block table (`LIVE_KEYS`, `LIVE_VALUES`) and of the
+//! process-event ring buffer (`EVENTS`) are configurable: the kernel
 //! gets what was configured, `/maps` and `/metrics` say it, and when they
 //! fill up tracing degrades with counted drops and never leaves a phantom
 //! leak.
@@ -78,7 +79,7 @@ fn counter(tracerd: &Tracerd, name: &str) -> u64 {
 }
 
 #[test]
-fn configured_in_flight_and_ring_sizes_are_the_kernels_and_maps_and_metrics_say_them() {
+fn configured_in_flight_table_and_ring_sizes_are_the_kernels_and_maps_and_metrics_say_them() {
     let tracerd = Tracerd::start(&[
         "--max-inflight",
         "1000",
@@ -86,8 +87,21 @@ fn configured_in_flight_and_ring_sizes_are_the_kernels_and_maps_and_metrics_say_
         "2048",
         "--events-ring-bytes",
         "65536",
+        "--live-table-blocks",
+        "1000",
     ]);
     let kernel = kernel_maps_of(tracerd.pid());
+    // 1000 blocks: 143 buckets of 7, rounded up to 256 buckets, 1792 blocks.
+    assert_eq!(
+        kernel.get(tracer_common::MAP_LIVE_KEYS),
+        Some(&("array".to_string(), 4, 64, 256)),
+        "{kernel:?}"
+    );
+    assert_eq!(
+        kernel.get(tracer_common::MAP_LIVE_VALUES),
+        Some(&("array".to_string(), 4, 32, 1792)),
+        "{kernel:?}"
+    );
     assert_eq!(
         kernel.get(tracer_common::MAP_INFLIGHT),
         Some(&("hash".to_string(), 8, 24, 1000)),
@@ -111,6 +125,7 @@ fn configured_in_flight_and_ring_sizes_are_the_kernels_and_maps_and_metrics_say_
         (tracer_common::MAP_INFLIGHT, 1000),
         (tracer_common::MAP_INFLIGHT_SLOTS, 2048),
         (tracer_common::MAP_EVENTS, 65536),
+        (tracer_common::MAP_LIVE_KEYS, 1792),
     ] {
         assert_eq!(n(&maps["maps"][map], "capacity"), capacity, "{maps}");
         assert!(n(&maps["maps"][map], "entries") <= capacity, "{maps}");

@@ -415,6 +415,95 @@ fn process_churn_leaves_no_entries_of_exited_processes() {
     assert!(procs < 200, "PROCS holds {procs} entries after churn");
 }
 
+/// 3000 blocks of 48 bytes kept, then every other one freed, then the
+/// rest. stdin and stdout are unbuffered so that stdio allocates nothing.
+const SPILL: &str = r#"
+int main(void) {
+    static void *keep[3000];
+    setvbuf(stdout, NULL, _IONBF, 0);
+    setvbuf(stdin, NULL, _IONBF, 0);
+    say("ready");
+    wait_go();
+    for (int i = 0; i < 3000; i++)
+        keep[i] = malloc(48); /* SPILL_SITE */
+    say("allocated");
+    wait_go();
+    for (int i = 0; i < 3000; i += 2)
+        free(keep[i]);
+    say("half");
+    wait_go();
+    for (int i = 1; i < 3000; i += 2)
+        free(keep[i]);
+    say("freed");
+    wait_go();
+    return 0;
+}
+"#;
+
+/// (allocs, frees, unknown frees, live blocks, current bytes) of `pid`.
+fn totals(tracerd: &Tracerd, pid: u32) -> [u64; 5] {
+    let (status, process) = tracerd.get(&format!("/pid/{pid}"));
+    assert_eq!(status, 200, "{process}");
+    ["allocs", "frees", "unknown_frees", "blocks", "current"].map(|f| {
+        process[f]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{f} in {process}"))
+    })
+}
+
+/// Entries of the fast table and of LIVE_ALLOCS, from GET /maps.
+fn live_entries(tracerd: &Tracerd) -> (u64, u64) {
+    let (_, maps) = tracerd.get("/maps");
+    let entries = |map: &str| {
+        maps["maps"][map]["entries"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{map} in {maps}"))
+    };
+    (
+        entries(tracer_common::MAP_LIVE_KEYS),
+        entries(tracer_common::MAP_LIVE_ALLOCS),
+    )
+}
+
+#[test]
+fn blocks_beyond_a_full_fast_table_spill_and_every_free_finds_them() {
+    let dir = TempDir::new("spill");
+    let (exe, src, source) = fixture(&dir, "spill", SPILL);
+    let line = line_of(&source, "SPILL_SITE");
+    let mut fx = Fixture::spawn(&exe, &[], &[]);
+    fx.expect_line("ready");
+    let pid = fx.pid();
+    // The smallest table (2 buckets of 7) and only this process traced:
+    // its blocks fill both buckets and the other 2986 spill.
+    let pid_s = pid.to_string();
+    let tracerd = Tracerd::start(&["--live-table-blocks", "14", "--scope-pid", &pid_s]);
+    fx.go();
+    fx.expect_line("allocated");
+    tracerd.wait_traced(pid);
+    assert_eq!(totals(&tracerd, pid), [3000, 0, 0, 3000, 144_000]);
+    assert_eq!(live_entries(&tracerd), (14, 2986));
+    let (status, body) = tracerd.get(&format!("/pid/{pid}/statistics?group_by=lineno&limit=0"));
+    assert_eq!(status, 200, "{body}");
+    let stat = stat_at(&body["statistics"], &src, line).expect("the spill site");
+    assert_eq!(
+        (&stat["count"], &stat["size"]),
+        (&3000.into(), &144_000.into())
+    );
+
+    fx.go();
+    fx.expect_line("half");
+    assert_eq!(totals(&tracerd, pid), [3000, 1500, 0, 1500, 72_000]);
+    let (table, spilled) = live_entries(&tracerd);
+    assert_eq!(table + spilled, 1500, "{table} in the table");
+
+    fx.go();
+    fx.expect_line("freed");
+    assert_eq!(totals(&tracerd, pid), [3000, 3000, 0, 0, 0]);
+    assert_eq!(live_entries(&tracerd), (0, 0));
+    fx.go();
+    assert!(fx.finish().success());
+}
+
 const EXEC: &str = r#"
 int main(int argc, char **argv) {
     if (argc > 1) {

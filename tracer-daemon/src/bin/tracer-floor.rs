@@ -15,6 +15,7 @@ fn main() -> anyhow::Result<()> {
     let capture = Capture::load_floor(CaptureConfig {
         nframe: 1,
         max_live_blocks: 1024,
+        live_table_blocks: 0,
         max_stacks: 256,
         max_procs: 64,
         max_inflight: 1,
