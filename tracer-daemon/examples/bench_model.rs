@@ -4,11 +4,13 @@
 //! cumulative included, exactly as the CPython side does on the same files.
 //!
 //! Usage: `bench_model NEW.pickle OLD.pickle OUT_DIR RUNS [OPERATION]`
-//! (only that operation, for profiling). For each
-//! operation it prints `name<TAB>median seconds<TAB>min seconds<TAB>median
-//! user-mode CPU seconds` and writes
-//! the `str()` of every result line to `OUT_DIR/tracer-<name>.txt`, so the
-//! results can be compared line for line with CPython's.
+//! (only that operation, for profiling). It prints `load<TAB>seconds<TAB>
+//! seconds<TAB>user-mode CPU seconds` for loading both files (and the
+//! resident and peak resident memory after loading, on stderr); then for
+//! each operation `name<TAB>median seconds<TAB>min seconds<TAB>median
+//! user-mode CPU seconds`, and writes the `str()` of every result line of
+//! its last run to `OUT_DIR/tracer-<name>.txt`, so the results can be
+//! compared line for line with CPython's.
 use std::{fs, path::PathBuf, time::Instant};
 
 use anyhow::Context as _;
@@ -51,6 +53,14 @@ fn user_seconds() -> f64 {
     usage.ru_utime.tv_sec as f64 + usage.ru_utime.tv_usec as f64 / 1e6
 }
 
+/// A size in KiB from `/proc/self/status`: `VmRSS` (resident now) or
+/// `VmHWM` (peak resident so far).
+fn status_kib(field: &str) -> Option<u64> {
+    let status = fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
 fn load(path: &str) -> anyhow::Result<Snapshot> {
     let bytes = fs::read(path).with_context(|| format!("reading {path}"))?;
     load_tracemalloc(&bytes).with_context(|| format!("parsing {path}"))
@@ -66,12 +76,20 @@ fn main() -> anyhow::Result<()> {
     let runs: usize = runs.parse().context("RUNS is a whole number")?;
     let out = PathBuf::from(out);
     let started = Instant::now();
+    let user_start = user_seconds();
     let new = load(new)?;
     let old = load(old)?;
+    let seconds = started.elapsed().as_secs_f64();
     println!(
-        "load\t{:.6}\t{:.6}",
-        started.elapsed().as_secs_f64(),
-        started.elapsed().as_secs_f64()
+        "load\t{seconds:.6}\t{seconds:.6}\t{:.6}",
+        user_seconds() - user_start
+    );
+    // On stderr: stdout holds timings only, which `cargo xtask bench-model`
+    // reads.
+    eprintln!(
+        "after load: resident {} KiB, peak resident {} KiB",
+        status_kib("VmRSS:").unwrap_or(0),
+        status_kib("VmHWM:").unwrap_or(0)
     );
     for (name, group_by, cumulative, compare) in OPS {
         if only.is_some_and(|only| only != name) {
@@ -80,19 +98,26 @@ fn main() -> anyhow::Result<()> {
         let mut times = Vec::with_capacity(runs);
         let mut user = Vec::with_capacity(runs);
         let mut lines: Vec<String> = Vec::new();
-        for _ in 0..runs.max(1) {
+        for run in 0..runs.max(1) {
+            let last = run + 1 >= runs.max(1);
             let start = Instant::now();
             let user_start = user_seconds();
+            // Only the last run's result is written out (formatting every
+            // run would make profiles of the timed part mostly formatting).
             if compare {
                 let diffs = new.compare_to(&old, group_by, cumulative)?;
                 times.push(start.elapsed().as_secs_f64());
                 user.push(user_seconds() - user_start);
-                lines = diffs.iter().map(ToString::to_string).collect();
+                if last {
+                    lines = diffs.iter().map(ToString::to_string).collect();
+                }
             } else {
                 let stats = new.statistics(group_by, cumulative)?;
                 times.push(start.elapsed().as_secs_f64());
                 user.push(user_seconds() - user_start);
-                lines = stats.iter().map(ToString::to_string).collect();
+                if last {
+                    lines = stats.iter().map(ToString::to_string).collect();
+                }
             }
         }
         times.sort_by(f64::total_cmp);
