@@ -35,6 +35,7 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use super::hash::FxHashMap;
+use super::index::FrameHints;
 use super::snapshot::Snapshot;
 use super::traceback::{Frame, FrameExtra, Trace, Traceback};
 
@@ -506,12 +507,19 @@ pub fn decode(bytes: &[u8]) -> Result<Decoded, DumpError> {
     let n = count(&header, "tracebacks")?;
     r.check_count(n, 2)?;
     let mut tracebacks: Vec<Arc<Traceback>> = Vec::with_capacity(n);
+    // The file's frame numbers, for the snapshot's index.
+    let mut hints = FrameHints {
+        spans: Vec::with_capacity(n),
+        ids: Vec::new(),
+        count: frames.len(),
+    };
     for _ in 0..n {
         let total = r.varint()?;
         let total_nframe = match total {
             0 => None,
             t => Some(u32::try_from(t - 1).map_err(|_| r.fail("total_nframe over 32 bits"))?),
         };
+        let start = hints.ids.len();
         let depth = r.varint()?;
         if depth == 0 {
             return Err(r.fail(format!("traceback {} has no frame", tracebacks.len())));
@@ -523,8 +531,10 @@ pub fn decode(bytes: &[u8]) -> Result<Decoded, DumpError> {
             let i = r.index("frame", frames.len())?;
             if let Some(frame) = frames.get(i) {
                 list.push(frame.clone());
+                hints.ids.push(u32::try_from(i).unwrap_or(u32::MAX));
             }
         }
+        hints.spans.push((start, hints.ids.len()));
         tracebacks.push(Arc::new(Traceback::new(list, total_nframe)));
     }
 
@@ -552,7 +562,7 @@ pub fn decode(bytes: &[u8]) -> Result<Decoded, DumpError> {
     Ok(Decoded {
         // The file's traceback table is the interning when its writer
         // numbered tracebacks by first appearance (this one does).
-        snapshot: Snapshot::with_interned(traces, traceback_limit, tracebacks, ids),
+        snapshot: Snapshot::with_interned(traces, traceback_limit, tracebacks, ids, hints),
         meta,
     })
 }

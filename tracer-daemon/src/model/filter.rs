@@ -21,7 +21,7 @@ use std::sync::Arc;
 use super::fnmatch::Pattern;
 use super::hash::FxHashMap;
 use super::snapshot::Snapshot;
-use super::traceback::{Frame, Trace, Traceback};
+use super::traceback::{Frame, Traceback};
 
 /// tracemalloc's `_normalize_filename`: `os.path.normcase` (nothing on
 /// POSIX), and `x.pyc` becomes `x.py`.
@@ -212,7 +212,6 @@ impl Snapshot {
         // The filters' verdicts on each interned traceback, computed once.
         let interned = self.interned();
         let mut verdicts: Vec<Option<Vec<bool>>> = vec![None; interned.len()];
-        let mut traces = Vec::new();
         let mut kept = Vec::with_capacity(self.traces.len());
         for (trace, &id) in self.traces.iter().zip(interned.ids()) {
             let Some(slot) = verdicts.get_mut(id as usize) else {
@@ -245,12 +244,8 @@ impl Snapshot {
                 .any(|(inclusive, check)| !*inclusive && !matches(check));
             let keep = included && !excluded;
             kept.push(keep);
-            if keep {
-                traces.push(trace_clone(trace));
-            }
         }
-        let subset = interned.subset(&kept);
-        Snapshot::from_subset(traces, self.traceback_limit, subset)
+        self.subset(&kept)
     }
 }
 
@@ -262,18 +257,11 @@ enum Check {
     Pattern(usize),
 }
 
-fn trace_clone(trace: &Trace) -> Trace {
-    Trace {
-        domain: trace.domain,
-        size: trace.size,
-        traceback: Arc::clone(&trace.traceback),
-    }
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used)] // Tests may unwrap (STYLE.md).
 mod tests {
     use super::*;
+    use crate::model::Trace;
 
     fn tb(frames: &[(&str, u32)]) -> Arc<Traceback> {
         Arc::new(Traceback::new(

@@ -1,27 +1,40 @@
 //! Grouping of traces: the core of `statistics()` and `compare_to()`
 //! (tracemalloc's `Snapshot._group_by` and `_compare_grouped_stats`).
 //!
-//! Two stages, so that the per-trace work is a pointer comparison or one
-//! table lookup keyed by an address, with no allocation:
-//! 1. [`distinct_tracebacks`]: sum size and count per distinct
-//!    `Arc<Traceback>` (consecutive traces sharing one are summed before
-//!    any lookup);
-//! 2. [`group_tracebacks`] / [`group_frames`]: group those sums by content,
-//!    once per distinct traceback (or once per frame of it under
-//!    `cumulative`), frames looked up by the address of their file name
-//!    first and compared by text only the first time an address is seen.
+//! For tracemalloc's groupings (`filename`, `lineno`, `traceback`) the
+//! snapshot's [`Index`] numbers every distinct traceback, frame and file
+//! in tracemalloc's sort order, so grouping is additions into dense
+//! arrays:
+//! 1. stage 1 sums size and count per distinct `Arc<Traceback>` (one pass
+//!    over the traces), then per traceback;
+//! 2. stage 2 adds each traceback's totals to its most recent frame, or
+//!    to every frame (each occurrence) under `cumulative`, and frames'
+//!    totals to their files;
+//! 3. the groups' keys (size, count, id; for diffs the differences and
+//!    the position in the merged order of both snapshots' keys) are
+//!    packed into integers and sorted, and the results built in order
+//!    from the index's shared tables.
 //!
-//! Groups come out in order of first appearance in the snapshot, so the
-//! representative chosen for a group (whose `FrameExtra` is reported) does
-//! not depend on hash-table order.
+//! `compare_to()` matches the two snapshots' groups by merging their
+//! ordered files, frames and tracebacks, which also orders the groups
+//! only one of them has.
+//!
+//! The `function` and `module` groupings (not tracemalloc's) group the
+//! distinct `Arc`s by hashing their labels, in order of first appearance.
+//!
+//! Representatives (whose `FrameExtra` a statistic reports) are the first
+//! occurrences in the snapshot, as the index records them: results do not
+//! depend on hash-table or thread order.
 
+use std::cmp::Ordering;
 use std::collections::hash_map::Entry;
 use std::hash::Hash;
 use std::sync::Arc;
 
 use super::hash::FxHashMap;
+use super::index::{Index, Interned, NONE};
 use super::snapshot::{GroupBy, Statistic, StatisticDiff};
-use super::table::{AHEAD, Table, prefetch};
+use super::table::{AHEAD, prefetch};
 use super::traceback::{Frame, FrameExtra, Trace, Traceback, UNKNOWN_FILENAME};
 
 /// Bytes and blocks of one group. Sums saturate instead of wrapping (no
@@ -123,117 +136,10 @@ pub(super) fn sort_parallel<T: Send>(
     merged
 }
 
-/// The distinct `Arc<Traceback>`s of a snapshot's traces, in order of
-/// first appearance, and each trace's index into them: tracebacks interned
-/// as `_tracemalloc` interns them. Loaders and the capture know the
-/// sharing already and hand it over ([`Interned::checked`]); otherwise it is
-/// computed once per snapshot ([`Interned::of`]).
-#[derive(Debug)]
-pub(crate) struct Interned {
-    /// Distinct by address, first appearance first.
-    tracebacks: Vec<Arc<Traceback>>,
-    /// One per trace: its traceback's index in `tracebacks`.
-    ids: Vec<u32>,
-}
-
-impl Interned {
-    /// Interns `traces` by the address of their tracebacks: one table access
-    /// per trace (none within a run of traces sharing one `Arc`), prefetched
-    /// [`AHEAD`] traces in advance.
-    pub(crate) fn of(traces: &[Trace]) -> Self {
-        let mut table: Table<usize, u32> = Table::with_capacity((traces.len() / 4).min(1 << 20));
-        let mut tracebacks: Vec<Arc<Traceback>> = Vec::new();
-        let mut ids = Vec::with_capacity(traces.len());
-        let address = |trace: &Trace| Arc::as_ptr(&trace.traceback) as usize;
-        let mut last: Option<(usize, u32)> = None;
-        for (position, trace) in traces.iter().enumerate() {
-            if let Some(ahead) = traces.get(position + AHEAD) {
-                table.prefetch(&address(ahead));
-            }
-            let key = address(trace);
-            let id = match last {
-                Some((previous, id)) if previous == key => id,
-                _ => {
-                    let next = u32::try_from(tracebacks.len()).unwrap_or(u32::MAX);
-                    let (id, new) = table.get_or_insert(key, || next);
-                    if new {
-                        tracebacks.push(Arc::clone(&trace.traceback));
-                    }
-                    *id
-                }
-            };
-            last = Some((key, id));
-            ids.push(id);
-        }
-        Interned { tracebacks, ids }
-    }
-
-    /// The interning a loader computed, if it is one: an index per trace,
-    /// each naming the very `Arc` of that trace, indices numbered in order
-    /// of first appearance, every traceback used.
-    pub(crate) fn checked(
-        traces: &[Trace],
-        tracebacks: Vec<Arc<Traceback>>,
-        ids: Vec<u32>,
-    ) -> Option<Self> {
-        if ids.len() != traces.len() {
-            return None;
-        }
-        let mut next = 0usize;
-        for (trace, &id) in traces.iter().zip(&ids) {
-            let id = id as usize;
-            if !Arc::ptr_eq(tracebacks.get(id)?, &trace.traceback) || id > next {
-                return None;
-            }
-            if id == next {
-                next += 1;
-            }
-        }
-        (next == tracebacks.len()).then_some(Interned { tracebacks, ids })
-    }
-
-    /// The interning of the traces `keep` accepts, numbered anew.
-    pub(crate) fn subset(&self, keep: &[bool]) -> Self {
-        let mut renumber: Vec<u32> = vec![u32::MAX; self.tracebacks.len()];
-        let mut tracebacks = Vec::new();
-        let mut ids = Vec::new();
-        for (&id, &kept) in self.ids.iter().zip(keep) {
-            if !kept {
-                continue;
-            }
-            let Some(slot) = renumber.get_mut(id as usize) else {
-                continue;
-            };
-            if *slot == u32::MAX {
-                *slot = u32::try_from(tracebacks.len()).unwrap_or(u32::MAX);
-                if let Some(traceback) = self.tracebacks.get(id as usize) {
-                    tracebacks.push(Arc::clone(traceback));
-                }
-            }
-            ids.push(*slot);
-        }
-        Interned { tracebacks, ids }
-    }
-
-    /// Each trace's traceback index.
-    pub(crate) fn ids(&self) -> &[u32] {
-        &self.ids
-    }
-
-    /// How many distinct tracebacks.
-    pub(crate) fn len(&self) -> usize {
-        self.tracebacks.len()
-    }
-}
-
-/// Stage 1: the size and count of the traces of each interned traceback,
-/// in order of first appearance: a dense sum, no table. Equal tracebacks
-/// in different `Arc`s stay apart here and are merged by stage 2. Large
-/// snapshots are summed in two halves on two threads.
-pub(super) fn distinct_tracebacks<'a>(
-    interned: &'a Interned,
-    traces: &[Trace],
-) -> Vec<Distinct<'a>> {
+/// Stage 1: the size and count of the traces of each arc (distinct
+/// `Arc<Traceback>`), in order of first appearance: a dense sum, no table.
+/// Large snapshots are summed in two halves on two threads.
+fn arc_totals(interned: &Interned, traces: &[Trace]) -> Vec<Totals> {
     let n = interned.tracebacks.len();
     let sum = |traces: &[Trace], ids: &[u32]| {
         let mut totals = vec![Totals::default(); n];
@@ -260,40 +166,35 @@ pub(super) fn distinct_tracebacks<'a>(
             interned.ids.get(range).unwrap_or(&[]),
         )
     });
-    let mut halves = halves.into_iter();
-    let mut totals = halves.next().unwrap_or_default();
-    for other in halves {
+    sum_parts(halves)
+}
+
+/// The element-wise sum of `parts` (all of one length).
+fn sum_parts(parts: Vec<Vec<Totals>>) -> Vec<Totals> {
+    let mut parts = parts.into_iter();
+    let mut totals = parts.next().unwrap_or_default();
+    for other in parts {
         for (a, b) in totals.iter_mut().zip(other) {
             a.add(b);
         }
     }
+    totals
+}
+
+/// Stage 1 for the label groupings: the totals of each arc, with the arc.
+/// Equal tracebacks in different `Arc`s stay apart (their frames' extras
+/// may differ).
+pub(super) fn distinct_tracebacks<'a>(
+    interned: &'a Interned,
+    traces: &[Trace],
+) -> Vec<Distinct<'a>> {
     interned
         .tracebacks
         .iter()
-        .zip(totals)
+        .zip(arc_totals(interned, traces))
         .map(|(traceback, totals)| Distinct { traceback, totals })
         .collect()
 }
-
-/// A representative whose statistic reads memory worth fetching ahead.
-pub(super) trait Touch {
-    /// Prefetches what building this group's statistic reads.
-    fn touch(&self) {}
-}
-
-impl Touch for &Arc<Traceback> {
-    fn touch(&self) {
-        prefetch(self.frames().as_ptr().cast());
-    }
-}
-
-impl Touch for FrameRep<'_> {
-    fn touch(&self) {
-        prefetch(self.traceback.frames().as_ptr().cast());
-    }
-}
-
-impl Touch for LabelRep<'_> {}
 
 /// One group: the first key value seen for it (the representative) and
 /// its totals.
@@ -349,74 +250,37 @@ impl<K: Hash + Eq, R> Groups<K, R> {
         }
     }
 
-    /// `Snapshot.statistics()` before sorting.
-    pub(super) fn statistics(self, traceback_of: impl Fn(&R) -> Traceback) -> Vec<Statistic>
-    where
-        R: Touch,
-    {
-        self.labelled_statistics(traceback_of, |_| None)
-    }
-
     /// `Snapshot.statistics()` before sorting, with a label per group.
     fn labelled_statistics(
         self,
         traceback_of: impl Fn(&R) -> Traceback,
         label_of: impl Fn(&R) -> Option<Arc<str>>,
-    ) -> Vec<Statistic>
-    where
-        R: Touch,
-    {
-        let entries = &self.entries;
-        entries
+    ) -> Vec<Statistic> {
+        self.entries
             .iter()
-            .enumerate()
-            .map(|(i, group)| {
-                if let Some(ahead) = entries.get(i + AHEAD) {
-                    ahead.rep.touch();
-                }
-                Statistic {
-                    traceback: traceback_of(&group.rep),
-                    size: group.totals.size,
-                    count: group.totals.count,
-                    label: label_of(&group.rep),
-                }
+            .map(|group| Statistic {
+                traceback: traceback_of(&group.rep),
+                size: group.totals.size,
+                count: group.totals.count,
+                label: label_of(&group.rep),
             })
             .collect()
     }
 
-    /// tracemalloc's `_compare_grouped_stats` (before sorting): every group
-    /// of `self` (new) against the group of the same key in `old` (absent:
-    /// the diff is the whole group), then the groups only in `old`, with
-    /// size and count 0 and negative diffs.
-    pub(super) fn compare_to(
-        &self,
-        old: &Groups<K, R>,
-        key_of: impl Fn(&R) -> K,
-        traceback_of: impl Fn(&R) -> Traceback,
-    ) -> Vec<StatisticDiff>
-    where
-        R: Touch,
-    {
-        self.labelled_compare_to(old, key_of, traceback_of, |_| None)
-    }
-
-    /// [`Groups::compare_to`] with a label per group.
+    /// tracemalloc's `_compare_grouped_stats` (before sorting), with a
+    /// label per group: every group of `self` (new) against the group of
+    /// the same key in `old` (absent: the diff is the whole group), then
+    /// the groups only in `old`, with size and count 0 and negative diffs.
     fn labelled_compare_to(
         &self,
         old: &Groups<K, R>,
         key_of: impl Fn(&R) -> K,
         traceback_of: impl Fn(&R) -> Traceback,
         label_of: impl Fn(&R) -> Option<Arc<str>>,
-    ) -> Vec<StatisticDiff>
-    where
-        R: Touch,
-    {
+    ) -> Vec<StatisticDiff> {
         let mut matched = vec![false; old.entries.len()];
         let mut diffs = Vec::with_capacity(self.entries.len() + old.entries.len());
-        for (i, group) in self.entries.iter().enumerate() {
-            if let Some(ahead) = self.entries.get(i + AHEAD) {
-                ahead.rep.touch();
-            }
+        for group in &self.entries {
             let now = group.totals;
             let mut before = Totals::default();
             if let Some(&slot) = old.index.get(&key_of(&group.rep))
@@ -468,13 +332,502 @@ fn difference(now: u64, before: u64) -> i64 {
     i64::try_from(diff).unwrap_or(if diff < 0 { i64::MIN } else { i64::MAX })
 }
 
-/// Groups by whole traceback (compared by content).
-pub(super) type TracebackGroups<'a> = Groups<&'a Arc<Traceback>, &'a Arc<Traceback>>;
-
-/// Stage 2 for `traceback`: distinct tracebacks merged by content.
-pub(super) fn group_tracebacks<'a>(distinct: &[Distinct<'a>]) -> TracebackGroups<'a> {
-    in_chunks(distinct, distinct.len(), group_tracebacks_part, |rep| *rep)
+/// Stage 1 for tracemalloc's groupings: the totals of each traceback of
+/// `index` (by frames, numbered in traceback order).
+fn traceback_totals(index: &Index, traces: &[Trace]) -> Vec<Totals> {
+    let arcs = arc_totals(&index.interned, traces);
+    let mut totals = vec![Totals::default(); index.tracebacks()];
+    for (arc, &tb) in arcs.iter().zip(&index.arc_tb) {
+        if let Some(slot) = totals.get_mut(tb as usize) {
+            slot.add(*arc);
+        }
+    }
+    totals
 }
+
+/// Stage 2 for `lineno`: the totals of each frame of `index`, from the
+/// most recent frame of each traceback, or from every frame (each
+/// occurrence) under `cumulative`. Under `cumulative` the tracebacks are
+/// split in two halves on two threads when there are many frames.
+fn frame_totals(index: &Index, tb_totals: &[Totals], cumulative: bool) -> Vec<Totals> {
+    let n = index.frames();
+    if !cumulative {
+        let mut totals = vec![Totals::default(); n];
+        for (tb, &top) in tb_totals.iter().zip(&index.tb_top) {
+            if let Some(slot) = totals.get_mut(top as usize) {
+                slot.add(*tb);
+            }
+        }
+        return totals;
+    }
+    let parts = threads_for(index.tb_frames.len()).min(2);
+    let tracebacks = tb_totals.len();
+    // Split where half the frames are.
+    let mid = index
+        .tb_start
+        .partition_point(|&start| start < index.tb_frames.len() / 2)
+        .min(tracebacks);
+    let sums = in_parallel(parts, |part| {
+        let range = match (parts, part) {
+            (1, _) => 0..tracebacks,
+            (_, 0) => 0..mid,
+            _ => mid..tracebacks,
+        };
+        let mut totals = vec![Totals::default(); n];
+        for tb in range {
+            let Some(&add) = tb_totals.get(tb) else {
+                continue;
+            };
+            for &frame in index.tb_frames(tb) {
+                if let Some(slot) = totals.get_mut(frame as usize) {
+                    slot.add(add);
+                }
+            }
+        }
+        totals
+    });
+    sum_parts(sums)
+}
+
+/// Stage 2 for `filename`: the frame totals summed per file.
+fn file_totals(index: &Index, frame_totals: &[Totals]) -> Vec<Totals> {
+    let mut totals = vec![Totals::default(); index.files()];
+    for (frame, &file) in frame_totals.iter().zip(&index.frame_file) {
+        if let Some(slot) = totals.get_mut(file as usize) {
+            slot.add(*frame);
+        }
+    }
+    totals
+}
+
+/// The totals of every group of `index` for a tracemalloc grouping, by
+/// group id: traceback, frame or file ids, which follow tracemalloc's
+/// order of the group keys.
+fn group_totals(
+    index: &Index,
+    traces: &[Trace],
+    group_by: GroupBy,
+    cumulative: bool,
+) -> Vec<Totals> {
+    let tb_totals = traceback_totals(index, traces);
+    match group_by {
+        GroupBy::Traceback => tb_totals,
+        GroupBy::Filename => file_totals(index, &frame_totals(index, &tb_totals, cumulative)),
+        _ => frame_totals(index, &tb_totals, cumulative),
+    }
+}
+
+/// The statistic's traceback for group `id` of `index` under a
+/// tracemalloc grouping, from the index's tables (see [`Index`]):
+/// - `traceback`: the representative's frames without `total_nframe`, as
+///   tracemalloc's `Traceback(frames)`;
+/// - `lineno`: the representative's frame itself (its extra included);
+/// - `filename`: `filename:0` with no extra (a function and address would
+///   describe one arbitrary line of the file).
+fn group_traceback(index: &Index, id: u32, group_by: GroupBy, cumulative: bool) -> Traceback {
+    let i = id as usize;
+    let view = match group_by {
+        GroupBy::Traceback => index.tb_views.get(i).cloned(),
+        GroupBy::Filename => index
+            .file_hash
+            .get(i)
+            .and_then(|&hash| Traceback::one_frame_of(&index.file_frames, i, hash)),
+        _ => {
+            let table = if cumulative {
+                &index.first_frames
+            } else {
+                &index.top_frames
+            };
+            index
+                .frame_hash
+                .get(i)
+                .and_then(|&hash| Traceback::one_frame_of(table, i, hash))
+        }
+    };
+    view.unwrap_or_else(|| Traceback::new(Vec::new(), None))
+}
+
+/// Prefetches what [`group_traceback`] reads for group `id` of a
+/// `traceback` grouping (the others read shared tables): the view when
+/// `far`, else the reference count its clone increments.
+fn touch(index: &Index, id: u32, group_by: GroupBy, far: bool) {
+    if group_by != GroupBy::Traceback {
+        return;
+    }
+    if let Some(view) = index.tb_views.get(id as usize) {
+        if far {
+            prefetch(std::ptr::from_ref(view).cast());
+        } else {
+            prefetch(view.clone_target());
+        }
+    }
+}
+
+/// Builds `make(i)` for every `i` in `0..n`, in order, on this thread:
+/// the clones of the index's shared tables increment one reference count,
+/// which two threads would pass back and forth.
+fn build<T>(n: usize, make: impl Fn(usize) -> T) -> Vec<T> {
+    (0..n).map(make).collect()
+}
+
+/// A statistic's sort key: biggest first by size, count, then group id
+/// (tracemalloc's traceback order), all descending.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct StatKey {
+    size: u64,
+    count: u64,
+    id: u32,
+}
+
+/// `Snapshot.statistics()` for `filename`, `lineno` and `traceback`,
+/// sorted: the groups of the index with their totals, biggest first.
+pub(super) fn statistics(
+    index: &Index,
+    traces: &[Trace],
+    group_by: GroupBy,
+    cumulative: bool,
+) -> Vec<Statistic> {
+    let totals = group_totals(index, traces, group_by, cumulative);
+    let keys: Vec<StatKey> = totals
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| t.count > 0)
+        .map(|(id, t)| StatKey {
+            size: t.size,
+            count: t.count,
+            id: u32::try_from(id).unwrap_or(NONE),
+        })
+        .collect();
+    let keys = sort_statistics(keys);
+    build(keys.len(), |i| {
+        if let Some(far) = keys.get(i + 2 * AHEAD) {
+            touch(index, far.id, group_by, true);
+        }
+        if let Some(ahead) = keys.get(i + AHEAD) {
+            touch(index, ahead.id, group_by, false);
+        }
+        let key = keys.get(i).copied().unwrap_or(StatKey {
+            size: 0,
+            count: 0,
+            id: NONE,
+        });
+        Statistic {
+            traceback: group_traceback(index, key.id, group_by, cumulative),
+            size: key.size,
+            count: key.count,
+            label: None,
+        }
+    })
+}
+
+/// Sorts statistic keys biggest first.
+fn sort_statistics(keys: Vec<StatKey>) -> Vec<StatKey> {
+    sort_packed(
+        keys,
+        |k| [k.size, k.count, u64::from(k.id)],
+        |[size, count, id]| StatKey {
+            size,
+            count,
+            id: u32::try_from(id).unwrap_or(NONE),
+        },
+    )
+}
+
+/// Bits needed to hold `x`.
+fn width(x: u64) -> u32 {
+    u64::BITS - x.leading_zeros()
+}
+
+/// Sorts `items` biggest first by their `fields` (most significant first;
+/// `T`'s own order must be the same). When the fields' values fit in 64
+/// (or 128) bits together, which they do in practice, each item is packed
+/// into one `u64` (`u128`) and unpacked after: integers sort several times
+/// faster than structs.
+fn sort_packed<T: Ord + Send, const N: usize>(
+    items: Vec<T>,
+    fields: impl Fn(&T) -> [u64; N],
+    unpack: impl Fn([u64; N]) -> T,
+) -> Vec<T> {
+    let mut widths = [0u32; N];
+    for item in &items {
+        for (w, value) in widths.iter_mut().zip(fields(item)) {
+            *w = (*w).max(width(value));
+        }
+    }
+    let total: u32 = widths.iter().sum();
+    let pack = |item: &T| -> u128 {
+        let mut packed = 0u128;
+        for (&w, value) in widths.iter().zip(fields(item)) {
+            packed = (packed << w) | u128::from(value);
+        }
+        packed
+    };
+    let unpack_from = |mut packed: u128| -> T {
+        let mut values = [0u64; N];
+        for (&w, value) in widths.iter().zip(values.iter_mut()).rev() {
+            let mask = (1u128 << w) - 1;
+            *value = (packed & mask) as u64;
+            packed >>= w;
+        }
+        unpack(values)
+    };
+    if total <= 64 {
+        let packed: Vec<u64> = items.iter().map(|item| pack(item) as u64).collect();
+        sort_parallel(packed, |a, b| b.cmp(a))
+            .into_iter()
+            .map(|p| unpack_from(u128::from(p)))
+            .collect()
+    } else if total <= 128 {
+        let packed: Vec<u128> = items.iter().map(pack).collect();
+        sort_parallel(packed, |a, b| b.cmp(a))
+            .into_iter()
+            .map(unpack_from)
+            .collect()
+    } else {
+        sort_parallel(items, |a, b| b.cmp(a))
+    }
+}
+
+/// The merge of two ascending id sequences `0..new` and `0..old` whose
+/// items `cmp` compares across: every item once, ascending, as
+/// `(new id, old id)` pairs with [`NONE`] for the side that lacks it.
+fn merge(new: usize, old: usize, cmp: impl Fn(u32, u32) -> Ordering) -> Vec<(u32, u32)> {
+    let mut merged = Vec::with_capacity(new.max(old));
+    let (mut i, mut j) = (0u32, 0u32);
+    let (new, old) = (
+        u32::try_from(new).unwrap_or(NONE),
+        u32::try_from(old).unwrap_or(NONE),
+    );
+    while i < new || j < old {
+        let order = if i == new {
+            Ordering::Greater
+        } else if j == old {
+            Ordering::Less
+        } else {
+            cmp(i, j)
+        };
+        match order {
+            Ordering::Less => {
+                merged.push((i, NONE));
+                i += 1;
+            }
+            Ordering::Greater => {
+                merged.push((NONE, j));
+                j += 1;
+            }
+            Ordering::Equal => {
+                merged.push((i, j));
+                i += 1;
+                j += 1;
+            }
+        }
+    }
+    merged
+}
+
+/// Each item's position in `merged`, for the new and the old side.
+fn positions(merged: &[(u32, u32)], new: usize, old: usize) -> (Vec<u32>, Vec<u32>) {
+    let mut new_pos = vec![NONE; new];
+    let mut old_pos = vec![NONE; old];
+    for (k, &(a, b)) in merged.iter().enumerate() {
+        let k = u32::try_from(k).unwrap_or(NONE);
+        if let Some(slot) = new_pos.get_mut(a as usize) {
+            *slot = k;
+        }
+        if let Some(slot) = old_pos.get_mut(b as usize) {
+            *slot = k;
+        }
+    }
+    (new_pos, old_pos)
+}
+
+/// The groups of two snapshots matched by key, in ascending key order:
+/// `(new group id, old group id)`, [`NONE`] where a snapshot lacks the
+/// key. Files are merged by name, frames by (merged file, line), and
+/// tracebacks by their frames' merged positions, oldest first.
+fn matched_groups(new: &Index, old: &Index, group_by: GroupBy) -> Vec<(u32, u32)> {
+    let files = merge(new.files(), old.files(), |a, b| {
+        match (new.file(a), old.file(b)) {
+            (Some(x), Some(y)) if Arc::ptr_eq(x, y) => Ordering::Equal,
+            (Some(x), Some(y)) => x.cmp(y),
+            _ => Ordering::Equal,
+        }
+    });
+    if group_by == GroupBy::Filename {
+        return files;
+    }
+    let (new_file, old_file) = positions(&files, new.files(), old.files());
+    let frame_key = |index: &Index, file_pos: &[u32], f: u32| {
+        let i = f as usize;
+        let file = index.frame_file.get(i).copied().unwrap_or(NONE);
+        (
+            file_pos.get(file as usize).copied().unwrap_or(NONE),
+            index.frame_lineno.get(i).copied().unwrap_or(0),
+        )
+    };
+    let frames = merge(new.frames(), old.frames(), |a, b| {
+        frame_key(new, &new_file, a).cmp(&frame_key(old, &old_file, b))
+    });
+    if group_by != GroupBy::Traceback {
+        return frames;
+    }
+    let (new_frame, old_frame) = positions(&frames, new.frames(), old.frames());
+    let position = |pos: &[u32], f: &u32| pos.get(*f as usize).copied().unwrap_or(NONE);
+    merge(new.tracebacks(), old.tracebacks(), |a, b| {
+        let x = new.tb_frames(a as usize);
+        let y = old.tb_frames(b as usize);
+        x.iter()
+            .map(|f| position(&new_frame, f))
+            .cmp(y.iter().map(|f| position(&old_frame, f)))
+    })
+}
+
+/// A diff's sort key: biggest first by `|size_diff|`, size,
+/// `|count_diff|`, count, then the position of its key in the merged key
+/// order (tracemalloc's traceback order), all descending; then the signs
+/// of the differences (positions are unique: they never decide).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct DiffKey {
+    size_diff: u64,
+    size: u64,
+    count_diff: u64,
+    count: u64,
+    position: u32,
+    /// Bit 1: `size_diff` is negative; bit 0: `count_diff` is.
+    negative: u8,
+}
+
+impl DiffKey {
+    fn signed(magnitude: u64, negative: bool) -> i64 {
+        // Magnitudes come from `i64::unsigned_abs`: at most 2^63.
+        let value = i64::try_from(magnitude).unwrap_or(i64::MAX);
+        if negative {
+            if magnitude > i64::MAX as u64 {
+                i64::MIN
+            } else {
+                -value
+            }
+        } else {
+            value
+        }
+    }
+}
+
+/// Sorts diff keys biggest first.
+fn sort_diffs(keys: Vec<DiffKey>) -> Vec<DiffKey> {
+    sort_packed(
+        keys,
+        |k| {
+            [
+                k.size_diff,
+                k.size,
+                k.count_diff,
+                k.count,
+                u64::from(k.position),
+                u64::from(k.negative),
+            ]
+        },
+        |[size_diff, size, count_diff, count, position, negative]| DiffKey {
+            size_diff,
+            size,
+            count_diff,
+            count,
+            position: u32::try_from(position).unwrap_or(NONE),
+            negative: u8::try_from(negative).unwrap_or(0),
+        },
+    )
+}
+
+/// `Snapshot.compare_to()` for `filename`, `lineno` and `traceback`,
+/// sorted: every group of either snapshot (groups only in `old` with size
+/// and count 0), the traceback taken from `new` when it has the group.
+pub(super) fn compare_to(
+    (new, new_traces): (&Index, &[Trace]),
+    (old, old_traces): (&Index, &[Trace]),
+    group_by: GroupBy,
+    cumulative: bool,
+) -> Vec<StatisticDiff> {
+    let now = group_totals(new, new_traces, group_by, cumulative);
+    let before = group_totals(old, old_traces, group_by, cumulative);
+    let matched = matched_groups(new, old, group_by);
+    let get = |totals: &[Totals], id: u32| totals.get(id as usize).copied().unwrap_or_default();
+    let mut keys = Vec::with_capacity(matched.len());
+    // Per position: the group's id in `new` when it has the group, else
+    // its id in `old` with the `OLD` flag.
+    let mut source: Vec<u64> = Vec::with_capacity(matched.len());
+    for (position, &(a, b)) in matched.iter().enumerate() {
+        let n = get(&now, a);
+        let o = get(&before, b);
+        source.push(if n.count > 0 {
+            u64::from(a)
+        } else {
+            u64::from(b) | OLD
+        });
+        if n.count == 0 && o.count == 0 {
+            continue;
+        }
+        let size_diff = difference(n.size, o.size);
+        let count_diff = difference(n.count, o.count);
+        keys.push(DiffKey {
+            size_diff: size_diff.unsigned_abs(),
+            size: n.size,
+            count_diff: count_diff.unsigned_abs(),
+            count: n.count,
+            position: u32::try_from(position).unwrap_or(NONE),
+            negative: (u8::from(size_diff < 0) << 1) | u8::from(count_diff < 0),
+        });
+    }
+    drop((now, before, matched));
+    let keys = sort_diffs(keys);
+    let group = |key: &DiffKey| {
+        let id = source
+            .get(key.position as usize)
+            .copied()
+            .unwrap_or(u64::from(NONE));
+        let index = if id & OLD == 0 { new } else { old };
+        (index, id as u32)
+    };
+    // Three dependent reads per traceback group (its source, its view,
+    // the reference count): fetched ahead at three distances.
+    let traceback = group_by == GroupBy::Traceback;
+    build(keys.len(), |i| {
+        if traceback {
+            if let Some(far) = keys.get(i + 2 * AHEAD)
+                && let Some(source) = source.get(far.position as usize)
+            {
+                prefetch(std::ptr::from_ref(source).cast());
+            }
+            if let Some(ahead) = keys.get(i + AHEAD) {
+                let (index, id) = group(ahead);
+                touch(index, id, group_by, true);
+            }
+            if let Some(ahead) = keys.get(i + AHEAD / 2) {
+                let (index, id) = group(ahead);
+                touch(index, id, group_by, false);
+            }
+        }
+        let key = keys.get(i).copied().unwrap_or(DiffKey {
+            size_diff: 0,
+            size: 0,
+            count_diff: 0,
+            count: 0,
+            position: NONE,
+            negative: 0,
+        });
+        let (index, id) = group(&key);
+        StatisticDiff {
+            traceback: group_traceback(index, id, group_by, cumulative),
+            size: key.size,
+            size_diff: DiffKey::signed(key.size_diff, key.negative & 2 != 0),
+            count: key.count,
+            count_diff: DiffKey::signed(key.count_diff, key.negative & 1 != 0),
+            label: None,
+        }
+    })
+}
+
+/// The flag of an id in `old` in [`compare_to`]'s sources.
+const OLD: u64 = 1 << 32;
 
 /// Runs `part` over contiguous chunks of `distinct` on several threads
 /// (as many as `work` items call for) and merges the chunks' groups in
@@ -502,44 +855,6 @@ fn in_chunks<'a, K: Hash + Eq + Send, R: Copy + Send>(
     merged
 }
 
-fn group_tracebacks_part<'a>(distinct: &[Distinct<'a>]) -> TracebackGroups<'a> {
-    let mut groups = Groups::new();
-    groups.index.reserve(distinct.len());
-    for (i, d) in distinct.iter().enumerate() {
-        // The table hashes the traceback (its hash is stored in it): fetch
-        // the traceback ahead.
-        if let Some(ahead) = distinct.get(i + AHEAD) {
-            prefetch(Arc::as_ptr(ahead.traceback).cast());
-        }
-        let slot = groups.slot(d.traceback, || d.traceback);
-        groups.add(slot, d.totals);
-    }
-    groups
-}
-
-/// The statistic's traceback for a `traceback` group: the same frames
-/// without `total_nframe`, as tracemalloc's `Traceback(frames)`.
-pub(super) fn traceback_group_traceback(traceback: &&Arc<Traceback>) -> Traceback {
-    traceback.without_total_nframe()
-}
-
-/// Representative of a `lineno` or `filename` group: the first frame seen
-/// and the group's line number (0 for `filename`).
-#[derive(Clone, Copy)]
-pub(super) struct FrameRep<'a> {
-    /// The traceback it was seen in, and its index there.
-    traceback: &'a Traceback,
-    index: usize,
-    frame: &'a Frame,
-    lineno: u32,
-}
-
-/// Key of a frame group: `(filename, lineno)`, lineno 0 for `filename`.
-pub(super) type FrameKey<'a> = (&'a str, u32);
-
-/// Groups by frame or file name.
-pub(super) type FrameGroups<'a> = Groups<FrameKey<'a>, FrameRep<'a>>;
-
 /// Work items of a pass over the frames of `distinct`: one frame each, or
 /// about 8 (a deep traceback's) under `cumulative`; it sets the threads.
 fn frame_work(distinct: &[Distinct<'_>], cumulative: bool) -> usize {
@@ -548,101 +863,6 @@ fn frame_work(distinct: &[Distinct<'_>], cumulative: bool) -> usize {
     } else {
         distinct.len()
     }
-}
-
-/// Stage 2 for `lineno` and `filename`: the most recent frame of each
-/// distinct traceback, or every frame of it (each occurrence) under
-/// `cumulative`.
-pub(super) fn group_frames<'a>(
-    distinct: &[Distinct<'a>],
-    group_by: GroupBy,
-    cumulative: bool,
-) -> FrameGroups<'a> {
-    let work = frame_work(distinct, cumulative);
-    in_chunks(
-        distinct,
-        work,
-        |chunk| group_frames_part(chunk, group_by, cumulative),
-        frame_key,
-    )
-}
-
-fn group_frames_part<'a>(
-    distinct: &[Distinct<'a>],
-    group_by: GroupBy,
-    cumulative: bool,
-) -> FrameGroups<'a> {
-    let keep_lineno = group_by == GroupBy::Lineno;
-    let mut groups = Groups::new();
-    // File names are usually shared `Arc<str>`s: find a group by the
-    // name's address and line, and compare text only for a new address.
-    let mut by_address: Table<(usize, u32), u32> = Table::with_capacity(
-        if cumulative {
-            distinct.len()
-        } else {
-            distinct.len() / 2
-        }
-        .min(1 << 18),
-    );
-    groups.index.reserve(distinct.len().min(1 << 16));
-    for (i, d) in distinct.iter().enumerate() {
-        // Two dependent misses per traceback (the traceback, then its
-        // frames): fetch the traceback 2 * AHEAD ahead and its frames AHEAD
-        // ahead.
-        if let Some(far) = distinct.get(i + 2 * AHEAD) {
-            prefetch(Arc::as_ptr(far.traceback).cast());
-        }
-        if let Some(ahead) = distinct.get(i + AHEAD) {
-            prefetch(ahead.traceback.frames().as_ptr().cast());
-        }
-        let traceback: &'a Traceback = d.traceback;
-        let frames = traceback.frames();
-        let selected = if cumulative {
-            frames
-        } else {
-            frames.get(..1).unwrap_or(&[])
-        };
-        for (index, frame) in selected.iter().enumerate() {
-            let lineno = if keep_lineno { frame.lineno } else { 0 };
-            let address = (frame.filename.as_ptr() as usize, lineno);
-            let (slot, new) = by_address.get_or_insert(address, || 0);
-            if new {
-                let key = (&*frame.filename, lineno);
-                let group = groups.slot(key, || FrameRep {
-                    traceback,
-                    index,
-                    frame,
-                    lineno,
-                });
-                *slot = u32::try_from(group).unwrap_or(u32::MAX);
-            }
-            groups.add(*slot as usize, d.totals);
-        }
-    }
-    groups
-}
-
-/// Key of a frame group, from its representative.
-pub(super) fn frame_key<'a>(rep: &FrameRep<'a>) -> FrameKey<'a> {
-    (&*rep.frame.filename, rep.lineno)
-}
-
-/// The statistic's one-frame traceback for a `lineno` or `filename` group.
-/// A `filename` group's frame has lineno 0 and no `extra` (a function and
-/// address would describe one arbitrary line of the file).
-pub(super) fn frame_group_traceback(rep: &FrameRep<'_>, group_by: GroupBy) -> Traceback {
-    if group_by == GroupBy::Lineno
-        && let Some(view) = rep.traceback.frame_view(rep.index)
-    {
-        // The frame itself, extra included, shared with the trace's
-        // traceback.
-        return view;
-    }
-    Traceback::from_frame(Frame {
-        filename: Arc::clone(&rep.frame.filename),
-        lineno: rep.lineno,
-        extra: None,
-    })
 }
 
 /// Representative of a `function` or `module` group: its label and the
@@ -774,34 +994,8 @@ mod tests {
         }
     }
 
-    #[test]
-    fn interning_from_a_loader_is_checked_and_subsets_renumber() {
-        let a = Arc::new(Traceback::new(vec![Frame::new("a.c", 1)], None));
-        let b = Arc::new(Traceback::new(vec![Frame::new("b.c", 2)], None));
-        let traces = [trace(1, &a), trace(2, &b), trace(4, &a)];
-        let good = Interned::checked(&traces, vec![Arc::clone(&a), Arc::clone(&b)], vec![0, 1, 0]);
-        assert_eq!(good.as_ref().map(Interned::ids), Some(&[0, 1, 0][..]));
-        // Not in order of first appearance, another Arc, unused, short.
-        assert!(
-            Interned::checked(&traces, vec![Arc::clone(&b), Arc::clone(&a)], vec![1, 0, 1])
-                .is_none()
-        );
-        let copy = Arc::new(Traceback::new(vec![Frame::new("a.c", 1)], None));
-        assert!(Interned::checked(&traces, vec![copy, Arc::clone(&b)], vec![0, 1, 0]).is_none());
-        assert!(
-            Interned::checked(
-                &traces,
-                vec![Arc::clone(&a), Arc::clone(&b), Arc::clone(&b)],
-                vec![0, 1, 0]
-            )
-            .is_none()
-        );
-        assert!(
-            Interned::checked(&traces, vec![Arc::clone(&a), Arc::clone(&b)], vec![0, 1]).is_none()
-        );
-        let subset = Interned::of(&traces).subset(&[false, true, true]);
-        assert_eq!(subset.ids(), [0, 1]);
-        assert_eq!(subset.len(), 2);
+    fn index_of(traces: &[Trace]) -> Index {
+        Index::build(Interned::of(traces), None)
     }
 
     #[test]
@@ -833,18 +1027,12 @@ mod tests {
                 (Arc::as_ptr(&a_copy), totals(16, 1)),
             ]
         );
-        let groups = group_tracebacks(&distinct);
-        let merged: Vec<(*const Traceback, Totals)> = groups
-            .entries
-            .iter()
-            .map(|g| (Arc::as_ptr(g.rep), g.totals))
-            .collect();
+        // By traceback, equal frames in separate arcs are one group, in
+        // traceback order (a.c before b.c).
+        let index = index_of(&traces);
         assert_eq!(
-            merged,
-            [
-                (Arc::as_ptr(&b), totals(9, 2)),
-                (Arc::as_ptr(&a), totals(54, 4)),
-            ]
+            group_totals(&index, &traces, GroupBy::Traceback, false),
+            [totals(54, 4), totals(9, 2)]
         );
     }
 
@@ -863,26 +1051,94 @@ mod tests {
         ));
         let two = Arc::new(Traceback::new(vec![frame(&separate, 2)], None));
         let traces = [trace(10, &one), trace(5, &two)];
-        let interned = Interned::of(&traces);
-        let distinct = distinct_tracebacks(&interned, &traces);
-        let groups = group_frames(&distinct, GroupBy::Lineno, true);
-        let found: Vec<(FrameKey<'_>, Totals)> = groups
-            .entries
-            .iter()
-            .map(|g| (frame_key(&g.rep), g.totals))
-            .collect();
+        let index = index_of(&traces);
+        assert_eq!(index.frames(), 2);
         assert_eq!(
-            found,
-            [
-                (("a.c", 1), Totals { size: 20, count: 2 }),
-                (("a.c", 2), Totals { size: 15, count: 2 }),
-            ]
+            group_totals(&index, &traces, GroupBy::Lineno, true),
+            [Totals { size: 20, count: 2 }, Totals { size: 15, count: 2 }]
         );
-        let groups = group_frames(&distinct, GroupBy::Filename, false);
-        assert_eq!(groups.entries.len(), 1);
         assert_eq!(
-            groups.entries.first().map(|g| g.totals),
-            Some(Totals { size: 15, count: 2 })
+            group_totals(&index, &traces, GroupBy::Lineno, false),
+            [Totals { size: 10, count: 1 }, Totals { size: 5, count: 1 }]
+        );
+        assert_eq!(
+            group_totals(&index, &traces, GroupBy::Filename, false),
+            [Totals { size: 15, count: 2 }]
+        );
+    }
+
+    #[test]
+    fn merge_pairs_equal_items_and_keeps_the_rest_in_order() {
+        let new = [1, 3, 5, 7];
+        let old = [2, 3, 7, 9];
+        let merged = merge(new.len(), old.len(), |a, b| {
+            new[a as usize].cmp(&old[b as usize])
+        });
+        assert_eq!(
+            merged,
+            [(0, NONE), (NONE, 0), (1, 1), (2, NONE), (3, 2), (NONE, 3)]
+        );
+        assert_eq!(
+            positions(&merged, 4, 4),
+            (vec![0, 2, 3, 4], vec![1, 2, 4, 5])
+        );
+        assert!(merge(0, 0, |_, _| Ordering::Equal).is_empty());
+    }
+
+    #[test]
+    fn packed_sorts_equal_the_struct_sort_whatever_the_widths() {
+        let mut seed = 7u64;
+        let mut next = move |bits: u32| {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 11) >> (53 - bits.min(53))
+        };
+        // Small values (one u64), wider ones (one u128), and full-width
+        // ones (no packing).
+        for bits in [4, 20, 53] {
+            let keys: Vec<StatKey> = (0..2000)
+                .map(|id| StatKey {
+                    size: next(bits),
+                    count: next(bits.min(20)),
+                    id,
+                })
+                .collect();
+            let mut expected = keys.clone();
+            expected.sort_by(|a, b| b.cmp(a));
+            assert!(sort_statistics(keys) == expected, "{bits} bits");
+            let diffs: Vec<DiffKey> = (0..2000)
+                .map(|position| DiffKey {
+                    size_diff: next(bits),
+                    size: next(bits),
+                    count_diff: next(bits.min(8)),
+                    count: next(bits.min(8)),
+                    position,
+                    negative: (next(2) & 3) as u8,
+                })
+                .collect();
+            let mut expected = diffs.clone();
+            expected.sort_by(|a, b| b.cmp(a));
+            assert!(sort_diffs(diffs) == expected, "{bits} bits");
+        }
+        let huge = vec![
+            StatKey {
+                size: u64::MAX,
+                count: u64::MAX,
+                id: 1,
+            },
+            StatKey {
+                size: u64::MAX,
+                count: u64::MAX,
+                id: 2,
+            },
+        ];
+        assert_eq!(
+            sort_statistics(huge)
+                .iter()
+                .map(|k| k.id)
+                .collect::<Vec<_>>(),
+            [2, 1]
         );
     }
 }

@@ -45,6 +45,7 @@ mod fnmatch;
 mod format;
 mod group;
 mod hash;
+mod index;
 mod intern;
 mod pickle;
 mod snapshot;

@@ -22,6 +22,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::hash::FxHashMap;
+use super::index::FrameHints;
 use super::snapshot::Snapshot;
 use super::traceback::{Frame, Trace, Traceback};
 
@@ -655,12 +656,20 @@ fn opcode_name(op: u8) -> &'static str {
 /// A traceback's shared `Arc` and its index in order of first appearance.
 type Interned = (Arc<Traceback>, u32);
 
+/// A traceback tuple's frames, and where their numbers are in the hints.
+type FrameList = (Arc<[Frame]>, (usize, usize));
+
 /// Builds the model's snapshot from the parsed values.
 struct Converter<'h> {
     heap: &'h Heap,
     names: FxHashMap<u32, Arc<str>>,
-    frames: FxHashMap<u32, Frame>,
-    frame_lists: FxHashMap<u32, Arc<[Frame]>>,
+    /// Each frame tuple: its frame and number (the index's hint).
+    frames: FxHashMap<u32, (Frame, u32)>,
+    /// Each traceback tuple: its frames and where their numbers are in
+    /// `hints.ids`.
+    frame_lists: FxHashMap<u32, FrameList>,
+    /// The frame numbers of each distinct `Arc`, for the snapshot's index.
+    hints: FrameHints,
     /// Each traceback tuple (with its total_nframe): its `Arc` and interned
     /// index.
     tracebacks: FxHashMap<(u32, Option<u32>), Interned>,
@@ -668,6 +677,27 @@ struct Converter<'h> {
     by_content: HashMap<(Arc<Traceback>, Option<u32>), Interned>,
     /// The distinct `Arc`s in order of first appearance.
     interned: Vec<Arc<Traceback>>,
+}
+
+/// A converted snapshot, before indexing.
+struct Parts {
+    traces: Vec<Trace>,
+    traceback_limit: u32,
+    tracebacks: Vec<Arc<Traceback>>,
+    ids: Vec<u32>,
+    hints: FrameHints,
+}
+
+impl Parts {
+    fn into_snapshot(self) -> Snapshot {
+        Snapshot::with_interned(
+            self.traces,
+            self.traceback_limit,
+            self.tracebacks,
+            self.ids,
+            self.hints,
+        )
+    }
 }
 
 /// Where a value is, for error messages (formatted only on error).
@@ -775,15 +805,16 @@ impl Converter<'_> {
         Ok(name)
     }
 
-    fn frame(&mut self, value: Value, at: At) -> Result<Frame, PickleError> {
+    /// The frame of a `(filename, lineno)` tuple, and its number.
+    fn frame(&mut self, value: Value, at: At) -> Result<(Frame, u32), PickleError> {
         let Value::Tuple(index) = value else {
             return Err(shape(format!(
                 "{at} is a {}, not a (filename, lineno) tuple",
                 value.kind()
             )));
         };
-        if let Some(frame) = self.frames.get(&index) {
-            return Ok(frame.clone());
+        if let Some((frame, number)) = self.frames.get(&index) {
+            return Ok((frame.clone(), *number));
         }
         let &[filename, lineno] = self.heap.tuple(index) else {
             return Err(shape(format!("{at} is not a (filename, lineno) pair")));
@@ -793,8 +824,10 @@ impl Converter<'_> {
             lineno: int_in(lineno, at.field("lineno"), "0 to 4294967295")?,
             extra: None,
         };
-        self.frames.insert(index, frame.clone());
-        Ok(frame)
+        let number = u32::try_from(self.frames.len()).unwrap_or(u32::MAX);
+        self.frames.insert(index, (frame.clone(), number));
+        self.hints.count = self.frames.len();
+        Ok((frame, number))
     }
 
     fn traceback(
@@ -812,8 +845,8 @@ impl Converter<'_> {
         if let Some((tb, id)) = self.tracebacks.get(&(index, total_nframe)) {
             return Ok((Arc::clone(tb), *id));
         }
-        let frames = match self.frame_lists.get(&index) {
-            Some(frames) => Arc::clone(frames),
+        let (frames, span) = match self.frame_lists.get(&index) {
+            Some((frames, span)) => (Arc::clone(frames), *span),
             None => {
                 let items = self.heap.tuple(index);
                 if items.is_empty() {
@@ -822,12 +855,16 @@ impl Converter<'_> {
                     )));
                 }
                 let mut frames = Vec::with_capacity(items.len());
+                let start = self.hints.ids.len();
                 for (i, &item) in items.iter().enumerate() {
-                    frames.push(self.frame(item, at.frame(i))?);
+                    let (frame, number) = self.frame(item, at.frame(i))?;
+                    frames.push(frame);
+                    self.hints.ids.push(number);
                 }
+                let span = (start, self.hints.ids.len());
                 let frames: Arc<[Frame]> = Arc::from(frames);
-                self.frame_lists.insert(index, Arc::clone(&frames));
-                frames
+                self.frame_lists.insert(index, (Arc::clone(&frames), span));
+                (frames, span)
             }
         };
         let fresh = Arc::new(Traceback::from_frames(frames, total_nframe));
@@ -841,13 +878,14 @@ impl Converter<'_> {
         };
         if id == next {
             self.interned.push(Arc::clone(&traceback));
+            self.hints.spans.push(span);
         }
         self.tracebacks
             .insert((index, total_nframe), (Arc::clone(&traceback), id));
         Ok((traceback, id))
     }
 
-    fn snapshot(&mut self, root: Value) -> Result<Snapshot, PickleError> {
+    fn snapshot(&mut self, root: Value) -> Result<Parts, PickleError> {
         let state = self.object_state(root, Class::Snapshot, "the pickled object")?;
         let limit = self
             .heap
@@ -904,8 +942,13 @@ impl Converter<'_> {
             });
             ids.push(id);
         }
-        let interned = std::mem::take(&mut self.interned);
-        Ok(Snapshot::with_interned(out, traceback_limit, interned, ids))
+        Ok(Parts {
+            traces: out,
+            traceback_limit,
+            tracebacks: std::mem::take(&mut self.interned),
+            ids,
+            hints: std::mem::take(&mut self.hints),
+        })
     }
 }
 
@@ -952,8 +995,13 @@ pub fn load_tracemalloc(bytes: &[u8]) -> Result<Snapshot, PickleError> {
         tracebacks: FxHashMap::default(),
         by_content: HashMap::new(),
         interned: Vec::new(),
+        hints: FrameHints::default(),
     };
-    converter.snapshot(root)
+    let parts = converter.snapshot(root)?;
+    // The parsed values are no longer needed: free them before indexing.
+    drop(converter);
+    drop(machine);
+    Ok(parts.into_snapshot())
 }
 
 /// Writes pickle opcodes with a memo numbered in order, as Python does.

@@ -6,16 +6,14 @@
 
 use std::fmt;
 use std::str::FromStr;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
 use super::error::ModelError;
 use super::format::{format_size_f64, true_div};
-use super::group::{
-    Interned, distinct_tracebacks, frame_group_traceback, frame_key, group_frames, group_labels,
-    group_tracebacks, sort_parallel, traceback_group_traceback,
-};
+use super::group::{self, distinct_tracebacks, group_labels, sort_parallel};
+use super::index::{FrameHints, Index, Interned};
 use super::traceback::{Trace, Traceback};
 
 /// How `statistics()` and `compare_to()` group traces: tracemalloc's
@@ -210,9 +208,13 @@ impl fmt::Display for StatisticDiff {
 
 /// The live blocks of one process at one moment: tracemalloc's `Snapshot`.
 ///
-/// The traces' distinct tracebacks are interned once per snapshot (as
-/// `_tracemalloc` interns them): handed over by the loaders, else computed
-/// at the first grouping. Equality compares the traces and the limit only.
+/// Every constructor indexes the traces once (as `_tracemalloc` interns
+/// tracebacks and frames): the distinct tracebacks, frames and file names,
+/// numbered in tracemalloc's sort orders, so that `statistics()` and
+/// `compare_to()` add and sort integers. The index takes 4 bytes per
+/// trace, about 60 per distinct traceback plus 4 per frame of it, and
+/// about 80 per distinct frame. Equality compares the traces and the limit
+/// only.
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot {
     /// Every live block, in no particular order.
@@ -220,8 +222,8 @@ pub struct Snapshot {
     /// Most frames a traceback may hold: the `nframe` tracing was started
     /// with.
     pub traceback_limit: u32,
-    /// The traces' distinct tracebacks and each trace's index into them.
-    interned: OnceLock<Arc<Interned>>,
+    /// The index of `traces`, shared by clones.
+    index: Arc<Index>,
 }
 
 impl PartialEq for Snapshot {
@@ -237,46 +239,65 @@ impl Snapshot {
     /// per traceback.
     #[must_use]
     pub fn new(traces: Vec<Trace>, traceback_limit: u32) -> Self {
+        let interned = Interned::of(&traces);
+        Snapshot::indexed(traces, traceback_limit, interned, None)
+    }
+
+    /// The snapshot of `traces` interned as `interned`, indexed (with the
+    /// frame numbers `hints`, if any).
+    fn indexed(
+        traces: Vec<Trace>,
+        traceback_limit: u32,
+        interned: Interned,
+        hints: Option<FrameHints>,
+    ) -> Self {
+        let index = Arc::new(Index::build(interned, hints));
         Snapshot {
             traces,
             traceback_limit,
-            interned: OnceLock::new(),
+            index,
         }
     }
 
     /// A snapshot whose tracebacks a loader interned already: `ids[i]` is
     /// the index in `tracebacks` of trace `i`'s `Arc`, numbered in order
-    /// of first appearance. Anything else is ignored (and computed later).
+    /// of first appearance; `hints` number the frames of each of
+    /// `tracebacks`. Anything else is ignored (and computed anew).
     #[must_use]
     pub(crate) fn with_interned(
         traces: Vec<Trace>,
         traceback_limit: u32,
         tracebacks: Vec<Arc<Traceback>>,
         ids: Vec<u32>,
+        hints: FrameHints,
     ) -> Self {
-        let snapshot = Snapshot::new(traces, traceback_limit);
-        if let Some(interned) = Interned::checked(&snapshot.traces, tracebacks, ids) {
-            let _ = snapshot.interned.set(Arc::new(interned));
+        match Interned::checked(&traces, tracebacks, ids) {
+            Some(interned) => Snapshot::indexed(traces, traceback_limit, interned, Some(hints)),
+            None => {
+                let interned = Interned::of(&traces);
+                Snapshot::indexed(traces, traceback_limit, interned, None)
+            }
         }
-        snapshot
     }
 
-    /// A snapshot of a subset of another's traces, with the subset of its
-    /// interning (no table needed).
-    pub(crate) fn from_subset(
-        traces: Vec<Trace>,
-        traceback_limit: u32,
-        interned: Interned,
-    ) -> Self {
-        let snapshot = Snapshot::new(traces, traceback_limit);
-        let _ = snapshot.interned.set(Arc::new(interned));
-        snapshot
+    /// A snapshot of the traces of this one that `keep` accepts (one flag
+    /// per trace), indexed from this one's index.
+    pub(crate) fn subset(&self, keep: &[bool]) -> Self {
+        let traces = self
+            .traces
+            .iter()
+            .zip(keep)
+            .filter(|(_, kept)| **kept)
+            .map(|(trace, _)| trace.clone())
+            .collect();
+        let (interned, parents) = self.index.interned.subset(keep);
+        let hints = self.index.hints_for(&parents);
+        Snapshot::indexed(traces, self.traceback_limit, interned, Some(hints))
     }
 
-    /// The interned tracebacks, computed at the first call.
+    /// The interned tracebacks.
     pub(crate) fn interned(&self) -> &Interned {
-        self.interned
-            .get_or_init(|| Arc::new(Interned::of(&self.traces)))
+        &self.index.interned
     }
 
     /// The traces, by value.
@@ -311,15 +332,16 @@ impl Snapshot {
         cumulative: bool,
     ) -> Result<Vec<Statistic>, ModelError> {
         check_cumulative(group_by, cumulative)?;
+        if !group_by.is_labelled() {
+            return Ok(group::statistics(
+                &self.index,
+                &self.traces,
+                group_by,
+                cumulative,
+            ));
+        }
         let distinct = distinct_tracebacks(self.interned(), &self.traces);
-        let statistics = match group_by {
-            GroupBy::Traceback => group_tracebacks(&distinct).statistics(traceback_group_traceback),
-            GroupBy::Lineno | GroupBy::Filename => group_frames(&distinct, group_by, cumulative)
-                .statistics(|rep| frame_group_traceback(rep, group_by)),
-            GroupBy::Function | GroupBy::Module => {
-                group_labels(&distinct, group_by, cumulative).label_statistics()
-            }
-        };
+        let statistics = group_labels(&distinct, group_by, cumulative).label_statistics();
         Ok(sort_parallel(statistics, |a, b| {
             b.size
                 .cmp(&a.size)
@@ -341,27 +363,18 @@ impl Snapshot {
         cumulative: bool,
     ) -> Result<Vec<StatisticDiff>, ModelError> {
         check_cumulative(group_by, cumulative)?;
+        if !group_by.is_labelled() {
+            return Ok(group::compare_to(
+                (&self.index, &self.traces),
+                (&old.index, &old.traces),
+                group_by,
+                cumulative,
+            ));
+        }
         let new_distinct = distinct_tracebacks(self.interned(), &self.traces);
         let old_distinct = distinct_tracebacks(old.interned(), &old.traces);
-        let diffs =
-            match group_by {
-                GroupBy::Traceback => group_tracebacks(&new_distinct).compare_to(
-                    &group_tracebacks(&old_distinct),
-                    |rep| *rep,
-                    traceback_group_traceback,
-                ),
-                GroupBy::Lineno | GroupBy::Filename => {
-                    group_frames(&new_distinct, group_by, cumulative).compare_to(
-                        &group_frames(&old_distinct, group_by, cumulative),
-                        frame_key,
-                        |rep| frame_group_traceback(rep, group_by),
-                    )
-                }
-                GroupBy::Function | GroupBy::Module => {
-                    group_labels(&new_distinct, group_by, cumulative)
-                        .label_compare_to(&group_labels(&old_distinct, group_by, cumulative))
-                }
-            };
+        let diffs = group_labels(&new_distinct, group_by, cumulative)
+            .label_compare_to(&group_labels(&old_distinct, group_by, cumulative));
         Ok(sort_parallel(diffs, |a, b| {
             b.size_diff
                 .unsigned_abs()

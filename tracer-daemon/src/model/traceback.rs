@@ -232,21 +232,39 @@ impl Traceback {
         }
     }
 
-    /// The one-frame traceback of frame `index` (most recent first) of this
-    /// one, with no `total_nframe`, sharing the frames (no allocation): the
-    /// traceback of a `lineno` statistic. None if `index` is out of range.
+    /// The one-frame traceback of `frames[index]`, with no `total_nframe`,
+    /// sharing `frames` (no allocation): the traceback of a `lineno` or
+    /// `filename` statistic, from the snapshot index's table of frames.
+    /// `hash` must be the hash of `[frame]` (the index computes it once per
+    /// frame). None if `index` is out of range.
     #[must_use]
-    pub(crate) fn frame_view(&self, index: usize) -> Option<Self> {
-        let frame = self.frames().get(index)?;
-        let mut hasher = FxHasher::default();
-        std::slice::from_ref(frame).hash(&mut hasher);
+    pub(crate) fn one_frame_of(frames: &Arc<[Frame]>, index: usize, hash: u64) -> Option<Self> {
+        frames.get(index)?;
         Some(Traceback {
-            frames: Arc::clone(&self.frames),
-            start: self.start + u32::try_from(index).ok()?,
+            frames: Arc::clone(frames),
+            start: u32::try_from(index).ok()?,
             len: 1,
             total_nframe: None,
-            hash: hasher.finish(),
+            hash,
         })
+    }
+
+    /// The hash of the one-frame traceback `[frame]`, for
+    /// [`Traceback::one_frame_of`].
+    #[must_use]
+    pub(crate) fn one_frame_hash(frame: &Frame) -> u64 {
+        let mut hasher = FxHasher::default();
+        std::slice::from_ref(frame).hash(&mut hasher);
+        hasher.finish()
+    }
+
+    /// Where cloning this traceback writes (the reference count of its
+    /// frames), for a prefetch hint only: never dereferenced.
+    pub(crate) fn clone_target(&self) -> *const i8 {
+        // The counts of an `Arc` lie just before its data (two words).
+        Arc::as_ptr(&self.frames)
+            .cast::<i8>()
+            .wrapping_sub(2 * size_of::<usize>())
     }
 
     /// The frames, most recent call first (at least one).
