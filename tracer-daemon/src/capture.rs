@@ -93,7 +93,7 @@ pub enum CaptureError {
 /// Capacities and limits of the kernel side, set at load time.
 #[derive(Clone, Debug)]
 pub struct CaptureConfig {
-    /// Frames kept per stack, 1..=127 ([`MAX_NFRAME`]): the kernel's walk
+    /// Frames kept per stack, 1..=64 ([`MAX_NFRAME`]): the kernel's walk
     /// stops there, and the stack map's value size is `nframe * 8` bytes.
     pub nframe: u32,
     /// Capacity of `LIVE_ALLOCS` in live blocks, all processes together.
@@ -505,7 +505,7 @@ impl Capture {
         &self.libraries
     }
 
-    /// The configuration in force (nframe clamped to 1..=127, the in-flight
+    /// The configuration in force (nframe clamped to 1..=64, the in-flight
     /// slots and the ring buffer's size rounded as the kernel has them).
     pub fn config(&self) -> &CaptureConfig {
         &self.config
@@ -892,7 +892,7 @@ impl AlignedObject {
 
 /// Returns a copy of the eBPF object with the `value_size` of the legacy map
 /// definition `map` (a `struct bpf_map_def` in section `maps`) changed from
-/// `expected` to `value_size` bytes. STACKS is compiled for 127 frames; a
+/// `expected` to `value_size` bytes. STACKS is compiled for 64 frames; a
 /// value of `1 + nframe` words keeps each stored stack as small as nframe
 /// allows.
 ///

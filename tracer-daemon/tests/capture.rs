@@ -328,6 +328,63 @@ fn traceback_grouping_shows_the_whole_caller_chain() {
     assert!(fx.finish().success());
 }
 
+/// 24 recursive calls whose frames hold 300 bytes each: the chain spans
+/// several pages of stack.
+const DEEP: &str = r#"
+__attribute__((noinline)) static void *deep(int n) {
+    volatile char pad[300];
+    pad[0] = (char)n;
+    if (n == 0)
+        return malloc(4321); /* DEEP_ALLOC */
+    void *p = deep(n - 1); /* DEEP_CALL */
+    return pad[0] >= 0 ? p : NULL;
+}
+int main(void) {
+    say("ready");
+    wait_go();
+    void *p = deep(24); /* DEEP_MAIN */
+    say("done");
+    wait_go();
+    return p == NULL;
+}
+"#;
+
+#[test]
+fn a_deep_chain_of_large_frames_is_walked_to_main() {
+    let dir = TempDir::new("deep");
+    let (exe, src, source) = fixture(&dir, "deep", DEEP);
+    // The largest nframe: its programs load, and its walk goes to main.
+    let tracerd = Tracerd::start(&["--nframe", "64"]);
+    let mut fx = Fixture::spawn(&exe, &[], &[]);
+    fx.expect_line("ready");
+    let pid = fx.pid();
+    tracerd.wait_traced(pid);
+    fx.go();
+    fx.expect_line("done");
+    let (status, body) = tracerd.get(&format!("/pid/{pid}/statistics?group_by=traceback&limit=0"));
+    assert_eq!(status, 200, "{body}");
+    let stat = body["statistics"]
+        .as_array()
+        .expect("array")
+        .iter()
+        .find(|s| s["size"] == 4321)
+        .unwrap_or_else(|| panic!("no 4321-byte block in {body}"));
+    let got: Vec<(Option<&str>, u64)> = stat["traceback"]
+        .as_array()
+        .expect("frames")
+        .iter()
+        .take(26)
+        .map(|f| (f["filename"].as_str(), f["lineno"].as_u64().unwrap_or(0)))
+        .collect();
+    let file = src.to_str();
+    let mut want = vec![(file, u64::from(line_of(&source, "DEEP_ALLOC")))];
+    want.extend([(file, u64::from(line_of(&source, "DEEP_CALL"))); 24]);
+    want.push((file, u64::from(line_of(&source, "DEEP_MAIN"))));
+    assert_eq!(got, want);
+    fx.go();
+    assert!(fx.finish().success());
+}
+
 const EXITS: &str = r#"
 int main(int argc, char **argv) {
     int n = atoi(argv[1]);
