@@ -273,12 +273,11 @@ int main(void) {
 }
 "#;
 
-#[test]
-fn traceback_grouping_shows_the_whole_caller_chain() {
-    let dir = TempDir::new("chain");
-    let (exe, src, source) = fixture(&dir, "chain", CHAIN);
-    let tracerd = Tracerd::start(&[]);
-    let mut fx = Fixture::spawn(&exe, &[], &[]);
+/// Runs `exe` (a fixture that says ready, allocates on go, says done)
+/// under `tracerd`, and returns it (waiting for its last go) with the
+/// frames of its traceback of `size` bytes (statistics by traceback).
+fn traceback_of_size(tracerd: &Tracerd, exe: &std::path::Path, size: u64) -> (Fixture, Vec<Value>) {
+    let mut fx = Fixture::spawn(exe, &[], &[]);
     fx.expect_line("ready");
     let pid = fx.pid();
     tracerd.wait_traced(pid);
@@ -290,9 +289,18 @@ fn traceback_grouping_shows_the_whole_caller_chain() {
         .as_array()
         .expect("array")
         .iter()
-        .find(|s| s["size"] == 2468)
-        .unwrap_or_else(|| panic!("no 2468-byte block in {body}"));
-    let frames = stat["traceback"].as_array().expect("frames");
+        .find(|s| s["size"] == size)
+        .unwrap_or_else(|| panic!("no {size}-byte block in {body}"));
+    let frames = stat["traceback"].as_array().expect("frames").clone();
+    (fx, frames)
+}
+
+#[test]
+fn traceback_grouping_shows_the_whole_caller_chain() {
+    let dir = TempDir::new("chain");
+    let (exe, src, source) = fixture(&dir, "chain", CHAIN);
+    let tracerd = Tracerd::start(&[]);
+    let (mut fx, frames) = traceback_of_size(&tracerd, &exe, 2468);
     let got: Vec<(Option<&str>, u64, Option<&str>)> = frames
         .iter()
         .take(3)
@@ -355,23 +363,8 @@ fn a_deep_chain_of_large_frames_is_walked_to_main() {
     let (exe, src, source) = fixture(&dir, "deep", DEEP);
     // The largest nframe: its programs load, and its walk goes to main.
     let tracerd = Tracerd::start(&["--nframe", "64"]);
-    let mut fx = Fixture::spawn(&exe, &[], &[]);
-    fx.expect_line("ready");
-    let pid = fx.pid();
-    tracerd.wait_traced(pid);
-    fx.go();
-    fx.expect_line("done");
-    let (status, body) = tracerd.get(&format!("/pid/{pid}/statistics?group_by=traceback&limit=0"));
-    assert_eq!(status, 200, "{body}");
-    let stat = body["statistics"]
-        .as_array()
-        .expect("array")
-        .iter()
-        .find(|s| s["size"] == 4321)
-        .unwrap_or_else(|| panic!("no 4321-byte block in {body}"));
-    let got: Vec<(Option<&str>, u64)> = stat["traceback"]
-        .as_array()
-        .expect("frames")
+    let (mut fx, frames) = traceback_of_size(&tracerd, &exe, 4321);
+    let got: Vec<(Option<&str>, u64)> = frames
         .iter()
         .take(26)
         .map(|f| (f["filename"].as_str(), f["lineno"].as_u64().unwrap_or(0)))
