@@ -129,8 +129,10 @@ pub const MAP_EVENTS: &str = "EVENTS";
 /// at load time.
 pub const EVENTS_RING_BYTES: u32 = 1 << 18;
 
-/// Largest traceback the kernel stack walk can give (`PERF_MAX_STACK_DEPTH`).
-pub const MAX_NFRAME: u32 = 127;
+/// Largest traceback tracer walks. The kernel's verifier explores the walk
+/// and the hash of its frames once per frame: at 100 frames the largest
+/// program passes its limit of 1,000,000 instructions, at 64 it loads.
+pub const MAX_NFRAME: u32 = 64;
 
 /// The name of the global in the eBPF object holding the daemon's own tgid,
 /// whose allocations are never traced.

@@ -93,7 +93,7 @@ pub enum CaptureError {
 /// Capacities and limits of the kernel side, set at load time.
 #[derive(Clone, Debug)]
 pub struct CaptureConfig {
-    /// Frames kept per stack, 1..=127 ([`MAX_NFRAME`]): the kernel's walk
+    /// Frames kept per stack, 1..=64 ([`MAX_NFRAME`]): the kernel's walk
     /// stops there, and the stack map's value size is `nframe * 8` bytes.
     pub nframe: u32,
     /// Capacity of `LIVE_ALLOCS` in live blocks, all processes together.
@@ -505,7 +505,7 @@ impl Capture {
         &self.libraries
     }
 
-    /// The configuration in force (nframe clamped to 1..=127, the in-flight
+    /// The configuration in force (nframe clamped to 1..=64, the in-flight
     /// slots and the ring buffer's size rounded as the kernel has them).
     pub fn config(&self) -> &CaptureConfig {
         &self.config
@@ -547,27 +547,17 @@ impl Capture {
     /// returns how many were removed (a block freed meanwhile is already
     /// gone).
     pub fn remove_blocks(&mut self, keys: &[AllocKey]) -> usize {
+        let fd = aya::maps::IterableMap::map(&self.live).fd().as_fd();
         let Some(table) = &self.live_table else {
-            let fd = aya::maps::IterableMap::map(&self.live).fd().as_fd();
-            return bpf_sys::delete_batch(fd, keys);
+            return bpf_sys::delete_batch(fd, keys, |_| {});
         };
         let spilled: Vec<AllocKey> = keys
             .iter()
             .filter(|key| table.remove(key) == Removed::NotInTable)
             .copied()
             .collect();
-        let fd = aya::maps::IterableMap::map(&self.live).fd().as_fd();
-        // One at a time: the bucket of each block removed is told.
-        let removed = spilled
-            .iter()
-            .filter(|key| {
-                let gone = bpf_sys::delete(fd, *key);
-                if gone {
-                    table.spill_removed(key);
-                }
-                gone
-            })
-            .count();
+        // The bucket of each block removed from LIVE_ALLOCS is told.
+        let removed = bpf_sys::delete_batch(fd, &spilled, |key| table.spill_removed(key));
         keys.len() - spilled.len() + removed
     }
 
@@ -892,7 +882,7 @@ impl AlignedObject {
 
 /// Returns a copy of the eBPF object with the `value_size` of the legacy map
 /// definition `map` (a `struct bpf_map_def` in section `maps`) changed from
-/// `expected` to `value_size` bytes. STACKS is compiled for 127 frames; a
+/// `expected` to `value_size` bytes. STACKS is compiled for 64 frames; a
 /// value of `1 + nframe` words keeps each stored stack as small as nframe
 /// allows.
 ///
@@ -1295,9 +1285,13 @@ mod bpf_sys {
 
     /// Deletes `keys`, thousands per syscall (BPF_MAP_DELETE_BATCH, Linux
     /// 5.6+); a key that is gone already is passed over. Falls back to one
-    /// delete per key where the kernel lacks the batch command. Returns how
-    /// many were deleted.
-    pub fn delete_batch<K>(fd: BorrowedFd<'_>, keys: &[K]) -> usize {
+    /// delete per key where the kernel lacks the batch command. Calls
+    /// `on_deleted` with each key this call deleted; returns how many.
+    pub fn delete_batch<K>(
+        fd: BorrowedFd<'_>,
+        keys: &[K],
+        mut on_deleted: impl FnMut(&K),
+    ) -> usize {
         let mut deleted = 0;
         let mut rest = keys;
         while !rest.is_empty() {
@@ -1319,6 +1313,7 @@ mod bpf_sys {
             };
             let done = (attr.count as usize).min(chunk);
             deleted += done;
+            rest[..done].iter().for_each(&mut on_deleted);
             if ret == 0 {
                 rest = &rest[chunk..];
                 continue;
@@ -1327,7 +1322,15 @@ mod bpf_sys {
                 // The key at `done` is gone already: pass it over.
                 Some(libc::ENOENT) => rest = rest.get(done + 1..).unwrap_or(&[]),
                 // No batch command: one at a time.
-                _ => return deleted + rest[done..].iter().filter(|key| delete(fd, *key)).count(),
+                _ => {
+                    for key in &rest[done..] {
+                        if delete(fd, key) {
+                            on_deleted(key);
+                            deleted += 1;
+                        }
+                    }
+                    return deleted;
+                }
             }
         }
         deleted

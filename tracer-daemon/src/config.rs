@@ -81,7 +81,7 @@ pub struct Config {
     /// File holding the bearer token that TCP clients must send
     /// (`Authorization: Bearer TOKEN`). Required for a non-loopback `listen`.
     pub auth_token_file: Option<PathBuf>,
-    /// Frames kept per traceback (tracemalloc's nframe), 1 to 127.
+    /// Frames kept per traceback (tracemalloc's nframe), 1 to 64.
     pub nframe: u32,
     /// Directory for tracerd's state (created if missing).
     pub state_dir: PathBuf,
@@ -256,7 +256,7 @@ pub struct Flags {
     /// File with the bearer token TCP clients must send.
     #[arg(long, env = "TRACERD_AUTH_TOKEN_FILE")]
     pub auth_token_file: Option<PathBuf>,
-    /// Frames kept per traceback (tracemalloc's nframe), 1 to 127.
+    /// Frames kept per traceback (tracemalloc's nframe), 1 to 64.
     #[arg(long, env = "TRACERD_NFRAME")]
     pub nframe: Option<u32>,
     /// Directory for tracerd's state (created if missing).
@@ -419,7 +419,7 @@ impl Config {
     /// # Errors
     /// [`ConfigError::OutOfRange`] or [`ConfigError::Invalid`].
     pub fn validate(&self) -> Result<(), ConfigError> {
-        range("nframe", self.nframe.into(), 1, 127, "1..=127")?;
+        range("nframe", self.nframe.into(), 1, 64, "1..=64")?;
         range(
             "max_live_blocks",
             self.max_live_blocks.into(),
@@ -714,10 +714,10 @@ mod tests {
 
     #[test]
     fn out_of_range_values_are_refused_with_the_range() {
-        let err = Config::load(&flags(&["--nframe", "128"])).expect_err("must fail");
+        let err = Config::load(&flags(&["--nframe", "65"])).expect_err("must fail");
         assert_eq!(
             err.to_string(),
-            "nframe = 128 is out of range; valid: 1..=127"
+            "nframe = 65 is out of range; valid: 1..=64"
         );
         let err = Config::from_toml_str("max_live_blocks = 10", "t").expect_err("must fail");
         assert_eq!(

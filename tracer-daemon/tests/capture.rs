@@ -273,12 +273,11 @@ int main(void) {
 }
 "#;
 
-#[test]
-fn traceback_grouping_shows_the_whole_caller_chain() {
-    let dir = TempDir::new("chain");
-    let (exe, src, source) = fixture(&dir, "chain", CHAIN);
-    let tracerd = Tracerd::start(&[]);
-    let mut fx = Fixture::spawn(&exe, &[], &[]);
+/// Runs `exe` (a fixture that says ready, allocates on go, says done)
+/// under `tracerd`, and returns it (waiting for its last go) with the
+/// frames of its traceback of `size` bytes (statistics by traceback).
+fn traceback_of_size(tracerd: &Tracerd, exe: &std::path::Path, size: u64) -> (Fixture, Vec<Value>) {
+    let mut fx = Fixture::spawn(exe, &[], &[]);
     fx.expect_line("ready");
     let pid = fx.pid();
     tracerd.wait_traced(pid);
@@ -290,9 +289,18 @@ fn traceback_grouping_shows_the_whole_caller_chain() {
         .as_array()
         .expect("array")
         .iter()
-        .find(|s| s["size"] == 2468)
-        .unwrap_or_else(|| panic!("no 2468-byte block in {body}"));
-    let frames = stat["traceback"].as_array().expect("frames");
+        .find(|s| s["size"] == size)
+        .unwrap_or_else(|| panic!("no {size}-byte block in {body}"));
+    let frames = stat["traceback"].as_array().expect("frames").clone();
+    (fx, frames)
+}
+
+#[test]
+fn traceback_grouping_shows_the_whole_caller_chain() {
+    let dir = TempDir::new("chain");
+    let (exe, src, source) = fixture(&dir, "chain", CHAIN);
+    let tracerd = Tracerd::start(&[]);
+    let (mut fx, frames) = traceback_of_size(&tracerd, &exe, 2468);
     let got: Vec<(Option<&str>, u64, Option<&str>)> = frames
         .iter()
         .take(3)
@@ -324,6 +332,48 @@ fn traceback_grouping_shows_the_whole_caller_chain() {
         "{frames:?}"
     );
     assert!(frames[0]["address"].as_u64().is_some());
+    fx.go();
+    assert!(fx.finish().success());
+}
+
+/// 24 recursive calls whose frames hold 300 bytes each: the chain spans
+/// several pages of stack.
+const DEEP: &str = r#"
+__attribute__((noinline)) static void *deep(int n) {
+    volatile char pad[300];
+    pad[0] = (char)n;
+    if (n == 0)
+        return malloc(4321); /* DEEP_ALLOC */
+    void *p = deep(n - 1); /* DEEP_CALL */
+    return pad[0] >= 0 ? p : NULL;
+}
+int main(void) {
+    say("ready");
+    wait_go();
+    void *p = deep(24); /* DEEP_MAIN */
+    say("done");
+    wait_go();
+    return p == NULL;
+}
+"#;
+
+#[test]
+fn a_deep_chain_of_large_frames_is_walked_to_main() {
+    let dir = TempDir::new("deep");
+    let (exe, src, source) = fixture(&dir, "deep", DEEP);
+    // The largest nframe: its programs load, and its walk goes to main.
+    let tracerd = Tracerd::start(&["--nframe", "64"]);
+    let (mut fx, frames) = traceback_of_size(&tracerd, &exe, 4321);
+    let got: Vec<(Option<&str>, u64)> = frames
+        .iter()
+        .take(26)
+        .map(|f| (f["filename"].as_str(), f["lineno"].as_u64().unwrap_or(0)))
+        .collect();
+    let file = src.to_str();
+    let mut want = vec![(file, u64::from(line_of(&source, "DEEP_ALLOC")))];
+    want.extend([(file, u64::from(line_of(&source, "DEEP_CALL"))); 24]);
+    want.push((file, u64::from(line_of(&source, "DEEP_MAIN"))));
+    assert_eq!(got, want);
     fx.go();
     assert!(fx.finish().success());
 }

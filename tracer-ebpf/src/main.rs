@@ -54,7 +54,7 @@ static TRACERD_TGID: u32 = 0;
 #[unsafe(no_mangle)]
 static PAGE_SIZE: u64 = 4096;
 
-/// Frames walked per stack (tracemalloc's nframe), 1..=127. Set at load time.
+/// Frames walked per stack (tracemalloc's nframe), 1..=64. Set at load time.
 #[unsafe(no_mangle)]
 static NFRAME: u32 = 16;
 
