@@ -66,7 +66,8 @@ const _: () = assert!(size_of::<LiveBucket>() == 64);
 /// address is at least 16) nor [`LIVE_BUSY`].
 #[inline(always)]
 pub fn live_key(tgid: u32, addr: u64, mask: u32) -> Option<(u32, u64)> {
-    if mask == 0 || addr & 15 != 0 || addr < 16 || addr >= LIVE_ADDR_END || tgid >= LIVE_TGID_END {
+    if mask == 0 || addr & 15 != 0 || !(16..LIVE_ADDR_END).contains(&addr) || tgid >= LIVE_TGID_END
+    {
         return None;
     }
     let key = (u64::from(tgid >> 1) << 43) | (addr >> 4);
