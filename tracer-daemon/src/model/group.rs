@@ -12,8 +12,9 @@
 //!    totals to their files;
 //! 3. the groups' keys (size, count, id; for diffs the differences and
 //!    the position in the merged order of both snapshots' keys) are
-//!    packed into integers and sorted, and the results built in order
-//!    from the index's shared tables.
+//!    packed into integers and sorted while another thread makes the
+//!    groups' tracebacks in group order (from the index's tables), and the
+//!    results are built in sorted order.
 //!
 //! `compare_to()` matches the two snapshots' groups by merging their
 //! ordered files, frames and tracebacks, which also orders the groups
@@ -424,8 +425,7 @@ fn group_totals(
 /// - `lineno`: the representative's frame itself (its extra included);
 /// - `filename`: `filename:0` with no extra (a function and address would
 ///   describe one arbitrary line of the file).
-fn group_traceback(index: &Index, id: u32, group_by: GroupBy, cumulative: bool) -> Traceback {
-    let i = id as usize;
+fn group_traceback(index: &Index, i: usize, group_by: GroupBy, cumulative: bool) -> Traceback {
     let view = match group_by {
         GroupBy::Traceback => index.tb_views.get(i).cloned(),
         GroupBy::Filename => index
@@ -447,40 +447,52 @@ fn group_traceback(index: &Index, id: u32, group_by: GroupBy, cumulative: bool) 
     view.unwrap_or_else(|| Traceback::new(Vec::new(), None))
 }
 
-/// Prefetches what [`group_traceback`] reads for group `id` of a
-/// `traceback` grouping (the others read shared tables): the view when
-/// `far`, else the reference count its clone increments.
-fn touch(index: &Index, id: u32, group_by: GroupBy, far: bool) {
-    if group_by != GroupBy::Traceback {
-        return;
-    }
-    if let Some(view) = index.tb_views.get(id as usize) {
-        if far {
-            prefetch(std::ptr::from_ref(view).cast());
-        } else {
-            prefetch(view.clone_target());
-        }
-    }
+/// The tracebacks of groups `0..n` (`group(i)` names group `i`'s index
+/// and id, if it is one), made in that order before the results are built
+/// in sorted order. Cloning a `traceback` group's view increments a
+/// reference count in an allocation of its own: in group order the views
+/// are read in turn and each count is fetched ahead, and the stores go to
+/// consecutive slots (an atomic increment waits for earlier stores); the
+/// sorted pass then only moves the tracebacks out.
+fn group_tracebacks<'a>(
+    n: usize,
+    group: impl Fn(usize) -> Option<(&'a Index, usize)>,
+    group_by: GroupBy,
+    cumulative: bool,
+) -> Vec<Option<Traceback>> {
+    (0..n)
+        .map(|i| {
+            if group_by == GroupBy::Traceback
+                && let Some((index, id)) = group(i + AHEAD)
+                && let Some(view) = index.tb_views.get(id)
+            {
+                prefetch(view.clone_target());
+            }
+            group(i).map(|(index, id)| group_traceback(index, id, group_by, cumulative))
+        })
+        .collect()
 }
 
-/// Builds `make(i)` for every `i` in `0..n`, in order, on this thread:
-/// the clones of the index's shared tables increment one reference count,
-/// which two threads would pass back and forth.
-fn build<T>(n: usize, make: impl Fn(usize) -> T) -> Vec<T> {
-    (0..n).map(make).collect()
-}
-
-/// A statistic's sort key: biggest first by size, count, then group id
-/// (tracemalloc's traceback order), all descending.
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-struct StatKey {
-    size: u64,
-    count: u64,
-    id: u32,
+/// Moves the traceback of slot `slot` out of `tracebacks` (from
+/// [`group_tracebacks`]), prefetching the slot `ahead`.
+fn take_traceback(
+    tracebacks: &mut [Option<Traceback>],
+    slot: u64,
+    ahead: Option<u64>,
+) -> Traceback {
+    let slot_of = |i: u64| usize::try_from(i).unwrap_or(usize::MAX);
+    if let Some(next) = ahead.and_then(|a| tracebacks.get(slot_of(a))) {
+        prefetch(std::ptr::from_ref(next).cast());
+    }
+    tracebacks
+        .get_mut(slot_of(slot))
+        .and_then(Option::take)
+        .unwrap_or_else(|| Traceback::new(Vec::new(), None))
 }
 
 /// `Snapshot.statistics()` for `filename`, `lineno` and `traceback`,
-/// sorted: the groups of the index with their totals, biggest first.
+/// sorted: the groups of the index with their totals, biggest first by
+/// size, count, then group id (tracemalloc's traceback order).
 pub(super) fn statistics(
     index: &Index,
     traces: &[Trace],
@@ -488,49 +500,45 @@ pub(super) fn statistics(
     cumulative: bool,
 ) -> Vec<Statistic> {
     let totals = group_totals(index, traces, group_by, cumulative);
-    let keys: Vec<StatKey> = totals
-        .iter()
-        .enumerate()
-        .filter(|(_, t)| t.count > 0)
-        .map(|(id, t)| StatKey {
-            size: t.size,
-            count: t.count,
-            id: u32::try_from(id).unwrap_or(NONE),
-        })
-        .collect();
-    let keys = sort_statistics(keys);
-    build(keys.len(), |i| {
-        if let Some(far) = keys.get(i + 2 * AHEAD) {
-            touch(index, far.id, group_by, true);
-        }
-        if let Some(ahead) = keys.get(i + AHEAD) {
-            touch(index, ahead.id, group_by, false);
-        }
-        let key = keys.get(i).copied().unwrap_or(StatKey {
-            size: 0,
-            count: 0,
-            id: NONE,
-        });
-        Statistic {
-            traceback: group_traceback(index, key.id, group_by, cumulative),
-            size: key.size,
-            count: key.count,
-            label: None,
-        }
-    })
-}
-
-/// Sorts statistic keys biggest first.
-fn sort_statistics(keys: Vec<StatKey>) -> Vec<StatKey> {
-    sort_packed(
-        keys,
-        |k| [k.size, k.count, u64::from(k.id)],
-        |[size, count, id]| StatKey {
+    let n = totals.len();
+    let key = |id: usize| {
+        let t = totals.get(id).filter(|t| t.count > 0)?;
+        Some([t.size, t.count, id as u64])
+    };
+    // Sorting and making the tracebacks are independent: on two threads.
+    let (keys, mut tracebacks) = join(
+        threads_for(n) > 1,
+        || SortedKeys::sort(n, key),
+        || group_tracebacks(n, |id| key(id).map(|_| (index, id)), group_by, cumulative),
+    );
+    let mut statistics = Vec::with_capacity(keys.len());
+    for i in 0..keys.len() {
+        let Some([size, count, id]) = keys.get(i) else {
+            continue;
+        };
+        let ahead = keys.get(i + AHEAD).map(|[_, _, id]| id);
+        statistics.push(Statistic {
+            traceback: take_traceback(&mut tracebacks, id, ahead),
             size,
             count,
-            id: u32::try_from(id).unwrap_or(NONE),
-        },
-    )
+            label: None,
+        });
+    }
+    statistics
+}
+
+/// Runs `a` on this thread and `b` on another when `parallel`, else both
+/// here; `b` runs here again if its thread failed.
+fn join<A, B: Send>(parallel: bool, a: impl FnOnce() -> A, b: impl Fn() -> B + Sync) -> (A, B) {
+    if !parallel {
+        return (a(), b());
+    }
+    std::thread::scope(|scope| {
+        let b = &b;
+        let handle = scope.spawn(b);
+        let a = a();
+        (a, handle.join().unwrap_or_else(|_| b()))
+    })
 }
 
 /// Bits needed to hold `x`.
@@ -538,53 +546,81 @@ fn width(x: u64) -> u32 {
     u64::BITS - x.leading_zeros()
 }
 
-/// Sorts `items` biggest first by their `fields` (most significant first;
-/// `T`'s own order must be the same). When the fields' values fit in 64
-/// (or 128) bits together, which they do in practice, each item is packed
-/// into one `u64` (`u128`) and unpacked after: integers sort several times
-/// faster than structs.
-fn sort_packed<T: Ord + Send, const N: usize>(
-    items: Vec<T>,
-    fields: impl Fn(&T) -> [u64; N],
-    unpack: impl Fn([u64; N]) -> T,
-) -> Vec<T> {
-    let mut widths = [0u32; N];
-    for item in &items {
-        for (w, value) in widths.iter_mut().zip(fields(item)) {
-            *w = (*w).max(width(value));
+/// Group keys of `N` fields, sorted biggest first (most significant field
+/// first). When the fields' values fit in 64 (or 128) bits together,
+/// which they do in practice, each key is packed into one `u64` (`u128`),
+/// sorted as such and unpacked when read: integers sort several times
+/// faster than arrays.
+struct SortedKeys<const N: usize> {
+    /// Bits of each field in a packed key.
+    widths: [u32; N],
+    keys: Keys<N>,
+}
+
+/// The sorted keys, packed or not.
+enum Keys<const N: usize> {
+    Narrow(Vec<u64>),
+    Wide(Vec<u128>),
+    Plain(Vec<[u64; N]>),
+}
+
+impl<const N: usize> SortedKeys<N> {
+    /// The keys `key(i)` of `0..n` (None: no key), biggest first.
+    fn sort(n: usize, key: impl Fn(usize) -> Option<[u64; N]>) -> Self {
+        let mut widths = [0u32; N];
+        for fields in (0..n).filter_map(&key) {
+            for (w, value) in widths.iter_mut().zip(fields) {
+                *w = (*w).max(width(value));
+            }
+        }
+        let pack = |fields: [u64; N]| -> u128 {
+            let mut packed = 0u128;
+            for (&w, value) in widths.iter().zip(fields) {
+                packed = (packed << w) | u128::from(value);
+            }
+            packed
+        };
+        let total: u32 = widths.iter().sum();
+        let keys = if total <= 64 {
+            let mut keys: Vec<u64> = (0..n).filter_map(&key).map(|k| pack(k) as u64).collect();
+            keys.sort_unstable_by(|a, b| b.cmp(a));
+            Keys::Narrow(keys)
+        } else if total <= 128 {
+            let mut keys: Vec<u128> = (0..n).filter_map(&key).map(pack).collect();
+            keys.sort_unstable_by(|a, b| b.cmp(a));
+            Keys::Wide(keys)
+        } else {
+            let mut keys: Vec<[u64; N]> = (0..n).filter_map(&key).collect();
+            keys.sort_unstable_by(|a, b| b.cmp(a));
+            Keys::Plain(keys)
+        };
+        SortedKeys { widths, keys }
+    }
+
+    /// How many keys.
+    fn len(&self) -> usize {
+        match &self.keys {
+            Keys::Narrow(keys) => keys.len(),
+            Keys::Wide(keys) => keys.len(),
+            Keys::Plain(keys) => keys.len(),
         }
     }
-    let total: u32 = widths.iter().sum();
-    let pack = |item: &T| -> u128 {
-        let mut packed = 0u128;
-        for (&w, value) in widths.iter().zip(fields(item)) {
-            packed = (packed << w) | u128::from(value);
-        }
-        packed
-    };
-    let unpack_from = |mut packed: u128| -> T {
-        let mut values = [0u64; N];
-        for (&w, value) in widths.iter().zip(values.iter_mut()).rev() {
-            let mask = (1u128 << w) - 1;
-            *value = (packed & mask) as u64;
+
+    /// The `i`th biggest key.
+    #[inline]
+    fn get(&self, i: usize) -> Option<[u64; N]> {
+        let mut packed = match &self.keys {
+            Keys::Narrow(keys) => u128::from(*keys.get(i)?),
+            Keys::Wide(keys) => *keys.get(i)?,
+            Keys::Plain(keys) => return keys.get(i).copied(),
+        };
+        let mut fields = [0u64; N];
+        for (&w, value) in self.widths.iter().zip(fields.iter_mut()).rev() {
+            // Widths are at most 64: the mask fits.
+            *value = (packed & ((1u128 << w) - 1)) as u64;
             packed >>= w;
         }
-        unpack(values)
-    };
-    if total <= 64 {
-        let packed: Vec<u64> = items.iter().map(|item| pack(item) as u64).collect();
-        sort_parallel(packed, |a, b| b.cmp(a))
-            .into_iter()
-            .map(|p| unpack_from(u128::from(p)))
-            .collect()
-    } else if total <= 128 {
-        let packed: Vec<u128> = items.iter().map(pack).collect();
-        sort_parallel(packed, |a, b| b.cmp(a))
-            .into_iter()
-            .map(unpack_from)
-            .collect()
-    } else {
-        sort_parallel(items, |a, b| b.cmp(a))
+        Some(fields)
     }
 }
 
@@ -593,15 +629,22 @@ fn sort_packed<T: Ord + Send, const N: usize>(
 /// `(new id, old id)` pairs with [`NONE`] for the side that lacks it.
 fn merge(new: usize, old: usize, cmp: impl Fn(u32, u32) -> Ordering) -> Vec<(u32, u32)> {
     let mut merged = Vec::with_capacity(new.max(old));
-    let (mut i, mut j) = (0u32, 0u32);
-    let (new, old) = (
-        u32::try_from(new).unwrap_or(NONE),
-        u32::try_from(old).unwrap_or(NONE),
-    );
-    while i < new || j < old {
-        let order = if i == new {
+    merge_into(&mut merged, 0..id(new), 0..id(old), &cmp);
+    merged
+}
+
+/// [`merge`] of the ranges `new` and `old`, appended to `merged`.
+fn merge_into(
+    merged: &mut Vec<(u32, u32)>,
+    new: std::ops::Range<u32>,
+    old: std::ops::Range<u32>,
+    cmp: impl Fn(u32, u32) -> Ordering,
+) {
+    let (mut i, mut j) = (new.start, old.start);
+    while i < new.end || j < old.end {
+        let order = if i == new.end {
             Ordering::Greater
-        } else if j == old {
+        } else if j == old.end {
             Ordering::Less
         } else {
             cmp(i, j)
@@ -622,7 +665,52 @@ fn merge(new: usize, old: usize, cmp: impl Fn(u32, u32) -> Ordering) -> Vec<(u32
             }
         }
     }
+}
+
+/// [`merge`] in two halves on two threads when there are many items: the
+/// new items split in the middle, the old ones where the middle new item
+/// would go.
+fn merge_parallel(
+    new: usize,
+    old: usize,
+    cmp: impl Fn(u32, u32) -> Ordering + Sync,
+) -> Vec<(u32, u32)> {
+    let parts = threads_for(new + old).min(2);
+    if parts < 2 {
+        return merge(new, old, cmp);
+    }
+    let (new, old) = (id(new), id(old));
+    let new_mid = new / 2;
+    // The old items before the middle new one.
+    let (mut low, mut high) = (0, old);
+    while low < high {
+        let probe = low + (high - low) / 2;
+        if cmp(new_mid, probe) == Ordering::Greater {
+            low = probe + 1;
+        } else {
+            high = probe;
+        }
+    }
+    let halves = in_parallel(2, |part| {
+        let mut merged = Vec::new();
+        if part == 0 {
+            merge_into(&mut merged, 0..new_mid, 0..low, &cmp);
+        } else {
+            merge_into(&mut merged, new_mid..new, low..old, &cmp);
+        }
+        merged
+    });
+    let mut halves = halves.into_iter();
+    let mut merged = halves.next().unwrap_or_default();
+    for half in halves {
+        merged.extend(half);
+    }
     merged
+}
+
+/// Converts a count to `u32`, saturating (ids never reach `u32::MAX`).
+fn id(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(NONE)
 }
 
 /// Each item's position in `merged`, for the new and the old side.
@@ -672,75 +760,34 @@ fn matched_groups(new: &Index, old: &Index, group_by: GroupBy) -> Vec<(u32, u32)
         return frames;
     }
     let (new_frame, old_frame) = positions(&frames, new.frames(), old.frames());
-    let position = |pos: &[u32], f: &u32| pos.get(*f as usize).copied().unwrap_or(NONE);
-    merge(new.tracebacks(), old.tracebacks(), |a, b| {
-        let x = new.tb_frames(a as usize);
-        let y = old.tb_frames(b as usize);
-        x.iter()
-            .map(|f| position(&new_frame, f))
-            .cmp(y.iter().map(|f| position(&old_frame, f)))
-    })
-}
-
-/// A diff's sort key: biggest first by `|size_diff|`, size,
-/// `|count_diff|`, count, then the position of its key in the merged key
-/// order (tracemalloc's traceback order), all descending; then the signs
-/// of the differences (positions are unique: they never decide).
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-struct DiffKey {
-    size_diff: u64,
-    size: u64,
-    count_diff: u64,
-    count: u64,
-    position: u32,
-    /// Bit 1: `size_diff` is negative; bit 0: `count_diff` is.
-    negative: u8,
-}
-
-impl DiffKey {
-    fn signed(magnitude: u64, negative: bool) -> i64 {
-        // Magnitudes come from `i64::unsigned_abs`: at most 2^63.
-        let value = i64::try_from(magnitude).unwrap_or(i64::MAX);
-        if negative {
-            if magnitude > i64::MAX as u64 {
-                i64::MIN
-            } else {
-                -value
-            }
-        } else {
-            value
+    // Each old frame's id in `new` (NONE if `new` lacks it): equal frames
+    // cost one lookup, and only the first unequal pair is ordered by
+    // merged position.
+    let mut old_in_new = vec![NONE; old.frames()];
+    for &(a, b) in &frames {
+        if let Some(slot) = old_in_new.get_mut(b as usize) {
+            *slot = a;
         }
     }
-}
-
-/// Sorts diff keys biggest first.
-fn sort_diffs(keys: Vec<DiffKey>) -> Vec<DiffKey> {
-    sort_packed(
-        keys,
-        |k| {
-            [
-                k.size_diff,
-                k.size,
-                k.count_diff,
-                k.count,
-                u64::from(k.position),
-                u64::from(k.negative),
-            ]
-        },
-        |[size_diff, size, count_diff, count, position, negative]| DiffKey {
-            size_diff,
-            size,
-            count_diff,
-            count,
-            position: u32::try_from(position).unwrap_or(NONE),
-            negative: u8::try_from(negative).unwrap_or(0),
-        },
-    )
+    let at = |ids: &[u32], f: u32| ids.get(f as usize).copied().unwrap_or(NONE);
+    merge_parallel(new.tracebacks(), old.tracebacks(), |a, b| {
+        let x = new.tb_frames(a as usize);
+        let y = old.tb_frames(b as usize);
+        for (&f, &g) in x.iter().zip(y) {
+            if at(&old_in_new, g) != f {
+                return at(&new_frame, f).cmp(&at(&old_frame, g));
+            }
+        }
+        x.len().cmp(&y.len())
+    })
 }
 
 /// `Snapshot.compare_to()` for `filename`, `lineno` and `traceback`,
 /// sorted: every group of either snapshot (groups only in `old` with size
-/// and count 0), the traceback taken from `new` when it has the group.
+/// and count 0), the traceback taken from `new` when it has the group;
+/// biggest first by `|size_diff|`, size, `|count_diff|`, count, then the
+/// position of its key in the merged key order (tracemalloc's traceback
+/// order).
 pub(super) fn compare_to(
     (new, new_traces): (&Index, &[Trace]),
     (old, old_traces): (&Index, &[Trace]),
@@ -751,83 +798,74 @@ pub(super) fn compare_to(
     let before = group_totals(old, old_traces, group_by, cumulative);
     let matched = matched_groups(new, old, group_by);
     let get = |totals: &[Totals], id: u32| totals.get(id as usize).copied().unwrap_or_default();
-    let mut keys = Vec::with_capacity(matched.len());
-    // Per position: the group's id in `new` when it has the group, else
-    // its id in `old` with the `OLD` flag.
-    let mut source: Vec<u64> = Vec::with_capacity(matched.len());
-    for (position, &(a, b)) in matched.iter().enumerate() {
-        let n = get(&now, a);
-        let o = get(&before, b);
-        source.push(if n.count > 0 {
-            u64::from(a)
-        } else {
-            u64::from(b) | OLD
-        });
+    let totals = |position: usize| {
+        let (a, b) = matched.get(position).copied().unwrap_or((NONE, NONE));
+        (a, b, get(&now, a), get(&before, b))
+    };
+    // The sort key, with the signs of the differences last (positions are
+    // unique: they never decide). Bit 1: `size_diff` is negative; bit 0:
+    // `count_diff` is.
+    let key = |position: usize| {
+        let (_, _, n, o) = totals(position);
         if n.count == 0 && o.count == 0 {
-            continue;
+            return None;
         }
         let size_diff = difference(n.size, o.size);
         let count_diff = difference(n.count, o.count);
-        keys.push(DiffKey {
-            size_diff: size_diff.unsigned_abs(),
-            size: n.size,
-            count_diff: count_diff.unsigned_abs(),
-            count: n.count,
-            position: u32::try_from(position).unwrap_or(NONE),
-            negative: (u8::from(size_diff < 0) << 1) | u8::from(count_diff < 0),
+        Some([
+            size_diff.unsigned_abs(),
+            n.size,
+            count_diff.unsigned_abs(),
+            n.count,
+            position as u64,
+            (u64::from(size_diff < 0) << 1) | u64::from(count_diff < 0),
+        ])
+    };
+    let group = |position: usize| {
+        let (a, b, n, o) = totals(position);
+        if n.count > 0 {
+            Some((new, a as usize))
+        } else if o.count > 0 {
+            Some((old, b as usize))
+        } else {
+            None
+        }
+    };
+    let n = matched.len();
+    // Sorting and making the tracebacks are independent: on two threads.
+    let (keys, mut tracebacks) = join(
+        threads_for(n) > 1,
+        || SortedKeys::sort(n, key),
+        || group_tracebacks(n, group, group_by, cumulative),
+    );
+    let mut diffs = Vec::with_capacity(keys.len());
+    for i in 0..keys.len() {
+        let Some([size_diff, size, count_diff, count, position, negative]) = keys.get(i) else {
+            continue;
+        };
+        let ahead = keys.get(i + AHEAD).map(|key| key[4]);
+        diffs.push(StatisticDiff {
+            traceback: take_traceback(&mut tracebacks, position, ahead),
+            size,
+            size_diff: signed(size_diff, negative & 2 != 0),
+            count,
+            count_diff: signed(count_diff, negative & 1 != 0),
+            label: None,
         });
     }
-    drop((now, before, matched));
-    let keys = sort_diffs(keys);
-    let group = |key: &DiffKey| {
-        let id = source
-            .get(key.position as usize)
-            .copied()
-            .unwrap_or(u64::from(NONE));
-        let index = if id & OLD == 0 { new } else { old };
-        (index, id as u32)
-    };
-    // Three dependent reads per traceback group (its source, its view,
-    // the reference count): fetched ahead at three distances.
-    let traceback = group_by == GroupBy::Traceback;
-    build(keys.len(), |i| {
-        if traceback {
-            if let Some(far) = keys.get(i + 2 * AHEAD)
-                && let Some(source) = source.get(far.position as usize)
-            {
-                prefetch(std::ptr::from_ref(source).cast());
-            }
-            if let Some(ahead) = keys.get(i + AHEAD) {
-                let (index, id) = group(ahead);
-                touch(index, id, group_by, true);
-            }
-            if let Some(ahead) = keys.get(i + AHEAD / 2) {
-                let (index, id) = group(ahead);
-                touch(index, id, group_by, false);
-            }
-        }
-        let key = keys.get(i).copied().unwrap_or(DiffKey {
-            size_diff: 0,
-            size: 0,
-            count_diff: 0,
-            count: 0,
-            position: NONE,
-            negative: 0,
-        });
-        let (index, id) = group(&key);
-        StatisticDiff {
-            traceback: group_traceback(index, id, group_by, cumulative),
-            size: key.size,
-            size_diff: DiffKey::signed(key.size_diff, key.negative & 2 != 0),
-            count: key.count,
-            count_diff: DiffKey::signed(key.count_diff, key.negative & 1 != 0),
-            label: None,
-        }
-    })
+    diffs
 }
 
-/// The flag of an id in `old` in [`compare_to`]'s sources.
-const OLD: u64 = 1 << 32;
+/// The `i64` of magnitude `magnitude` (from `i64::unsigned_abs`: at most
+/// 2^63) and sign `negative`.
+fn signed(magnitude: u64, negative: bool) -> i64 {
+    match (i64::try_from(magnitude), negative) {
+        (Ok(value), false) => value,
+        (Ok(value), true) => -value,
+        (Err(_), false) => i64::MAX,
+        (Err(_), true) => i64::MIN,
+    }
+}
 
 /// Runs `part` over contiguous chunks of `distinct` on several threads
 /// (as many as `work` items call for) and merges the chunks' groups in
@@ -1086,7 +1124,7 @@ mod tests {
     }
 
     #[test]
-    fn packed_sorts_equal_the_struct_sort_whatever_the_widths() {
+    fn packed_sorts_equal_the_plain_sort_whatever_the_widths() {
         let mut seed = 7u64;
         let mut next = move |bits: u32| {
             seed = seed
@@ -1095,50 +1133,29 @@ mod tests {
             (seed >> 11) >> (53 - bits.min(53))
         };
         // Small values (one u64), wider ones (one u128), and full-width
-        // ones (no packing).
-        for bits in [4, 20, 53] {
-            let keys: Vec<StatKey> = (0..2000)
-                .map(|id| StatKey {
-                    size: next(bits),
-                    count: next(bits.min(20)),
-                    id,
+        // ones (not packed); some keys absent.
+        for bits in [4, 20, 40, 64] {
+            let keys: Vec<Option<[u64; 3]>> = (0..2000u64)
+                .map(|id| {
+                    let big = |v: u64| if bits == 64 { v << 11 | 1 << 63 } else { v };
+                    let count = if bits == 64 {
+                        big(next(53))
+                    } else {
+                        next(bits.min(12))
+                    };
+                    (id % 7 != 3).then(|| [big(next(bits)), count, id])
                 })
                 .collect();
-            let mut expected = keys.clone();
+            let sorted = SortedKeys::sort(keys.len(), |i| keys[i]);
+            let mut expected: Vec<[u64; 3]> = keys.iter().flatten().copied().collect();
             expected.sort_by(|a, b| b.cmp(a));
-            assert!(sort_statistics(keys) == expected, "{bits} bits");
-            let diffs: Vec<DiffKey> = (0..2000)
-                .map(|position| DiffKey {
-                    size_diff: next(bits),
-                    size: next(bits),
-                    count_diff: next(bits.min(8)),
-                    count: next(bits.min(8)),
-                    position,
-                    negative: (next(2) & 3) as u8,
-                })
-                .collect();
-            let mut expected = diffs.clone();
-            expected.sort_by(|a, b| b.cmp(a));
-            assert!(sort_diffs(diffs) == expected, "{bits} bits");
+            let got: Vec<[u64; 3]> = (0..sorted.len()).filter_map(|i| sorted.get(i)).collect();
+            assert_eq!(got, expected, "{bits} bits");
+            assert!(sorted.get(sorted.len()).is_none());
         }
-        let huge = vec![
-            StatKey {
-                size: u64::MAX,
-                count: u64::MAX,
-                id: 1,
-            },
-            StatKey {
-                size: u64::MAX,
-                count: u64::MAX,
-                id: 2,
-            },
-        ];
-        assert_eq!(
-            sort_statistics(huge)
-                .iter()
-                .map(|k| k.id)
-                .collect::<Vec<_>>(),
-            [2, 1]
-        );
+        assert_eq!(signed(5, true), -5);
+        assert_eq!(signed(5, false), 5);
+        assert_eq!(signed(1 << 63, true), i64::MIN);
+        assert_eq!(difference(0, u64::MAX).unsigned_abs(), 1 << 63);
     }
 }
