@@ -288,8 +288,10 @@ impl Index {
                 true
             }
         };
+        drop(hints);
         if !complete {
             // Hints that do not describe the arcs: number them anew.
+            drop(first);
             return Index::build(interned, None);
         }
         let FirstPass {
@@ -562,6 +564,12 @@ impl<'a> FirstPass<'a> {
             }
             if let Some(ahead) = arcs.get(a + AHEAD) {
                 prefetch(ahead.frames().as_ptr().cast());
+            }
+            // The lookups miss the cache: fetch the next arc's buckets.
+            if let Some(next) = arcs.get(a + 1) {
+                for frame in next.frames() {
+                    by_address.prefetch(&address(frame));
+                }
             }
             for (position, frame) in arc.frames().iter().enumerate() {
                 let (slot, new) = by_address.get_or_insert(address(frame), || NONE);
