@@ -91,6 +91,18 @@ fn main() -> anyhow::Result<()> {
         status_kib("VmRSS:").unwrap_or(0),
         status_kib("VmHWM:").unwrap_or(0)
     );
+    // What a snapshot made from traces (as the capture makes them: no
+    // loader's interning) costs to index.
+    let traces = new.traces().to_vec();
+    let started = Instant::now();
+    let user_start = user_seconds();
+    let rebuilt = Snapshot::new(traces, new.traceback_limit());
+    eprintln!(
+        "Snapshot::new of the new file's traces: {:.6} s, user {:.6} s",
+        started.elapsed().as_secs_f64(),
+        user_seconds() - user_start
+    );
+    drop(rebuilt);
     for (name, group_by, cumulative, compare) in OPS {
         if only.is_some_and(|only| only != name) {
             continue;
