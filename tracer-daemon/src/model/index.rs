@@ -898,6 +898,19 @@ mod tests {
             assert_eq!(a.file_hash, b.file_hash);
         };
         same(&plain, &hinted);
+        // A subset, as filter_traces makes it: its own index from hints.
+        let kept: Vec<bool> = (0..traces.len()).map(|i| i % 3 != 1).collect();
+        let subset: Vec<Trace> = traces
+            .iter()
+            .zip(&kept)
+            .filter(|(_, k)| **k)
+            .map(|(t, _)| t.clone())
+            .collect();
+        let (interned, parents) = plain.interned.subset(&kept);
+        same(
+            &Index::build(Interned::of(&subset), None),
+            &Index::build(interned, Some(plain.hints_for(&parents))),
+        );
         // Hints that do not fit are ignored.
         let mut short = plain.hints_for(&keep);
         short.spans.pop();
