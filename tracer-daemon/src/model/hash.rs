@@ -1,11 +1,12 @@
-//! A small, fast, deterministic hasher for the grouping tables of the model.
+//! A small, fast, deterministic hasher for the hash tables of the model.
 //!
-//! `statistics()` on a snapshot of 1,000,000 traces does one table lookup per
-//! trace (keyed by the address of its interned traceback) and one per distinct
-//! frame. std's SipHash costs more than the rest of that work together, so the
-//! model uses the multiply-rotate scheme of rustc's `FxHasher` with a final
-//! folded multiply, because hashbrown takes the bucket index from the low bits
-//! and `Arc` addresses have their low 3–4 bits at zero.
+//! Indexing a snapshot of 1,000,000 traces looks up every distinct frame by
+//! its text, hashes every distinct traceback's frame ids, and the loaders and
+//! the `function`/`module` groupings key tables by addresses and names.
+//! std's SipHash would cost more than the rest of that work, so the model
+//! uses the multiply-rotate scheme of rustc's `FxHasher` with a final folded
+//! multiply, because hashbrown takes the bucket index from the low bits and
+//! `Arc` addresses have their low 3–4 bits at zero.
 //!
 //! Not resistant to chosen collisions: keys are allocation addresses, and
 //! file names from the traced programs' own debug info.

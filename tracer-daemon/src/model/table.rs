@@ -1,9 +1,11 @@
-//! A small open-addressing hash table for the grouping's hot loops, keyed
-//! by addresses (of an interned traceback, or of a file name plus a line),
+//! A small open-addressing hash table for the indexing's hot loops, keyed
+//! by addresses (of a traceback, or of a file name plus a line) or hashes,
 //! whose lookups can be prefetched.
 //!
-//! `statistics()` on 1,000,000 traces does one lookup per trace into a
-//! table of hundreds of thousands of entries: every lookup is a cache miss.
+//! Indexing 1,000,000 traces does one lookup per trace (by the address of
+//! its traceback) into a table of hundreds of thousands of entries, and
+//! without a loader's frame numbers one per frame of every distinct
+//! traceback: every lookup is a cache miss.
 //! With std's `HashMap` each miss is waited for in turn; here the loop
 //! computes the bucket of the item `AHEAD` positions later and prefetches
 //! it, so many misses are in flight at once. Linear probing keeps a probe
