@@ -197,7 +197,10 @@ fn truncate(snapshot: Snapshot, limit: u32) -> Snapshot {
         .iter()
         .all(|t| t.traceback.frames().len() <= limit_usize)
     {
-        return Snapshot::new(snapshot.traces, limit);
+        // Nothing to cut: the snapshot and its index stay as they are.
+        let mut snapshot = snapshot;
+        snapshot.traceback_limit = limit;
+        return snapshot;
     }
     let mut cut: HashMap<*const Traceback, Arc<Traceback>> = HashMap::new();
     let traces = snapshot
