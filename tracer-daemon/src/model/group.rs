@@ -1023,14 +1023,7 @@ impl<'a> LabelGroups<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn trace(size: u64, traceback: &Arc<Traceback>) -> Trace {
-        Trace {
-            domain: 1,
-            size,
-            traceback: Arc::clone(traceback),
-        }
-    }
+    use crate::model::testing::trace;
 
     fn index_of(traces: &[Trace]) -> Index {
         Index::build(Interned::of(traces), None)

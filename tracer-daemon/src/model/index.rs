@@ -726,14 +726,7 @@ fn sort_sequences<'s>(n: usize, frames: usize, sequence: impl Fn(u32) -> &'s [u3
 mod tests {
     use super::*;
     use crate::model::FrameExtra;
-
-    fn trace(size: u64, traceback: &Arc<Traceback>) -> Trace {
-        Trace {
-            domain: 1,
-            size,
-            traceback: Arc::clone(traceback),
-        }
-    }
+    use crate::model::testing::trace;
 
     fn tb(frames: &[(&str, u32)], total: Option<u32>) -> Arc<Traceback> {
         Arc::new(Traceback::new(

@@ -60,3 +60,20 @@ pub use format::{format_size, format_size_f64, py_repr_str, true_div};
 pub use pickle::{PickleError, dump_tracemalloc, load_tracemalloc};
 pub use snapshot::{GroupBy, Snapshot, Statistic, StatisticDiff};
 pub use traceback::{Frame, FrameExtra, Trace, Traceback, UNKNOWN_FILENAME, is_python_space};
+
+/// Helpers shared by the model's unit tests.
+#[cfg(test)]
+pub(crate) mod testing {
+    use std::sync::Arc;
+
+    use super::{Trace, Traceback};
+
+    /// A trace of `size` bytes in domain 1 with `traceback`.
+    pub(crate) fn trace(size: u64, traceback: &Arc<Traceback>) -> Trace {
+        Trace {
+            domain: 1,
+            size,
+            traceback: Arc::clone(traceback),
+        }
+    }
+}
