@@ -542,6 +542,15 @@ impl<'a> FirstPass<'a> {
     }
 
     /// Ends arc `a`: its frame ids are the last pushed since its start.
+    /// Appends frame `frame_id`, at `position` of arc `a`, to that arc's
+    /// frames (the top frame also marks the frame as seen on top).
+    fn push_frame(&mut self, a: usize, position: usize, frame_id: u32) {
+        if position == 0 {
+            self.top(frame_id, a);
+        }
+        self.arc_frames.push(frame_id);
+    }
+
     fn end_arc(&mut self) {
         let start = self.arc_start.last().copied().unwrap_or(0);
         let ids = self.arc_frames.get(start..).unwrap_or(&[]);
@@ -580,10 +589,7 @@ impl<'a> FirstPass<'a> {
                 } else {
                     *slot
                 };
-                if position == 0 {
-                    self.top(frame_id, a);
-                }
-                self.arc_frames.push(frame_id);
+                self.push_frame(a, position, frame_id);
             }
             self.end_arc();
         }
@@ -617,18 +623,12 @@ impl<'a> FirstPass<'a> {
                     if found == NONE {
                         return false;
                     }
-                    // `by_text` borrowed `self`: look the slot up again.
-                    if let Some(slot) = by_hint.get_mut(hint as usize) {
-                        *slot = found;
-                    }
+                    *slot = found;
                     found
                 } else {
                     *slot
                 };
-                if position == 0 {
-                    self.top(frame_id, a);
-                }
-                self.arc_frames.push(frame_id);
+                self.push_frame(a, position, frame_id);
             }
             self.end_arc();
         }
