@@ -120,6 +120,61 @@ pub const MAP_STACK_SCRATCH: &str = "STACK_SCRATCH";
 pub const STACK_WORDS: usize = 1 + MAX_NFRAME as usize;
 /// Per-process totals: tgid → [`ProcStats`].
 pub const MAP_PROCS: &str = "PROCS";
+/// Direct-mapped per-process totals in front of [`MAP_PROCS`]: an array of
+/// [`PROC_SLOT_COUNT`] [`ProcSlot`]s, the process `tgid` in slot
+/// [`proc_slot_index`]`(tgid)` when it is free at the process's first
+/// allocation, else in `PROCS` (counted in the slot's spill count, so that a
+/// lookup goes to the hash only while some process of the slot is there).
+/// An array lookup is inlined by the verifier; a hash lookup costs about 150
+/// kernel instructions here, and every allocation and free needs one.
+/// `BPF_F_MMAPABLE`: tracerd reads it through a shared mapping.
+pub const MAP_PROC_SLOTS: &str = "PROC_SLOTS";
+/// Slots of [`MAP_PROC_SLOTS`] (a power of two).
+pub const PROC_SLOT_COUNT: u32 = 1 << 12;
+/// Bits of a slot word that hold the owner's tgid (0: free). A tgid is below
+/// `PID_MAX_LIMIT` (2^22 on 64-bit Linux).
+pub const PROC_SLOT_OWNER_MASK: u64 = (1 << 22) - 1;
+/// Shift of a slot word's spill count: processes of this slot in `PROCS`.
+pub const PROC_SLOT_SPILL_SHIFT: u32 = 22;
+/// Largest spill count (10 bits); a process that would exceed it is dropped.
+pub const PROC_SLOT_SPILL_MAX: u64 = (1 << 10) - 1;
+/// Shift of a slot word's generation (the owner's, 32 bits).
+pub const PROC_SLOT_GEN_SHIFT: u32 = 32;
+
+/// One slot of [`MAP_PROC_SLOTS`]: a word that packs owner tgid (bits
+/// 0..22), spill count (22..32) and the owner's generation (32..64), changed
+/// only atomically, and the owner's totals (zero while the slot is free;
+/// `stats.gen_` is not kept: the word's generation is the one).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProcSlot {
+    /// Owner, spill count and generation (see [`ProcSlot`]).
+    pub word: u64,
+    /// The owner's totals.
+    pub stats: ProcStats,
+}
+const _: () = assert!(size_of::<ProcSlot>() == 72);
+
+/// The slot of [`MAP_PROC_SLOTS`] for `tgid`.
+pub const fn proc_slot_index(tgid: u32) -> u32 {
+    tgid & (PROC_SLOT_COUNT - 1)
+}
+
+/// The owner tgid of a slot word (0: free).
+pub const fn proc_slot_owner(word: u64) -> u32 {
+    (word & PROC_SLOT_OWNER_MASK) as u32
+}
+
+/// The spill count of a slot word.
+pub const fn proc_slot_spill(word: u64) -> u64 {
+    (word >> PROC_SLOT_SPILL_SHIFT) & PROC_SLOT_SPILL_MAX
+}
+
+/// The owner's generation of a slot word.
+pub const fn proc_slot_gen(word: u64) -> u32 {
+    (word >> PROC_SLOT_GEN_SHIFT) as u32
+}
+
 /// Per-CPU counters indexed by [`Counter`].
 pub const MAP_COUNTERS: &str = "COUNTERS";
 /// Ring buffer of [`ProcEvent`]s: a process first seen, exec'd or exited.

@@ -26,11 +26,12 @@ use tracer_common::{
     GLOBAL_INFLIGHT_SLOT_MASK, GLOBAL_LIVE_BUCKET_MASK, GLOBAL_NFRAME, GLOBAL_PAGE_SIZE,
     GLOBAL_SAMPLE_MEAN, GLOBAL_TRACERD_TGID, InflightSlot, LIVE_WAYS, MAP_COUNTERS, MAP_EVENTS,
     MAP_EXP_TABLE, MAP_INFLIGHT, MAP_INFLIGHT_SLOTS, MAP_LIVE_ALLOCS, MAP_LIVE_KEYS,
-    MAP_LIVE_VALUES, MAP_PROCS, MAP_STACKS, MAP_SWITCHES, MAX_NFRAME, PROBES, ProcStats,
-    STACK_WORDS, TRACEPOINTS,
+    MAP_LIVE_VALUES, MAP_PROC_SLOTS, MAP_PROCS, MAP_STACKS, MAP_SWITCHES, MAX_NFRAME, PROBES,
+    PROC_SLOT_COUNT, ProcStats, STACK_WORDS, TRACEPOINTS,
 };
 
 use crate::live_table::{self, LiveTable, Removed};
+use crate::proc_slots::ProcSlots;
 
 /// The eBPF object built by `build.rs` (empty when built with `AYA_BUILD_SKIP=1`).
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tracer"));
@@ -202,6 +203,9 @@ pub struct Capture {
     /// map syscalls rather than a typed aya map.
     stacks: MapData,
     procs: BpfHashMap<MapData, u32, ProcStats>,
+    /// `PROC_SLOTS`, mapped; the map itself is kept open beside it.
+    proc_slots: ProcSlots,
+    _proc_slots_map: MapData,
     counters: PerCpuArray<MapData, u64>,
     inflight: BpfHashMap<MapData, u64, tracer_common::Inflight>,
     /// INFLIGHT_SLOTS, read with raw batch lookups (only to count the
@@ -366,6 +370,12 @@ impl Capture {
             }
         };
         let procs = take_map(&mut ebpf, MAP_PROCS)?;
+        let proc_slots_map = take_array(&mut ebpf, MAP_PROC_SLOTS)?;
+        let proc_slots =
+            ProcSlots::map(proc_slots_map.fd().as_fd()).map_err(|e| CaptureError::Map {
+                map: MAP_PROC_SLOTS,
+                reason: format!("cannot map the process slots: {e}"),
+            })?;
         let counters = take_map(&mut ebpf, MAP_COUNTERS)?;
         let inflight = take_map(&mut ebpf, MAP_INFLIGHT)?;
         let inflight_slots_map = take_array(&mut ebpf, MAP_INFLIGHT_SLOTS)?;
@@ -384,6 +394,8 @@ impl Capture {
             _live_table_maps: (live_keys, live_values),
             stacks,
             procs,
+            proc_slots,
+            _proc_slots_map: proc_slots_map,
             counters,
             inflight,
             inflight_slots: inflight_slots_map,
@@ -611,18 +623,29 @@ impl Capture {
         self.config.max_stacks
     }
 
-    /// Totals of one process's current image from `PROCS`.
+    /// Totals of one process's current image, from its slot of `PROC_SLOTS`
+    /// or from `PROCS`.
     pub fn proc_stats(&self, tgid: u32) -> Option<ProcStats> {
-        self.procs.get(&tgid, 0).ok()
+        self.proc_slots.get(tgid).or_else(|| {
+            self.proc_slots
+                .spilled(tgid)
+                .then(|| self.procs.get(&tgid, 0).ok())
+                .flatten()
+        })
     }
 
-    /// Every process in `PROCS`: tgid → totals.
+    /// Every traced process (`PROC_SLOTS` and `PROCS`): tgid → totals.
     pub fn all_proc_stats(&self) -> Vec<(u32, ProcStats)> {
-        self.procs.iter().filter_map(Result::ok).collect()
+        let mut all = self.proc_slots.all();
+        all.extend(self.procs.iter().filter_map(Result::ok));
+        all
     }
 
     /// Sets the peak of `tgid` to its current value (`reset_peak()`).
     pub fn reset_peak(&mut self, tgid: u32) -> bool {
+        if self.proc_slots.reset_peak(tgid) {
+            return true;
+        }
         let Ok(mut stats) = self.procs.get(&tgid, 0) else {
             return false;
         };
@@ -689,6 +712,11 @@ impl Capture {
                 MAP_STACKS,
                 bpf_sys::count_keys::<u64>(self.stacks.fd().as_fd()),
                 u64::from(self.config.max_stacks),
+            ),
+            (
+                MAP_PROC_SLOTS,
+                self.proc_slots.len(),
+                u64::from(PROC_SLOT_COUNT),
             ),
             (
                 MAP_PROCS,

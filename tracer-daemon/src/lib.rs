@@ -16,6 +16,7 @@ pub mod daemon;
 pub mod live_table;
 pub mod metrics;
 pub mod model;
+pub mod proc_slots;
 pub mod process;
 pub mod registry;
 pub mod scope;

@@ -459,10 +459,16 @@ fn process_churn_leaves_no_entries_of_exited_processes() {
             "{process}"
         );
     }
-    let procs = maps["maps"]["PROCS"]["entries"]
-        .as_u64()
-        .expect("PROCS entries");
-    assert!(procs < 200, "PROCS holds {procs} entries after churn");
+    let entries = |map: &str| {
+        maps["maps"][map]["entries"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{map} entries: {maps}"))
+    };
+    let procs = entries("PROC_SLOTS") + entries("PROCS");
+    assert!(
+        procs < 200,
+        "PROC_SLOTS and PROCS hold {procs} processes after churn"
+    );
 }
 
 /// 3000 blocks of 48 bytes kept, then every other one freed, then the
@@ -552,6 +558,94 @@ fn blocks_beyond_a_full_fast_table_spill_and_every_free_finds_them() {
     assert_eq!(live_entries(&tracerd), (0, 0));
     fx.go();
     assert!(fx.finish().success());
+}
+
+/// Spawns `exe` as a process whose pid is `pid`'s, plus or minus a multiple
+/// of PROC_SLOT_COUNT (so that it maps to the same slot of PROC_SLOTS), by
+/// writing the pid before it to `/proc/sys/kernel/ns_last_pid`. Another
+/// process may fork in between: then it is tried again.
+fn spawn_in_slot_of(exe: &std::path::Path, pid: u32) -> Fixture {
+    let pid_max: u32 = std::fs::read_to_string("/proc/sys/kernel/pid_max")
+        .expect("pid_max")
+        .trim()
+        .parse()
+        .expect("pid_max is a number");
+    let slots = tracer_common::PROC_SLOT_COUNT;
+    let target = if pid + slots < pid_max {
+        pid + slots
+    } else {
+        pid - slots
+    };
+    for _ in 0..20 {
+        std::fs::write("/proc/sys/kernel/ns_last_pid", (target - 1).to_string())
+            .expect("write ns_last_pid (needs root)");
+        let mut fx = Fixture::spawn(exe, &[], &[]);
+        if fx.pid() == target {
+            return fx;
+        }
+        fx.expect_line("ready");
+        fx.go();
+        fx.expect_line("allocated");
+        fx.go();
+        fx.expect_line("half");
+        fx.go();
+        fx.expect_line("freed");
+        fx.go();
+        assert!(fx.finish().success());
+    }
+    panic!("no process got pid {target} in 20 tries");
+}
+
+#[test]
+fn a_process_whose_slot_is_taken_has_exact_totals_from_procs() {
+    let dir = TempDir::new("slots");
+    let (exe, _, _) = fixture(&dir, "slots", SPILL);
+    let tracerd = Tracerd::start(&[]);
+    let mut owner = Fixture::spawn(&exe, &[], &[]);
+    owner.expect_line("ready");
+    owner.go();
+    owner.expect_line("allocated");
+    tracerd.wait_traced(owner.pid());
+    let mut other = spawn_in_slot_of(&exe, owner.pid());
+    assert_eq!(
+        tracer_common::proc_slot_index(other.pid()),
+        tracer_common::proc_slot_index(owner.pid())
+    );
+    other.expect_line("ready");
+    other.go();
+    other.expect_line("allocated");
+    tracerd.wait_traced(other.pid());
+    let (_, maps) = tracerd.get("/maps");
+    let in_procs = maps["maps"]["PROCS"]["entries"].as_u64();
+    assert!(in_procs.is_some_and(|n| n >= 1), "{maps}");
+    for fx in [&owner, &other] {
+        assert_eq!(totals(&tracerd, fx.pid()), [3000, 0, 0, 3000, 144_000]);
+    }
+    other.go();
+    other.expect_line("half");
+    assert_eq!(totals(&tracerd, other.pid()), [3000, 1500, 0, 1500, 72_000]);
+    owner.go();
+    owner.expect_line("half");
+    assert_eq!(totals(&tracerd, owner.pid()), [3000, 1500, 0, 1500, 72_000]);
+    other.go();
+    other.expect_line("freed");
+    assert_eq!(totals(&tracerd, other.pid()), [3000, 3000, 0, 0, 0]);
+    // reset_peak in both places: the owner's slot and the other's entry.
+    for (fx, current) in [(&owner, 72_000), (&other, 0)] {
+        let (status, peak) = tracerd.post(&format!("/pid/{}/reset-peak", fx.pid()));
+        assert_eq!(status, 200, "{peak}");
+        assert_eq!(
+            (&peak["current"], &peak["peak"]),
+            (&current.into(), &current.into())
+        );
+    }
+    owner.go();
+    owner.expect_line("freed");
+    assert_eq!(totals(&tracerd, owner.pid()), [3000, 3000, 0, 0, 0]);
+    for mut fx in [other, owner] {
+        fx.go();
+        assert!(fx.finish().success());
+    }
 }
 
 const EXEC: &str = r#"

@@ -42,8 +42,10 @@ use aya_ebpf::{
 use tracer_common::{
     AllocInfo, AllocKey, COUNTER_SLOTS, Counter, EVENTS_RING_BYTES, EXP_TABLE_LEN,
     INFLIGHT_OVERFLOW, INFLIGHT_SLOT_COUNT, INFLIGHT_UNSAMPLED, Inflight, InflightSlot,
-    LIVE_BUCKET_COUNT, LIVE_BUSY, LIVE_EMPTY, LIVE_WAYS, LiveBucket, MAX_NFRAME, ProcEvent,
-    ProcEventKind, ProcStats, STACK_ID_NONE, STACK_WORDS, live_key,
+    LIVE_BUCKET_COUNT, LIVE_BUSY, LIVE_EMPTY, LIVE_WAYS, LiveBucket, MAX_NFRAME, PROC_SLOT_COUNT,
+    PROC_SLOT_GEN_SHIFT, PROC_SLOT_OWNER_MASK, PROC_SLOT_SPILL_MAX, PROC_SLOT_SPILL_SHIFT,
+    ProcEvent, ProcEventKind, ProcSlot, ProcStats, STACK_ID_NONE, STACK_WORDS, live_key,
+    proc_slot_gen, proc_slot_index, proc_slot_owner, proc_slot_spill,
 };
 
 /// The daemon's own tgid: its allocations are never traced. Set at load time.
@@ -144,6 +146,9 @@ static STACK_SCRATCH: PerCpuArray<[u64; STACK_WORDS]> = PerCpuArray::with_max_en
 
 #[map]
 static PROCS: HashMap<u32, ProcStats> = HashMap::with_max_entries(1 << 16, 0);
+
+#[map]
+static PROC_SLOTS: Array<ProcSlot> = Array::with_max_entries(PROC_SLOT_COUNT, BPF_F_MMAPABLE);
 
 #[map]
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTER_SLOTS, 0);
@@ -300,7 +305,7 @@ fn record_entry(size: u64, ptr: u64, overflow: bool) -> Option<u32> {
     }
     // Its return will find no entry: nothing of this call is recorded.
     count(Counter::DropInflightFull);
-    if let Some(stats) = PROCS.get_ptr_mut(tgid) {
+    if let Some((stats, _)) = find_proc(tgid) {
         // SAFETY: a PROCS value.
         fetch_add(unsafe { &raw mut (*stats).drops }, 1);
     }
@@ -453,29 +458,113 @@ fn take_inflight() -> Option<(u32, Inflight)> {
     Some((tgid, value))
 }
 
-/// The totals of `tgid`, created (with a new generation, and a `New` event
-/// for userspace) at the process image's first allocation.
+/// The slot of `tgid` in PROC_SLOTS.
 #[inline(always)]
-fn proc_stats(tgid: u32) -> Option<*mut ProcStats> {
-    if let Some(stats) = PROCS.get_ptr_mut(tgid) {
-        return Some(stats);
+fn proc_slot(tgid: u32) -> Option<*mut ProcSlot> {
+    PROC_SLOTS.get_ptr_mut(proc_slot_index(tgid))
+}
+
+/// The totals of `tgid`'s current image and its generation: in its slot of
+/// PROC_SLOTS when it owns it, else in PROCS, looked up only while some
+/// process of the slot is there (its spill count is not 0). None: not seen.
+#[inline(always)]
+fn find_proc(tgid: u32) -> Option<(*mut ProcStats, u32)> {
+    let slot = proc_slot(tgid)?;
+    // SAFETY: a PROC_SLOTS value; its word changes only atomically.
+    let word = unsafe { core::ptr::read_volatile(&raw const (*slot).word) };
+    if proc_slot_owner(word) == tgid {
+        // SAFETY: as above.
+        return Some((unsafe { &raw mut (*slot).stats }, proc_slot_gen(word)));
     }
+    if proc_slot_spill(word) == 0 {
+        return None;
+    }
+    let stats = PROCS.get_ptr_mut(tgid)?;
+    // SAFETY: a PROCS value.
+    Some((stats, unsafe { (*stats).gen_ }))
+}
+
+/// A new generation (unique per process image).
+#[inline(always)]
+fn new_generation() -> Option<u32> {
     let slot = GENERATION.get_ptr_mut(0)?;
-    let gen_ = fetch_add(slot, 1).wrapping_add(1) as u32;
+    Some(fetch_add(slot, 1).wrapping_add(1) as u32)
+}
+
+/// The totals of `tgid` and its generation, created (with a new generation,
+/// and a `New` event for userspace) at the process image's first allocation.
+///
+/// A free slot (no owner, no spill) is claimed by one compare-and-swap of
+/// its word to the tgid and generation; its totals were zeroed when it was
+/// freed. Else the process goes to PROCS, after one compare-and-swap that
+/// counts it in the slot's spill count (so that it is looked for there, and
+/// so that the slot is not claimed meanwhile by another thread of it).
+#[inline(always)]
+fn proc_stats(tgid: u32) -> Option<(*mut ProcStats, u32)> {
+    if let Some(found) = find_proc(tgid) {
+        return Some(found);
+    }
+    let slot = proc_slot(tgid)?;
+    // SAFETY: a PROC_SLOTS value.
+    let word_ptr = unsafe { &raw mut (*slot).word };
+    let fits = u64::from(tgid) <= PROC_SLOT_OWNER_MASK;
+    let mut tries = 0;
+    while tries < 4 {
+        // SAFETY: as above; the word changes only atomically.
+        let word = unsafe { core::ptr::read_volatile(word_ptr) };
+        let spill = proc_slot_spill(word);
+        if proc_slot_owner(word) == tgid {
+            // SAFETY: as above.
+            return Some((unsafe { &raw mut (*slot).stats }, proc_slot_gen(word)));
+        }
+        if fits && proc_slot_owner(word) == 0 && spill == 0 {
+            let gen_ = new_generation()?;
+            let owned = u64::from(tgid) | (u64::from(gen_) << PROC_SLOT_GEN_SHIFT);
+            if compare_exchange(word_ptr, word, owned) == word {
+                send_event(ProcEventKind::New, tgid, gen_, &ProcStats::default());
+                // SAFETY: as above.
+                return Some((unsafe { &raw mut (*slot).stats }, gen_));
+            }
+        } else if spill < PROC_SLOT_SPILL_MAX {
+            if compare_exchange(word_ptr, word, word + (1 << PROC_SLOT_SPILL_SHIFT)) == word {
+                return hash_proc(tgid, word_ptr);
+            }
+        } else {
+            break;
+        }
+        tries += 1;
+    }
+    count(Counter::DropProcsFull);
+    None
+}
+
+/// Puts `tgid` in PROCS, counted already in the spill count at `word`.
+#[inline(always)]
+fn hash_proc(tgid: u32, word: *mut u64) -> Option<(*mut ProcStats, u32)> {
+    let unspill = || fetch_add(word, (1u64 << PROC_SLOT_SPILL_SHIFT).wrapping_neg());
+    let Some(gen_) = new_generation() else {
+        unspill();
+        return None;
+    };
     let stats = ProcStats {
         gen_,
         ..ProcStats::default()
     };
     match PROCS.insert(tgid, stats, BPF_NOEXIST as u64) {
         Ok(()) => send_event(ProcEventKind::New, tgid, gen_, &ProcStats::default()),
-        // Another thread of the process created it first.
-        Err(e) if e == -EEXIST => {}
+        // Another thread of the process created it first (and counted it).
+        Err(e) if e == -EEXIST => {
+            unspill();
+        }
         Err(_) => {
+            unspill();
             count(Counter::DropProcsFull);
             return None;
         }
     }
-    PROCS.get_ptr_mut(tgid)
+    let stats = PROCS.get_ptr_mut(tgid)?;
+    // SAFETY: a PROCS value.
+    Some((stats, unsafe { (*stats).gen_ }))
 }
 
 #[inline(always)]
@@ -586,7 +675,12 @@ fn find_way(bucket: *mut LiveBucket, key: u64) -> u32 {
 /// of its bucket spilled there.
 #[inline(always)]
 fn remove_block(tgid: u32, ptr: u64, count_unknown: bool) {
-    let stats = PROCS.get_ptr_mut(tgid);
+    // The generation is defined on every path (0 when not found): the
+    // verifier refuses a stack slot that LLVM leaves unwritten on some.
+    let (stats, gen_) = match find_proc(tgid) {
+        Some((stats, gen_)) => (Some(stats), gen_),
+        None => (None, 0),
+    };
     let place = live_place(tgid, ptr);
     if let Some((bucket, index, key)) = place {
         let way = find_way(bucket, key);
@@ -596,7 +690,7 @@ fn remove_block(tgid: u32, ptr: u64, count_unknown: bool) {
             let Some(info) = LIVE_VALUES.get(index * LIVE_WAYS + way).copied() else {
                 return;
             };
-            let Some(stats) = current_image(stats, &info, count_unknown) else {
+            let Some(stats) = current_image(stats, gen_, &info, count_unknown) else {
                 return;
             };
             if compare_exchange(way_ptr(bucket, way), key, LIVE_EMPTY) == key {
@@ -628,7 +722,7 @@ fn remove_block(tgid: u32, ptr: u64, count_unknown: bool) {
             return;
         }
     };
-    let Some(stats) = current_image(stats, &info, count_unknown) else {
+    let Some(stats) = current_image(stats, gen_, &info, count_unknown) else {
         return;
     };
     // Only the thread whose delete succeeds accounts for the block.
@@ -642,18 +736,19 @@ fn remove_block(tgid: u32, ptr: u64, count_unknown: bool) {
     }
 }
 
-/// The totals of `tgid` when `info` is a block of its current image; else
-/// None (a block of an earlier image of this pid, which userspace removes),
-/// counted as an unknown free when `count_unknown`.
+/// The totals of the process (`stats` of generation `gen_`, from
+/// [`find_proc`]) when `info` is a block of its current image; else None (a
+/// block of an earlier image of this pid, which userspace removes), counted
+/// as an unknown free when `count_unknown`.
 #[inline(always)]
 fn current_image(
     stats: Option<*mut ProcStats>,
+    gen_: u32,
     info: &AllocInfo,
     count_unknown: bool,
 ) -> Option<*mut ProcStats> {
     let stats = stats?;
-    // SAFETY: a PROCS value.
-    if unsafe { (*stats).gen_ } != info.gen_ {
+    if gen_ != info.gen_ {
         if count_unknown {
             unknown_free(Some(stats));
         }
@@ -834,11 +929,9 @@ fn record_alloc(ctx: &RetProbeContext, tgid: u32, addr: u64, size: u64) {
     let stack_id = stack_id(ctx);
     // SAFETY: regs points at the probe's saved registers for its duration.
     let frame0 = unsafe { (*ctx.regs).rip };
-    let Some(stats) = proc_stats(tgid) else {
+    let Some((stats, gen_)) = proc_stats(tgid) else {
         return;
     };
-    // SAFETY: a PROCS value.
-    let gen_ = unsafe { (*stats).gen_ };
     let info = AllocInfo {
         size,
         stack_id,
@@ -1097,15 +1190,52 @@ pub fn posix_memalign_exit(ctx: RetProbeContext) -> u32 {
 // ----------------------------------------------------------- process lifecycle
 
 /// Ends the current generation of `tgid`: its totals go to userspace in an
-/// event, which then removes its blocks from `LIVE_ALLOCS`.
+/// event, which then removes its blocks from the live maps. Its slot of
+/// PROC_SLOTS is freed (totals zeroed first, for the next owner; the spill
+/// count kept), or its PROCS entry removed (and uncounted from the slot).
 #[inline(always)]
 fn end_generation(kind: ProcEventKind, tgid: u32) {
+    let Some(slot) = proc_slot(tgid) else {
+        return;
+    };
+    // SAFETY: a PROC_SLOTS value; its word changes only atomically.
+    let word_ptr = unsafe { &raw mut (*slot).word };
+    // SAFETY: as above.
+    let word = unsafe { core::ptr::read_volatile(word_ptr) };
+    if proc_slot_owner(word) == tgid {
+        // SAFETY: as above. No thread of the process runs any more (exit of
+        // the last one, or exec, which ended the others).
+        let mut stats = unsafe { (*slot).stats };
+        stats.gen_ = proc_slot_gen(word);
+        // SAFETY: as above.
+        unsafe { (*slot).stats = ProcStats::default() };
+        // Only the owner and generation go: the spill count may change
+        // meanwhile, by compare-and-swap, and is kept.
+        let mut seen = word;
+        let mut tries = 0;
+        while tries < 8 && proc_slot_owner(seen) == tgid {
+            let free = seen & (PROC_SLOT_SPILL_MAX << PROC_SLOT_SPILL_SHIFT);
+            let old = compare_exchange(word_ptr, seen, free);
+            if old == seen {
+                break;
+            }
+            seen = old;
+            tries += 1;
+        }
+        send_event(kind, tgid, stats.gen_, &stats);
+        return;
+    }
+    if proc_slot_spill(word) == 0 {
+        return;
+    }
     let Some(stats) = PROCS.get_ptr(tgid) else {
         return;
     };
     // SAFETY: a PROCS value, copied out at once.
     let stats = unsafe { *stats };
-    let _ = PROCS.remove(tgid);
+    if PROCS.remove(tgid).is_ok() {
+        fetch_add(word_ptr, (1u64 << PROC_SLOT_SPILL_SHIFT).wrapping_neg());
+    }
     send_event(kind, tgid, stats.gen_, &stats);
 }
 

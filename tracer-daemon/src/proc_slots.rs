@@ -1,0 +1,137 @@
+//! tracerd's side of the kernel's direct-mapped per-process totals,
+//! `PROC_SLOTS`: [`PROC_SLOT_COUNT`] [`ProcSlot`]s in a `BPF_F_MMAPABLE`
+//! array, read through a shared mapping with the atomics the programs use.
+//!
+//! The protocol (see tracer-ebpf's `proc_stats` and `end_generation`): a
+//! process claims its free slot ([`proc_slot_index`]) at its first
+//! allocation by one compare-and-swap of the slot word to its tgid and
+//! generation; if the slot is taken it goes to `PROCS`, counted in the
+//! slot's spill count. The slot is freed (totals zeroed, the word's owner
+//! and generation cleared) when the image ends.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tracer_common::{
+    PROC_SLOT_COUNT, ProcSlot, ProcStats, proc_slot_gen, proc_slot_index, proc_slot_owner,
+    proc_slot_spill,
+};
+
+/// Words (u64) per [`ProcSlot`]: the slot word, then [`ProcStats`].
+const SLOT_WORDS: usize = size_of::<ProcSlot>() / 8;
+/// Word of [`ProcStats::current`] within a slot (after the slot word and
+/// `gen_`/`_pad`).
+const CURRENT: usize = 2;
+/// Word of [`ProcStats::peak`] within a slot.
+const PEAK: usize = 3;
+
+/// The mapped array. Every access is atomic: the programs change it
+/// concurrently.
+pub struct ProcSlots {
+    map: memmap2::MmapRaw,
+}
+
+impl ProcSlots {
+    /// Maps the array `fd` ([`PROC_SLOT_COUNT`] [`ProcSlot`]s) read-write.
+    ///
+    /// # Errors
+    /// The kernel refused the mapping (the map is not `BPF_F_MMAPABLE`).
+    pub fn map(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<Self> {
+        use std::os::fd::AsRawFd as _;
+        let map = memmap2::MmapOptions::new()
+            .len(PROC_SLOT_COUNT as usize * size_of::<ProcSlot>())
+            .map_raw(fd.as_raw_fd())?;
+        Ok(Self { map })
+    }
+
+    /// Word `word` (0: the slot word) of slot `index`.
+    fn word(&self, index: u32, word: usize) -> &AtomicU64 {
+        debug_assert!(index < PROC_SLOT_COUNT && word < SLOT_WORDS);
+        let at = index as usize * SLOT_WORDS + word;
+        // SAFETY: in bounds (index < PROC_SLOT_COUNT, SLOT_WORDS words a
+        // slot); 8-byte aligned (page-aligned mapping, 72-byte slots); the
+        // programs change it only atomically or while the slot is free.
+        unsafe { &*self.map.as_ptr().cast::<AtomicU64>().add(at) }
+    }
+
+    /// The totals of slot `index` as owned by the word `word` (its
+    /// generation in `gen_`), read field by field.
+    fn stats(&self, index: u32, word: u64) -> ProcStats {
+        let field = |n: usize| self.word(index, 1 + n).load(Ordering::Relaxed);
+        ProcStats {
+            gen_: proc_slot_gen(word),
+            _pad: 0,
+            current: field(1),
+            peak: field(2),
+            blocks: field(3),
+            allocs: field(4),
+            frees: field(5),
+            unknown_frees: field(6),
+            drops: field(7),
+        }
+    }
+
+    /// The totals of `tgid` if it owns its slot; None: it is in `PROCS`,
+    /// or not traced.
+    pub fn get(&self, tgid: u32) -> Option<ProcStats> {
+        let index = proc_slot_index(tgid);
+        let word = self.word(index, 0).load(Ordering::Acquire);
+        (proc_slot_owner(word) == tgid && tgid != 0).then(|| self.stats(index, word))
+    }
+
+    /// Whether some process of `tgid`'s slot is in `PROCS` (else `tgid`
+    /// cannot be there).
+    pub fn spilled(&self, tgid: u32) -> bool {
+        proc_slot_spill(self.word(proc_slot_index(tgid), 0).load(Ordering::Acquire)) != 0
+    }
+
+    /// Every process that owns a slot: tgid → totals.
+    pub fn all(&self) -> Vec<(u32, ProcStats)> {
+        (0..PROC_SLOT_COUNT)
+            .filter_map(|index| {
+                let word = self.word(index, 0).load(Ordering::Acquire);
+                let owner = proc_slot_owner(word);
+                (owner != 0).then(|| (owner, self.stats(index, word)))
+            })
+            .collect()
+    }
+
+    /// Slots owned now.
+    pub fn len(&self) -> u64 {
+        (0..PROC_SLOT_COUNT)
+            .filter(|&index| proc_slot_owner(self.word(index, 0).load(Ordering::Relaxed)) != 0)
+            .count() as u64
+    }
+
+    /// Whether no slot is owned.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Sets the peak of `tgid` to its current value, if it owns its slot.
+    /// Atomic per field: an allocation meanwhile raises the peak again.
+    pub fn reset_peak(&self, tgid: u32) -> bool {
+        if self.get(tgid).is_none() {
+            return false;
+        }
+        let index = proc_slot_index(tgid);
+        let current = self.word(index, CURRENT).load(Ordering::Acquire);
+        self.word(index, PEAK).store(current, Ordering::Release);
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_field_words_match_the_slot_layout() {
+        let slot = ProcSlot::default();
+        let base = std::ptr::from_ref(&slot) as usize;
+        let word_of = |p: *const u64| (p as usize - base) / 8;
+        assert_eq!(SLOT_WORDS, 9);
+        assert_eq!(word_of(&raw const slot.stats.current), CURRENT);
+        assert_eq!(word_of(&raw const slot.stats.peak), PEAK);
+        assert_eq!(word_of(&raw const slot.stats.drops), 8);
+    }
+}
