@@ -1118,13 +1118,8 @@ mod tests {
 
     #[test]
     fn packed_sorts_equal_the_plain_sort_whatever_the_widths() {
-        let mut seed = 7u64;
-        let mut next = move |bits: u32| {
-            seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (seed >> 11) >> (53 - bits.min(53))
-        };
+        let mut random = crate::model::testing::lcg(7);
+        let mut next = move |bits: u32| (random() >> 11) >> (53 - bits.min(53));
         // Small values (one u64), wider ones (one u128), and full-width
         // ones (not packed); some keys absent.
         for bits in [4, 20, 40, 64] {

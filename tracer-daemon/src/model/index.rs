@@ -853,13 +853,8 @@ mod tests {
     #[test]
     fn hints_give_the_index_built_without_them() {
         let names: Vec<Arc<str>> = (0..7).map(|i| Arc::from(format!("f{i}.c"))).collect();
-        let mut seed = 99u64;
-        let mut next = move |n: u64| {
-            seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (seed >> 33) % n
-        };
+        let mut random = crate::model::testing::lcg(99);
+        let mut next = move |n: u64| (random() >> 33) % n;
         let pool: Vec<Arc<Traceback>> = (0..300)
             .map(|_| {
                 let depth = 1 + next(5) as usize;

@@ -68,6 +68,18 @@ pub(crate) mod testing {
 
     use super::{Trace, Traceback};
 
+    /// A deterministic pseudo-random sequence from `seed`: each call returns
+    /// the next state of a 64-bit linear congruential generator (Knuth's
+    /// MMIX constants). Its high bits are the random ones.
+    pub(crate) fn lcg(mut seed: u64) -> impl FnMut() -> u64 {
+        move || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            seed
+        }
+    }
+
     /// A trace of `size` bytes in domain 1 with `traceback`.
     pub(crate) fn trace(size: u64, traceback: &Arc<Traceback>) -> Trace {
         Trace {

@@ -515,13 +515,8 @@ fn threaded_grouping_equals_one_sequential_pass() {
     let names: Vec<Arc<str>> = (0..50).map(|i| Arc::from(format!("f{i}.c"))).collect();
     // A second allocation of some names: equal text, other address.
     let twins: Vec<Arc<str>> = (0..50).map(|i| Arc::from(format!("f{i}.c"))).collect();
-    let mut seed = 12345u64;
-    let mut next = move |n: u64| {
-        seed = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (seed >> 33) % n
-    };
+    let mut random = crate::model::testing::lcg(12345);
+    let mut next = move |n: u64| (random() >> 33) % n;
     let mut pool = Vec::new();
     for i in 0..6000u64 {
         let depth = 1 + next(6) as usize;
