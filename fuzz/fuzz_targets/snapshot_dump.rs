@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tracer_daemon::model::{crc32, decode, encode};
+use tracer_model::{crc32, decode, encode};
 
 fuzz_target!(|data: &[u8]| {
     let _ = decode(data);

@@ -5,5 +5,5 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let _ = tracer_daemon::model::load_tracemalloc(data);
+    let _ = tracer_model::load_tracemalloc(data);
 });

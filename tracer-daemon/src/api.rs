@@ -32,13 +32,12 @@ use serde_json::{Value, json};
 
 use crate::{
     daemon::{Daemon, DaemonError},
-    model::{
-        DomainFilter, Filter, GroupBy, ModelError, Snapshot, Statistic, StatisticDiff, Trace,
-        TraceFilter, Traceback, dump_tracemalloc, encode,
-    },
-    source::LineCache,
-    store::{Completeness, StoreError, unix_ms},
+    store::{StoreError, unix_ms},
     views::{BaseSpec, Scope, Side, SnapshotRef, ViewError},
+};
+use tracer_model::{
+    Completeness, DomainFilter, Filter, GroupBy, LineCache, ModelError, Snapshot, Statistic,
+    StatisticDiff, Trace, TraceFilter, Traceback, dump_tracemalloc, encode,
 };
 
 /// Default number of statistics or traces returned (`limit`); 0 means all.

@@ -15,12 +15,12 @@ use tracer_common::{AllocInfo, AllocKey, ProcEvent, ProcEventKind, ProcStats, ST
 
 use crate::{
     capture::Capture,
-    model::{Frame, FrameExtra, Snapshot, Trace, Traceback},
     process::ModuleMaps,
     registry::{EndEvent, EndReason, ProcessImage, RawBlock, Registry},
-    store::{Completeness, SnapshotStore, SnapshotSummary, StoredSnapshot, unix_ms},
+    store::{SnapshotStore, SnapshotSummary, StoredSnapshot, unix_ms},
     symbolize::Symbolizer,
 };
+use tracer_model::{Completeness, Frame, FrameExtra, Snapshot, Trace, Traceback};
 
 /// Errors of the daemon's operations; [`crate::api`] maps them to statuses.
 #[derive(Debug, thiserror::Error)]
@@ -51,7 +51,7 @@ pub enum DaemonError {
     },
     /// The model refused the request (e.g. cumulative with traceback).
     #[error(transparent)]
-    Model(#[from] crate::model::ModelError),
+    Model(#[from] tracer_model::ModelError),
 }
 
 /// A process as the API lists it.

@@ -40,10 +40,8 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use crate::{
-    daemon::{Daemon, ProcessView},
-    model::GroupBy,
-};
+use crate::daemon::{Daemon, ProcessView};
+use tracer_model::GroupBy;
 
 /// The content type of the OpenMetrics text format that prometheus-client
 /// writes (Prometheus negotiates and parses it).
@@ -514,7 +512,7 @@ impl DaemonCollector {
             for stat in stats.iter().take(self.options.call_sites) {
                 let (filename, lineno) = match stat.traceback.frames().first() {
                     Some(frame) => (frame.filename.to_string(), frame.lineno.to_string()),
-                    None => (crate::model::UNKNOWN_FILENAME.to_string(), "0".to_string()),
+                    None => (tracer_model::UNKNOWN_FILENAME.to_string(), "0".to_string()),
                 };
                 rows.push((index, filename, lineno, stat.size, stat.count));
             }

@@ -19,13 +19,14 @@ use serde_json::{Value, json};
 use crate::{
     control::Tracing,
     daemon::{Daemon, DaemonError, ProcessView, live_stats, lock, raw_blocks},
-    model::{
-        DumpError, ModelError, PickleError, Snapshot, Trace, Traceback, decode, load_tracemalloc,
-    },
     store::{
-        Completeness, SnapshotInfo, SnapshotKind, SnapshotStore, SnapshotSummary, StoreError,
-        StoredSnapshot, unix_ms,
+        SnapshotInfo, SnapshotKind, SnapshotStore, SnapshotSummary, StoreError, StoredSnapshot,
+        unix_ms,
     },
+};
+use tracer_model::{
+    Completeness, DumpError, ModelError, PickleError, Snapshot, Trace, Traceback, decode,
+    load_tracemalloc,
 };
 
 /// Errors of the views; [`crate::api`] maps them to statuses.
@@ -193,7 +194,7 @@ pub struct TracerMemory {
 fn truncate(snapshot: Snapshot, limit: u32) -> Snapshot {
     let limit_usize = limit as usize;
     if snapshot
-        .traces
+        .traces()
         .iter()
         .all(|t| t.traceback.frames().len() <= limit_usize)
     {
@@ -204,7 +205,7 @@ fn truncate(snapshot: Snapshot, limit: u32) -> Snapshot {
     }
     let mut cut: HashMap<*const Traceback, Arc<Traceback>> = HashMap::new();
     let traces = snapshot
-        .traces
+        .into_traces()
         .into_iter()
         .map(|t| {
             let traceback = if t.traceback.frames().len() <= limit_usize {
@@ -327,7 +328,7 @@ impl Daemon {
                     completeness.add(image.key.0, image.drops);
                     current = current.saturating_add(image.traced_memory.0);
                     peak = peak.saturating_add(image.traced_memory.1);
-                    traces.extend(image.snapshot.traces);
+                    traces.extend(image.snapshot.into_traces());
                 }
                 pids.sort_unstable();
                 Ok(Now {
@@ -477,7 +478,7 @@ impl Daemon {
                 )
             });
         let size = snapshot
-            .traces
+            .traces()
             .iter()
             .fold(0u64, |acc, t| acc.saturating_add(t.size));
         let stored = StoredSnapshot {
@@ -1001,7 +1002,7 @@ impl Daemon {
             tracing.traceback_limit,
         );
         snapshot
-            .traces
+            .into_traces()
             .into_iter()
             .next()
             .ok_or(ViewError::NoBlock { pid, address })
@@ -1132,7 +1133,7 @@ pub fn start(daemon: &Arc<Daemon>, state_dir: &Path, policy: AutoPolicy) -> Resu
 #[allow(clippy::unwrap_used)] // Tests may unwrap (STYLE.md).
 mod tests {
     use super::*;
-    use crate::model::Frame;
+    use tracer_model::Frame;
 
     #[test]
     fn truncate_cuts_each_distinct_traceback_once_and_keeps_total_nframe() {

@@ -10,7 +10,7 @@
 //!    for `filename`, `lineno` (each with and without `cumulative`) and
 //!    `traceback`, once each, the cyclic GC off while timing (its best
 //!    case).
-//! 3. `tracer-daemon/examples/bench_model` loads the same files with
+//! 3. `tracer-model/examples/bench_model` loads the same files with
 //!    tracer's pickle reader and times the same calls (median of `--runs`).
 //! 4. Every result line (`str()` of every Statistic / StatisticDiff) of
 //!    both sides is compared: the table is only printed if they are equal.

@@ -145,18 +145,23 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             if !is_root() {
                 bail!("the integration tests load eBPF programs: run `cargo xtask test` as root");
             }
-            // Unit and differential tests of every crate, in parallel.
-            // tracer-ebpf is built by aya-build for the BPF target only.
-            let mut unit = vec![
+            // Tests that need no root, in parallel: every crate but the
+            // daemon (the model's differential tests included), then the
+            // daemon's unit tests. tracer-ebpf is built by aya-build for the
+            // BPF target only.
+            let extra: Vec<&str> = args.iter().filter_map(|a| a.to_str()).collect();
+            let mut pure = vec![
                 "test",
                 "--workspace",
                 "--exclude",
                 "tracer-ebpf",
-                "--lib",
-                "--bins",
+                "--exclude",
+                "tracer-daemon",
                 "--",
             ];
-            let extra: Vec<&str> = args.iter().filter_map(|a| a.to_str()).collect();
+            pure.extend(extra.iter().copied());
+            cargo(&pure)?;
+            let mut unit = vec!["test", "-p", "tracer-daemon", "--lib", "--bins", "--"];
             unit.extend(extra.iter().copied());
             cargo(&unit)?;
             // Integration tests: they attach probes host-wide, so one at a time.
@@ -164,7 +169,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 "test",
                 "-p",
                 "tracer-daemon",
-                "--tests",
+                "--test",
+                "*",
                 "--",
                 "--test-threads=1",
             ];
@@ -360,7 +366,7 @@ fn bench_model(args: &bench_model::BenchModelArgs) -> anyhow::Result<()> {
         "build",
         "--release",
         "-p",
-        "tracer-daemon",
+        "tracer-model",
         "--example",
         "bench_model",
     ])?;

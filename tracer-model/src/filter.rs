@@ -261,7 +261,7 @@ enum Check {
 #[allow(clippy::unwrap_used)] // Tests may unwrap (STYLE.md).
 mod tests {
     use super::*;
-    use crate::model::Trace;
+    use crate::Trace;
 
     fn tb(frames: &[(&str, u32)]) -> Arc<Traceback> {
         Arc::new(Traceback::new(

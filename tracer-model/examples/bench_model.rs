@@ -14,7 +14,7 @@
 use std::{fs, path::PathBuf, time::Instant};
 
 use anyhow::Context as _;
-use tracer_daemon::model::{GroupBy, Snapshot, load_tracemalloc};
+use tracer_model::{GroupBy, Snapshot, load_tracemalloc};
 
 /// (name, key_type, cumulative, compare_to instead of statistics).
 const OPS: [(&str, GroupBy, bool, bool); 10] = [

@@ -22,7 +22,7 @@
 //! "layout": "...", "meta": {...}}`; `meta` is free-form (the store keeps
 //! the snapshot's id, pid, label and times there, and its loss as
 //! `complete`, `drops` and `drops_by_pid`: see
-//! `crate::store::Completeness`). A reader ignores keys it does not know
+//! `crate::Completeness`). A reader ignores keys it does not know
 //! and treats a missing one as absent, so adding a key to `meta` needs no
 //! new version: files written before drops were recorded read as complete.
 //!

@@ -1,7 +1,7 @@
 //! Differential test of the model against CPython's own `tracemalloc`.
 //!
 //! Random snapshots (seeded, so failures replay) are built twice: as
-//! `tracer_daemon::model` values here, and as `tracemalloc.Snapshot(raw_traces,
+//! `tracer_model` values here, and as `tracemalloc.Snapshot(raw_traces,
 //! traceback_limit)` by `tests/support/tracemalloc_oracle.py` under `python3`
 //! (3.11; override the interpreter with `TRACER_PYTHON`). Every output is
 //! compared: `statistics()` and `compare_to()` for each `key_type`, with and
@@ -21,7 +21,7 @@ use std::sync::{Arc, OnceLock};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
-use tracer_daemon::model::{
+use tracer_model::{
     Frame, GroupBy, ModelError, Snapshot, Statistic, StatisticDiff, Trace, Traceback, format_size,
 };
 

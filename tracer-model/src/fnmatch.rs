@@ -58,7 +58,7 @@ impl Token {
 /// A compiled `fnmatch` pattern.
 ///
 /// ```
-/// use tracer_daemon::model::Pattern;
+/// use tracer_model::Pattern;
 /// let p = Pattern::new("/srv/*/cache.[ch]");
 /// assert!(p.matches("/srv/app/src/cache.c"));
 /// assert!(!p.matches("/srv/app/src/cache.cc"));

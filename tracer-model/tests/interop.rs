@@ -16,7 +16,7 @@ use std::sync::Arc;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
-use tracer_daemon::model::{
+use tracer_model::{
     Frame, GroupBy, Snapshot, Trace, Traceback, decode, dump_tracemalloc, encode, load_tracemalloc,
 };
 

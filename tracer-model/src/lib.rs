@@ -16,7 +16,7 @@
 //!
 //! ```
 //! use std::sync::Arc;
-//! use tracer_daemon::model::{Frame, GroupBy, Snapshot, Trace, Traceback};
+//! use tracer_model::{Frame, GroupBy, Snapshot, Trace, Traceback};
 //!
 //! let stack = Arc::new(Traceback::new(
 //!     vec![Frame::new("src/cache.c", 88), Frame::new("src/main.c", 12)],
@@ -38,6 +38,7 @@
 //! );
 //! ```
 
+mod completeness;
 mod dump;
 mod error;
 mod filter;
@@ -47,16 +48,19 @@ mod group;
 mod hash;
 mod index;
 mod intern;
+mod linecache;
 mod pickle;
 mod snapshot;
 mod table;
 mod traceback;
 
+pub use completeness::Completeness;
 pub use dump::{DUMP_MAGIC, DUMP_VERSION, Decoded, DumpError, crc32, decode, encode};
 pub use error::ModelError;
 pub use filter::{DomainFilter, Filter, TraceFilter, normalize_filename};
 pub use fnmatch::Pattern;
 pub use format::{format_size, format_size_f64, py_repr_str, true_div};
+pub use linecache::{LineCache, MAX_SOURCE_BYTES};
 pub use pickle::{PickleError, dump_tracemalloc, load_tracemalloc};
 pub use snapshot::{GroupBy, Snapshot, Statistic, StatisticDiff};
 pub use traceback::{Frame, FrameExtra, Trace, Traceback, UNKNOWN_FILENAME, is_python_space};

@@ -1023,7 +1023,7 @@ impl<'a> LabelGroups<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::testing::trace;
+    use crate::testing::trace;
 
     fn index_of(traces: &[Trace]) -> Index {
         Index::build(Interned::of(traces), None)
@@ -1118,7 +1118,7 @@ mod tests {
 
     #[test]
     fn packed_sorts_equal_the_plain_sort_whatever_the_widths() {
-        let mut random = crate::model::testing::lcg(7);
+        let mut random = crate::testing::lcg(7);
         let mut next = move |bits: u32| (random() >> 11) >> (53 - bits.min(53));
         // Small values (one u64), wider ones (one u128), and full-width
         // ones (not packed); some keys absent.

@@ -2,7 +2,7 @@
 //! same traces.
 
 use super::*;
-use crate::model::{Frame, FrameExtra};
+use crate::{Frame, FrameExtra};
 
 /// `(domain, size in bytes, frames as (filename, lineno), most recent first)`.
 type RawTrace<'a> = (u32, u64, &'a [(&'a str, u32)]);
@@ -515,7 +515,7 @@ fn threaded_grouping_equals_one_sequential_pass() {
     let names: Vec<Arc<str>> = (0..50).map(|i| Arc::from(format!("f{i}.c"))).collect();
     // A second allocation of some names: equal text, other address.
     let twins: Vec<Arc<str>> = (0..50).map(|i| Arc::from(format!("f{i}.c"))).collect();
-    let mut random = crate::model::testing::lcg(12345);
+    let mut random = crate::testing::lcg(12345);
     let mut next = move |n: u64| (random() >> 33) % n;
     let mut pool = Vec::new();
     for i in 0..6000u64 {

@@ -725,8 +725,8 @@ fn sort_sequences<'s>(n: usize, frames: usize, sequence: impl Fn(u32) -> &'s [u3
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::FrameExtra;
-    use crate::model::testing::trace;
+    use crate::FrameExtra;
+    use crate::testing::trace;
 
     fn tb(frames: &[(&str, u32)], total: Option<u32>) -> Arc<Traceback> {
         Arc::new(Traceback::new(
@@ -853,7 +853,7 @@ mod tests {
     #[test]
     fn hints_give_the_index_built_without_them() {
         let names: Vec<Arc<str>> = (0..7).map(|i| Arc::from(format!("f{i}.c"))).collect();
-        let mut random = crate::model::testing::lcg(99);
+        let mut random = crate::testing::lcg(99);
         let mut next = move |n: u64| (random() >> 33) % n;
         let pool: Vec<Arc<Traceback>> = (0..300)
             .map(|_| {

@@ -10,9 +10,7 @@ use std::sync::Arc;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
-use tracer_daemon::model::{
-    DomainFilter, Filter, Frame, Pattern, Snapshot, Trace, TraceFilter, Traceback,
-};
+use tracer_model::{DomainFilter, Filter, Frame, Pattern, Snapshot, Trace, TraceFilter, Traceback};
 
 const PATTERN_CHARS: [char; 18] = [
     'a', 'b', 'z', '-', '!', ']', '[', '\\', '^', '*', '?', '.', '&', '~', '|', 'é', '/', '\n',

@@ -12,8 +12,8 @@ use std::sync::Arc;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
-use tracer_daemon::model::{Frame, Traceback};
-use tracer_daemon::source::LineCache;
+use tracer_model::LineCache;
+use tracer_model::{Frame, Traceback};
 
 const FILES: [(&str, &[u8]); 8] = [
     (
