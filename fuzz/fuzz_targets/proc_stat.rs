@@ -5,5 +5,5 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else { return };
-    let _ = tracer_daemon::process::parse_stat_start_time(text);
+    let _ = tracer_daemon::sys::procfs::parse_stat_start_time(text);
 });

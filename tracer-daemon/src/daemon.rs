@@ -15,10 +15,10 @@ use tracer_common::{AllocInfo, AllocKey, ProcEvent, ProcEventKind, ProcStats, ST
 
 use crate::{
     capture::Capture,
-    process::ModuleMaps,
     registry::{EndEvent, EndReason, ProcessImage, RawBlock, Registry},
     store::{SnapshotStore, SnapshotSummary, StoredSnapshot, unix_ms},
     symbolize::Symbolizer,
+    sys::modules::ModuleMaps,
 };
 use tracer_model::{Completeness, Frame, FrameExtra, Snapshot, Trace, Traceback};
 

@@ -357,15 +357,6 @@ fn signed(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
 }
 
-/// tracerd's own resident memory in bytes, from `/proc/self/statm`.
-pub fn resident_memory_bytes() -> Option<u64> {
-    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
-    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
-    // SAFETY: sysconf has no preconditions.
-    let page = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
-    Some(pages * page)
-}
-
 /// A call site of a labelled process: (index in the labels, filename,
 /// lineno, bytes, blocks).
 type SiteRow = (usize, String, String, u64, u64);
@@ -672,7 +663,10 @@ impl DaemonCollector {
             encoder,
             "process_resident_memory_bytes",
             "tracerd's own resident memory (RSS) in bytes, from /proc/self/statm",
-            &[(Vec::new(), signed(resident_memory_bytes().unwrap_or(0)))],
+            &[(
+                Vec::new(),
+                signed(crate::sys::procfs::self_rss().unwrap_or(0)),
+            )],
         )?;
         gauge(
             encoder,

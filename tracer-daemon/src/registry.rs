@@ -15,7 +15,8 @@ use std::{
 use serde::Serialize;
 use tracer_common::{ProcEventKind, ProcStats};
 
-use crate::process::{self, ModuleMaps};
+use crate::sys::modules::ModuleMaps;
+use crate::sys::procfs as process;
 
 /// A live block as read from `LIVE_ALLOCS`: size in bytes and its stack.
 #[derive(Clone, Debug)]

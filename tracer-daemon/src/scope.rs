@@ -7,11 +7,7 @@
 //! Matching happens when the scope is set (a pass over `/proc`) and on the
 //! exec and fork events the kernel sends while scoped; a process whose pid
 //! is gone is detached at the next sweep.
-use std::{
-    collections::BTreeSet,
-    fs,
-    path::{Path, PathBuf},
-};
+use std::{collections::BTreeSet, fs, path::PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -26,6 +22,7 @@ use axum::{
 };
 use serde_json::json;
 
+use crate::sys::procfs;
 use crate::{
     api::ApiError,
     daemon::{Daemon, lock},
@@ -65,13 +62,12 @@ impl Scope {
             return true;
         }
         if !self.cgroups.is_empty()
-            && let Ok(text) = fs::read_to_string(format!("/proc/{pid}/cgroup"))
-            && let Some(cgroup) = cgroup_v2_path(&text)
+            && let Some(cgroup) = procfs::read_cgroup(pid)
         {
             return self
                 .cgroups
                 .iter()
-                .any(|want| cgroup_contains(want, cgroup));
+                .any(|want| cgroup_contains(want, &cgroup));
         }
         false
     }
@@ -101,11 +97,6 @@ impl Scope {
     }
 }
 
-/// The cgroup v2 path in the text of `/proc/PID/cgroup` (the `0::` line).
-pub fn cgroup_v2_path(text: &str) -> Option<&str> {
-    text.lines().find_map(|line| line.strip_prefix("0::"))
-}
-
 /// Whether cgroup `path` is `want` or below it (whole path components).
 pub fn cgroup_contains(want: &str, path: &str) -> bool {
     let want = want.trim_end_matches('/');
@@ -114,30 +105,6 @@ pub fn cgroup_contains(want: &str, path: &str) -> bool {
         || path
             .strip_prefix(want)
             .is_some_and(|rest| rest.starts_with('/'))
-}
-
-/// Process ids of every process now (thread-group leaders in `/proc`).
-fn all_pids() -> Vec<u32> {
-    let Ok(entries) = fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .collect()
-}
-
-/// True if `pid` is a process (its own thread-group leader), not a thread.
-fn is_process(pid: u32) -> bool {
-    fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .is_some_and(|status| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix("Tgid:"))
-                .and_then(|v| v.trim().parse::<u32>().ok())
-                == Some(pid)
-        })
 }
 
 impl Daemon {
@@ -173,7 +140,7 @@ impl Daemon {
         capture.set_switches(tracer_common::SWITCH_SCOPED);
         let own = std::process::id();
         let mut attached = Vec::new();
-        for pid in all_pids() {
+        for pid in procfs::all_pids() {
             if pid == own || !scope.matches(pid) {
                 continue;
             }
@@ -202,7 +169,7 @@ impl Daemon {
         if scope.is_all() || pid == std::process::id() {
             return;
         }
-        if is_fork && !is_process(pid) {
+        if is_fork && !procfs::is_process(pid) {
             return;
         }
         let mut capture = self.capture();
@@ -219,7 +186,7 @@ impl Daemon {
     pub(crate) fn prune_scope(&self) {
         let mut capture = self.capture();
         for pid in capture.attached().into_iter().flatten() {
-            if !Path::new(&format!("/proc/{pid}")).exists() {
+            if !procfs::exists(pid) {
                 capture.detach(Some(pid));
             }
         }
@@ -342,10 +309,10 @@ mod tests {
         assert!(!cgroup_contains("/system.slice", "/system.slicex/a"));
         assert!(cgroup_contains("/", "/anything"));
         assert_eq!(
-            cgroup_v2_path("0::/user.slice/session-1.scope\n"),
+            procfs::cgroup_v2_path("0::/user.slice/session-1.scope\n"),
             Some("/user.slice/session-1.scope")
         );
-        assert_eq!(cgroup_v2_path("1:name=systemd:/x\n"), None);
+        assert_eq!(procfs::cgroup_v2_path("1:name=systemd:/x\n"), None);
     }
 
     #[test]
@@ -395,7 +362,7 @@ mod tests {
             }
             .matches(pid)
         );
-        if let Some(path) = cgroup_v2_path(&cgroup) {
+        if let Some(path) = procfs::cgroup_v2_path(&cgroup) {
             let scope = Scope {
                 cgroups: BTreeSet::from([path.to_string()]),
                 ..Scope::default()
@@ -407,6 +374,6 @@ mod tests {
             ..Scope::default()
         };
         assert!(!other.matches(pid));
-        assert!(is_process(pid));
+        assert!(procfs::is_process(pid));
     }
 }

@@ -21,8 +21,7 @@
 //! before use, so even a SIGKILL never lets an id be given twice.
 use std::{
     collections::BTreeMap,
-    fs::{self, File},
-    io::Write as _,
+    fs,
     path::{Path, PathBuf},
     sync::Arc,
     time::{Duration, SystemTime},
@@ -31,6 +30,7 @@ use std::{
 use serde::Serialize;
 use serde_json::{Value, json};
 
+use crate::sys::fsync::{WriteError, sync_dir, write_atomically};
 use tracer_model::{Completeness, Snapshot, decode, encode};
 
 /// File name suffix of a stored snapshot.
@@ -82,6 +82,16 @@ pub enum StoreError {
         /// Why.
         reason: &'static str,
     },
+}
+
+impl From<WriteError> for StoreError {
+    fn from(err: WriteError) -> Self {
+        StoreError::Io {
+            action: err.action,
+            path: err.path,
+            source: err.source,
+        }
+    }
 }
 
 fn io<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> StoreError + 'a {
@@ -721,37 +731,6 @@ fn read_next_id(path: &Path) -> u64 {
         .ok()
         .and_then(|t| t.trim().parse().ok())
         .unwrap_or(0)
-}
-
-/// Writes `bytes` to `path` so that after a crash the file is either its
-/// old content or `bytes`: a temporary file in the same directory, fsync,
-/// rename, fsync of the directory.
-///
-/// # Errors
-/// [`StoreError::Io`] naming the step and file; the temporary file is
-/// removed.
-pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
-    let dir = path.parent().unwrap_or_else(|| Path::new("."));
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
-    let temp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-    let result = (|| {
-        let mut file = File::create(&temp).map_err(io("creating", &temp))?;
-        file.write_all(bytes).map_err(io("writing", &temp))?;
-        file.sync_all().map_err(io("syncing", &temp))?;
-        drop(file);
-        fs::rename(&temp, path).map_err(io("renaming", &temp))?;
-        sync_dir(dir)
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&temp);
-    }
-    result
-}
-
-fn sync_dir(dir: &Path) -> Result<(), StoreError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io("syncing", dir))
 }
 
 #[cfg(test)]

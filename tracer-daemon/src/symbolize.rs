@@ -33,7 +33,7 @@ use std::time::Duration;
 use blazesym::symbolize::source::{self, Source};
 use blazesym::symbolize::{CodeInfo, Input, Sym, Symbolized, evict};
 
-use crate::process::{Module, ModuleMaps};
+use crate::sys::modules::{Module, ModuleMaps};
 
 /// The filename of a frame about which nothing is known, as tracemalloc writes it.
 pub const UNKNOWN_FILENAME: &str = "<unknown>";
@@ -216,7 +216,7 @@ impl Symbolizer {
 
     /// Makes blazesym drop, now rather than at the next request, the parsed data
     /// and the file descriptor it keeps for each module that no [`ModuleMaps`] or
-    /// [`ModuleCache`](crate::process::ModuleCache) holds any more. The worker also
+    /// [`ModuleCache`](crate::sys::modules::ModuleCache) holds any more. The worker also
     /// does this before each request and after 10 s idle. (Cached frames of such
     /// modules are not looked up again and age out of the bounded cache.)
     pub fn release_unused(&self) {

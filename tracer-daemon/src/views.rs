@@ -182,7 +182,7 @@ pub struct TracerMemory {
     /// The sum: tracemalloc's `get_tracemalloc_memory()`.
     pub total: u64,
     /// Each map: id, type, max_entries, memlock bytes.
-    pub maps: Vec<Value>,
+    pub maps: Vec<crate::sys::procfs::BpfMapInfo>,
     /// Snapshots held by the store, and their traces.
     pub stored_snapshots: usize,
     /// Traces in stored snapshots.
@@ -1011,9 +1011,9 @@ impl Daemon {
     /// `tracemalloc.get_tracemalloc_memory()`: the kernel memory of
     /// tracerd's BPF maps plus tracerd's resident memory.
     pub fn tracer_memory(&self) -> TracerMemory {
-        let maps = bpf_maps_of_self();
-        let kernel_maps = maps.iter().filter_map(|m| m["memlock"].as_u64()).sum();
-        let daemon_rss = self_rss().unwrap_or(0);
+        let maps = crate::sys::procfs::bpf_maps_of_self();
+        let kernel_maps = maps.iter().map(|m| m.memlock).sum();
+        let daemon_rss = crate::sys::procfs::self_rss().unwrap_or(0);
         let store = lock(&self.store);
         let stored_traces = store.iter().map(|(s, _)| s.snapshot.traces().len()).sum();
         TracerMemory {
@@ -1049,50 +1049,6 @@ fn empty_side(limit: u32, at_ms: u64) -> Side {
         info: json!({"kind": "tracing_start", "at_ms": at_ms}),
         completeness: Completeness::complete(),
     }
-}
-
-/// The BPF maps this process holds, from `/proc/self/fdinfo` (deduplicated
-/// by map id): id, type, max_entries and the memory the kernel charges.
-fn bpf_maps_of_self() -> Vec<Value> {
-    let mut seen = HashSet::new();
-    let mut maps = Vec::new();
-    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
-        return maps;
-    };
-    for entry in dir.flatten() {
-        let is_map = std::fs::read_link(entry.path())
-            .is_ok_and(|t| t.to_string_lossy() == "anon_inode:bpf-map");
-        if !is_map {
-            continue;
-        }
-        let info_path = Path::new("/proc/self/fdinfo").join(entry.file_name());
-        let Ok(text) = std::fs::read_to_string(info_path) else {
-            continue;
-        };
-        let field = |name: &str| {
-            text.lines()
-                .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(':')))
-                .and_then(|v| v.trim().parse::<u64>().ok())
-        };
-        let Some(id) = field("map_id") else { continue };
-        if !seen.insert(id) {
-            continue;
-        }
-        maps.push(
-            json!({"id": id, "type": field("map_type"), "max_entries": field("max_entries"),
-                         "memlock": field("memlock").unwrap_or(0)}),
-        );
-    }
-    maps.sort_by_key(|m| m["id"].as_u64());
-    maps
-}
-
-/// tracerd's resident set size in bytes, from `/proc/self/status`.
-fn self_rss() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = text.lines().find(|l| l.starts_with("VmRSS:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
 }
 
 /// Opens the store in `state_dir` and starts automatic snapshots: what

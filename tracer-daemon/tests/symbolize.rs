@@ -14,8 +14,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use tracer_daemon::process::{ModuleCache, ModuleMaps};
 use tracer_daemon::symbolize::{SymFrame, Symbolizer};
+use tracer_daemon::sys::modules::{ModuleCache, ModuleMaps};
 
 /// `record()` keeps its own return address: the instruction after a call to it,
 /// which here is the first instruction of the NEXT line, so only `addr - 1`

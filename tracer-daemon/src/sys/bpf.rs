@@ -1,0 +1,220 @@
+//! Raw `bpf(2)` map calls that aya 0.14 does not offer: batch lookups
+//! and deletes (thousands of entries per syscall), lookups into a value
+//! whose size is only known at run time (`STACKS`), and key walks. One
+//! implementation each; every caller in `capture` goes through here.
+use std::{io, os::fd::BorrowedFd};
+
+use std::os::fd::AsRawFd as _;
+
+const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
+const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
+
+/// `union bpf_attr` as the map element commands use it.
+#[repr(C)]
+#[derive(Default)]
+struct ElemAttr {
+    map_fd: u32,
+    _pad: u32,
+    key: u64,
+    value: u64,
+    flags: u64,
+}
+
+fn call(command: libc::c_long, attr: &mut ElemAttr) -> io::Result<()> {
+    // SAFETY: attr is a valid, initialised bpf_attr prefix whose pointers
+    // point at live buffers of the map's key and value sizes (callers).
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            command,
+            std::ptr::from_mut(attr),
+            size_of::<ElemAttr>() as libc::c_uint,
+        )
+    };
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// Looks `key` up into `value`, which must be exactly the map's value size.
+pub fn lookup<K>(fd: BorrowedFd<'_>, key: &K, value: &mut [u64]) -> io::Result<()> {
+    let mut attr = ElemAttr {
+        map_fd: fd.as_raw_fd() as u32,
+        key: std::ptr::from_ref(key) as u64,
+        value: value.as_mut_ptr() as u64,
+        ..ElemAttr::default()
+    };
+    call(BPF_MAP_LOOKUP_ELEM, &mut attr)
+}
+
+const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
+const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
+
+/// `union bpf_attr` as the batch commands use it.
+#[repr(C)]
+#[derive(Default)]
+struct BatchAttr {
+    in_batch: u64,
+    out_batch: u64,
+    keys: u64,
+    values: u64,
+    count: u32,
+    map_fd: u32,
+    elem_flags: u64,
+    flags: u64,
+}
+
+/// Calls `f` on every (key, value) of a hash map, many per syscall
+/// (BPF_MAP_LOOKUP_BATCH, Linux 5.6+). Entries changed meanwhile may be
+/// seen or not, as with any walk of a live map.
+///
+/// # Errors
+/// The syscall's error when the kernel refuses the batch command at
+/// once (before any entry was given to `f`): fall back to iteration.
+pub fn lookup_batch<K: Copy + Default, V: Copy + Default>(
+    fd: BorrowedFd<'_>,
+    f: &mut impl FnMut(&K, &V),
+) -> io::Result<()> {
+    let mut chunk = 4096usize;
+    let mut keys = vec![K::default(); chunk];
+    let mut values = vec![V::default(); chunk];
+    let (mut token_in, mut token_out) = (0u64, 0u64);
+    let mut first = true;
+    loop {
+        let mut attr = BatchAttr {
+            in_batch: if first {
+                0
+            } else {
+                std::ptr::from_ref(&token_in) as u64
+            },
+            out_batch: std::ptr::from_mut(&mut token_out) as u64,
+            keys: keys.as_mut_ptr() as u64,
+            values: values.as_mut_ptr() as u64,
+            count: chunk as u32,
+            map_fd: fd.as_raw_fd() as u32,
+            ..BatchAttr::default()
+        };
+        // SAFETY: the buffers hold `count` keys and values of the map's
+        // key and value sizes (K and V are the map's types); the tokens
+        // are 8 bytes, more than the kernel's 4-byte hash batch token.
+        let ret = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_MAP_LOOKUP_BATCH,
+                std::ptr::from_mut(&mut attr),
+                size_of::<BatchAttr>() as libc::c_uint,
+            )
+        };
+        let err = (ret < 0).then(io::Error::last_os_error);
+        let got = (attr.count as usize).min(chunk);
+        if err.as_ref().and_then(io::Error::raw_os_error) == Some(libc::ENOSPC) {
+            // A bucket holds more entries than fit: retry it, larger.
+            chunk *= 2;
+            keys.resize(chunk, K::default());
+            values.resize(chunk, V::default());
+            continue;
+        }
+        if let Some(err) = &err
+            && err.raw_os_error() != Some(libc::ENOENT)
+            && first
+        {
+            return Err(io::Error::new(err.kind(), err.to_string()));
+        }
+        for (key, value) in keys.iter().zip(&values).take(got) {
+            f(key, value);
+        }
+        if err.is_some() {
+            return Ok(());
+        }
+        token_in = token_out;
+        first = false;
+    }
+}
+
+const BPF_MAP_DELETE_BATCH: libc::c_long = 27;
+
+/// Deletes `keys`, thousands per syscall (BPF_MAP_DELETE_BATCH, Linux
+/// 5.6+); a key that is gone already is passed over. Falls back to one
+/// delete per key where the kernel lacks the batch command. Calls
+/// `on_deleted` with each key this call deleted; returns how many.
+pub fn delete_batch<K>(fd: BorrowedFd<'_>, keys: &[K], mut on_deleted: impl FnMut(&K)) -> usize {
+    let mut deleted = 0;
+    let mut rest = keys;
+    while !rest.is_empty() {
+        let chunk = rest.len().min(65536);
+        let mut attr = BatchAttr {
+            keys: rest.as_ptr() as u64,
+            count: chunk as u32,
+            map_fd: fd.as_raw_fd() as u32,
+            ..BatchAttr::default()
+        };
+        // SAFETY: attr.keys points at `count` keys of the map's key size.
+        let ret = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_MAP_DELETE_BATCH,
+                std::ptr::from_mut(&mut attr),
+                size_of::<BatchAttr>() as libc::c_uint,
+            )
+        };
+        let done = (attr.count as usize).min(chunk);
+        deleted += done;
+        rest[..done].iter().for_each(&mut on_deleted);
+        if ret == 0 {
+            rest = &rest[chunk..];
+            continue;
+        }
+        match io::Error::last_os_error().raw_os_error() {
+            // The key at `done` is gone already: pass it over.
+            Some(libc::ENOENT) => rest = rest.get(done + 1..).unwrap_or(&[]),
+            // No batch command: one at a time.
+            _ => {
+                for key in &rest[done..] {
+                    if delete(fd, key) {
+                        on_deleted(key);
+                        deleted += 1;
+                    }
+                }
+                return deleted;
+            }
+        }
+    }
+    deleted
+}
+
+/// Deletes `key`; false if it was not there.
+pub fn delete<K>(fd: BorrowedFd<'_>, key: &K) -> bool {
+    let mut attr = ElemAttr {
+        map_fd: fd.as_raw_fd() as u32,
+        key: std::ptr::from_ref(key) as u64,
+        ..ElemAttr::default()
+    };
+    call(BPF_MAP_DELETE_ELEM, &mut attr).is_ok()
+}
+
+/// Every key of a map, by walking them (one syscall per key).
+pub fn keys<K: Default + Copy>(fd: BorrowedFd<'_>) -> Vec<K> {
+    let mut out = Vec::new();
+    let mut key: Option<K> = None;
+    loop {
+        let mut next = K::default();
+        let mut attr = ElemAttr {
+            map_fd: fd.as_raw_fd() as u32,
+            key: key.as_ref().map_or(0, |k| std::ptr::from_ref(k) as u64),
+            value: std::ptr::from_mut(&mut next) as u64,
+            ..ElemAttr::default()
+        };
+        if call(BPF_MAP_GET_NEXT_KEY, &mut attr).is_err() {
+            return out;
+        }
+        out.push(next);
+        key = Some(next);
+    }
+}
+
+/// Number of keys, by walking them (one syscall per key).
+pub fn count_keys<K: Default + Copy>(fd: BorrowedFd<'_>) -> u64 {
+    keys::<K>(fd).len() as u64
+}

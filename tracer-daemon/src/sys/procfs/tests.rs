@@ -1,0 +1,246 @@
+//! Tests of the /proc parsers, on fixed and random text and on this process.
+use super::*;
+use rand::{Rng as _, SeedableRng as _};
+
+const MAPS: &str = "\
+55d0c8a00000-55d0c8a02000 r--p 00000000 fd:01 1234                       /usr/bin/cat
+55d0c8a02000-55d0c8a07000 r-xp 00002000 fd:01 1234                       /usr/bin/cat
+55d0c9000000-55d0c9021000 rw-p 00000000 00:00 0                          [heap]
+7f0000000000-7f0000001000 r-xp 00001000 08:10 99                         /opt/my app/lib x.so (deleted)
+7f0000001000-7f0000002000 rw-p 00000000 00:00 0 
+7ffd00000000-7ffd00021000 rw-p 00000000 00:00 0                          [stack]
+7ffd000fe000-7ffd00100000 r-xp 00000000 00:00 0                          [vdso]
+ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0                  [vsyscall]
+";
+
+#[test]
+fn parse_maps_reads_every_column() {
+    let entries = parse_maps(MAPS).unwrap();
+    assert_eq!(entries.len(), 8);
+    assert_eq!(
+        entries[1],
+        MapEntry {
+            start: 0x55d0c8a02000,
+            end: 0x55d0c8a07000,
+            offset: 0x2000,
+            perms: Perms {
+                read: true,
+                write: false,
+                execute: true,
+                shared: false
+            },
+            dev: (0xfd, 0x01),
+            inode: 1234,
+            path: Some(Arc::from("/usr/bin/cat")),
+            deleted: false,
+        }
+    );
+    assert!(entries[1].is_file_backed());
+    assert_eq!(entries[1].file_offset(0x55d0c8a02010), Some(0x2010));
+    assert_eq!(entries[1].file_offset(0x55d0c8a07000), None);
+}
+
+#[test]
+fn parse_maps_keeps_spaces_and_strips_deleted() {
+    let entries = parse_maps(MAPS).unwrap();
+    assert_eq!(entries[3].path.as_deref(), Some("/opt/my app/lib x.so"));
+    assert!(entries[3].deleted);
+    assert_eq!(entries[3].dev, (8, 0x10));
+    assert!(entries[3].is_file_backed());
+}
+
+#[test]
+fn parse_maps_pseudo_paths_and_anonymous() {
+    let entries = parse_maps(MAPS).unwrap();
+    assert_eq!(entries[2].path.as_deref(), Some("[heap]"));
+    assert!(!entries[2].is_file_backed());
+    // Anonymous with the kernel's trailing padding space.
+    assert_eq!(entries[4].path, None);
+    assert!(!entries[4].is_file_backed());
+    assert_eq!(entries[5].path.as_deref(), Some("[stack]"));
+    assert_eq!(entries[6].path.as_deref(), Some("[vdso]"));
+    assert!(!entries[6].is_file_backed());
+    assert_eq!(entries[7].start, 0xffffffffff600000);
+    assert_eq!(
+        entries[7].perms,
+        Perms {
+            read: false,
+            write: false,
+            execute: true,
+            shared: false
+        }
+    );
+}
+
+#[test]
+fn parse_maps_unescapes_newline_in_path() {
+    let text = "1000-2000 r-xp 00000000 fd:01 7 /tmp/a\\012b\n";
+    let entries = parse_maps(text).unwrap();
+    assert_eq!(entries[0].path.as_deref(), Some("/tmp/a\nb"));
+}
+
+#[test]
+fn parse_maps_path_named_deleted_only_once_stripped() {
+    let text = "1000-2000 r-xp 00000000 fd:01 7 /tmp/x (deleted) (deleted)\n";
+    let entries = parse_maps(text).unwrap();
+    assert_eq!(entries[0].path.as_deref(), Some("/tmp/x (deleted)"));
+    assert!(entries[0].deleted);
+}
+
+#[test]
+fn parse_maps_empty_text_is_empty() {
+    assert_eq!(parse_maps("").unwrap(), Vec::new());
+    assert_eq!(parse_maps("\n\n").unwrap(), Vec::new());
+}
+
+#[test]
+fn parse_maps_rejects_malformed_lines_with_line_number() {
+    let cases = [
+        ("1000 r-xp 0 fd:01 7 /x", "address range without '-'"),
+        (
+            "2000-1000 r-xp 0 fd:01 7 /x",
+            "start address after end address",
+        ),
+        ("+10-2000 r-xp 0 fd:01 7 /x", "bad start address"),
+        ("1000-2000 rwxq 0 fd:01 7 /x", "bad permissions"),
+        ("1000-2000 r-x 0 fd:01 7 /x", "bad permissions"),
+        ("1000-2000 r-xp zz fd:01 7 /x", "bad offset"),
+        ("1000-2000 r-xp 0 fd01 7 /x", "device without ':'"),
+        ("1000-2000 r-xp 0 1ffffffff:01 7 /x", "bad device major"),
+        ("1000-2000 r-xp 0 fd:01 -7 /x", "bad inode"),
+        ("1000-2000 r-xp 0 fd:01", "missing inode"),
+        ("1000-2000", "missing permissions"),
+        ("10000000000000000-2 r-xp 0 fd:01 7 /x", "bad start address"),
+    ];
+    for (line, reason) in cases {
+        let text = format!("1000-2000 r-xp 0 fd:01 7 /ok\n{line}\n");
+        match parse_maps(&text) {
+            Err(ProcError::MalformedMaps { line: 2, reason: r }) => {
+                assert_eq!(r, reason, "{line}")
+            }
+            other => panic!("{line}: {other:?}"),
+        }
+    }
+}
+
+/// Property: arbitrary bytes (and mutations of real maps text) never panic.
+#[test]
+fn parse_maps_never_panics_on_random_input() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x7261_6365);
+    let alphabet = b"0123456789abcdefABCDEF-: rwxsp/()[]\n\\deleted\xff";
+    for _ in 0..20_000 {
+        let len = rng.random_range(0..120);
+        let bytes: Vec<u8> = (0..len)
+            .map(|_| {
+                if rng.random_bool(0.7) {
+                    alphabet[rng.random_range(0..alphabet.len())]
+                } else {
+                    rng.random()
+                }
+            })
+            .collect();
+        let _ = parse_maps(&String::from_utf8_lossy(&bytes));
+    }
+    let real = MAPS.as_bytes();
+    for _ in 0..20_000 {
+        let mut bytes = real.to_vec();
+        for _ in 0..rng.random_range(1..6) {
+            let at = rng.random_range(0..bytes.len());
+            match rng.random_range(0..3) {
+                0 => bytes[at] = rng.random(),
+                1 => {
+                    bytes.remove(at);
+                }
+                _ => bytes.truncate(at),
+            }
+            if bytes.is_empty() {
+                break;
+            }
+        }
+        let _ = parse_maps(&String::from_utf8_lossy(&bytes));
+    }
+}
+
+fn stat_line(comm: &str) -> String {
+    // Fields 3..=22 then the rest, as the kernel writes them; starttime = 424242.
+    format!(
+        "4321 ({comm}) S 1 4321 4321 0 -1 4194560 100 0 0 0 3 1 0 0 20 0 1 0 424242 \
+         8192000 200 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 0 0 0 0 0 0\n"
+    )
+}
+
+#[test]
+fn stat_start_time_with_plain_comm() {
+    assert_eq!(parse_stat_start_time(&stat_line("cat")).unwrap(), 424242);
+}
+
+#[test]
+fn stat_start_time_with_comm_containing_paren_and_spaces() {
+    assert_eq!(parse_stat_start_time(&stat_line("a) b")).unwrap(), 424242);
+    assert_eq!(
+        parse_stat_start_time(&stat_line(") 1 2 3 (")).unwrap(),
+        424242
+    );
+    assert_eq!(parse_stat_start_time(&stat_line("")).unwrap(), 424242);
+}
+
+#[test]
+fn stat_start_time_rejects_malformed_text() {
+    assert!(matches!(
+        parse_stat_start_time("4321 cat S 1"),
+        Err(ProcError::MalformedStat { .. })
+    ));
+    assert!(matches!(
+        parse_stat_start_time("4321 (cat) S 1 2 3"),
+        Err(ProcError::MalformedStat { .. })
+    ));
+    let bad = stat_line("cat").replace("424242", "42x242");
+    assert!(matches!(
+        parse_stat_start_time(&bad),
+        Err(ProcError::MalformedStat { .. })
+    ));
+}
+
+#[test]
+fn stat_parse_never_panics_on_random_input() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(22);
+    for _ in 0..20_000 {
+        let len = rng.random_range(0..200);
+        let bytes: Vec<u8> = (0..len)
+            .map(|_| b"0123456789 ()ab\n\xff"[rng.random_range(0..17)])
+            .collect();
+        let _ = parse_stat_start_time(&String::from_utf8_lossy(&bytes));
+    }
+}
+
+#[test]
+fn own_process_identity_comm_and_exe() {
+    let pid = std::process::id();
+    let identity = ProcessIdentity::read(pid).unwrap();
+    assert_eq!(identity.pid, pid);
+    assert!(identity.start_time > 0);
+    // Start time never changes for a live process.
+    assert_eq!(read_start_time(pid).unwrap(), identity.start_time);
+    let exe = read_exe(pid).unwrap();
+    let current_exe = std::env::current_exe().unwrap();
+    assert_eq!(exe, current_exe.to_str().unwrap());
+    let comm = read_comm(pid).unwrap();
+    assert!(!comm.ends_with('\n'));
+    let expected: String = current_exe
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .chars()
+        .take(15)
+        .collect();
+    // The test harness names threads, not the process, so comm is the exe's name.
+    assert_eq!(comm, expected);
+}
+
+#[test]
+fn missing_process_is_reported_gone() {
+    // pid_max is at most 2^22, so this pid never exists.
+    let err = read_maps(u32::MAX).unwrap_err();
+    assert!(err.is_process_gone(), "{err}");
+    assert!(err.to_string().contains("/proc/4294967295/maps"), "{err}");
+}
