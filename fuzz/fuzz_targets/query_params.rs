@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tracer_daemon::{api::Params, server::check_path};
+use tracer_daemon::http::{limits::check_path, params::Params};
 
 const ALLOWED: &[&str] = &[
     "group_by", "cumulative", "limit", "format", "base", "new", "label", "include", "exclude",

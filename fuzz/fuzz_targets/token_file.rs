@@ -2,7 +2,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tracer_daemon::server::Token;
+use tracer_daemon::http::Token;
 
 fuzz_target!(|data: &[u8]| {
     let (file, header) = data.split_at(data.len() / 2);

@@ -1,25 +1,35 @@
 //! tracerd: Python's `tracemalloc` for every native process on the host.
 //!
-//! The modules follow the data's path: [`capture`] (load the eBPF programs,
-//! attach the probes, read the kernel maps) → [`process`] (`/proc/PID/...`)
-//! and [`registry`] (process images and their lifecycle) → [`symbolize`]
-//! (addresses to `file:line` with DWARF) → [`model`] (the snapshot engine:
-//! statistics, compare_to; pure, no I/O) → [`store`] (stored snapshots) →
-//! [`api`] (HTTP routes) and [`metrics`] (Prometheus), served by [`server`]
-//! (listeners, authentication, limits). [`daemon`] holds the shared state
-//! that ties them; [`config`] reads tracerd's settings.
-pub mod api;
+//! One module per stage of the data's path; each imports only earlier
+//! stages (a test, `tests/layering.rs`, fails otherwise):
+//!
+//! 1. [`sys`]: facts of the OS: `/proc` readers, held-open module files,
+//!    raw `bpf(2)` calls, atomic file writes.
+//! 2. [`config`]: tracerd's settings (flags, environment, TOML, defaults).
+//! 3. [`capture`]: the eBPF programs in the kernel and their maps, behind
+//!    the [`capture::KernelMaps`] trait.
+//! 4. [`lifecycle`]: process images (id, state, registry), kernel events,
+//!    scope, tracemalloc's start/stop state.
+//! 5. [`symbolize`]: return addresses to `file:line` with DWARF.
+//! 6. [`snapshot`]: kernel blocks and frames into a model `Snapshot`.
+//! 7. [`store`]: stored snapshots and their files.
+//! 8. [`service`]: one façade over the state; the only way to a process's
+//!    numbers.
+//! 9. [`metrics`] (Prometheus) and [`http`] (the API, the only user of
+//!    axum).
+//! 10. [`tasks`] (background loops) and [`app`] (start-up and shutdown).
+//!
+//! The snapshot engine itself (statistics, compare_to, filters, formats,
+//! file codecs) is the `tracer-model` crate: pure, no I/O, no root.
+pub mod app;
 pub mod capture;
 pub mod config;
-pub mod control;
-pub mod daemon;
-pub mod live_table;
+pub mod http;
+pub mod lifecycle;
 pub mod metrics;
-pub mod proc_slots;
-pub mod registry;
-pub mod scope;
-pub mod server;
+pub mod service;
+pub mod snapshot;
 pub mod store;
 pub mod symbolize;
 pub mod sys;
-pub mod views;
+pub mod tasks;

@@ -117,3 +117,41 @@ impl Serialize for Completeness {
         out.end()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn completeness_merges_per_pid_and_reads_bad_meta_safely() {
+        let mut all = Completeness::complete();
+        assert!(all.is_complete());
+        all.add(3, 0);
+        assert_eq!(all, Completeness::complete(), "no drop adds no pid");
+        all.merge(&Completeness::of_process(3, 2));
+        all.merge(&Completeness::of_process(3, 5));
+        all.add(4, u64::MAX);
+        assert_eq!(all.drops(), u64::MAX);
+        assert_eq!(all.by_pid().get(&3), Some(&7));
+        assert!(!all.is_complete());
+        let read = Completeness::from_meta(&json!({
+            "drops": 1, "drops_by_pid": {"x": 4, "2": "many", "9": 3, "10": 0}
+        }));
+        assert_eq!(
+            read,
+            Completeness::of_process(9, 3),
+            "total raised to the sum"
+        );
+        assert_eq!(
+            Completeness::from_meta(&json!({"drops": "lots"})),
+            Completeness::complete()
+        );
+        let mut map = serde_json::Map::new();
+        Completeness::of_process(9, 3).insert_into(&mut map);
+        assert_eq!(
+            Value::Object(map),
+            json!({"complete": false, "drops": 3, "drops_by_pid": {"9": 3}})
+        );
+    }
+}

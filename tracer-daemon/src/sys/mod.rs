@@ -6,3 +6,11 @@ pub mod bpf;
 pub mod fsync;
 pub mod modules;
 pub mod procfs;
+
+/// Milliseconds since the Unix epoch of a wall-clock time (0 before it).
+#[must_use]
+pub fn unix_ms(at: std::time::SystemTime) -> u64 {
+    at.duration_since(std::time::SystemTime::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}

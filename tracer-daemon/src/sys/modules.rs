@@ -31,7 +31,6 @@ pub struct Module {
     id: u64,
     key: FileKey,
     path: Arc<str>,
-    deleted: bool,
     file: Option<File>,
 }
 
@@ -42,20 +41,10 @@ impl Module {
         self.id
     }
 
-    /// The (device, inode) of the file, from `/proc/PID/maps`.
-    pub fn key(&self) -> FileKey {
-        self.key
-    }
-
     /// The path of the file from `/proc/PID/maps` of the process that first mapped it
     /// (without the ` (deleted)` suffix): what frames report as the module.
     pub fn path(&self) -> &Arc<str> {
         &self.path
-    }
-
-    /// The file was already unlinked when it was captured.
-    pub fn deleted(&self) -> bool {
-        self.deleted
     }
 
     /// The open file, or `None` when it could not be opened at capture time.
@@ -72,12 +61,11 @@ impl Module {
             .map(|file| PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd())))
     }
 
-    fn new(key: FileKey, path: Arc<str>, deleted: bool, file: Option<File>) -> Self {
+    fn new(key: FileKey, path: Arc<str>, file: Option<File>) -> Self {
         Self {
             id: NEXT_MODULE_ID.fetch_add(1, Ordering::Relaxed),
             key,
             path,
-            deleted,
             file,
         }
     }
@@ -309,7 +297,7 @@ impl ModuleCache {
                 None => {
                     let file = open_mapped_file(pid, entry, &path);
                     let opened = file.is_some();
-                    let module = Arc::new(Module::new(key, path, entry.deleted, file));
+                    let module = Arc::new(Module::new(key, path, file));
                     if opened {
                         self.lock().insert(module)
                     } else {
@@ -382,8 +370,11 @@ mod tests {
         assert_eq!(&**module.path(), exe.to_str().unwrap());
         // The same translation from the raw maps entry.
         let entries = read_maps(pid).unwrap();
-        let entry = entries.iter().find(|e| e.contains(addr)).unwrap();
-        assert_eq!(entry.file_offset(addr), Some(file_offset));
+        let entry = entries
+            .iter()
+            .find(|e| e.start <= addr && addr < e.end)
+            .unwrap();
+        assert_eq!(addr - entry.start + entry.offset, file_offset);
         assert!(entry.perms.execute);
         // The module is held open and its fd path reaches the same inode.
         let fd_path = module.fd_path().unwrap();
@@ -424,7 +415,6 @@ mod tests {
                 inode: 3,
             },
             Arc::from("/x"),
-            false,
             None,
         ));
         let maps = ModuleMaps {

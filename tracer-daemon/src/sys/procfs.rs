@@ -2,8 +2,8 @@
 //! without trust.
 //!
 //! - [`parse_maps`] / [`read_maps`]: the memory mappings of `/proc/PID/maps`.
-//! - [`ProcessIdentity`], [`read_start_time`]: (pid, start time), the
-//!   identity that survives pid reuse (`/proc/PID/stat` field 22).
+//! - [`read_start_time`]: with the pid, the identity that survives pid
+//!   reuse (`/proc/PID/stat` field 22).
 //! - [`read_comm`], [`read_exe`]: the names shown by `GET /processes`.
 //! - [`cgroup_v2_path`], [`all_pids`], [`is_process`]: what scoping needs.
 //! - [`self_rss`], [`bpf_maps_of_self`]: tracerd's own memory.
@@ -17,8 +17,7 @@ use std::sync::Arc;
 /// Errors of the process stage. Each carries the pid and `/proc` path it concerns.
 #[derive(Debug, thiserror::Error)]
 pub enum ProcError {
-    /// Reading a `/proc/PID/...` file failed (the process may have exited: see
-    /// [`ProcError::is_process_gone`]).
+    /// Reading a `/proc/PID/...` file failed (the process may have exited).
     #[error("pid {pid}: cannot read {}: {source}", path.display())]
     Io {
         /// The process whose file was read.
@@ -56,18 +55,6 @@ pub enum ProcError {
 }
 
 impl ProcError {
-    /// True when the error means the process no longer exists (`ENOENT`/`ESRCH` on
-    /// its `/proc` entry): an expected race with process exit, not a fault.
-    pub fn is_process_gone(&self) -> bool {
-        match self {
-            Self::Io { source, .. } => {
-                source.kind() == io::ErrorKind::NotFound
-                    || source.raw_os_error() == Some(libc::ESRCH)
-            }
-            _ => false,
-        }
-    }
-
     /// Attaches pid and path context to an error of the pure parsers.
     fn in_file(self, pid: u32, path: PathBuf) -> Self {
         match self {
@@ -185,20 +172,6 @@ impl MapEntry {
             inode: self.inode,
         }
     }
-
-    /// True when `addr` lies in `[start, end)`.
-    pub fn contains(&self, addr: u64) -> bool {
-        self.start <= addr && addr < self.end
-    }
-
-    /// The offset in the mapped file of the byte at virtual address `addr`
-    /// (`addr - start + offset`), or `None` when `addr` is outside the area.
-    pub fn file_offset(&self, addr: u64) -> Option<u64> {
-        if !self.contains(addr) {
-            return None;
-        }
-        (addr - self.start).checked_add(self.offset)
-    }
 }
 
 /// Splits off the next space-separated field, skipping leading spaces.
@@ -307,26 +280,6 @@ pub fn read_maps(pid: u32) -> Result<Vec<MapEntry>, ProcError> {
 }
 
 // /proc/PID/stat, comm, exe
-
-/// The identity of a process across pid reuse: its pid plus its start time.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ProcessIdentity {
-    /// The process id (the thread group id, as `/proc/PID` names it).
-    pub pid: u32,
-    /// When the process started, in clock ticks (`sysconf(_SC_CLK_TCK)`, usually 100
-    /// per second) since boot: field 22 (`starttime`) of `/proc/PID/stat`.
-    pub start_time: u64,
-}
-
-impl ProcessIdentity {
-    /// Reads the identity of the live process `pid` from `/proc/PID/stat`.
-    pub fn read(pid: u32) -> Result<Self, ProcError> {
-        Ok(Self {
-            pid,
-            start_time: read_start_time(pid)?,
-        })
-    }
-}
 
 /// Extracts field 22 (`starttime`, clock ticks since boot) from the text of
 /// `/proc/PID/stat`.

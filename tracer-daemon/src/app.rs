@@ -1,0 +1,260 @@
+//! Start-up and shutdown of `tracerd`, in order.
+//!
+//! Start: read the token, bind the listeners (a port in use fails at once,
+//! before any probe is attached), create the state directory, load the eBPF
+//! programs and attach within the scope, open the snapshot store, start the
+//! background tasks, serve, tell systemd we are ready.
+//!
+//! Stop (SIGTERM or SIGINT): close the API and give requests in flight the
+//! grace period, stop the background tasks, record the stop in the state
+//! directory (at most one second), and drop the service, which detaches
+//! every probe and frees every map.
+use std::{path::PathBuf, sync::Arc, time::Duration};
+
+use tokio::signal::unix::SignalKind;
+
+use crate::capture::{Capture, CaptureConfig, CaptureError};
+use crate::config::Config;
+use crate::http::{self, Limits, ServerError, Token};
+use crate::lifecycle::Scope;
+use crate::metrics::{Metrics, MetricsOptions};
+use crate::service::{AutoPolicy, Service, ServiceError};
+use crate::store::StoreError;
+use crate::sys::fsync::{WriteError, write_atomically};
+use crate::tasks;
+
+/// Name of the file in the state directory that records the last stop.
+pub const LAST_STOP_FILE: &str = "last-stop.json";
+
+/// What can stop tracerd from starting.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    /// A listener or the token file.
+    #[error(transparent)]
+    Server(#[from] ServerError),
+    /// The state directory cannot be created.
+    #[error("creating state_dir {}: {source}", path.display())]
+    StateDir {
+        /// The directory.
+        path: PathBuf,
+        /// What the OS said.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The eBPF programs could not be loaded or attached.
+    #[error("loading the eBPF probes (tracerd needs root, or CAP_BPF and CAP_PERFMON): {0}")]
+    Capture(#[from] CaptureError),
+    /// The event ring buffer was taken already.
+    #[error("the event ring buffer is not available")]
+    Events,
+    /// The configured scope cannot be applied.
+    #[error("scope: {0}")]
+    Scope(#[from] ServiceError),
+    /// The snapshot store cannot be opened.
+    #[error("opening the snapshot store in state_dir: {0}")]
+    Store(#[from] StoreError),
+}
+
+/// Runs tracerd with `config` until SIGTERM or SIGINT, then stops cleanly.
+///
+/// # Errors
+/// [`AppError`] when start-up fails; nothing is left attached then.
+pub async fn run(config: Config) -> Result<(), AppError> {
+    let token = config
+        .auth_token_file
+        .as_deref()
+        .map(Token::read)
+        .transpose()?;
+    // Bind first: a port in use fails at once, before any probe is attached.
+    let tcp = http::bind_tcp(config.listen).await?;
+    let unix = config
+        .unix_socket
+        .as_deref()
+        .map(http::bind_unix)
+        .transpose()?;
+    std::fs::create_dir_all(&config.state_dir).map_err(|source| AppError::StateDir {
+        path: config.state_dir.clone(),
+        source,
+    })?;
+    // Held open for tracerd's life: the kernel keeps BPF run-time statistics
+    // only while some process holds a BPF_ENABLE_STATS fd.
+    let bpf_stats = if config.bpf_stats {
+        match aya::sys::enable_stats(aya::sys::Stats::RunTime) {
+            Ok(fd) => Some(fd),
+            Err(err) => {
+                tracing::warn!(err = %err, "BPF_ENABLE_STATS refused: tracer_bpf_program_* stay 0");
+                None
+            }
+        }
+    } else {
+        None
+    };
+
+    let scope = Scope {
+        pids: config.scope_pids.iter().copied().collect(),
+        exes: config.scope_exes.iter().cloned().collect(),
+        cgroups: config.scope_cgroups.iter().cloned().collect(),
+    };
+    let mut capture = Capture::load(capture_config(&config, scope.is_all()))?;
+    for library in capture.libraries() {
+        tracing::info!(target = %library.path.display(), probes = library.probes.len(), "probe points");
+    }
+    let events = capture.take_events().ok_or(AppError::Events)?;
+    let service = Arc::new(Service::new(
+        Box::new(capture),
+        Duration::from_secs(config.exited_retention),
+    ));
+    if !scope.is_all() {
+        let attached = service.set_scope(scope)?;
+        tracing::info!(
+            processes = attached.len(),
+            "scoped: probes registered per process"
+        );
+    }
+    service.open_store(&config.state_dir)?;
+
+    let mut metrics = Metrics::new();
+    metrics.collect_service(
+        service.clone(),
+        MetricsOptions {
+            top_processes: config.metrics_top_processes as usize,
+            call_sites: config.metrics_call_sites as usize,
+            bpf_stats_enabled: bpf_stats.is_some(),
+        },
+    );
+    let metrics = Arc::new(metrics);
+    let limits = Limits {
+        body_limit_bytes: usize::try_from(config.body_limit_bytes).unwrap_or(usize::MAX),
+        request_timeout: Duration::from_secs(config.request_timeout_secs),
+        max_expensive_requests: config.max_expensive_requests as usize,
+    };
+    let tcp_app = http::app(
+        http::api_router(service.clone()),
+        metrics.clone(),
+        &limits,
+        token,
+    );
+    // The socket's mode (0660) is its access control: no token there.
+    let unix = unix.map(|listener| {
+        (
+            listener,
+            http::app(
+                http::api_router(service.clone()),
+                metrics.clone(),
+                &limits,
+                None,
+            ),
+        )
+    });
+
+    let background = [
+        tokio::spawn(tasks::events_and_housekeeping(service.clone(), events)),
+        tokio::spawn(tasks::automatic_snapshots(
+            service.clone(),
+            AutoPolicy {
+                interval_secs: config.snapshot_interval,
+                retention_secs: config.snapshot_retention,
+            },
+        )),
+    ];
+    notify(&[
+        sd_notify::NotifyState::Ready,
+        sd_notify::NotifyState::Status(&format!("tracing; API on {}", config.listen)),
+    ]);
+    tracing::info!(listen = %config.listen, unix_socket = ?config.unix_socket, nframe = config.nframe, "tracerd ready");
+
+    let grace = Duration::from_secs(config.shutdown_grace_secs);
+    let drained = http::serve((tcp, tcp_app), unix, shutdown_signal(), grace).await;
+    notify(&[sd_notify::NotifyState::Stopping]);
+    tracing::info!(drained, "stopping: API closed");
+    for task in background {
+        task.abort();
+        let _ = task.await;
+    }
+    drop(metrics);
+    record_stop(&service, &config.state_dir, drained).await;
+    if let Some(path) = &config.unix_socket {
+        let _ = std::fs::remove_file(path);
+    }
+    // Dropping the last reference drops the Capture: every probe detached,
+    // every map freed. A request still running holds one; the kernel then
+    // detaches everything when the process exits a moment later.
+    match Arc::try_unwrap(service) {
+        Ok(service) => {
+            drop(service);
+            tracing::info!("probes detached");
+        }
+        Err(_) => tracing::info!("a request still holds the probes; they detach at exit"),
+    }
+    drop(bpf_stats);
+    Ok(())
+}
+
+/// The kernel side's settings from tracerd's.
+fn capture_config(config: &Config, system_wide: bool) -> CaptureConfig {
+    CaptureConfig {
+        nframe: config.nframe,
+        max_live_blocks: config.max_live_blocks,
+        live_table_blocks: config.live_table_blocks,
+        max_stacks: config.max_stacks,
+        max_procs: config.max_procs,
+        max_inflight: config.max_inflight,
+        inflight_slots: config.inflight_slots,
+        events_ring_bytes: config.events_ring_bytes,
+        libc: config.libc.clone(),
+        sample_interval: config.sample_interval,
+        system_wide,
+    }
+}
+
+/// Records the stop in `state_dir/last-stop.json` (atomically): when,
+/// whether the API drained in time, the eBPF counters and the processes
+/// traced at the end, from the service. Requests cut at the end of the
+/// grace period may still hold the service's locks in blocking work: the
+/// record gets one second, never more, so the stop stays within 5 s.
+async fn record_stop(service: &Arc<Service>, state_dir: &std::path::Path, drained: bool) {
+    let record = tokio::task::spawn_blocking({
+        let service = service.clone();
+        let path = state_dir.join(LAST_STOP_FILE);
+        move || -> Result<(), WriteError> {
+            let record = service.last_stop(drained);
+            let bytes = serde_json::to_vec_pretty(&record).unwrap_or_default();
+            write_atomically(&path, &bytes)
+        }
+    });
+    match tokio::time::timeout(Duration::from_secs(1), record).await {
+        Ok(Ok(Ok(()))) => {}
+        Ok(Ok(Err(err))) => {
+            tracing::warn!(err = %err, "cannot record the stop in the state directory")
+        }
+        Ok(Err(_)) | Err(_) => tracing::warn!("the stop record did not finish within 1 s: skipped"),
+    }
+}
+
+async fn shutdown_signal() {
+    let term = tokio::signal::unix::signal(SignalKind::terminate());
+    let int = tokio::signal::unix::signal(SignalKind::interrupt());
+    match (term, int) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => {},
+                _ = int.recv() => {},
+            }
+        }
+        _ => {
+            tracing::warn!("no signal handlers; stop with SIGKILL");
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// Tells systemd (`Type=notify`) something, if tracerd runs under it;
+/// a no-op elsewhere.
+pub fn notify(state: &[sd_notify::NotifyState<'_>]) {
+    if std::env::var_os("NOTIFY_SOCKET").is_none() {
+        return;
+    }
+    if let Err(err) = sd_notify::notify(false, state) {
+        tracing::warn!(err = %err, "cannot notify systemd");
+    }
+}

@@ -1,0 +1,261 @@
+//! A kernel side in memory, for unit tests of lifecycle and the service:
+//! it keeps blocks, stacks and per-process totals as the eBPF programs do
+//! (the same keys, values and generations), and lets a test allocate, free,
+//! exec and exit processes. Clones share one state, so a test keeps a
+//! handle while the service owns another.
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tracer_common::{AllocInfo, AllocKey, ProcEvent, ProcEventKind, ProcStats, STACK_ID_NONE};
+
+use super::kernel::MapUsage;
+use super::{AttachedLibrary, CaptureConfig, CaptureError, ImageId, KernelMaps};
+
+#[derive(Debug, Default)]
+struct FakeState {
+    blocks: HashMap<(u32, u64), AllocInfo>,
+    stacks: HashMap<u64, Vec<u64>>,
+    procs: HashMap<u32, ProcStats>,
+    attached: BTreeSet<Option<u32>>,
+    switches: u64,
+    next_generation: u32,
+}
+
+/// The fake kernel; see the module doc.
+#[derive(Clone, Debug)]
+pub struct FakeKernel {
+    state: Arc<Mutex<FakeState>>,
+    config: CaptureConfig,
+}
+
+impl FakeKernel {
+    /// An empty kernel side tracing every process with `nframe` frames.
+    pub fn new(nframe: u32) -> Self {
+        let state = FakeState {
+            attached: BTreeSet::from([None]),
+            next_generation: 1,
+            ..FakeState::default()
+        };
+        Self {
+            state: Arc::new(Mutex::new(state)),
+            config: CaptureConfig {
+                nframe,
+                max_live_blocks: 1 << 20,
+                live_table_blocks: 0,
+                max_stacks: 1 << 16,
+                max_procs: 1 << 16,
+                max_inflight: 1 << 16,
+                inflight_slots: 1 << 16,
+                events_ring_bytes: 1 << 18,
+                libc: Vec::new(),
+                sample_interval: 0,
+                system_wide: true,
+            },
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, FakeState> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The kernel's `New` event of a process's first allocation: a new
+    /// generation for `pid`, as the programs give one.
+    pub fn start(&self, pid: u32) -> (ImageId, ProcEvent) {
+        let mut state = self.lock();
+        let generation = state.next_generation;
+        state.next_generation += 1;
+        state.procs.insert(
+            pid,
+            ProcStats {
+                gen_: generation,
+                ..ProcStats::default()
+            },
+        );
+        let image = ImageId::new(pid, generation);
+        (
+            image,
+            event(ProcEventKind::New, image, ProcStats::default()),
+        )
+    }
+
+    /// An allocation of `size` bytes at `addr` by `pid` with `stack`
+    /// (frame 0 first; empty: no stack stored).
+    pub fn alloc(&self, pid: u32, addr: u64, size: u64, stack: &[u64]) {
+        let mut state = self.lock();
+        let stack_id = if stack.is_empty() {
+            STACK_ID_NONE
+        } else {
+            let id = stack
+                .iter()
+                .fold(17u64, |h, a| h.wrapping_mul(31).wrapping_add(*a));
+            state.stacks.insert(id, stack.to_vec());
+            id
+        };
+        let Some(stats) = state.procs.get_mut(&pid) else {
+            return;
+        };
+        stats.current += size;
+        stats.peak = stats.peak.max(stats.current);
+        stats.blocks += 1;
+        stats.allocs += 1;
+        let info = AllocInfo {
+            size,
+            stack_id,
+            frame0: stack.first().copied().unwrap_or(0),
+            gen_: stats.gen_,
+            _pad: 0,
+        };
+        state.blocks.insert((pid, addr), info);
+    }
+
+    /// A free of `addr` by `pid`.
+    pub fn free(&self, pid: u32, addr: u64) {
+        let mut state = self.lock();
+        let removed = state.blocks.remove(&(pid, addr));
+        if let Some(stats) = state.procs.get_mut(&pid) {
+            match removed {
+                Some(info) => {
+                    stats.current -= info.size;
+                    stats.blocks -= 1;
+                    stats.frees += 1;
+                }
+                None => stats.unknown_frees += 1,
+            }
+        }
+    }
+
+    /// The kernel's `Exit` event of `pid`: its totals leave `PROCS` (its
+    /// blocks stay until tracerd removes them).
+    pub fn exit(&self, pid: u32) -> Option<ProcEvent> {
+        let mut state = self.lock();
+        let stats = state.procs.remove(&pid)?;
+        Some(event(
+            ProcEventKind::Exit,
+            ImageId::new(pid, stats.gen_),
+            stats,
+        ))
+    }
+
+    /// Forgets `pid`'s totals without an event, as a lost end event leaves
+    /// them.
+    pub fn lose_exit(&self, pid: u32) {
+        self.lock().procs.remove(&pid);
+    }
+
+    /// Blocks in the maps now, of every process.
+    pub fn block_count(&self) -> usize {
+        self.lock().blocks.len()
+    }
+
+    /// The runtime switches last set.
+    pub fn switches(&self) -> u64 {
+        self.lock().switches
+    }
+}
+
+/// A kernel event as the programs send it.
+pub fn event(kind: ProcEventKind, image: ImageId, stats: ProcStats) -> ProcEvent {
+    ProcEvent {
+        kind: kind as u32,
+        tgid: image.pid,
+        gen_: image.generation,
+        stats,
+        ..ProcEvent::default()
+    }
+}
+
+fn key(pid: u32, addr: u64) -> AllocKey {
+    AllocKey {
+        tgid: pid,
+        _pad: 0,
+        addr,
+    }
+}
+
+impl KernelMaps for FakeKernel {
+    fn config(&self) -> &CaptureConfig {
+        &self.config
+    }
+    fn libraries(&self) -> &[AttachedLibrary] {
+        &[]
+    }
+    fn attach(&mut self, pid: Option<u32>) -> Result<(), CaptureError> {
+        self.lock().attached.insert(pid);
+        Ok(())
+    }
+    fn detach(&mut self, pid: Option<u32>) {
+        self.lock().attached.remove(&pid);
+    }
+    fn attached(&self) -> Vec<Option<u32>> {
+        self.lock().attached.iter().copied().collect()
+    }
+    fn set_switches(&mut self, bits: u64) {
+        self.lock().switches = bits;
+    }
+    fn live_blocks(&self, want: Option<&HashSet<ImageId>>) -> Vec<(AllocKey, AllocInfo)> {
+        let mut out: Vec<_> = self
+            .lock()
+            .blocks
+            .iter()
+            .map(|(&(pid, addr), info)| (key(pid, addr), *info))
+            .filter(|(k, i)| want.is_none_or(|w| w.contains(&ImageId::of_block(k, i))))
+            .collect();
+        out.sort_by_key(|(k, _)| (k.tgid, k.addr));
+        out
+    }
+    fn remove_blocks(&mut self, keys: &[AllocKey]) -> usize {
+        let mut state = self.lock();
+        keys.iter()
+            .filter(|k| state.blocks.remove(&(k.tgid, k.addr)).is_some())
+            .count()
+    }
+    fn stack(&self, id: u64) -> Option<Vec<u64>> {
+        self.lock().stacks.get(&id).cloned()
+    }
+    fn stack_ids(&self) -> Vec<u64> {
+        self.lock().stacks.keys().copied().collect()
+    }
+    fn remove_stacks(&mut self, ids: &[u64]) -> usize {
+        let mut state = self.lock();
+        ids.iter()
+            .filter(|id| state.stacks.remove(id).is_some())
+            .count()
+    }
+    fn stacks_stored(&self) -> u64 {
+        self.lock().stacks.len() as u64
+    }
+    fn proc_stats(&self, tgid: u32) -> Option<ProcStats> {
+        self.lock().procs.get(&tgid).copied()
+    }
+    fn all_proc_stats(&self) -> Vec<(u32, ProcStats)> {
+        self.lock().procs.iter().map(|(k, v)| (*k, *v)).collect()
+    }
+    fn reset_peak(&mut self, tgid: u32) -> bool {
+        match self.lock().procs.get_mut(&tgid) {
+            Some(stats) => {
+                stats.peak = stats.current;
+                true
+            }
+            None => false,
+        }
+    }
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        tracer_common::Counter::ALL
+            .iter()
+            .map(|(_, name)| (*name, 0))
+            .collect()
+    }
+    fn program_stats(&self) -> Vec<(String, Duration, u64)> {
+        Vec::new()
+    }
+    fn map_usage(&self) -> MapUsage {
+        vec![(
+            tracer_common::MAP_LIVE_ALLOCS,
+            self.lock().blocks.len() as u64,
+            u64::from(self.config.max_live_blocks),
+        )]
+    }
+}

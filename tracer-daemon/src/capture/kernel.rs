@@ -1,0 +1,164 @@
+//! [`KernelMaps`]: what every later stage may ask of the kernel side, as a
+//! trait, so that lifecycle and the service are unit-tested with a fake
+//! (see `fake.rs`) and only [`Capture`](super::Capture) needs root.
+//!
+//! [`ImageId`] is the kernel's name for a process image: the programs give
+//! each image (a process from its first allocation to its exec or exit) a
+//! generation, and tag every block and every per-process total with it.
+use std::collections::HashSet;
+use std::time::Duration;
+
+use serde::Serialize;
+use tracer_common::{AllocInfo, AllocKey, ProcStats};
+
+use super::{AttachedLibrary, CaptureConfig, CaptureError};
+
+/// One process image: (pid, generation). A pid alone never names a process:
+/// an exec replaces the image, and a pid is reused after an exit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct ImageId {
+    /// The process id (the kernel's tgid).
+    pub pid: u32,
+    /// The generation the programs gave the image at its first allocation
+    /// (`ProcStats::gen_`, `AllocInfo::gen_`).
+    pub generation: u32,
+}
+
+impl ImageId {
+    /// The image `(pid, generation)`.
+    #[must_use]
+    pub const fn new(pid: u32, generation: u32) -> Self {
+        Self { pid, generation }
+    }
+
+    /// The image a live block belongs to, from its key and value in
+    /// `LIVE_ALLOCS` or the fast table.
+    #[must_use]
+    pub const fn of_block(key: &AllocKey, info: &AllocInfo) -> Self {
+        Self::new(key.tgid, info.gen_)
+    }
+}
+
+/// A reading of every kernel map's use: (map name, entries, capacity).
+pub type MapUsage = Vec<(&'static str, u64, u64)>;
+
+/// The kernel side as the rest of tracerd uses it. Every method blocks on
+/// map syscalls: call them from blocking threads.
+pub trait KernelMaps: Send {
+    /// The configuration in force (nframe clamped, sizes rounded as the
+    /// kernel has them).
+    fn config(&self) -> &CaptureConfig;
+
+    /// The libraries probed and the probe points on each.
+    fn libraries(&self) -> &[AttachedLibrary];
+
+    /// Attaches the allocator probes for every process (None) or one.
+    ///
+    /// # Errors
+    /// [`CaptureError::Attach`]; nothing of this attach stays attached.
+    fn attach(&mut self, pid: Option<u32>) -> Result<(), CaptureError>;
+
+    /// Detaches what [`KernelMaps::attach`] attached for `pid`.
+    fn detach(&mut self, pid: Option<u32>);
+
+    /// What is attached: None for system-wide, else the pids, sorted.
+    fn attached(&self) -> Vec<Option<u32>>;
+
+    /// Sets the programs' runtime switches (`SWITCH_*` of tracer-common).
+    fn set_switches(&mut self, bits: u64);
+
+    /// Every live block of the images `want` (None: of every process).
+    fn live_blocks(&self, want: Option<&HashSet<ImageId>>) -> Vec<(AllocKey, AllocInfo)>;
+
+    /// Removes the given blocks; returns how many were there to remove.
+    fn remove_blocks(&mut self, keys: &[AllocKey]) -> usize;
+
+    /// The return addresses of stack `id`, frame 0 first.
+    fn stack(&self, id: u64) -> Option<Vec<u64>>;
+
+    /// Every stack id stored.
+    fn stack_ids(&self) -> Vec<u64>;
+
+    /// Removes stacks (and empties every CPU's cache of its last stack);
+    /// returns how many were removed.
+    fn remove_stacks(&mut self, ids: &[u64]) -> usize;
+
+    /// Stacks stored now.
+    fn stacks_stored(&self) -> u64;
+
+    /// Totals of one process's current image.
+    fn proc_stats(&self, tgid: u32) -> Option<ProcStats>;
+
+    /// Totals of every process the programs track: tgid → totals.
+    fn all_proc_stats(&self) -> Vec<(u32, ProcStats)>;
+
+    /// Sets the peak of `tgid` to its current value; false if unknown.
+    fn reset_peak(&mut self, tgid: u32) -> bool;
+
+    /// The programs' counters summed over CPUs, by name, in slot order.
+    fn counters(&self) -> Vec<(&'static str, u64)>;
+
+    /// (program, run time, run count) of each program while
+    /// `BPF_ENABLE_STATS` is on.
+    fn program_stats(&self) -> Vec<(String, Duration, u64)>;
+
+    /// Entries and capacity of each map.
+    fn map_usage(&self) -> MapUsage;
+}
+
+impl KernelMaps for super::Capture {
+    fn config(&self) -> &CaptureConfig {
+        self.config()
+    }
+    fn libraries(&self) -> &[AttachedLibrary] {
+        self.libraries()
+    }
+    fn attach(&mut self, pid: Option<u32>) -> Result<(), CaptureError> {
+        self.attach(pid)
+    }
+    fn detach(&mut self, pid: Option<u32>) {
+        self.detach(pid);
+    }
+    fn attached(&self) -> Vec<Option<u32>> {
+        self.attached()
+    }
+    fn set_switches(&mut self, bits: u64) {
+        self.set_switches(bits);
+    }
+    fn live_blocks(&self, want: Option<&HashSet<ImageId>>) -> Vec<(AllocKey, AllocInfo)> {
+        self.live_blocks(want)
+    }
+    fn remove_blocks(&mut self, keys: &[AllocKey]) -> usize {
+        self.remove_blocks(keys)
+    }
+    fn stack(&self, id: u64) -> Option<Vec<u64>> {
+        self.stack(id)
+    }
+    fn stack_ids(&self) -> Vec<u64> {
+        self.stack_ids()
+    }
+    fn remove_stacks(&mut self, ids: &[u64]) -> usize {
+        self.remove_stacks(ids)
+    }
+    fn stacks_stored(&self) -> u64 {
+        self.stacks_stored()
+    }
+    fn proc_stats(&self, tgid: u32) -> Option<ProcStats> {
+        self.proc_stats(tgid)
+    }
+    fn all_proc_stats(&self) -> Vec<(u32, ProcStats)> {
+        self.all_proc_stats()
+    }
+    fn reset_peak(&mut self, tgid: u32) -> bool {
+        self.reset_peak(tgid)
+    }
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        self.counters()
+    }
+    fn program_stats(&self) -> Vec<(String, Duration, u64)> {
+        self.program_stats()
+    }
+    fn map_usage(&self) -> MapUsage {
+        self.map_usage()
+    }
+}

@@ -1,0 +1,55 @@
+//! Live blocks: read and removed from the fast table and `LIVE_ALLOCS`.
+use std::{collections::HashSet, os::fd::AsFd as _};
+
+use tracer_common::{AllocInfo, AllocKey};
+
+use super::live_table::Removed;
+use super::{Capture, ImageId};
+use crate::sys::bpf as bpf_sys;
+
+impl Capture {
+    /// Every live block of the process images `want` (tgid, generation),
+    /// read from the fast table (through its mapping) and `LIVE_ALLOCS`;
+    /// with `want` None, every block of every process. One pass over each.
+    pub fn live_blocks(&self, want: Option<&HashSet<ImageId>>) -> Vec<(AllocKey, AllocInfo)> {
+        let mut out = Vec::new();
+        let mut keep = |key: &AllocKey, info: &AllocInfo| match want {
+            Some(want) if !want.contains(&ImageId::of_block(key, info)) => {}
+            _ => out.push((*key, *info)),
+        };
+        if let Some(table) = &self.live_table {
+            table.for_each(|key, info| keep(&key, &info));
+        }
+        // BPF_MAP_LOOKUP_BATCH reads thousands of entries per syscall; fall
+        // back to one lookup per key where the kernel lacks it (< 5.6).
+        if bpf_sys::lookup_batch(
+            aya::maps::IterableMap::map(&self.live).fd().as_fd(),
+            &mut keep,
+        )
+        .is_err()
+        {
+            for (key, info) in self.live.iter().flatten() {
+                keep(&key, &info);
+            }
+        }
+        out
+    }
+
+    /// Removes the given blocks from the fast table or `LIVE_ALLOCS`;
+    /// returns how many were removed (a block freed meanwhile is already
+    /// gone).
+    pub fn remove_blocks(&mut self, keys: &[AllocKey]) -> usize {
+        let fd = aya::maps::IterableMap::map(&self.live).fd().as_fd();
+        let Some(table) = &self.live_table else {
+            return bpf_sys::delete_batch(fd, keys, |_| {});
+        };
+        let spilled: Vec<AllocKey> = keys
+            .iter()
+            .filter(|key| table.remove(key) == Removed::NotInTable)
+            .copied()
+            .collect();
+        // The bucket of each block removed from LIVE_ALLOCS is told.
+        let removed = bpf_sys::delete_batch(fd, &spilled, |key| table.spill_removed(key));
+        keys.len() - spilled.len() + removed
+    }
+}

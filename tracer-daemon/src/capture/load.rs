@@ -1,0 +1,326 @@
+//! Loading: the eBPF object into the kernel, sized from the configuration,
+//! the lifecycle tracepoints attached, every uprobe program loaded, and
+//! handles to every map taken out of the object.
+use std::{collections::HashMap, os::fd::AsFd as _, path::Path, process::Command};
+
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{Map, MapData, RingBuf},
+    programs::{TracePoint, UProbe},
+};
+use tracer_common::{
+    FLOOR_PROGRAMS, GLOBAL_INFLIGHT_SLOT_MASK, GLOBAL_LIVE_BUCKET_MASK, GLOBAL_NFRAME,
+    GLOBAL_PAGE_SIZE, GLOBAL_SAMPLE_MEAN, GLOBAL_TRACERD_TGID, LIVE_WAYS, MAP_COUNTERS, MAP_EVENTS,
+    MAP_EXP_TABLE, MAP_INFLIGHT, MAP_INFLIGHT_SLOTS, MAP_LIVE_ALLOCS, MAP_LIVE_KEYS,
+    MAP_LIVE_VALUES, MAP_PROC_SLOTS, MAP_PROCS, MAP_STACKS, MAP_SWITCHES, MAX_NFRAME, STACK_WORDS,
+    TRACEPOINTS,
+};
+
+use super::events::{RingPositions, ring_size};
+use super::inflight::MAX_INFLIGHT_SLOTS;
+use super::live_table::{self, LiveTable};
+use super::object::{exponential_table, patch_map_value_size};
+use super::probes::{AttachedLibrary, find_libc, probe_points};
+use super::proc_slots::ProcSlots;
+use super::{Capture, CaptureConfig, CaptureError};
+
+/// The eBPF object built by `build.rs` (empty when built with `AYA_BUILD_SKIP=1`).
+static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tracer"));
+
+/// Which programs [`Capture`] attaches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Programs {
+    /// tracer's own.
+    Tracer,
+    /// Empty ones, at the same points (the physical floor).
+    Floor,
+}
+
+impl Programs {
+    /// The program attached where tracer's `name` goes (`exit`: a
+    /// uretprobe).
+    pub(super) fn program_for(self, name: &'static str, exit: bool) -> &'static str {
+        match self {
+            Programs::Tracer => name,
+            Programs::Floor if exit => FLOOR_PROGRAMS.1,
+            Programs::Floor => FLOOR_PROGRAMS.0,
+        }
+    }
+}
+
+/// Loads the uprobe program `name` into the kernel if it is not yet (a
+/// program shared by several probe points, as the floor's are, loads once).
+///
+/// # Errors
+/// [`CaptureError::Program`] naming it.
+fn load_uprobe(ebpf: &mut Ebpf, name: &'static str) -> Result<(), CaptureError> {
+    let program = program_mut::<UProbe>(ebpf, name)?;
+    if program.fd().is_err() {
+        program.load().map_err(|source| CaptureError::Program {
+            program: name.into(),
+            source: Box::new(source),
+        })?;
+    }
+    Ok(())
+}
+
+impl Capture {
+    /// Loads the programs, sizes the maps from `config`, and attaches the
+    /// lifecycle tracepoints, then (when `config.system_wide`) every
+    /// allocator uretprobe, then every uprobe (so no entry is recorded whose
+    /// return would be missed).
+    ///
+    /// # Errors
+    /// [`CaptureError`] naming the program, map or library that failed.
+    pub fn load(config: CaptureConfig) -> Result<Self, CaptureError> {
+        Self::load_programs(config, Programs::Tracer)
+    }
+
+    /// As [`Capture::load`], but with the empty programs of
+    /// [`FLOOR_PROGRAMS`] at every entry and return point tracerd uses: the
+    /// physical floor of the probes, for benchmarks. Nothing is recorded.
+    ///
+    /// # Errors
+    /// As [`Capture::load`].
+    pub fn load_floor(config: CaptureConfig) -> Result<Self, CaptureError> {
+        Self::load_programs(config, Programs::Floor)
+    }
+
+    fn load_programs(config: CaptureConfig, programs: Programs) -> Result<Self, CaptureError> {
+        if EBPF_OBJECT.is_empty() {
+            return Err(CaptureError::NotBuilt);
+        }
+        ensure_tracefs();
+        bump_memlock_rlimit();
+        let nframe = config.nframe.clamp(1, MAX_NFRAME);
+        let object = patch_map_value_size(
+            EBPF_OBJECT,
+            MAP_STACKS,
+            STACK_WORDS as u32 * 8,
+            (1 + nframe) * 8,
+        )?;
+        let tgid = std::process::id();
+        let page_size = crate::sys::procfs::page_size();
+        let inflight_slots = config
+            .inflight_slots
+            .clamp(1, MAX_INFLIGHT_SLOTS)
+            .next_power_of_two();
+        let slot_mask = inflight_slots - 1;
+        let events_ring_bytes = ring_size(config.events_ring_bytes, page_size);
+        let live_buckets = live_table::buckets_for(config.live_table_blocks);
+        let live_bucket_mask = live_buckets.saturating_sub(1);
+        let mut ebpf = EbpfLoader::new()
+            .override_global(GLOBAL_TRACERD_TGID, &tgid, true)
+            .override_global(GLOBAL_PAGE_SIZE, &page_size, true)
+            .override_global(GLOBAL_NFRAME, &nframe, true)
+            .override_global(GLOBAL_SAMPLE_MEAN, &config.sample_interval, true)
+            .override_global(GLOBAL_INFLIGHT_SLOT_MASK, &slot_mask, true)
+            .override_global(GLOBAL_LIVE_BUCKET_MASK, &live_bucket_mask, true)
+            .map_max_entries(MAP_LIVE_ALLOCS, config.max_live_blocks)
+            .map_max_entries(MAP_LIVE_KEYS, live_buckets.max(1))
+            .map_max_entries(MAP_LIVE_VALUES, live_buckets.max(1) * LIVE_WAYS)
+            .map_max_entries(MAP_STACKS, config.max_stacks)
+            .map_max_entries(MAP_PROCS, config.max_procs)
+            .map_max_entries(MAP_INFLIGHT, config.max_inflight)
+            .map_max_entries(MAP_INFLIGHT_SLOTS, inflight_slots)
+            .map_max_entries(MAP_EVENTS, events_ring_bytes)
+            .load(object.as_bytes())
+            .map_err(|e| CaptureError::Load(e.to_string()))?;
+
+        for (name, category, event) in TRACEPOINTS {
+            let program: &mut TracePoint = program_mut(&mut ebpf, name)?;
+            program.load().map_err(|source| CaptureError::Program {
+                program: name.into(),
+                source: Box::new(source),
+            })?;
+            program
+                .attach(category, event)
+                .map_err(|source| CaptureError::Attach {
+                    program: name.into(),
+                    target: format!("{category}:{event}"),
+                    source: Box::new(source),
+                })?;
+        }
+
+        let libcs = find_libc(&config.libc)?;
+        let mut libraries = Vec::new();
+        let mut targets = Vec::new();
+        for path in &libcs {
+            let points = probe_points(path)?;
+            libraries.push(AttachedLibrary {
+                path: path.clone(),
+                probes: points
+                    .iter()
+                    .map(|p| match p.entry - p.function {
+                        0 => format!("{}@{:#x}", p.spec.symbol, p.entry),
+                        skip => format!("{}+{skip}@{:#x}", p.spec.symbol, p.entry),
+                    })
+                    .collect(),
+            });
+            targets.push((path.clone(), points));
+        }
+        // Every uprobe program is loaded now, while the object still holds
+        // every map its instructions refer to (a map taken out of it below
+        // and dropped, as EXP_TABLE is, would leave a later load with a
+        // closed fd); a scoped tracerd attaches them only later.
+        for (_, points) in &targets {
+            for point in points {
+                let exit = point.spec.exit.map(|name| (name, true));
+                for (name, is_exit) in std::iter::once((point.spec.entry, false)).chain(exit) {
+                    load_uprobe(&mut ebpf, programs.program_for(name, is_exit))?;
+                }
+            }
+        }
+        let switches = take_map(&mut ebpf, MAP_SWITCHES)?;
+        let mut exp_table: aya::maps::Array<MapData, u32> = take_map(&mut ebpf, MAP_EXP_TABLE)?;
+        for (i, value) in exponential_table().into_iter().enumerate() {
+            exp_table
+                .set(i as u32, value, 0)
+                .map_err(|e| CaptureError::Map {
+                    map: MAP_EXP_TABLE,
+                    reason: e.to_string(),
+                })?;
+        }
+        let live = take_map(&mut ebpf, MAP_LIVE_ALLOCS)?;
+        let live_keys = take_array(&mut ebpf, MAP_LIVE_KEYS)?;
+        let live_values = take_array(&mut ebpf, MAP_LIVE_VALUES)?;
+        let live_table = match live_buckets {
+            0 => None,
+            buckets => Some(
+                LiveTable::map(live_keys.fd().as_fd(), live_values.fd().as_fd(), buckets).map_err(
+                    |e| CaptureError::Map {
+                        map: MAP_LIVE_KEYS,
+                        reason: format!("cannot map the fast live-block table: {e}"),
+                    },
+                )?,
+            ),
+        };
+        let stacks = match ebpf.take_map(MAP_STACKS) {
+            Some(Map::HashMap(data)) => data,
+            _ => {
+                return Err(CaptureError::Map {
+                    map: MAP_STACKS,
+                    reason: "missing or not a hash map".into(),
+                });
+            }
+        };
+        let procs = take_map(&mut ebpf, MAP_PROCS)?;
+        let proc_slots_map = take_array(&mut ebpf, MAP_PROC_SLOTS)?;
+        let proc_slots =
+            ProcSlots::map(proc_slots_map.fd().as_fd()).map_err(|e| CaptureError::Map {
+                map: MAP_PROC_SLOTS,
+                reason: format!("cannot map the process slots: {e}"),
+            })?;
+        let counters = take_map(&mut ebpf, MAP_COUNTERS)?;
+        let inflight = take_map(&mut ebpf, MAP_INFLIGHT)?;
+        let inflight_slots_map = take_array(&mut ebpf, MAP_INFLIGHT_SLOTS)?;
+        let events: RingBuf<MapData> = take_map(&mut ebpf, MAP_EVENTS)?;
+        let events_positions = RingPositions::map(events.as_fd(), page_size);
+        if events_positions.is_none() {
+            tracing::warn!(
+                map = MAP_EVENTS,
+                "cannot map the ring buffer's positions: its use reads 0"
+            );
+        }
+        let mut capture = Self {
+            ebpf,
+            live,
+            live_table,
+            _live_table_maps: (live_keys, live_values),
+            stacks,
+            procs,
+            proc_slots,
+            _proc_slots_map: proc_slots_map,
+            counters,
+            inflight,
+            inflight_slots: inflight_slots_map,
+            events_positions,
+            switches,
+            events: Some(events),
+            libraries,
+            targets,
+            programs,
+            links: HashMap::new(),
+            config: CaptureConfig {
+                nframe,
+                inflight_slots,
+                events_ring_bytes,
+                live_table_blocks: live_buckets * LIVE_WAYS,
+                ..config
+            },
+        };
+        if capture.config.system_wide {
+            capture.attach(None)?;
+        }
+        Ok(capture)
+    }
+}
+
+pub(super) fn program_mut<'a, T>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut T, CaptureError>
+where
+    &'a mut T: TryFrom<&'a mut aya::programs::Program>,
+{
+    let program = ebpf
+        .program_mut(name)
+        .ok_or_else(|| CaptureError::Load(format!("program {name} is not in the object")))?;
+    program
+        .try_into()
+        .map_err(|_| CaptureError::Load(format!("program {name} has an unexpected type")))
+}
+
+fn take_map<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, CaptureError>
+where
+    T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>,
+{
+    let map = ebpf.take_map(name).ok_or(CaptureError::Map {
+        map: name,
+        reason: "not in the object".into(),
+    })?;
+    T::try_from(map).map_err(|e| CaptureError::Map {
+        map: name,
+        reason: e.to_string(),
+    })
+}
+
+/// Takes the array map `name` out of `ebpf`, untyped (its values are read
+/// raw or through a mapping).
+fn take_array(ebpf: &mut Ebpf, name: &'static str) -> Result<MapData, CaptureError> {
+    match ebpf.take_map(name) {
+        Some(Map::Array(data)) => Ok(data),
+        _ => Err(CaptureError::Map {
+            map: name,
+            reason: "missing or not an array".into(),
+        }),
+    }
+}
+
+/// Mounts tracefs at /sys/kernel/tracing if it is not mounted: attaching a
+/// tracepoint reads its id there.
+fn ensure_tracefs() {
+    if Path::new("/sys/kernel/tracing/events").exists()
+        || Path::new("/sys/kernel/debug/tracing/events").exists()
+    {
+        return;
+    }
+    let ok = Command::new("mount")
+        .args(["-t", "tracefs", "nodev", "/sys/kernel/tracing"])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !ok {
+        tracing::warn!(target = "/sys/kernel/tracing", "could not mount tracefs");
+    }
+}
+
+/// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK.
+fn bump_memlock_rlimit() {
+    let limit = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: a valid rlimit struct for the call's duration.
+    let ret = unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &limit) };
+    if ret != 0 {
+        tracing::debug!("setrlimit(RLIMIT_MEMLOCK) failed; fine on kernels >= 5.11");
+    }
+}

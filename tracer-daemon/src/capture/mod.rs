@@ -1,0 +1,194 @@
+//! Capture: tracer's eBPF programs in the kernel, and the maps they keep.
+//!
+//! [`Capture`] loads the programs ([`load`]), attaches them to the glibc
+//! allocator's probe points ([`probes`], [`attach`]) and the scheduler's
+//! lifecycle tracepoints, and reads what they keep: live blocks
+//! ([`live`], with the fast table of [`live_table`]), per-process totals
+//! ([`procs`], with the slots of [`proc_slots`]), stacks ([`stacks`]),
+//! calls in flight ([`inflight`]), process events ([`events`]) and
+//! counters ([`usage`]). [`KernelMaps`] is the trait through which every
+//! later stage uses it, so that lifecycle and the service are tested
+//! without a kernel.
+//!
+//! Everything here talks to the kernel (needs root, or CAP_BPF +
+//! CAP_PERFMON); nothing here interprets what it reads: that is the job of
+//! [`crate::lifecycle`] and [`crate::snapshot`].
+use std::{collections::HashMap, path::PathBuf};
+
+use aya::{
+    Ebpf,
+    maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
+};
+use tracer_common::{AllocInfo, AllocKey, ProcStats};
+
+pub mod attach;
+pub mod events;
+#[cfg(test)]
+pub mod fake;
+pub mod inflight;
+pub mod kernel;
+pub mod live;
+pub mod live_table;
+pub mod load;
+pub mod object;
+pub mod probes;
+pub mod proc_slots;
+pub mod procs;
+pub mod stacks;
+pub mod usage;
+
+pub use kernel::{ImageId, KernelMaps};
+pub use probes::{AttachedLibrary, ProbePoint};
+
+use events::RingPositions;
+use live_table::LiveTable;
+use load::Programs;
+use proc_slots::ProcSlots;
+
+/// Errors of loading, attaching and reading the eBPF side.
+#[derive(Debug, thiserror::Error)]
+pub enum CaptureError {
+    /// This binary was built with `AYA_BUILD_SKIP=1` and holds no eBPF object.
+    #[error(
+        "this tracerd was built without its eBPF programs (AYA_BUILD_SKIP); rebuild without it"
+    )]
+    NotBuilt,
+    /// The eBPF object could not be prepared or loaded.
+    #[error("loading the eBPF object: {0}")]
+    Load(String),
+    /// A program could not be loaded into the kernel (verifier, permissions).
+    #[error("loading program {program}: {source}")]
+    Program {
+        /// The program's name.
+        program: String,
+        /// What aya said (boxed: it is large, and errors are rare).
+        #[source]
+        source: Box<aya::programs::ProgramError>,
+    },
+    /// A program could not be attached to its target.
+    #[error("attaching {program} to {target}: {source}")]
+    Attach {
+        /// The program's name.
+        program: String,
+        /// Where: a library path and symbol, or a tracepoint.
+        target: String,
+        /// What aya said (boxed, as above).
+        #[source]
+        source: Box<aya::programs::ProgramError>,
+    },
+    /// No glibc was found to attach to.
+    #[error("no glibc found (looked at {looked}); pass --libc PATH")]
+    NoLibc {
+        /// The places looked at.
+        looked: String,
+    },
+    /// glibc could not be read or lacks a symbol tracer needs.
+    #[error("reading {path}: {reason}")]
+    Libc {
+        /// The library.
+        path: PathBuf,
+        /// What went wrong.
+        reason: String,
+    },
+    /// A kernel map is missing from the object or of the wrong type.
+    #[error("map {map}: {reason}")]
+    Map {
+        /// The map's name.
+        map: &'static str,
+        /// What went wrong.
+        reason: String,
+    },
+}
+
+/// Capacities and limits of the kernel side, set at load time.
+#[derive(Clone, Debug)]
+pub struct CaptureConfig {
+    /// Frames kept per stack, 1..=64 ([`MAX_NFRAME`]): the kernel's walk
+    /// stops there, and the stack map's value size is `nframe * 8` bytes.
+    pub nframe: u32,
+    /// Capacity of `LIVE_ALLOCS` in live blocks, all processes together.
+    pub max_live_blocks: u32,
+    /// Block slots of the fast table (`LIVE_KEYS`, `LIVE_VALUES`), rounded
+    /// up to [`LIVE_WAYS`](tracer_common::LIVE_WAYS) times a power of two
+    /// (at least 2) at load; 0: no table, every block in `LIVE_ALLOCS`.
+    pub live_table_blocks: u32,
+    /// Capacity of `STACKS` in distinct stacks.
+    pub max_stacks: u32,
+    /// Capacity of `PROCS` in processes.
+    pub max_procs: u32,
+    /// Capacity of `INFLIGHT` (the spill of calls in progress whose slot is
+    /// taken) in calls.
+    pub max_inflight: u32,
+    /// Slots of `INFLIGHT_SLOTS` (calls in progress, one per thread id
+    /// modulo this), a power of two up to 4194304: a value that is not is
+    /// rounded up to one at load.
+    pub inflight_slots: u32,
+    /// Size of the `EVENTS` ring buffer in bytes, a power of two multiple
+    /// of the page size: a value that is not is rounded up to one at load
+    /// (as aya and libbpf do).
+    pub events_ring_bytes: u32,
+    /// The glibc files to probe; empty: found as the dynamic loader finds them.
+    pub libc: Vec<PathBuf>,
+    /// Mean sampling interval in bytes (byte-weighted Poisson sampling);
+    /// 0 records every allocation (exact).
+    pub sample_interval: u64,
+    /// Attach the probes for every process at load; false attaches none
+    /// until [`Capture::attach`] (a scoped tracerd, so no process outside
+    /// its scope is traced even while it starts).
+    pub system_wide: bool,
+}
+
+/// The loaded eBPF programs, their links, and handles to their maps.
+///
+/// Dropping it detaches every probe and frees every map.
+pub struct Capture {
+    /// Holds programs and links: dropping it detaches them.
+    ebpf: Ebpf,
+    live: BpfHashMap<MapData, AllocKey, AllocInfo>,
+    /// The fast table in front of `live`, mapped; None when it is off.
+    live_table: Option<LiveTable>,
+    /// LIVE_KEYS and LIVE_VALUES, kept open with their mapping.
+    _live_table_maps: (MapData, MapData),
+    /// STACKS: its value size depends on nframe, so it is read with raw
+    /// map syscalls rather than a typed aya map.
+    stacks: MapData,
+    procs: BpfHashMap<MapData, u32, ProcStats>,
+    /// `PROC_SLOTS`, mapped; the map itself is kept open beside it.
+    proc_slots: ProcSlots,
+    _proc_slots_map: MapData,
+    counters: PerCpuArray<MapData, u64>,
+    inflight: BpfHashMap<MapData, u64, tracer_common::Inflight>,
+    /// INFLIGHT_SLOTS, read with raw batch lookups (only to count the
+    /// slots in use).
+    inflight_slots: MapData,
+    /// The positions of `EVENTS`, which stay readable after the ring buffer
+    /// itself was taken by the event loop; None if they could not be mapped.
+    events_positions: Option<RingPositions>,
+    switches: aya::maps::Array<MapData, u64>,
+    events: Option<RingBuf<MapData>>,
+    libraries: Vec<AttachedLibrary>,
+    /// Each probed library with its probe points.
+    targets: Vec<(PathBuf, Vec<ProbePoint>)>,
+    programs: Programs,
+    /// Attached uprobe links: None for system-wide, Some(pid) per process.
+    links: HashMap<Option<u32>, Vec<(&'static str, aya::programs::uprobe::UProbeLinkId)>>,
+    config: CaptureConfig,
+}
+
+impl Capture {
+    /// The libraries probed and the probe points on each.
+    pub fn libraries(&self) -> &[AttachedLibrary] {
+        &self.libraries
+    }
+
+    /// The configuration in force (nframe clamped to 1..=64, the in-flight
+    /// slots and the ring buffer's size rounded as the kernel has them).
+    pub fn config(&self) -> &CaptureConfig {
+        &self.config
+    }
+
+    /// The ring buffer of process events; taken once by the event loop.
+    pub fn take_events(&mut self) -> Option<RingBuf<MapData>> {
+        self.events.take()
+    }
+}

@@ -1,0 +1,148 @@
+//! The command line: `tracerd [OPTIONS]`, `tracerd config check FILE`,
+//! `tracerd config default`. Every flag is an `Option` named as the
+//! [`Config`](super::Config) field it sets, with its `TRACERD_*` variable.
+use std::{net::SocketAddr, path::PathBuf};
+
+use clap::{Args, Parser, Subcommand};
+use serde::Serialize;
+
+/// tracerd: Python's tracemalloc for every native process on this host.
+///
+/// Traces glibc allocations of every process with eBPF uprobes and serves
+/// tracemalloc's statistics, snapshots and diffs over HTTP, and Prometheus
+/// metrics at /metrics. Settings come from flags, then TRACERD_* environment
+/// variables, then the TOML file, then the defaults (`tracerd config default`).
+#[derive(Debug, Parser)]
+#[command(
+    name = "tracerd",
+    version,
+    about,
+    args_conflicts_with_subcommands = true
+)]
+pub struct Cli {
+    /// A maintenance command instead of running the daemon.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// Settings of the daemon.
+    #[command(flatten)]
+    pub flags: Flags,
+}
+
+/// tracerd's subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Check or print configuration files.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+}
+
+/// `tracerd config ...`.
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Check a TOML configuration file: exit 0 and print the settings it
+    /// gives, or exit 1 naming the bad value and its valid range.
+    Check {
+        /// The file to check.
+        file: PathBuf,
+    },
+    /// Print the default configuration as TOML.
+    Default,
+}
+
+/// Flags of the daemon; each is also read from its `TRACERD_*` variable.
+/// A flag not given leaves the file's value (or the default) in force.
+#[derive(Clone, Debug, Default, Args, Serialize)]
+pub struct Flags {
+    /// TOML configuration file [default: /etc/tracer/tracerd.toml, if it exists].
+    #[arg(long, env = "TRACERD_CONFIG")]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+    /// TCP address of the HTTP API (ADDR:PORT); non-loopback needs --auth-token-file.
+    #[arg(long, env = "TRACERD_LISTEN")]
+    pub listen: Option<SocketAddr>,
+    /// Also serve the API on this Unix socket path (mode 0660).
+    #[arg(long, env = "TRACERD_UNIX_SOCKET")]
+    pub unix_socket: Option<PathBuf>,
+    /// File with the bearer token TCP clients must send.
+    #[arg(long, env = "TRACERD_AUTH_TOKEN_FILE")]
+    pub auth_token_file: Option<PathBuf>,
+    /// Frames kept per traceback (tracemalloc's nframe), 1 to 64.
+    #[arg(long, env = "TRACERD_NFRAME")]
+    pub nframe: Option<u32>,
+    /// Directory for tracerd's state (created if missing).
+    #[arg(long, env = "TRACERD_STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// Seconds an exited process's last state stays queryable.
+    #[arg(long, env = "TRACERD_EXITED_RETENTION")]
+    pub exited_retention: Option<u64>,
+    /// Seconds between automatic snapshots (for compare?since=); 0: none.
+    #[arg(long, env = "TRACERD_SNAPSHOT_INTERVAL")]
+    pub snapshot_interval: Option<u64>,
+    /// Seconds an automatic snapshot is kept.
+    #[arg(long, env = "TRACERD_SNAPSHOT_RETENTION")]
+    pub snapshot_retention: Option<u64>,
+    /// Capacity of the kernel's live-block map in blocks, all processes together.
+    #[arg(long, env = "TRACERD_MAX_LIVE_BLOCKS")]
+    pub max_live_blocks: Option<u32>,
+    /// Blocks of the kernel's preallocated fast live-block table (7 x a power of two); 0: off.
+    #[arg(long, env = "TRACERD_LIVE_TABLE_BLOCKS")]
+    pub live_table_blocks: Option<u32>,
+    /// Capacity of the kernel's stack map in distinct stacks.
+    #[arg(long, env = "TRACERD_MAX_STACKS")]
+    pub max_stacks: Option<u32>,
+    /// Capacity of the kernel's per-process map in processes.
+    #[arg(long, env = "TRACERD_MAX_PROCS")]
+    pub max_procs: Option<u32>,
+    /// Capacity of the kernel's in-flight spill map in calls (threads whose slot is taken).
+    #[arg(long, env = "TRACERD_MAX_INFLIGHT")]
+    pub max_inflight: Option<u32>,
+    /// Slots of the kernel's in-flight array (a power of two; a thread uses slot tid % slots).
+    #[arg(long, env = "TRACERD_INFLIGHT_SLOTS")]
+    pub inflight_slots: Option<u32>,
+    /// Size of the kernel's process-event ring buffer in bytes (a power of two multiple of the page size).
+    #[arg(long, env = "TRACERD_EVENTS_RING_BYTES")]
+    pub events_ring_bytes: Option<u32>,
+    /// Mean sampling interval in bytes (e.g. 524288); 0: exact (every allocation).
+    #[arg(long, env = "TRACERD_SAMPLE_INTERVAL")]
+    pub sample_interval: Option<u64>,
+    /// Trace only this pid (repeatable; the variable takes a `,`-separated list).
+    #[arg(long = "scope-pid", env = "TRACERD_SCOPE_PIDS", value_delimiter = ',')]
+    pub scope_pids: Option<Vec<u32>>,
+    /// Trace only processes running this executable (repeatable, absolute path).
+    #[arg(long = "scope-exe", env = "TRACERD_SCOPE_EXES", value_delimiter = ':')]
+    pub scope_exes: Option<Vec<PathBuf>>,
+    /// Trace only processes in this cgroup v2 path or below (repeatable).
+    #[arg(
+        long = "scope-cgroup",
+        env = "TRACERD_SCOPE_CGROUPS",
+        value_delimiter = ','
+    )]
+    pub scope_cgroups: Option<Vec<String>>,
+    /// glibc to probe (repeatable; the variable takes a `:`-separated list).
+    #[arg(long, env = "TRACERD_LIBC", value_delimiter = ':')]
+    pub libc: Option<Vec<PathBuf>>,
+    /// Log filter (tracing's EnvFilter syntax), e.g. info or tracer_daemon=debug.
+    #[arg(long, env = "TRACERD_LOG")]
+    pub log: Option<String>,
+    /// Processes labelled by pid and comm in /metrics (the rest: comm="other").
+    #[arg(long, env = "TRACERD_METRICS_TOP_PROCESSES")]
+    pub metrics_top_processes: Option<u32>,
+    /// Call-site gauges per labelled process in /metrics; 0 turns them off.
+    #[arg(long, env = "TRACERD_METRICS_CALL_SITES")]
+    pub metrics_call_sites: Option<u32>,
+    /// Kernel BPF run-time statistics for /metrics (true or false).
+    #[arg(long, env = "TRACERD_BPF_STATS")]
+    pub bpf_stats: Option<bool>,
+    /// Seconds a request may take before it is answered 503.
+    #[arg(long, env = "TRACERD_REQUEST_TIMEOUT_SECS")]
+    pub request_timeout_secs: Option<u64>,
+    /// Largest request body accepted, in bytes.
+    #[arg(long, env = "TRACERD_BODY_LIMIT_BYTES")]
+    pub body_limit_bytes: Option<u64>,
+    /// Expensive requests served at once; more are answered 429.
+    #[arg(long, env = "TRACERD_MAX_EXPENSIVE_REQUESTS")]
+    pub max_expensive_requests: Option<u32>,
+    /// Seconds the API gets to finish its requests after SIGTERM/SIGINT.
+    #[arg(long, env = "TRACERD_SHUTDOWN_GRACE_SECS")]
+    pub shutdown_grace_secs: Option<u64>,
+}

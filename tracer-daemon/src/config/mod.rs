@@ -1,0 +1,293 @@
+//! tracerd's configuration, from four sources in this order of precedence:
+//! command-line flags, then `TRACERD_*` environment variables, then the TOML
+//! file (`/etc/tracer/tracerd.toml`, or `--config FILE`), then the defaults.
+//!
+//! [`Config`]'s `Default` impl is the single source of default values; the
+//! TOML file and `tracerd config default` use [`Config`]'s field names.
+//! Every value, whatever its source, goes through [`Config::validate`], which
+//! refuses an invalid one with the range that is valid.
+//!
+//! Adding a setting takes three lines: a field (with a doc comment) in
+//! [`Config`], its default in `Default`, and an `Option` field of the same
+//! name in [`Flags`] with `#[arg(long, env = "TRACERD_NAME")]`. Flags are
+//! merged by name (through serde), so no merge code needs to change; give it
+//! a range check in [`Config::validate`] if not every value is valid, and a
+//! commented line in `deploy/tracerd.toml` (a test checks that the file
+//! holds exactly the defaults).
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+};
+
+use serde::{Deserialize, Serialize};
+
+mod flags;
+mod validate;
+
+pub use flags::{Cli, Command, ConfigCommand, Flags};
+
+/// Where tracerd looks for its configuration file when `--config` is not given.
+pub const DEFAULT_CONFIG_FILE: &str = "/etc/tracer/tracerd.toml";
+
+/// Errors of reading or checking the configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("reading {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// What the OS said.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML, or has an unknown key or a value of the
+    /// wrong type.
+    #[error("{origin}: {message}")]
+    Parse {
+        /// The file, or what the values came from.
+        origin: String,
+        /// What the TOML parser said (with the line).
+        message: String,
+    },
+    /// A value is outside its valid range.
+    #[error("{field} = {value} is out of range; valid: {valid}")]
+    OutOfRange {
+        /// The setting (TOML key; flag `--{field}` with `-` for `_`).
+        field: &'static str,
+        /// The value given.
+        value: String,
+        /// The valid range or values.
+        valid: std::borrow::Cow<'static, str>,
+    },
+    /// A value is malformed.
+    #[error("{field} = {value:?} is invalid: {reason}")]
+    Invalid {
+        /// The setting.
+        field: &'static str,
+        /// The value given.
+        value: String,
+        /// What is valid.
+        reason: String,
+    },
+}
+
+/// tracerd's settings, after merging every source. Field names are the TOML
+/// keys; flags are the same names with `-` for `_`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// TCP address of the HTTP API. A loopback address (127.0.0.1, ::1)
+    /// unless `auth_token_file` is set.
+    pub listen: SocketAddr,
+    /// Also serve the API on this Unix socket (created with mode 0660), if set.
+    pub unix_socket: Option<PathBuf>,
+    /// File holding the bearer token that TCP clients must send
+    /// (`Authorization: Bearer TOKEN`). Required for a non-loopback `listen`.
+    pub auth_token_file: Option<PathBuf>,
+    /// Frames kept per traceback (tracemalloc's nframe), 1 to 64.
+    pub nframe: u32,
+    /// Directory for tracerd's state (created if missing).
+    pub state_dir: PathBuf,
+    /// Seconds an exited process's last state stays queryable.
+    pub exited_retention: u64,
+    /// Seconds between automatic snapshots of every traced process (what
+    /// `compare?since=` compares against); 0 turns them off.
+    pub snapshot_interval: u64,
+    /// Seconds an automatic snapshot is kept (the longest `since=` that
+    /// finds one).
+    pub snapshot_retention: u64,
+    /// Capacity of the kernel's live-block map (`LIVE_ALLOCS`) in blocks,
+    /// all processes together.
+    pub max_live_blocks: u32,
+    /// Blocks of the kernel's preallocated fast live-block table
+    /// (`LIVE_KEYS`, `LIVE_VALUES`), rounded up to 7 times a power of two;
+    /// 0 turns it off. 42 bytes each, allocated at start. A block claims a
+    /// slot there by one compare-and-swap instead of a hash insert; blocks
+    /// beyond it (or in a full bucket of 7) go to `LIVE_ALLOCS`.
+    pub live_table_blocks: u32,
+    /// Capacity of the kernel's stack map (`STACKS`) in distinct stacks.
+    pub max_stacks: u32,
+    /// Capacity of the kernel's per-process map (`PROCS`) in processes.
+    pub max_procs: u32,
+    /// Capacity of the kernel's in-flight spill map (`INFLIGHT`) in calls:
+    /// allocator calls in progress whose thread's slot in `INFLIGHT_SLOTS`
+    /// is taken by another thread. 1 to 4194304.
+    pub max_inflight: u32,
+    /// Slots of the kernel's in-flight array (`INFLIGHT_SLOTS`), one call in
+    /// progress each, indexed by thread id modulo their number: a power of
+    /// two, 1 to 4194304 (the kernel's largest pid_max: a slot per thread).
+    /// 32 bytes each, allocated at start.
+    pub inflight_slots: u32,
+    /// Size of the kernel's process-event ring buffer (`EVENTS`) in bytes: a
+    /// power of two multiple of the page size, up to 1 GiB. 104-byte events
+    /// plus an 8-byte header each; events that find it full are lost
+    /// (counted), and the blocks of an exited process whose end was lost are
+    /// removed by the orphan sweep (every 10 s) instead.
+    pub events_ring_bytes: u32,
+    /// Mean sampling interval in bytes: byte-weighted Poisson sampling as
+    /// tcmalloc does it, with unbiased estimates in statistics and compare;
+    /// 0 records every allocation (exact, the default).
+    pub sample_interval: u64,
+    /// Trace only these pids (with `scope_exes` and `scope_cgroups`; all
+    /// empty: every process). Probes are registered for those processes only.
+    pub scope_pids: Vec<u32>,
+    /// Trace only processes running these executables (absolute paths).
+    pub scope_exes: Vec<PathBuf>,
+    /// Trace only processes in these cgroup v2 paths (or below them).
+    pub scope_cgroups: Vec<String>,
+    /// glibc files to probe; empty: every libc.so.6 the dynamic loader resolves.
+    pub libc: Vec<PathBuf>,
+    /// Log filter (tracing's EnvFilter syntax), e.g. `info` or `tracer_daemon=debug`.
+    pub log: String,
+    /// `/metrics`: processes labelled by pid and comm, the largest by
+    /// current bytes; the rest are summed under `comm="other"`.
+    pub metrics_top_processes: u32,
+    /// `/metrics`: call sites (file:line) per labelled process exported as
+    /// gauges, the largest by current bytes; 0 turns them off. Each scrape
+    /// then takes a snapshot of every labelled process.
+    pub metrics_call_sites: u32,
+    /// Turn on the kernel's BPF run-time statistics (`BPF_ENABLE_STATS`) for
+    /// `tracer_bpf_program_*` metrics; costs two clock reads per probe hit
+    /// (about 150 ns per malloc+free pair on a KVM guest), so off by default.
+    pub bpf_stats: bool,
+    /// Seconds a request may take before it is answered 503.
+    pub request_timeout_secs: u64,
+    /// Largest request body accepted, in bytes (larger: 413).
+    pub body_limit_bytes: u64,
+    /// Expensive requests (statistics, compare, snapshots, traces) served at
+    /// once; more are answered 429 at once. Their kernel-map reads take turns
+    /// on one lock, so more than about the number of cores only queues (a
+    /// load test with 64 clients: 2 gives p99 0.8 s, 8 gives p99 24 s).
+    pub max_expensive_requests: u32,
+    /// Seconds the API gets to finish its requests after SIGTERM/SIGINT
+    /// before they are cut.
+    pub shutdown_grace_secs: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 7466)),
+            unix_socket: None,
+            auth_token_file: None,
+            nframe: 16,
+            state_dir: PathBuf::from("/var/lib/tracer"),
+            exited_retention: 600,
+            snapshot_interval: 60,
+            snapshot_retention: 3600,
+            max_live_blocks: 4 * 1024 * 1024,
+            live_table_blocks: 7 << 16,
+            max_stacks: 65536,
+            max_procs: 65536,
+            max_inflight: 65536,
+            inflight_slots: 65536,
+            events_ring_bytes: 1 << 18,
+            sample_interval: 0,
+            scope_pids: Vec::new(),
+            scope_exes: Vec::new(),
+            scope_cgroups: Vec::new(),
+            libc: Vec::new(),
+            log: "info".to_string(),
+            metrics_top_processes: 20,
+            metrics_call_sites: 0,
+            bpf_stats: false,
+            request_timeout_secs: 30,
+            body_limit_bytes: 64 * 1024 * 1024,
+            max_expensive_requests: 2,
+            shutdown_grace_secs: 3,
+        }
+    }
+}
+
+impl Config {
+    /// Merges the sources: `flags` (already CLI over environment, as clap
+    /// reads them) over the TOML file over the defaults, then validates.
+    /// The file is `flags.config`, else [`DEFAULT_CONFIG_FILE`] if it exists.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the file, key or value at fault.
+    pub fn load(flags: &Flags) -> Result<Self, ConfigError> {
+        let file = match &flags.config {
+            Some(path) => Some(path.clone()),
+            None => Some(PathBuf::from(DEFAULT_CONFIG_FILE)).filter(|p| p.exists()),
+        };
+        let mut table = match &file {
+            Some(path) => read_table(path)?,
+            None => toml::Table::new(),
+        };
+        let overrides = toml::Table::try_from(flags).map_err(|e| ConfigError::Parse {
+            origin: "flags".into(),
+            message: e.to_string(),
+        })?;
+        table.extend(overrides);
+        let origin = match &file {
+            Some(path) => format!("{} with flags and TRACERD_* variables", path.display()),
+            None => "flags and TRACERD_* variables".to_string(),
+        };
+        let config = Self::from_table(table, &origin)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Reads and validates a TOML file alone (over the defaults), as
+    /// `tracerd config check` does.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the key or value at fault.
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let config = Self::from_table(read_table(path)?, &path.display().to_string())?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Parses TOML text (over the defaults) and validates it.
+    ///
+    /// # Errors
+    /// [`ConfigError::Parse`] for bad TOML, an unknown key or a wrong type;
+    /// the other variants for bad values.
+    pub fn from_toml_str(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        let table = text
+            .parse::<toml::Table>()
+            .map_err(|e| ConfigError::Parse {
+                origin: origin.to_string(),
+                message: e.to_string(),
+            })?;
+        let config = Self::from_table(table, origin)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn from_table(table: toml::Table, origin: &str) -> Result<Self, ConfigError> {
+        Self::deserialize(toml::Value::Table(table)).map_err(|e| ConfigError::Parse {
+            origin: origin.to_string(),
+            message: e.to_string(),
+        })
+    }
+
+    /// The configuration as TOML (what `tracerd config default` prints).
+    ///
+    /// # Errors
+    /// [`ConfigError::Parse`] if a value has no TOML form (never for a
+    /// validated config).
+    pub fn to_toml(&self) -> Result<String, ConfigError> {
+        toml::to_string(self).map_err(|e| ConfigError::Parse {
+            origin: "config".into(),
+            message: e.to_string(),
+        })
+    }
+}
+
+fn read_table(path: &Path) -> Result<toml::Table, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    text.parse::<toml::Table>().map_err(|e| ConfigError::Parse {
+        origin: path.display().to_string(),
+        message: e.to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,188 @@
+//! Tests of the configuration: defaults, sources, ranges, the shipped file.
+use super::*;
+use crate::sys::procfs::page_size;
+use clap::Parser as _;
+
+fn flags(args: &[&str]) -> Flags {
+    let mut argv = vec!["tracerd"];
+    argv.extend_from_slice(args);
+    Cli::try_parse_from(argv).expect("must succeed").flags
+}
+
+#[test]
+fn defaults_are_the_documented_ones() {
+    let config = Config::default();
+    assert_eq!(config.listen.to_string(), "127.0.0.1:7466");
+    assert_eq!(config.nframe, 16);
+    assert_eq!(config.state_dir, PathBuf::from("/var/lib/tracer"));
+    assert_eq!(config.metrics_top_processes, 20);
+    assert_eq!(config.metrics_call_sites, 0);
+    config.validate().expect("must succeed");
+}
+
+#[test]
+fn the_shipped_config_file_is_the_defaults() {
+    let text = include_str!("../../../deploy/tracerd.toml");
+    let config = Config::from_toml_str(text, "deploy/tracerd.toml").expect("must succeed");
+    assert_eq!(config, Config::default());
+}
+
+#[test]
+fn default_toml_round_trips() {
+    let text = Config::default().to_toml().expect("must succeed");
+    assert_eq!(
+        Config::from_toml_str(&text, "default").expect("must succeed"),
+        Config::default()
+    );
+}
+
+#[test]
+fn flags_override_the_file_which_overrides_defaults() {
+    let dir = std::env::temp_dir().join(format!("tracer-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("must succeed");
+    let file = dir.join("tracerd.toml");
+    std::fs::write(&file, "nframe = 8\nmax_stacks = 1024\n").expect("must succeed");
+    let path = file.to_str().expect("must succeed");
+    let config = Config::load(&flags(&["--config", path, "--nframe", "20"])).expect("must succeed");
+    assert_eq!(config.nframe, 20);
+    assert_eq!(config.max_stacks, 1024);
+    assert_eq!(config.max_procs, 65536);
+    let config = Config::load(&flags(&["--config", path])).expect("must succeed");
+    assert_eq!(config.nframe, 8);
+    std::fs::remove_dir_all(&dir).expect("must succeed");
+}
+
+#[test]
+fn out_of_range_values_are_refused_with_the_range() {
+    let err = Config::load(&flags(&["--nframe", "65"])).expect_err("must fail");
+    assert_eq!(
+        err.to_string(),
+        "nframe = 65 is out of range; valid: 1..=64"
+    );
+    let err = Config::from_toml_str("max_live_blocks = 10", "t").expect_err("must fail");
+    assert_eq!(
+        err.to_string(),
+        "max_live_blocks = 10 is out of range; valid: 1024..=67108864"
+    );
+    let err = Config::load(&flags(&["--listen", "0.0.0.0:7466"])).expect_err("must fail");
+    assert!(err.to_string().contains("needs auth_token_file"), "{err}");
+    let err = Config::load(&flags(&["--state-dir", "var/lib"])).expect_err("must fail");
+    assert_eq!(
+        err.to_string(),
+        "state_dir = \"var/lib\" is invalid: must be an absolute path"
+    );
+}
+
+#[test]
+fn in_flight_and_event_ring_sizes_outside_their_range_are_refused_with_it() {
+    let page = page_size();
+    let ring = format!(
+        "a power of two multiple of the page size ({page} bytes), {page}..=1073741824 (bytes)"
+    );
+    let page_half = (page / 2).to_string();
+    let not_power = (page * 3).to_string();
+    let cases: [(&[&str], String); 8] = [
+        (
+            &["--max-inflight", "0"],
+            "max_inflight = 0 is out of range; valid: 1..=4194304 (calls)".into(),
+        ),
+        (
+            &["--max-inflight", "4194305"],
+            "max_inflight = 4194305 is out of range; valid: 1..=4194304 (calls)".into(),
+        ),
+        (
+            &["--inflight-slots", "0"],
+            "inflight_slots = 0 is out of range; valid: a power of two, 1..=4194304".into(),
+        ),
+        (
+            &["--inflight-slots", "3"],
+            "inflight_slots = 3 is out of range; valid: a power of two, 1..=4194304".into(),
+        ),
+        (
+            &["--inflight-slots", "8388608"],
+            "inflight_slots = 8388608 is out of range; valid: a power of two, 1..=4194304".into(),
+        ),
+        (
+            &["--events-ring-bytes", &page_half],
+            format!("events_ring_bytes = {page_half} is out of range; valid: {ring}"),
+        ),
+        (
+            &["--events-ring-bytes", &not_power],
+            format!("events_ring_bytes = {not_power} is out of range; valid: {ring}"),
+        ),
+        (
+            &["--events-ring-bytes", "2147483648"],
+            format!("events_ring_bytes = 2147483648 is out of range; valid: {ring}"),
+        ),
+    ];
+    for (args, message) in cases {
+        let err = Config::load(&flags(args)).expect_err("must fail");
+        assert_eq!(err.to_string(), message, "{args:?}");
+    }
+    let err = Config::from_toml_str("inflight_slots = 6", "t").expect_err("must fail");
+    assert_eq!(
+        err.to_string(),
+        "inflight_slots = 6 is out of range; valid: a power of two, 1..=4194304"
+    );
+    // The edges are valid.
+    let page = page.to_string();
+    for args in [
+        [
+            "--max-inflight",
+            "1",
+            "--inflight-slots",
+            "1",
+            "--events-ring-bytes",
+            &page,
+        ],
+        [
+            "--max-inflight",
+            "4194304",
+            "--inflight-slots",
+            "4194304",
+            "--events-ring-bytes",
+            "1073741824",
+        ],
+    ] {
+        let config = Config::load(&flags(&args)).expect("must succeed");
+        assert_eq!(config.max_inflight.to_string(), args[1]);
+        assert_eq!(config.inflight_slots.to_string(), args[3]);
+        assert_eq!(config.events_ring_bytes.to_string(), args[5]);
+    }
+}
+
+#[test]
+fn unknown_keys_and_wrong_types_are_refused() {
+    let err = Config::from_toml_str("nframes = 8", "f.toml")
+        .expect_err("must fail")
+        .to_string();
+    assert!(
+        err.starts_with("f.toml: ") && err.contains("unknown field `nframes`"),
+        "{err}"
+    );
+    let err = Config::from_toml_str("nframe = \"8\"", "f.toml")
+        .expect_err("must fail")
+        .to_string();
+    assert!(err.contains("invalid type"), "{err}");
+}
+
+#[test]
+fn a_missing_explicit_file_is_an_error() {
+    let err =
+        Config::load(&flags(&["--config", "/nonexistent/tracerd.toml"])).expect_err("must fail");
+    assert!(
+        err.to_string()
+            .starts_with("reading /nonexistent/tracerd.toml"),
+        "{err}"
+    );
+}
+
+#[test]
+fn libc_flag_is_repeatable() {
+    let config = Config::load(&flags(&["--libc", "/lib/a.so.6", "--libc", "/lib/b.so.6"]))
+        .expect("must succeed");
+    assert_eq!(
+        config.libc,
+        vec![PathBuf::from("/lib/a.so.6"), PathBuf::from("/lib/b.so.6")]
+    );
+}

@@ -1,0 +1,231 @@
+//! Validation: every value, whatever its source, is checked here, and an
+//! invalid one is refused with the range or form that is valid.
+use std::path::Path;
+
+use super::{Config, ConfigError};
+use crate::sys::procfs::page_size;
+
+impl Config {
+    /// Refuses any value outside its valid range, naming the range.
+    ///
+    /// # Errors
+    /// [`ConfigError::OutOfRange`] or [`ConfigError::Invalid`].
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        range("nframe", self.nframe.into(), 1, 64, "1..=64")?;
+        range(
+            "max_live_blocks",
+            self.max_live_blocks.into(),
+            1024,
+            1 << 26,
+            "1024..=67108864",
+        )?;
+        range(
+            "live_table_blocks",
+            self.live_table_blocks.into(),
+            0,
+            1 << 26,
+            "0..=67108864 (blocks; 0: off)",
+        )?;
+        range(
+            "max_stacks",
+            self.max_stacks.into(),
+            256,
+            1 << 22,
+            "256..=4194304",
+        )?;
+        range(
+            "max_procs",
+            self.max_procs.into(),
+            64,
+            1 << 22,
+            "64..=4194304",
+        )?;
+        range(
+            "max_inflight",
+            self.max_inflight.into(),
+            1,
+            1 << 22,
+            "1..=4194304 (calls)",
+        )?;
+        power_of_two(
+            "inflight_slots",
+            self.inflight_slots.into(),
+            1,
+            1 << 22,
+            "a power of two, 1..=4194304".into(),
+        )?;
+        let page = page_size();
+        power_of_two(
+            "events_ring_bytes",
+            self.events_ring_bytes.into(),
+            page,
+            1 << 30,
+            format!(
+                "a power of two multiple of the page size ({page} bytes), {page}..=1073741824 (bytes)"
+            )
+            .into(),
+        )?;
+        range(
+            "exited_retention",
+            self.exited_retention,
+            0,
+            7 * 86400,
+            "0..=604800 (seconds)",
+        )?;
+        range(
+            "snapshot_interval",
+            self.snapshot_interval,
+            0,
+            86_400,
+            "0..=86400 (seconds; 0: off)",
+        )?;
+        if self.sample_interval != 0 {
+            range(
+                "sample_interval",
+                self.sample_interval,
+                64,
+                1 << 30,
+                "0 (exact) or 64..=1073741824 (bytes)",
+            )?;
+        }
+        range(
+            "snapshot_retention",
+            self.snapshot_retention,
+            0,
+            30 * 86_400,
+            "0..=2592000 (seconds)",
+        )?;
+        range(
+            "metrics_top_processes",
+            self.metrics_top_processes.into(),
+            1,
+            10_000,
+            "1..=10000",
+        )?;
+        range(
+            "metrics_call_sites",
+            self.metrics_call_sites.into(),
+            0,
+            1000,
+            "0..=1000",
+        )?;
+        range(
+            "request_timeout_secs",
+            self.request_timeout_secs,
+            1,
+            3600,
+            "1..=3600",
+        )?;
+        range(
+            "body_limit_bytes",
+            self.body_limit_bytes,
+            1024,
+            1 << 32,
+            "1024..=4294967296 (bytes)",
+        )?;
+        range(
+            "max_expensive_requests",
+            self.max_expensive_requests.into(),
+            1,
+            1024,
+            "1..=1024",
+        )?;
+        range(
+            "shutdown_grace_secs",
+            self.shutdown_grace_secs,
+            0,
+            4,
+            "0..=4 (stop within 5 s)",
+        )?;
+        if !self.listen.ip().is_loopback() && self.auth_token_file.is_none() {
+            return Err(ConfigError::Invalid {
+                field: "listen",
+                value: self.listen.to_string(),
+                reason: "a non-loopback address needs auth_token_file (--auth-token-file); \
+                         without one, listen on 127.0.0.1 or ::1"
+                    .into(),
+            });
+        }
+        absolute("state_dir", &self.state_dir)?;
+        if let Some(path) = &self.unix_socket {
+            absolute("unix_socket", path)?;
+        }
+        if let Some(path) = &self.auth_token_file {
+            absolute("auth_token_file", path)?;
+        }
+        for path in &self.libc {
+            absolute("libc", path)?;
+        }
+        if let Err(err) = tracing_subscriber::EnvFilter::try_new(&self.log) {
+            return Err(ConfigError::Invalid {
+                field: "log",
+                value: self.log.clone(),
+                reason: format!("{err}; e.g. info, debug or tracer_daemon=debug"),
+            });
+        }
+        Ok(())
+    }
+}
+
+fn range(
+    field: &'static str,
+    value: u64,
+    low: u64,
+    high: u64,
+    valid: &'static str,
+) -> Result<(), ConfigError> {
+    if (low..=high).contains(&value) {
+        Ok(())
+    } else {
+        Err(ConfigError::OutOfRange {
+            field,
+            value: value.to_string(),
+            valid: valid.into(),
+        })
+    }
+}
+
+/// As [`range`], for a value that must also be a power of two (`low` is one).
+fn power_of_two(
+    field: &'static str,
+    value: u64,
+    low: u64,
+    high: u64,
+    valid: std::borrow::Cow<'static, str>,
+) -> Result<(), ConfigError> {
+    if (low..=high).contains(&value) && value.is_power_of_two() {
+        Ok(())
+    } else {
+        Err(ConfigError::OutOfRange {
+            field,
+            value: value.to_string(),
+            valid,
+        })
+    }
+}
+
+/// A path setting must be absolute, free of `..` and NUL: the daemon runs
+/// with its working directory anywhere, and a path must mean one place.
+fn absolute(field: &'static str, path: &Path) -> Result<(), ConfigError> {
+    let text = path.to_string_lossy();
+    let bad = if !path.is_absolute() {
+        Some("must be an absolute path")
+    } else if path
+        .components()
+        .any(|c| c == std::path::Component::ParentDir)
+    {
+        Some("must not contain ..")
+    } else if text.contains('\0') || text.len() > 4096 {
+        Some("must be at most 4096 bytes, without NUL")
+    } else {
+        None
+    };
+    match bad {
+        Some(reason) => Err(ConfigError::Invalid {
+            field,
+            value: text.into_owned(),
+            reason: reason.into(),
+        }),
+        None => Ok(()),
+    }
+}

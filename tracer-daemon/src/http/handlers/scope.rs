@@ -1,0 +1,30 @@
+//! `GET /scope` and `PUT /scope?pid=N&exe=PATH&cgroup=PATH` (each
+//! repeatable; none: trace every process).
+use std::sync::Arc;
+
+use axum::{
+    Json,
+    extract::{RawQuery, State},
+    response::{IntoResponse, Response},
+};
+use serde_json::json;
+
+use crate::http::params::parse_scope;
+use crate::http::{ApiError, blocking};
+use crate::service::Service;
+
+/// `GET /scope`: the scope and what is attached for it.
+pub async fn get_scope(State(service): State<Arc<Service>>) -> Result<Response, ApiError> {
+    let view = blocking(move || Ok::<_, ApiError>(service.scope())).await?;
+    Ok(Json(view).into_response())
+}
+
+/// `PUT /scope`: sets the scope and attaches accordingly.
+pub async fn put_scope(
+    State(service): State<Arc<Service>>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    let scope = parse_scope(query.as_deref())?;
+    let pids = blocking(move || service.set_scope(scope)).await?;
+    Ok(Json(json!({"attached_pids": pids, "all_processes": pids.is_empty()})).into_response())
+}

@@ -1,0 +1,197 @@
+//! Stored snapshots as resources: take one (`POST /pid/{pid}/snapshots`,
+//! `POST /snapshots` with no body), load a file (`POST /snapshots` with a
+//! body), list, show, label, delete and dump them.
+use std::sync::Arc;
+
+use axum::{
+    Json,
+    body::Bytes,
+    extract::{Path, RawQuery, State},
+    http::{HeaderValue, StatusCode, header},
+    response::{IntoResponse, Response},
+};
+use serde_json::{Value, json};
+use tracer_model::{dump_tracemalloc, encode};
+
+use crate::http::params::{Params, parse_pid, parse_ref};
+use crate::http::render::object;
+use crate::http::{ApiError, blocking};
+use crate::service::{Service, Target};
+
+/// Largest snapshot file accepted by `POST /snapshots`, in bytes.
+pub const MAX_UPLOAD_BYTES: usize = 1 << 30;
+
+/// `format=tracer` (the default) or `format=tracemalloc`: true for the
+/// latter.
+fn file_format(params: &Params) -> Result<bool, ApiError> {
+    match params.get("format") {
+        None | Some("tracer") => Ok(false),
+        Some("tracemalloc") => Ok(true),
+        Some(v) => Err(ApiError::bad(
+            format!("invalid format {v:?}"),
+            "format is one of: tracer, tracemalloc",
+        )),
+    }
+}
+
+/// `POST /pid/{pid}/snapshots?label=`: `take_snapshot()`, stored.
+pub async fn pid_take_snapshot(
+    State(service): State<Arc<Service>>,
+    Path(pid): Path<String>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    let pid = parse_pid(&pid)?;
+    let params = Params::parse(query.as_deref(), &["label"])?;
+    let label = params.label()?.flatten();
+    let summary = blocking(move || service.store_now(Target::Process(pid), label)).await?;
+    Ok((StatusCode::CREATED, Json(summary)).into_response())
+}
+
+/// `GET /pid/{pid}/snapshots`: the stored snapshots of its current image.
+pub async fn pid_snapshots(
+    State(service): State<Arc<Service>>,
+    Path(pid): Path<String>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    let pid = parse_pid(&pid)?;
+    Params::parse(query.as_deref(), &[])?;
+    let list = blocking(move || service.list_snapshots(Some(pid))).await?;
+    Ok(Json(json!({ "pid": pid, "snapshots": list })).into_response())
+}
+
+/// `GET /snapshots?pid=&kind=`: every stored snapshot, and the files that
+/// were refused at start.
+pub async fn list_snapshots(
+    State(service): State<Arc<Service>>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(query.as_deref(), &["pid", "kind"])?;
+    let pid = params.get("pid").map(parse_pid).transpose()?;
+    let kind = match params.get("kind") {
+        None => None,
+        Some(k @ ("taken" | "auto" | "loaded")) => Some(k.to_string()),
+        Some(k) => {
+            return Err(ApiError::bad(
+                format!("invalid kind {k:?}"),
+                "kind is one of: taken, auto, loaded",
+            ));
+        }
+    };
+    let (list, unreadable) = blocking(move || {
+        let list = service.list_snapshots(None)?;
+        Ok::<_, ApiError>((list, service.unreadable_snapshots()))
+    })
+    .await?;
+    let list: Vec<_> = list
+        .into_iter()
+        .filter(|s| pid.is_none_or(|p| s.pid == Some(p)))
+        .filter(|s| kind.as_deref().is_none_or(|k| s.kind.as_str() == k))
+        .collect();
+    Ok(Json(json!({ "snapshots": list, "unreadable": unreadable })).into_response())
+}
+
+/// `POST /snapshots`: with no body, takes a system-wide snapshot; with a
+/// body, loads that file (`format=tracer`, the default, or `tracemalloc`).
+pub async fn post_snapshots(
+    State(service): State<Arc<Service>>,
+    RawQuery(query): RawQuery,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(query.as_deref(), &["label", "format"])?;
+    let label = params.label()?.flatten();
+    let tracemalloc = file_format(&params)?;
+    let summary = if body.is_empty() {
+        if params.get("format").is_some() {
+            return Err(ApiError::bad(
+                "format is given but the body is empty",
+                "send the snapshot file as the body to load it; an empty body takes a system-wide snapshot",
+            ));
+        }
+        blocking(move || service.store_now(Target::System, label)).await?
+    } else {
+        blocking(move || service.load_snapshot(&body, tracemalloc, label)).await?
+    };
+    Ok((StatusCode::CREATED, Json(summary)).into_response())
+}
+
+/// `GET /snapshots/{id}`: one stored snapshot's summary.
+pub async fn snapshot_summary(
+    State(service): State<Arc<Service>>,
+    Path(id): Path<String>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    let reference = parse_ref("id", &id)?;
+    Params::parse(query.as_deref(), &[])?;
+    let (_, summary, _) = blocking(move || service.stored(&reference)).await?;
+    Ok(Json(summary).into_response())
+}
+
+/// `DELETE /snapshots/{id}`.
+pub async fn delete_snapshot(
+    State(service): State<Arc<Service>>,
+    Path(id): Path<String>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    let reference = parse_ref("id", &id)?;
+    Params::parse(query.as_deref(), &[])?;
+    let summary = blocking(move || service.delete_snapshot(&reference)).await?;
+    Ok(Json(json!({"deleted": summary})).into_response())
+}
+
+/// `PATCH /snapshots/{id}?label=`: sets (or with an empty value removes) a
+/// label.
+pub async fn label_snapshot(
+    State(service): State<Arc<Service>>,
+    Path(id): Path<String>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    let reference = parse_ref("id", &id)?;
+    let params = Params::parse(query.as_deref(), &["label"])?;
+    let label = params.label()?.ok_or_else(|| {
+        ApiError::bad(
+            "label is missing",
+            "PATCH /snapshots/{id}?label=NAME sets a label; label= (empty) removes it",
+        )
+    })?;
+    let summary = blocking(move || service.label_snapshot(&reference, label)).await?;
+    Ok(Json(summary).into_response())
+}
+
+/// `GET /snapshots/{id}/dump?format=`: the snapshot as a file, tracer's
+/// format or a tracemalloc pickle.
+pub async fn snapshot_dump(
+    State(service): State<Arc<Service>>,
+    Path(id): Path<String>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    let reference = parse_ref("id", &id)?;
+    let params = Params::parse(query.as_deref(), &["format"])?;
+    let tracemalloc = file_format(&params)?;
+    let (bytes, name) = blocking(move || {
+        let (stored, summary, _) = service.stored(&reference)?;
+        let bytes = if tracemalloc {
+            dump_tracemalloc(&stored.snapshot)
+        } else {
+            let mut meta = object(json!({
+                "id": summary.id, "pid": summary.pid, "kind": summary.kind, "label": summary.label,
+                "taken_at_ms": summary.taken_at_ms, "traced_memory": [summary.current, summary.peak],
+                "comm": summary.comm,
+            }));
+            stored.completeness.insert_into(&mut meta);
+            encode(&stored.snapshot, &Value::Object(meta))
+        };
+        let name = format!("snapshot-{}.{}", summary.id, if tracemalloc { "pickle" } else { "tsnap" });
+        Ok::<_, ApiError>((bytes, name))
+    })
+    .await?;
+    let mut response = bytes.into_response();
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    if let Ok(value) = HeaderValue::from_str(&format!("attachment; filename=\"{name}\"")) {
+        headers.insert(header::CONTENT_DISPOSITION, value);
+    }
+    Ok(response)
+}

@@ -1,0 +1,85 @@
+//! Cheap routes about processes and tracerd itself: `/health`,
+//! `/processes`, `/pid/{pid}`, `get_traced_memory()` per process and
+//! system-wide, `/maps` and `get_tracemalloc_memory()`.
+use std::sync::Arc;
+
+use axum::{
+    Json,
+    extract::{Path, RawQuery, State},
+    response::{IntoResponse, Response},
+};
+use serde_json::json;
+
+use crate::http::{ApiError, blocking, params::Params, params::parse_pid};
+use crate::service::Service;
+
+/// `GET /health`: readiness, what is probed.
+pub async fn health(State(service): State<Arc<Service>>) -> Result<Response, ApiError> {
+    let health = blocking(move || Ok::<_, ApiError>(service.health())).await?;
+    Ok(Json(health).into_response())
+}
+
+/// `GET /processes`: every traced process, with traced memory as
+/// tracemalloc reports it and its tracing state.
+pub async fn processes(
+    State(service): State<Arc<Service>>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    Params::parse(query.as_deref(), &[])?;
+    let list = blocking(move || Ok::<_, ApiError>(service.processes())).await?;
+    Ok(Json(json!({ "processes": list })).into_response())
+}
+
+/// `GET /maps`: the kernel maps' use and the programs' counters.
+pub async fn kernel_maps(State(service): State<Arc<Service>>) -> Result<Response, ApiError> {
+    let maps = blocking(move || Ok::<_, ApiError>(service.kernel_maps())).await?;
+    Ok(Json(maps).into_response())
+}
+
+/// `GET /pid/{pid}`: one process (its last state once it ended).
+pub async fn process(
+    State(service): State<Arc<Service>>,
+    Path(pid): Path<String>,
+) -> Result<Response, ApiError> {
+    let pid = parse_pid(&pid)?;
+    let status = blocking(move || service.process(pid)).await?;
+    Ok(Json(status.view).into_response())
+}
+
+/// `GET /pid/{pid}/traced-memory`: `get_traced_memory()`.
+pub async fn pid_traced_memory(
+    State(service): State<Arc<Service>>,
+    Path(pid): Path<String>,
+) -> Result<Response, ApiError> {
+    let pid = parse_pid(&pid)?;
+    let status = blocking(move || service.process(pid)).await?;
+    let view = status.view;
+    Ok(Json(json!({
+        "pid": pid,
+        "current": view.current,
+        "peak": view.peak,
+        "blocks": view.blocks,
+        "state": view.state,
+    }))
+    .into_response())
+}
+
+/// `GET /traced-memory`: `get_traced_memory()` summed over live processes.
+pub async fn system_traced_memory(
+    State(service): State<Arc<Service>>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    Params::parse(query.as_deref(), &[])?;
+    let memory = blocking(move || Ok::<_, ApiError>(service.system_memory())).await?;
+    Ok(Json(memory).into_response())
+}
+
+/// `GET /tracing/memory`: `get_tracemalloc_memory()`.
+pub async fn tracing_memory(
+    State(service): State<Arc<Service>>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    Params::parse(query.as_deref(), &[])?;
+    let memory = blocking(move || Ok::<_, ApiError>(service.tracer_memory())).await?;
+    Ok(Json(memory).into_response())
+}

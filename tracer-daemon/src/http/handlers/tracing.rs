@@ -1,0 +1,139 @@
+//! tracemalloc's module functions that change or ask the tracing state:
+//! `is_tracing()`/`get_traceback_limit()`, `start(nframe)`, `stop()`,
+//! `clear_traces()`, `reset_peak()`, and `get_object_traceback()`.
+use std::sync::Arc;
+
+use axum::{
+    Json,
+    extract::{Path, RawQuery, State},
+    response::{IntoResponse, Response},
+};
+use serde_json::json;
+use tracer_model::LineCache;
+
+use crate::http::params::{Params, TEXT, nframe_param, parse_address, parse_pid};
+use crate::http::render::text_response;
+use crate::http::{ApiError, blocking};
+use crate::service::Service;
+
+/// `GET /pid/{pid}/tracing`.
+pub async fn pid_tracing(
+    State(service): State<Arc<Service>>,
+    Path(pid): Path<String>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    let pid = parse_pid(&pid)?;
+    Params::parse(query.as_deref(), &[])?;
+    let state = blocking(move || service.tracing_state(Some(pid))).await?;
+    Ok(Json(state).into_response())
+}
+
+/// `GET /tracing`.
+pub async fn system_tracing(
+    State(service): State<Arc<Service>>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    Params::parse(query.as_deref(), &[])?;
+    let state = blocking(move || service.tracing_state(None)).await?;
+    Ok(Json(state).into_response())
+}
+
+/// `POST /pid/{pid}/tracing/start?nframe=`.
+pub async fn pid_tracing_start(
+    State(service): State<Arc<Service>>,
+    Path(pid): Path<String>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    let pid = parse_pid(&pid)?;
+    let params = Params::parse(query.as_deref(), &["nframe"])?;
+    let nframe = nframe_param(&params)?;
+    let state = blocking(move || service.start_tracing(Some(pid), nframe)).await?;
+    Ok(Json(state).into_response())
+}
+
+/// `POST /pid/{pid}/tracing/stop`.
+pub async fn pid_tracing_stop(
+    State(service): State<Arc<Service>>,
+    Path(pid): Path<String>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    let pid = parse_pid(&pid)?;
+    Params::parse(query.as_deref(), &[])?;
+    let state = blocking(move || service.stop_tracing(Some(pid))).await?;
+    Ok(Json(state).into_response())
+}
+
+/// `POST /tracing/start?nframe=`.
+pub async fn system_tracing_start(
+    State(service): State<Arc<Service>>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(query.as_deref(), &["nframe"])?;
+    let nframe = nframe_param(&params)?;
+    let state = blocking(move || service.start_tracing(None, nframe)).await?;
+    Ok(Json(state).into_response())
+}
+
+/// `POST /tracing/stop`.
+pub async fn system_tracing_stop(
+    State(service): State<Arc<Service>>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    Params::parse(query.as_deref(), &[])?;
+    let state = blocking(move || service.stop_tracing(None)).await?;
+    Ok(Json(state).into_response())
+}
+
+/// `POST /pid/{pid}/clear-traces`.
+pub async fn pid_clear_traces(
+    State(service): State<Arc<Service>>,
+    Path(pid): Path<String>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    let pid = parse_pid(&pid)?;
+    Params::parse(query.as_deref(), &[])?;
+    let (cleared, status) = blocking(move || service.clear_traces(pid)).await?;
+    let view = status.view;
+    Ok(Json(json!({"pid": pid, "cleared_blocks": cleared, "current": view.current, "peak": view.peak, "blocks": view.blocks}))
+        .into_response())
+}
+
+/// `POST /pid/{pid}/reset-peak`.
+pub async fn pid_reset_peak(
+    State(service): State<Arc<Service>>,
+    Path(pid): Path<String>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    let pid = parse_pid(&pid)?;
+    Params::parse(query.as_deref(), &[])?;
+    let status = blocking(move || service.reset_peak(pid)).await?;
+    Ok(
+        Json(json!({"pid": pid, "current": status.view.current, "peak": status.view.peak}))
+            .into_response(),
+    )
+}
+
+/// `GET /pid/{pid}/object/{address}`: `get_object_traceback()`.
+pub async fn pid_object(
+    State(service): State<Arc<Service>>,
+    Path((pid, address)): Path<(String, String)>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    let pid = parse_pid(&pid)?;
+    let address = parse_address(&address)?;
+    let params = Params::parse(query.as_deref(), &TEXT)?;
+    let text = params.text()?;
+    let mut options = params.text_options(text)?;
+    let trace = blocking(move || service.object_traceback(pid, address)).await?;
+    if text {
+        // get_object_traceback() returns a Traceback: its format() lines.
+        options.tracebacks = true;
+        let mut lines = Vec::new();
+        let mut cache = LineCache::new();
+        options.lines(String::new(), &trace.traceback, &mut cache, &mut lines);
+        return Ok(text_response(lines.get(1..).unwrap_or_default(), &[]));
+    }
+    Ok(Json(json!({"pid": pid, "address": address, "size": trace.size, "traceback": trace.traceback.as_ref(),
+                   "total_nframe": trace.traceback.total_nframe(), "text": trace.to_string()}))
+    .into_response())
+}

@@ -1,0 +1,207 @@
+//! `statistics()`, `compare_to()` and the traces, of a process now, of
+//! every process now (one domain per pid), and of stored snapshots, each
+//! with the filters of `Snapshot.filter_traces()`.
+use std::sync::Arc;
+
+use axum::{
+    extract::{Path, RawQuery, State},
+    response::Response,
+};
+use serde_json::json;
+
+use crate::http::params::{Params, compare_specs, parse_pid, parse_ref};
+use crate::http::render::{
+    compare_response, object, statistics_response, stats_query, traces_response, with_common,
+};
+use crate::http::{ApiError, blocking};
+use crate::service::{Service, Side, Target};
+
+/// Parameters of the statistics routes besides the text options and filters.
+const STATISTICS: [&str; 3] = ["group_by", "cumulative", "limit"];
+/// Parameters of the compare routes of a process or the system.
+const COMPARE: [&str; 6] = ["group_by", "cumulative", "limit", "base", "new", "since"];
+/// Parameters of the traces routes.
+const TRACES: [&str; 2] = ["offset", "limit"];
+
+/// `GET /pid/{pid}/statistics`.
+pub async fn pid_statistics(
+    State(service): State<Arc<Service>>,
+    Path(pid): Path<String>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    let pid = parse_pid(&pid)?;
+    let params = Params::parse(query.as_deref(), &with_common(&STATISTICS))?;
+    let query = stats_query(&params)?;
+    blocking(move || {
+        let now = service.snapshot_now(Target::Process(pid))?;
+        statistics_response(
+            &now.snapshot,
+            &now.completeness,
+            &query,
+            object(json!({"pid": pid, "process": now.process.map(|p| p.view)})),
+        )
+    })
+    .await
+}
+
+/// `GET /statistics`: every traced process now.
+pub async fn system_statistics(
+    State(service): State<Arc<Service>>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(query.as_deref(), &with_common(&STATISTICS))?;
+    let query = stats_query(&params)?;
+    blocking(move || {
+        let now = service.snapshot_now(Target::System)?;
+        let head = object(
+            json!({"pids": now.pids, "current": now.traced_memory.0, "peak": now.traced_memory.1}),
+        );
+        statistics_response(&now.snapshot, &now.completeness, &query, head)
+    })
+    .await
+}
+
+/// `GET /snapshots/{id}/statistics`.
+pub async fn snapshot_statistics(
+    State(service): State<Arc<Service>>,
+    Path(id): Path<String>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    let reference = parse_ref("id", &id)?;
+    let params = Params::parse(query.as_deref(), &with_common(&STATISTICS))?;
+    let query = stats_query(&params)?;
+    blocking(move || {
+        let (stored, summary, _) = service.stored(&reference)?;
+        statistics_response(
+            &stored.snapshot,
+            &stored.completeness,
+            &query,
+            object(json!({"snapshot": summary})),
+        )
+    })
+    .await
+}
+
+/// `GET /pid/{pid}/compare`.
+pub async fn pid_compare(
+    State(service): State<Arc<Service>>,
+    Path(pid): Path<String>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    let pid = parse_pid(&pid)?;
+    let params = Params::parse(query.as_deref(), &with_common(&COMPARE))?;
+    let query = stats_query(&params)?;
+    let (base, new) = compare_specs(&params)?;
+    blocking(move || {
+        let (base, new) = service.compare_sides(Target::Process(pid), &base, new.as_ref())?;
+        compare_response(&base, &new, &query, object(json!({"pid": pid})))
+    })
+    .await
+}
+
+/// `GET /compare`: every traced process.
+pub async fn system_compare(
+    State(service): State<Arc<Service>>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(query.as_deref(), &with_common(&COMPARE))?;
+    let query = stats_query(&params)?;
+    let (base, new) = compare_specs(&params)?;
+    blocking(move || {
+        let (base, new) = service.compare_sides(Target::System, &base, new.as_ref())?;
+        compare_response(&base, &new, &query, serde_json::Map::new())
+    })
+    .await
+}
+
+/// `GET /snapshots/{id}/compare?base=`: any two stored snapshots.
+pub async fn snapshot_compare(
+    State(service): State<Arc<Service>>,
+    Path(id): Path<String>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    let new = parse_ref("id", &id)?;
+    let params = Params::parse(
+        query.as_deref(),
+        &with_common(&["group_by", "cumulative", "limit", "base"]),
+    )?;
+    let query = stats_query(&params)?;
+    let base = params.snapshot_ref("base")?.ok_or_else(|| {
+        ApiError::bad(
+            "base is missing",
+            "give base=ID or base=LABEL of the older snapshot (GET /snapshots lists them)",
+        )
+    })?;
+    blocking(move || {
+        let (new_stored, _, new_info) = service.stored(&new)?;
+        let (base_stored, _, base_info) = service.stored(&base)?;
+        compare_response(
+            &Side::stored(&base_stored, &base_info),
+            &Side::stored(&new_stored, &new_info),
+            &query,
+            serde_json::Map::new(),
+        )
+    })
+    .await
+}
+
+/// `GET /pid/{pid}/traces`.
+pub async fn pid_traces(
+    State(service): State<Arc<Service>>,
+    Path(pid): Path<String>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    let pid = parse_pid(&pid)?;
+    let params = Params::parse(query.as_deref(), &with_common(&TRACES))?;
+    params.text_options(params.text()?)?;
+    blocking(move || {
+        let now = service.snapshot_now(Target::Process(pid))?;
+        traces_response(
+            &now.snapshot,
+            &now.completeness,
+            &params,
+            object(json!({"pid": pid})),
+        )
+    })
+    .await
+}
+
+/// `GET /traces`: every traced process.
+pub async fn system_traces(
+    State(service): State<Arc<Service>>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(query.as_deref(), &with_common(&TRACES))?;
+    params.text_options(params.text()?)?;
+    blocking(move || {
+        let now = service.snapshot_now(Target::System)?;
+        traces_response(
+            &now.snapshot,
+            &now.completeness,
+            &params,
+            object(json!({"pids": now.pids})),
+        )
+    })
+    .await
+}
+
+/// `GET /snapshots/{id}/traces`.
+pub async fn snapshot_traces(
+    State(service): State<Arc<Service>>,
+    Path(id): Path<String>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    let reference = parse_ref("id", &id)?;
+    let params = Params::parse(query.as_deref(), &with_common(&TRACES))?;
+    params.text_options(params.text()?)?;
+    blocking(move || {
+        let (stored, summary, _) = service.stored(&reference)?;
+        traces_response(
+            &stored.snapshot,
+            &stored.completeness,
+            &params,
+            object(json!({"snapshot": summary})),
+        )
+    })
+    .await
+}

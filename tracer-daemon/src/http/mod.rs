@@ -1,0 +1,44 @@
+//! HTTP: the only module that imports axum. tracemalloc's module functions
+//! as routes over the [`Service`](crate::service::Service), and
+//! `/metrics`, served safely.
+//!
+//! - [`routes`]: the one route table (router, 404 hint, cost class).
+//! - [`handlers`]: one file per family of routes.
+//! - [`params`]: query and path parsing (400s that name the valid values).
+//! - [`render`]: JSON and tracemalloc's text.
+//! - [`error`]: every error to its status, in one place.
+//! - [`server`], [`limits`], [`auth`]: listeners, limits, bearer tokens.
+//!
+//! Statistics, compare and traces routes exist per process
+//! (`/pid/{pid}/...`), system-wide (`/statistics`, every traced process, one
+//! domain per pid) and per stored snapshot (`/snapshots/{id}/...`), and all
+//! take the filters of `Snapshot.filter_traces()`. The table of routes with
+//! every parameter is `docs/api.md`.
+pub mod auth;
+pub mod error;
+pub mod handlers;
+pub mod limits;
+pub mod params;
+pub mod render;
+pub mod routes;
+pub mod server;
+
+pub use auth::Token;
+pub use error::ApiError;
+pub use limits::Limits;
+pub use routes::api_router;
+pub use server::{ServerError, app, bind_tcp, bind_unix, serve};
+
+/// Runs blocking service work off the async threads; its error becomes an
+/// [`ApiError`], a panic a 500.
+///
+/// # Errors
+/// The work's error, or a 500 if it panicked.
+pub async fn blocking<T: Send + 'static, E: Into<ApiError> + Send + 'static>(
+    work: impl FnOnce() -> Result<T, E> + Send + 'static,
+) -> Result<T, ApiError> {
+    match tokio::task::spawn_blocking(work).await {
+        Ok(result) => result.map_err(Into::into),
+        Err(err) => Err(ApiError::internal(err)),
+    }
+}

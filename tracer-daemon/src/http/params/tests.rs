@@ -1,0 +1,181 @@
+//! Tests of `params`.
+use super::*;
+use axum::http::StatusCode;
+use std::collections::BTreeSet;
+
+#[test]
+fn unknown_parameter_names_the_valid_ones() {
+    let err = Params::parse(Some("group=lineno"), &["group_by", "limit"]).unwrap_err();
+    assert_eq!(err.status, StatusCode::BAD_REQUEST);
+    assert_eq!(err.error, "unknown parameter \"group\"");
+    assert_eq!(err.hint, "valid parameters: group_by, limit");
+}
+
+#[test]
+fn bad_values_name_the_valid_ones() {
+    let params = Params::parse(
+        Some("group_by=line&cumulative=yes&limit=-1&format=xml"),
+        &["group_by", "cumulative", "limit", "format"],
+    )
+    .unwrap();
+    assert_eq!(
+        params.group_by().unwrap_err().hint,
+        "group_by is one of: filename, lineno, traceback, function, module"
+    );
+    assert_eq!(
+        params.flag("cumulative").unwrap_err().hint,
+        "cumulative is one of: true, false, 1, 0"
+    );
+    assert_eq!(
+        params.limit().unwrap_err().hint,
+        "limit is a whole number >= 0 (0 means all)"
+    );
+    assert_eq!(
+        params.text().unwrap_err().hint,
+        "format is one of: json, text"
+    );
+}
+
+#[test]
+fn defaults_apply_when_absent() {
+    let params = Params::parse(None, &["group_by"]).unwrap();
+    assert_eq!(params.group_by().unwrap(), GroupBy::Lineno);
+    assert_eq!(params.limit().unwrap(), DEFAULT_LIMIT);
+    assert!(!params.flag("cumulative").unwrap());
+    assert_eq!(params.snapshot_ref("new").unwrap(), None);
+    assert!(params.filters().unwrap().is_empty());
+}
+
+#[test]
+fn repeated_parameter_is_refused_unless_repeatable() {
+    let err = Params::parse(Some("limit=1&limit=2"), &["limit"]).unwrap_err();
+    assert_eq!(err.error, "parameter \"limit\" given twice");
+    let params =
+        Params::parse(Some("include=a.c&include=b.c&domain=1&domain=2"), &FILTERS).unwrap();
+    assert_eq!(params.filters().unwrap().len(), 4);
+}
+
+#[test]
+fn filters_parse_pattern_line_and_domain_from_the_right() {
+    assert_eq!(
+        parse_filter("include", "/srv/*.c:88@1234").unwrap(),
+        ("/srv/*.c".into(), Some(88), Some(1234))
+    );
+    assert_eq!(
+        parse_filter("include", "a.c:12").unwrap(),
+        ("a.c".into(), Some(12), None)
+    );
+    assert_eq!(
+        parse_filter("include", "a.c@7").unwrap(),
+        ("a.c".into(), None, Some(7))
+    );
+    assert_eq!(
+        parse_filter("include", "lib@2x.c").unwrap(),
+        ("lib@2x.c".into(), None, None)
+    );
+    assert_eq!(
+        parse_filter("include", "c:\\x").unwrap(),
+        ("c:\\x".into(), None, None)
+    );
+    assert_eq!(
+        parse_filter("exclude", "a.c:").unwrap(),
+        ("a.c:".into(), None, None)
+    );
+    let err = parse_filter("include", "a.c:99999999999").unwrap_err();
+    assert_eq!(
+        err.error,
+        "invalid include \"a.c:99999999999\": the line number does not fit in 32 bits"
+    );
+    assert!(
+        err.hint.starts_with("include is PATTERN[:LINENO][@DOMAIN]"),
+        "{}",
+        err.hint
+    );
+    let params = Params::parse(Some("domain=x"), &FILTERS).unwrap();
+    assert_eq!(
+        params.filters().unwrap_err().hint,
+        "domain is a domain (a pid, 0 to 4294967295); repeat it for more"
+    );
+}
+
+#[test]
+fn durations_and_references() {
+    assert_eq!(parse_duration("10m").unwrap().as_secs(), 600);
+    assert_eq!(parse_duration("1h30m").unwrap().as_secs(), 5400);
+    assert_eq!(parse_duration("45").unwrap().as_secs(), 45);
+    assert_eq!(parse_duration("2d").unwrap().as_secs(), 172_800);
+    for bad in ["", "10x", "m", "10m5", "-1m", "99999999999999999999d"] {
+        assert_eq!(
+            parse_duration(bad).unwrap_err().status,
+            StatusCode::BAD_REQUEST,
+            "{bad}"
+        );
+    }
+    assert_eq!(parse_ref("base", "12").unwrap(), SnapshotRef::Id(12));
+    assert_eq!(
+        parse_ref("base", "before").unwrap(),
+        SnapshotRef::Label("before".into())
+    );
+    assert_eq!(
+        parse_ref("base", "0").unwrap_err().status,
+        StatusCode::BAD_REQUEST
+    );
+    assert_eq!(
+        parse_ref("base", "a b").unwrap_err().status,
+        StatusCode::BAD_REQUEST
+    );
+    assert_eq!(parse_address("0x10").unwrap(), 16);
+    assert_eq!(parse_address("16").unwrap(), 16);
+    assert_eq!(
+        parse_address("0xzz").unwrap_err().status,
+        StatusCode::BAD_REQUEST
+    );
+}
+
+#[test]
+fn source_needs_text() {
+    let params = Params::parse(Some("source=true"), &TEXT).unwrap();
+    let err = params.text_options(false).unwrap_err();
+    assert_eq!(err.hint, "add format=text (JSON always has every frame)");
+    let params = Params::parse(Some("format=text&source=1&tb_limit=-2"), &TEXT).unwrap();
+    let options = params.text_options(params.text().unwrap()).unwrap();
+    assert_eq!(
+        options,
+        TextOptions {
+            tracebacks: true,
+            source: true,
+            tb_limit: Some(-2),
+            most_recent_first: false
+        }
+    );
+}
+
+#[test]
+fn pid_must_be_positive() {
+    assert_eq!(parse_pid("12").unwrap(), 12);
+    assert_eq!(parse_pid("0").unwrap_err().status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        parse_pid("abc").unwrap_err().status,
+        StatusCode::BAD_REQUEST
+    );
+}
+
+#[test]
+fn scope_queries_parse_and_refuse_bad_values() {
+    let scope = parse_scope(Some("pid=12&pid=13&exe=/usr/bin/app&cgroup=/system.slice")).unwrap();
+    assert_eq!(scope.pids, BTreeSet::from([12, 13]));
+    assert_eq!(scope.exes, BTreeSet::from([PathBuf::from("/usr/bin/app")]));
+    assert!(parse_scope(None).unwrap().is_all());
+    let err = parse_scope(Some("process=1")).unwrap_err();
+    assert_eq!(err.status, StatusCode::BAD_REQUEST);
+    assert!(
+        err.hint.starts_with("valid parameters: pid, exe, cgroup"),
+        "{}",
+        err.hint
+    );
+    assert_eq!(
+        parse_scope(Some("pid=-1")).unwrap_err().hint,
+        "pid is a positive integer"
+    );
+    assert!(parse_scope(Some("exe=relative")).is_err());
+}

@@ -1,0 +1,322 @@
+//! Rendering answers: tracemalloc's text (`str()` lines, with
+//! `Traceback.format()` lines and source when asked) or JSON with the query
+//! and the data's completeness. The statistics, compare and traces answers
+//! of every target (a process, the system, a stored snapshot) are made here.
+use axum::{
+    Json,
+    http::{HeaderValue, header},
+    response::{IntoResponse, Response},
+};
+use serde::Serialize;
+use serde_json::{Value, json};
+use tracer_model::{
+    Completeness, GroupBy, LineCache, ModelError, Snapshot, Statistic, StatisticDiff, Trace,
+    TraceFilter, Traceback,
+};
+
+use super::error::ApiError;
+use super::params::{FILTERS, Params, TEXT};
+use crate::service::Side;
+
+/// How text output shows tracebacks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TextOptions {
+    /// Append `Traceback.format()` lines after each line.
+    pub tracebacks: bool,
+    /// With source lines (as linecache).
+    pub source: bool,
+    /// `Traceback.format(limit=...)`.
+    pub tb_limit: Option<i64>,
+    /// `Traceback.format(most_recent_first=...)`.
+    pub most_recent_first: bool,
+}
+
+impl TextOptions {
+    /// The lines for one item: its `str()`, then its traceback's
+    /// `format()` lines if asked.
+    pub fn lines(
+        &self,
+        head: String,
+        traceback: &Traceback,
+        cache: &mut LineCache,
+        out: &mut Vec<String>,
+    ) {
+        out.push(head);
+        if self.tracebacks {
+            let source = self.source;
+            out.extend(
+                traceback.format_with(self.tb_limit, self.most_recent_first, |f, l| {
+                    if source {
+                        cache.getline(f, l)
+                    } else {
+                        String::new()
+                    }
+                }),
+            );
+        }
+    }
+
+    /// The lines of every item of `items` (see [`TextOptions::lines`]).
+    fn all_lines<T: std::fmt::Display>(
+        &self,
+        items: &[T],
+        traceback: impl Fn(&T) -> &Traceback,
+    ) -> Vec<String> {
+        let mut cache = LineCache::new();
+        let mut lines = Vec::new();
+        for item in items {
+            self.lines(item.to_string(), traceback(item), &mut cache, &mut lines);
+        }
+        lines
+    }
+}
+
+/// Adds the query's `group_by`, `cumulative`, `filters` and `limit`, and
+/// the number of groups before the limit (`total`), to a response head.
+fn insert_query(head: &mut serde_json::Map<String, Value>, query: &StatsQuery, total: usize) {
+    head.insert("group_by".into(), json!(query.group_by.as_str()));
+    head.insert("cumulative".into(), json!(query.cumulative));
+    head.insert("filters".into(), query.filters_json.clone());
+    head.insert("limit".into(), json!(query.limit));
+    head.insert("total".into(), json!(total));
+}
+
+pub fn text_response(lines: &[String], headers: &[(&'static str, String)]) -> Response {
+    let mut body = String::new();
+    for line in lines {
+        body.push_str(line);
+        body.push('\n');
+    }
+    let mut response = body.into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    for (name, value) in headers {
+        if let Ok(value) = HeaderValue::from_str(value) {
+            response.headers_mut().insert(*name, value);
+        }
+    }
+    response
+}
+
+fn cut<T>(mut items: Vec<T>, limit: usize) -> (Vec<T>, usize) {
+    let total = items.len();
+    if limit > 0 {
+        items.truncate(limit);
+    }
+    (items, total)
+}
+
+#[derive(Serialize)]
+struct StatisticOut<'a> {
+    #[serde(flatten)]
+    statistic: &'a Statistic,
+    text: String,
+}
+
+#[derive(Serialize)]
+struct StatisticDiffOut<'a> {
+    #[serde(flatten)]
+    diff: &'a StatisticDiff,
+    text: String,
+}
+
+#[derive(Serialize)]
+struct TraceOut<'a> {
+    #[serde(flatten)]
+    trace: &'a Trace,
+    text: String,
+}
+
+/// What every statistics-like route parses.
+#[derive(Clone, Debug)]
+pub struct StatsQuery {
+    group_by: GroupBy,
+    cumulative: bool,
+    limit: usize,
+    text: bool,
+    options: TextOptions,
+    filters: Vec<TraceFilter>,
+    filters_json: Value,
+}
+
+pub fn filters_json(params: &Params) -> Value {
+    let mut out = serde_json::Map::new();
+    for name in FILTERS {
+        let values = params.all(name);
+        if !values.is_empty() {
+            out.insert(name.to_string(), json!(values));
+        }
+    }
+    Value::Object(out)
+}
+
+/// The names a statistics route accepts: these, the text options, the
+/// filters.
+pub fn with_common(names: &[&'static str]) -> Vec<&'static str> {
+    let mut all = names.to_vec();
+    all.extend(TEXT);
+    all.extend(FILTERS);
+    all
+}
+
+pub fn stats_query(params: &Params) -> Result<StatsQuery, ApiError> {
+    let text = params.text()?;
+    let query = StatsQuery {
+        group_by: params.group_by()?,
+        cumulative: params.flag("cumulative")?,
+        limit: params.limit()?,
+        text,
+        options: params.text_options(text)?,
+        filters: params.filters()?,
+        filters_json: filters_json(params),
+    };
+    if query.cumulative && query.group_by == GroupBy::Traceback {
+        return Err(ModelError::CumulativeTraceback.into());
+    }
+    Ok(query)
+}
+
+/// The text headers that say whether the data is complete (text has no
+/// room for it in its lines, which are tracemalloc's own).
+fn completeness_headers(completeness: &Completeness) -> [(&'static str, String); 2] {
+    [
+        ("x-tracer-complete", completeness.is_complete().to_string()),
+        ("x-tracer-drops", completeness.drops().to_string()),
+    ]
+}
+
+/// Statistics of `snapshot` (filtered) as JSON with `head` fields and its
+/// completeness, or text.
+pub fn statistics_response(
+    snapshot: &Snapshot,
+    completeness: &Completeness,
+    query: &StatsQuery,
+    mut head: serde_json::Map<String, Value>,
+) -> Result<Response, ApiError> {
+    let filtered = snapshot.filter_traces(&query.filters);
+    let stats = filtered.statistics(query.group_by, query.cumulative)?;
+    let (stats, total) = cut(stats, query.limit);
+    if query.text {
+        let lines = query.options.all_lines(&stats, |s| &s.traceback);
+        return Ok(text_response(&lines, &completeness_headers(completeness)));
+    }
+    let out: Vec<_> = stats
+        .iter()
+        .map(|s| StatisticOut {
+            statistic: s,
+            text: s.to_string(),
+        })
+        .collect();
+    insert_query(&mut head, query, total);
+    head.insert("traces".into(), json!(filtered.traces().len()));
+    head.insert("traceback_limit".into(), json!(filtered.traceback_limit()));
+    completeness.insert_into(&mut head);
+    head.insert("statistics".into(), json!(out));
+    Ok(Json(Value::Object(head)).into_response())
+}
+
+/// `new.compare_to(base)` of the filtered sides, as JSON or text. Each
+/// side says its completeness; the answer is complete when both are.
+pub fn compare_response(
+    base: &Side,
+    new: &Side,
+    query: &StatsQuery,
+    mut head: serde_json::Map<String, Value>,
+) -> Result<Response, ApiError> {
+    let new_filtered = new.snapshot.filter_traces(&query.filters);
+    let base_filtered = base.snapshot.filter_traces(&query.filters);
+    let diffs = new_filtered.compare_to(&base_filtered, query.group_by, query.cumulative)?;
+    let (diffs, total) = cut(diffs, query.limit);
+    let complete = base.completeness.is_complete() && new.completeness.is_complete();
+    if query.text {
+        let lines = query.options.all_lines(&diffs, |d| &d.traceback);
+        let base_header = match (
+            base.info.get("kind").and_then(Value::as_str),
+            base.info.get("id"),
+        ) {
+            (Some("snapshot"), Some(id)) => format!("snapshot {id}"),
+            (Some("since"), _) => "since".to_string(),
+            _ => "tracing-start".to_string(),
+        };
+        let headers = [
+            ("x-tracer-base", base_header),
+            ("x-tracer-complete", complete.to_string()),
+            ("x-tracer-base-drops", base.completeness.drops().to_string()),
+            ("x-tracer-new-drops", new.completeness.drops().to_string()),
+        ];
+        return Ok(text_response(&lines, &headers));
+    }
+    let out: Vec<_> = diffs
+        .iter()
+        .map(|d| StatisticDiffOut {
+            diff: d,
+            text: d.to_string(),
+        })
+        .collect();
+    let side = |side: &Side| {
+        let mut info = object(side.info.clone());
+        side.completeness.insert_into(&mut info);
+        Value::Object(info)
+    };
+    head.insert("complete".into(), json!(complete));
+    head.insert("base".into(), side(base));
+    head.insert("new".into(), side(new));
+    insert_query(&mut head, query, total);
+    head.insert("statistics".into(), json!(out));
+    Ok(Json(Value::Object(head)).into_response())
+}
+
+/// The traces of `snapshot` (filtered), `offset`/`limit` paged, as JSON
+/// (with its completeness) or text (`str(Trace)` per line).
+pub fn traces_response(
+    snapshot: &Snapshot,
+    completeness: &Completeness,
+    params: &Params,
+    mut head: serde_json::Map<String, Value>,
+) -> Result<Response, ApiError> {
+    let text = params.text()?;
+    let options = params.text_options(text)?;
+    let filters = params.filters()?;
+    let offset = params.count(
+        "offset",
+        0,
+        "offset is a whole number >= 0 (the first trace is 0)",
+    )?;
+    let limit = params.limit()?;
+    let filtered = snapshot.filter_traces(&filters);
+    let total = filtered.traces().len();
+    let end = if limit == 0 {
+        total
+    } else {
+        offset.saturating_add(limit).min(total)
+    };
+    let page = filtered.traces().get(offset.min(total)..end).unwrap_or(&[]);
+    if text {
+        let lines = options.all_lines(page, |t| &t.traceback);
+        return Ok(text_response(&lines, &completeness_headers(completeness)));
+    }
+    let out: Vec<_> = page
+        .iter()
+        .map(|t| TraceOut {
+            trace: t,
+            text: t.to_string(),
+        })
+        .collect();
+    head.insert("filters".into(), filters_json(params));
+    head.insert("offset".into(), json!(offset));
+    head.insert("limit".into(), json!(limit));
+    head.insert("total".into(), json!(total));
+    head.insert("traceback_limit".into(), json!(filtered.traceback_limit()));
+    completeness.insert_into(&mut head);
+    head.insert("traces".into(), json!(out));
+    Ok(Json(Value::Object(head)).into_response())
+}
+
+pub fn object(pairs: Value) -> serde_json::Map<String, Value> {
+    match pairs {
+        Value::Object(map) => map,
+        _ => serde_json::Map::new(),
+    }
+}

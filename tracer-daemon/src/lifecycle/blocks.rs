@@ -1,0 +1,73 @@
+//! An image's blocks and totals as read from the kernel: [`raw_blocks`]
+//! turns `LIVE_ALLOCS` entries into [`RawBlock`]s (size and return
+//! addresses, each distinct stack read once), [`live_stats`] reads the
+//! totals of a live image.
+use std::{collections::HashMap, sync::Arc};
+
+use tracer_common::{AllocInfo, AllocKey, ProcStats, STACK_ID_NONE};
+
+use crate::capture::{ImageId, KernelMaps};
+
+/// A live block as read from the kernel maps: size in bytes and its stack.
+#[derive(Clone, Debug)]
+pub struct RawBlock {
+    /// Requested size in bytes.
+    pub size: u64,
+    /// Return addresses, frame 0 first; when the stack was not stored, only
+    /// frame 0 (kept with every block).
+    pub stack: Option<Arc<[u64]>>,
+}
+
+/// Reads the stacks of `entries` (each distinct stack id once) into blocks.
+/// A block whose stack is not stored keeps its exact call site (frame 0).
+pub fn raw_blocks(kernel: &dyn KernelMaps, entries: &[(AllocKey, AllocInfo)]) -> Vec<RawBlock> {
+    let mut stacks: HashMap<u64, Option<Arc<[u64]>>> = HashMap::new();
+    let mut frame0_only: HashMap<u64, Arc<[u64]>> = HashMap::new();
+    entries
+        .iter()
+        .map(|(_, info)| {
+            let stored = if info.stack_id == STACK_ID_NONE {
+                None
+            } else {
+                stacks
+                    .entry(info.stack_id)
+                    .or_insert_with(|| kernel.stack(info.stack_id).map(Arc::from))
+                    .clone()
+            };
+            let stack = stored.or_else(|| {
+                (info.frame0 != 0).then(|| {
+                    frame0_only
+                        .entry(info.frame0)
+                        .or_insert_with(|| Arc::from([info.frame0]))
+                        .clone()
+                })
+            });
+            RawBlock {
+                size: info.size,
+                stack,
+            }
+        })
+        .collect()
+}
+
+/// The kernel's totals of a live image (zeros when the kernel tracks
+/// another generation of its pid, or none).
+pub fn live_stats(kernel: &dyn KernelMaps, image: ImageId) -> ProcStats {
+    kernel
+        .proc_stats(image.pid)
+        .filter(|stats| stats.gen_ == image.generation)
+        .unwrap_or_default()
+}
+
+/// Groups `entries` by image, keeping the order of each image's blocks.
+pub fn by_image(
+    entries: Vec<(AllocKey, AllocInfo)>,
+) -> HashMap<ImageId, Vec<(AllocKey, AllocInfo)>> {
+    let mut out: HashMap<ImageId, Vec<_>> = HashMap::new();
+    for (key, info) in entries {
+        out.entry(ImageId::of_block(&key, &info))
+            .or_default()
+            .push((key, info));
+    }
+    out
+}

@@ -1,0 +1,195 @@
+//! The kernel's process events (the `EVENTS` ring buffer), decoded through
+//! [`ProcEventKind`] and applied: a new image is read from `/proc` while it
+//! lives; ended images have their blocks collected in one pass over the
+//! kernel maps, kept as their last state, and removed from the maps.
+use std::collections::HashSet;
+
+use tracer_common::{ProcEvent, ProcEventKind};
+
+use super::blocks::{by_image, raw_blocks};
+use super::image::{EndReason, ProcessImage};
+use super::registry::{EndEvent, Registry};
+use crate::capture::{ImageId, KernelMaps};
+
+/// One decoded process event.
+#[derive(Clone, Copy, Debug)]
+pub enum Event {
+    /// The first allocation of a new image.
+    New {
+        /// The image.
+        image: ImageId,
+        /// The kernel's `comm` then, NUL-padded (used when `/proc` is gone).
+        comm: [u8; 16],
+    },
+    /// An image ended (exec or exit), with its final totals.
+    End(EndEvent),
+    /// A process exec'd or forked while scoped (it may enter or leave the
+    /// scope).
+    ScopeCandidate {
+        /// The process.
+        pid: u32,
+        /// A fork (else an exec).
+        is_fork: bool,
+    },
+}
+
+/// The kind of `event`, through the enum; None for a kind this tracerd
+/// does not know.
+#[must_use]
+pub fn kind_of(event: &ProcEvent) -> Option<ProcEventKind> {
+    [
+        ProcEventKind::New,
+        ProcEventKind::Exec,
+        ProcEventKind::Exit,
+        ProcEventKind::ExecAny,
+        ProcEventKind::Fork,
+    ]
+    .into_iter()
+    .find(|kind| *kind as u32 == event.kind)
+}
+
+/// Decodes a kernel event; None for an unknown kind.
+#[must_use]
+pub fn decode(event: &ProcEvent) -> Option<Event> {
+    let image = ImageId::new(event.tgid, event.gen_);
+    let end = |reason| {
+        Event::End(EndEvent {
+            image,
+            reason,
+            stats: event.stats,
+        })
+    };
+    Some(match kind_of(event)? {
+        ProcEventKind::New => Event::New {
+            image,
+            comm: event.comm,
+        },
+        ProcEventKind::Exec => end(EndReason::Exec),
+        ProcEventKind::Exit => end(EndReason::Exit),
+        ProcEventKind::ExecAny => Event::ScopeCandidate {
+            pid: event.tgid,
+            is_fork: false,
+        },
+        ProcEventKind::Fork => Event::ScopeCandidate {
+            pid: event.tgid,
+            is_fork: true,
+        },
+    })
+}
+
+/// A new image as read from `/proc` now; the kernel's `comm` when the
+/// process was gone before `/proc` could be read.
+#[must_use]
+pub fn new_image(image: ImageId, kernel_comm: &[u8; 16]) -> ProcessImage {
+    let mut read = ProcessImage::capture(image);
+    if read.comm.is_empty() {
+        let len = kernel_comm
+            .iter()
+            .position(|&b| b == 0)
+            .unwrap_or(kernel_comm.len());
+        read.comm =
+            String::from_utf8_lossy(kernel_comm.get(..len).unwrap_or_default()).into_owned();
+    }
+    read
+}
+
+/// Ends `ends` in the registry: each ended image's blocks are read in one
+/// pass over the kernel maps and kept as its last state, then removed from
+/// the maps. One process can end twice in a batch (exec, then exit): ends
+/// are keyed by image, never by pid alone. Returns the blocks removed.
+pub fn end_images(
+    kernel: &mut dyn KernelMaps,
+    registry: &mut Registry,
+    ends: Vec<EndEvent>,
+) -> usize {
+    if ends.is_empty() {
+        return 0;
+    }
+    let want: HashSet<ImageId> = ends.iter().map(|e| e.image).collect();
+    let started = std::time::Instant::now();
+    let mut by_image = by_image(kernel.live_blocks(Some(&want)));
+    let scanned = started.elapsed();
+    let mut keys = Vec::new();
+    for end in ends {
+        let entries = by_image.remove(&end.image).unwrap_or_default();
+        keys.extend(entries.iter().map(|(k, _)| *k));
+        let blocks = raw_blocks(&*kernel, &entries);
+        tracing::debug!(pid = end.image.pid, gen = end.image.generation, blocks = blocks.len(), "image ended");
+        registry.end(end, blocks);
+    }
+    let collected = started.elapsed();
+    let removed = kernel.remove_blocks(&keys);
+    tracing::debug!(
+        images = want.len(),
+        removed,
+        scan_ms = scanned.as_millis() as u64,
+        collect_ms = (collected - scanned).as_millis() as u64,
+        remove_ms = (started.elapsed() - collected).as_millis() as u64,
+        "ended images removed from the kernel maps"
+    );
+    removed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tracer_common::ProcStats;
+
+    fn event(kind: ProcEventKind) -> ProcEvent {
+        ProcEvent {
+            kind: kind as u32,
+            tgid: 42,
+            gen_: 7,
+            comm: *b"app\0\0\0\0\0\0\0\0\0\0\0\0\0",
+            stats: ProcStats {
+                current: 5,
+                ..ProcStats::default()
+            },
+            ..ProcEvent::default()
+        }
+    }
+
+    #[test]
+    fn every_kind_decodes_through_the_enum_and_unknown_kinds_are_skipped() {
+        assert!(matches!(
+            decode(&event(ProcEventKind::New)),
+            Some(Event::New { image, .. }) if image == ImageId::new(42, 7)
+        ));
+        assert!(matches!(
+            decode(&event(ProcEventKind::Exec)),
+            Some(Event::End(EndEvent { reason: EndReason::Exec, stats, .. })) if stats.current == 5
+        ));
+        assert!(matches!(
+            decode(&event(ProcEventKind::Exit)),
+            Some(Event::End(EndEvent {
+                reason: EndReason::Exit,
+                ..
+            }))
+        ));
+        assert!(matches!(
+            decode(&event(ProcEventKind::ExecAny)),
+            Some(Event::ScopeCandidate {
+                pid: 42,
+                is_fork: false
+            })
+        ));
+        assert!(matches!(
+            decode(&event(ProcEventKind::Fork)),
+            Some(Event::ScopeCandidate {
+                pid: 42,
+                is_fork: true
+            })
+        ));
+        let mut unknown = event(ProcEventKind::New);
+        unknown.kind = 99;
+        assert!(decode(&unknown).is_none());
+    }
+
+    #[test]
+    fn a_process_gone_before_proc_is_read_keeps_the_kernels_comm() {
+        // Above the kernel's largest pid_max: never a process.
+        let image = new_image(ImageId::new(5_000_000, 1), b"short-lived\0\0\0\0\0");
+        assert_eq!(image.comm, "short-lived");
+        assert_eq!(image.start_time, 0);
+    }
+}

@@ -1,0 +1,171 @@
+//! One process image: from the kernel's `New` event (its first allocation)
+//! to its `Exec` or `Exit` event, and its last state after that.
+//!
+//! An image is named by its [`ImageId`] (pid and the kernel's generation)
+//! and also carries its start time (`/proc/PID/stat` field 22), so that a
+//! reused pid is never mistaken for it. Its [`ImageState`] is a type, not a
+//! string: `alive`, then `exited` or `exec`.
+use std::{sync::Arc, time::SystemTime};
+
+use serde::Serialize;
+use tracer_common::ProcStats;
+
+use super::blocks::RawBlock;
+use crate::capture::ImageId;
+use crate::sys::{modules::ModuleMaps, procfs};
+
+/// How an image ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EndReason {
+    /// The process called exec: a new image replaced this one.
+    Exec,
+    /// The process exited.
+    Exit,
+}
+
+/// Where an image is in its life, as the API shows it (`state`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ImageState {
+    /// Traced now.
+    Alive,
+    /// The process exited; its last state is kept for a while.
+    Exited,
+    /// The process called exec; this image's last state is kept for a while.
+    Exec,
+}
+
+impl ImageState {
+    /// The word the API uses: `alive`, `exited`, `exec`.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ImageState::Alive => "alive",
+            ImageState::Exited => "exited",
+            ImageState::Exec => "exec",
+        }
+    }
+
+    /// True for [`ImageState::Alive`].
+    #[must_use]
+    pub fn is_alive(self) -> bool {
+        self == ImageState::Alive
+    }
+}
+
+impl std::fmt::Display for ImageState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The final state of an ended image, captured from the kernel maps at the
+/// moment it ended (before its blocks were removed from them).
+#[derive(Clone, Debug)]
+pub struct Ended {
+    /// Exec or exit.
+    pub reason: EndReason,
+    /// When tracerd handled the end (wall clock).
+    pub at: SystemTime,
+    /// The image's final totals, from the kernel's event.
+    pub stats: ProcStats,
+    /// Its blocks live at the end.
+    pub blocks: Vec<RawBlock>,
+}
+
+/// One traced process image.
+#[derive(Clone, Debug)]
+pub struct ProcessImage {
+    /// Its pid and generation.
+    pub id: ImageId,
+    /// Start time in clock ticks since boot (`/proc/PID/stat` field 22);
+    /// 0 if the process was gone before it could be read.
+    pub start_time: u64,
+    /// `/proc/PID/comm` when first seen.
+    pub comm: String,
+    /// `/proc/PID/exe` when first seen.
+    pub exe: Option<String>,
+    /// When tracerd saw its first allocation (wall clock).
+    pub first_seen: SystemTime,
+    /// Its executable mappings, captured while it lived (refreshed at
+    /// queries while it lives); None if it was gone before they were read.
+    pub maps: Option<Arc<ModuleMaps>>,
+    /// Set once the image ended.
+    pub ended: Option<Ended>,
+}
+
+impl ProcessImage {
+    /// Reads what symbolization and display need from `/proc/PID/...` now,
+    /// while the process lives.
+    pub fn capture(id: ImageId) -> Self {
+        let pid = id.pid;
+        Self {
+            id,
+            start_time: procfs::read_start_time(pid).unwrap_or(0),
+            comm: procfs::read_comm(pid).unwrap_or_default(),
+            exe: procfs::read_exe(pid).ok(),
+            first_seen: SystemTime::now(),
+            maps: ModuleMaps::capture(pid).ok().map(Arc::new),
+            ended: None,
+        }
+    }
+
+    /// An image known only from a kernel event: nothing read from `/proc`
+    /// (its `New` event was lost, or it was gone before it could be read).
+    pub fn unknown(id: ImageId) -> Self {
+        Self {
+            id,
+            start_time: 0,
+            comm: String::new(),
+            exe: None,
+            first_seen: SystemTime::now(),
+            maps: None,
+            ended: None,
+        }
+    }
+
+    /// The process id.
+    #[must_use]
+    pub fn pid(&self) -> u32 {
+        self.id.pid
+    }
+
+    /// Alive, or how it ended.
+    #[must_use]
+    pub fn state(&self) -> ImageState {
+        match self.ended.as_ref().map(|e| e.reason) {
+            None => ImageState::Alive,
+            Some(EndReason::Exit) => ImageState::Exited,
+            Some(EndReason::Exec) => ImageState::Exec,
+        }
+    }
+
+    /// True when `/proc/PID` shows that the process is gone: no such pid, or
+    /// another process (another start time). An image whose start time was
+    /// never read counts as gone only when the pid is free.
+    pub fn is_gone(&self) -> bool {
+        match procfs::read_start_time(self.id.pid) {
+            Ok(now) => self.start_time != 0 && now != self.start_time,
+            Err(_) => true,
+        }
+    }
+
+    /// True while the image has not ended and `/proc/PID` still shows the
+    /// same process (same start time).
+    pub fn is_alive(&self) -> bool {
+        self.ended.is_none()
+            && (self.start_time == 0
+                || procfs::read_start_time(self.id.pid).ok() == Some(self.start_time))
+    }
+
+    /// Re-reads the mappings of a live image (libraries loaded by dlopen
+    /// since it was first seen); keeps the old ones if that fails.
+    pub fn refresh_maps(&mut self) {
+        if self.is_alive()
+            && let Ok(maps) = ModuleMaps::capture(self.id.pid)
+        {
+            self.maps = Some(Arc::new(maps));
+        }
+    }
+}

@@ -1,0 +1,27 @@
+//! Lifecycle: which process images exist and what happens to them, from the
+//! kernel's events to their expiry.
+//!
+//! - [`image`]: [`ProcessImage`] with its [`ImageId`] and [`ImageState`].
+//! - [`registry`]: the live image of each pid, and ended ones for a while.
+//! - [`blocks`]: an image's blocks and totals as read from the kernel.
+//! - [`events`]: the kernel's process events, decoded and applied.
+//! - [`orphans`]: the sweep for blocks whose end event was lost.
+//! - [`scope`]: which processes are traced, and attaching accordingly.
+//! - [`tracing`]: tracemalloc's `start`/`stop`/`clear_traces` state.
+//!
+//! Everything here works through [`KernelMaps`](crate::capture::KernelMaps),
+//! so it is tested with a fake kernel.
+pub mod blocks;
+pub mod events;
+pub mod image;
+pub mod orphans;
+pub mod registry;
+pub mod scope;
+pub mod tracing;
+
+pub use crate::capture::ImageId;
+pub use blocks::RawBlock;
+pub use image::{EndReason, ImageState, ProcessImage};
+pub use registry::Registry;
+pub use scope::Scope;
+pub use tracing::{Tracing, TracingControl};

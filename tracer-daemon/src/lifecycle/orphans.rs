@@ -1,0 +1,51 @@
+//! The housekeeping sweep over the kernel maps: blocks of images that ended
+//! without their end event (lost to a full ring buffer) are removed (see
+//! [`Registry::orphaned_blocks`]), and stacks no block references are
+//! collected when `STACKS` is half full.
+use std::collections::HashSet;
+
+use tracer_common::{AllocInfo, AllocKey, MAP_STACKS};
+
+use super::registry::Registry;
+use crate::capture::{ImageId, KernelMaps};
+
+/// What one scan of the kernel maps found: every live block, the stacks
+/// listed before the scan (when collection is due), and the images the
+/// kernel tracks (read after the blocks).
+#[derive(Debug, Default)]
+pub struct Scan {
+    entries: Vec<(AllocKey, AllocInfo)>,
+    tracked: HashSet<ImageId>,
+}
+
+/// Scans the kernel maps, and collects unreferenced stacks when `STACKS`
+/// is at least half full: the ids listed *before* the scan of the live
+/// blocks that no block references. (A block stored after the scan with
+/// such a stack shows no traceback until that stack is stored again by its
+/// next allocation.)
+pub fn scan(kernel: &mut dyn KernelMaps) -> Scan {
+    let max_stacks = u64::from(kernel.config().max_stacks);
+    let stacks_before = (kernel.stacks_stored() * 2 > max_stacks).then(|| kernel.stack_ids());
+    let entries = kernel.live_blocks(None);
+    if let Some(before) = stacks_before {
+        let referenced: HashSet<u64> = entries.iter().map(|(_, info)| info.stack_id).collect();
+        let unreferenced: Vec<u64> = before
+            .into_iter()
+            .filter(|id| !referenced.contains(id))
+            .collect();
+        let removed = kernel.remove_stacks(&unreferenced);
+        tracing::info!(removed, map = MAP_STACKS, "collected unreferenced stacks");
+    }
+    let tracked = kernel
+        .all_proc_stats()
+        .into_iter()
+        .map(|(tgid, stats)| ImageId::new(tgid, stats.gen_))
+        .collect();
+    Scan { entries, tracked }
+}
+
+/// The blocks of `scan` to remove: those of images that are orphaned for
+/// the second sweep in a row.
+pub fn doomed(scan: &Scan, registry: &mut Registry) -> Vec<AllocKey> {
+    registry.orphaned_blocks(&scan.entries, &scan.tracked)
+}

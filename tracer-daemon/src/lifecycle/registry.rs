@@ -1,0 +1,315 @@
+//! The registry of traced process images: the live image of each pid, and
+//! ended images kept for `retention` so that their last state can still be
+//! queried.
+use std::{
+    collections::{HashMap, HashSet, VecDeque},
+    time::{Duration, SystemTime},
+};
+
+use tracer_common::{AllocInfo, AllocKey, ProcStats};
+
+use super::blocks::RawBlock;
+use super::image::{EndReason, Ended, ProcessImage};
+use crate::capture::ImageId;
+
+/// All images: the live one of each pid, and ended ones for `retention`.
+#[derive(Debug)]
+pub struct Registry {
+    live: HashMap<u32, ProcessImage>,
+    ended: VecDeque<ProcessImage>,
+    retention: Duration,
+    /// Live images whose process was gone at the last check.
+    gone: HashSet<ImageId>,
+    /// When live images were last checked against `/proc`.
+    last_check: Option<SystemTime>,
+    /// Images whose blocks looked orphaned at the last sweep.
+    orphan_suspects: HashSet<ImageId>,
+}
+
+/// How often [`Registry::expire`] checks the live images against `/proc`
+/// (one read of `/proc/PID/stat` each): the orphan sweep's period.
+pub const GONE_CHECK_INTERVAL: Duration = Duration::from_secs(10);
+
+/// An end to apply: the image ended, with its final totals.
+#[derive(Clone, Copy, Debug)]
+pub struct EndEvent {
+    /// The image that ended.
+    pub image: ImageId,
+    /// Exec or exit.
+    pub reason: EndReason,
+    /// Final totals from the kernel.
+    pub stats: ProcStats,
+}
+
+impl Registry {
+    /// An empty registry keeping ended images for `retention`.
+    pub fn new(retention: Duration) -> Self {
+        Self {
+            live: HashMap::new(),
+            ended: VecDeque::new(),
+            retention,
+            gone: HashSet::new(),
+            last_check: None,
+            orphan_suspects: HashSet::new(),
+        }
+    }
+
+    /// Adds a new image (from a `New` event). An image of the same pid with
+    /// another generation that is still listed as live lost its end event;
+    /// it is moved to the ended ones with no blocks.
+    pub fn add(&mut self, image: ProcessImage) {
+        let pid = image.pid();
+        let generation = image.id.generation;
+        if let Some(mut old) = self.live.insert(pid, image)
+            && old.id.generation != generation
+        {
+            old.ended = Some(Ended {
+                reason: EndReason::Exit,
+                at: SystemTime::now(),
+                stats: ProcStats::default(),
+                blocks: Vec::new(),
+            });
+            self.ended.push_back(old);
+        }
+    }
+
+    /// True if `image` is the live image of its pid.
+    pub fn has_live(&self, image: ImageId) -> bool {
+        self.live.get(&image.pid).is_some_and(|i| i.id == image)
+    }
+
+    /// Ends an image with its final blocks. An image never seen (its `New`
+    /// event was lost) is recorded from what the event says.
+    pub fn end(&mut self, event: EndEvent, blocks: Vec<RawBlock>) {
+        let mut image = if self.has_live(event.image) {
+            self.live
+                .remove(&event.image.pid)
+                .unwrap_or_else(|| ProcessImage::unknown(event.image))
+        } else {
+            ProcessImage::unknown(event.image)
+        };
+        image.ended = Some(Ended {
+            reason: event.reason,
+            at: SystemTime::now(),
+            stats: event.stats,
+            blocks,
+        });
+        self.ended.push_back(image);
+    }
+
+    /// Drops ended images older than the retention, and ends the live
+    /// images whose process is gone (see [`Registry::end_gone`]) every
+    /// [`GONE_CHECK_INTERVAL`].
+    pub fn expire(&mut self, now: SystemTime) {
+        let due = self.last_check.is_none_or(|at| {
+            now.duration_since(at)
+                .map_or(true, |d| d >= GONE_CHECK_INTERVAL)
+        });
+        if due {
+            self.last_check = Some(now);
+            self.end_gone(now);
+        }
+        while let Some(front) = self.ended.front() {
+            let at = front.ended.as_ref().map_or(now, |e| e.at);
+            if now.duration_since(at).unwrap_or_default() > self.retention {
+                self.ended.pop_front();
+            } else {
+                break;
+            }
+        }
+    }
+
+    /// Ends, as exited with no blocks, every live image whose process was
+    /// gone ([`ProcessImage::is_gone`]) at this check and the one before:
+    /// its end event was lost (the ring buffer was full). Two checks in a
+    /// row, so that an end event in flight is never raced. Its totals are
+    /// unknown: `drops` is 1, so it reads as incomplete. Until then its
+    /// blocks count as those of a live image, and the orphan sweep keeps
+    /// them; after, it removes them.
+    fn end_gone(&mut self, now: SystemTime) {
+        let gone: HashSet<ImageId> = self
+            .live
+            .values()
+            .filter(|image| image.is_gone())
+            .map(|image| image.id)
+            .collect();
+        for &id in gone.intersection(&self.gone) {
+            let Some(mut image) = self.live.remove(&id.pid) else {
+                continue;
+            };
+            image.ended = Some(Ended {
+                reason: EndReason::Exit,
+                at: now,
+                stats: ProcStats {
+                    gen_: id.generation,
+                    drops: 1,
+                    ..ProcStats::default()
+                },
+                blocks: Vec::new(),
+            });
+            self.ended.push_back(image);
+        }
+        self.gone = gone.into_iter().filter(|id| self.has_live(*id)).collect();
+    }
+
+    /// The image a query for `pid` means: its live image, else its most
+    /// recently ended one.
+    pub fn get(&self, pid: u32) -> Option<&ProcessImage> {
+        self.live
+            .get(&pid)
+            .or_else(|| self.ended.iter().rev().find(|image| image.pid() == pid))
+    }
+
+    /// As [`Registry::get`], mutable.
+    pub fn get_mut(&mut self, pid: u32) -> Option<&mut ProcessImage> {
+        if self.live.contains_key(&pid) {
+            return self.live.get_mut(&pid);
+        }
+        self.ended.iter_mut().rev().find(|image| image.pid() == pid)
+    }
+
+    /// Live images, in no order.
+    pub fn live(&self) -> impl Iterator<Item = &ProcessImage> {
+        self.live.values()
+    }
+
+    /// Ended images still retained, oldest first.
+    pub fn ended(&self) -> impl Iterator<Item = &ProcessImage> {
+        self.ended.iter()
+    }
+
+    /// The blocks among `entries` (every live block in the kernel maps) of
+    /// images that ended without their end being handled here (an event
+    /// lost to a full ring buffer): blocks whose image the kernel no longer
+    /// tracks (`tracked`, read *after* `entries`: a block's totals entry is
+    /// created before the block, so a block of a live image always matches)
+    /// and that is not a live image here, seen so in two sweeps in a row (so
+    /// an end event in flight is never raced).
+    pub fn orphaned_blocks(
+        &mut self,
+        entries: &[(AllocKey, AllocInfo)],
+        tracked: &HashSet<ImageId>,
+    ) -> Vec<AllocKey> {
+        let mut seen = HashSet::new();
+        let mut doomed = Vec::new();
+        for (key, info) in entries {
+            let image = ImageId::of_block(key, info);
+            if tracked.contains(&image) || self.has_live(image) {
+                continue;
+            }
+            seen.insert(image);
+            if self.orphan_suspects.contains(&image) {
+                doomed.push(*key);
+            }
+        }
+        self.orphan_suspects = seen;
+        doomed
+    }
+
+    /// True if `image` is live or still retained after its end.
+    pub fn knows(&self, image: ImageId) -> bool {
+        self.has_live(image) || self.ended.iter().any(|i| i.id == image)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn image(pid: u32, generation: u32) -> ProcessImage {
+        ProcessImage::unknown(ImageId::new(pid, generation))
+    }
+
+    fn end(pid: u32, generation: u32, stats: ProcStats) -> EndEvent {
+        EndEvent {
+            image: ImageId::new(pid, generation),
+            reason: EndReason::Exit,
+            stats,
+        }
+    }
+
+    #[test]
+    fn ended_image_stays_queryable_until_retention() {
+        let mut registry = Registry::new(Duration::from_secs(60));
+        registry.add(image(7, 1));
+        let stats = ProcStats {
+            gen_: 1,
+            current: 100,
+            ..ProcStats::default()
+        };
+        registry.end(
+            end(7, 1, stats),
+            vec![RawBlock {
+                size: 100,
+                stack: None,
+            }],
+        );
+        let got = registry.get(7).expect("retained");
+        assert_eq!(got.ended.as_ref().map(|e| e.stats.current), Some(100));
+        assert!(registry.knows(ImageId::new(7, 1)));
+        registry.expire(SystemTime::now() + Duration::from_secs(61));
+        assert!(registry.get(7).is_none());
+        assert!(!registry.knows(ImageId::new(7, 1)));
+    }
+
+    #[test]
+    fn a_gone_process_whose_end_was_lost_ends_at_the_second_check() {
+        let mut registry = Registry::new(Duration::from_secs(600));
+        // Above the kernel's largest pid_max: never a process.
+        let gone = 5_000_000;
+        let mut dead = image(gone, 3);
+        dead.start_time = 12345;
+        registry.add(dead);
+        registry.add(image(gone + 1, 4));
+        let me = ProcessImage::capture(ImageId::new(std::process::id(), 5));
+        assert_ne!(me.start_time, 0);
+        registry.add(me);
+        let t0 = SystemTime::now();
+        registry.expire(t0);
+        assert!(
+            registry.has_live(ImageId::new(gone, 3)),
+            "one check is not enough"
+        );
+        registry.expire(t0 + Duration::from_secs(5));
+        assert!(
+            registry.has_live(ImageId::new(gone, 3)),
+            "checked every 10 s only"
+        );
+        registry.expire(t0 + GONE_CHECK_INTERVAL);
+        assert!(!registry.has_live(ImageId::new(gone, 3)));
+        assert!(!registry.has_live(ImageId::new(gone + 1, 4)));
+        assert!(registry.has_live(ImageId::new(std::process::id(), 5)));
+        let ended = registry
+            .get(gone)
+            .and_then(|i| i.ended.as_ref())
+            .expect("ended");
+        assert_eq!(ended.reason, EndReason::Exit);
+        assert_eq!((ended.stats.gen_, ended.stats.drops), (3, 1));
+        assert!(ended.blocks.is_empty());
+        assert_eq!(registry.ended().count(), 2);
+    }
+
+    #[test]
+    fn pid_reuse_prefers_the_live_image() {
+        let mut registry = Registry::new(Duration::from_secs(60));
+        registry.add(image(7, 1));
+        registry.end(end(7, 1, ProcStats::default()), Vec::new());
+        registry.add(image(7, 2));
+        assert_eq!(registry.get(7).map(|i| i.id.generation), Some(2));
+        assert!(registry.has_live(ImageId::new(7, 2)));
+        assert!(!registry.has_live(ImageId::new(7, 1)));
+    }
+
+    #[test]
+    fn a_new_generation_of_a_live_pid_ends_the_old_one_with_no_blocks() {
+        let mut registry = Registry::new(Duration::from_secs(60));
+        registry.add(image(7, 1));
+        registry.add(image(7, 2));
+        assert!(registry.has_live(ImageId::new(7, 2)));
+        let old: Vec<_> = registry.ended().map(|i| (i.id, i.state())).collect();
+        assert_eq!(
+            old,
+            vec![(ImageId::new(7, 1), super::super::image::ImageState::Exited)]
+        );
+    }
+}

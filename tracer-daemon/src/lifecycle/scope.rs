@@ -1,0 +1,254 @@
+//! Scope: which processes are traced. Every process (the default), or only
+//! chosen pids, executables and cgroups. A scoped tracerd registers its
+//! probes with the kernel for the matching processes only (one perf event
+//! per probe and process), so the breakpoints exist only in their memory and
+//! every other process runs at full speed.
+//!
+//! Matching happens when the scope is set (a pass over `/proc`, [`apply`])
+//! and on the exec and fork events the kernel sends while scoped
+//! ([`on_exec_or_fork`]); a process whose pid is gone is detached at the
+//! next sweep ([`prune`]).
+use std::{collections::BTreeSet, path::PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::capture::KernelMaps;
+use crate::sys::procfs;
+
+/// Which processes are traced. All sets empty: every process.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Scope {
+    /// Process ids.
+    #[serde(default)]
+    pub pids: BTreeSet<u32>,
+    /// Executables: a process matches when `/proc/PID/exe` is this path.
+    #[serde(default)]
+    pub exes: BTreeSet<PathBuf>,
+    /// cgroup v2 paths (as in `/proc/PID/cgroup`, e.g. `/system.slice/nginx.service`):
+    /// a process matches when it is in that cgroup or below it.
+    #[serde(default)]
+    pub cgroups: BTreeSet<String>,
+}
+
+impl Scope {
+    /// True when nothing is chosen: every process is traced.
+    pub fn is_all(&self) -> bool {
+        self.pids.is_empty() && self.exes.is_empty() && self.cgroups.is_empty()
+    }
+
+    /// Whether process `pid` matches, read from `/proc/PID/exe` and
+    /// `/proc/PID/cgroup` now. A process that is gone matches nothing.
+    pub fn matches(&self, pid: u32) -> bool {
+        if self.is_all() || self.pids.contains(&pid) {
+            return true;
+        }
+        if !self.exes.is_empty()
+            && let Ok(exe) = std::fs::read_link(format!("/proc/{pid}/exe"))
+            && self.exes.contains(&exe)
+        {
+            return true;
+        }
+        if !self.cgroups.is_empty()
+            && let Some(cgroup) = procfs::read_cgroup(pid)
+        {
+            return self
+                .cgroups
+                .iter()
+                .any(|want| cgroup_contains(want, &cgroup));
+        }
+        false
+    }
+
+    /// Checks the scope's values.
+    ///
+    /// # Errors
+    /// A message naming what is wrong: executables must be absolute paths,
+    /// cgroups absolute cgroup paths (`/...`), pids positive.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.pids.contains(&0) {
+            return Err("pid 0 is not a process; pids are positive integers".into());
+        }
+        if let Some(exe) = self.exes.iter().find(|e| !e.is_absolute()) {
+            return Err(format!("exe {} is not an absolute path", exe.display()));
+        }
+        if let Some(cgroup) = self
+            .cgroups
+            .iter()
+            .find(|c| !c.starts_with('/') || c.contains("/../"))
+        {
+            return Err(format!(
+                "cgroup {cgroup:?} is not an absolute cgroup path such as /system.slice/app.service"
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Whether cgroup `path` is `want` or below it (whole path components).
+pub fn cgroup_contains(want: &str, path: &str) -> bool {
+    let want = want.trim_end_matches('/');
+    want.is_empty()
+        || path == want
+        || path
+            .strip_prefix(want)
+            .is_some_and(|rest| rest.starts_with('/'))
+}
+
+/// Sets `scope` on the kernel side: all sets empty attaches the probes for
+/// every process; otherwise they are registered for each matching process
+/// (tracerd itself excepted) and the programs are told to report exec and
+/// fork events. What was attached before and is out of scope now is
+/// detached. Returns the processes now attached one by one (empty when
+/// every process is traced).
+///
+/// # Errors
+/// A message when the scope is invalid (see [`Scope::validate`]) or the
+/// system-wide probes cannot be attached again.
+pub fn apply(kernel: &mut dyn KernelMaps, scope: &Scope) -> Result<Vec<u32>, String> {
+    scope.validate()?;
+    let previous: Vec<Option<u32>> = kernel.attached();
+    if scope.is_all() {
+        kernel.attach(None).map_err(|e| e.to_string())?;
+        for key in previous.into_iter().flatten() {
+            kernel.detach(Some(key));
+        }
+        kernel.set_switches(0);
+        return Ok(Vec::new());
+    }
+    // Exec and fork events from here on, so nothing starting meanwhile
+    // is missed; then one pass over /proc.
+    kernel.set_switches(tracer_common::SWITCH_SCOPED);
+    let own = std::process::id();
+    let mut attached = Vec::new();
+    for pid in procfs::all_pids() {
+        if pid == own || !scope.matches(pid) {
+            continue;
+        }
+        match kernel.attach(Some(pid)) {
+            Ok(()) => attached.push(pid),
+            // A process can end between the listing and the attach.
+            Err(err) => tracing::debug!(pid, %err, "could not attach to a process in scope"),
+        }
+    }
+    for key in previous {
+        match key {
+            None => kernel.detach(None),
+            Some(pid) if !attached.contains(&pid) => kernel.detach(Some(pid)),
+            Some(_) => {}
+        }
+    }
+    tracing::info!(processes = attached.len(), "tracing scoped");
+    Ok(attached)
+}
+
+/// An exec or fork seen while scoped: attach `pid` if it now matches,
+/// detach it if it no longer does (it exec'd something else). A forked
+/// thread (not a process) and tracerd itself are left alone.
+pub fn on_exec_or_fork(kernel: &mut dyn KernelMaps, scope: &Scope, pid: u32, is_fork: bool) {
+    if scope.is_all() || pid == std::process::id() {
+        return;
+    }
+    if is_fork && !procfs::is_process(pid) {
+        return;
+    }
+    if scope.matches(pid) {
+        if let Err(err) = kernel.attach(Some(pid)) {
+            tracing::debug!(pid, %err, "could not attach to a process in scope");
+        }
+    } else {
+        kernel.detach(Some(pid));
+    }
+}
+
+/// Detaches the probes of processes that are gone.
+pub fn prune(kernel: &mut dyn KernelMaps) {
+    for pid in kernel.attached().into_iter().flatten() {
+        if !procfs::exists(pid) {
+            kernel.detach(Some(pid));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+
+    #[test]
+    fn cgroup_matching_is_by_whole_components() {
+        assert!(cgroup_contains(
+            "/system.slice",
+            "/system.slice/nginx.service"
+        ));
+        assert!(cgroup_contains("/system.slice/", "/system.slice"));
+        assert!(!cgroup_contains("/system.slice", "/system.slicex/a"));
+        assert!(cgroup_contains("/", "/anything"));
+        assert_eq!(
+            procfs::cgroup_v2_path("0::/user.slice/session-1.scope\n"),
+            Some("/user.slice/session-1.scope")
+        );
+        assert_eq!(procfs::cgroup_v2_path("1:name=systemd:/x\n"), None);
+    }
+
+    #[test]
+    fn invalid_scopes_say_what_is_valid() {
+        let bad_exe = Scope {
+            exes: BTreeSet::from([PathBuf::from("bin/app")]),
+            ..Scope::default()
+        };
+        assert_eq!(
+            bad_exe.validate().unwrap_err(),
+            "exe bin/app is not an absolute path"
+        );
+        let bad_cgroup = Scope {
+            cgroups: BTreeSet::from(["app.service".to_string()]),
+            ..Scope::default()
+        };
+        assert!(
+            bad_cgroup
+                .validate()
+                .unwrap_err()
+                .contains("not an absolute cgroup path")
+        );
+        let bad_pid = Scope {
+            pids: BTreeSet::from([0]),
+            ..Scope::default()
+        };
+        assert!(bad_pid.validate().is_err());
+        assert!(Scope::default().validate().is_ok());
+    }
+
+    #[test]
+    fn this_process_matches_its_own_pid_exe_and_cgroup() {
+        let pid = std::process::id();
+        let exe = fs::read_link("/proc/self/exe").expect("exe");
+        let cgroup = fs::read_to_string("/proc/self/cgroup").expect("cgroup");
+        assert!(
+            Scope {
+                pids: BTreeSet::from([pid]),
+                ..Scope::default()
+            }
+            .matches(pid)
+        );
+        assert!(
+            Scope {
+                exes: BTreeSet::from([exe]),
+                ..Scope::default()
+            }
+            .matches(pid)
+        );
+        if let Some(path) = procfs::cgroup_v2_path(&cgroup) {
+            let scope = Scope {
+                cgroups: BTreeSet::from([path.to_string()]),
+                ..Scope::default()
+            };
+            assert!(scope.matches(pid));
+        }
+        let other = Scope {
+            exes: BTreeSet::from([PathBuf::from("/nonexistent/app")]),
+            ..Scope::default()
+        };
+        assert!(!other.matches(pid));
+        assert!(procfs::is_process(pid));
+    }
+}

@@ -1,0 +1,235 @@
+//! The two sides of `compare_to()`: `new` (now, or a stored snapshot)
+//! against a base (a stored snapshot, the latest one a user stored, the
+//! state some time ago from automatic snapshots, or the empty state when
+//! tracing began). Each side says what it is and whether its data is
+//! complete.
+use std::{
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
+
+use serde_json::{Value, json};
+use tracer_model::{Completeness, Snapshot};
+
+use super::snapshots::{SnapshotRef, Target};
+use super::{Service, ServiceError};
+use crate::capture::ImageId;
+use crate::store::{SnapshotInfo, SnapshotKind, StoredSnapshot};
+use crate::sys::unix_ms;
+
+/// The base or new side of a compare: its traces and what to say about it.
+#[derive(Clone, Debug)]
+pub struct Side {
+    /// The traces.
+    pub snapshot: Arc<Snapshot>,
+    /// JSON describing it (`kind`: `now`, `snapshot`, `tracing_start`,
+    /// `since`).
+    pub info: Value,
+    /// Events its processes lost before it was taken.
+    pub completeness: Completeness,
+}
+
+impl Side {
+    /// A stored snapshot as a compare side.
+    #[must_use]
+    pub fn stored(stored: &StoredSnapshot, info: &SnapshotInfo) -> Self {
+        Self {
+            snapshot: Arc::clone(&stored.snapshot),
+            info: json!({"kind": "snapshot", "id": stored.id, "snapshot_kind": info.kind,
+                         "label": info.label, "taken_at_ms": unix_ms(stored.taken_at)}),
+            completeness: stored.completeness.clone(),
+        }
+    }
+
+    /// The empty state when tracing began: nothing lost yet.
+    fn empty(limit: u32, at_ms: u64) -> Self {
+        Self {
+            snapshot: Arc::new(Snapshot::new(Vec::new(), limit)),
+            info: json!({"kind": "tracing_start", "at_ms": at_ms}),
+            completeness: Completeness::complete(),
+        }
+    }
+}
+
+/// Where a compare's base comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BaseSpec {
+    /// The latest snapshot a user stored of the target, else the empty
+    /// snapshot at tracing start.
+    Default,
+    /// A stored snapshot.
+    Snapshot(SnapshotRef),
+    /// The state this long ago, from automatic snapshots.
+    Since(Duration),
+}
+
+impl Service {
+    /// A stored snapshot that must be of `pid`'s current image (for
+    /// `/pid/{pid}/compare`).
+    fn stored_of_image(&self, pid: u32, reference: &SnapshotRef) -> Result<Side, ServiceError> {
+        let (image, _) = self.image_of(pid)?;
+        let (stored, _, info) = self.stored(reference)?;
+        if info.image != Some(image) {
+            let reason = match (info.image, stored.pid) {
+                (Some(other), _) if other.pid == pid => {
+                    "an earlier image of this pid (exec or pid reuse)".to_string()
+                }
+                (Some(other), _) => format!("it is of pid {}", other.pid),
+                (None, 0) => format!(
+                    "it is {}",
+                    if info.kind == SnapshotKind::Loaded {
+                        "loaded from a file"
+                    } else {
+                        "system-wide"
+                    }
+                ),
+                (None, p) => format!("it is of pid {p} in an earlier run of tracerd"),
+            };
+            return Err(ServiceError::WrongScope {
+                id: stored.id,
+                pid,
+                reason,
+            });
+        }
+        Ok(Side::stored(&stored, &info))
+    }
+
+    /// A stored snapshot as a side, for any target.
+    fn side_of(&self, target: Target, reference: &SnapshotRef) -> Result<Side, ServiceError> {
+        match target {
+            Target::Process(pid) => self.stored_of_image(pid, reference),
+            Target::System => {
+                let (stored, _, info) = self.stored(reference)?;
+                Ok(Side::stored(&stored, &info))
+            }
+        }
+    }
+
+    /// The two sides of `/pid/{pid}/compare` or `/compare`: `new` (None:
+    /// now) against the base `base` says.
+    ///
+    /// # Errors
+    /// Unknown pid or snapshot, a snapshot of another target, tracing
+    /// stopped.
+    pub fn compare_sides(
+        &self,
+        target: Target,
+        base: &BaseSpec,
+        new: Option<&SnapshotRef>,
+    ) -> Result<(Side, Side), ServiceError> {
+        let new_side = match new {
+            Some(reference) => self.side_of(target, reference)?,
+            None => {
+                let now = self.snapshot_now(target)?;
+                Side {
+                    snapshot: now.snapshot,
+                    info: json!({"kind": "now", "at_ms": unix_ms(now.at)}),
+                    completeness: now.completeness,
+                }
+            }
+        };
+        let limit = new_side.snapshot.traceback_limit();
+        let base_side = match (target, base) {
+            (target, BaseSpec::Snapshot(reference)) => self.side_of(target, reference)?,
+            (Target::Process(pid), BaseSpec::Default) => {
+                let (image, _) = self.image_of(pid)?;
+                let latest = {
+                    let held = self.state.locks().store();
+                    let latest = held.store.of_image(image).last().map(|s| s.id);
+                    latest.and_then(|id| {
+                        Some(Side::stored(held.store.get(id)?, held.store.info(id)?))
+                    })
+                };
+                match latest {
+                    Some(side) => side,
+                    None => Side::empty(limit, self.process(pid)?.view.first_seen_ms),
+                }
+            }
+            (Target::System, BaseSpec::Default) => {
+                let held = self.state.locks().store();
+                let latest = held
+                    .store
+                    .iter()
+                    .filter(|(s, i)| {
+                        s.pid == 0 && i.kind == SnapshotKind::Taken && i.image.is_none()
+                    })
+                    .filter(|(s, _)| s.taken_at >= self.started_at)
+                    .last()
+                    .map(|(s, i)| Side::stored(s, i));
+                latest.unwrap_or_else(|| Side::empty(limit, unix_ms(self.started_at)))
+            }
+            (target, BaseSpec::Since(ago)) => self.since_side(target, *ago, limit)?,
+        };
+        Ok((base_side, new_side))
+    }
+
+    /// The state `ago` before now, from stored snapshots (automatic ones
+    /// included): per image, the latest one taken at or before then, else
+    /// the empty state when tracing of the image began.
+    fn since_side(&self, target: Target, ago: Duration, limit: u32) -> Result<Side, ServiceError> {
+        let now = SystemTime::now();
+        let cutoff = now.checked_sub(ago).unwrap_or(SystemTime::UNIX_EPOCH);
+        let images: Vec<(ImageId, u64)> = match target {
+            Target::Process(pid) => {
+                let (image, _) = self.image_of(pid)?;
+                vec![(image, self.process(pid)?.view.first_seen_ms)]
+            }
+            Target::System => {
+                let held = self.state.locks().registry().control();
+                let cutoff_ms = unix_ms(cutoff);
+                held.registry
+                    .live()
+                    .filter(|i| held.control.of(i.id).is_tracing)
+                    .map(|i| (i.id, unix_ms(i.first_seen)))
+                    .chain(
+                        // Images alive at the cutoff that have ended since.
+                        held.registry
+                            .ended()
+                            .filter(|i| i.ended.as_ref().is_some_and(|e| unix_ms(e.at) > cutoff_ms))
+                            .map(|i| (i.id, unix_ms(i.first_seen))),
+                    )
+                    .collect()
+            }
+        };
+        let held = self.state.locks().store();
+        let mut traces = Vec::new();
+        let mut parts = Vec::new();
+        let mut completeness = Completeness::complete();
+        for (image, first_seen_ms) in images {
+            let found = held
+                .store
+                .of_image_all(image)
+                .filter(|(s, _)| s.taken_at <= cutoff)
+                .last();
+            match found {
+                Some((stored, info)) => {
+                    traces.extend(stored.snapshot.traces().iter().cloned());
+                    completeness.merge(&stored.completeness);
+                    parts.push(
+                        json!({"pid": image.pid, "kind": "snapshot", "id": stored.id,
+                        "snapshot_kind": info.kind, "taken_at_ms": unix_ms(stored.taken_at)}),
+                    );
+                }
+                None => parts.push(
+                    json!({"pid": image.pid, "kind": "tracing_start", "at_ms": first_seen_ms}),
+                ),
+            }
+        }
+        let info = match (target, parts.as_slice()) {
+            (Target::Process(_), [part]) => {
+                let mut part = part.clone();
+                if let Some(map) = part.as_object_mut() {
+                    map.remove("pid");
+                    map.insert("since_ms".into(), json!(unix_ms(cutoff)));
+                }
+                part
+            }
+            _ => json!({"kind": "since", "since_ms": unix_ms(cutoff), "processes": parts}),
+        };
+        Ok(Side {
+            snapshot: Arc::new(Snapshot::new(traces, limit)),
+            info,
+            completeness,
+        })
+    }
+}

@@ -1,0 +1,101 @@
+//! [`ServiceError`]: every way a request to the service can fail. The HTTP
+//! layer maps each to a status in one place (`http::error`).
+use tracer_model::{DumpError, ModelError, PickleError};
+
+use crate::lifecycle::ImageState;
+use crate::store::StoreError;
+
+/// Errors of the service's operations.
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    /// No allocation of this pid was seen since tracerd started, and no
+    /// ended image of it is retained.
+    #[error("pid {pid} is not traced: no allocation seen from it since tracerd started")]
+    NotTraced {
+        /// The pid asked for.
+        pid: u32,
+    },
+    /// No stored snapshot has this id.
+    #[error("no snapshot with id {id}")]
+    SnapshotNotFound {
+        /// The id asked for.
+        id: u64,
+    },
+    /// From the store (labels, files).
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// From the model (cumulative with traceback).
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    /// An uploaded tracer file was refused.
+    #[error("{0}")]
+    Dump(#[from] DumpError),
+    /// An uploaded tracemalloc pickle was refused.
+    #[error("{0}")]
+    Pickle(#[from] PickleError),
+    /// `take_snapshot()` while not tracing (tracemalloc raises
+    /// RuntimeError).
+    #[error("{}", match pid { Some(pid) => format!("tracing is stopped for pid {pid}: no snapshot can be taken"), None => "tracing is stopped: no snapshot can be taken".to_string() })]
+    TracingStopped {
+        /// The process, or None system-wide.
+        pid: Option<u32>,
+    },
+    /// The operation needs a live process and this one ended.
+    #[error("pid {pid} has {state}: its blocks are gone")]
+    Ended {
+        /// The process.
+        pid: u32,
+        /// How it ended.
+        state: ImageState,
+    },
+    /// `start(nframe)` with nframe outside 1..=tracerd's nframe.
+    #[error("the number of frames must be in range [1; {max}], got {nframe}")]
+    BadNframe {
+        /// Given.
+        nframe: u64,
+        /// tracerd's nframe.
+        max: u32,
+    },
+    /// `get_object_traceback()`: no traced block starts at this address.
+    #[error("no traced block of pid {pid} starts at {address:#x}")]
+    NoBlock {
+        /// The process.
+        pid: u32,
+        /// The address asked for.
+        address: u64,
+    },
+    /// A stored snapshot used where one of another scope is needed.
+    #[error("snapshot {id} is not of pid {pid}'s current image ({reason})")]
+    WrongScope {
+        /// The snapshot.
+        id: u64,
+        /// The process asked about.
+        pid: u32,
+        /// What it is of.
+        reason: String,
+    },
+    /// A scope could not be applied (invalid, or the system-wide probes
+    /// could not be attached again).
+    #[error("{reason}")]
+    Scope {
+        /// What went wrong.
+        reason: String,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_say_what_tracemalloc_says() {
+        assert_eq!(
+            ServiceError::BadNframe { nframe: 0, max: 16 }.to_string(),
+            "the number of frames must be in range [1; 16], got 0"
+        );
+        assert_eq!(
+            ServiceError::TracingStopped { pid: Some(7) }.to_string(),
+            "tracing is stopped for pid 7: no snapshot can be taken"
+        );
+    }
+}

@@ -1,0 +1,218 @@
+//! What tracing costs and holds: `get_tracemalloc_memory()`,
+//! `get_object_traceback()`, the kernel maps' use, readiness, and the
+//! record written when tracerd stops.
+use std::collections::{BTreeMap, HashSet};
+
+use serde::Serialize;
+use tracer_model::Trace;
+
+use super::{Service, ServiceError};
+use crate::capture::{AttachedLibrary, ImageId};
+use crate::lifecycle::blocks::raw_blocks;
+use crate::snapshot::truncate;
+use crate::sys::procfs::{self, BpfMapInfo};
+use crate::sys::unix_ms;
+
+/// `get_tracemalloc_memory()`: what tracing costs, in bytes.
+#[derive(Clone, Debug, Serialize)]
+pub struct TracerMemory {
+    /// Memory the kernel charges for tracerd's BPF maps (`memlock` of each).
+    pub kernel_maps: u64,
+    /// tracerd's resident memory (stored snapshots, symbol caches, ...).
+    pub daemon_rss: u64,
+    /// The sum: tracemalloc's `get_tracemalloc_memory()`.
+    pub total: u64,
+    /// Each map: id, type, max_entries, memlock bytes (`/proc/self/fdinfo`).
+    pub maps: Vec<BpfMapInfo>,
+    /// Snapshots held by the store.
+    pub stored_snapshots: usize,
+    /// Traces in stored snapshots.
+    pub stored_traces: usize,
+}
+
+/// Entries and capacity of one kernel map.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct MapUse {
+    /// Entries now (bytes pending for the event ring).
+    pub entries: u64,
+    /// Capacity as configured.
+    pub capacity: u64,
+}
+
+/// The kernel maps' use (`GET /maps`).
+#[derive(Clone, Debug, Serialize)]
+pub struct KernelMapsView {
+    /// By map name.
+    pub maps: BTreeMap<String, MapUse>,
+    /// Live blocks of each process in the kernel maps, by pid.
+    pub live_allocs_by_pid: BTreeMap<u32, u64>,
+    /// The programs' counters summed over CPUs, by name.
+    pub counters: BTreeMap<String, u64>,
+}
+
+/// Readiness (`GET /health`): the probes are attached.
+#[derive(Clone, Debug, Serialize)]
+pub struct Health {
+    /// Always `ready` once tracerd answers.
+    pub status: &'static str,
+    /// The traceback limit in frames.
+    pub nframe: u32,
+    /// The libraries probed, with their probe points.
+    pub libraries: Vec<AttachedLibrary>,
+    /// Unix ms when tracing began.
+    pub started_at_ms: u64,
+}
+
+/// What `last-stop.json` in the state directory records of a stop.
+#[derive(Clone, Debug, Serialize)]
+pub struct LastStop {
+    /// Unix ms of the stop.
+    pub stopped_at_ms: u64,
+    /// Unix ms when tracing began.
+    pub started_at_ms: u64,
+    /// Whether every request finished within the grace period.
+    pub drained: bool,
+    /// The programs' counters (drops included), by name.
+    pub counters: BTreeMap<String, u64>,
+    /// Processes alive at the end.
+    pub processes_alive: usize,
+    /// Processes whose data was incomplete (events lost).
+    pub processes_incomplete: usize,
+}
+
+impl Service {
+    /// Readiness and what is probed.
+    pub fn health(&self) -> Health {
+        let libraries = self.state.locks().kernel().kernel.libraries().to_vec();
+        Health {
+            status: "ready",
+            nframe: self.nframe(),
+            libraries,
+            started_at_ms: unix_ms(self.started_at),
+        }
+    }
+
+    /// The programs' counters summed over CPUs, by name, in slot order.
+    pub fn counters(&self) -> Vec<(&'static str, u64)> {
+        self.state.locks().kernel().kernel.counters()
+    }
+
+    /// (program, run time, run count) of each eBPF program while
+    /// `BPF_ENABLE_STATS` is on.
+    pub fn program_stats(&self) -> Vec<(String, std::time::Duration, u64)> {
+        self.state.locks().kernel().kernel.program_stats()
+    }
+
+    /// Entries and capacity of each kernel map (walks the hash maps' keys).
+    pub fn map_usage(&self) -> crate::capture::kernel::MapUsage {
+        self.state.locks().kernel().kernel.map_usage()
+    }
+
+    /// The kernel maps' use: entries and capacity of each, live blocks per
+    /// process, and the eBPF programs' counters.
+    pub fn kernel_maps(&self) -> KernelMapsView {
+        let held = self.state.locks().kernel();
+        let maps = held
+            .kernel
+            .map_usage()
+            .into_iter()
+            .map(|(name, entries, capacity)| (name.to_string(), MapUse { entries, capacity }))
+            .collect();
+        let mut live_allocs_by_pid: BTreeMap<u32, u64> = BTreeMap::new();
+        for (key, _) in held.kernel.live_blocks(None) {
+            *live_allocs_by_pid.entry(key.tgid).or_default() += 1;
+        }
+        let counters = held
+            .kernel
+            .counters()
+            .into_iter()
+            .map(|(n, v)| (n.to_string(), v))
+            .collect();
+        KernelMapsView {
+            maps,
+            live_allocs_by_pid,
+            counters,
+        }
+    }
+
+    /// `tracemalloc.get_tracemalloc_memory()`: the kernel memory of
+    /// tracerd's BPF maps plus tracerd's resident memory.
+    pub fn tracer_memory(&self) -> TracerMemory {
+        let maps = procfs::bpf_maps_of_self();
+        let kernel_maps = maps.iter().map(|m| m.memlock).sum();
+        let daemon_rss = procfs::self_rss().unwrap_or(0);
+        let held = self.state.locks().store();
+        let stored_traces = held
+            .store
+            .iter()
+            .map(|(s, _)| s.snapshot.traces().len())
+            .sum();
+        TracerMemory {
+            kernel_maps,
+            daemon_rss,
+            total: kernel_maps + daemon_rss,
+            maps,
+            stored_snapshots: held.store.len(),
+            stored_traces,
+        }
+    }
+
+    /// `tracemalloc.get_object_traceback()`: the trace of the block of
+    /// `pid` that starts at `address`.
+    ///
+    /// # Errors
+    /// [`ServiceError::NotTraced`], [`ServiceError::Ended`],
+    /// [`ServiceError::TracingStopped`], [`ServiceError::NoBlock`].
+    pub fn object_traceback(&self, pid: u32, address: u64) -> Result<Trace, ServiceError> {
+        let image: ImageId = self.live_image_of(pid)?;
+        let tracing = self.state.locks().control().control.of(image);
+        if !tracing.is_tracing {
+            return Err(ServiceError::TracingStopped { pid: Some(pid) });
+        }
+        let mut held = self.state.locks().kernel().registry();
+        let kernel = &**held.kernel;
+        let entries: Vec<_> = kernel
+            .live_blocks(Some(&HashSet::from([image])))
+            .into_iter()
+            .filter(|(k, _)| k.addr == address)
+            .collect();
+        if entries.is_empty() {
+            return Err(ServiceError::NoBlock { pid, address });
+        }
+        let blocks = raw_blocks(kernel, &entries);
+        let image = held
+            .registry
+            .get_mut(pid)
+            .ok_or(ServiceError::NotTraced { pid })?;
+        image.refresh_maps();
+        let maps = image.maps.clone();
+        drop(held);
+        let snapshot = truncate(
+            self.builder.build(pid, &blocks, maps.as_deref()),
+            tracing.traceback_limit,
+        );
+        snapshot
+            .into_traces()
+            .into_iter()
+            .next()
+            .ok_or(ServiceError::NoBlock { pid, address })
+    }
+
+    /// What `last-stop.json` records of a stop now.
+    pub fn last_stop(&self, drained: bool) -> LastStop {
+        let counters = self
+            .counters()
+            .into_iter()
+            .map(|(name, v)| (name.to_string(), v))
+            .collect();
+        let processes = self.processes();
+        LastStop {
+            stopped_at_ms: unix_ms(std::time::SystemTime::now()),
+            started_at_ms: unix_ms(self.started_at),
+            drained,
+            counters,
+            processes_alive: processes.iter().filter(|p| p.view.state.is_alive()).count(),
+            processes_incomplete: processes.iter().filter(|p| !p.view.complete).count(),
+        }
+    }
+}

@@ -1,0 +1,116 @@
+//! The service: one façade over tracerd's state, the only way to a
+//! process's numbers. The HTTP API, `/metrics` and the last-stop record all
+//! read them here, so they agree by construction.
+//!
+//! It owns the kernel side (through [`KernelMaps`]), the registry of
+//! process images, tracemalloc's start/stop/clear state, the scope and the
+//! snapshot store, behind the locks of [`state`] (taken in one order by one
+//! function), and the [`SnapshotBuilder`] that symbolizes. Its methods are
+//! tracemalloc's module API over processes:
+//!
+//! - [`processes`]: `get_traced_memory()` and the process list;
+//! - [`snapshots`]: `take_snapshot()` now or stored, loaded files, labels;
+//! - [`compare`]: the two sides of `compare_to()`;
+//! - [`tracing`]: `start`, `stop`, `is_tracing`, `clear_traces`,
+//!   `reset_peak`;
+//! - [`inspect`]: `get_tracemalloc_memory()`, `get_object_traceback()`, the
+//!   kernel maps, health and the last-stop record;
+//! - [`housekeeping`]: kernel events, expiry and the orphan sweep;
+//! - [`scope`]: which processes are traced.
+//!
+//! Every method blocks (map syscalls, DWARF, files): call them from
+//! blocking threads. Results are typed; errors are [`ServiceError`].
+use std::time::{Duration, SystemTime};
+
+use crate::capture::KernelMaps;
+use crate::lifecycle::{Registry, TracingControl};
+use crate::snapshot::SnapshotBuilder;
+use crate::store::{SnapshotStore, StoreError};
+use crate::symbolize::{Symbolizer, SymbolizerStats};
+
+pub mod compare;
+mod error;
+pub mod housekeeping;
+pub mod inspect;
+pub mod processes;
+pub mod scope;
+pub mod snapshots;
+mod state;
+pub mod tracing;
+
+pub use compare::{BaseSpec, Side};
+pub use error::ServiceError;
+pub use inspect::{Health, KernelMapsView, LastStop, MapUse, TracerMemory};
+pub use processes::{ProcessStatus, ProcessView, SystemMemory};
+pub use snapshots::{AutoPolicy, Now, SnapshotRef, Target};
+pub use tracing::{ProcessTracing, TracingState};
+
+use state::State;
+
+/// tracerd's state and the operations on it.
+pub struct Service {
+    state: State,
+    builder: SnapshotBuilder,
+    /// When tracing began (wall clock).
+    started_at: SystemTime,
+}
+
+impl Service {
+    /// A service over a loaded kernel side; ended images are kept for
+    /// `retention`. The store is empty until [`Service::open_store`].
+    pub fn new(kernel: Box<dyn KernelMaps>, retention: Duration) -> Self {
+        let nframe = kernel.config().nframe;
+        let sample_interval = kernel.config().sample_interval;
+        Self {
+            state: State::new(
+                kernel,
+                Registry::new(retention),
+                TracingControl::new(nframe),
+                SnapshotStore::default(),
+            ),
+            builder: SnapshotBuilder {
+                symbolizer: Symbolizer::new(),
+                nframe,
+                sample_interval,
+            },
+            started_at: SystemTime::now(),
+        }
+    }
+
+    /// Opens the snapshot store in `state_dir` (its files read back; those
+    /// that do not decode are logged and left where they are).
+    ///
+    /// # Errors
+    /// [`StoreError::Io`] if the state directory cannot be used.
+    pub fn open_store(&self, state_dir: &std::path::Path) -> Result<(), StoreError> {
+        let store = SnapshotStore::open(state_dir)?;
+        for bad in store.unreadable() {
+            ::tracing::error!(target = %bad.path.display(), err = %bad.error, "stored snapshot not loaded");
+        }
+        ::tracing::info!(
+            snapshots = store.len(),
+            refused = store.unreadable().len(),
+            "snapshot store opened"
+        );
+        *self.state.locks().store().store = store;
+        Ok(())
+    }
+
+    /// The traceback limit in frames (tracerd's `nframe`).
+    pub fn nframe(&self) -> u32 {
+        self.builder.nframe
+    }
+
+    /// When tracing began (wall clock).
+    pub fn started_at(&self) -> SystemTime {
+        self.started_at
+    }
+
+    /// The symbolizer's counters.
+    pub fn symbolizer_stats(&self) -> SymbolizerStats {
+        self.builder.symbolizer.stats()
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests;

@@ -1,0 +1,171 @@
+//! Processes and `get_traced_memory()`: the one place that turns kernel
+//! totals into the numbers a user sees, adjusted as tracemalloc reports
+//! them (blocks cleared by `clear_traces()` subtracted, zeros while not
+//! tracing). The process list, one process, the system-wide sums,
+//! `/metrics` and the last-stop record all come from [`Service::processes`]
+//! or [`Service::process`].
+use serde::Serialize;
+use tracer_common::ProcStats;
+
+use super::{Service, ServiceError};
+use crate::capture::KernelMaps;
+use crate::lifecycle::{ImageState, ProcessImage, TracingControl, blocks::live_stats};
+use crate::sys::unix_ms;
+
+/// A process as the API lists it. Sizes in bytes.
+#[derive(Clone, Debug, Serialize)]
+pub struct ProcessView {
+    /// Process id.
+    pub pid: u32,
+    /// `/proc/PID/comm` when first seen.
+    pub comm: String,
+    /// `/proc/PID/exe` when first seen.
+    pub exe: Option<String>,
+    /// Alive, or how the image ended.
+    pub state: ImageState,
+    /// Unix ms of the first allocation seen.
+    pub first_seen_ms: u64,
+    /// Unix ms the image ended, if it did.
+    pub ended_ms: Option<u64>,
+    /// Bytes in live blocks (`get_traced_memory()[0]`).
+    pub current: u64,
+    /// Peak of `current` in bytes (`get_traced_memory()[1]`).
+    pub peak: u64,
+    /// Live blocks.
+    pub blocks: u64,
+    /// Allocations seen.
+    pub allocs: u64,
+    /// Frees of traced blocks seen.
+    pub frees: u64,
+    /// Frees of untraced pointers.
+    pub unknown_frees: u64,
+    /// Blocks not traced because a kernel map was full.
+    pub drops: u64,
+    /// True when no event of this image was lost (`drops == 0`): its traces
+    /// and totals are exact. False means the data undercounts.
+    pub complete: bool,
+}
+
+/// A process with its traced memory as tracemalloc reports it, and its
+/// tracing state (`is_tracing()`, `get_traceback_limit()`).
+#[derive(Clone, Debug, Serialize)]
+pub struct ProcessStatus {
+    /// The process; `current`, `peak` and `blocks` adjusted.
+    #[serde(flatten)]
+    pub view: ProcessView,
+    /// `is_tracing()` of its image.
+    pub is_tracing: bool,
+    /// `get_traceback_limit()` of its image.
+    pub traceback_limit: u32,
+}
+
+/// `get_traced_memory()` summed over the live processes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct SystemMemory {
+    /// Sum of current bytes.
+    pub current: u64,
+    /// Sum of peaks in bytes.
+    pub peak: u64,
+    /// Sum of live blocks.
+    pub blocks: u64,
+    /// Live processes summed.
+    pub processes: usize,
+}
+
+/// The kernel's totals of an image: its final ones once it ended.
+pub(super) fn stats_of(kernel: &dyn KernelMaps, image: &ProcessImage) -> ProcStats {
+    match &image.ended {
+        Some(ended) => ended.stats,
+        None => live_stats(kernel, image.id),
+    }
+}
+
+/// The raw view of an image with the kernel's `stats`.
+pub(super) fn view(image: &ProcessImage, stats: ProcStats) -> ProcessView {
+    ProcessView {
+        pid: image.pid(),
+        comm: image.comm.clone(),
+        exe: image.exe.clone(),
+        state: image.state(),
+        first_seen_ms: unix_ms(image.first_seen),
+        ended_ms: image.ended.as_ref().map(|e| unix_ms(e.at)),
+        current: stats.current,
+        peak: stats.peak,
+        blocks: stats.blocks,
+        allocs: stats.allocs,
+        frees: stats.frees,
+        unknown_frees: stats.unknown_frees,
+        drops: stats.drops,
+        complete: stats.drops == 0,
+    }
+}
+
+/// The view of an image as tracemalloc reports it, with its tracing state.
+pub(super) fn status(
+    control: &TracingControl,
+    image: &ProcessImage,
+    stats: ProcStats,
+) -> ProcessStatus {
+    let mut view = view(image, stats);
+    let (current, peak, blocks) = control.adjust(image.id, view.current, view.peak, view.blocks);
+    view.current = current;
+    view.peak = peak;
+    view.blocks = blocks;
+    let tracing = control.of(image.id);
+    ProcessStatus {
+        view,
+        is_tracing: tracing.is_tracing,
+        traceback_limit: tracing.traceback_limit,
+    }
+}
+
+impl Service {
+    /// Every traced process: live ones first by pid, then ended ones still
+    /// retained, oldest first.
+    pub fn processes(&self) -> Vec<ProcessStatus> {
+        let held = self.state.locks().kernel().registry().control();
+        let kernel = &**held.kernel;
+        let mut live: Vec<ProcessStatus> = held
+            .registry
+            .live()
+            .map(|image| status(&held.control, image, stats_of(kernel, image)))
+            .collect();
+        live.sort_by_key(|s| s.view.pid);
+        live.extend(
+            held.registry
+                .ended()
+                .map(|image| status(&held.control, image, stats_of(kernel, image))),
+        );
+        live
+    }
+
+    /// The process `pid` means now: its live image, else its last ended one.
+    ///
+    /// # Errors
+    /// [`ServiceError::NotTraced`].
+    pub fn process(&self, pid: u32) -> Result<ProcessStatus, ServiceError> {
+        let held = self.state.locks().kernel().registry().control();
+        let image = held
+            .registry
+            .get(pid)
+            .ok_or(ServiceError::NotTraced { pid })?;
+        Ok(status(
+            &held.control,
+            image,
+            stats_of(&**held.kernel, image),
+        ))
+    }
+
+    /// `get_traced_memory()` summed over every live process.
+    pub fn system_memory(&self) -> SystemMemory {
+        self.processes()
+            .iter()
+            .filter(|p| p.view.state.is_alive())
+            .fold(SystemMemory::default(), |sum, p| SystemMemory {
+                current: sum.current.saturating_add(p.view.current),
+                peak: sum.peak.saturating_add(p.view.peak),
+                blocks: sum.blocks.saturating_add(p.view.blocks),
+                processes: sum.processes + 1,
+            })
+    }
+}

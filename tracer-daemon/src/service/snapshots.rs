@@ -1,0 +1,480 @@
+//! `take_snapshot()` of a process or of every process now, stored
+//! snapshots as resources (ids, labels, files, automatic snapshots), and
+//! snapshot files loaded from users.
+use std::{
+    collections::HashSet,
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
+
+use serde::Serialize;
+use serde_json::{Value, json};
+use tracer_model::{Completeness, Snapshot, decode, load_tracemalloc};
+
+use super::processes::{ProcessStatus, stats_of, status};
+use super::{Service, ServiceError};
+use crate::capture::ImageId;
+use crate::lifecycle::blocks::{by_image, live_stats, raw_blocks};
+use crate::lifecycle::{ImageState, ProcessImage, RawBlock};
+use crate::snapshot::truncate;
+use crate::store::{
+    SnapshotInfo, SnapshotKind, SnapshotSummary, StoreError, StoredSnapshot, Unreadable,
+    check_label,
+};
+
+/// What a live view covers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// One process (its current image, or its last one if it ended).
+    Process(u32),
+    /// Every traced process now, one domain per pid.
+    System,
+}
+
+/// A stored snapshot named by id or by label.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SnapshotRef {
+    /// By id.
+    Id(u64),
+    /// By label.
+    Label(String),
+}
+
+/// A snapshot taken now.
+#[derive(Clone, Debug)]
+pub struct Now {
+    /// The traces.
+    pub snapshot: Arc<Snapshot>,
+    /// For a process: the process (traced memory adjusted for clears).
+    pub process: Option<ProcessStatus>,
+    /// For a process: its image and the image's start time.
+    pub image: Option<(ImageId, u64)>,
+    /// For the system: the processes it covers, by pid.
+    pub pids: Vec<u32>,
+    /// (current, peak) in bytes; for the system, the sums.
+    pub traced_memory: (u64, u64),
+    /// Events its processes lost since their tracing began.
+    pub completeness: Completeness,
+    /// When.
+    pub at: SystemTime,
+}
+
+/// How automatic snapshots are taken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct AutoPolicy {
+    /// Seconds between two; 0 turns them off.
+    pub interval_secs: u64,
+    /// Seconds each is kept.
+    pub retention_secs: u64,
+}
+
+/// One traced image's traces now, for system-wide views and automatic
+/// snapshots.
+struct ImageNow {
+    id: ImageId,
+    start_time: u64,
+    comm: String,
+    snapshot: Snapshot,
+    traced_memory: (u64, u64),
+    /// Events of the image lost since its tracing began.
+    drops: u64,
+}
+
+/// An image's blocks as read now (or kept at its end), with what the view
+/// of it needs.
+struct Taken {
+    image: ProcessImage,
+    blocks: Vec<RawBlock>,
+    status: ProcessStatus,
+}
+
+impl Service {
+    /// The image a query for `pid` means and, if it ended, how.
+    ///
+    /// # Errors
+    /// [`ServiceError::NotTraced`].
+    pub(super) fn image_of(&self, pid: u32) -> Result<(ImageId, Option<ImageState>), ServiceError> {
+        let held = self.state.locks().registry();
+        let image = held
+            .registry
+            .get(pid)
+            .ok_or(ServiceError::NotTraced { pid })?;
+        let state = image.state();
+        Ok((image.id, (!state.is_alive()).then_some(state)))
+    }
+
+    /// The image a query for `pid` means, which must not have ended.
+    ///
+    /// # Errors
+    /// [`ServiceError::NotTraced`], [`ServiceError::Ended`].
+    pub(super) fn live_image_of(&self, pid: u32) -> Result<ImageId, ServiceError> {
+        match self.image_of(pid)? {
+            (image, None) => Ok(image),
+            (_, Some(state)) => Err(ServiceError::Ended { pid, state }),
+        }
+    }
+
+    /// Every live block of `pid`'s current image (or the blocks its last
+    /// image had when it ended), with its mappings refreshed.
+    fn take(&self, pid: u32) -> Result<Taken, ServiceError> {
+        let mut held = self.state.locks().kernel().registry().control();
+        let kernel = &**held.kernel;
+        let image = held
+            .registry
+            .get_mut(pid)
+            .ok_or(ServiceError::NotTraced { pid })?;
+        let blocks = match &image.ended {
+            Some(ended) => ended.blocks.clone(),
+            None => {
+                image.refresh_maps();
+                let entries = kernel.live_blocks(Some(&HashSet::from([image.id])));
+                raw_blocks(kernel, &entries)
+            }
+        };
+        let status = status(&held.control, image, stats_of(kernel, image));
+        Ok(Taken {
+            image: image.clone(),
+            blocks,
+            status,
+        })
+    }
+
+    /// `take_snapshot()` of a target, honouring `stop()` and the traceback
+    /// limit of `start(nframe)`.
+    ///
+    /// # Errors
+    /// [`ServiceError::NotTraced`], [`ServiceError::TracingStopped`].
+    pub fn snapshot_now(&self, target: Target) -> Result<Now, ServiceError> {
+        match target {
+            Target::Process(pid) => {
+                let (image, _) = self.image_of(pid)?;
+                let tracing = self.state.locks().control().control.of(image);
+                if !tracing.is_tracing {
+                    return Err(ServiceError::TracingStopped { pid: Some(pid) });
+                }
+                let taken = self.take(pid)?;
+                let at = SystemTime::now();
+                let snapshot = self
+                    .builder
+                    .build(pid, &taken.blocks, taken.image.maps.as_deref());
+                let process = taken.status;
+                Ok(Now {
+                    snapshot: Arc::new(truncate(snapshot, tracing.traceback_limit)),
+                    traced_memory: (process.view.current, process.view.peak),
+                    completeness: Completeness::of_process(pid, process.view.drops),
+                    process: Some(process),
+                    image: Some((taken.image.id, taken.image.start_time)),
+                    pids: vec![pid],
+                    at,
+                })
+            }
+            Target::System => {
+                let control = self.state.locks().control().control.clone();
+                let system = control.system();
+                let any_tracing =
+                    system.is_tracing || control.overrides().any(|(_, t)| t.is_tracing);
+                if !any_tracing {
+                    return Err(ServiceError::TracingStopped { pid: None });
+                }
+                let images = self.images_now();
+                let at = SystemTime::now();
+                let mut traces = Vec::new();
+                let mut pids = Vec::new();
+                let (mut current, mut peak) = (0u64, 0u64);
+                let mut completeness = Completeness::complete();
+                for image in images {
+                    pids.push(image.id.pid);
+                    completeness.add(image.id.pid, image.drops);
+                    current = current.saturating_add(image.traced_memory.0);
+                    peak = peak.saturating_add(image.traced_memory.1);
+                    traces.extend(image.snapshot.into_traces());
+                }
+                pids.sort_unstable();
+                Ok(Now {
+                    snapshot: Arc::new(Snapshot::new(traces, system.traceback_limit)),
+                    process: None,
+                    image: None,
+                    pids,
+                    traced_memory: (current, peak),
+                    completeness,
+                    at,
+                })
+            }
+        }
+    }
+
+    /// The traces of every live, traced image, in one pass over the kernel
+    /// maps, each symbolized with its own mappings and cut to its traceback
+    /// limit.
+    fn images_now(&self) -> Vec<ImageNow> {
+        let mut held = self.state.locks().kernel().registry().control();
+        let control = held.control.clone();
+        let ids: Vec<ImageId> = held
+            .registry
+            .live()
+            .map(|i| i.id)
+            .filter(|id| control.of(*id).is_tracing)
+            .collect();
+        let mut images = Vec::with_capacity(ids.len());
+        for id in ids {
+            if let Some(image) = held.registry.get_mut(id.pid) {
+                image.refresh_maps();
+                images.push(image.clone());
+            }
+        }
+        let kernel = &**held.kernel;
+        let want: HashSet<ImageId> = images.iter().map(|i| i.id).collect();
+        let entries = if want.is_empty() {
+            Vec::new()
+        } else {
+            kernel.live_blocks(Some(&want))
+        };
+        let mut by_image = by_image(entries);
+        let blocks: Vec<_> = images
+            .iter()
+            .map(|image| {
+                let entries = by_image.remove(&image.id).unwrap_or_default();
+                (raw_blocks(kernel, &entries), live_stats(kernel, image.id))
+            })
+            .collect();
+        drop(held);
+        images
+            .into_iter()
+            .zip(blocks)
+            .map(|(image, (raw, stats))| {
+                let tracing = control.of(image.id);
+                let snapshot = self.builder.build(image.pid(), &raw, image.maps.as_deref());
+                let (current, peak, _) =
+                    control.adjust(image.id, stats.current, stats.peak, stats.blocks);
+                ImageNow {
+                    id: image.id,
+                    start_time: image.start_time,
+                    comm: image.comm.clone(),
+                    snapshot: truncate(snapshot, tracing.traceback_limit),
+                    traced_memory: (current, peak),
+                    drops: stats.drops,
+                }
+            })
+            .collect()
+    }
+
+    /// `take_snapshot()` of a target, stored under the next id with `label`.
+    ///
+    /// # Errors
+    /// As [`Service::snapshot_now`]; [`StoreError`] for the label or file.
+    pub fn store_now(
+        &self,
+        target: Target,
+        label: Option<String>,
+    ) -> Result<SnapshotSummary, ServiceError> {
+        if let Some(label) = &label {
+            check_label(label)?;
+        }
+        let now = self.snapshot_now(target)?;
+        let (image, start_time) = now.image.unwrap_or_default();
+        let stored = StoredSnapshot {
+            id: 0,
+            pid: image.pid,
+            start_time,
+            gen_: image.generation,
+            taken_at: now.at,
+            traced_memory: now.traced_memory,
+            completeness: now.completeness,
+            snapshot: now.snapshot,
+        };
+        let mut info = SnapshotInfo::new(SnapshotKind::Taken, now.image.map(|(id, _)| id));
+        info.label = label;
+        info.comm = now.process.map(|p| p.view.comm);
+        let mut held = self.state.locks().store();
+        let id = held.store.add(stored, info)?;
+        held.store
+            .summary(id)
+            .ok_or(ServiceError::SnapshotNotFound { id })
+    }
+
+    /// Loads a snapshot file (tracer's format, or a tracemalloc pickle when
+    /// `tracemalloc`) into the store with `label`. Nothing of the file is
+    /// executed; a refused file changes nothing.
+    ///
+    /// # Errors
+    /// [`ServiceError::Dump`] / [`ServiceError::Pickle`] for a refused file,
+    /// [`StoreError`] for the label or the file write.
+    pub fn load_snapshot(
+        &self,
+        bytes: &[u8],
+        tracemalloc: bool,
+        label: Option<String>,
+    ) -> Result<SnapshotSummary, ServiceError> {
+        if let Some(label) = &label {
+            check_label(label)?;
+        }
+        // A tracemalloc file has no notion of loss: it is complete.
+        let (snapshot, meta, format) = if tracemalloc {
+            (load_tracemalloc(bytes)?, json!({}), "tracemalloc")
+        } else {
+            let decoded = decode(bytes)?;
+            (decoded.snapshot, decoded.meta, "tracer")
+        };
+        let field = |name: &str| meta.get(name).and_then(Value::as_u64);
+        let traced_memory = meta
+            .get("traced_memory")
+            .and_then(Value::as_array)
+            .map(|t| {
+                (
+                    t.first().and_then(Value::as_u64).unwrap_or(0),
+                    t.get(1).and_then(Value::as_u64).unwrap_or(0),
+                )
+            });
+        let size = snapshot
+            .traces()
+            .iter()
+            .fold(0u64, |acc, t| acc.saturating_add(t.size));
+        let stored = StoredSnapshot {
+            id: 0,
+            pid: 0,
+            start_time: 0,
+            gen_: 0,
+            taken_at: field("taken_at_ms").map_or_else(SystemTime::now, |ms| {
+                SystemTime::UNIX_EPOCH + Duration::from_millis(ms)
+            }),
+            traced_memory: traced_memory.unwrap_or((size, size)),
+            completeness: Completeness::from_meta(&meta),
+            snapshot: Arc::new(snapshot),
+        };
+        let mut info = SnapshotInfo::new(SnapshotKind::Loaded, None);
+        info.label = label;
+        info.comm = meta.get("comm").and_then(Value::as_str).map(str::to_string);
+        info.source_format = Some(format);
+        let mut held = self.state.locks().store();
+        let id = held.store.add(stored, info)?;
+        held.store
+            .summary(id)
+            .ok_or(ServiceError::SnapshotNotFound { id })
+    }
+
+    /// The id a reference names.
+    ///
+    /// # Errors
+    /// [`ServiceError::SnapshotNotFound`], [`StoreError::LabelNotFound`].
+    pub fn resolve(&self, reference: &SnapshotRef) -> Result<u64, ServiceError> {
+        let held = self.state.locks().store();
+        match reference {
+            SnapshotRef::Id(id) => held
+                .store
+                .get(*id)
+                .map(|_| *id)
+                .ok_or(ServiceError::SnapshotNotFound { id: *id }),
+            SnapshotRef::Label(label) => held.store.id_of_label(label).ok_or_else(|| {
+                StoreError::LabelNotFound {
+                    label: label.clone(),
+                }
+                .into()
+            }),
+        }
+    }
+
+    /// A stored snapshot, its summary and what the store knows of it.
+    ///
+    /// # Errors
+    /// As [`Service::resolve`].
+    pub fn stored(
+        &self,
+        reference: &SnapshotRef,
+    ) -> Result<(StoredSnapshot, SnapshotSummary, SnapshotInfo), ServiceError> {
+        let id = self.resolve(reference)?;
+        let held = self.state.locks().store();
+        let missing = || ServiceError::SnapshotNotFound { id };
+        let stored = held.store.get(id).cloned().ok_or_else(missing)?;
+        let summary = held.store.summary(id).ok_or_else(missing)?;
+        let info = held.store.info(id).cloned().ok_or_else(missing)?;
+        Ok((stored, summary, info))
+    }
+
+    /// Summaries of stored snapshots, oldest first: all, or those of `pid`'s
+    /// current image.
+    ///
+    /// # Errors
+    /// [`ServiceError::NotTraced`] for an unknown pid.
+    pub fn list_snapshots(&self, pid: Option<u32>) -> Result<Vec<SnapshotSummary>, ServiceError> {
+        match pid {
+            None => Ok(self.state.locks().store().store.summaries()),
+            Some(pid) => {
+                let (image, _) = self.image_of(pid)?;
+                let held = self.state.locks().store();
+                let ids: Vec<u64> = held.store.of_image_all(image).map(|(s, _)| s.id).collect();
+                Ok(ids
+                    .into_iter()
+                    .filter_map(|id| held.store.summary(id))
+                    .collect())
+            }
+        }
+    }
+
+    /// Files of the state directory that were refused at start.
+    pub fn unreadable_snapshots(&self) -> Vec<Unreadable> {
+        self.state.locks().store().store.unreadable().to_vec()
+    }
+
+    /// Snapshots held by the store.
+    pub fn stored_count(&self) -> usize {
+        self.state.locks().store().store.len()
+    }
+
+    /// Sets or removes a label.
+    ///
+    /// # Errors
+    /// As [`crate::store::SnapshotStore::set_label`].
+    pub fn label_snapshot(
+        &self,
+        reference: &SnapshotRef,
+        label: Option<String>,
+    ) -> Result<SnapshotSummary, ServiceError> {
+        let id = self.resolve(reference)?;
+        Ok(self.state.locks().store().store.set_label(id, label)?)
+    }
+
+    /// Deletes a stored snapshot and its file.
+    ///
+    /// # Errors
+    /// As [`crate::store::SnapshotStore::remove`].
+    pub fn delete_snapshot(
+        &self,
+        reference: &SnapshotRef,
+    ) -> Result<SnapshotSummary, ServiceError> {
+        let id = self.resolve(reference)?;
+        Ok(self.state.locks().store().store.remove(id)?)
+    }
+
+    /// Takes one automatic snapshot of every traced live image (one pass
+    /// over the kernel maps) and drops those past `retention`. Returns how
+    /// many were taken.
+    pub fn auto_snapshots(&self, retention: Duration) -> usize {
+        let images = self.images_now();
+        let at = SystemTime::now();
+        let mut held = self.state.locks().store();
+        let mut taken = 0;
+        for image in images {
+            let stored = StoredSnapshot {
+                id: 0,
+                pid: image.id.pid,
+                start_time: image.start_time,
+                gen_: image.id.generation,
+                taken_at: at,
+                traced_memory: image.traced_memory,
+                completeness: Completeness::of_process(image.id.pid, image.drops),
+                snapshot: Arc::new(image.snapshot),
+            };
+            let mut info = SnapshotInfo::new(SnapshotKind::Auto, Some(image.id));
+            info.comm = Some(image.comm);
+            match held.store.add(stored, info) {
+                Ok(_) => taken += 1,
+                Err(err) => {
+                    ::tracing::warn!(pid = image.id.pid, err = %err, "automatic snapshot not stored")
+                }
+            }
+        }
+        let expired = held.store.expire_auto(at, retention);
+        ::tracing::debug!(taken, expired, "automatic snapshots");
+        taken
+    }
+}

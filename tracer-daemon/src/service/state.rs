@@ -1,0 +1,154 @@
+//! The service's shared state and the one way to lock it.
+//!
+//! Five mutexes guard it, always taken in this order: kernel → scope →
+//! registry → control → store. [`State::locks`] is the only way to them:
+//! it starts a [`Locks`] holding nothing, and each step takes one lock and
+//! is only available while every later lock is still free, so taking them
+//! out of order does not compile. A step may be skipped
+//! (`locks().registry()`), and guards are plain fields, so one may be
+//! dropped early (`drop(held.kernel)`) while the others are kept.
+use std::sync::{Mutex, MutexGuard};
+
+use crate::capture::KernelMaps;
+use crate::lifecycle::{Registry, Scope, TracingControl};
+use crate::store::SnapshotStore;
+
+/// The locked parts of the service's state. Its fields are private to this
+/// module: [`State::locks`] is the only way in.
+pub(super) struct State {
+    kernel: Mutex<Box<dyn KernelMaps>>,
+    scope: Mutex<Scope>,
+    registry: Mutex<Registry>,
+    control: Mutex<TracingControl>,
+    store: Mutex<SnapshotStore>,
+}
+
+/// A lock not taken.
+#[derive(Debug)]
+pub(super) struct Free;
+
+/// The guard of one of the state's mutexes.
+pub(super) type Held<'a, T> = MutexGuard<'a, T>;
+
+/// Locks taken so far, in order; each field is [`Free`] or a guard.
+pub(super) struct Locks<'a, K, S, R, C, T> {
+    state: &'a State,
+    /// The kernel maps (`Box<dyn KernelMaps>`).
+    pub kernel: K,
+    /// The scope in force.
+    pub scope: S,
+    /// The process images.
+    pub registry: R,
+    /// tracemalloc's start/stop/clear state.
+    pub control: C,
+    /// The stored snapshots.
+    pub store: T,
+}
+
+/// Locks a mutex; a panic while it was held does not take the daemon down
+/// with it: every update of this state is complete or not started.
+fn lock<T: ?Sized>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl State {
+    /// The state over a kernel side, with empty registry, control and store.
+    pub(super) fn new(
+        kernel: Box<dyn KernelMaps>,
+        registry: Registry,
+        control: TracingControl,
+        store: SnapshotStore,
+    ) -> Self {
+        Self {
+            kernel: Mutex::new(kernel),
+            scope: Mutex::new(Scope::default()),
+            registry: Mutex::new(registry),
+            control: Mutex::new(control),
+            store: Mutex::new(store),
+        }
+    }
+
+    /// Nothing locked yet: take what is needed, in order.
+    pub(super) fn locks(&self) -> Locks<'_, Free, Free, Free, Free, Free> {
+        Locks {
+            state: self,
+            kernel: Free,
+            scope: Free,
+            registry: Free,
+            control: Free,
+            store: Free,
+        }
+    }
+}
+
+impl<'a> Locks<'a, Free, Free, Free, Free, Free> {
+    /// Takes the kernel lock (first of all).
+    pub(super) fn kernel(self) -> Locks<'a, Held<'a, Box<dyn KernelMaps>>, Free, Free, Free, Free> {
+        Locks {
+            state: self.state,
+            kernel: lock(&self.state.kernel),
+            scope: Free,
+            registry: Free,
+            control: Free,
+            store: Free,
+        }
+    }
+}
+
+impl<'a, K> Locks<'a, K, Free, Free, Free, Free> {
+    /// Takes the scope lock (after the kernel's).
+    pub(super) fn scope(self) -> Locks<'a, K, Held<'a, Scope>, Free, Free, Free> {
+        Locks {
+            state: self.state,
+            kernel: self.kernel,
+            scope: lock(&self.state.scope),
+            registry: Free,
+            control: Free,
+            store: Free,
+        }
+    }
+}
+
+impl<'a, K, S> Locks<'a, K, S, Free, Free, Free> {
+    /// Takes the registry lock (after kernel and scope).
+    pub(super) fn registry(self) -> Locks<'a, K, S, Held<'a, Registry>, Free, Free> {
+        Locks {
+            state: self.state,
+            kernel: self.kernel,
+            scope: self.scope,
+            registry: lock(&self.state.registry),
+            control: Free,
+            store: Free,
+        }
+    }
+}
+
+impl<'a, K, S, R> Locks<'a, K, S, R, Free, Free> {
+    /// Takes the control lock (after kernel, scope and registry).
+    pub(super) fn control(self) -> Locks<'a, K, S, R, Held<'a, TracingControl>, Free> {
+        Locks {
+            state: self.state,
+            kernel: self.kernel,
+            scope: self.scope,
+            registry: self.registry,
+            control: lock(&self.state.control),
+            store: Free,
+        }
+    }
+}
+
+impl<'a, K, S, R, C> Locks<'a, K, S, R, C, Free> {
+    /// Takes the store lock (last of all).
+    pub(super) fn store(self) -> Locks<'a, K, S, R, C, Held<'a, SnapshotStore>> {
+        Locks {
+            state: self.state,
+            kernel: self.kernel,
+            scope: self.scope,
+            registry: self.registry,
+            control: self.control,
+            store: lock(&self.state.store),
+        }
+    }
+}

@@ -1,0 +1,10 @@
+//! Snapshot: where kernel blocks become a tracemalloc [`Snapshot`]
+//! ([`build`]: symbolized, cut to nframe, domain = pid, sampling estimates),
+//! and where a snapshot is cut to a smaller traceback limit ([`truncate`]).
+//!
+//! [`Snapshot`]: tracer_model::Snapshot
+pub mod build;
+pub mod truncate;
+
+pub use build::SnapshotBuilder;
+pub use truncate::truncate;

@@ -1,0 +1,116 @@
+//! The state directory's files: `<id>.tsnap` in tracer's dump format with
+//! the store's metadata in its header, and `next-id`, the reservation of
+//! ids. Reading is strict: a file that does not decode is refused whole.
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
+
+use serde_json::{Value, json};
+use tracer_model::{Completeness, decode};
+
+use super::Entry;
+use super::stored::{SnapshotInfo, SnapshotKind, StoredSnapshot, check_label};
+use crate::sys::unix_ms;
+
+/// File name suffix of a stored snapshot.
+pub const SNAPSHOT_SUFFIX: &str = "tsnap";
+
+pub(super) fn file_of(dir: &Path, id: u64) -> PathBuf {
+    dir.join(format!("{id}.{SNAPSHOT_SUFFIX}"))
+}
+
+/// The metadata kept in a snapshot file's header.
+pub(super) fn meta_of(entry: &Entry) -> Value {
+    let s = &entry.stored;
+    let mut meta = json!({
+        "id": s.id,
+        "pid": s.pid,
+        "start_time": s.start_time,
+        "gen": s.gen_,
+        "taken_at_ms": unix_ms(s.taken_at),
+        "traced_memory": [s.traced_memory.0, s.traced_memory.1],
+        "kind": entry.info.kind.as_str(),
+        "label": entry.info.label,
+        "comm": entry.info.comm,
+        "source_format": entry.info.source_format,
+    });
+    if let Some(map) = meta.as_object_mut() {
+        s.completeness.insert_into(map);
+    }
+    meta
+}
+
+pub(super) fn read_snapshot_file(path: &Path, stem: &str) -> Result<Entry, String> {
+    let bytes = fs::read(path).map_err(|e| format!("cannot read it: {e}"))?;
+    let decoded = decode(&bytes).map_err(|e| e.to_string())?;
+    let meta = &decoded.meta;
+    let field = |name: &str| meta.get(name).and_then(Value::as_u64);
+    let id = field("id").ok_or("its header has no snapshot id")?;
+    if stem != id.to_string() {
+        return Err(format!(
+            "its header says snapshot {id}, its name says {stem}"
+        ));
+    }
+    let kind = meta
+        .get("kind")
+        .and_then(Value::as_str)
+        .and_then(SnapshotKind::parse)
+        .unwrap_or(SnapshotKind::Taken);
+    let label = meta
+        .get("label")
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    if let Some(label) = &label {
+        check_label(label).map_err(|e| e.to_string())?;
+    }
+    let traced = meta.get("traced_memory").and_then(Value::as_array);
+    let traced_at = |i: usize| {
+        traced
+            .and_then(|t| t.get(i))
+            .and_then(Value::as_u64)
+            .unwrap_or(0)
+    };
+    let source_format = match meta.get("source_format").and_then(Value::as_str) {
+        Some("tracemalloc") => Some("tracemalloc"),
+        Some("tracer") => Some("tracer"),
+        _ => None,
+    };
+    let stored = StoredSnapshot {
+        id,
+        pid: field("pid")
+            .and_then(|p| u32::try_from(p).ok())
+            .unwrap_or(0),
+        start_time: field("start_time").unwrap_or(0),
+        gen_: field("gen")
+            .and_then(|g| u32::try_from(g).ok())
+            .unwrap_or(0),
+        taken_at: SystemTime::UNIX_EPOCH + Duration::from_millis(field("taken_at_ms").unwrap_or(0)),
+        traced_memory: (traced_at(0), traced_at(1)),
+        completeness: Completeness::from_meta(meta),
+        snapshot: Arc::new(decoded.snapshot),
+    };
+    let info = SnapshotInfo {
+        kind,
+        label,
+        // An earlier run's pid and generation name no live image.
+        image: None,
+        comm: meta.get("comm").and_then(Value::as_str).map(str::to_string),
+        source_format,
+    };
+    Ok(Entry {
+        stored,
+        info,
+        persisted: true,
+        this_run: false,
+    })
+}
+
+pub(super) fn read_next_id(path: &Path) -> u64 {
+    fs::read_to_string(path)
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or(0)
+}

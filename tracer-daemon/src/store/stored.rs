@@ -1,0 +1,204 @@
+//! What the store keeps of a snapshot: [`StoredSnapshot`] (the traces and
+//! the numbers beside them), [`SnapshotInfo`] (kind, label, image) and
+//! [`SnapshotSummary`] (what the API shows), and the rules on labels.
+use std::{sync::Arc, time::SystemTime};
+
+use serde::Serialize;
+use tracer_model::{Completeness, Snapshot};
+
+use super::StoreError;
+use crate::capture::ImageId;
+use crate::sys::unix_ms;
+
+/// Longest label, in bytes.
+pub const MAX_LABEL_LEN: usize = 64;
+
+/// How a snapshot came to be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SnapshotKind {
+    /// `POST .../snapshots`: taken on request.
+    Taken,
+    /// Taken by tracerd every snapshot interval.
+    Auto,
+    /// Loaded from a file (`POST /snapshots` with a body).
+    Loaded,
+}
+
+impl SnapshotKind {
+    /// The word used in the API and the files.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SnapshotKind::Taken => "taken",
+            SnapshotKind::Auto => "auto",
+            SnapshotKind::Loaded => "loaded",
+        }
+    }
+
+    pub(super) fn parse(text: &str) -> Option<Self> {
+        match text {
+            "taken" => Some(SnapshotKind::Taken),
+            "auto" => Some(SnapshotKind::Auto),
+            "loaded" => Some(SnapshotKind::Loaded),
+            _ => None,
+        }
+    }
+}
+
+/// A snapshot kept in the store.
+#[derive(Clone, Debug)]
+pub struct StoredSnapshot {
+    /// Its id, unique in the state directory, increasing from 1.
+    pub id: u64,
+    /// The process it was taken of; 0 when it is not of one process (taken
+    /// system-wide, or loaded from a file).
+    pub pid: u32,
+    /// That process image's start time (clock ticks since boot), so a reused
+    /// pid never picks up another process's snapshots.
+    pub start_time: u64,
+    /// The image's kernel generation.
+    pub gen_: u32,
+    /// When it was taken (wall clock).
+    pub taken_at: SystemTime,
+    /// `get_traced_memory()` at that moment: (current, peak) in bytes.
+    pub traced_memory: (u64, u64),
+    /// Whether its processes lost events before it was taken.
+    pub completeness: Completeness,
+    /// The traces.
+    pub snapshot: Arc<Snapshot>,
+}
+
+/// What the store knows of a snapshot beyond its traces.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SnapshotInfo {
+    /// How it came to be.
+    pub kind: SnapshotKind,
+    /// Its label, unique in the store.
+    pub label: Option<String>,
+    /// The process image of this tracerd run it belongs to;
+    /// None for system-wide and loaded snapshots, and for snapshots of an
+    /// earlier run (read back from the state directory), whose pid and
+    /// generation name images that no longer exist.
+    pub image: Option<ImageId>,
+    /// The process's name (`comm`) when it was taken, if known.
+    pub comm: Option<String>,
+    /// Where a loaded snapshot came from: `tracer` or `tracemalloc`.
+    pub source_format: Option<&'static str>,
+}
+
+impl SnapshotInfo {
+    /// A snapshot of kind `kind` with no label.
+    #[must_use]
+    pub fn new(kind: SnapshotKind, image: Option<ImageId>) -> Self {
+        Self {
+            kind,
+            label: None,
+            image,
+            comm: None,
+            source_format: None,
+        }
+    }
+
+    pub(super) fn kept_on_disk(&self) -> bool {
+        self.kind != SnapshotKind::Auto || self.label.is_some()
+    }
+}
+
+/// What the API shows of a stored snapshot.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct SnapshotSummary {
+    /// Snapshot id.
+    pub id: u64,
+    /// Process id; null for system-wide and loaded snapshots.
+    pub pid: Option<u32>,
+    /// `taken`, `auto` or `loaded`.
+    pub kind: SnapshotKind,
+    /// Label, or null.
+    pub label: Option<String>,
+    /// Unix time in ms when it was taken (loaded: when it was loaded, or the
+    /// time recorded in a tracer file).
+    pub taken_at_ms: u64,
+    /// Number of traces (live blocks).
+    pub traces: usize,
+    /// Sum of the traces' sizes in bytes.
+    pub size: u64,
+    /// Traced memory (current) in bytes at that moment.
+    pub current: u64,
+    /// Traced memory peak in bytes at that moment.
+    pub peak: u64,
+    /// The traceback limit (`nframe`) it was taken with.
+    pub traceback_limit: u32,
+    /// The process's name when it was taken, if known.
+    pub comm: Option<String>,
+    /// `complete`, `drops` and `drops_by_pid` (see [`Completeness`]).
+    #[serde(flatten)]
+    pub completeness: Completeness,
+    /// True if it was stored by this run of tracerd; false for snapshots
+    /// read back from the state directory (their pid names no process of
+    /// this run, so `/pid/{pid}` routes never use them).
+    pub this_run: bool,
+    /// True if it is kept in the state directory.
+    pub persisted: bool,
+}
+
+impl StoredSnapshot {
+    /// The API's view of it, with what the store knows of it.
+    pub(super) fn summary_with(
+        &self,
+        info: &SnapshotInfo,
+        persisted: bool,
+        this_run: bool,
+    ) -> SnapshotSummary {
+        SnapshotSummary {
+            id: self.id,
+            pid: (self.pid != 0).then_some(self.pid),
+            kind: info.kind,
+            label: info.label.clone(),
+            taken_at_ms: unix_ms(self.taken_at),
+            traces: self.snapshot.traces().len(),
+            size: self
+                .snapshot
+                .traces()
+                .iter()
+                .fold(0u64, |acc, t| acc.saturating_add(t.size)),
+            current: self.traced_memory.0,
+            peak: self.traced_memory.1,
+            traceback_limit: self.snapshot.traceback_limit(),
+            comm: info.comm.clone(),
+            completeness: self.completeness.clone(),
+            this_run,
+            persisted,
+        }
+    }
+}
+
+/// Checks a label: 1 to 64 bytes of `A-Z a-z 0-9 . _ : -`, not only digits
+/// (so that a `base=` parameter can hold an id or a label), not `now`.
+///
+/// # Errors
+/// [`StoreError::InvalidLabel`] saying why.
+pub fn check_label(label: &str) -> Result<(), StoreError> {
+    let bad = |reason| {
+        Err(StoreError::InvalidLabel {
+            label: label.to_string(),
+            reason,
+        })
+    };
+    if label.is_empty() || label.len() > MAX_LABEL_LEN {
+        return bad("a label has 1 to 64 characters");
+    }
+    if !label
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
+    {
+        return bad("a label uses only A-Z, a-z, 0-9, '.', '_', ':' and '-'");
+    }
+    if label.bytes().all(|b| b.is_ascii_digit()) {
+        return bad("a label must not be all digits (that would read as an id)");
+    }
+    if label == "now" {
+        return bad("\"now\" means the current state, not a snapshot");
+    }
+    Ok(())
+}

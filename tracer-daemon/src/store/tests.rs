@@ -1,0 +1,266 @@
+//! The store's tests: ids, labels, files across a reopen, corrupt files,
+//! expiry of automatic snapshots.
+use super::*;
+use serde_json::json;
+use std::sync::Arc;
+use tracer_model::{Completeness, Frame, Snapshot, Trace, Traceback};
+
+fn stored(pid: u32, gen_: u32) -> StoredSnapshot {
+    let tb = Arc::new(Traceback::new(vec![Frame::new("a.c", 3)], Some(1)));
+    StoredSnapshot {
+        id: 0,
+        pid,
+        start_time: 77,
+        gen_,
+        taken_at: SystemTime::UNIX_EPOCH + Duration::from_millis(1_700_000_000_123),
+        traced_memory: (300, 400),
+        completeness: Completeness::complete(),
+        snapshot: Arc::new(Snapshot::new(
+            vec![Trace {
+                domain: pid,
+                size: 300,
+                traceback: tb,
+            }],
+            16,
+        )),
+    }
+}
+
+fn temp_dir(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("tracer-store-{tag}-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    dir
+}
+
+#[test]
+fn ids_increase_and_a_reused_pid_sees_only_its_own() {
+    let mut store = SnapshotStore::default();
+    assert_eq!(store.insert(stored(5, 1)), 1);
+    assert_eq!(store.insert(stored(5, 2)), 2);
+    let ids: Vec<u64> = store.of_image(ImageId::new(5, 2)).map(|s| s.id).collect();
+    assert_eq!(ids, vec![2]);
+}
+
+#[test]
+fn labels_are_checked_unique_and_findable() {
+    let mut store = SnapshotStore::default();
+    let mut info = SnapshotInfo::new(SnapshotKind::Taken, Some(ImageId::new(5, 1)));
+    info.label = Some("before".into());
+    let id = store.add(stored(5, 1), info.clone()).unwrap();
+    assert_eq!(store.id_of_label("before"), Some(id));
+    let err = store.add(stored(5, 1), info).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "label \"before\" is already used by snapshot 1"
+    );
+    for bad in ["", "123", "now", "a b", &"x".repeat(65)] {
+        assert!(
+            matches!(check_label(bad), Err(StoreError::InvalidLabel { .. })),
+            "{bad:?}"
+        );
+    }
+    check_label("v1.2:pre-fix_x").unwrap();
+    let other = store.insert(stored(5, 1));
+    assert!(matches!(
+        store.set_label(other, Some("before".into())),
+        Err(StoreError::LabelTaken { id: 1, .. })
+    ));
+    store.set_label(id, None).unwrap();
+    assert_eq!(
+        store
+            .set_label(other, Some("before".into()))
+            .unwrap()
+            .label
+            .as_deref(),
+        Some("before")
+    );
+}
+
+#[test]
+fn files_survive_a_reopen_and_ids_are_never_reused() {
+    let dir = temp_dir("reopen");
+    let mut store = SnapshotStore::open(&dir).unwrap();
+    let mut info = SnapshotInfo::new(SnapshotKind::Taken, Some(ImageId::new(5, 1)));
+    info.label = Some("before".into());
+    info.comm = Some("app".into());
+    let a = store.add(stored(5, 1), info).unwrap();
+    let b = store
+        .add(
+            stored(6, 1),
+            SnapshotInfo::new(SnapshotKind::Taken, Some(ImageId::new(6, 1))),
+        )
+        .unwrap();
+    let auto = store
+        .add(
+            stored(6, 1),
+            SnapshotInfo::new(SnapshotKind::Auto, Some(ImageId::new(6, 1))),
+        )
+        .unwrap();
+    store.remove(b).unwrap();
+    assert_eq!((a, b, auto), (1, 2, 3));
+    drop(store);
+
+    let store = SnapshotStore::open(&dir).unwrap();
+    assert!(store.unreadable().is_empty());
+    let summaries = store.summaries();
+    assert_eq!(
+        summaries.len(),
+        1,
+        "the removed and the automatic one are gone"
+    );
+    let s = &summaries[0];
+    assert_eq!(
+        (s.id, s.pid, s.label.as_deref(), s.comm.as_deref()),
+        (1, Some(5), Some("before"), Some("app"))
+    );
+    assert_eq!(
+        (s.taken_at_ms, s.current, s.peak, s.traces, s.size),
+        (1_700_000_000_123, 300, 400, 1, 300)
+    );
+    assert!(!s.this_run && s.persisted);
+    assert_eq!(store.get(1).unwrap().snapshot, stored(5, 1).snapshot);
+    assert_eq!(
+        store.of_image(ImageId::new(5, 1)).count(),
+        0,
+        "an earlier run's image is not this run's"
+    );
+    let mut store = store;
+    let next = store
+        .add(stored(7, 1), SnapshotInfo::new(SnapshotKind::Taken, None))
+        .unwrap();
+    assert!(next > auto, "id {next} reused");
+    let _ = fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn drops_survive_a_reopen_and_files_without_them_read_as_complete() {
+    let dir = temp_dir("drops");
+    let mut store = SnapshotStore::open(&dir).unwrap();
+    let mut lossy = stored(5, 1);
+    lossy.completeness = Completeness::of_process(5, 476);
+    lossy.completeness.add(6, 24);
+    let id = store
+        .add(lossy, SnapshotInfo::new(SnapshotKind::Taken, None))
+        .unwrap();
+    let complete = store
+        .add(stored(7, 1), SnapshotInfo::new(SnapshotKind::Taken, None))
+        .unwrap();
+    drop(store);
+    // A file written before drops were recorded: its meta has no such key.
+    let old = json!({"id": 9, "pid": 8, "kind": "taken", "traced_memory": [300, 400]});
+    fs::write(
+        dir.join("snapshots/9.tsnap"),
+        encode(&stored(8, 1).snapshot, &old),
+    )
+    .unwrap();
+
+    let store = SnapshotStore::open(&dir).unwrap();
+    assert!(store.unreadable().is_empty(), "{:?}", store.unreadable());
+    let summary = serde_json::to_value(store.summary(id).unwrap()).unwrap();
+    assert_eq!(summary["complete"], false);
+    assert_eq!(summary["drops"], 500);
+    assert_eq!(summary["drops_by_pid"], json!({"5": 476, "6": 24}));
+    for other in [complete, 9] {
+        let summary = serde_json::to_value(store.summary(other).unwrap()).unwrap();
+        assert_eq!(
+            (
+                &summary["complete"],
+                &summary["drops"],
+                &summary["drops_by_pid"]
+            ),
+            (&json!(true), &json!(0), &json!({})),
+            "{summary}"
+        );
+    }
+    let _ = fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_corrupt_file_is_refused_and_the_others_load() {
+    let dir = temp_dir("corrupt");
+    let mut store = SnapshotStore::open(&dir).unwrap();
+    for _ in 0..3 {
+        store
+            .add(stored(5, 1), SnapshotInfo::new(SnapshotKind::Taken, None))
+            .unwrap();
+    }
+    drop(store);
+    let two = dir.join("snapshots/2.tsnap");
+    let bytes = fs::read(&two).unwrap();
+    fs::write(&two, &bytes[..bytes.len() / 2]).unwrap();
+    fs::write(dir.join("snapshots/.3.tsnap.99.tmp"), b"partial").unwrap();
+    fs::write(
+        dir.join("snapshots/9.tsnap"),
+        fs::read(dir.join("snapshots/1.tsnap")).unwrap(),
+    )
+    .unwrap();
+    let store = SnapshotStore::open(&dir).unwrap();
+    let ids: Vec<u64> = store.summaries().iter().map(|s| s.id).collect();
+    assert_eq!(ids, [1, 3]);
+    let refused: Vec<(String, String)> = store
+        .unreadable()
+        .iter()
+        .map(|u| {
+            (
+                u.path.file_name().unwrap().to_string_lossy().into_owned(),
+                u.error.clone(),
+            )
+        })
+        .collect();
+    assert_eq!(refused.len(), 2, "{refused:?}");
+    assert_eq!(refused[0].0, "2.tsnap");
+    assert!(
+        refused[0]
+            .1
+            .starts_with("corrupt or truncated tracer snapshot: CRC-32 is"),
+        "{}",
+        refused[0].1
+    );
+    assert_eq!(
+        refused[1],
+        (
+            "9.tsnap".into(),
+            "its header says snapshot 1, its name says 9".into()
+        )
+    );
+    assert!(two.exists(), "a refused file is left for inspection");
+    assert!(
+        !dir.join("snapshots/.3.tsnap.99.tmp").exists(),
+        "leftover temp files are removed"
+    );
+    let _ = fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn automatic_snapshots_expire_unless_labelled() {
+    let dir = temp_dir("auto");
+    let mut store = SnapshotStore::open(&dir).unwrap();
+    let old = store
+        .add(
+            stored(5, 1),
+            SnapshotInfo::new(SnapshotKind::Auto, Some(ImageId::new(5, 1))),
+        )
+        .unwrap();
+    let kept = store
+        .add(
+            stored(5, 1),
+            SnapshotInfo::new(SnapshotKind::Auto, Some(ImageId::new(5, 1))),
+        )
+        .unwrap();
+    assert!(
+        !dir.join(format!("snapshots/{old}.tsnap")).exists(),
+        "auto snapshots stay in memory"
+    );
+    store.set_label(kept, Some("keep".into())).unwrap();
+    assert!(
+        dir.join(format!("snapshots/{kept}.tsnap")).exists(),
+        "labelling keeps it on disk"
+    );
+    let later = SystemTime::UNIX_EPOCH
+        + Duration::from_millis(1_700_000_000_123)
+        + Duration::from_secs(601);
+    assert_eq!(store.expire_auto(later, Duration::from_secs(600)), 1);
+    assert!(store.get(old).is_none());
+    assert!(store.get(kept).is_some());
+    let _ = fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,93 @@
+//! The background loops of a running tracerd: the kernel's process events
+//! as they come (one wake-up per process image start or end, never per
+//! allocation), housekeeping every second (expiry; every ten seconds the
+//! orphan sweep), and automatic snapshots every interval.
+use std::{sync::Arc, time::Duration};
+
+use tokio::io::unix::AsyncFd;
+use tracer_common::{MAP_EVENTS, MAP_LIVE_ALLOCS, ProcEvent};
+
+use crate::service::{AutoPolicy, Service};
+
+/// Ticks of the housekeeping loop between two orphan sweeps.
+const SWEEP_EVERY_TICKS: u64 = 10;
+
+/// Drains the kernel's process events as they come and runs housekeeping
+/// each second. Runs until aborted.
+pub async fn events_and_housekeeping(
+    service: Arc<Service>,
+    ring: aya::maps::RingBuf<aya::maps::MapData>,
+) {
+    // SAFETY: the RingBuf owns its map fd for its whole life inside the
+    // AsyncFd, and as_raw_fd always returns that same fd.
+    let mut fd =
+        match unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) } {
+            Ok(fd) => fd,
+            Err(err) => {
+                tracing::error!(err = %err, map = MAP_EVENTS, "cannot poll the ring buffer");
+                return;
+            }
+        };
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut ticks: u64 = 0;
+    loop {
+        tokio::select! {
+            guard = fd.readable_mut() => {
+                let Ok(mut guard) = guard else { continue };
+                let mut batch = Vec::new();
+                let ring = guard.get_inner_mut();
+                while let Some(item) = ring.next() {
+                    if item.len() >= size_of::<ProcEvent>() {
+                        // SAFETY: the record holds a ProcEvent written by our
+                        // eBPF program; read_unaligned copes with alignment.
+                        batch.push(unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<ProcEvent>()) });
+                    }
+                }
+                guard.clear_ready();
+                let service = service.clone();
+                let _ = tokio::task::spawn_blocking(move || service.handle_events(&batch)).await;
+            }
+            _ = tick.tick() => {
+                ticks += 1;
+                let service = service.clone();
+                let _ = tokio::task::spawn_blocking(move || housekeeping(&service, ticks)).await;
+            }
+        }
+    }
+}
+
+/// One housekeeping pass: expiry each tick, the sweep every
+/// [`SWEEP_EVERY_TICKS`].
+fn housekeeping(service: &Service, tick: u64) {
+    service.expire();
+    if !tick.is_multiple_of(SWEEP_EVERY_TICKS) {
+        return;
+    }
+    let removed = service.sweep_orphans();
+    if removed > 0 {
+        tracing::info!(removed, map = MAP_LIVE_ALLOCS, "removed orphaned blocks");
+    }
+    // Ended images of large processes leave big freed blocks in glibc's
+    // heap, which it keeps: give them back so tracerd's RSS follows what it
+    // holds.
+    // SAFETY: malloc_trim has no preconditions.
+    unsafe { libc::malloc_trim(0) };
+}
+
+/// Takes automatic snapshots every `policy.interval_secs` (none when 0),
+/// each kept for `policy.retention_secs`. Runs until aborted.
+pub async fn automatic_snapshots(service: Arc<Service>, policy: AutoPolicy) {
+    if policy.interval_secs == 0 {
+        return;
+    }
+    let mut tick = tokio::time::interval(Duration::from_secs(policy.interval_secs));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The first tick is immediate: skip it (nothing is traced yet).
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        let service = Arc::clone(&service);
+        let retention = Duration::from_secs(policy.retention_secs);
+        let _ = tokio::task::spawn_blocking(move || service.auto_snapshots(retention)).await;
+    }
+}

@@ -1,0 +1,197 @@
+//! The daemon's layering, checked on its sources: each top-level module of
+//! `src/` is a stage, and a stage may import only itself and earlier
+//! stages, in the order data flows (see `src/lib.rs` and
+//! `docs/architecture.md`). Also: only `http` imports axum, and the model
+//! crate depends on no aya, tokio or axum. Needs no root and no eBPF.
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+/// The stages, earliest first. `main.rs` (the binary) may use any.
+const STAGES: [&str; 12] = [
+    "sys",
+    "config",
+    "capture",
+    "lifecycle",
+    "symbolize",
+    "snapshot",
+    "store",
+    "service",
+    "metrics",
+    "http",
+    "tasks",
+    "app",
+];
+
+fn rank(stage: &str) -> Option<usize> {
+    STAGES.iter().position(|s| *s == stage)
+}
+
+/// Every `.rs` file under `dir`.
+fn sources(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).expect("read src").flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The code of a file without its comments (line comments and doc
+/// comments; the sources have no block comments).
+fn code(text: &str) -> String {
+    text.lines()
+        .map(|line| match line.find("//") {
+            // A `//` inside a string literal would cut a line short; the
+            // check only needs paths, which never follow one.
+            Some(at) => &line[..at],
+            None => line,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The stages a piece of code names through `crate::`: `crate::x::...`
+/// and every top-level item of `crate::{x, y::{...}}`.
+fn stages_used(code: &str) -> BTreeSet<String> {
+    let mut used = BTreeSet::new();
+    let mut rest = code;
+    while let Some(at) = rest.find("crate::") {
+        // `crate` as a word: `mycrate::x` names no stage.
+        let before = rest[..at].chars().next_back();
+        rest = &rest[at + "crate::".len()..];
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+            continue;
+        }
+        if let Some(list) = rest.strip_prefix('{') {
+            // Top-level names of a brace list, braces nested.
+            let mut depth = 0;
+            let mut item = String::new();
+            for c in list.chars() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth == 0 => break,
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => {
+                        push_first(&item, &mut used);
+                        item.clear();
+                        continue;
+                    }
+                    _ => {}
+                }
+                if depth == 0 || item.is_empty() {
+                    item.push(c);
+                }
+            }
+            push_first(&item, &mut used);
+        } else {
+            push_first(rest, &mut used);
+        }
+    }
+    used
+}
+
+fn push_first(path: &str, used: &mut BTreeSet<String>) {
+    let name: String = path
+        .trim_start()
+        .chars()
+        .take_while(|c| c.is_alphanumeric() || *c == '_')
+        .collect();
+    if !name.is_empty() {
+        used.insert(name);
+    }
+}
+
+/// The stage a source file belongs to (`src/capture/live.rs` → `capture`,
+/// `src/app.rs` → `app`); None for `lib.rs` and `main.rs`.
+fn stage_of(src: &Path, file: &Path) -> Option<String> {
+    let relative = file.strip_prefix(src).ok()?;
+    let first = relative.components().next()?.as_os_str().to_str()?;
+    let stage = first.strip_suffix(".rs").unwrap_or(first);
+    (stage != "lib" && stage != "main" && stage != "bin").then(|| stage.to_string())
+}
+
+/// Every import of a later stage, as `file: stage imports later`.
+fn violations(src: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for file in sources(src) {
+        let Some(stage) = stage_of(src, &file) else {
+            continue;
+        };
+        let Some(own) = rank(&stage) else {
+            out.push(format!("{}: {stage} is not a known stage", file.display()));
+            continue;
+        };
+        let text = code(&std::fs::read_to_string(&file).expect("read"));
+        for used in stages_used(&text) {
+            match rank(&used) {
+                Some(r) if r > own => out.push(format!(
+                    "{}: {stage} imports {used}, a later stage",
+                    file.display()
+                )),
+                None => out.push(format!("{}: crate::{used} is not a stage", file.display())),
+                _ => {}
+            }
+        }
+        if stage != "http" && text.contains("axum::") {
+            out.push(format!("{}: only http may import axum", file.display()));
+        }
+    }
+    out
+}
+
+#[test]
+fn every_module_imports_only_its_own_and_earlier_stages() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let found = violations(&src);
+    assert!(found.is_empty(), "layering broken:\n{}", found.join("\n"));
+    // Every stage exists, so the list stays the tree's.
+    for stage in STAGES {
+        let dir = src.join(stage);
+        let file = src.join(format!("{stage}.rs"));
+        assert!(
+            dir.is_dir() || file.is_file(),
+            "stage {stage} has no module"
+        );
+    }
+}
+
+#[test]
+fn the_checker_sees_plain_grouped_and_nested_imports() {
+    let used = stages_used(
+        "use crate::capture::X;\nuse crate::{sys::procfs, lifecycle::{a, b}, store};\nlet x = crate::http::y();",
+    );
+    let want: BTreeSet<String> = ["capture", "sys", "lifecycle", "store", "http"]
+        .into_iter()
+        .map(String::from)
+        .collect();
+    assert_eq!(used, want);
+    assert!(stages_used(&code("// see crate::http\nfn f() {}")).is_empty());
+    assert!(stages_used("let name = \"mycrate::main\";").is_empty());
+}
+
+#[test]
+fn the_model_crate_depends_on_no_kernel_runtime_or_web_crate() {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tracer-model/Cargo.toml");
+    let text = std::fs::read_to_string(manifest).expect("tracer-model/Cargo.toml");
+    let dependencies = text
+        .split("[dependencies]")
+        .nth(1)
+        .and_then(|rest| rest.split("\n[").next())
+        .expect("a [dependencies] table");
+    for forbidden in ["aya", "tokio", "axum", "tracer-daemon", "tracer-common"] {
+        assert!(
+            !dependencies
+                .lines()
+                .any(|l| l.trim_start().starts_with(forbidden)),
+            "tracer-model depends on {forbidden}"
+        );
+    }
+}
