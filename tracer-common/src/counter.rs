@@ -67,3 +67,19 @@ impl Counter {
         (Counter::Unsampled, "unsampled"),
     ];
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_are_listed_in_slot_order_with_distinct_names() {
+        for (slot, (counter, name)) in Counter::ALL.iter().enumerate() {
+            assert_eq!(*counter as usize, slot, "{name}");
+        }
+        let mut names: Vec<&str> = Counter::ALL.iter().map(|(_, name)| *name).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), COUNTER_SLOTS as usize);
+    }
+}

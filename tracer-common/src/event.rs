@@ -1,6 +1,9 @@
 //! Process lifecycle events, the records of the `EVENTS` ring buffer: what
 //! happened ([`ProcEventKind`]) to which process image, with its final
 //! totals when the image ended ([`ProcEvent`]).
+//!
+//! The kernel writes the kind as a `u32`; tracerd decodes it with
+//! [`ProcEventKind::try_from`], which refuses a number it does not know.
 
 use core::mem::size_of;
 
@@ -23,6 +26,23 @@ pub enum ProcEventKind {
     /// Scoped mode: a task was created; `tgid` is the child's id (a thread
     /// or a process: userspace tells them apart).
     Fork = 5,
+}
+
+impl TryFrom<u32> for ProcEventKind {
+    /// The number, which names no kind (a newer or corrupt kernel side).
+    type Error = u32;
+
+    /// The kind whose number ([`ProcEvent::kind`]) is `kind`.
+    fn try_from(kind: u32) -> Result<Self, Self::Error> {
+        match kind {
+            1 => Ok(ProcEventKind::New),
+            2 => Ok(ProcEventKind::Exec),
+            3 => Ok(ProcEventKind::Exit),
+            4 => Ok(ProcEventKind::ExecAny),
+            5 => Ok(ProcEventKind::Fork),
+            other => Err(other),
+        }
+    }
 }
 
 /// Ring buffer record of [`MAP_EVENTS`].
@@ -51,3 +71,34 @@ const _: () = assert!(size_of::<ProcEvent>() == 104);
 // every bit pattern is valid.
 #[cfg(feature = "user")]
 unsafe impl aya::Pod for ProcEvent {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_event_kind_decodes_from_the_number_the_kernel_writes() {
+        let kinds = [
+            ProcEventKind::New,
+            ProcEventKind::Exec,
+            ProcEventKind::Exit,
+            ProcEventKind::ExecAny,
+            ProcEventKind::Fork,
+        ];
+        for kind in kinds {
+            assert_eq!(ProcEventKind::try_from(kind as u32), Ok(kind));
+        }
+        assert_eq!(ProcEventKind::try_from(1), Ok(ProcEventKind::New));
+        assert_eq!(ProcEventKind::try_from(2), Ok(ProcEventKind::Exec));
+        assert_eq!(ProcEventKind::try_from(3), Ok(ProcEventKind::Exit));
+        assert_eq!(ProcEventKind::try_from(4), Ok(ProcEventKind::ExecAny));
+        assert_eq!(ProcEventKind::try_from(5), Ok(ProcEventKind::Fork));
+    }
+
+    #[test]
+    fn unknown_event_kinds_are_refused_with_their_number() {
+        for number in [0, 6, 7, 0x100, u32::MAX] {
+            assert_eq!(ProcEventKind::try_from(number), Err(number));
+        }
+    }
+}
