@@ -23,68 +23,43 @@
 #![no_std]
 #![no_main]
 // Atomic read-modify-write on map values: the BPF target has no `Atomic*`
-// types, but LLVM lowers these intrinsics to BPF atomic instructions.
+// types, but LLVM lowers these intrinsics to BPF atomic instructions (see
+// `atomic`).
 #![allow(internal_features)]
 #![feature(asm_experimental_arch)]
 
-use core::arch::asm;
+mod atomic;
+mod counters;
+mod globals;
+mod maps;
 
 use aya_ebpf::{
     EbpfContext,
-    bindings::{BPF_F_MMAPABLE, BPF_F_NO_PREALLOC, BPF_NOEXIST},
-    helpers::{
-        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user,
-    },
-    macros::{map, tracepoint, uprobe, uretprobe},
-    maps::{Array, HashMap, PerCpuArray, RingBuf},
+    bindings::BPF_NOEXIST,
+    helpers::{bpf_get_current_comm, bpf_ktime_get_ns, bpf_probe_read_user},
+    macros::{tracepoint, uprobe, uretprobe},
     programs::{ProbeContext, RetProbeContext, TracePointContext},
 };
 use tracer_common::{
-    AllocInfo, AllocKey, COUNTER_SLOTS, Counter, EVENTS_RING_BYTES, EXP_TABLE_LEN,
-    INFLIGHT_OVERFLOW, INFLIGHT_SLOT_COUNT, INFLIGHT_UNSAMPLED, Inflight, InflightSlot,
-    LIVE_BUCKET_COUNT, LIVE_BUSY, LIVE_EMPTY, LIVE_WAYS, LiveBucket, MAX_NFRAME, PROC_SLOT_COUNT,
-    PROC_SLOT_GEN_SHIFT, PROC_SLOT_OWNER_MASK, PROC_SLOT_SPILL_MAX, PROC_SLOT_SPILL_SHIFT,
-    ProcEvent, ProcEventKind, ProcSlot, ProcStats, STACK_ID_NONE, STACK_WORDS, live_key,
-    proc_slot_gen, proc_slot_index, proc_slot_owner, proc_slot_spill,
+    AllocInfo, AllocKey, Counter, EXP_TABLE_LEN, INFLIGHT_OVERFLOW, INFLIGHT_UNSAMPLED, Inflight,
+    InflightSlot, LIVE_BUSY, LIVE_EMPTY, LIVE_WAYS, LiveBucket, MAX_NFRAME, PROC_SLOT_GEN_SHIFT,
+    PROC_SLOT_OWNER_MASK, PROC_SLOT_SPILL_MAX, PROC_SLOT_SPILL_SHIFT, ProcEvent, ProcEventKind,
+    ProcSlot, ProcStats, STACK_ID_NONE, STACK_WORDS, live_key, proc_slot_gen, proc_slot_index,
+    proc_slot_owner, proc_slot_spill,
 };
 
-/// The daemon's own tgid: its allocations are never traced. Set at load time.
-#[unsafe(no_mangle)]
-static TRACERD_TGID: u32 = 0;
-
-/// Page size in bytes, for `pvalloc`. Set at load time.
-#[unsafe(no_mangle)]
-static PAGE_SIZE: u64 = 4096;
-
-/// Frames walked per stack (tracemalloc's nframe), 1..=64. Set at load time.
-#[unsafe(no_mangle)]
-static NFRAME: u32 = 16;
-
-/// Mean sampling interval in bytes; 0 records every allocation. Set at load.
-#[unsafe(no_mangle)]
-static SAMPLE_MEAN: u64 = 0;
-
-/// Slots of INFLIGHT_SLOTS minus 1 (their number is a power of two). Set at
-/// load time, with the array's size.
-#[unsafe(no_mangle)]
-static INFLIGHT_SLOT_MASK: u32 = INFLIGHT_SLOT_COUNT - 1;
-
-/// Buckets of LIVE_KEYS minus 1 (a power of two, at least 2), or 0: the
-/// fast table is off. Set at load time, with the arrays' sizes.
-#[unsafe(no_mangle)]
-static LIVE_BUCKET_MASK: u32 = LIVE_BUCKET_COUNT - 1;
-
-#[map]
-static EXP_TABLE: Array<u32> = Array::with_max_entries(EXP_TABLE_LEN, 0);
-
-#[map]
-static SAMPLE_LEFT: PerCpuArray<i64> = PerCpuArray::with_max_entries(1, 0);
-
-#[inline(always)]
-fn sample_mean() -> u64 {
-    // SAFETY: a global set once at load time.
-    unsafe { core::ptr::read_volatile(&SAMPLE_MEAN) }
-}
+use crate::{
+    atomic::{compare_exchange, fetch_add},
+    counters::count,
+    globals::{
+        current, inflight_slot_mask, live_bucket_mask, page_size, sample_mean, scoped, switch,
+    },
+    maps::{
+        EEXIST, EVENTS, EXP_TABLE, GENERATION, INFLIGHT, INFLIGHT_SLOTS, INFLIGHT_SPILL,
+        LIVE_ALLOCS, LIVE_KEYS, LIVE_VALUES, PROC_SLOTS, PROCS, SAMPLE_LEFT, STACK_CACHE,
+        STACK_SCRATCH, STACKS,
+    },
+};
 
 /// Byte-weighted Poisson sampling, as tcmalloc and jemalloc do it: every
 /// byte is sampled with probability 1/mean, so an allocation of `size`
@@ -113,125 +88,11 @@ fn take_sample(size: u64, mean: u64) -> bool {
     sampled
 }
 
-const EEXIST: i32 = 17;
-
-// Capacities here are defaults; tracerd sets them at load time from its config.
-#[map]
-static LIVE_ALLOCS: HashMap<AllocKey, AllocInfo> =
-    HashMap::with_max_entries(1 << 22, BPF_F_NO_PREALLOC);
-
-#[map]
-static LIVE_KEYS: Array<LiveBucket> = Array::with_max_entries(LIVE_BUCKET_COUNT, BPF_F_MMAPABLE);
-
-#[map]
-static LIVE_VALUES: Array<AllocInfo> =
-    Array::with_max_entries(LIVE_BUCKET_COUNT * LIVE_WAYS, BPF_F_MMAPABLE);
-
-#[map]
-static INFLIGHT: HashMap<u64, Inflight> = HashMap::with_max_entries(1 << 16, 0);
-
-#[map]
-static INFLIGHT_SLOTS: Array<InflightSlot> = Array::with_max_entries(INFLIGHT_SLOT_COUNT, 0);
-
-/// Slot 0: threads whose call is in INFLIGHT (the spill), not a slot.
-#[map]
-static INFLIGHT_SPILL: Array<u64> = Array::with_max_entries(1, 0);
-
-#[map]
-static STACKS: HashMap<u64, [u64; STACK_WORDS]> =
-    HashMap::with_max_entries(1 << 16, BPF_F_NO_PREALLOC);
-
-#[map]
-static STACK_SCRATCH: PerCpuArray<[u64; STACK_WORDS]> = PerCpuArray::with_max_entries(1, 0);
-
-#[map]
-static PROCS: HashMap<u32, ProcStats> = HashMap::with_max_entries(1 << 16, 0);
-
-#[map]
-static PROC_SLOTS: Array<ProcSlot> = Array::with_max_entries(PROC_SLOT_COUNT, BPF_F_MMAPABLE);
-
-#[map]
-static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTER_SLOTS, 0);
-
-/// Slot 0: the last generation handed out.
-#[map]
-static GENERATION: Array<u64> = Array::with_max_entries(1, 0);
-
-#[map]
-static SWITCHES: Array<u64> = Array::with_max_entries(tracer_common::SWITCH_SLOTS, 0);
-
-/// Per CPU, the last stack this CPU found or put in STACKS: (id, check
-/// hash, stack epoch + 1). A hit skips the STACKS lookup; an epoch raised by
-/// tracerd (it removed stacks) makes every entry a miss.
-#[map]
-static STACK_CACHE: PerCpuArray<[u64; 3]> = PerCpuArray::with_max_entries(1, 0);
-
-#[map]
-static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_RING_BYTES, 0);
-
-#[inline(always)]
-fn count(counter: Counter) {
-    if let Some(slot) = COUNTERS.get_ptr_mut(counter as u32) {
-        // SAFETY: a per-CPU slot; BPF programs are not migrated while they run.
-        unsafe { *slot += 1 };
-    }
-}
-
-#[inline(always)]
-fn tracerd_tgid() -> u32 {
-    // SAFETY: a global set once at load time; volatile so the compiler does
-    // not fold the 0 it was compiled with.
-    unsafe { core::ptr::read_volatile(&TRACERD_TGID) }
-}
-
-/// The calling thread's id and its process's tgid, or None for tracerd itself.
-#[inline(always)]
-fn current() -> Option<(u64, u32)> {
-    let id = bpf_get_current_pid_tgid();
-    let tgid = (id >> 32) as u32;
-    if tgid == tracerd_tgid() {
-        None
-    } else {
-        Some((id, tgid))
-    }
-}
-
-// Atomic read-modify-write on map values. The BPF target has no `Atomic*`
-// types and aya-build compiles for the generic (v1) CPU, where LLVM refuses
-// to use the result of an atomic add; the kernel itself runs the v3 atomic
-// instructions (BPF_FETCH, BPF_CMPXCHG, since 5.12), so they are written here
-// in BPF assembly.
-
-/// Atomically adds `v` (wrapping) to `*p` and returns the value before.
-#[inline(always)]
-fn fetch_add(p: *mut u64, v: u64) -> u64 {
-    let mut v = v;
-    // SAFETY: p points into a map value, 8-byte aligned, alive while the
-    // program runs; all concurrent writers use atomics.
-    unsafe {
-        asm!("{v} = atomic_fetch_add((u64 *)({p} + 0), {v})", p = in(reg) p, v = inout(reg) v);
-    }
-    v
-}
-
-/// Atomically sets `*p` to `new` if it is `expected`; returns the value seen.
-#[inline(always)]
-fn compare_exchange(p: *mut u64, expected: u64, new: u64) -> u64 {
-    let mut seen = expected;
-    // SAFETY: as for fetch_add. cmpxchg compares with and returns into r0.
-    unsafe {
-        asm!("r0 = cmpxchg_64({p} + 0, r0, {new})", p = in(reg) p, new = in(reg) new,
-             inout("r0") seen);
-    }
-    seen
-}
-
 // ---------------------------------------------------------------- entry side
 
 #[inline(always)]
 fn slot_of(id: u64) -> Option<*mut InflightSlot> {
-    // SAFETY: a global set once at load time (volatile: not the compiled value).
-    let mask = unsafe { core::ptr::read_volatile(&INFLIGHT_SLOT_MASK) };
+    let mask = inflight_slot_mask();
     INFLIGHT_SLOTS.get_ptr_mut((id as u32) & mask)
 }
 
@@ -396,8 +257,7 @@ pub fn valloc_enter(ctx: ProbeContext) -> u32 {
 
 #[uprobe]
 pub fn pvalloc_enter(ctx: ProbeContext) -> u32 {
-    // SAFETY: a global set once at load time.
-    let page = unsafe { core::ptr::read_volatile(&PAGE_SIZE) };
+    let page = page_size();
     let n = arg(&ctx, 0);
     let (sum, overflow) = n.overflowing_add(page.wrapping_sub(1));
     alloc_entry(sum & !(page.wrapping_sub(1)), 0, overflow)
@@ -634,8 +494,7 @@ fn sub_block(stats: *mut ProcStats, size: u64) {
 /// [`live_key`]): then it can only be in LIVE_ALLOCS.
 #[inline(always)]
 fn live_place(tgid: u32, addr: u64) -> Option<(*mut LiveBucket, u32, u64)> {
-    // SAFETY: a global set once at load time (volatile: not the compiled value).
-    let mask = unsafe { core::ptr::read_volatile(&LIVE_BUCKET_MASK) };
+    let mask = live_bucket_mask();
     let (index, key) = live_key(tgid, addr, mask)?;
     Some((LIVE_KEYS.get_ptr_mut(index)?, index, key))
 }
@@ -780,8 +639,7 @@ fn stack_id<C: EbpfContext>(ctx: &C) -> u64 {
     let Some(buf) = STACK_SCRATCH.get_ptr_mut(0) else {
         return drop_stack();
     };
-    // SAFETY: a global set once at load time.
-    let mut nframe = unsafe { core::ptr::read_volatile(&NFRAME) } as usize;
+    let mut nframe = globals::nframe() as usize;
     if nframe > MAX_NFRAME as usize {
         nframe = MAX_NFRAME as usize;
     }
@@ -1237,21 +1095,6 @@ fn end_generation(kind: ProcEventKind, tgid: u32) {
         fetch_add(word_ptr, (1u64 << PROC_SLOT_SPILL_SHIFT).wrapping_neg());
     }
     send_event(kind, tgid, stats.gen_, &stats);
-}
-
-/// Slot `slot` of SWITCHES, as tracerd last wrote it (0 if out of range).
-#[inline(always)]
-fn switch(slot: u32) -> u64 {
-    match SWITCHES.get_ptr(slot) {
-        // SAFETY: an array value written by tracerd.
-        Some(p) => unsafe { core::ptr::read_volatile(p) },
-        None => 0,
-    }
-}
-
-#[inline(always)]
-fn scoped() -> bool {
-    switch(0) & tracer_common::SWITCH_SCOPED != 0
 }
 
 #[tracepoint]
