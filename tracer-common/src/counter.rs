@@ -1,0 +1,85 @@
+//! The per-CPU counters (`COUNTERS`): one slot per [`Counter`], incremented
+//! by the kernel side on every outcome worth counting (every failure branch
+//! included), summed over CPUs and named ([`Counter::ALL`]) by tracerd.
+
+#[cfg(doc)]
+use crate::{MAP_COUNTERS, MAP_INFLIGHT, MAP_INFLIGHT_SLOTS, MAP_LIVE_ALLOCS, MAP_PROCS};
+
+/// Slots of the per-CPU [`MAP_COUNTERS`] array.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Counter {
+    /// Allocations recorded.
+    Allocs = 0,
+    /// Frees of known blocks.
+    Frees = 1,
+    /// Frees of pointers not in the live map.
+    UnknownFrees = 2,
+    /// `free(NULL)` calls.
+    NullFrees = 3,
+    /// Allocator calls that returned failure.
+    FailedAllocs = 4,
+    /// Probed calls nested in another probed call (not counted twice).
+    Nested = 5,
+    /// A return seen without its entry (attached mid-call).
+    ExitWithoutEntry = 6,
+    /// Drop: [`MAP_LIVE_ALLOCS`] full, the block is not traced.
+    DropLiveFull = 7,
+    /// Drop: the call's slot in [`MAP_INFLIGHT_SLOTS`] was taken and
+    /// [`MAP_INFLIGHT`] was full: the call is not traced (a `realloc`'s old
+    /// block leaves the live set at once, so no phantom leak remains).
+    DropInflightFull = 8,
+    /// Drop: [`MAP_PROCS`] full, the process is not traced.
+    DropProcsFull = 9,
+    /// The stack could not be walked or stored (stack map full, or another
+    /// stack with the same id): the block is traced with no traceback.
+    DropStack = 10,
+    /// Drop: the ring buffer was full, an event was lost.
+    DropEvents = 11,
+    /// A block overwrote a live block of the same address (its free was missed).
+    Overwrites = 12,
+    /// Process events sent.
+    ProcEvents = 13,
+    /// Allocations passed over by sampling.
+    Unsampled = 14,
+}
+
+/// Number of slots in [`MAP_COUNTERS`].
+pub const COUNTER_SLOTS: u32 = 15;
+
+impl Counter {
+    /// Every counter with its name, in slot order.
+    pub const ALL: [(Counter, &'static str); COUNTER_SLOTS as usize] = [
+        (Counter::Allocs, "allocs"),
+        (Counter::Frees, "frees"),
+        (Counter::UnknownFrees, "unknown_frees"),
+        (Counter::NullFrees, "null_frees"),
+        (Counter::FailedAllocs, "failed_allocs"),
+        (Counter::Nested, "nested"),
+        (Counter::ExitWithoutEntry, "exit_without_entry"),
+        (Counter::DropLiveFull, "drop_live_full"),
+        (Counter::DropInflightFull, "drop_inflight_full"),
+        (Counter::DropProcsFull, "drop_procs_full"),
+        (Counter::DropStack, "drop_stack"),
+        (Counter::DropEvents, "drop_events"),
+        (Counter::Overwrites, "overwrites"),
+        (Counter::ProcEvents, "proc_events"),
+        (Counter::Unsampled, "unsampled"),
+    ];
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_are_listed_in_slot_order_with_distinct_names() {
+        for (slot, (counter, name)) in Counter::ALL.iter().enumerate() {
+            assert_eq!(*counter as usize, slot, "{name}");
+        }
+        let mut names: Vec<&str> = Counter::ALL.iter().map(|(_, name)| *name).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), COUNTER_SLOTS as usize);
+    }
+}

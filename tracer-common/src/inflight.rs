@@ -1,0 +1,58 @@
+//! Allocator calls between entry and return: the record an entry program
+//! leaves for its return program ([`Inflight`]), and the slot of
+//! `INFLIGHT_SLOTS` that holds it ([`InflightSlot`]) when the calling thread
+//! owns one.
+//!
+//! Protocol of a slot: its `owner` goes from 0 to the thread's id by one
+//! compare-and-swap at the outermost call's entry, and back to 0, by that
+//! thread only, after its return copied the call out (or when the thread
+//! exits). A thread whose slot is taken keeps its call in `INFLIGHT`.
+
+use core::mem::size_of;
+
+#[cfg(doc)]
+use crate::{MAP_INFLIGHT, MAP_INFLIGHT_SLOTS};
+
+/// Number of slots of [`MAP_INFLIGHT_SLOTS`] as compiled (a power of two);
+/// tracerd sets the real number at load time.
+pub const INFLIGHT_SLOT_COUNT: u32 = 1 << 16;
+
+/// Value of [`MAP_INFLIGHT`]: an allocator call between entry and return.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Inflight {
+    /// Size in bytes the call would allocate, overflow-checked.
+    pub size: u64,
+    /// `realloc`/`reallocarray`: the old block; `posix_memalign`: the
+    /// `memptr` out-pointer. 0 otherwise.
+    pub ptr: u64,
+    /// Nested calls of probed functions inside this one (glibc's `realloc`
+    /// calls `malloc` itself); they are not separate allocations.
+    pub depth: u32,
+    /// [`INFLIGHT_OVERFLOW`] when `n * m` overflowed (`calloc`,
+    /// `reallocarray`: the call fails), [`INFLIGHT_UNSAMPLED`] when sampling
+    /// passed this call over.
+    pub overflow: u32,
+}
+
+/// [`Inflight::overflow`] bit: `n * m` overflowed.
+pub const INFLIGHT_OVERFLOW: u32 = 1;
+/// [`Inflight::overflow`] bit: not sampled (its block is not recorded).
+pub const INFLIGHT_UNSAMPLED: u32 = 2;
+const _: () = assert!(size_of::<Inflight>() == 24);
+
+/// Value of [`MAP_INFLIGHT_SLOTS`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InflightSlot {
+    /// `bpf_get_current_pid_tgid()` of the thread using the slot; 0 when free.
+    pub owner: u64,
+    /// Its call.
+    pub call: Inflight,
+}
+const _: () = assert!(size_of::<InflightSlot>() == 32);
+
+// SAFETY: #[repr(C)], Copy, made only of integers with explicit padding, so
+// every bit pattern is valid.
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for Inflight {}

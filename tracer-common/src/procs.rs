@@ -1,0 +1,93 @@
+//! Per-process totals: [`ProcStats`] (the value of `PROCS`, and the totals
+//! of a [`ProcSlot`] of `PROC_SLOTS`), and the slot word that packs a slot's
+//! owner, spill count and generation, with the helpers both sides read it
+//! by.
+//!
+//! Protocol of a slot word: it changes only by compare-and-swap. A process
+//! claims its slot ([`proc_slot_index`]) at its image's first allocation
+//! when the slot has no owner and no spill; otherwise it goes to `PROCS`,
+//! counted first in the slot's spill count, so that a lookup goes to the
+//! hash only while some process of the slot is there. The end of an image
+//! clears owner and generation and keeps the spill count.
+
+use core::mem::size_of;
+
+#[cfg(doc)]
+use crate::{MAP_PROC_SLOTS, MAP_PROCS};
+
+/// Slots of [`MAP_PROC_SLOTS`] (a power of two).
+pub const PROC_SLOT_COUNT: u32 = 1 << 12;
+/// Bits of a slot word that hold the owner's tgid (0: free). A tgid is below
+/// `PID_MAX_LIMIT` (2^22 on 64-bit Linux).
+pub const PROC_SLOT_OWNER_MASK: u64 = (1 << 22) - 1;
+/// Shift of a slot word's spill count: processes of this slot in `PROCS`.
+pub const PROC_SLOT_SPILL_SHIFT: u32 = 22;
+/// Largest spill count (10 bits); a process that would exceed it is dropped.
+pub const PROC_SLOT_SPILL_MAX: u64 = (1 << 10) - 1;
+/// Shift of a slot word's generation (the owner's, 32 bits).
+pub const PROC_SLOT_GEN_SHIFT: u32 = 32;
+
+/// One slot of [`MAP_PROC_SLOTS`]: a word that packs owner tgid (bits
+/// 0..22), spill count (22..32) and the owner's generation (32..64), changed
+/// only atomically, and the owner's totals (zero while the slot is free;
+/// `stats.gen_` is not kept: the word's generation is the one).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProcSlot {
+    /// Owner, spill count and generation (see [`ProcSlot`]).
+    pub word: u64,
+    /// The owner's totals.
+    pub stats: ProcStats,
+}
+const _: () = assert!(size_of::<ProcSlot>() == 72);
+
+/// The slot of [`MAP_PROC_SLOTS`] for `tgid`.
+pub const fn proc_slot_index(tgid: u32) -> u32 {
+    tgid & (PROC_SLOT_COUNT - 1)
+}
+
+/// The owner tgid of a slot word (0: free).
+pub const fn proc_slot_owner(word: u64) -> u32 {
+    (word & PROC_SLOT_OWNER_MASK) as u32
+}
+
+/// The spill count of a slot word.
+pub const fn proc_slot_spill(word: u64) -> u64 {
+    (word >> PROC_SLOT_SPILL_SHIFT) & PROC_SLOT_SPILL_MAX
+}
+
+/// The owner's generation of a slot word.
+pub const fn proc_slot_gen(word: u64) -> u32 {
+    (word >> PROC_SLOT_GEN_SHIFT) as u32
+}
+
+/// Value of [`MAP_PROCS`]: totals of one traced process, in bytes and counts.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProcStats {
+    /// Generation: unique per process image, from a global counter.
+    pub gen_: u32,
+    /// Explicit padding, always 0.
+    pub _pad: u32,
+    /// Bytes in live blocks now (`get_traced_memory()[0]`).
+    pub current: u64,
+    /// Highest `current` since tracing began or the last reset (`[1]`).
+    pub peak: u64,
+    /// Live blocks now.
+    pub blocks: u64,
+    /// Allocations recorded since tracing of this image began.
+    pub allocs: u64,
+    /// Frees of known blocks since tracing of this image began.
+    pub frees: u64,
+    /// Frees of pointers that were not live blocks (allocated before tracing
+    /// began, or lost).
+    pub unknown_frees: u64,
+    /// Events lost for this process (map full, stack not stored).
+    pub drops: u64,
+}
+const _: () = assert!(size_of::<ProcStats>() == 64);
+
+// SAFETY: #[repr(C)], Copy, made only of integers with explicit padding, so
+// every bit pattern is valid.
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for ProcStats {}

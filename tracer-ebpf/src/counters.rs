@@ -1,0 +1,16 @@
+//! The per-CPU counters (`COUNTERS`): [`count`] adds one to a
+//! [`Counter`]'s slot on this CPU. Every failure branch of the programs
+//! counts one; tracerd sums the CPUs.
+
+use tracer_common::Counter;
+
+use crate::maps::COUNTERS;
+
+/// Adds one to `counter` on this CPU.
+#[inline(always)]
+pub(crate) fn count(counter: Counter) {
+    if let Some(slot) = COUNTERS.get_ptr_mut(counter as u32) {
+        // SAFETY: a per-CPU slot; BPF programs are not migrated while they run.
+        unsafe { *slot += 1 };
+    }
+}

@@ -1,0 +1,167 @@
+//! Allocator calls between entry and return (the in-flight calls): an
+//! entry program records its call ([`record_entry`]), the return program
+//! takes it back ([`take_inflight`]).
+//!
+//! Protocol. A thread's call lives in its slot of `INFLIGHT_SLOTS`
+//! (`tid & INFLIGHT_SLOT_MASK`), claimed by one compare-and-swap of the
+//! slot's owner from 0 to the thread id, and freed by the owner only (after
+//! its return copied the call out, or when the thread exits:
+//! [`forget_thread`]). A thread whose slot is taken by another keeps its
+//! call in `INFLIGHT` (the spill), counted in `INFLIGHT_SPILL` so that no
+//! entry looks there while no thread spilled.
+//!
+//! Nesting: glibc's `realloc` calls `malloc`, and so on. A probed call made
+//! while the thread has a call in flight only raises that call's depth, so
+//! that only the outermost call is recorded.
+
+use aya_ebpf::bindings::BPF_NOEXIST;
+use tracer_common::{Counter, INFLIGHT_OVERFLOW, INFLIGHT_UNSAMPLED, Inflight, InflightSlot};
+
+use crate::{
+    atomic::{compare_exchange, fetch_add},
+    counters::count,
+    globals::{current, inflight_slot_mask, sample_mean},
+    maps::{INFLIGHT, INFLIGHT_SLOTS, INFLIGHT_SPILL},
+    procs::find_proc,
+    sample::take_sample,
+};
+
+#[inline(always)]
+fn slot_of(id: u64) -> Option<*mut InflightSlot> {
+    let mask = inflight_slot_mask();
+    INFLIGHT_SLOTS.get_ptr_mut((id as u32) & mask)
+}
+
+#[inline(always)]
+fn spilled() -> u64 {
+    match INFLIGHT_SPILL.get_ptr(0) {
+        // SAFETY: an array value; a plain read of a counter kept atomically.
+        Some(p) => unsafe { core::ptr::read_volatile(p) },
+        None => 0,
+    }
+}
+
+#[inline(always)]
+fn add_spilled(delta: u64) {
+    if let Some(p) = INFLIGHT_SPILL.get_ptr_mut(0) {
+        fetch_add(p, delta);
+    }
+}
+
+/// Records an allocator call's entry, for its return. Returns the tgid when
+/// the call could not be recorded (both in-flight maps full: counted as a
+/// drop), else None.
+#[inline(always)]
+pub(crate) fn record_entry(size: u64, ptr: u64, overflow: bool) -> Option<u32> {
+    let (id, tgid) = current()?;
+    let mut flags = if overflow { INFLIGHT_OVERFLOW } else { 0 };
+    let mean = sample_mean();
+    if mean != 0 && !take_sample(size, mean) {
+        flags |= INFLIGHT_UNSAMPLED;
+    }
+    let value = Inflight {
+        size,
+        ptr,
+        depth: 0,
+        overflow: flags,
+    };
+    let slot = slot_of(id);
+    if let Some(slot) = slot {
+        // SAFETY: a slot of the array; its owner field is only changed by
+        // compare-and-swap from 0, or reset by its owner.
+        let owner = unsafe { core::ptr::read_volatile(&raw const (*slot).owner) };
+        if owner == id {
+            // SAFETY: the slot is this thread's own.
+            unsafe { (*slot).call.depth += 1 };
+            count(Counter::Nested);
+            return None;
+        }
+    }
+    // A call of this thread may be in the spill map (its slot was taken
+    // when it began): then this one is nested in it. Only looked at while
+    // some thread spilled.
+    if spilled() != 0
+        && let Some(inflight) = INFLIGHT.get_ptr_mut(id)
+    {
+        // SAFETY: the entry is this thread's own.
+        unsafe { (*inflight).depth += 1 };
+        count(Counter::Nested);
+        return None;
+    }
+    if let Some(slot) = slot
+        // SAFETY: as above.
+        && compare_exchange(unsafe { &raw mut (*slot).owner }, 0, id) == 0
+    {
+        // SAFETY: claimed: the slot is this thread's own until it frees it.
+        unsafe { (*slot).call = value };
+        return None;
+    }
+    if INFLIGHT.insert(id, value, BPF_NOEXIST as u64).is_ok() {
+        add_spilled(1);
+        return None;
+    }
+    // Its return will find no entry: nothing of this call is recorded.
+    count(Counter::DropInflightFull);
+    if let Some((stats, _)) = find_proc(tgid) {
+        // SAFETY: a PROCS value.
+        fetch_add(unsafe { &raw mut (*stats).drops }, 1);
+    }
+    Some(tgid)
+}
+
+/// The outermost call's entry record, consumed; None for nested calls.
+#[inline(always)]
+pub(crate) fn take_inflight() -> Option<(u32, Inflight)> {
+    let (id, tgid) = current()?;
+    if let Some(slot) = slot_of(id) {
+        // SAFETY: see record_entry.
+        let owner = unsafe { core::ptr::read_volatile(&raw const (*slot).owner) };
+        if owner == id {
+            // SAFETY: the slot is this thread's own.
+            let call = unsafe {
+                if (*slot).call.depth > 0 {
+                    (*slot).call.depth -= 1;
+                    return None;
+                }
+                (*slot).call
+            };
+            // Free the slot after the call was copied out.
+            // SAFETY: as above; the owner field is reset by its owner only.
+            unsafe { core::ptr::write_volatile(&raw mut (*slot).owner, 0) };
+            return Some((tgid, call));
+        }
+    }
+    let Some(inflight) = INFLIGHT.get_ptr_mut(id) else {
+        count(Counter::ExitWithoutEntry);
+        return None;
+    };
+    // SAFETY: the entry is this thread's own; no other thread writes it.
+    let value = unsafe {
+        if (*inflight).depth > 0 {
+            (*inflight).depth -= 1;
+            return None;
+        }
+        *inflight
+    };
+    if INFLIGHT.remove(id).is_ok() {
+        add_spilled(u64::MAX);
+    }
+    Some((tgid, value))
+}
+
+/// Forgets the call in flight of thread `id`, which is exiting: a thread
+/// that dies inside a probed call leaves its state behind.
+#[inline(always)]
+pub(crate) fn forget_thread(id: u64) {
+    if let Some(slot) = slot_of(id) {
+        // SAFETY: see record_entry; only the owner resets its slot.
+        unsafe {
+            if core::ptr::read_volatile(&raw const (*slot).owner) == id {
+                core::ptr::write_volatile(&raw mut (*slot).owner, 0);
+            }
+        }
+    }
+    if INFLIGHT.remove(id).is_ok() {
+        add_spilled(u64::MAX);
+    }
+}

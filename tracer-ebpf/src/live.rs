@@ -1,0 +1,321 @@
+//! Live blocks: insert ([`record_alloc`]), find and remove
+//! ([`remove_block`]) a block of a process in the fast table (`LIVE_KEYS` +
+//! `LIVE_VALUES`) or its spill (`LIVE_ALLOCS`), with the process's totals
+//! kept in step.
+//!
+//! Protocol of the fast table (see `tracer_common::live_table`): a key slot
+//! goes from `LIVE_EMPTY` to `LIVE_BUSY` by compare-and-swap, the value is
+//! written, then the key stored, so a reader never sees a key with another
+//! block's value; a block is taken out by one compare-and-swap of its key to
+//! `LIVE_EMPTY`, and only the thread whose swap succeeds accounts for it. A
+//! block goes to `LIVE_ALLOCS` when its bucket is full or its key cannot be
+//! packed, counted first in its bucket's spill count, so that a free looks
+//! in the hash only while some block of the bucket is there. A block of an
+//! earlier image of the pid (another generation) is never accounted to the
+//! current one: tracerd removes those.
+
+use aya_ebpf::{bindings::BPF_NOEXIST, programs::RetProbeContext};
+use tracer_common::{
+    AllocInfo, AllocKey, Counter, LIVE_BUSY, LIVE_EMPTY, LIVE_WAYS, LiveBucket, ProcStats, live_key,
+};
+
+use crate::{
+    atomic::{compare_exchange, fetch_add},
+    counters::count,
+    globals::live_bucket_mask,
+    maps::{EEXIST, LIVE_ALLOCS, LIVE_KEYS, LIVE_VALUES},
+    procs::{add_block, find_proc, proc_stats, sub_block},
+    stack::stack_id,
+};
+
+/// Where block `addr` of `tgid` lives in the fast table: its bucket, the
+/// bucket's index and the block's key; None when it cannot (see
+/// [`live_key`]): then it can only be in LIVE_ALLOCS.
+#[inline(always)]
+fn live_place(tgid: u32, addr: u64) -> Option<(*mut LiveBucket, u32, u64)> {
+    let mask = live_bucket_mask();
+    let (index, key) = live_key(tgid, addr, mask)?;
+    Some((LIVE_KEYS.get_ptr_mut(index)?, index, key))
+}
+
+/// Key slot `way` of `bucket` (way < LIVE_WAYS).
+#[inline(always)]
+fn way_ptr(bucket: *mut LiveBucket, way: u32) -> *mut u64 {
+    // SAFETY: bucket points into a LIVE_KEYS value; way is in bounds.
+    unsafe { (&raw mut (*bucket).keys).cast::<u64>().add(way as usize) }
+}
+
+#[inline(always)]
+fn read_key(slot: *const u64) -> u64 {
+    // SAFETY: a key slot of a LIVE_KEYS value, changed only atomically.
+    unsafe { core::ptr::read_volatile(slot) }
+}
+
+/// The way of `bucket` holding `key`, or LIVE_WAYS.
+#[inline(always)]
+fn find_way(bucket: *mut LiveBucket, key: u64) -> u32 {
+    let mut way = 0;
+    while way < LIVE_WAYS {
+        if read_key(way_ptr(bucket, way)) == key {
+            return way;
+        }
+        way += 1;
+    }
+    LIVE_WAYS
+}
+
+/// Removes the live block `ptr` of `tgid`; a pointer that is not a live block
+/// of the current image is counted as an unknown free when `count_unknown`.
+///
+/// The fast table first: a key found there is taken out with one
+/// compare-and-swap, and only the thread whose swap succeeds accounts for
+/// the block. A key not there is looked up in LIVE_ALLOCS only if some block
+/// of its bucket spilled there.
+#[inline(always)]
+pub(crate) fn remove_block(tgid: u32, ptr: u64, count_unknown: bool) {
+    // The generation is defined on every path (0 when not found): the
+    // verifier refuses a stack slot that LLVM leaves unwritten on some.
+    let (stats, gen_) = match find_proc(tgid) {
+        Some((stats, gen_)) => (Some(stats), gen_),
+        None => (None, 0),
+    };
+    let place = live_place(tgid, ptr);
+    if let Some((bucket, index, key)) = place {
+        let way = find_way(bucket, key);
+        if way < LIVE_WAYS {
+            // The value was written before the key was stored, and stays as
+            // it is while the key is there.
+            let Some(info) = LIVE_VALUES.get(index * LIVE_WAYS + way).copied() else {
+                return;
+            };
+            let Some(stats) = current_image(stats, gen_, &info, count_unknown) else {
+                return;
+            };
+            if compare_exchange(way_ptr(bucket, way), key, LIVE_EMPTY) == key {
+                sub_block(stats, info.size);
+                count(Counter::Frees);
+            }
+            return;
+        }
+        // SAFETY: a LIVE_KEYS value; the counter is changed only atomically.
+        if unsafe { core::ptr::read_volatile(&raw const (*bucket).spilled) } == 0 {
+            if count_unknown {
+                unknown_free(stats);
+            }
+            return;
+        }
+    }
+    let key = AllocKey {
+        tgid,
+        _pad: 0,
+        addr: ptr,
+    };
+    let info = match LIVE_ALLOCS.get_ptr(key) {
+        // SAFETY: a LIVE_ALLOCS value, copied out at once.
+        Some(info) => unsafe { *info },
+        None => {
+            if count_unknown {
+                unknown_free(stats);
+            }
+            return;
+        }
+    };
+    let Some(stats) = current_image(stats, gen_, &info, count_unknown) else {
+        return;
+    };
+    // Only the thread whose delete succeeds accounts for the block.
+    if LIVE_ALLOCS.remove(key).is_ok() {
+        if let Some((bucket, _, _)) = place {
+            // SAFETY: a LIVE_KEYS value.
+            fetch_add(unsafe { &raw mut (*bucket).spilled }, u64::MAX);
+        }
+        sub_block(stats, info.size);
+        count(Counter::Frees);
+    }
+}
+
+/// The totals of the process (`stats` of generation `gen_`, from
+/// [`find_proc`]) when `info` is a block of its current image; else None (a
+/// block of an earlier image of this pid, which userspace removes), counted
+/// as an unknown free when `count_unknown`.
+#[inline(always)]
+fn current_image(
+    stats: Option<*mut ProcStats>,
+    gen_: u32,
+    info: &AllocInfo,
+    count_unknown: bool,
+) -> Option<*mut ProcStats> {
+    let stats = stats?;
+    if gen_ != info.gen_ {
+        if count_unknown {
+            unknown_free(Some(stats));
+        }
+        return None;
+    }
+    Some(stats)
+}
+
+#[inline(always)]
+fn unknown_free(stats: Option<*mut ProcStats>) {
+    count(Counter::UnknownFrees);
+    if let Some(stats) = stats {
+        // SAFETY: a PROCS value.
+        fetch_add(unsafe { &raw mut (*stats).unknown_frees }, 1);
+    }
+}
+
+/// Records the new block `addr` of `size` bytes with the current user stack.
+/// Called at a uretprobe, where the instruction pointer is the return
+/// address into the allocator's caller.
+#[inline(always)]
+pub(crate) fn record_alloc(ctx: &RetProbeContext, tgid: u32, addr: u64, size: u64) {
+    let stack_id = stack_id(ctx);
+    // SAFETY: regs points at the probe's saved registers for its duration.
+    let frame0 = unsafe { (*ctx.regs).rip };
+    let Some((stats, gen_)) = proc_stats(tgid) else {
+        return;
+    };
+    let info = AllocInfo {
+        size,
+        stack_id,
+        frame0,
+        gen_,
+        _pad: 0,
+    };
+    let hash_key = AllocKey {
+        tgid,
+        _pad: 0,
+        addr,
+    };
+    let place = live_place(tgid, addr);
+    if let Some((bucket, index, key)) = place
+        && table_insert(stats, (bucket, index, key), &hash_key, &info)
+    {
+        add_block(stats, size);
+        count(Counter::Allocs);
+        return;
+    }
+    // The spill: the bucket is full, the key cannot be packed, or the block
+    // is in LIVE_ALLOCS already. Counted in its bucket before it is there,
+    // so that a free meanwhile looks for it.
+    let spilled = place.map(|(bucket, _, _)| {
+        // SAFETY: a LIVE_KEYS value.
+        let counter = unsafe { &raw mut (*bucket).spilled };
+        fetch_add(counter, 1);
+        counter
+    });
+    let inserted = hash_insert(stats, &hash_key, &info);
+    if inserted != Some(true)
+        && let Some(counter) = spilled
+    {
+        // No new entry: the map was full, or the block replaced one.
+        fetch_add(counter, u64::MAX);
+    }
+    if inserted.is_some() {
+        add_block(stats, size);
+        count(Counter::Allocs);
+    } else {
+        drop_block(stats);
+    }
+}
+
+/// Puts `info` under `key` in the fast table (a live block of that key is
+/// replaced: see [`replace_block`]); false when the block must go to
+/// LIVE_ALLOCS: no way is free, or the key is there already.
+///
+/// A way is claimed from LIVE_EMPTY to LIVE_BUSY by compare-and-swap, the
+/// value written, then the key stored: readers never see a key with another
+/// block's value.
+#[inline(always)]
+fn table_insert(
+    stats: *mut ProcStats,
+    (bucket, index, key): (*mut LiveBucket, u32, u64),
+    hash_key: &AllocKey,
+    info: &AllocInfo,
+) -> bool {
+    let way = find_way(bucket, key);
+    if way < LIVE_WAYS {
+        // The address is live already: its free was missed, or it is a
+        // stale block of an earlier image.
+        let slot = way_ptr(bucket, way);
+        if compare_exchange(slot, key, LIVE_BUSY) != key {
+            return false;
+        }
+        if let Some(value) = LIVE_VALUES.get_ptr_mut(index * LIVE_WAYS + way) {
+            // SAFETY: the way is claimed: its value is ours until the key
+            // is stored again.
+            unsafe {
+                replace_block(stats, &*value, info.gen_);
+                *value = *info;
+            }
+            // SAFETY: as for read_key.
+            unsafe { core::ptr::write_volatile(slot, key) };
+            return true;
+        }
+        // SAFETY: as above.
+        unsafe { core::ptr::write_volatile(slot, LIVE_EMPTY) };
+        return false;
+    }
+    // SAFETY: a LIVE_KEYS value.
+    if unsafe { core::ptr::read_volatile(&raw const (*bucket).spilled) } != 0
+        && LIVE_ALLOCS.get_ptr(hash_key).is_some()
+    {
+        return false;
+    }
+    let mut way = 0;
+    while way < LIVE_WAYS {
+        let slot = way_ptr(bucket, way);
+        if read_key(slot) == LIVE_EMPTY
+            && compare_exchange(slot, LIVE_EMPTY, LIVE_BUSY) == LIVE_EMPTY
+        {
+            if let Some(value) = LIVE_VALUES.get_ptr_mut(index * LIVE_WAYS + way) {
+                // SAFETY: the way is claimed (as above).
+                unsafe { *value = *info };
+                // SAFETY: as for read_key.
+                unsafe { core::ptr::write_volatile(slot, key) };
+                return true;
+            }
+            // SAFETY: as above.
+            unsafe { core::ptr::write_volatile(slot, LIVE_EMPTY) };
+            return false;
+        }
+        way += 1;
+    }
+    false
+}
+
+/// Takes the block `old`, about to be replaced by a new block of the same
+/// address, out of the totals when it belongs to the current image `gen_`,
+/// so that no phantom leak remains.
+#[inline(always)]
+fn replace_block(stats: *mut ProcStats, old: &AllocInfo, gen_: u32) {
+    if old.gen_ == gen_ {
+        sub_block(stats, old.size);
+        count(Counter::Overwrites);
+    }
+}
+
+/// Puts `info` in LIVE_ALLOCS under `key`: Some(true) as a new entry,
+/// Some(false) in place of a live block of that address (see
+/// [`replace_block`]), None when the map is full.
+#[inline(always)]
+fn hash_insert(stats: *mut ProcStats, key: &AllocKey, info: &AllocInfo) -> Option<bool> {
+    match LIVE_ALLOCS.insert(key, info, BPF_NOEXIST as u64) {
+        Ok(()) => Some(true),
+        Err(e) if e == -EEXIST => {
+            if let Some(old) = LIVE_ALLOCS.get_ptr(key) {
+                // SAFETY: a LIVE_ALLOCS value, copied out at once.
+                replace_block(stats, &unsafe { *old }, info.gen_);
+            }
+            LIVE_ALLOCS.insert(key, info, 0).ok().map(|()| false)
+        }
+        Err(_) => None,
+    }
+}
+
+#[inline(always)]
+fn drop_block(stats: *mut ProcStats) {
+    count(Counter::DropLiveFull);
+    // SAFETY: a PROCS value.
+    fetch_add(unsafe { &raw mut (*stats).drops }, 1);
+}

@@ -1,0 +1,127 @@
+//! Every map of the object, in one place: what each holds (key → value),
+//! who writes it and who reads it. Names are the map names tracerd opens
+//! (`tracer_common::MAP_*`); capacities are the compiled defaults, which
+//! tracerd replaces at load time from its configuration.
+//!
+//! The modules that own a map's protocol: [`crate::live`] (LIVE_*),
+//! [`crate::inflight`] (INFLIGHT*), [`crate::stack`] (STACK*),
+//! [`crate::procs`] (PROC*, GENERATION, EVENTS), [`crate::sample`]
+//! (EXP_TABLE, SAMPLE_LEFT), [`crate::counters`] (COUNTERS),
+//! [`crate::globals`] (SWITCHES).
+
+use aya_ebpf::{
+    bindings::{BPF_F_MMAPABLE, BPF_F_NO_PREALLOC},
+    macros::map,
+    maps::{Array, HashMap, PerCpuArray, RingBuf},
+};
+use tracer_common::{
+    AllocInfo, AllocKey, COUNTER_SLOTS, EVENTS_RING_BYTES, EXP_TABLE_LEN, INFLIGHT_SLOT_COUNT,
+    Inflight, InflightSlot, LIVE_BUCKET_COUNT, LIVE_WAYS, LiveBucket, PROC_SLOT_COUNT, ProcSlot,
+    ProcStats, STACK_WORDS,
+};
+
+/// The errno a map insert with `BPF_NOEXIST` returns (negated) when the key
+/// is there already.
+pub(crate) const EEXIST: i32 = 17;
+
+/// Sampling: entry → an exponential variate (16.16 fixed point). Filled by
+/// tracerd at start-up; read by `sample`.
+#[map]
+pub(crate) static EXP_TABLE: Array<u32> = Array::with_max_entries(EXP_TABLE_LEN, 0);
+
+/// Sampling, per CPU, slot 0 → bytes left until the next sampled
+/// allocation. Read and written by `sample` only.
+#[map]
+pub(crate) static SAMPLE_LEFT: PerCpuArray<i64> = PerCpuArray::with_max_entries(1, 0);
+
+// Capacities here are defaults; tracerd sets them at load time from its config.
+
+/// Live blocks, the spill of the fast table: (tgid, address) → size, stack,
+/// frame 0, generation. Written by the programs (`live`); read and cleaned
+/// (ended images) by tracerd.
+#[map]
+pub(crate) static LIVE_ALLOCS: HashMap<AllocKey, AllocInfo> =
+    HashMap::with_max_entries(1 << 22, BPF_F_NO_PREALLOC);
+
+/// Live blocks, fast table keys: bucket → LIVE_WAYS packed (tgid, address)
+/// keys and the bucket's spill count. Claimed by compare-and-swap by the
+/// programs (`live`); read and cleaned by tracerd through its mapping.
+#[map]
+pub(crate) static LIVE_KEYS: Array<LiveBucket> =
+    Array::with_max_entries(LIVE_BUCKET_COUNT, BPF_F_MMAPABLE);
+
+/// Live blocks, fast table values: bucket * LIVE_WAYS + way → the block of
+/// that key slot. Written by the program holding the slot (`live`); read by
+/// tracerd through its mapping.
+#[map]
+pub(crate) static LIVE_VALUES: Array<AllocInfo> =
+    Array::with_max_entries(LIVE_BUCKET_COUNT * LIVE_WAYS, BPF_F_MMAPABLE);
+
+/// Calls in progress whose slot was taken: thread id → the call. Written at
+/// entry, consumed at return (`inflight`); tracerd only counts its entries.
+#[map]
+pub(crate) static INFLIGHT: HashMap<u64, Inflight> = HashMap::with_max_entries(1 << 16, 0);
+
+/// Calls in progress: `tid & INFLIGHT_SLOT_MASK` → owner thread and its
+/// call. Owned by one thread at a time (`inflight`); tracerd counts the
+/// slots in use.
+#[map]
+pub(crate) static INFLIGHT_SLOTS: Array<InflightSlot> =
+    Array::with_max_entries(INFLIGHT_SLOT_COUNT, 0);
+
+/// Slot 0: threads whose call is in INFLIGHT (the spill), not a slot.
+#[map]
+pub(crate) static INFLIGHT_SPILL: Array<u64> = Array::with_max_entries(1, 0);
+
+/// User stacks: stack id → check hash, then the frames. Written once per
+/// stack by the programs (`stack`); read and collected by tracerd.
+#[map]
+pub(crate) static STACKS: HashMap<u64, [u64; STACK_WORDS]> =
+    HashMap::with_max_entries(1 << 16, BPF_F_NO_PREALLOC);
+
+/// Per CPU, slot 0 → the stack being walked (same layout as a STACKS
+/// value). Used by `stack` only.
+#[map]
+pub(crate) static STACK_SCRATCH: PerCpuArray<[u64; STACK_WORDS]> =
+    PerCpuArray::with_max_entries(1, 0);
+
+/// Totals of processes that do not own their PROC_SLOTS slot: tgid →
+/// totals and generation. Written by the programs (`procs`); read by
+/// tracerd.
+#[map]
+pub(crate) static PROCS: HashMap<u32, ProcStats> = HashMap::with_max_entries(1 << 16, 0);
+
+/// Per-process totals, direct-mapped: `tgid & (PROC_SLOT_COUNT - 1)` →
+/// slot word (owner, spill count, generation) and the owner's totals.
+/// Written by the programs (`procs`); read by tracerd through its mapping.
+#[map]
+pub(crate) static PROC_SLOTS: Array<ProcSlot> =
+    Array::with_max_entries(PROC_SLOT_COUNT, BPF_F_MMAPABLE);
+
+/// Per CPU, `Counter` → how often it happened. Written by `counters`;
+/// summed by tracerd.
+#[map]
+pub(crate) static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTER_SLOTS, 0);
+
+/// Slot 0: the last generation handed out. Raised atomically by `procs`
+/// for every new process image.
+#[map]
+pub(crate) static GENERATION: Array<u64> = Array::with_max_entries(1, 0);
+
+/// Runtime switches: slot → value (slot 0 the `SWITCH_*` bits, slot
+/// `SWITCH_STACK_EPOCH` the stack epoch). Written by tracerd; read by
+/// `globals`.
+#[map]
+pub(crate) static SWITCHES: Array<u64> = Array::with_max_entries(tracer_common::SWITCH_SLOTS, 0);
+
+/// Per CPU, the last stack this CPU found or put in STACKS: (id, check
+/// hash, stack epoch + 1). A hit skips the STACKS lookup; an epoch raised by
+/// tracerd (it removed stacks) makes every entry a miss.
+#[map]
+pub(crate) static STACK_CACHE: PerCpuArray<[u64; 3]> = PerCpuArray::with_max_entries(1, 0);
+
+/// Process events (first allocation of an image, exec, exit; in scoped
+/// mode every exec and fork): ring buffer of `ProcEvent`. Written by
+/// `procs`; read by tracerd.
+#[map]
+pub(crate) static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_RING_BYTES, 0);

@@ -1,0 +1,256 @@
+//! Per-process totals and generations, and the events of a process image's
+//! life (first allocation, end by exec or exit) that carry them to tracerd.
+//!
+//! Protocol. A process image is identified by (tgid, generation); a new
+//! generation comes from `GENERATION` at the image's first allocation
+//! ([`proc_stats`]), which also sends a `New` event. Its totals live in its
+//! direct-mapped slot of `PROC_SLOTS` when the slot was free then (no owner,
+//! no spill), else in `PROCS`, counted first in the slot's spill count so
+//! that lookups ([`find_proc`]) go to the hash only while some process of
+//! the slot is there. A slot's word (owner, spill count, generation)
+//! changes only by compare-and-swap; the totals only atomically
+//! ([`add_block`], [`sub_block`]). At exec or exit ([`end_generation`]) the
+//! final totals go out in an event and the slot is freed (or the `PROCS`
+//! entry removed and uncounted from its slot).
+
+use aya_ebpf::{
+    bindings::BPF_NOEXIST,
+    helpers::{bpf_get_current_comm, bpf_ktime_get_ns},
+};
+use tracer_common::{
+    Counter, PROC_SLOT_GEN_SHIFT, PROC_SLOT_OWNER_MASK, PROC_SLOT_SPILL_MAX, PROC_SLOT_SPILL_SHIFT,
+    ProcEvent, ProcEventKind, ProcSlot, ProcStats, proc_slot_gen, proc_slot_index, proc_slot_owner,
+    proc_slot_spill,
+};
+
+use crate::{
+    atomic::{compare_exchange, fetch_add},
+    counters::count,
+    maps::{EEXIST, EVENTS, GENERATION, PROC_SLOTS, PROCS},
+};
+
+/// The slot of `tgid` in PROC_SLOTS.
+#[inline(always)]
+fn proc_slot(tgid: u32) -> Option<*mut ProcSlot> {
+    PROC_SLOTS.get_ptr_mut(proc_slot_index(tgid))
+}
+
+/// The totals of `tgid`'s current image and its generation: in its slot of
+/// PROC_SLOTS when it owns it, else in PROCS, looked up only while some
+/// process of the slot is there (its spill count is not 0). None: not seen.
+#[inline(always)]
+pub(crate) fn find_proc(tgid: u32) -> Option<(*mut ProcStats, u32)> {
+    let slot = proc_slot(tgid)?;
+    // SAFETY: a PROC_SLOTS value; its word changes only atomically.
+    let word = unsafe { core::ptr::read_volatile(&raw const (*slot).word) };
+    if proc_slot_owner(word) == tgid {
+        // SAFETY: as above.
+        return Some((unsafe { &raw mut (*slot).stats }, proc_slot_gen(word)));
+    }
+    if proc_slot_spill(word) == 0 {
+        return None;
+    }
+    let stats = PROCS.get_ptr_mut(tgid)?;
+    // SAFETY: a PROCS value.
+    Some((stats, unsafe { (*stats).gen_ }))
+}
+
+/// A new generation (unique per process image).
+#[inline(always)]
+fn new_generation() -> Option<u32> {
+    let slot = GENERATION.get_ptr_mut(0)?;
+    Some(fetch_add(slot, 1).wrapping_add(1) as u32)
+}
+
+/// The totals of `tgid` and its generation, created (with a new generation,
+/// and a `New` event for userspace) at the process image's first allocation.
+///
+/// A free slot (no owner, no spill) is claimed by one compare-and-swap of
+/// its word to the tgid and generation; its totals were zeroed when it was
+/// freed. Else the process goes to PROCS, after one compare-and-swap that
+/// counts it in the slot's spill count (so that it is looked for there, and
+/// so that the slot is not claimed meanwhile by another thread of it).
+#[inline(always)]
+pub(crate) fn proc_stats(tgid: u32) -> Option<(*mut ProcStats, u32)> {
+    if let Some(found) = find_proc(tgid) {
+        return Some(found);
+    }
+    let slot = proc_slot(tgid)?;
+    // SAFETY: a PROC_SLOTS value.
+    let word_ptr = unsafe { &raw mut (*slot).word };
+    let fits = u64::from(tgid) <= PROC_SLOT_OWNER_MASK;
+    let mut tries = 0;
+    while tries < 4 {
+        // SAFETY: as above; the word changes only atomically.
+        let word = unsafe { core::ptr::read_volatile(word_ptr) };
+        let spill = proc_slot_spill(word);
+        if proc_slot_owner(word) == tgid {
+            // SAFETY: as above.
+            return Some((unsafe { &raw mut (*slot).stats }, proc_slot_gen(word)));
+        }
+        if fits && proc_slot_owner(word) == 0 && spill == 0 {
+            let gen_ = new_generation()?;
+            let owned = u64::from(tgid) | (u64::from(gen_) << PROC_SLOT_GEN_SHIFT);
+            if compare_exchange(word_ptr, word, owned) == word {
+                send_event(ProcEventKind::New, tgid, gen_, &ProcStats::default());
+                // SAFETY: as above.
+                return Some((unsafe { &raw mut (*slot).stats }, gen_));
+            }
+        } else if spill < PROC_SLOT_SPILL_MAX {
+            if compare_exchange(word_ptr, word, word + (1 << PROC_SLOT_SPILL_SHIFT)) == word {
+                return hash_proc(tgid, word_ptr);
+            }
+        } else {
+            break;
+        }
+        tries += 1;
+    }
+    count(Counter::DropProcsFull);
+    None
+}
+
+/// Puts `tgid` in PROCS, counted already in the spill count at `word`.
+#[inline(always)]
+fn hash_proc(tgid: u32, word: *mut u64) -> Option<(*mut ProcStats, u32)> {
+    let unspill = || fetch_add(word, (1u64 << PROC_SLOT_SPILL_SHIFT).wrapping_neg());
+    let Some(gen_) = new_generation() else {
+        unspill();
+        return None;
+    };
+    let stats = ProcStats {
+        gen_,
+        ..ProcStats::default()
+    };
+    match PROCS.insert(tgid, stats, BPF_NOEXIST as u64) {
+        Ok(()) => send_event(ProcEventKind::New, tgid, gen_, &ProcStats::default()),
+        // Another thread of the process created it first (and counted it).
+        Err(e) if e == -EEXIST => {
+            unspill();
+        }
+        Err(_) => {
+            unspill();
+            count(Counter::DropProcsFull);
+            return None;
+        }
+    }
+    let stats = PROCS.get_ptr_mut(tgid)?;
+    // SAFETY: a PROCS value.
+    Some((stats, unsafe { (*stats).gen_ }))
+}
+
+/// Sends a [`ProcEvent`] of `kind` about image (`tgid`, `gen_`) with its
+/// totals `stats` to tracerd (counted; a full ring is counted as a drop).
+#[inline(always)]
+pub(crate) fn send_event(kind: ProcEventKind, tgid: u32, gen_: u32, stats: &ProcStats) {
+    let event = ProcEvent {
+        kind: kind as u32,
+        tgid,
+        gen_,
+        _pad: 0,
+        // SAFETY: a helper with no preconditions.
+        ktime_ns: unsafe { bpf_ktime_get_ns() },
+        stats: *stats,
+        comm: bpf_get_current_comm().unwrap_or([0; 16]),
+    };
+    if EVENTS.output::<ProcEvent>(&event, 0).is_err() {
+        count(Counter::DropEvents);
+    } else {
+        count(Counter::ProcEvents);
+    }
+}
+
+/// Adds a block of `size` bytes to the totals `stats` (current, blocks,
+/// allocations, and the peak).
+#[inline(always)]
+pub(crate) fn add_block(stats: *mut ProcStats, size: u64) {
+    // SAFETY: stats points into a PROCS value (see fetch_add).
+    let (current, peak, blocks, allocs) = unsafe {
+        (
+            &raw mut (*stats).current,
+            &raw mut (*stats).peak,
+            &raw mut (*stats).blocks,
+            &raw mut (*stats).allocs,
+        )
+    };
+    let now = fetch_add(current, size).wrapping_add(size);
+    fetch_add(blocks, 1);
+    fetch_add(allocs, 1);
+    // Bounded compare-and-swap: the verifier rejects unbounded loops.
+    // SAFETY: peak points into a PROCS value (see fetch_add).
+    let mut seen = unsafe { core::ptr::read_volatile(peak) };
+    let mut tries = 0;
+    while seen < now && tries < 8 {
+        let old = compare_exchange(peak, seen, now);
+        if old == seen {
+            break;
+        }
+        seen = old;
+        tries += 1;
+    }
+}
+
+/// Takes a freed block of `size` bytes out of the totals `stats`.
+#[inline(always)]
+pub(crate) fn sub_block(stats: *mut ProcStats, size: u64) {
+    // SAFETY: stats points into a PROCS value (see fetch_add).
+    let (current, blocks, frees) = unsafe {
+        (
+            &raw mut (*stats).current,
+            &raw mut (*stats).blocks,
+            &raw mut (*stats).frees,
+        )
+    };
+    fetch_add(current, size.wrapping_neg());
+    fetch_add(blocks, u64::MAX);
+    fetch_add(frees, 1);
+}
+
+/// Ends the current generation of `tgid`: its totals go to userspace in an
+/// event, which then removes its blocks from the live maps. Its slot of
+/// PROC_SLOTS is freed (totals zeroed first, for the next owner; the spill
+/// count kept), or its PROCS entry removed (and uncounted from the slot).
+#[inline(always)]
+pub(crate) fn end_generation(kind: ProcEventKind, tgid: u32) {
+    let Some(slot) = proc_slot(tgid) else {
+        return;
+    };
+    // SAFETY: a PROC_SLOTS value; its word changes only atomically.
+    let word_ptr = unsafe { &raw mut (*slot).word };
+    // SAFETY: as above.
+    let word = unsafe { core::ptr::read_volatile(word_ptr) };
+    if proc_slot_owner(word) == tgid {
+        // SAFETY: as above. No thread of the process runs any more (exit of
+        // the last one, or exec, which ended the others).
+        let mut stats = unsafe { (*slot).stats };
+        stats.gen_ = proc_slot_gen(word);
+        // SAFETY: as above.
+        unsafe { (*slot).stats = ProcStats::default() };
+        // Only the owner and generation go: the spill count may change
+        // meanwhile, by compare-and-swap, and is kept.
+        let mut seen = word;
+        let mut tries = 0;
+        while tries < 8 && proc_slot_owner(seen) == tgid {
+            let free = seen & (PROC_SLOT_SPILL_MAX << PROC_SLOT_SPILL_SHIFT);
+            let old = compare_exchange(word_ptr, seen, free);
+            if old == seen {
+                break;
+            }
+            seen = old;
+            tries += 1;
+        }
+        send_event(kind, tgid, stats.gen_, &stats);
+        return;
+    }
+    if proc_slot_spill(word) == 0 {
+        return;
+    }
+    let Some(stats) = PROCS.get_ptr(tgid) else {
+        return;
+    };
+    // SAFETY: a PROCS value, copied out at once.
+    let stats = unsafe { *stats };
+    if PROCS.remove(tgid).is_ok() {
+        fetch_add(word_ptr, (1u64 << PROC_SLOT_SPILL_SHIFT).wrapping_neg());
+    }
+    send_event(kind, tgid, stats.gen_, &stats);
+}

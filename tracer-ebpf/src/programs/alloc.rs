@@ -1,0 +1,118 @@
+//! The allocator's uprobes (at each function's entry) and uretprobes (at
+//! its return): one program per probe of `tracer_common::PROBES`. Each
+//! reads the call's arguments or result and hands them to [`crate::calls`].
+
+use aya_ebpf::{
+    macros::{uprobe, uretprobe},
+    programs::{ProbeContext, RetProbeContext},
+};
+
+use crate::{
+    calls::{self, alloc_entry, mul, page_round, realloc_entry},
+    globals::{current, page_size},
+};
+
+/// Argument `n` of the probed call (0 if it cannot be read).
+#[inline(always)]
+fn arg(ctx: &ProbeContext, n: usize) -> u64 {
+    ctx.arg::<u64>(n).unwrap_or(0)
+}
+
+#[uprobe]
+pub fn malloc_enter(ctx: ProbeContext) -> u32 {
+    alloc_entry(arg(&ctx, 0), 0, false)
+}
+
+#[uprobe]
+pub fn calloc_enter(ctx: ProbeContext) -> u32 {
+    let (size, overflow) = mul(arg(&ctx, 0), arg(&ctx, 1));
+    alloc_entry(size, 0, overflow)
+}
+
+#[uprobe]
+pub fn realloc_enter(ctx: ProbeContext) -> u32 {
+    realloc_entry(arg(&ctx, 1), arg(&ctx, 0), false)
+}
+
+#[uprobe]
+pub fn reallocarray_enter(ctx: ProbeContext) -> u32 {
+    let (size, overflow) = mul(arg(&ctx, 1), arg(&ctx, 2));
+    realloc_entry(size, arg(&ctx, 0), overflow)
+}
+
+#[uprobe]
+pub fn posix_memalign_enter(ctx: ProbeContext) -> u32 {
+    alloc_entry(arg(&ctx, 2), arg(&ctx, 0), false)
+}
+
+#[uprobe]
+pub fn aligned_alloc_enter(ctx: ProbeContext) -> u32 {
+    alloc_entry(arg(&ctx, 1), 0, false)
+}
+
+#[uprobe]
+pub fn memalign_enter(ctx: ProbeContext) -> u32 {
+    alloc_entry(arg(&ctx, 1), 0, false)
+}
+
+#[uprobe]
+pub fn valloc_enter(ctx: ProbeContext) -> u32 {
+    alloc_entry(arg(&ctx, 0), 0, false)
+}
+
+#[uprobe]
+pub fn pvalloc_enter(ctx: ProbeContext) -> u32 {
+    let (size, overflow) = page_round(page_size(), arg(&ctx, 0));
+    alloc_entry(size, 0, overflow)
+}
+
+#[uprobe]
+pub fn free_enter(ctx: ProbeContext) -> u32 {
+    let Some((_, tgid)) = current() else { return 0 };
+    calls::free(tgid, arg(&ctx, 0))
+}
+
+#[uretprobe]
+pub fn malloc_exit(ctx: RetProbeContext) -> u32 {
+    calls::alloc_exit(&ctx)
+}
+
+#[uretprobe]
+pub fn calloc_exit(ctx: RetProbeContext) -> u32 {
+    calls::alloc_exit(&ctx)
+}
+
+#[uretprobe]
+pub fn aligned_alloc_exit(ctx: RetProbeContext) -> u32 {
+    calls::alloc_exit(&ctx)
+}
+
+#[uretprobe]
+pub fn memalign_exit(ctx: RetProbeContext) -> u32 {
+    calls::alloc_exit(&ctx)
+}
+
+#[uretprobe]
+pub fn valloc_exit(ctx: RetProbeContext) -> u32 {
+    calls::alloc_exit(&ctx)
+}
+
+#[uretprobe]
+pub fn pvalloc_exit(ctx: RetProbeContext) -> u32 {
+    calls::alloc_exit(&ctx)
+}
+
+#[uretprobe]
+pub fn realloc_exit(ctx: RetProbeContext) -> u32 {
+    calls::realloc_exit(&ctx)
+}
+
+#[uretprobe]
+pub fn reallocarray_exit(ctx: RetProbeContext) -> u32 {
+    calls::realloc_exit(&ctx)
+}
+
+#[uretprobe]
+pub fn posix_memalign_exit(ctx: RetProbeContext) -> u32 {
+    calls::posix_memalign_exit(&ctx)
+}
