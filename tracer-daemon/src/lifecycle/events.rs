@@ -1,5 +1,5 @@
 //! The kernel's process events (the `EVENTS` ring buffer), decoded through
-//! [`ProcEventKind`] and applied: a new image is read from `/proc` while it
+//! [`ProcEventKind`]'s `TryFrom<u32>` and applied: a new image is read from `/proc` while it
 //! lives; ended images have their blocks collected in one pass over the
 //! kernel maps, kept as their last state, and removed from the maps.
 use std::collections::HashSet;
@@ -33,21 +33,6 @@ pub enum Event {
     },
 }
 
-/// The kind of `event`, through the enum; None for a kind this tracerd
-/// does not know.
-#[must_use]
-pub fn kind_of(event: &ProcEvent) -> Option<ProcEventKind> {
-    [
-        ProcEventKind::New,
-        ProcEventKind::Exec,
-        ProcEventKind::Exit,
-        ProcEventKind::ExecAny,
-        ProcEventKind::Fork,
-    ]
-    .into_iter()
-    .find(|kind| *kind as u32 == event.kind)
-}
-
 /// Decodes a kernel event; None for an unknown kind.
 #[must_use]
 pub fn decode(event: &ProcEvent) -> Option<Event> {
@@ -59,7 +44,7 @@ pub fn decode(event: &ProcEvent) -> Option<Event> {
             stats: event.stats,
         })
     };
-    Some(match kind_of(event)? {
+    Some(match ProcEventKind::try_from(event.kind).ok()? {
         ProcEventKind::New => Event::New {
             image,
             comm: event.comm,
