@@ -37,7 +37,7 @@ use serde_json::{Value, json};
 use super::hash::FxHashMap;
 use super::index::FrameHints;
 use super::snapshot::Snapshot;
-use super::traceback::{Frame, FrameExtra, Trace, Traceback};
+use crate::trace::{Frame, FrameExtra, Trace, Traceback};
 
 /// The first 8 bytes of every file.
 pub const DUMP_MAGIC: [u8; 8] = *b"\x89TRSNAP\n";

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use super::fnmatch::Pattern;
 use super::hash::FxHashMap;
 use super::snapshot::Snapshot;
-use super::traceback::{Frame, Traceback};
+use crate::trace::{Frame, Traceback};
 
 /// tracemalloc's `_normalize_filename`: `os.path.normcase` (nothing on
 /// POSIX), and `x.pyc` becomes `x.py`.

@@ -36,7 +36,7 @@ use super::hash::FxHashMap;
 use super::index::{Index, Interned, NONE};
 use super::snapshot::{GroupBy, Statistic, StatisticDiff};
 use super::table::{AHEAD, prefetch};
-use super::traceback::{Frame, FrameExtra, Trace, Traceback, UNKNOWN_FILENAME};
+use crate::trace::{Frame, FrameExtra, Trace, Traceback, UNKNOWN_FILENAME};
 
 /// Bytes and blocks of one group. Sums saturate instead of wrapping (no
 /// real process holds 2^64 bytes).

@@ -28,7 +28,7 @@ use std::sync::Arc;
 
 use super::hash::{FxHashMap, FxHasher};
 use super::table::{AHEAD, Table, prefetch};
-use super::traceback::{Frame, Trace, Traceback};
+use crate::trace::{Frame, Trace, Traceback};
 
 /// "None" in the `u32` id arrays.
 pub(crate) const NONE: u32 = u32::MAX;

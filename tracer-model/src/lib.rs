@@ -43,27 +43,26 @@ mod dump;
 mod error;
 mod filter;
 mod fnmatch;
-mod format;
 mod group;
 mod hash;
 mod index;
 mod intern;
-mod linecache;
 mod pickle;
 mod snapshot;
 mod table;
-mod traceback;
+mod text;
+mod trace;
 
 pub use completeness::Completeness;
 pub use dump::{DUMP_MAGIC, DUMP_VERSION, Decoded, DumpError, crc32, decode, encode};
 pub use error::ModelError;
 pub use filter::{DomainFilter, Filter, TraceFilter, normalize_filename};
 pub use fnmatch::Pattern;
-pub use format::{format_size, format_size_f64, py_repr_str, true_div};
-pub use linecache::{LineCache, MAX_SOURCE_BYTES};
 pub use pickle::{PickleError, dump_tracemalloc, load_tracemalloc};
 pub use snapshot::{GroupBy, Snapshot, Statistic, StatisticDiff};
-pub use traceback::{Frame, FrameExtra, Trace, Traceback, UNKNOWN_FILENAME, is_python_space};
+pub use text::format::{format_size, format_size_f64, py_repr_str, true_div};
+pub use text::linecache::{LineCache, MAX_SOURCE_BYTES};
+pub use trace::{Frame, FrameExtra, Trace, Traceback, UNKNOWN_FILENAME, is_python_space};
 
 /// Helpers shared by the model's unit tests.
 #[cfg(test)]

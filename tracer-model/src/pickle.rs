@@ -24,7 +24,7 @@ use std::sync::Arc;
 use super::hash::FxHashMap;
 use super::index::FrameHints;
 use super::snapshot::Snapshot;
-use super::traceback::{Frame, Trace, Traceback};
+use crate::trace::{Frame, Trace, Traceback};
 
 /// Why a pickle was refused.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

@@ -11,10 +11,10 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::error::ModelError;
-use super::format::{format_size_f64, true_div};
 use super::group::{self, distinct_tracebacks, group_labels, sort_parallel};
 use super::index::{FrameHints, Index, Interned};
-use super::traceback::{Trace, Traceback};
+use crate::text::format::{format_size_f64, true_div};
+use crate::trace::{Trace, Traceback};
 
 /// How `statistics()` and `compare_to()` group traces: tracemalloc's
 /// `key_type` (`filename`, `lineno`, `traceback`), plus `function` and
