@@ -34,8 +34,8 @@ use std::sync::Arc;
 
 use super::hash::FxHashMap;
 use super::index::{Index, Interned, NONE};
-use super::snapshot::{GroupBy, Statistic, StatisticDiff};
 use super::table::{AHEAD, prefetch};
+use crate::statistic::{GroupBy, Statistic, StatisticDiff};
 use crate::trace::{Frame, FrameExtra, Trace, Traceback, UNKNOWN_FILENAME};
 
 /// Bytes and blocks of one group. Sums saturate instead of wrapping (no
