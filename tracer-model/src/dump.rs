@@ -35,8 +35,8 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use super::hash::FxHashMap;
-use super::index::FrameHints;
 use super::snapshot::Snapshot;
+use crate::engine::index::FrameHints;
 use crate::trace::{Frame, FrameExtra, Trace, Traceback};
 
 /// The first 8 bytes of every file.

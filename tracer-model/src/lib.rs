@@ -40,17 +40,15 @@
 
 mod completeness;
 mod dump;
+mod engine;
 mod error;
 mod filter;
 mod fnmatch;
-mod group;
 mod hash;
-mod index;
 mod intern;
 mod pickle;
 mod snapshot;
 mod statistic;
-mod table;
 mod text;
 mod trace;
 

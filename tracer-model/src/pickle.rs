@@ -22,8 +22,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::hash::FxHashMap;
-use super::index::FrameHints;
 use super::snapshot::Snapshot;
+use crate::engine::index::FrameHints;
 use crate::trace::{Frame, Trace, Traceback};
 
 /// Why a pickle was refused.

@@ -1,13 +1,16 @@
 //! `Snapshot`: tracemalloc's snapshot of the live blocks, and the entry
-//! points of its methods, `statistics()` and `compare_to()`. The grouping
-//! itself is in `group`; the result types in `statistic`.
+//! points of its methods, `statistics()` and `compare_to()`: the top of
+//! the engine. Each constructor indexes the traces (`engine::index`); the
+//! methods check their arguments and call down into the grouping
+//! (`engine::group` for tracemalloc's key types, `engine::labels` for
+//! `function` and `module`), which returns the `statistic` types sorted.
 
 use std::sync::Arc;
 
+use crate::engine::index::{FrameHints, Index, Interned};
+use crate::engine::{group, labels};
 use crate::error::ModelError;
-use crate::group::{self, distinct_tracebacks, group_labels, sort_parallel};
-use crate::index::{FrameHints, Index, Interned};
-use crate::statistic::{GroupBy, Statistic, StatisticDiff, diff_order, statistic_order};
+use crate::statistic::{GroupBy, Statistic, StatisticDiff};
 use crate::trace::{Trace, Traceback};
 
 /// The live blocks of one process at one moment: tracemalloc's `Snapshot`.
@@ -136,17 +139,20 @@ impl Snapshot {
         cumulative: bool,
     ) -> Result<Vec<Statistic>, ModelError> {
         check_cumulative(group_by, cumulative)?;
-        if !group_by.is_labelled() {
-            return Ok(group::statistics(
-                &self.index,
+        if group_by.is_labelled() {
+            return Ok(labels::statistics(
+                self.interned(),
                 &self.traces,
                 group_by,
                 cumulative,
             ));
         }
-        let distinct = distinct_tracebacks(self.interned(), &self.traces);
-        let statistics = group_labels(&distinct, group_by, cumulative).label_statistics();
-        Ok(sort_parallel(statistics, statistic_order))
+        Ok(group::statistics(
+            &self.index,
+            &self.traces,
+            group_by,
+            cumulative,
+        ))
     }
 
     /// `Snapshot.compare_to(old, key_type, cumulative)`: one
@@ -162,19 +168,20 @@ impl Snapshot {
         cumulative: bool,
     ) -> Result<Vec<StatisticDiff>, ModelError> {
         check_cumulative(group_by, cumulative)?;
-        if !group_by.is_labelled() {
-            return Ok(group::compare_to(
-                (&self.index, &self.traces),
-                (&old.index, &old.traces),
+        if group_by.is_labelled() {
+            return Ok(labels::compare_to(
+                (self.interned(), &self.traces),
+                (old.interned(), &old.traces),
                 group_by,
                 cumulative,
             ));
         }
-        let new_distinct = distinct_tracebacks(self.interned(), &self.traces);
-        let old_distinct = distinct_tracebacks(old.interned(), &old.traces);
-        let diffs = group_labels(&new_distinct, group_by, cumulative)
-            .label_compare_to(&group_labels(&old_distinct, group_by, cumulative));
-        Ok(sort_parallel(diffs, diff_order))
+        Ok(group::compare_to(
+            (&self.index, &self.traces),
+            (&old.index, &old.traces),
+            group_by,
+            cumulative,
+        ))
     }
 }
 

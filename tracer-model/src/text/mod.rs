@@ -1,5 +1,5 @@
 //! Text: tracemalloc's and Python's formats that the `str()` of every model
-//! type is built from ([`format`]), and the source lines that
+//! type is built from ([`format`](mod@format)), and the source lines that
 //! `Traceback.format()` shows ([`linecache`]). The bottom of the crate:
 //! nothing here imports another module of it.
 
