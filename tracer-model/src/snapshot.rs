@@ -1,15 +1,17 @@
 //! `Snapshot`: tracemalloc's snapshot of the live blocks, and the entry
-//! points of its methods, `statistics()` and `compare_to()`: the top of
-//! the engine. Each constructor indexes the traces (`engine::index`); the
-//! methods check their arguments and call down into the grouping
-//! (`engine::group` for tracemalloc's key types, `engine::labels` for
-//! `function` and `module`), which returns the `statistic` types sorted.
+//! points of its methods `statistics()`, `compare_to()` and
+//! `filter_traces()`: the top of the engine. Each constructor indexes the
+//! traces (`engine::index`); the methods check their arguments and call
+//! down: into the grouping (`engine::group` for tracemalloc's key types,
+//! `engine::labels` for `function` and `module`), which returns the
+//! `statistic` types sorted, or into `filter` for the traces to keep.
 
 use std::sync::Arc;
 
 use crate::engine::index::{FrameHints, Index, Interned};
 use crate::engine::{group, labels};
 use crate::error::ModelError;
+use crate::filter::{self, TraceFilter};
 use crate::statistic::{GroupBy, Statistic, StatisticDiff};
 use crate::trace::{Trace, Traceback};
 
@@ -182,6 +184,18 @@ impl Snapshot {
             group_by,
             cumulative,
         ))
+    }
+
+    /// `Snapshot.filter_traces(filters)`: a new snapshot (same
+    /// `traceback_limit`) of the traces that match at least one inclusive
+    /// filter (if there is any) and that no exclusive filter excludes, in
+    /// their original order. No filters: a copy of every trace.
+    #[must_use]
+    pub fn filter_traces(&self, filters: &[TraceFilter]) -> Snapshot {
+        if filters.is_empty() {
+            return self.clone();
+        }
+        self.subset(&filter::kept(filters, &self.traces, self.interned()))
     }
 }
 
