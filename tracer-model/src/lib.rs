@@ -38,24 +38,22 @@
 //! );
 //! ```
 
+mod codec;
 mod completeness;
-mod dump;
 mod engine;
 mod error;
 mod filter;
 mod hash;
-mod intern;
-mod pickle;
 mod snapshot;
 mod statistic;
 mod text;
 mod trace;
 
+pub use codec::dump::{DUMP_MAGIC, DUMP_VERSION, Decoded, DumpError, crc32, decode, encode};
+pub use codec::pickle::{PickleError, dump_tracemalloc, load_tracemalloc};
 pub use completeness::Completeness;
-pub use dump::{DUMP_MAGIC, DUMP_VERSION, Decoded, DumpError, crc32, decode, encode};
 pub use error::ModelError;
 pub use filter::{DomainFilter, Filter, Pattern, TraceFilter, normalize_filename};
-pub use pickle::{PickleError, dump_tracemalloc, load_tracemalloc};
 pub use snapshot::Snapshot;
 pub use statistic::{GroupBy, Statistic, StatisticDiff};
 pub use text::format::{format_size, format_size_f64, py_repr_str, true_div};
