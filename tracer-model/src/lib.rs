@@ -10,6 +10,25 @@
 //! Plain data and pure functions: no I/O, no aya, nothing that needs root.
 //! Sizes are in bytes, requested sizes as the traced program asked for them.
 //!
+//! # Layout
+//!
+//! Layers, lowest first; a module imports only its own layer and those
+//! below (the unit test in `layering.rs` checks it):
+//!
+//! - `text/` (`format`: `_format_size`, `repr()`, `int / int`;
+//!   `linecache`) and `hash` (the model's hasher);
+//! - `error` ([`ModelError`]) and `completeness` ([`Completeness`]);
+//! - `trace` ([`Frame`], [`Traceback`], [`Trace`]);
+//! - `statistic` ([`GroupBy`], [`Statistic`], [`StatisticDiff`], their
+//!   `str()` and sort orders);
+//! - `engine/`: the index of a snapshot and the groupings that
+//!   `statistics()` and `compare_to()` run on it;
+//! - `filter/` ([`Filter`], [`DomainFilter`], `fnmatch`'s [`Pattern`]);
+//! - `snapshot` ([`Snapshot`]): the top of the engine, calling into
+//!   `engine` and `filter`;
+//! - `codec/`: the snapshot files, ours (`dump`) and tracemalloc's
+//!   (`pickle`).
+//!
 //! Where the data comes from: `capture` records each live block (pid as
 //! `domain`, size, stack addresses), `symbolize` turns addresses into
 //! [`Frame`]s, and the store assembles them into a [`Snapshot`].
@@ -44,6 +63,8 @@ mod engine;
 mod error;
 mod filter;
 mod hash;
+#[cfg(test)]
+mod layering;
 mod snapshot;
 mod statistic;
 mod text;
