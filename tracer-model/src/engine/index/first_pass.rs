@@ -115,7 +115,6 @@ impl<'a> FirstPass<'a> {
         }
     }
 
-    /// Ends arc `a`: its frame ids are the last pushed since its start.
     /// Appends frame `frame_id`, at `position` of arc `a`, to that arc's
     /// frames (the top frame also marks the frame as seen on top).
     fn push_frame(&mut self, a: usize, position: usize, frame_id: u32) {
@@ -125,6 +124,8 @@ impl<'a> FirstPass<'a> {
         self.arc_frames.push(frame_id);
     }
 
+    /// Ends the current arc: its frame ids are those pushed since its
+    /// start; records their hash and where the next arc starts.
     fn end_arc(&mut self) {
         let start = self.arc_start.last().copied().unwrap_or(0);
         let ids = self.arc_frames.get(start..).unwrap_or(&[]);
