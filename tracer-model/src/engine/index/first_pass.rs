@@ -117,6 +117,7 @@ impl<'a> FirstPass<'a> {
 
     /// Appends frame `frame_id`, at `position` of arc `a`, to that arc's
     /// frames (the top frame also marks the frame as seen on top).
+    #[inline]
     fn push_frame(&mut self, a: usize, position: usize, frame_id: u32) {
         if position == 0 {
             self.top(frame_id, a);
