@@ -1,6 +1,6 @@
 //! Errors of the snapshot engine.
 
-use super::format::py_repr_str;
+use crate::text::format::py_repr_str;
 
 /// Why a model operation refused its input. Messages follow CPython's
 /// tracemalloc word for word where it has one.

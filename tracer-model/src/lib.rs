@@ -10,6 +10,25 @@
 //! Plain data and pure functions: no I/O, no aya, nothing that needs root.
 //! Sizes are in bytes, requested sizes as the traced program asked for them.
 //!
+//! # Layout
+//!
+//! Layers, lowest first; a module imports only its own layer and those
+//! below (the unit test in `layering.rs` checks it):
+//!
+//! - `text/` (`format`: `_format_size`, `repr()`, `int / int`;
+//!   `linecache`) and `hash` (the model's hasher);
+//! - `error` ([`ModelError`]) and `completeness` ([`Completeness`]);
+//! - `trace` ([`Frame`], [`Traceback`], [`Trace`]);
+//! - `statistic` ([`GroupBy`], [`Statistic`], [`StatisticDiff`], their
+//!   `str()` and sort orders);
+//! - `engine/`: the index of a snapshot and the groupings that
+//!   `statistics()` and `compare_to()` run on it;
+//! - `filter/` ([`Filter`], [`DomainFilter`], `fnmatch`'s [`Pattern`]);
+//! - `snapshot` ([`Snapshot`]): the top of the engine, calling into
+//!   `engine` and `filter`;
+//! - `codec/`: the snapshot files, ours (`dump`) and tracemalloc's
+//!   (`pickle`).
+//!
 //! Where the data comes from: `capture` records each live block (pid as
 //! `domain`, size, stack addresses), `symbolize` turns addresses into
 //! [`Frame`]s, and the store assembles them into a [`Snapshot`].
@@ -38,32 +57,29 @@
 //! );
 //! ```
 
+mod codec;
 mod completeness;
-mod dump;
+mod engine;
 mod error;
 mod filter;
-mod fnmatch;
-mod format;
-mod group;
 mod hash;
-mod index;
-mod intern;
-mod linecache;
-mod pickle;
+#[cfg(test)]
+mod layering;
 mod snapshot;
-mod table;
-mod traceback;
+mod statistic;
+mod text;
+mod trace;
 
+pub use codec::dump::{DUMP_MAGIC, DUMP_VERSION, Decoded, DumpError, crc32, decode, encode};
+pub use codec::pickle::{PickleError, dump_tracemalloc, load_tracemalloc};
 pub use completeness::Completeness;
-pub use dump::{DUMP_MAGIC, DUMP_VERSION, Decoded, DumpError, crc32, decode, encode};
 pub use error::ModelError;
-pub use filter::{DomainFilter, Filter, TraceFilter, normalize_filename};
-pub use fnmatch::Pattern;
-pub use format::{format_size, format_size_f64, py_repr_str, true_div};
-pub use linecache::{LineCache, MAX_SOURCE_BYTES};
-pub use pickle::{PickleError, dump_tracemalloc, load_tracemalloc};
-pub use snapshot::{GroupBy, Snapshot, Statistic, StatisticDiff};
-pub use traceback::{Frame, FrameExtra, Trace, Traceback, UNKNOWN_FILENAME, is_python_space};
+pub use filter::{DomainFilter, Filter, Pattern, TraceFilter, normalize_filename};
+pub use snapshot::Snapshot;
+pub use statistic::{GroupBy, Statistic, StatisticDiff};
+pub use text::format::{format_size, format_size_f64, py_repr_str, true_div};
+pub use text::linecache::{LineCache, MAX_SOURCE_BYTES};
+pub use trace::{Frame, FrameExtra, Trace, Traceback, UNKNOWN_FILENAME, is_python_space};
 
 /// Helpers shared by the model's unit tests.
 #[cfg(test)]

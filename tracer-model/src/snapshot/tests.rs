@@ -301,58 +301,6 @@ fn empty_snapshots_give_empty_results() {
     );
 }
 
-#[test]
-fn group_by_parses_and_names_valid_values_on_error() {
-    for group_by in GroupBy::ALL {
-        assert_eq!(group_by.to_string().parse::<GroupBy>(), Ok(group_by));
-    }
-    let err = "Lineno".parse::<GroupBy>().expect_err("case-sensitive");
-    assert_eq!(
-        err.to_string(),
-        "unknown key_type: 'Lineno'; valid values are 'filename', 'lineno', 'traceback', 'function', 'module'"
-    );
-    assert_eq!(
-        serde_json::to_value(GroupBy::Traceback).expect("serializes"),
-        "traceback"
-    );
-}
-
-#[test]
-fn statistic_texts_and_json_match_tracemalloc() {
-    let traceback = Traceback::new(vec![Frame::new("a.c", 1)], None);
-    let stat = Statistic {
-        traceback: traceback.clone(),
-        size: u64::MAX,
-        count: 3,
-        label: None,
-    };
-    assert_eq!(
-        stat.to_string(),
-        "a.c:1: size=16777216 TiB, count=3, average=5592405 TiB"
-    );
-    let diff = StatisticDiff {
-        traceback,
-        size: 0,
-        size_diff: -300,
-        count: 0,
-        count_diff: -3,
-        label: None,
-    };
-    assert_eq!(diff.to_string(), "a.c:1: size=0 B (-300 B), count=0 (-3)");
-    assert_eq!(diff.average(), None);
-    assert_eq!(
-        serde_json::to_value(&diff).expect("serializes"),
-        serde_json::json!({
-            "traceback": [{"filename": "a.c", "lineno": 1}],
-            "size": 0, "size_diff": -300, "count": 0, "count_diff": -3
-        })
-    );
-    assert_eq!(
-        serde_json::to_value(&stat).expect("serializes")["size"],
-        u64::MAX
-    );
-}
-
 /// A frame with a function and module, as symbolization makes them.
 fn rich(file: &str, lineno: u32, function: Option<&str>, module: Option<&str>) -> Frame {
     Frame::new(file, lineno).with_extra(FrameExtra {

@@ -2,7 +2,7 @@
 //!
 //! Random snapshots (seeded, so failures replay) are built twice: as
 //! `tracer_model` values here, and as `tracemalloc.Snapshot(raw_traces,
-//! traceback_limit)` by `tests/support/tracemalloc_oracle.py` under `python3`
+//! traceback_limit)` by `support/tracemalloc_oracle.py` under `python3`
 //! (3.11; override the interpreter with `TRACER_PYTHON`). Every output is
 //! compared: `statistics()` and `compare_to()` for each `key_type`, with and
 //! without `cumulative` (errors included), in order, every field, the `str()`
@@ -14,8 +14,6 @@
 //! sort key ties often; tracebacks recurse, hold `<unknown>` frames, vary in
 //! depth, and equal tracebacks come both shared and as separate `Arc`s.
 
-mod oracle;
-
 use std::sync::{Arc, OnceLock};
 
 use rand::rngs::StdRng;
@@ -24,6 +22,8 @@ use serde_json::{Value, json};
 use tracer_model::{
     Frame, GroupBy, ModelError, Snapshot, Statistic, StatisticDiff, Trace, Traceback, format_size,
 };
+
+use crate::oracle;
 
 /// Seeds of the random cases; one snapshot pair each.
 const SEEDS: std::ops::Range<u64> = 0..48;

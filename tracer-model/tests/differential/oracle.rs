@@ -1,7 +1,6 @@
-//! Runs a CPython oracle script from `tests/support/` with one JSON request
-//! on stdin and returns its JSON answer. The interpreter is `python3`
-//! (3.11; override with `TRACER_PYTHON`).
-#![allow(dead_code)]
+//! Runs a CPython oracle script from `tests/differential/support/` with
+//! one JSON request on stdin and returns its JSON answer. The interpreter
+//! is `python3` (3.11; override with `TRACER_PYTHON`).
 
 use std::io::Write;
 use std::process::{Command, Stdio};
@@ -13,13 +12,17 @@ pub fn python() -> String {
     std::env::var("TRACER_PYTHON").unwrap_or_else(|_| "python3".to_owned())
 }
 
-/// Path of a script in `tests/support/`.
+/// Path of a script in `tests/differential/support/`.
 pub fn script(name: &str) -> String {
-    format!("{}/tests/support/{name}", env!("CARGO_MANIFEST_DIR"))
+    format!(
+        "{}/tests/differential/support/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    )
 }
 
-/// Runs `tests/support/{name}` with `request` on stdin; panics with the
-/// script's stderr if it fails. Checks that the answer came from 3.11.
+/// Runs `tests/differential/support/{name}` with `request` on stdin;
+/// panics with the script's stderr if it fails. Checks that the answer
+/// came from 3.11.
 pub fn run(name: &str, request: &Value) -> Value {
     let python = python();
     let mut child = Command::new(&python)

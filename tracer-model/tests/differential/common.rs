@@ -1,5 +1,4 @@
 //! Helpers shared by the model's differential tests.
-#![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -1,9 +1,8 @@
 //! Differential test of `fnmatch` and `Snapshot.filter_traces()` against
-//! CPython 3.11 (`tests/support/filter_oracle.py`): random patterns over an
+//! CPython 3.11 (`support/filter_oracle.py`): random patterns over an
 //! alphabet full of fnmatch's special characters, and random snapshots
 //! filtered by random `Filter`s (inclusive and exclusive, with and without
 //! `lineno`, `all_frames` and `domain`) and `DomainFilter`s.
-mod oracle;
 
 use std::sync::Arc;
 
@@ -11,6 +10,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 use tracer_model::{DomainFilter, Filter, Frame, Pattern, Snapshot, Trace, TraceFilter, Traceback};
+
+use crate::oracle;
 
 const PATTERN_CHARS: [char; 18] = [
     'a', 'b', 'z', '-', '!', ']', '[', '\\', '^', '*', '?', '.', '&', '~', '|', 'é', '/', '\n',

@@ -8,8 +8,6 @@
 //!   `tracemalloc.Snapshot.load()` into a `tracemalloc.Snapshot` whose
 //!   traces equal the originals and whose statistics equal ours;
 //! - tracer's own format round-trips every case exactly.
-mod common;
-mod oracle;
 
 use std::sync::Arc;
 
@@ -19,6 +17,9 @@ use serde_json::{Value, json};
 use tracer_model::{
     Frame, GroupBy, Snapshot, Trace, Traceback, decode, dump_tracemalloc, encode, load_tracemalloc,
 };
+
+use crate::common;
+use crate::oracle;
 
 const FILENAMES: [&str; 7] = [
     "a.c",

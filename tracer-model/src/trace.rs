@@ -8,8 +8,8 @@ use std::sync::Arc;
 use serde::Serialize;
 use serde::ser::{SerializeMap, SerializeSeq, Serializer};
 
-use super::format::format_size_f64;
-use super::hash::FxHasher;
+use crate::hash::FxHasher;
+use crate::text::format::format_size_f64;
 
 /// File name of the frame used when nothing is known about a call site,
 /// as tracemalloc names it.

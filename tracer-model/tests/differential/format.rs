@@ -1,11 +1,9 @@
 //! Differential test of `Traceback.format()` with source lines against
-//! CPython 3.11 (`tests/support/format_oracle.py`, real `linecache`): files
+//! CPython 3.11 (`support/format_oracle.py`, real `linecache`): files
 //! with CRLF and CR line ends, no final newline, whitespace Python strips
 //! (tabs, NBSP, U+2003, U+001C), blank lines, a Latin-1 coding cookie, a
 //! BOM, bytes that are not UTF-8 and an unknown encoding; frames before,
 //! inside and past each file, `<unknown>` and missing files; every limit.
-mod common;
-mod oracle;
 
 use std::sync::Arc;
 
@@ -14,6 +12,9 @@ use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 use tracer_model::LineCache;
 use tracer_model::{Frame, Traceback};
+
+use crate::common;
+use crate::oracle;
 
 const FILES: [(&str, &[u8]); 8] = [
     (

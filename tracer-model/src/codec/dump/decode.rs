@@ -1,0 +1,299 @@
+//! The reader of tracer's snapshot format (see the parent module for the
+//! layout): every read is bounds-checked and names its section, and a
+//! count in the header is checked against the bytes left before anything
+//! is allocated for it.
+
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+
+use super::{DUMP_MAGIC, DUMP_VERSION, Decoded, DumpError, crc32};
+use crate::codec::intern::intern;
+use crate::engine::index::FrameHints;
+use crate::snapshot::Snapshot;
+use crate::trace::{Frame, FrameExtra, Trace, Traceback};
+
+/// Reads the body with bounds checks; every read names its section.
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+    section: &'static str,
+}
+
+impl<'a> Reader<'a> {
+    fn fail(&self, reason: impl Into<String>) -> DumpError {
+        DumpError::Body {
+            section: self.section,
+            reason: reason.into(),
+        }
+    }
+
+    fn remaining(&self) -> usize {
+        self.bytes.len().saturating_sub(self.at)
+    }
+
+    fn byte(&mut self) -> Result<u8, DumpError> {
+        let b = *self
+            .bytes
+            .get(self.at)
+            .ok_or_else(|| self.fail(format!("ends at byte {}", self.at)))?;
+        self.at += 1;
+        Ok(b)
+    }
+
+    fn varint(&mut self) -> Result<u64, DumpError> {
+        let mut value = 0u64;
+        for shift in (0..64).step_by(7) {
+            let b = self.byte()?;
+            let bits = u64::from(b & 0x7f);
+            if shift == 63 && bits > 1 {
+                return Err(self.fail(format!("varint over 64 bits at byte {}", self.at)));
+            }
+            value |= bits << shift;
+            if b & 0x80 == 0 {
+                return Ok(value);
+            }
+        }
+        Err(self.fail(format!("varint over 64 bits at byte {}", self.at)))
+    }
+
+    fn u32(&mut self, what: &str) -> Result<u32, DumpError> {
+        let v = self.varint()?;
+        u32::try_from(v).map_err(|_| self.fail(format!("{what} {v} does not fit in 32 bits")))
+    }
+
+    fn index(&mut self, what: &str, len: usize) -> Result<usize, DumpError> {
+        let v = self.varint()?;
+        match usize::try_from(v) {
+            Ok(i) if i < len => Ok(i),
+            _ => Err(self.fail(format!("{what} index {v} out of range (there are {len})"))),
+        }
+    }
+
+    fn slice(&mut self, len: u64) -> Result<&'a [u8], DumpError> {
+        let len = usize::try_from(len).unwrap_or(usize::MAX);
+        if len > self.remaining() {
+            return Err(self.fail(format!(
+                "a {len}-byte item at byte {} goes past the end",
+                self.at
+            )));
+        }
+        let out = self.bytes.get(self.at..self.at + len).unwrap_or(&[]);
+        self.at += len;
+        Ok(out)
+    }
+
+    /// A count from the header, checked against what is left (every item
+    /// takes at least `min_bytes`), so that no huge allocation is made for
+    /// a lying header.
+    fn check_count(&self, count: usize, min_bytes: usize) -> Result<(), DumpError> {
+        if count.saturating_mul(min_bytes) > self.remaining() {
+            return Err(self.fail(format!(
+                "the header announces {count} items but only {} bytes are left",
+                self.remaining()
+            )));
+        }
+        Ok(())
+    }
+}
+
+fn header_field(header: &Value, path: &[&str]) -> Result<u64, DumpError> {
+    let mut value = header;
+    for key in path {
+        value = value.get(key).ok_or_else(|| DumpError::Header {
+            reason: format!("missing {}", path.join(".")),
+        })?;
+    }
+    value.as_u64().ok_or_else(|| DumpError::Header {
+        reason: format!("{} is not a whole number", path.join(".")),
+    })
+}
+
+fn count(header: &Value, name: &str) -> Result<usize, DumpError> {
+    let n = header_field(header, &["counts", name])?;
+    usize::try_from(n).map_err(|_| DumpError::Header {
+        reason: format!("counts.{name} {n} is too large"),
+    })
+}
+
+/// Decodes a version-1 file. Refuses (never panics on) anything that is
+/// not one: wrong magic, other versions, bad checksum, bad header, indices
+/// out of range, invalid UTF-8, values out of range, trailing bytes.
+///
+/// # Errors
+/// [`DumpError`] saying what is wrong and where.
+pub fn decode(bytes: &[u8]) -> Result<Decoded, DumpError> {
+    if bytes.len() < 18 {
+        if !bytes.is_empty() && !bytes.starts_with(&DUMP_MAGIC[..bytes.len().min(8)]) {
+            return Err(DumpError::BadMagic {
+                pickle: bytes.first() == Some(&0x80),
+            });
+        }
+        return Err(DumpError::TooShort { len: bytes.len() });
+    }
+    if bytes.get(..8) != Some(&DUMP_MAGIC[..]) {
+        return Err(DumpError::BadMagic {
+            pickle: bytes.first() == Some(&0x80),
+        });
+    }
+    let version = u16::from_le_bytes([bytes[8], bytes[9]]);
+    if version != DUMP_VERSION {
+        return Err(DumpError::UnsupportedVersion { found: version });
+    }
+    let (content, stored) = bytes.split_at(bytes.len() - 4);
+    let found = u32::from_le_bytes([stored[0], stored[1], stored[2], stored[3]]);
+    let computed = crc32(content);
+    if found != computed {
+        return Err(DumpError::Checksum { found, computed });
+    }
+    let header_len = u32::from_le_bytes([bytes[10], bytes[11], bytes[12], bytes[13]]) as usize;
+    let header_bytes = content
+        .get(14..14usize.saturating_add(header_len))
+        .ok_or_else(|| DumpError::Header {
+            reason: format!("its length {header_len} goes past the end of the file"),
+        })?;
+    let header: Value = serde_json::from_slice(header_bytes).map_err(|e| DumpError::Header {
+        reason: format!("not JSON: {e}"),
+    })?;
+    if header.get("format").and_then(Value::as_str) != Some("tracer-snapshot") {
+        return Err(DumpError::Header {
+            reason: "format is not \"tracer-snapshot\"".into(),
+        });
+    }
+    if header_field(&header, &["version"])? != u64::from(DUMP_VERSION) {
+        return Err(DumpError::Header {
+            reason: "its version differs from the file's".into(),
+        });
+    }
+    let limit = header_field(&header, &["traceback_limit"])?;
+    let traceback_limit = u32::try_from(limit).map_err(|_| DumpError::Header {
+        reason: format!("traceback_limit {limit} does not fit in 32 bits"),
+    })?;
+    let meta = header.get("meta").cloned().unwrap_or_else(|| json!({}));
+    let mut r = Reader {
+        bytes: content,
+        at: 14 + header_len,
+        section: "strings",
+    };
+
+    let n = count(&header, "strings")?;
+    r.check_count(n, 1)?;
+    let mut strings: Vec<Arc<str>> = Vec::with_capacity(n);
+    for _ in 0..n {
+        let len = r.varint()?;
+        let raw = r.slice(len)?;
+        let text = std::str::from_utf8(raw)
+            .map_err(|e| r.fail(format!("string {} is not UTF-8: {e}", strings.len())))?;
+        strings.push(intern(text));
+    }
+
+    r.section = "frames";
+    let n = count(&header, "frames")?;
+    r.check_count(n, 3)?;
+    let mut frames: Vec<Frame> = Vec::with_capacity(n);
+    for _ in 0..n {
+        let filename = strings
+            .get(r.index("filename string", strings.len())?)
+            .cloned()
+            .unwrap_or_else(|| Arc::from(""));
+        let lineno = r.u32("lineno")?;
+        let flags = r.byte()?;
+        if flags & !7 != 0 {
+            return Err(r.fail(format!("unknown frame flags {flags:#x}")));
+        }
+        let string = |r: &mut Reader<'_>| -> Result<Arc<str>, DumpError> {
+            let i = r.index("string", strings.len())?;
+            Ok(strings.get(i).cloned().unwrap_or_else(|| Arc::from("")))
+        };
+        let function = if flags & 1 != 0 {
+            Some(string(&mut r)?)
+        } else {
+            None
+        };
+        let module = if flags & 2 != 0 {
+            Some(string(&mut r)?)
+        } else {
+            None
+        };
+        let address = if flags & 4 != 0 {
+            Some(r.varint()?)
+        } else {
+            None
+        };
+        let extra = (flags != 0).then(|| {
+            Arc::new(FrameExtra {
+                function,
+                module,
+                address,
+            })
+        });
+        frames.push(Frame {
+            filename,
+            lineno,
+            extra,
+        });
+    }
+
+    r.section = "tracebacks";
+    let n = count(&header, "tracebacks")?;
+    r.check_count(n, 2)?;
+    let mut tracebacks: Vec<Arc<Traceback>> = Vec::with_capacity(n);
+    // The file's frame numbers, for the snapshot's index.
+    let mut hints = FrameHints {
+        spans: Vec::with_capacity(n),
+        ids: Vec::new(),
+        count: frames.len(),
+    };
+    for _ in 0..n {
+        let total = r.varint()?;
+        let total_nframe = match total {
+            0 => None,
+            t => Some(u32::try_from(t - 1).map_err(|_| r.fail("total_nframe over 32 bits"))?),
+        };
+        let start = hints.ids.len();
+        let depth = r.varint()?;
+        if depth == 0 {
+            return Err(r.fail(format!("traceback {} has no frame", tracebacks.len())));
+        }
+        let depth = usize::try_from(depth).unwrap_or(usize::MAX);
+        r.check_count(depth, 1)?;
+        let mut list = Vec::with_capacity(depth);
+        for _ in 0..depth {
+            let i = r.index("frame", frames.len())?;
+            if let Some(frame) = frames.get(i) {
+                list.push(frame.clone());
+                hints.ids.push(u32::try_from(i).unwrap_or(u32::MAX));
+            }
+        }
+        hints.spans.push((start, hints.ids.len()));
+        tracebacks.push(Arc::new(Traceback::new(list, total_nframe)));
+    }
+
+    r.section = "traces";
+    let n = count(&header, "traces")?;
+    r.check_count(n, 3)?;
+    let mut traces = Vec::with_capacity(n);
+    let mut ids = Vec::with_capacity(n);
+    for _ in 0..n {
+        let domain = r.u32("domain")?;
+        let size = r.varint()?;
+        let i = r.index("traceback", tracebacks.len())?;
+        if let Some(traceback) = tracebacks.get(i) {
+            traces.push(Trace {
+                domain,
+                size,
+                traceback: Arc::clone(traceback),
+            });
+            ids.push(u32::try_from(i).unwrap_or(u32::MAX));
+        }
+    }
+    if r.remaining() != 0 {
+        return Err(r.fail(format!("{} bytes after the last trace", r.remaining())));
+    }
+    Ok(Decoded {
+        // The file's traceback table is the interning when its writer
+        // numbered tracebacks by first appearance (this one does).
+        snapshot: Snapshot::with_interned(traces, traceback_limit, tracebacks, ids, hints),
+        meta,
+    })
+}

@@ -1,0 +1,242 @@
+//! Round trips, sharing, determinism and the refusal of damaged input.
+#![allow(clippy::unwrap_used)] // Tests may unwrap (STYLE.md).
+
+use std::sync::Arc;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::json;
+
+use super::*;
+use crate::trace::{Frame, FrameExtra, Trace, Traceback};
+
+fn sample() -> Snapshot {
+    let shared: Arc<str> = Arc::from("src/a.c");
+    let rich = Frame {
+        filename: Arc::clone(&shared),
+        lineno: 12,
+        extra: Some(Arc::new(FrameExtra {
+            function: Some("alloc_node".into()),
+            module: Some("/usr/bin/app".into()),
+            address: Some(0x5555_0000_1234),
+        })),
+    };
+    let a = Arc::new(Traceback::new(
+        vec![rich.clone(), Frame::new("main.c", 7), rich],
+        Some(9),
+    ));
+    let b = Arc::new(Traceback::new(vec![Frame::unknown()], None));
+    Snapshot::new(
+        vec![
+            Trace {
+                domain: 42,
+                size: 256,
+                traceback: Arc::clone(&a),
+            },
+            Trace {
+                domain: 42,
+                size: u64::MAX,
+                traceback: b,
+            },
+            Trace {
+                domain: u32::MAX,
+                size: 0,
+                traceback: a,
+            },
+        ],
+        16,
+    )
+}
+
+#[test]
+fn round_trip_keeps_traces_extras_meta_and_sharing() {
+    let snapshot = sample();
+    let meta = json!({"id": 7, "label": "before"});
+    let bytes = encode(&snapshot, &meta);
+    assert_eq!(bytes.get(..8), Some(&DUMP_MAGIC[..]));
+    let decoded = decode(&bytes).expect("decodes");
+    assert_eq!(decoded.meta, meta);
+    assert_eq!(decoded.snapshot, snapshot);
+    assert_eq!(decoded.snapshot.traceback_limit(), 16);
+    let traces = decoded.snapshot.traces();
+    assert!(Arc::ptr_eq(&traces[0].traceback, &traces[2].traceback));
+    assert_eq!(traces[0].traceback.total_nframe(), Some(9));
+    assert_eq!(traces[1].traceback.total_nframe(), None);
+    let extra = traces[0].traceback.frames()[0]
+        .extra
+        .clone()
+        .expect("extra");
+    assert_eq!(extra.function.as_deref(), Some("alloc_node"));
+    assert_eq!(extra.module.as_deref(), Some("/usr/bin/app"));
+    assert_eq!(extra.address, Some(0x5555_0000_1234));
+    // Equal re-encoding: the format is deterministic.
+    assert_eq!(encode(&decoded.snapshot, &decoded.meta), bytes);
+}
+
+#[test]
+fn equal_lines_with_other_extras_stay_apart() {
+    let at = |address| {
+        Frame::new("/usr/bin/grep", 0).with_extra(FrameExtra {
+            function: None,
+            module: Some("/usr/bin/grep".into()),
+            address: Some(address),
+        })
+    };
+    let one = Arc::new(Traceback::new(vec![at(0x10)], None));
+    let two = Arc::new(Traceback::new(vec![at(0x20)], None));
+    let snapshot = Snapshot::new(
+        vec![
+            Trace {
+                domain: 1,
+                size: 1,
+                traceback: one,
+            },
+            Trace {
+                domain: 1,
+                size: 2,
+                traceback: two,
+            },
+        ],
+        1,
+    );
+    let decoded = decode(&encode(&snapshot, &json!({}))).expect("decodes");
+    let addresses: Vec<Option<u64>> = decoded
+        .snapshot
+        .traces()
+        .iter()
+        .map(|t| {
+            t.traceback.frames()[0]
+                .extra
+                .as_ref()
+                .and_then(|e| e.address)
+        })
+        .collect();
+    assert_eq!(addresses, [Some(0x10), Some(0x20)]);
+}
+
+#[test]
+fn crc32_matches_zlib() {
+    assert_eq!(crc32(b""), 0);
+    assert_eq!(crc32(b"123456789"), 0xCBF4_3926);
+}
+
+#[test]
+fn corrupt_and_foreign_files_are_refused_with_reasons() {
+    let bytes = encode(&sample(), &json!({}));
+    let mut flipped = bytes.clone();
+    flipped[30] ^= 0x40;
+    assert!(matches!(decode(&flipped), Err(DumpError::Checksum { .. })));
+    let mut version = bytes.clone();
+    version[8] = 9;
+    assert_eq!(
+        decode(&version).unwrap_err().to_string(),
+        "tracer snapshot format version 9 is not supported (this tracerd reads version 1)"
+    );
+    let pickle = b"\x80\x04\x95\x10\x00\x00\x00\x00\x00\x00\x00\x8c\x0btracemalloc";
+    assert_eq!(
+        decode(pickle).unwrap_err().to_string(),
+        "not a tracer snapshot: wrong magic bytes (this looks like a Python pickle: load it with format=tracemalloc)"
+    );
+    assert_eq!(decode(b"").unwrap_err(), DumpError::TooShort { len: 0 });
+    for cut in 0..bytes.len() {
+        assert!(
+            decode(&bytes[..cut]).is_err(),
+            "truncated at {cut} accepted"
+        );
+    }
+}
+
+/// A body that is well formed except for one lie, with a valid CRC, so
+/// the checks behind the checksum are exercised.
+fn with_crc(mut content: Vec<u8>) -> Vec<u8> {
+    let crc = crc32(&content);
+    content.extend_from_slice(&crc.to_le_bytes());
+    content
+}
+
+fn file(header: &Value, body: &[u8]) -> Vec<u8> {
+    let header = header.to_string().into_bytes();
+    let mut out = DUMP_MAGIC.to_vec();
+    out.extend_from_slice(&1u16.to_le_bytes());
+    out.extend_from_slice(&(header.len() as u32).to_le_bytes());
+    out.extend_from_slice(&header);
+    out.extend_from_slice(body);
+    with_crc(out)
+}
+
+#[test]
+fn lying_headers_and_bad_indices_are_refused_behind_a_valid_checksum() {
+    let counts = |s: u64, f: u64, t: u64, n: u64| {
+        json!({"format": "tracer-snapshot", "version": 1, "traceback_limit": 1,
+               "counts": {"strings": s, "frames": f, "tracebacks": t, "traces": n}})
+    };
+    let huge = counts(u64::MAX, 0, 0, 0);
+    assert!(matches!(
+        decode(&file(&huge, &[])),
+        Err(DumpError::Header { .. } | DumpError::Body { .. })
+    ));
+    let err = decode(&file(&counts(1000, 0, 0, 0), &[0])).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "bad tracer snapshot body in strings: the header announces 1000 items but only 1 bytes are left"
+    );
+    // One string "a", one frame pointing at string 5.
+    let body = [1, b'a', 5, 0, 0];
+    let err = decode(&file(&counts(1, 1, 0, 0), &body)).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "bad tracer snapshot body in frames: filename string index 5 out of range (there are 1)"
+    );
+    // Invalid UTF-8.
+    let err = decode(&file(&counts(1, 0, 0, 0), &[1, 0xff])).unwrap_err();
+    assert!(err.to_string().contains("string 0 is not UTF-8"), "{err}");
+    // A traceback with no frame.
+    let body = [1, b'a', 0, 0, 0, 0, 0];
+    let err = decode(&file(&counts(1, 1, 1, 0), &body)).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "bad tracer snapshot body in tracebacks: traceback 0 has no frame"
+    );
+    // Trailing bytes.
+    let err = decode(&file(&counts(0, 0, 0, 0), &[7])).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "bad tracer snapshot body in traces: 1 bytes after the last trace"
+    );
+    let err = decode(&file(&json!({"format": "other"}), &[])).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "bad tracer snapshot header: format is not \"tracer-snapshot\""
+    );
+}
+
+#[test]
+fn random_bytes_and_mutations_never_panic() {
+    let mut rng = StdRng::seed_from_u64(5);
+    let valid = encode(&sample(), &json!({"x": 1}));
+    for _ in 0..20_000 {
+        let mut bytes = if rng.random_bool(0.5) {
+            valid.clone()
+        } else {
+            (0..rng.random_range(0..64)).map(|_| rng.random()).collect()
+        };
+        for _ in 0..rng.random_range(1..4) {
+            if bytes.is_empty() {
+                break;
+            }
+            let at = rng.random_range(0..bytes.len());
+            match rng.random_range(0..3) {
+                0 => bytes[at] = rng.random(),
+                1 => bytes.truncate(at),
+                _ => bytes.insert(at, rng.random()),
+            }
+        }
+        // Re-seal some with a valid checksum so the body checks run.
+        if bytes.len() > 4 && rng.random_bool(0.5) {
+            let len = bytes.len() - 4;
+            bytes.truncate(len);
+            bytes = with_crc(bytes);
+        }
+        let _ = decode(&bytes);
+    }
+}

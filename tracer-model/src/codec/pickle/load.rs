@@ -1,0 +1,343 @@
+//! `load_tracemalloc`: a tracemalloc snapshot from the objects the pickle
+//! machine made, checked for the shape `Snapshot.dump()` writes, with
+//! equal tracebacks sharing one `Arc` and the frame numbers handed to the
+//! snapshot's index.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::value::{Class, Heap, Value};
+use super::{PickleError, shape, vm};
+use crate::engine::index::FrameHints;
+use crate::hash::FxHashMap;
+use crate::snapshot::Snapshot;
+use crate::trace::{Frame, Trace, Traceback};
+
+/// Parses a file written by Python's `tracemalloc.Snapshot.dump()` (pickle
+/// protocol 2 to 5) into a snapshot, without executing anything.
+///
+/// Equal tracebacks share one `Arc` (whether the pickle memoized them as
+/// one tuple or not), as the model's grouping prefers.
+///
+/// # Errors
+/// [`PickleError::Malformed`] for a pickle this parser does not read
+/// (naming the opcode and offset); [`PickleError::Shape`] when the values
+/// are not a tracemalloc snapshot or do not fit the model (e.g. a size of
+/// 2**64 or more, a negative domain, an empty traceback).
+pub fn load_tracemalloc(bytes: &[u8]) -> Result<Snapshot, PickleError> {
+    let (root, heap) = vm::run(bytes)?;
+    let mut converter = Converter {
+        heap: &heap,
+        names: FxHashMap::default(),
+        frames: FxHashMap::default(),
+        frame_lists: FxHashMap::default(),
+        tracebacks: FxHashMap::default(),
+        by_content: HashMap::new(),
+        interned: Vec::new(),
+        hints: FrameHints::default(),
+    };
+    let parts = converter.snapshot(root)?;
+    // The parsed values are no longer needed: free them before indexing.
+    drop(converter);
+    drop(heap);
+    Ok(parts.into_snapshot())
+}
+
+/// A traceback's shared `Arc` and its index in order of first appearance.
+type Interned = (Arc<Traceback>, u32);
+
+/// A traceback tuple's frames, and where their numbers are in the hints.
+type FrameList = (Arc<[Frame]>, (usize, usize));
+
+/// Builds the model's snapshot from the parsed values.
+struct Converter<'h> {
+    heap: &'h Heap,
+    names: FxHashMap<u32, Arc<str>>,
+    /// Each frame tuple: its frame and number (the index's hint).
+    frames: FxHashMap<u32, (Frame, u32)>,
+    /// Each traceback tuple: its frames and where their numbers are in
+    /// `hints.ids`.
+    frame_lists: FxHashMap<u32, FrameList>,
+    /// The frame numbers of each distinct `Arc`, for the snapshot's index.
+    hints: FrameHints,
+    /// Each traceback tuple (with its total_nframe): its `Arc` and interned
+    /// index.
+    tracebacks: FxHashMap<(u32, Option<u32>), Interned>,
+    /// Equal tracebacks from separate tuples share one `Arc` (and index).
+    by_content: HashMap<(Arc<Traceback>, Option<u32>), Interned>,
+    /// The distinct `Arc`s in order of first appearance.
+    interned: Vec<Arc<Traceback>>,
+}
+
+/// A converted snapshot, before indexing.
+struct Parts {
+    traces: Vec<Trace>,
+    traceback_limit: u32,
+    tracebacks: Vec<Arc<Traceback>>,
+    ids: Vec<u32>,
+    hints: FrameHints,
+}
+
+impl Parts {
+    fn into_snapshot(self) -> Snapshot {
+        Snapshot::with_interned(
+            self.traces,
+            self.traceback_limit,
+            self.tracebacks,
+            self.ids,
+            self.hints,
+        )
+    }
+}
+
+/// Where a value is, for error messages (formatted only on error).
+#[derive(Clone, Copy)]
+struct At {
+    trace: usize,
+    frame: Option<usize>,
+    field: &'static str,
+}
+
+impl At {
+    fn trace(trace: usize) -> Self {
+        At {
+            trace,
+            frame: None,
+            field: "",
+        }
+    }
+
+    fn frame(self, frame: usize) -> Self {
+        At {
+            frame: Some(frame),
+            ..self
+        }
+    }
+
+    fn field(self, field: &'static str) -> Self {
+        At { field, ..self }
+    }
+}
+
+impl std::fmt::Display for At {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "trace {}", self.trace)?;
+        if let Some(frame) = self.frame {
+            write!(f, " frame {frame}")?;
+        }
+        if !self.field.is_empty() {
+            write!(f, " {}", self.field)?;
+        }
+        Ok(())
+    }
+}
+
+fn int_in<T: TryFrom<i128>>(
+    value: Value,
+    what: impl std::fmt::Display,
+    range: &str,
+) -> Result<T, PickleError> {
+    match value {
+        Value::Int(v) => T::try_from(v)
+            .map_err(|_| shape(format!("{what} {v} is out of range (must be {range})"))),
+        Value::BigInt => Err(shape(format!("{what} is out of range (must be {range})"))),
+        other => Err(shape(format!("{what} is a {}, not an int", other.kind()))),
+    }
+}
+
+impl Converter<'_> {
+    fn object_state(&self, value: Value, class: Class, what: &str) -> Result<u32, PickleError> {
+        let Value::Object(index) = value else {
+            return Err(shape(format!(
+                "{what} is a {}, not a {}",
+                value.kind(),
+                class.name()
+            )));
+        };
+        let object = self
+            .heap
+            .objects
+            .get(index as usize)
+            .ok_or_else(|| shape(format!("{what} is missing")))?;
+        if object.class != class {
+            return Err(shape(format!(
+                "{what} is a {}, not a {}",
+                object.class.name(),
+                class.name()
+            )));
+        }
+        match object.state {
+            Some(Value::Dict(d)) => Ok(d),
+            Some(other) => Err(shape(format!(
+                "the state of {what} is a {}, not a dict",
+                other.kind()
+            ))),
+            None => Err(shape(format!("{what} has no state"))),
+        }
+    }
+
+    fn name(&mut self, value: Value, at: At) -> Result<Arc<str>, PickleError> {
+        let Value::Str(index) = value else {
+            return Err(shape(format!(
+                "{at}: the file name is a {}, not a str",
+                value.kind()
+            )));
+        };
+        if let Some(name) = self.names.get(&index) {
+            return Ok(Arc::clone(name));
+        }
+        let name = self
+            .heap
+            .str(index)
+            .cloned()
+            .ok_or_else(|| shape(format!("{at}: unknown str")))?;
+        self.names.insert(index, Arc::clone(&name));
+        Ok(name)
+    }
+
+    /// The frame of a `(filename, lineno)` tuple, and its number.
+    fn frame(&mut self, value: Value, at: At) -> Result<(Frame, u32), PickleError> {
+        let Value::Tuple(index) = value else {
+            return Err(shape(format!(
+                "{at} is a {}, not a (filename, lineno) tuple",
+                value.kind()
+            )));
+        };
+        if let Some((frame, number)) = self.frames.get(&index) {
+            return Ok((frame.clone(), *number));
+        }
+        let &[filename, lineno] = self.heap.tuple(index) else {
+            return Err(shape(format!("{at} is not a (filename, lineno) pair")));
+        };
+        let frame = Frame {
+            filename: self.name(filename, at)?,
+            lineno: int_in(lineno, at.field("lineno"), "0 to 4294967295")?,
+            extra: None,
+        };
+        let number = u32::try_from(self.frames.len()).unwrap_or(u32::MAX);
+        self.frames.insert(index, (frame.clone(), number));
+        self.hints.count = self.frames.len();
+        Ok((frame, number))
+    }
+
+    fn traceback(
+        &mut self,
+        value: Value,
+        total_nframe: Option<u32>,
+        at: At,
+    ) -> Result<(Arc<Traceback>, u32), PickleError> {
+        let Value::Tuple(index) = value else {
+            return Err(shape(format!(
+                "{at}: the traceback is a {}, not a tuple",
+                value.kind()
+            )));
+        };
+        if let Some((tb, id)) = self.tracebacks.get(&(index, total_nframe)) {
+            return Ok((Arc::clone(tb), *id));
+        }
+        let (frames, span) = match self.frame_lists.get(&index) {
+            Some((frames, span)) => (Arc::clone(frames), *span),
+            None => {
+                let items = self.heap.tuple(index);
+                if items.is_empty() {
+                    return Err(shape(format!(
+                        "{at}: the traceback has no frame (tracemalloc records at least one)"
+                    )));
+                }
+                let mut frames = Vec::with_capacity(items.len());
+                let start = self.hints.ids.len();
+                for (i, &item) in items.iter().enumerate() {
+                    let (frame, number) = self.frame(item, at.frame(i))?;
+                    frames.push(frame);
+                    self.hints.ids.push(number);
+                }
+                let span = (start, self.hints.ids.len());
+                let frames: Arc<[Frame]> = Arc::from(frames);
+                self.frame_lists.insert(index, (Arc::clone(&frames), span));
+                (frames, span)
+            }
+        };
+        let fresh = Arc::new(Traceback::from_frames(frames, total_nframe));
+        let next = u32::try_from(self.interned.len()).unwrap_or(u32::MAX);
+        let (traceback, id) = {
+            let (traceback, id) = self
+                .by_content
+                .entry((Arc::clone(&fresh), total_nframe))
+                .or_insert_with(|| (fresh, next));
+            (Arc::clone(traceback), *id)
+        };
+        if id == next {
+            self.interned.push(Arc::clone(&traceback));
+            self.hints.spans.push(span);
+        }
+        self.tracebacks
+            .insert((index, total_nframe), (Arc::clone(&traceback), id));
+        Ok((traceback, id))
+    }
+
+    fn snapshot(&mut self, root: Value) -> Result<Parts, PickleError> {
+        let state = self.object_state(root, Class::Snapshot, "the pickled object")?;
+        let limit = self
+            .heap
+            .dict_get(state, "traceback_limit")
+            .ok_or_else(|| shape("Snapshot has no traceback_limit"))?;
+        let traceback_limit: u32 = int_in(limit, "traceback_limit", "0 to 4294967295")?;
+        let traces = self
+            .heap
+            .dict_get(state, "traces")
+            .ok_or_else(|| shape("Snapshot has no traces"))?;
+        let traces_state = self.object_state(traces, Class::Traces, "Snapshot.traces")?;
+        let raw = self
+            .heap
+            .dict_get(traces_state, "_traces")
+            .ok_or_else(|| shape("Snapshot.traces has no _traces"))?;
+        let items: &[Value] = match raw {
+            Value::List(i) => self.heap.lists.get(i as usize).map_or(&[], Vec::as_slice),
+            Value::Tuple(i) => self.heap.tuple(i),
+            other => {
+                return Err(shape(format!(
+                    "Snapshot.traces._traces is a {}",
+                    other.kind()
+                )));
+            }
+        };
+        let mut out = Vec::with_capacity(items.len());
+        let mut ids = Vec::with_capacity(items.len());
+        for (n, &item) in items.iter().enumerate() {
+            let Value::Tuple(t) = item else {
+                return Err(shape(format!(
+                    "trace {n} is a {}, not a tuple",
+                    item.kind()
+                )));
+            };
+            let (domain, size, traceback, total) = match *self.heap.tuple(t) {
+                [d, s, tb] => (d, s, tb, Value::None),
+                [d, s, tb, total] => (d, s, tb, total),
+                _ => {
+                    return Err(shape(format!(
+                        "trace {n} is not (domain, size, traceback[, total_nframe])"
+                    )));
+                }
+            };
+            let at = At::trace(n);
+            let total_nframe = match total {
+                Value::None => None,
+                v => Some(int_in(v, at.field("total_nframe"), "0 to 4294967295")?),
+            };
+            let (traceback, id) = self.traceback(traceback, total_nframe, at)?;
+            out.push(Trace {
+                domain: int_in(domain, at.field("domain"), "0 to 4294967295")?,
+                size: int_in(size, at.field("size"), "0 to 2**64-1")?,
+                traceback,
+            });
+            ids.push(id);
+        }
+        Ok(Parts {
+            traces: out,
+            traceback_limit,
+            tracebacks: std::mem::take(&mut self.interned),
+            ids,
+            hints: std::mem::take(&mut self.hints),
+        })
+    }
+}

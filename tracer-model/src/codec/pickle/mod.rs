@@ -1,0 +1,58 @@
+//! Python's own tracemalloc dump files: `Snapshot.dump()` writes
+//! `pickle.dump(snapshot, f, pickle.HIGHEST_PROTOCOL)`, and
+//! `Snapshot.load()` reads it back with `pickle.load`.
+//!
+//! [`load_tracemalloc`] parses such a file **without executing it**: it is
+//! a small interpreter of the pickle opcodes that protocols 2 to 5 use for
+//! a `tracemalloc.Snapshot` (ints, strings, tuples, lists, dicts, `None`,
+//! booleans, memo, framing, `NEWOBJ` and `BUILD`), in which the only
+//! classes that may be named are `tracemalloc.Snapshot` and
+//! `tracemalloc._Traces`, and no class is ever called: objects are plain
+//! records of their state. Anything else (other globals, `REDUCE`,
+//! extension codes, persistent ids, protocol 0/1 text opcodes) is refused
+//! with an error naming the opcode and its offset. Memory use is bounded by
+//! a small multiple of the input size.
+//!
+//! [`dump_tracemalloc`] writes a protocol-4 pickle that Python's
+//! `tracemalloc.Snapshot.load()` reads into an equal snapshot (file names,
+//! line numbers, domains, sizes, `total_nframe`, `traceback_limit`; the
+//! extras tracemalloc has no place for are not written).
+//!
+//! Three steps: `vm` runs the opcodes into plain objects (`value`), `load`
+//! turns those into a `Snapshot`, and `dump` writes one.
+
+mod dump;
+mod load;
+#[cfg(test)]
+mod tests;
+mod value;
+mod vm;
+
+pub use dump::dump_tracemalloc;
+pub use load::load_tracemalloc;
+
+/// Why a pickle was refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PickleError {
+    /// The input is not a pickle this parser reads, or is malformed.
+    #[error("not a tracemalloc snapshot pickle: {reason} (at byte {offset})")]
+    Malformed {
+        /// Byte offset of the opcode.
+        offset: usize,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The pickle is well formed but does not hold a tracemalloc snapshot
+    /// of the expected shape.
+    #[error("the pickle does not hold a tracemalloc snapshot: {reason}")]
+    Shape {
+        /// What is wrong, with the path of the value.
+        reason: String,
+    },
+}
+
+fn shape(reason: impl Into<String>) -> PickleError {
+    PickleError::Shape {
+        reason: reason.into(),
+    }
+}

@@ -1,0 +1,158 @@
+//! Reading what Python writes, round trips, and the refusal of code,
+//! foreign classes, values outside the model and damaged input.
+#![allow(clippy::unwrap_used)] // Tests may unwrap (STYLE.md).
+
+use std::sync::Arc;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::*;
+
+/// `pickle.dumps(tracemalloc.Snapshot([(1, 100, (("a.c", 3), ("b.c",
+/// 1)), 2), (2, 50, <same>, None), (1, 7, (("<unknown>", 0),), 1), (0,
+/// 2**63, (("é.c", 2**32-1),), 3)], 5), 5)` from Python 3.11.
+const PYTHON: &[u8] = b"\x80\x05\x95\xcc\x00\x00\x00\x00\x00\x00\x00\x8c\x0btracemalloc\x94\x8c\x08Snapshot\x94\x93\x94)\x81\x94}\x94(\x8c\x06traces\x94h\x00\x8c\x07_Traces\x94\x93\x94)\x81\x94}\x94\x8c\x07_traces\x94]\x94((K\x01Kd\x8c\x03a.c\x94K\x03\x86\x94\x8c\x03b.c\x94K\x01\x86\x94\x86\x94K\x02t\x94(K\x02K2h\x10Nt\x94(K\x01K\x07\x8c\x09<unknown>\x94K\x00\x86\x94\x85\x94K\x01t\x94(K\x00\x8a\x09\x00\x00\x00\x00\x00\x00\x00\x80\x00\x8c\x04\xc3\xa9.c\x94\x8a\x05\xff\xff\xff\xff\x00\x86\x94\x85\x94K\x03t\x94esb\x8c\x0ftraceback_limit\x94K\x05ub.";
+
+#[test]
+fn reads_what_python_writes() {
+    let snapshot = load_tracemalloc(PYTHON).expect("parses");
+    assert_eq!(snapshot.traceback_limit(), 5);
+    let traces = snapshot.traces();
+    assert_eq!(traces.len(), 4);
+    assert_eq!((traces[0].domain, traces[0].size), (1, 100));
+    let frames: Vec<String> = traces[0]
+        .traceback
+        .frames()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(
+        frames,
+        ["a.c:3", "b.c:1"],
+        "most recent first, as tracemalloc stores them"
+    );
+    assert_eq!(traces[0].traceback.total_nframe(), Some(2));
+    assert_eq!(traces[1].traceback.total_nframe(), None);
+    assert_eq!(traces[1].traceback, traces[0].traceback);
+    assert_eq!(traces[2].traceback.frames()[0].to_string(), "<unknown>:0");
+    assert_eq!(traces[3].size, 1 << 63);
+    assert_eq!(
+        traces[3].traceback.frames()[0].to_string(),
+        "é.c:4294967295"
+    );
+}
+
+#[test]
+fn round_trips_through_our_writer() {
+    let snapshot = load_tracemalloc(PYTHON).expect("parses");
+    let again = load_tracemalloc(&dump_tracemalloc(&snapshot)).expect("reads our own pickle");
+    assert_eq!(again, snapshot);
+    let traces = again.traces();
+    assert!(Arc::ptr_eq(&traces[0].traceback, &traces[0].traceback));
+    assert_eq!(traces[1].traceback.total_nframe(), None);
+}
+
+#[test]
+fn refuses_code_and_foreign_classes_without_running_them() {
+    // pickle.dumps(os.system) and a REDUCE of it.
+    let global =
+        b"\x80\x04\x95\x14\x00\x00\x00\x00\x00\x00\x00\x8c\x05posix\x94\x8c\x06system\x94\x93\x94.";
+    assert_eq!(
+        load_tracemalloc(global).unwrap_err().to_string(),
+        "not a tracemalloc snapshot pickle: it refers to posix.system; only tracemalloc.Snapshot and tracemalloc._Traces are accepted (nothing is executed) (at byte 28)"
+    );
+    let reduce = b"\x80\x02ctracemalloc\nSnapshot\n)R.";
+    assert_eq!(
+        load_tracemalloc(reduce).unwrap_err().to_string(),
+        "not a tracemalloc snapshot pickle: opcode REDUCE (0x52) is not one a tracemalloc snapshot uses (at byte 25)"
+    );
+    let proto0 = b"(lp0\n.";
+    assert!(
+        load_tracemalloc(proto0)
+            .unwrap_err()
+            .to_string()
+            .contains("PROTO")
+    );
+    let list = b"\x80\x04]\x94.";
+    assert_eq!(
+        load_tracemalloc(list).unwrap_err().to_string(),
+        "the pickle does not hold a tracemalloc snapshot: the pickled object is a list, not a tracemalloc.Snapshot"
+    );
+}
+
+#[test]
+fn values_outside_the_model_are_refused() {
+    let snapshot = |trace: &[u8]| -> Vec<u8> {
+        // Built by hand: Snapshot with one trace tuple given as opcodes.
+        let mut out = b"\x80\x04\x8c\x0btracemalloc\x94\x8c\x08Snapshot\x93)\x81}(\x8c\x06traces\x8c\x0btracemalloc\x8c\x07_Traces\x93)\x81}\x8c\x07_traces](".to_vec();
+        out.extend_from_slice(trace);
+        out.extend_from_slice(b"esb\x8c\x0ftraceback_limitK\x01ub.");
+        out
+    };
+    let ok = snapshot(b"(K\x01K\x02\x8c\x01aK\x03\x86\x85Nt");
+    assert_eq!(load_tracemalloc(&ok).expect("valid").traces()[0].size, 2);
+    let negative = snapshot(b"(J\xff\xff\xff\xffK\x02\x8c\x01aK\x03\x86\x85Nt");
+    assert_eq!(
+        load_tracemalloc(&negative).unwrap_err().to_string(),
+        "the pickle does not hold a tracemalloc snapshot: trace 0 domain -1 is out of range (must be 0 to 4294967295)"
+    );
+    let empty = snapshot(b"(K\x01K\x02)Nt");
+    assert!(
+        load_tracemalloc(&empty)
+            .unwrap_err()
+            .to_string()
+            .contains("has no frame")
+    );
+    let huge =
+        snapshot(b"(K\x01\x8a\x09\x00\x00\x00\x00\x00\x00\x00\x00\x01\x8c\x01aK\x03\x86\x85Nt");
+    assert!(
+        load_tracemalloc(&huge)
+            .unwrap_err()
+            .to_string()
+            .contains("size 18446744073709551616 is out of range")
+    );
+}
+
+#[test]
+fn truncations_and_random_bytes_are_refused_cleanly() {
+    for cut in 0..PYTHON.len() {
+        assert!(
+            load_tracemalloc(&PYTHON[..cut]).is_err(),
+            "truncated at {cut} accepted"
+        );
+    }
+    let mut rng = StdRng::seed_from_u64(9);
+    let ours = dump_tracemalloc(&load_tracemalloc(PYTHON).expect("parses"));
+    for _ in 0..20_000 {
+        let mut bytes = match rng.random_range(0..3) {
+            0 => PYTHON.to_vec(),
+            1 => ours.clone(),
+            _ => {
+                let mut b = vec![0x80, rng.random_range(2..6)];
+                b.extend((0..rng.random_range(0..64)).map(|_| rng.random::<u8>()));
+                b
+            }
+        };
+        for _ in 0..rng.random_range(1..4) {
+            if bytes.is_empty() {
+                break;
+            }
+            let at = rng.random_range(0..bytes.len());
+            match rng.random_range(0..3) {
+                0 => bytes[at] = rng.random(),
+                1 => bytes.truncate(at),
+                _ => bytes.insert(at, rng.random()),
+            }
+        }
+        let _ = load_tracemalloc(&bytes);
+    }
+    // A length prefix of 2**63 allocates nothing.
+    let bomb = b"\x80\x04\x8d\x00\x00\x00\x00\x00\x00\x00\x80abc";
+    assert!(
+        load_tracemalloc(bomb)
+            .unwrap_err()
+            .to_string()
+            .contains("the input ends inside an opcode")
+    );
+}

@@ -1,0 +1,109 @@
+//! The objects the pickle machine makes: scalars inline, containers in
+//! arenas, and instances of the two tracemalloc classes as records of the
+//! state `BUILD` gave them (no class is ever called).
+
+use std::sync::Arc;
+
+use super::PickleError;
+
+/// The two classes a tracemalloc snapshot pickle names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Class {
+    Snapshot,
+    Traces,
+}
+
+impl Class {
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Class::Snapshot => "tracemalloc.Snapshot",
+            Class::Traces => "tracemalloc._Traces",
+        }
+    }
+}
+
+/// A value on the pickle machine's stack: scalars inline, containers as
+/// indices into the parser's arenas (so values are `Copy` and a memo
+/// reference costs nothing).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Value {
+    None,
+    Bool(bool),
+    Int(i128),
+    /// An int that does not fit in 128 bits.
+    BigInt,
+    Str(u32),
+    Tuple(u32),
+    List(u32),
+    Dict(u32),
+    Class(Class),
+    Object(u32),
+}
+
+impl Value {
+    pub(super) fn kind(self) -> &'static str {
+        match self {
+            Value::None => "None",
+            Value::Bool(_) => "bool",
+            Value::Int(_) | Value::BigInt => "int",
+            Value::Str(_) => "str",
+            Value::Tuple(_) => "tuple",
+            Value::List(_) => "list",
+            Value::Dict(_) => "dict",
+            Value::Class(_) => "class",
+            Value::Object(_) => "object",
+        }
+    }
+}
+
+/// An instance made by `NEWOBJ`: its class and the state `BUILD` gave it.
+pub(super) struct Object {
+    pub(super) class: Class,
+    pub(super) state: Option<Value>,
+}
+
+/// The parser's arenas.
+#[derive(Default)]
+pub(super) struct Heap {
+    pub(super) strings: Vec<Arc<str>>,
+    /// Tuples are immutable: their items live in one flat vector.
+    pub(super) tuples: Vec<(u32, u32)>,
+    pub(super) tuple_items: Vec<Value>,
+    pub(super) lists: Vec<Vec<Value>>,
+    pub(super) dicts: Vec<Vec<(Value, Value)>>,
+    pub(super) objects: Vec<Object>,
+}
+
+impl Heap {
+    pub(super) fn tuple(&self, index: u32) -> &[Value] {
+        match self.tuples.get(index as usize) {
+            Some(&(start, len)) => self
+                .tuple_items
+                .get(start as usize..start as usize + len as usize)
+                .unwrap_or(&[]),
+            None => &[],
+        }
+    }
+
+    pub(super) fn str(&self, index: u32) -> Option<&Arc<str>> {
+        self.strings.get(index as usize)
+    }
+
+    pub(super) fn dict_get(&self, dict: u32, key: &str) -> Option<Value> {
+        self.dicts
+            .get(dict as usize)?
+            .iter()
+            .rev()
+            .find_map(|&(k, v)| match k {
+                Value::Str(s) if self.str(s).is_some_and(|s| &**s == key) => Some(v),
+                _ => None,
+            })
+    }
+}
+
+pub(super) fn arena_index(len: usize, offset: usize) -> Result<u32, PickleError> {
+    u32::try_from(len).map_err(|_| PickleError::Malformed {
+        offset,
+        reason: "too many objects".into(),
+    })
+}

@@ -1,0 +1,540 @@
+//! The pickle virtual machine, restricted to data: the opcodes that
+//! protocols 2 to 5 use for a `tracemalloc.Snapshot`, run without
+//! executing anything; every other opcode, and every global but the two
+//! tracemalloc classes, is refused with its name and offset.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::PickleError;
+use super::value::{Class, Heap, Object, Value, arena_index};
+use crate::codec::intern::intern;
+
+/// Runs the pickle `bytes` up to its STOP: the value left on the stack and
+/// the objects made. Refuses input that does not start with PROTO or that
+/// goes on after STOP.
+pub(super) fn run(bytes: &[u8]) -> Result<(Value, Heap), PickleError> {
+    if bytes.first() != Some(&0x80) {
+        return Err(PickleError::Malformed {
+            offset: 0,
+            reason: "it does not start with a PROTO opcode (0x80)".into(),
+        });
+    }
+    let mut machine = Machine {
+        input: bytes,
+        at: 0,
+        op_at: 0,
+        stack: Vec::new(),
+        marks: Vec::new(),
+        memo: Vec::new(),
+        heap: Heap::default(),
+        interned: HashMap::new(),
+    };
+    let root = machine.run()?;
+    if machine.at != bytes.len() {
+        return Err(PickleError::Malformed {
+            offset: machine.at,
+            reason: format!("{} bytes after STOP", bytes.len() - machine.at),
+        });
+    }
+    Ok((root, machine.heap))
+}
+
+/// The pickle virtual machine, restricted to data.
+struct Machine<'a> {
+    input: &'a [u8],
+    at: usize,
+    /// Offset of the opcode being run, for errors.
+    op_at: usize,
+    stack: Vec<Value>,
+    marks: Vec<usize>,
+    memo: Vec<Value>,
+    heap: Heap,
+    /// Equal strings share one `Arc` (file names repeat a lot).
+    interned: HashMap<Arc<str>, u32>,
+}
+
+impl<'a> Machine<'a> {
+    fn err(&self, reason: impl Into<String>) -> PickleError {
+        PickleError::Malformed {
+            offset: self.op_at,
+            reason: reason.into(),
+        }
+    }
+
+    fn take(&mut self, n: usize) -> Result<&'a [u8], PickleError> {
+        let end = self.at.checked_add(n).filter(|&e| e <= self.input.len());
+        match end {
+            Some(end) => {
+                let out = self.input.get(self.at..end).unwrap_or(&[]);
+                self.at = end;
+                Ok(out)
+            }
+            None => Err(self.err(format!(
+                "the input ends inside an opcode ({n} bytes needed, {} left)",
+                self.input.len().saturating_sub(self.at)
+            ))),
+        }
+    }
+
+    fn le(&mut self, n: usize) -> Result<u64, PickleError> {
+        let bytes = self.take(n)?;
+        Ok(bytes
+            .iter()
+            .rev()
+            .fold(0u64, |acc, &b| (acc << 8) | u64::from(b)))
+    }
+
+    fn pop(&mut self) -> Result<Value, PickleError> {
+        if self.marks.last().is_some_and(|&m| m >= self.stack.len()) {
+            return Err(self.err("pops past a MARK"));
+        }
+        self.stack
+            .pop()
+            .ok_or_else(|| self.err("the stack is empty"))
+    }
+
+    fn top_mut(&mut self) -> Result<&mut Value, PickleError> {
+        let floor = self.marks.last().copied().unwrap_or(0);
+        if self.stack.len() <= floor {
+            return Err(self.err("the stack is empty"));
+        }
+        let offset = self.op_at;
+        self.stack.last_mut().ok_or(PickleError::Malformed {
+            offset,
+            reason: "the stack is empty".into(),
+        })
+    }
+
+    /// Pops everything above the last MARK, and the mark.
+    fn pop_mark(&mut self) -> Result<Vec<Value>, PickleError> {
+        let mark = self
+            .marks
+            .pop()
+            .ok_or_else(|| self.err("no MARK to pop to"))?;
+        if mark > self.stack.len() {
+            return Err(self.err("MARK above the stack"));
+        }
+        Ok(self.stack.split_off(mark))
+    }
+
+    fn push(&mut self, value: Value) {
+        self.stack.push(value);
+    }
+
+    fn string(&mut self, bytes: &[u8]) -> Result<Value, PickleError> {
+        // Python writes str with "surrogatepass"; a lone surrogate is not
+        // text a frame can hold.
+        let text = std::str::from_utf8(bytes)
+            .map_err(|e| self.err(format!("a str is not valid UTF-8 ({e})")))?;
+        if let Some(&index) = self.interned.get(text) {
+            return Ok(Value::Str(index));
+        }
+        let index = arena_index(self.heap.strings.len(), self.op_at)?;
+        let shared: Arc<str> = intern(text);
+        self.heap.strings.push(Arc::clone(&shared));
+        self.interned.insert(shared, index);
+        Ok(Value::Str(index))
+    }
+
+    fn tuple(&mut self, items: &[Value]) -> Result<Value, PickleError> {
+        let index = arena_index(self.heap.tuples.len(), self.op_at)?;
+        let start = arena_index(self.heap.tuple_items.len(), self.op_at)?;
+        let len = arena_index(items.len(), self.op_at)?;
+        self.heap.tuple_items.extend_from_slice(items);
+        self.heap.tuples.push((start, len));
+        Ok(Value::Tuple(index))
+    }
+
+    fn tuple_n(&mut self, n: usize) -> Result<(), PickleError> {
+        let floor = self.marks.last().copied().unwrap_or(0);
+        if self.stack.len() < floor + n {
+            return Err(self.err(format!("TUPLE{n} needs {n} items on the stack")));
+        }
+        let items = self.stack.split_off(self.stack.len() - n);
+        let tuple = self.tuple(&items)?;
+        self.push(tuple);
+        Ok(())
+    }
+
+    fn global(&mut self, module: &[u8], name: &[u8]) -> Result<Value, PickleError> {
+        match (module, name) {
+            (b"tracemalloc", b"Snapshot") => Ok(Value::Class(Class::Snapshot)),
+            (b"tracemalloc", b"_Traces") => Ok(Value::Class(Class::Traces)),
+            _ => Err(self.err(format!(
+                "it refers to {}.{}; only tracemalloc.Snapshot and tracemalloc._Traces are accepted (nothing is executed)",
+                String::from_utf8_lossy(module),
+                String::from_utf8_lossy(name)
+            ))),
+        }
+    }
+
+    fn memo_put(&mut self, index: u64) -> Result<(), PickleError> {
+        let value = *self.top_mut()?;
+        let index = usize::try_from(index).unwrap_or(usize::MAX);
+        if index < self.memo.len() {
+            if let Some(slot) = self.memo.get_mut(index) {
+                *slot = value;
+            }
+        } else if index == self.memo.len() {
+            self.memo.push(value);
+        } else {
+            return Err(self.err(format!(
+                "memo index {index} skips ahead of {} (Python numbers the memo in order)",
+                self.memo.len()
+            )));
+        }
+        Ok(())
+    }
+
+    fn memo_get(&mut self, index: u64) -> Result<(), PickleError> {
+        let value = usize::try_from(index)
+            .ok()
+            .and_then(|i| self.memo.get(i).copied())
+            .ok_or_else(|| self.err(format!("memo index {index} was never stored")))?;
+        self.push(value);
+        Ok(())
+    }
+
+    fn long(&mut self, bytes: &[u8]) -> Value {
+        if bytes.is_empty() {
+            return Value::Int(0);
+        }
+        if bytes.len() > 16 {
+            return Value::BigInt;
+        }
+        let negative = bytes.last().is_some_and(|&b| b & 0x80 != 0);
+        let mut buf = if negative { [0xffu8; 16] } else { [0u8; 16] };
+        if let Some(dst) = buf.get_mut(..bytes.len()) {
+            dst.copy_from_slice(bytes);
+        }
+        Value::Int(i128::from_le_bytes(buf))
+    }
+
+    /// Runs the opcodes up to STOP; returns the value left on the stack.
+    fn run(&mut self) -> Result<Value, PickleError> {
+        loop {
+            self.op_at = self.at;
+            let op = *self
+                .input
+                .get(self.at)
+                .ok_or_else(|| self.err("the input ends before STOP"))?;
+            self.at += 1;
+            match op {
+                0x80 => {
+                    // PROTO
+                    let proto = self.le(1)?;
+                    if !(2..=5).contains(&proto) {
+                        return Err(self.err(format!(
+                            "pickle protocol {proto} is not supported (2 to 5 are; Snapshot.dump() writes 5)"
+                        )));
+                    }
+                }
+                0x95 => {
+                    // FRAME: a length hint only.
+                    self.le(8)?;
+                }
+                b'.' => {
+                    // STOP
+                    let value = self.pop()?;
+                    if !self.marks.is_empty() {
+                        return Err(self.err("STOP inside a MARK"));
+                    }
+                    return Ok(value);
+                }
+                b'(' => self.marks.push(self.stack.len()),
+                b'0' => {
+                    // POP
+                    self.pop()?;
+                }
+                b'1' => {
+                    // POP_MARK
+                    self.pop_mark()?;
+                }
+                b'2' => {
+                    // DUP
+                    let top = *self.top_mut()?;
+                    self.push(top);
+                }
+                b'N' => self.push(Value::None),
+                0x88 => self.push(Value::Bool(true)),
+                0x89 => self.push(Value::Bool(false)),
+                b'J' => {
+                    // BININT: signed 32-bit
+                    let v = self.le(4)? as u32 as i32;
+                    self.push(Value::Int(i128::from(v)));
+                }
+                b'K' => {
+                    let v = self.le(1)?;
+                    self.push(Value::Int(i128::from(v)));
+                }
+                b'M' => {
+                    let v = self.le(2)?;
+                    self.push(Value::Int(i128::from(v)));
+                }
+                0x8a => {
+                    // LONG1
+                    let n = self.le(1)? as usize;
+                    let bytes = self.take(n)?;
+                    let v = self.long(bytes);
+                    self.push(v);
+                }
+                0x8b => {
+                    // LONG4
+                    let n = self.le(4)? as u32 as i32;
+                    let n =
+                        usize::try_from(n).map_err(|_| self.err("LONG4 with a negative length"))?;
+                    let bytes = self.take(n)?;
+                    let v = self.long(bytes);
+                    self.push(v);
+                }
+                0x8c => {
+                    // SHORT_BINUNICODE
+                    let n = self.le(1)? as usize;
+                    let bytes = self.take(n)?;
+                    let v = self.string(bytes)?;
+                    self.push(v);
+                }
+                b'X' => {
+                    // BINUNICODE
+                    let n = self.le(4)? as usize;
+                    let bytes = self.take(n)?;
+                    let v = self.string(bytes)?;
+                    self.push(v);
+                }
+                0x8d => {
+                    // BINUNICODE8
+                    let n = usize::try_from(self.le(8)?).unwrap_or(usize::MAX);
+                    let bytes = self.take(n)?;
+                    let v = self.string(bytes)?;
+                    self.push(v);
+                }
+                b')' => {
+                    let v = self.tuple(&[])?;
+                    self.push(v);
+                }
+                0x85 => self.tuple_n(1)?,
+                0x86 => self.tuple_n(2)?,
+                0x87 => self.tuple_n(3)?,
+                b't' => {
+                    let items = self.pop_mark()?;
+                    let v = self.tuple(&items)?;
+                    self.push(v);
+                }
+                b']' => {
+                    let index = arena_index(self.heap.lists.len(), self.op_at)?;
+                    self.heap.lists.push(Vec::new());
+                    self.push(Value::List(index));
+                }
+                b'l' => {
+                    // LIST
+                    let items = self.pop_mark()?;
+                    let index = arena_index(self.heap.lists.len(), self.op_at)?;
+                    self.heap.lists.push(items);
+                    self.push(Value::List(index));
+                }
+                b'a' => {
+                    // APPEND
+                    let item = self.pop()?;
+                    let list = *self.top_mut()?;
+                    self.list_mut(list)?.push(item);
+                }
+                b'e' => {
+                    // APPENDS
+                    let items = self.pop_mark()?;
+                    let list = *self.top_mut()?;
+                    self.list_mut(list)?.extend(items);
+                }
+                b'}' => {
+                    let index = arena_index(self.heap.dicts.len(), self.op_at)?;
+                    self.heap.dicts.push(Vec::new());
+                    self.push(Value::Dict(index));
+                }
+                b'd' => {
+                    // DICT
+                    let items = self.pop_mark()?;
+                    let pairs = self.pairs(&items)?;
+                    let index = arena_index(self.heap.dicts.len(), self.op_at)?;
+                    self.heap.dicts.push(pairs);
+                    self.push(Value::Dict(index));
+                }
+                b's' => {
+                    // SETITEM
+                    let value = self.pop()?;
+                    let key = self.pop()?;
+                    let dict = *self.top_mut()?;
+                    self.dict_mut(dict)?.push((key, value));
+                }
+                b'u' => {
+                    // SETITEMS
+                    let items = self.pop_mark()?;
+                    let pairs = self.pairs(&items)?;
+                    let dict = *self.top_mut()?;
+                    self.dict_mut(dict)?.extend(pairs);
+                }
+                b'c' => {
+                    // GLOBAL "module\nname\n"
+                    let module = self.line()?;
+                    let name = self.line()?;
+                    let v = self.global(module, name)?;
+                    self.push(v);
+                }
+                0x93 => {
+                    // STACK_GLOBAL
+                    let name = self.pop()?;
+                    let module = self.pop()?;
+                    let (Value::Str(m), Value::Str(n)) = (module, name) else {
+                        return Err(self.err("STACK_GLOBAL needs two str"));
+                    };
+                    let module = self.heap.str(m).cloned().unwrap_or_else(|| Arc::from(""));
+                    let name = self.heap.str(n).cloned().unwrap_or_else(|| Arc::from(""));
+                    let v = self.global(module.as_bytes(), name.as_bytes())?;
+                    self.push(v);
+                }
+                0x81 => {
+                    // NEWOBJ: cls.__new__(cls, *args); only for our classes
+                    // and with no arguments, which is what copyreg writes.
+                    let args = self.pop()?;
+                    let class = self.pop()?;
+                    let Value::Class(class) = class else {
+                        return Err(self.err(format!("NEWOBJ of a {}", class.kind())));
+                    };
+                    if !matches!(args, Value::Tuple(t) if self.heap.tuple(t).is_empty()) {
+                        return Err(self.err(format!("NEWOBJ of {} with arguments", class.name())));
+                    }
+                    let index = arena_index(self.heap.objects.len(), self.op_at)?;
+                    self.heap.objects.push(Object { class, state: None });
+                    self.push(Value::Object(index));
+                }
+                b'b' => {
+                    // BUILD: record the state; nothing is called.
+                    let state = self.pop()?;
+                    let object = *self.top_mut()?;
+                    let Value::Object(index) = object else {
+                        return Err(self.err(format!("BUILD on a {}", object.kind())));
+                    };
+                    let offset = self.op_at;
+                    let slot = self.heap.objects.get_mut(index as usize).ok_or(
+                        PickleError::Malformed {
+                            offset,
+                            reason: "BUILD on an unknown object".into(),
+                        },
+                    )?;
+                    if slot.state.is_some() {
+                        return Err(self.err("BUILD twice on one object"));
+                    }
+                    slot.state = Some(state);
+                }
+                0x94 => {
+                    // MEMOIZE
+                    let index = self.memo.len() as u64;
+                    self.memo_put(index)?;
+                }
+                b'q' => {
+                    let i = self.le(1)?;
+                    self.memo_put(i)?;
+                }
+                b'r' => {
+                    let i = self.le(4)?;
+                    self.memo_put(i)?;
+                }
+                b'h' => {
+                    let i = self.le(1)?;
+                    self.memo_get(i)?;
+                }
+                b'j' => {
+                    let i = self.le(4)?;
+                    self.memo_get(i)?;
+                }
+                other => {
+                    return Err(self.err(format!(
+                        "opcode {} ({other:#04x}) is not one a tracemalloc snapshot uses",
+                        opcode_name(other)
+                    )));
+                }
+            }
+        }
+    }
+
+    fn line(&mut self) -> Result<&'a [u8], PickleError> {
+        let rest = self.input.get(self.at..).unwrap_or(&[]);
+        let end = rest
+            .iter()
+            .take(256)
+            .position(|&b| b == b'\n')
+            .ok_or_else(|| self.err("GLOBAL without a newline"))?;
+        let line = rest.get(..end).unwrap_or(&[]);
+        self.at += end + 1;
+        Ok(line)
+    }
+
+    fn pairs(&self, items: &[Value]) -> Result<Vec<(Value, Value)>, PickleError> {
+        if !items.len().is_multiple_of(2) {
+            return Err(self.err("an odd number of items for a dict"));
+        }
+        Ok(items.chunks_exact(2).map(|p| (p[0], p[1])).collect())
+    }
+
+    fn list_mut(&mut self, list: Value) -> Result<&mut Vec<Value>, PickleError> {
+        let offset = self.op_at;
+        let fail = |kind: &str| PickleError::Malformed {
+            offset,
+            reason: format!("APPEND to a {kind}"),
+        };
+        match list {
+            Value::List(i) => self
+                .heap
+                .lists
+                .get_mut(i as usize)
+                .ok_or_else(|| fail("list")),
+            other => Err(fail(other.kind())),
+        }
+    }
+
+    fn dict_mut(&mut self, dict: Value) -> Result<&mut Vec<(Value, Value)>, PickleError> {
+        let offset = self.op_at;
+        let fail = |kind: &str| PickleError::Malformed {
+            offset,
+            reason: format!("SETITEM on a {kind}"),
+        };
+        match dict {
+            Value::Dict(i) => self
+                .heap
+                .dicts
+                .get_mut(i as usize)
+                .ok_or_else(|| fail("dict")),
+            other => Err(fail(other.kind())),
+        }
+    }
+}
+
+/// pickletools' name of an opcode, for errors.
+fn opcode_name(op: u8) -> &'static str {
+    match op {
+        b'R' => "REDUCE",
+        b'P' => "PERSID",
+        b'Q' => "BINPERSID",
+        b'i' => "INST",
+        b'o' => "OBJ",
+        0x82..=0x84 => "EXT",
+        0x92 => "NEWOBJ_EX",
+        b'I' => "INT",
+        b'L' => "LONG",
+        b'F' => "FLOAT",
+        b'G' => "BINFLOAT",
+        b'S' => "STRING",
+        b'T' => "BINSTRING",
+        b'U' => "SHORT_BINSTRING",
+        b'V' => "UNICODE",
+        b'B' | b'C' | 0x8e => "BYTES",
+        0x96 => "BYTEARRAY8",
+        0x97 => "NEXT_BUFFER",
+        0x98 => "READONLY_BUFFER",
+        0x8f => "EMPTY_SET",
+        0x90 => "ADDITEMS",
+        0x91 => "FROZENSET",
+        b'p' => "PUT",
+        b'g' => "GET",
+        _ => "unknown",
+    }
+}

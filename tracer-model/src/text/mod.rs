@@ -1,0 +1,7 @@
+//! Text: tracemalloc's and Python's formats that the `str()` of every model
+//! type is built from ([`format`](mod@format)), and the source lines that
+//! `Traceback.format()` shows ([`linecache`]). The bottom of the crate:
+//! nothing here imports another module of it.
+
+pub(crate) mod format;
+pub(crate) mod linecache;
