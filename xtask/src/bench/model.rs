@@ -25,6 +25,12 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
+use crate::util::{
+    cmd::{cargo, stdout_of},
+    paths::{release_dir, workspace_root},
+    tracers,
+};
+
 /// Options of `cargo xtask bench-model`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchModelArgs {
@@ -45,33 +51,6 @@ pub struct BenchModelArgs {
     /// traps) far more than CPython's (pymalloc), so ratios are then wrong.
     #[arg(long)]
     pub force: bool,
-}
-
-/// Processes whose probes or instrumentation would distort the timings.
-const TRACERS: [&str; 5] = [
-    "tracerd",
-    "heaptrack",
-    "bpftrace",
-    "valgrind",
-    "memcheck-amd64-",
-];
-
-/// Running processes named like a tracer: (pid, name).
-fn running_tracers() -> Vec<(u32, String)> {
-    let Ok(dir) = fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    dir.flatten()
-        .filter_map(|entry| {
-            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
-            let comm = fs::read_to_string(entry.path().join("comm")).ok()?;
-            let comm = comm.trim().to_string();
-            TRACERS
-                .iter()
-                .any(|t| comm.starts_with(t))
-                .then_some((pid, comm))
-        })
-        .collect()
 }
 
 /// Writes `new.pickle` and `old.pickle`: argv = N, out dir.
@@ -128,20 +107,6 @@ for name, key, cumulative, compare in ops:
     print("%s\t%.6f" % (name, seconds), flush=True)
 "#;
 
-fn run_checked(command: &mut Command, what: &str) -> anyhow::Result<String> {
-    let out = command
-        .output()
-        .with_context(|| format!("running {what}"))?;
-    if !out.status.success() {
-        bail!(
-            "{what} failed ({}):\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
 /// `name\tseconds[\t...]` lines into (name, seconds).
 fn timings(text: &str) -> Vec<(String, f64)> {
     text.lines()
@@ -154,20 +119,29 @@ fn timings(text: &str) -> Vec<(String, f64)> {
         .collect()
 }
 
+/// Builds the model's benchmark and runs it beside CPython's tracemalloc.
+pub fn task(args: &BenchModelArgs) -> anyhow::Result<()> {
+    cargo(&[
+        "build",
+        "--release",
+        "-p",
+        "tracer-model",
+        "--example",
+        "bench_model",
+    ])?;
+    let root = workspace_root();
+    let example = release_dir(&root).join("examples/bench_model");
+    run(&root, &example, args)
+}
+
 /// Runs the benchmark; `example` is the built `bench_model` binary.
-pub fn run(root: &Path, example: &Path, args: &BenchModelArgs) -> anyhow::Result<()> {
-    let tracers = running_tracers();
-    if !tracers.is_empty() && !args.force {
+fn run(root: &Path, example: &Path, args: &BenchModelArgs) -> anyhow::Result<()> {
+    let others = tracers::running();
+    if !others.is_empty() && !args.force {
         bail!(
-            "tracers are running ({tracers:?}): their allocator probes would slow the measured code; \
-             wait for them to end, or pass --force"
-        );
-    }
-    let tracers = running_tracers();
-    if !tracers.is_empty() && !args.force {
-        bail!(
-            "tracers are running ({tracers:?}): their allocator probes would slow the measured \
-             code; wait for them to end, or pass --force"
+            "tracers are running ({}): their allocator probes would slow the measured \
+             code; wait for them to end, or pass --force",
+            others.join(", ")
         );
     }
     let out = if args.out.is_absolute() {
@@ -182,11 +156,11 @@ pub fn run(root: &Path, example: &Path, args: &BenchModelArgs) -> anyhow::Result
         "bench-model: generating {} traces with {}",
         args.traces, args.python
     );
-    run_checked(
+    stdout_of(
         Command::new(&args.python).args(["-c", GENERATE, &args.traces.to_string(), out_str]),
         "the generator",
     )?;
-    let version = run_checked(
+    let version = stdout_of(
         Command::new(&args.python).args(["-c", "import sys; print(sys.version.split()[0])"]),
         "python --version",
     )?;
@@ -199,12 +173,12 @@ pub fn run(root: &Path, example: &Path, args: &BenchModelArgs) -> anyhow::Result
     }
     let (new_s, old_s) = (new.to_str().context("path")?, old.to_str().context("path")?);
     eprintln!("bench-model: tracer ({} runs each)", args.runs);
-    let ours = run_checked(
+    let ours = stdout_of(
         Command::new(example).args([new_s, old_s, out_str, &args.runs.to_string()]),
         "bench_model",
     )?;
     eprintln!("bench-model: CPython {} (minutes)", version.trim());
-    let theirs = run_checked(
+    let theirs = stdout_of(
         Command::new(&args.python).args(["-c", TIME, new_s, old_s, out_str]),
         "CPython",
     )?;
@@ -263,11 +237,6 @@ pub fn run(root: &Path, example: &Path, args: &BenchModelArgs) -> anyhow::Result
     let raw = serde_json::json!({"cpython": theirs, "tracer": ours, "traces": args.traces, "runs": args.runs});
     fs::write(out.join("report.json"), raw.to_string())?;
     Ok(())
-}
-
-/// Where cargo puts the `bench_model` example of a release build.
-pub fn example_path(target: &Path) -> PathBuf {
-    target.join("release/examples/bench_model")
 }
 
 #[cfg(test)]
