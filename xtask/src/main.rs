@@ -7,8 +7,8 @@
 //!   when everything is present.
 //! - `run [-- TRACERD_ARGS]` ([`run`]): setup, build, start `tracerd`
 //!   (needs root).
-//! - `test` ([`test`]): setup, build, run every test (integration tests as
-//!   root, one at a time: they share the kernel's probes).
+//! - `test` ([`test`]): setup, then every test once: those that need no
+//!   root in parallel, then the root-only integration binary serially.
 //! - `bench`, `bench-model` ([`bench`]): overhead against the reference
 //!   tools, the snapshot engine against CPython.
 //! - `fuzz`, `load`, `soak` ([`fuzz`], [`load`], [`soak`]): the long runs,
@@ -61,7 +61,8 @@ enum Task {
     /// Soak: 10 minutes of short-lived processes; tracerd's memory and map
     /// entries before and after.
     Soak(soak::SoakArgs),
-    /// Set up, build, and run every test.
+    /// Set up, build, and run every test: no-root tests in parallel, then
+    /// the root-only integration tests one at a time.
     Test {
         /// Extra arguments for the test binaries (after `--`), e.g. a filter.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
