@@ -10,7 +10,8 @@
 //! - `test` ([`test`]): setup, then every test once: those that need no
 //!   root in parallel, then the root-only integration binary serially.
 //! - `bench`, `bench-model` ([`bench`]): overhead against the reference
-//!   tools, the snapshot engine against CPython.
+//!   tools, the snapshot engine against CPython; `--baseline REV` adds
+//!   another revision's build, measured in the same run.
 //! - `fuzz`, `load`, `soak` ([`fuzz`], [`load`], [`soak`]): the long runs,
 //!   kept out of `test`.
 //!
@@ -111,14 +112,27 @@ mod tests {
     }
 
     #[test]
-    fn bench_modes_are_comma_separated() {
-        let cli =
-            Cli::try_parse_from(["xtask", "bench", "--rounds", "1", "--modes", "none,tracerd"])
-                .unwrap();
+    fn bench_takes_a_baseline_revision() {
+        let cli = Cli::try_parse_from([
+            "xtask",
+            "bench",
+            "--rounds",
+            "1",
+            "--modes",
+            "none,tracerd,baseline",
+            "--baseline",
+            "HEAD~3",
+        ])
+        .unwrap();
         let Task::Bench(args) = cli.command else {
             panic!("not the bench task");
         };
-        assert_eq!(args.rounds, 1);
-        assert_eq!(args.modes, ["none", "tracerd"]);
+        assert_eq!(args.baseline.as_deref(), Some("HEAD~3"));
+        assert_eq!(args.modes, ["none", "tracerd", "baseline"]);
+        let cli = Cli::try_parse_from(["xtask", "bench-model", "--baseline", "main"]).unwrap();
+        let Task::BenchModel(args) = cli.command else {
+            panic!("not the bench-model task");
+        };
+        assert_eq!(args.baseline.as_deref(), Some("main"));
     }
 }

@@ -5,7 +5,9 @@
 //! The overhead part runs every workload ([`workloads`]) under every mode
 //! ([`modes`]), interleaved: every mode once per round, each figure the
 //! median of the rounds. It prints markdown tables ([`report`]) and writes
-//! JSON.
+//! JSON. With `--baseline REV`, tracerd built at REV ([`baseline`]) is one
+//! more mode, measured in the same rounds, and the report compares the cost
+//! each adds.
 use std::{
     collections::BTreeMap,
     fs,
@@ -14,6 +16,7 @@ use std::{
 
 use anyhow::bail;
 
+pub mod baseline;
 pub mod model;
 mod modes;
 mod report;
@@ -21,7 +24,8 @@ mod scale;
 mod scope;
 mod workloads;
 
-use modes::{ALL_MODES, DAEMON_MODES, STOP_GRACE, cpu_and_rss, start_mode};
+use baseline::Baseline;
+use modes::{ALL_MODES, DAEMON_MODES, STOP_GRACE, cpu_and_rss, round_order, start_mode};
 use report::{DaemonCost, Rounds};
 use workloads::ALL_WORKLOADS;
 
@@ -43,7 +47,8 @@ pub struct BenchArgs {
     /// malloc+free pairs per churn run.
     #[arg(long, default_value_t = 200_000)]
     pub pairs: u64,
-    /// Only these modes (comma-separated: none,floor,tracerd,memleak,heaptrack,massif).
+    /// Only these modes (comma-separated: none,floor,tracerd,baseline,memleak,heaptrack,massif;
+    /// baseline needs --baseline).
     #[arg(long, value_delimiter = ',')]
     pub modes: Vec<String>,
     /// Only these workloads (comma-separated: churn,threads,python,sqlite,gcc).
@@ -69,13 +74,28 @@ pub struct BenchArgs {
     /// Where the JSON report goes.
     #[arg(long, default_value = "target/bench/overhead.json")]
     pub json: PathBuf,
+    /// Also measure tracerd built at this git revision (`main`, `HEAD~3`, a
+    /// hash), as the mode `baseline` in the same rounds, and the snapshot
+    /// engine of that revision; it is checked out and built under
+    /// target/baseline/<short-rev>.
+    #[arg(long, value_name = "REV")]
+    pub baseline: Option<String>,
 }
 
-/// Set up, build tracerd, run every part.
+/// Set up, build tracerd (and the baseline's), run every part.
 pub fn task(args: &BenchArgs) -> anyhow::Result<()> {
     setup()?;
     cargo(&["build", "--release", "-p", "tracer-daemon", "--bins"])?;
-    run(&workspace_root(), args)?;
+    let root = workspace_root();
+    let baseline = match &args.baseline {
+        Some(rev) => {
+            let baseline = Baseline::prepare(&root, rev)?;
+            baseline.build_tracerd()?;
+            Some(baseline)
+        }
+        None => None,
+    };
+    run(&root, args, baseline.as_ref())?;
     if args.no_model {
         return Ok(());
     }
@@ -87,23 +107,34 @@ pub fn task(args: &BenchArgs) -> anyhow::Result<()> {
         python: std::env::var("TRACER_PYTHON").unwrap_or_else(|_| "python3".into()),
         out: PathBuf::from("target/bench-model"),
         force: args.force,
+        baseline: args.baseline.clone(),
     })
 }
 
-/// The modes to run: all, or those asked for, in the table's order.
-fn selected_modes(asked: &[String]) -> anyhow::Result<Vec<&'static str>> {
+/// The modes to run: all (baseline only with `--baseline`) or those asked
+/// for, in the table's order; `--baseline` adds baseline to those asked for.
+fn selected_modes(asked: &[String], baseline: bool) -> anyhow::Result<Vec<&'static str>> {
     if let Some(bad) = asked.iter().find(|m| !ALL_MODES.contains(&m.as_str())) {
         bail!("unknown mode {bad:?}; valid: {}", ALL_MODES.join(", "));
+    }
+    if !baseline && asked.iter().any(|m| m == "baseline") {
+        bail!("the mode baseline needs --baseline REV");
     }
     Ok(ALL_MODES
         .iter()
         .copied()
-        .filter(|&m| asked.is_empty() || asked.iter().any(|x| x == m))
+        .filter(|&m| {
+            if m == "baseline" {
+                baseline
+            } else {
+                asked.is_empty() || asked.iter().any(|x| x == m)
+            }
+        })
         .collect())
 }
 
 /// Runs the suite; `root` is the workspace root.
-fn run(root: &Path, args: &BenchArgs) -> anyhow::Result<()> {
+fn run(root: &Path, args: &BenchArgs, baseline: Option<&Baseline>) -> anyhow::Result<()> {
     let others = tracers::running();
     if !others.is_empty() && !args.force {
         bail!(
@@ -111,7 +142,7 @@ fn run(root: &Path, args: &BenchArgs) -> anyhow::Result<()> {
             others.join(", ")
         );
     }
-    let modes = selected_modes(&args.modes)?;
+    let modes = selected_modes(&args.modes, baseline.is_some())?;
     if let Some(bad) = args
         .workloads
         .iter()
@@ -131,8 +162,8 @@ fn run(root: &Path, args: &BenchArgs) -> anyhow::Result<()> {
     let mut costs: BTreeMap<&str, DaemonCost> = BTreeMap::new();
     for round in 1..=args.rounds.max(1) {
         eprintln!("bench: round {round}/{}", args.rounds);
-        for &mode in &modes {
-            let tracer = start_mode(mode, root, &dir)?;
+        for mode in round_order(&modes, round) {
+            let tracer = start_mode(mode, root, &dir, baseline)?;
             let before = tracer.as_ref().map(|t| cpu_and_rss(t.pid()));
             for workload in &workloads {
                 let figure = workloads::run_once(mode, workload, &dir)?;
@@ -157,7 +188,7 @@ fn run(root: &Path, args: &BenchArgs) -> anyhow::Result<()> {
             }
         }
     }
-    report::report(args, &modes, &workloads, &mut results, &costs)?;
+    report::report(args, &modes, &workloads, &mut results, &costs, baseline)?;
     let mut extra = serde_json::Map::new();
     if !args.no_scope {
         extra.insert("scope".into(), scope::scope_part(root, &dir, args)?);
@@ -183,17 +214,30 @@ mod tests {
     }
 
     #[test]
-    fn every_mode_by_default_else_those_asked_in_table_order() {
-        assert_eq!(selected_modes(&[]).unwrap(), ALL_MODES);
+    fn every_mode_but_baseline_by_default() {
         assert_eq!(
-            selected_modes(&strings(&["tracerd", "none"])).unwrap(),
-            ["none", "tracerd"]
+            selected_modes(&[], false).unwrap(),
+            ["none", "floor", "tracerd", "memleak", "heaptrack", "massif"]
         );
     }
 
     #[test]
-    fn unknown_modes_are_refused() {
-        let err = selected_modes(&strings(&["perf"])).unwrap_err();
+    fn baseline_joins_the_modes_with_its_flag() {
+        assert_eq!(selected_modes(&[], true).unwrap(), ALL_MODES);
+        assert_eq!(
+            selected_modes(&strings(&["tracerd", "none"]), true).unwrap(),
+            ["none", "tracerd", "baseline"]
+        );
+        assert_eq!(
+            selected_modes(&strings(&["none", "tracerd", "baseline"]), true).unwrap(),
+            ["none", "tracerd", "baseline"]
+        );
+    }
+
+    #[test]
+    fn baseline_without_its_flag_and_unknown_modes_are_refused() {
+        assert!(selected_modes(&strings(&["baseline"]), false).is_err());
+        let err = selected_modes(&strings(&["perf"]), false).unwrap_err();
         assert!(err.to_string().contains("valid: none, floor"), "{err}");
     }
 }

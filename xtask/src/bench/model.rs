@@ -12,11 +12,17 @@
 //!    case).
 //! 3. `tracer-model/examples/bench_model` loads the same files with
 //!    tracer's pickle reader and times the same calls (median of `--runs`).
+//!    With `--baseline REV`, REV's `bench_model` times them too: the two
+//!    alternate, one process of each per round for `--runs` rounds (one
+//!    run of each call per process), and each figure is the median of the
+//!    rounds.
 //! 4. Every result line (`str()` of every Statistic / StatisticDiff) of
 //!    both sides is compared: the table is only printed if they are equal.
+//!    (The baseline's lines are compared too, and a difference is noted.)
 //!
-//! Prints a markdown table (CPython seconds, tracer milliseconds, ratio)
-//! and writes it with the raw timings to `target/bench-model/`.
+//! Prints a markdown table (CPython seconds, tracer milliseconds, ratio;
+//! with a baseline its milliseconds and new/baseline) and writes it with
+//! the raw timings to `target/bench-model/`.
 use std::{
     fs,
     path::{Path, PathBuf},
@@ -25,9 +31,11 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
+use super::baseline::Baseline;
 use crate::util::{
     cmd::{cargo, stdout_of},
     paths::{release_dir, workspace_root},
+    stats::median,
     tracers,
 };
 
@@ -51,6 +59,11 @@ pub struct BenchModelArgs {
     /// traps) far more than CPython's (pymalloc), so ratios are then wrong.
     #[arg(long)]
     pub force: bool,
+    /// Also time the bench_model example of this git revision (`main`,
+    /// `HEAD~3`, a hash), alternating with the current one; it is checked
+    /// out and built under target/baseline/<short-rev>.
+    #[arg(long, value_name = "REV")]
+    pub baseline: Option<String>,
 }
 
 /// Writes `new.pickle` and `old.pickle`: argv = N, out dir.
@@ -119,7 +132,8 @@ fn timings(text: &str) -> Vec<(String, f64)> {
         .collect()
 }
 
-/// Builds the model's benchmark and runs it beside CPython's tracemalloc.
+/// Builds the model's benchmark (and the baseline's) and runs it beside
+/// CPython's tracemalloc.
 pub fn task(args: &BenchModelArgs) -> anyhow::Result<()> {
     cargo(&[
         "build",
@@ -131,11 +145,92 @@ pub fn task(args: &BenchModelArgs) -> anyhow::Result<()> {
     ])?;
     let root = workspace_root();
     let example = release_dir(&root).join("examples/bench_model");
-    run(&root, &example, args)
+    let baseline = match &args.baseline {
+        Some(rev) => {
+            let baseline = Baseline::prepare(&root, rev)?;
+            let example = baseline.build_bench_model()?;
+            Some((baseline, example))
+        }
+        None => None,
+    };
+    run(&root, &example, baseline.as_ref(), args)
 }
 
-/// Runs the benchmark; `example` is the built `bench_model` binary.
-fn run(root: &Path, example: &Path, args: &BenchModelArgs) -> anyhow::Result<()> {
+/// One `bench_model` binary and the directory its result lines go to.
+struct Side<'a> {
+    example: &'a Path,
+    out: PathBuf,
+}
+
+/// Times `sides` on the dump files: with one side, one process doing
+/// `runs` runs of each call (its own medians); with two, `runs` rounds of
+/// one process each, alternating which goes first, one run per call, and
+/// the median of the rounds per call. Timings of each side, in its order.
+fn time_sides(
+    sides: &[Side],
+    new: &str,
+    old: &str,
+    runs: u32,
+) -> anyhow::Result<Vec<Vec<(String, f64)>>> {
+    let invoke = |side: &Side, runs: u32| -> anyhow::Result<Vec<(String, f64)>> {
+        fs::create_dir_all(&side.out)?;
+        let out = side
+            .out
+            .to_str()
+            .context("the output directory is not UTF-8")?;
+        let text = stdout_of(
+            Command::new(side.example).args([new, old, out, &runs.to_string()]),
+            "bench_model",
+        )?;
+        Ok(timings(&text))
+    };
+    if let [side] = sides {
+        return Ok(vec![invoke(side, runs)?]);
+    }
+    let mut rounds: Vec<Vec<Vec<(String, f64)>>> = vec![Vec::new(); sides.len()];
+    for round in 0..runs.max(1) as usize {
+        for i in 0..sides.len() {
+            // Rotate who goes first, so that neither always follows the other.
+            let i = (i + round) % sides.len();
+            rounds[i].push(invoke(&sides[i], 1)?);
+        }
+    }
+    Ok(rounds.iter().map(|r| medians(r)).collect())
+}
+
+/// Per name, the median over rounds of timings (names in the first round's
+/// order).
+fn medians(rounds: &[Vec<(String, f64)>]) -> Vec<(String, f64)> {
+    let Some(first) = rounds.first() else {
+        return Vec::new();
+    };
+    first
+        .iter()
+        .map(|(name, _)| {
+            let mut values: Vec<f64> = rounds
+                .iter()
+                .filter_map(|r| r.iter().find(|(n, _)| n == name).map(|(_, s)| *s))
+                .collect();
+            (name.clone(), median(&mut values))
+        })
+        .collect()
+}
+
+/// `statistics-lineno-cumulative` as `statistics(lineno, cumulative)`.
+fn operation_label(name: &str) -> String {
+    name.replacen('-', "(", 1)
+        .replace("-cumulative", ", cumulative")
+        + ")"
+}
+
+/// Runs the benchmark; `example` is the built `bench_model` binary, and
+/// `baseline` the baseline's, if any.
+fn run(
+    root: &Path,
+    example: &Path,
+    baseline: Option<&(Baseline, PathBuf)>,
+    args: &BenchModelArgs,
+) -> anyhow::Result<()> {
     let others = tracers::running();
     if !others.is_empty() && !args.force {
         bail!(
@@ -172,32 +267,61 @@ fn run(root: &Path, example: &Path, args: &BenchModelArgs) -> anyhow::Result<()>
         );
     }
     let (new_s, old_s) = (new.to_str().context("path")?, old.to_str().context("path")?);
-    eprintln!("bench-model: tracer ({} runs each)", args.runs);
-    let ours = stdout_of(
-        Command::new(example).args([new_s, old_s, out_str, &args.runs.to_string()]),
-        "bench_model",
-    )?;
+    let mut sides = vec![Side {
+        example,
+        out: out.clone(),
+    }];
+    if let Some((baseline, example)) = baseline {
+        sides.push(Side {
+            example,
+            out: out.join(format!("baseline-{}", baseline.short)),
+        });
+        eprintln!(
+            "bench-model: tracer and the baseline {}, alternating, {} rounds",
+            baseline.label(),
+            args.runs
+        );
+    } else {
+        eprintln!("bench-model: tracer ({} runs each)", args.runs);
+    }
+    let mut timed = time_sides(&sides, new_s, old_s, args.runs)?.into_iter();
+    let ours = timed.next().unwrap_or_default();
+    let base = timed.next();
     eprintln!("bench-model: CPython {} (minutes)", version.trim());
     let theirs = stdout_of(
         Command::new(&args.python).args(["-c", TIME, new_s, old_s, out_str]),
         "CPython",
     )?;
-    let ours = timings(&ours);
     let theirs = timings(&theirs);
 
     let mut table = String::new();
+    let method = match baseline {
+        Some((b, _)) => format!(
+            "tracer and the baseline {}: median of {} rounds, one process of each per round, alternating",
+            b.label(),
+            args.runs
+        ),
+        None => format!("tracer: median of {} runs", args.runs),
+    };
     table.push_str(&format!(
-        "{} traces (new), {} bytes and {} bytes of tracemalloc dump files; CPython {}; tracer: median of {} runs\n\n",
+        "{} traces (new), {} bytes and {} bytes of tracemalloc dump files; CPython {}; {method}\n\n",
         args.traces,
         fs::metadata(&new).map(|m| m.len()).unwrap_or(0),
         fs::metadata(&old).map(|m| m.len()).unwrap_or(0),
         version.trim(),
-        args.runs
     ));
-    table.push_str(
-        "| operation | CPython 3.11 | tracer | ratio | results equal |\n|---|---:|---:|---:|---|\n",
-    );
+    match baseline {
+        Some((b, _)) => table.push_str(&format!(
+            "| operation | CPython 3.11 | tracer | baseline {} | ratio | new/baseline | results equal |\n\
+             |---|---:|---:|---:|---:|---:|---|\n",
+            b.short
+        )),
+        None => table.push_str(
+            "| operation | CPython 3.11 | tracer | ratio | results equal |\n|---|---:|---:|---:|---|\n",
+        ),
+    }
     let mut worst = f64::INFINITY;
+    let mut against_baseline = Vec::new();
     for (name, cpython) in &theirs {
         let Some((_, tracer)) = ours.iter().find(|(n, _)| n == name) else {
             bail!("tracer did not time {name}");
@@ -214,27 +338,61 @@ fn run(root: &Path, example: &Path, args: &BenchModelArgs) -> anyhow::Result<()>
         }
         let ratio = cpython / tracer.max(1e-9);
         worst = worst.min(ratio);
-        table.push_str(&format!(
-            "| `{}` | {:.2} s | {:.1} ms | {:.0}x | yes ({} lines) |\n",
-            name.replacen('-', "(", 1)
-                .replace("-cumulative", ", cumulative")
-                + ")",
-            cpython,
-            tracer * 1000.0,
-            ratio,
-            lines
-        ));
+        let label = operation_label(name);
+        match (&base, sides.get(1)) {
+            (Some(base), Some(side)) => {
+                let Some((_, theirs)) = base.iter().find(|(n, _)| n == name) else {
+                    bail!("the baseline did not time {name}");
+                };
+                let same = fs::read(side.out.join(format!("tracer-{name}.txt")))
+                    .is_ok_and(|lines| lines == a);
+                let change = tracer / theirs.max(1e-9);
+                against_baseline.push(change);
+                table.push_str(&format!(
+                    "| `{label}` | {cpython:.2} s | {:.1} ms | {:.1} ms | {ratio:.0}x | {change:.2} | yes ({lines} lines){} |\n",
+                    tracer * 1000.0,
+                    theirs * 1000.0,
+                    if same { "" } else { "; the baseline's differ" }
+                ));
+            }
+            _ => table.push_str(&format!(
+                "| `{label}` | {cpython:.2} s | {:.1} ms | {ratio:.0}x | yes ({lines} lines) |\n",
+                tracer * 1000.0,
+            )),
+        }
     }
     if let Some((_, load)) = ours.iter().find(|(n, _)| n == "load") {
         table.push_str(&format!(
-            "\ntracer loaded both dump files (pickle parsing, no execution) in {:.2} s.\n",
+            "\ntracer loaded both dump files (pickle parsing, no execution) in {:.2} s",
             load
         ));
+        match base
+            .as_ref()
+            .and_then(|b| b.iter().find(|(n, _)| n == "load"))
+        {
+            Some((_, theirs)) => table.push_str(&format!("; the baseline in {theirs:.2} s.\n")),
+            None => table.push_str(".\n"),
+        }
     }
     table.push_str(&format!("\nSlowest ratio: {worst:.0}x.\n"));
+    if !against_baseline.is_empty() {
+        let n = against_baseline.len() as f64;
+        let geomean = (against_baseline.iter().map(|r| r.ln()).sum::<f64>() / n).exp();
+        let (low, high) = against_baseline
+            .iter()
+            .fold((f64::INFINITY, 0.0f64), |(lo, hi), r| {
+                (lo.min(*r), hi.max(*r))
+            });
+        table.push_str(&format!(
+            "new/baseline (time; below 1 is faster): geometric mean {geomean:.2}, from {low:.2} to {high:.2}.\n"
+        ));
+    }
     println!("{table}");
     fs::write(out.join("report.md"), &table)?;
-    let raw = serde_json::json!({"cpython": theirs, "tracer": ours, "traces": args.traces, "runs": args.runs});
+    let mut raw = serde_json::json!({"cpython": theirs, "tracer": ours, "traces": args.traces, "runs": args.runs});
+    if let (Some((b, _)), Some(base)) = (baseline, &base) {
+        raw["baseline"] = serde_json::json!({"rev": b.rev, "commit": b.commit, "timings": base});
+    }
     fs::write(out.join("report.json"), raw.to_string())?;
     Ok(())
 }
@@ -252,6 +410,26 @@ mod tests {
                 ("load".to_string(), 1.5),
                 ("statistics-lineno".to_string(), 0.002)
             ]
+        );
+    }
+
+    #[test]
+    fn medians_are_per_name_over_rounds() {
+        let round = |a: f64, b: f64| vec![("load".to_string(), a), ("x".to_string(), b)];
+        let m = medians(&[round(1.0, 9.0), round(3.0, 7.0), round(2.0, 8.0)]);
+        assert_eq!(m, vec![("load".to_string(), 2.0), ("x".to_string(), 8.0)]);
+        assert!(medians(&[]).is_empty());
+    }
+
+    #[test]
+    fn operation_labels_read_as_calls() {
+        assert_eq!(
+            operation_label("statistics-lineno-cumulative"),
+            "statistics(lineno, cumulative)"
+        );
+        assert_eq!(
+            operation_label("compare_to-traceback"),
+            "compare_to(traceback)"
         );
     }
 }

@@ -1,7 +1,8 @@
 //! The overhead part's modes and the system-wide tracers they start:
 //! uninstrumented; `tracer-floor` (empty programs at tracerd's own probe
-//! points: the physical floor); tracerd (exact); a bpftrace script doing
-//! what bcc's memleak does; heaptrack and `valgrind --tool=massif` (which wrap
+//! points: the physical floor); tracerd (exact); `baseline` (tracerd built
+//! at another revision, with `--baseline`); a bpftrace script doing what
+//! bcc's memleak does; heaptrack and `valgrind --tool=massif` (which wrap
 //! each workload instead, see `workloads::run_once`). And what a running
 //! tracer costs: CPU time, peak RSS, kernel map memory.
 use std::{
@@ -12,21 +13,46 @@ use std::{
     time::Duration,
 };
 
-use anyhow::Context as _;
+use anyhow::{Context as _, bail};
 
+use super::baseline::Baseline;
 use crate::util::{child::Running, paths::release_dir};
 
-/// Every mode, in the table's order.
-pub const ALL_MODES: [&str; 6] = ["none", "floor", "tracerd", "memleak", "heaptrack", "massif"];
+/// Every mode, in the table's order (`baseline` only with `--baseline`).
+pub const ALL_MODES: [&str; 7] = [
+    "none",
+    "floor",
+    "tracerd",
+    "baseline",
+    "memleak",
+    "heaptrack",
+    "massif",
+];
 
 /// The modes that run a tracerd, whose own costs are reported.
-pub const DAEMON_MODES: [&str; 1] = ["tracerd"];
+pub const DAEMON_MODES: [&str; 2] = ["tracerd", "baseline"];
 
 /// Where the bench's tracerd listens (the scale and scope parts call it).
 pub const LISTEN: &str = "127.0.0.1:7467";
 
 /// How long a tracer gets between SIGTERM and SIGKILL.
 pub const STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// The modes of one round: `modes` as given, except that tracerd and
+/// baseline trade places every other round, so that neither always runs
+/// right after the same mode (drift and warm caches fall on both alike).
+pub fn round_order<'a>(modes: &[&'a str], round: usize) -> Vec<&'a str> {
+    let mut order = modes.to_vec();
+    if round.is_multiple_of(2)
+        && let (Some(a), Some(b)) = (
+            order.iter().position(|m| *m == "tracerd"),
+            order.iter().position(|m| *m == "baseline"),
+        )
+    {
+        order.swap(a, b);
+    }
+    order
+}
 
 /// Starts `command` and waits until a line of its output contains `ready`.
 pub fn start_until(
@@ -74,7 +100,7 @@ pub fn start_until(
     Ok(tracer)
 }
 
-/// A tracerd on [`LISTEN`] with its state in
+/// A tracerd (ours or the baseline's) on [`LISTEN`] with its state in
 /// `state`, ready once it logs `tracerd ready`.
 pub fn start_tracerd(tracerd: &Path, state: &Path, extra: &[&str]) -> anyhow::Result<Running> {
     let mut command = Command::new(tracerd);
@@ -117,7 +143,12 @@ fn memleak_script(libc: &str) -> String {
 
 /// Starts the system-wide tracer of `mode` (None for the modes that have
 /// none or wrap the workload).
-pub fn start_mode(mode: &str, root: &Path, dir: &Path) -> anyhow::Result<Option<Running>> {
+pub fn start_mode(
+    mode: &str,
+    root: &Path,
+    dir: &Path,
+    baseline: Option<&Baseline>,
+) -> anyhow::Result<Option<Running>> {
     let release = release_dir(root);
     match mode {
         "floor" => {
@@ -130,6 +161,19 @@ pub fn start_mode(mode: &str, root: &Path, dir: &Path) -> anyhow::Result<Option<
             &["--log", "info"],
         )
         .map(Some),
+        "baseline" => {
+            let Some(baseline) = baseline else {
+                bail!("the baseline mode needs --baseline REV");
+            };
+            // A state directory of its own: stored files of another
+            // revision's format are never read by the other.
+            start_tracerd(
+                &baseline.tracerd(),
+                &dir.join("state-baseline"),
+                &["--log", "info"],
+            )
+            .map(Some)
+        }
         "memleak" => {
             let script = dir.join("memleak.bt");
             fs::write(&script, memleak_script(&libc_path()?))?;
@@ -190,6 +234,19 @@ pub fn bpf_map_memory(pid: u32) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tracerd_and_baseline_trade_places_every_other_round() {
+        let modes = ["none", "tracerd", "baseline", "memleak"];
+        assert_eq!(round_order(&modes, 1), modes);
+        assert_eq!(
+            round_order(&modes, 2),
+            ["none", "baseline", "tracerd", "memleak"]
+        );
+        assert_eq!(round_order(&modes, 3), modes);
+        // Without a baseline the order never changes.
+        assert_eq!(round_order(&["none", "tracerd"], 2), ["none", "tracerd"]);
+    }
 
     #[test]
     fn cpu_and_rss_of_this_process_are_positive() {

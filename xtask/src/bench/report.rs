@@ -1,16 +1,17 @@
 //! The overhead part's report: a markdown table of the medians (slowdown
 //! against uninstrumented), the added cost per churn pair against the
-//! goals (memleak, floor), tracerd's own CPU, memory and kernel maps. The
-//! same figures go to the JSON file.
+//! goals (memleak, floor), tracerd's own CPU, memory and kernel maps; with
+//! `--baseline`, tracerd's added cost against the baseline's per workload.
+//! The same figures go to the JSON file.
 use std::{collections::BTreeMap, fs};
 
-use super::{BenchArgs, workloads::Workload};
+use super::{BenchArgs, baseline::Baseline, workloads::Workload};
 use crate::util::stats::median;
 
 /// Figures of every round: `[workload][mode]`.
 pub type Rounds<'a> = BTreeMap<&'a str, BTreeMap<&'a str, Vec<f64>>>;
 
-/// What tracerd cost itself over the rounds.
+/// What a tracerd (ours or the baseline's) cost itself over the rounds.
 #[derive(Clone, Debug, Default)]
 pub struct DaemonCost {
     /// CPU clock ticks per round (all workloads).
@@ -56,6 +57,7 @@ pub fn report(
     workloads: &[Workload],
     results: &mut Rounds,
     costs: &BTreeMap<&str, DaemonCost>,
+    baseline: Option<&Baseline>,
 ) -> anyhow::Result<()> {
     let mut medians: BTreeMap<String, BTreeMap<String, f64>> = BTreeMap::new();
     for (workload, by_mode) in results.iter_mut() {
@@ -123,17 +125,82 @@ pub fn report(
     }
     let tracerd = costs.get("tracerd").cloned().unwrap_or_default();
     tracerd.print("tracerd");
-    let json = serde_json::json!({
+    let mut json = serde_json::json!({
         "rounds": args.rounds,
         "pairs": args.pairs,
         "medians": medians,
         "goals": goals,
         "tracerd": tracerd.json(),
     });
+    if let Some(baseline) = baseline {
+        let cost = costs.get("baseline").cloned().unwrap_or_default();
+        cost.print(&format!("baseline {}", baseline.label()));
+        let added = against_baseline(baseline, workloads, &medians);
+        let mut object = serde_json::json!({
+            "rev": baseline.rev,
+            "commit": baseline.commit,
+            "added": added,
+        });
+        if let (Some(object), serde_json::Value::Object(cost)) =
+            (object.as_object_mut(), cost.json())
+        {
+            object.extend(cost);
+        }
+        json["baseline"] = object;
+    }
     if let Some(parent) = args.json.parent() {
         fs::create_dir_all(parent)?;
     }
     fs::write(&args.json, serde_json::to_string_pretty(&json)?)?;
     println!("\nJSON: {}", args.json.display());
     Ok(())
+}
+
+/// Added cost (mode minus uninstrumented) of tracerd and of the baseline
+/// per workload, and their ratio: a table, and the same as JSON.
+fn against_baseline(
+    baseline: &Baseline,
+    workloads: &[Workload],
+    medians: &BTreeMap<String, BTreeMap<String, f64>>,
+) -> serde_json::Value {
+    println!(
+        "\n### tracerd against the baseline {}: added cost (mode minus uninstrumented), medians\n",
+        baseline.label()
+    );
+    println!(
+        "| workload | unit | uninstrumented | tracerd adds | baseline adds | tracerd/baseline |"
+    );
+    println!("|---|---|---|---|---|---|");
+    let mut json = serde_json::Map::new();
+    for workload in workloads {
+        let Some(by_mode) = medians.get(workload.name) else {
+            continue;
+        };
+        let (Some(none), Some(ours), Some(theirs)) = (
+            by_mode.get("none"),
+            by_mode.get("tracerd"),
+            by_mode.get("baseline"),
+        ) else {
+            continue;
+        };
+        let (ours, theirs) = (ours - none, theirs - none);
+        let ratio = ours / theirs;
+        println!(
+            "| {} | {} | {none:.1} | {ours:.1} | {theirs:.1} | {ratio:.2} |",
+            workload.name, workload.unit
+        );
+        json.insert(
+            workload.name.to_string(),
+            serde_json::json!({
+                "unit": workload.unit,
+                "tracerd_added": ours,
+                "baseline_added": theirs,
+                "ratio": ratio,
+            }),
+        );
+    }
+    if json.is_empty() {
+        println!("(the modes none, tracerd and baseline are all needed for this table)");
+    }
+    serde_json::Value::Object(json)
 }
