@@ -19,7 +19,7 @@ use crate::{
         cc::compile_c,
         child::Running,
         cmd::cargo,
-        daemon::Daemon,
+        daemon::{BUILD_TRACERD, Daemon},
         paths::{TempDir, workspace_root},
         stats::percentile,
     },
@@ -68,14 +68,7 @@ int main(void) {
 /// Set up, build tracerd, run the load.
 pub fn task(args: &LoadArgs) -> anyhow::Result<()> {
     setup()?;
-    cargo(&[
-        "build",
-        "--release",
-        "-p",
-        "tracer-daemon",
-        "--bin",
-        "tracerd",
-    ])?;
+    cargo(&BUILD_TRACERD)?;
     load(args)
 }
 

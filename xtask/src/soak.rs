@@ -20,7 +20,7 @@ use crate::{
     util::{
         cc::compile_c,
         cmd::cargo,
-        daemon::Daemon,
+        daemon::{BUILD_TRACERD, Daemon},
         paths::{TempDir, workspace_root},
     },
 };
@@ -74,14 +74,7 @@ struct Gauges {
 /// Set up, build tracerd, soak.
 pub fn task(args: &SoakArgs) -> anyhow::Result<()> {
     setup()?;
-    cargo(&[
-        "build",
-        "--release",
-        "-p",
-        "tracer-daemon",
-        "--bin",
-        "tracerd",
-    ])?;
+    cargo(&BUILD_TRACERD)?;
     soak(args)
 }
 

@@ -13,6 +13,7 @@ use anyhow::{Context as _, bail};
 
 use crate::util::{
     cmd::{cargo_in, stdout_of},
+    daemon::BUILD_TRACERD,
     paths::target_dir,
 };
 
@@ -137,14 +138,7 @@ impl Baseline {
     /// Builds the baseline's release tracerd (and the eBPF object it
     /// embeds).
     pub fn build_tracerd(&self) -> anyhow::Result<PathBuf> {
-        self.cargo(&[
-            "build",
-            "--release",
-            "-p",
-            "tracer-daemon",
-            "--bin",
-            "tracerd",
-        ])?;
+        self.cargo(&BUILD_TRACERD)?;
         Ok(self.tracerd())
     }
 

@@ -16,6 +16,17 @@ use super::{
     paths::{TempDir, release_dir},
 };
 
+/// The cargo arguments that build the release tracerd alone (in the
+/// workspace, or in a baseline's worktree).
+pub const BUILD_TRACERD: [&str; 6] = [
+    "build",
+    "--release",
+    "-p",
+    "tracer-daemon",
+    "--bin",
+    "tracerd",
+];
+
 /// How long a request to the daemon may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long tracerd gets to exit after SIGTERM before SIGKILL.
