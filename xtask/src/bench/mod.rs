@@ -1,0 +1,243 @@
+//! `cargo xtask bench`: tracerd's overhead, side by side with the reference
+//! tools, in one run; then the scope and scale parts and the snapshot
+//! engine against CPython ([`model`], also `cargo xtask bench-model`).
+//!
+//! The overhead part runs every workload ([`workloads`]) under every mode
+//! ([`modes`]), interleaved: every mode once per round, each figure the
+//! median of the rounds. It prints markdown tables ([`report`]) and writes
+//! JSON. With `--baseline REV`, tracerd built at REV ([`baseline`]) is one
+//! more mode, measured in the same rounds, and the report compares the cost
+//! each adds.
+use std::{
+    collections::BTreeMap,
+    fs,
+    path::{Path, PathBuf},
+};
+
+use anyhow::bail;
+
+pub mod baseline;
+pub mod model;
+mod modes;
+mod report;
+mod scale;
+mod scope;
+mod workloads;
+
+use baseline::Baseline;
+use modes::{ALL_MODES, DAEMON_MODES, STOP_GRACE, cpu_and_rss, round_order, start_mode};
+use report::{DaemonCost, Rounds};
+use workloads::ALL_WORKLOADS;
+
+use crate::{
+    setup::setup,
+    util::{
+        cmd::cargo,
+        paths::{target_dir, workspace_root},
+        tracers,
+    },
+};
+
+/// Options of `cargo xtask bench`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// Rounds; every figure is the median over them (at least 5 for the report).
+    #[arg(long, default_value_t = 5)]
+    pub rounds: usize,
+    /// malloc+free pairs per churn run.
+    #[arg(long, default_value_t = 200_000)]
+    pub pairs: u64,
+    /// Only these modes (comma-separated: none,floor,tracerd,baseline,memleak,heaptrack,massif;
+    /// baseline needs --baseline).
+    #[arg(long, value_delimiter = ',')]
+    pub modes: Vec<String>,
+    /// Only these workloads (comma-separated: churn,threads,python,sqlite,gcc).
+    #[arg(long, value_delimiter = ',')]
+    pub workloads: Vec<String>,
+    /// Skip the scale part (4,000,000 live blocks, a 1,000,000-block snapshot).
+    #[arg(long)]
+    pub no_scale: bool,
+    /// Skip the scope part (an untraced process while another is traced).
+    #[arg(long)]
+    pub no_scope: bool,
+    /// Skip the snapshot-engine part (statistics and compare_to of
+    /// 1,000,000 traces against CPython's tracemalloc, `bench-model`).
+    #[arg(long)]
+    pub no_model: bool,
+    /// Traces per snapshot in the snapshot-engine part.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub model_traces: u64,
+    /// Run even while other tracers are attached (their cost is added to
+    /// every mode, so differences stay meaningful but ratios do not).
+    #[arg(long)]
+    pub force: bool,
+    /// Where the JSON report goes.
+    #[arg(long, default_value = "target/bench/overhead.json")]
+    pub json: PathBuf,
+    /// Also measure tracerd built at this git revision (`main`, `HEAD~3`, a
+    /// hash), as the mode `baseline` in the same rounds, and the snapshot
+    /// engine of that revision; it is checked out and built under
+    /// target/baseline/<short-rev>.
+    #[arg(long, value_name = "REV")]
+    pub baseline: Option<String>,
+}
+
+/// Set up, build tracerd (and the baseline's), run every part.
+pub fn task(args: &BenchArgs) -> anyhow::Result<()> {
+    setup()?;
+    cargo(&["build", "--release", "-p", "tracer-daemon", "--bins"])?;
+    let root = workspace_root();
+    let baseline = match &args.baseline {
+        Some(rev) => {
+            let baseline = Baseline::prepare(&root, rev)?;
+            baseline.build_tracerd()?;
+            Some(baseline)
+        }
+        None => None,
+    };
+    run(&root, args, baseline.as_ref())?;
+    if args.no_model {
+        return Ok(());
+    }
+    // The snapshot engine against CPython, on a machine as quiet as the
+    // overhead part needed.
+    model::task(&model::BenchModelArgs {
+        traces: args.model_traces,
+        runs: u32::try_from(args.rounds).unwrap_or(u32::MAX),
+        python: std::env::var("TRACER_PYTHON").unwrap_or_else(|_| "python3".into()),
+        out: PathBuf::from("target/bench-model"),
+        force: args.force,
+        baseline: args.baseline.clone(),
+    })
+}
+
+/// The modes to run: all (baseline only with `--baseline`) or those asked
+/// for, in the table's order; `--baseline` adds baseline to those asked for.
+fn selected_modes(asked: &[String], baseline: bool) -> anyhow::Result<Vec<&'static str>> {
+    if let Some(bad) = asked.iter().find(|m| !ALL_MODES.contains(&m.as_str())) {
+        bail!("unknown mode {bad:?}; valid: {}", ALL_MODES.join(", "));
+    }
+    if !baseline && asked.iter().any(|m| m == "baseline") {
+        bail!("the mode baseline needs --baseline REV");
+    }
+    Ok(ALL_MODES
+        .iter()
+        .copied()
+        .filter(|&m| {
+            if m == "baseline" {
+                baseline
+            } else {
+                asked.is_empty() || asked.iter().any(|x| x == m)
+            }
+        })
+        .collect())
+}
+
+/// Runs the suite; `root` is the workspace root.
+fn run(root: &Path, args: &BenchArgs, baseline: Option<&Baseline>) -> anyhow::Result<()> {
+    let others = tracers::running();
+    if !others.is_empty() && !args.force {
+        bail!(
+            "other tracers are running ({}): they would slow every mode; stop them first",
+            others.join(", ")
+        );
+    }
+    let modes = selected_modes(&args.modes, baseline.is_some())?;
+    if let Some(bad) = args
+        .workloads
+        .iter()
+        .find(|w| !ALL_WORKLOADS.contains(&w.as_str()))
+    {
+        bail!(
+            "unknown workload {bad:?}; valid: {}",
+            ALL_WORKLOADS.join(", ")
+        );
+    }
+    let dir = target_dir(root).join("bench");
+    let workloads: Vec<_> = workloads::prepare(&dir, args.pairs)?
+        .into_iter()
+        .filter(|w| args.workloads.is_empty() || args.workloads.iter().any(|x| x == w.name))
+        .collect();
+    let mut results: Rounds = BTreeMap::new();
+    let mut costs: BTreeMap<&str, DaemonCost> = BTreeMap::new();
+    for round in 1..=args.rounds.max(1) {
+        eprintln!("bench: round {round}/{}", args.rounds);
+        for mode in round_order(&modes, round) {
+            let tracer = start_mode(mode, root, &dir, baseline)?;
+            let before = tracer.as_ref().map(|t| cpu_and_rss(t.pid()));
+            for workload in &workloads {
+                let figure = workloads::run_once(mode, workload, &dir)?;
+                results
+                    .entry(workload.name)
+                    .or_default()
+                    .entry(mode)
+                    .or_default()
+                    .push(figure);
+            }
+            if let (Some(t), Some((ticks0, _))) = (&tracer, before)
+                && DAEMON_MODES.contains(&mode)
+            {
+                let (ticks1, hwm) = cpu_and_rss(t.pid());
+                let cost = costs.entry(mode).or_default();
+                cost.cpu_ticks.push(ticks1.saturating_sub(ticks0));
+                cost.rss_kib = cost.rss_kib.max(hwm);
+                cost.map_bytes = cost.map_bytes.max(modes::bpf_map_memory(t.pid()));
+            }
+            if let Some(t) = tracer {
+                let _ = t.stop(STOP_GRACE);
+            }
+        }
+    }
+    report::report(args, &modes, &workloads, &mut results, &costs, baseline)?;
+    let mut extra = serde_json::Map::new();
+    if !args.no_scope {
+        extra.insert("scope".into(), scope::scope_part(root, &dir, args)?);
+    }
+    if !args.no_scale {
+        extra.insert("scale".into(), scale::scale_part(root, &dir)?);
+    }
+    let text = fs::read_to_string(&args.json)?;
+    let mut json: serde_json::Value = serde_json::from_str(&text)?;
+    if let Some(object) = json.as_object_mut() {
+        object.extend(extra);
+    }
+    fs::write(&args.json, serde_json::to_string_pretty(&json)?)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn every_mode_but_baseline_by_default() {
+        assert_eq!(
+            selected_modes(&[], false).unwrap(),
+            ["none", "floor", "tracerd", "memleak", "heaptrack", "massif"]
+        );
+    }
+
+    #[test]
+    fn baseline_joins_the_modes_with_its_flag() {
+        assert_eq!(selected_modes(&[], true).unwrap(), ALL_MODES);
+        assert_eq!(
+            selected_modes(&strings(&["tracerd", "none"]), true).unwrap(),
+            ["none", "tracerd", "baseline"]
+        );
+        assert_eq!(
+            selected_modes(&strings(&["none", "tracerd", "baseline"]), true).unwrap(),
+            ["none", "tracerd", "baseline"]
+        );
+    }
+
+    #[test]
+    fn baseline_without_its_flag_and_unknown_modes_are_refused() {
+        assert!(selected_modes(&strings(&["baseline"]), false).is_err());
+        let err = selected_modes(&strings(&["perf"]), false).unwrap_err();
+        assert!(err.to_string().contains("valid: none, floor"), "{err}");
+    }
+}

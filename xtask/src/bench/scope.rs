@@ -1,0 +1,60 @@
+//! The bench's scope part: churn of a process outside tracerd's scope while
+//! another process is traced, against uninstrumented (the cost of being
+//! out of scope), and the same churn once it is in scope, for contrast;
+//! medians of the rounds.
+use std::{net::SocketAddr, path::Path, process::Command, time::Duration};
+
+use anyhow::{Context as _, bail};
+
+use super::{
+    BenchArgs,
+    modes::{LISTEN, STOP_GRACE, start_tracerd},
+};
+use crate::util::{child::Running, http::Client, paths::release_dir, stats::median};
+
+pub fn scope_part(root: &Path, dir: &Path, args: &BenchArgs) -> anyhow::Result<serde_json::Value> {
+    let churn = dir.join("churn");
+    let run = || -> anyhow::Result<f64> {
+        let out = Command::new(&churn).arg(args.pairs.to_string()).output()?;
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse::<f64>()
+            .context("churn figure")
+    };
+    let http = Client::new(LISTEN.parse::<SocketAddr>()?, Duration::from_secs(300));
+    let mut none = Vec::new();
+    let mut scoped = Vec::new();
+    let mut traced = Vec::new();
+    // The process in scope; stopped by pid when this function returns.
+    let sleeper = Running::spawn(Command::new("sleep").arg("600"))?;
+    run()?; // warm-up
+    for _ in 0..args.rounds.max(1) {
+        none.push(run()?);
+        let tracer = start_tracerd(
+            &release_dir(root).join("tracerd"),
+            &dir.join("state"),
+            &["--scope-pid", &sleeper.pid().to_string()],
+        )?;
+        scoped.push(run()?);
+        // The same churn in scope, for contrast.
+        let response = http.put("/scope")?;
+        if response.status != 200 {
+            bail!("PUT /scope failed ({}): {}", response.status, response.body);
+        }
+        traced.push(run()?);
+        let _ = tracer.stop(STOP_GRACE);
+    }
+    drop(sleeper);
+    let (none, scoped, traced) = (median(&mut none), median(&mut scoped), median(&mut traced));
+    println!("\n### Scope\n");
+    println!(
+        "- churn outside the scope while another process is traced: {scoped:.1} ns/pair vs {none:.1} uninstrumented ({:.2}x); traced: {traced:.1} ns/pair",
+        scoped / none
+    );
+    Ok(serde_json::json!({
+        "uninstrumented_ns_per_pair": none,
+        "out_of_scope_ns_per_pair": scoped,
+        "ratio": scoped / none,
+        "traced_ns_per_pair": traced,
+    }))
+}

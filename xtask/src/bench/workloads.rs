@@ -1,0 +1,265 @@
+//! The overhead part's workloads, compiled or generated into the bench
+//! directory: churn (N malloc+free pairs in one thread, ns per pair), a
+//! 2-thread stress with cross-thread frees (ns per pair), and real
+//! programs: python3 doing a JSON round trip with `PYTHONMALLOC=malloc`,
+//! sqlite3 building and querying a table, gcc compiling a C file (wall
+//! time). And how one runs under a mode that wraps it (heaptrack, massif).
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::Instant,
+};
+
+use anyhow::{Context as _, bail};
+
+use crate::util::{cc::compile_c, cmd::which};
+
+/// Every workload, in the table's order.
+pub const ALL_WORKLOADS: [&str; 5] = ["churn", "threads", "python", "sqlite", "gcc"];
+
+/// Flags of the C workloads of the overhead table.
+pub const CFLAGS: &[&str] = &["-O2"];
+
+const CHURN_C: &str = r#"
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+int main(int argc, char **argv) {
+    long n = argc > 1 ? atol(argv[1]) : 200000;
+    void *volatile sink;
+    struct timespec a, b;
+    for (int i = 0; i < 1000; i++) { sink = malloc(64); free(sink); }
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    for (long i = 0; i < n; i++) { sink = malloc(64); free(sink); }
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    printf("%.1f\n", ((b.tv_sec - a.tv_sec) * 1e9 + (b.tv_nsec - a.tv_nsec)) / n);
+    return 0;
+}
+"#;
+
+const THREADS_C: &str = r#"
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#define BATCH 256
+static long rounds;
+static void *slots[2][BATCH];
+static pthread_barrier_t barrier;
+static void *worker(void *arg) {
+    long t = (long)arg;
+    for (long r = 0; r < rounds; r++) {
+        for (int i = 0; i < BATCH; i++) slots[t][i] = malloc(32 + (i & 63));
+        pthread_barrier_wait(&barrier);
+        /* free the other thread's blocks */
+        for (int i = 0; i < BATCH; i++) free(slots[1 - t][i]);
+        pthread_barrier_wait(&barrier);
+    }
+    return NULL;
+}
+int main(int argc, char **argv) {
+    long pairs = argc > 1 ? atol(argv[1]) : 200000;
+    rounds = pairs / (2 * BATCH);
+    pthread_t th[2];
+    struct timespec a, b;
+    pthread_barrier_init(&barrier, NULL, 2);
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    for (long t = 0; t < 2; t++) pthread_create(&th[t], NULL, worker, (void *)t);
+    for (int t = 0; t < 2; t++) pthread_join(th[t], NULL);
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    printf("%.1f\n", ((b.tv_sec - a.tv_sec) * 1e9 + (b.tv_nsec - a.tv_nsec)) / (rounds * 2 * BATCH));
+    return 0;
+}
+"#;
+
+const PYTHON_JSON: &str = "import json\n\
+doc = [{'id': i, 'name': 'item-%d' % i, 'tags': ['a', 'b', 'c'], 'values': list(range(10))} for i in range(20000)]\n\
+for _ in range(3):\n    doc = json.loads(json.dumps(doc))\n";
+
+fn sqlite_script() -> String {
+    let mut sql =
+        String::from("CREATE TABLE t(id INTEGER PRIMARY KEY, name TEXT, v REAL);\nBEGIN;\n");
+    for i in 0..20_000 {
+        sql.push_str(&format!(
+            "INSERT INTO t(name, v) VALUES ('name-{i}', {i}.5);\n"
+        ));
+    }
+    sql.push_str("COMMIT;\nCREATE INDEX t_name ON t(name);\n");
+    sql.push_str("SELECT count(*), sum(v) FROM t WHERE name LIKE 'name-1%';\n");
+    sql.push_str("SELECT name FROM t ORDER BY v DESC LIMIT 5;\n");
+    sql
+}
+
+fn gcc_source() -> String {
+    let mut c = String::from("#include <stdio.h>\n#include <string.h>\n");
+    for i in 0..300 {
+        c.push_str(&format!(
+            "static int f{i}(int x) {{ int a[16]; for (int j = 0; j < 16; j++) a[j] = x * j + {i}; \
+             int s = 0; for (int j = 0; j < 16; j++) s += a[j] ^ (s << 1); return s; }}\n"
+        ));
+    }
+    c.push_str("int main(void) { int s = 0;\n");
+    for i in 0..300 {
+        c.push_str(&format!("  s += f{i}(s);\n"));
+    }
+    c.push_str("  printf(\"%d\\n\", s); return 0; }\n");
+    c
+}
+
+/// A compiled or generated workload.
+pub struct Workload {
+    pub name: &'static str,
+    /// The command (program first).
+    argv: Vec<String>,
+    env: Vec<(String, String)>,
+    stdin: Option<PathBuf>,
+    /// Reports its own ns per pair on stdout (else wall time is measured).
+    self_timed: bool,
+    pub unit: &'static str,
+}
+
+/// Compiles and writes every workload into `dir`.
+pub fn prepare(dir: &Path, pairs: u64) -> anyhow::Result<Vec<Workload>> {
+    fs::create_dir_all(dir)?;
+    let churn = compile_c(dir, "churn", CHURN_C, CFLAGS)?;
+    let threads = compile_c(dir, "threads", THREADS_C, &[CFLAGS, &["-pthread"]].concat())?;
+    let py = dir.join("json_roundtrip.py");
+    fs::write(&py, PYTHON_JSON)?;
+    let sql = dir.join("table.sql");
+    fs::write(&sql, sqlite_script())?;
+    let gsrc = dir.join("unit.c");
+    fs::write(&gsrc, gcc_source())?;
+    let python = which("python3").context("python3")?;
+    // The real interpreter, not a pyenv shim script.
+    let python = Command::new(&python)
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| python.display().to_string());
+    let s = |p: &Path| p.display().to_string();
+    Ok(vec![
+        Workload {
+            name: "churn",
+            argv: vec![s(&churn), pairs.to_string()],
+            env: vec![],
+            stdin: None,
+            self_timed: true,
+            unit: "ns/pair",
+        },
+        Workload {
+            name: "threads",
+            argv: vec![s(&threads), pairs.to_string()],
+            env: vec![],
+            stdin: None,
+            self_timed: true,
+            unit: "ns/pair",
+        },
+        Workload {
+            name: "python",
+            argv: vec![python, s(&py)],
+            env: vec![("PYTHONMALLOC".into(), "malloc".into())],
+            stdin: None,
+            self_timed: false,
+            unit: "ms",
+        },
+        Workload {
+            name: "sqlite",
+            argv: vec!["sqlite3".into(), ":memory:".into()],
+            env: vec![],
+            stdin: Some(sql),
+            self_timed: false,
+            unit: "ms",
+        },
+        Workload {
+            name: "gcc",
+            argv: vec![
+                "gcc".into(),
+                "-O2".into(),
+                "-c".into(),
+                s(&gsrc),
+                "-o".into(),
+                s(&dir.join("unit.o")),
+            ],
+            env: vec![],
+            stdin: None,
+            self_timed: false,
+            unit: "ms",
+        },
+    ])
+}
+
+/// Runs a workload once under `mode` (wrapped by heaptrack or massif for
+/// those modes); returns its figure (ns/pair or ms).
+pub fn run_once(mode: &str, workload: &Workload, dir: &Path) -> anyhow::Result<f64> {
+    let mut argv: Vec<String> = Vec::new();
+    match mode {
+        "heaptrack" => {
+            argv.extend(["heaptrack", "--raw", "-o"].map(String::from));
+            argv.push(dir.join("heaptrack.out").display().to_string());
+        }
+        "massif" => {
+            argv.extend(["valgrind", "--tool=massif", "-q"].map(String::from));
+            argv.push(format!(
+                "--massif-out-file={}",
+                dir.join("massif.out").display()
+            ));
+        }
+        _ => {}
+    }
+    argv.extend(workload.argv.iter().cloned());
+    let mut command = Command::new(&argv[0]);
+    command
+        .args(&argv[1..])
+        .envs(workload.env.iter().map(|(k, v)| (k, v)));
+    command.stderr(Stdio::null());
+    match &workload.stdin {
+        Some(path) => command.stdin(fs::File::open(path)?),
+        None => command.stdin(Stdio::null()),
+    };
+    let start = Instant::now();
+    let out = command
+        .output()
+        .with_context(|| format!("running {}", argv.join(" ")))?;
+    let elapsed = start.elapsed();
+    if !out.status.success() {
+        bail!("{} under {mode} failed: {}", workload.name, out.status);
+    }
+    if workload.self_timed {
+        figure(&String::from_utf8_lossy(&out.stdout)).context("the workload printed no figure")
+    } else {
+        Ok(elapsed.as_secs_f64() * 1000.0)
+    }
+}
+
+/// The last line of a self-timed workload's output that is a number.
+fn figure(stdout: &str) -> Option<f64> {
+    stdout
+        .lines()
+        .rev()
+        .find_map(|l| l.trim().parse::<f64>().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn figure_is_the_last_number_printed() {
+        assert_eq!(figure("warming up\n12.5\n41.0\nbye\n"), Some(41.0));
+        assert_eq!(figure("nothing\n"), None);
+    }
+
+    #[test]
+    fn workloads_are_named_as_the_table_names_them() {
+        let dir = crate::util::paths::TempDir::new("workloads-test").unwrap();
+        let names: Vec<&str> = prepare(dir.path(), 1000)
+            .unwrap()
+            .iter()
+            .map(|w| w.name)
+            .collect();
+        assert_eq!(names, ALL_WORKLOADS);
+    }
+}

@@ -1,0 +1,171 @@
+//! `cargo xtask setup`: installs what building the eBPF programs needs (the
+//! nightly toolchain, its `rust-src`, `bpf-linker` 0.10.0) and the Debian
+//! packages the tests, benchmarks and service runs use, each only when
+//! missing: idempotent, and silent when everything is present.
+use std::{
+    env,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context as _, bail};
+
+use crate::util::{
+    cmd::{output, run_checked},
+    paths::workspace_root,
+};
+
+/// The bpf-linker release whose default feature links the nightly rustc's own
+/// LLVM (newer ones need a system LLVM 21+ that Debian 12 lacks).
+const BPF_LINKER_VERSION: &str = "0.10.0";
+/// The nightly toolchain the eBPF crate is built with.
+const NIGHTLY: &str = "nightly";
+
+/// Debian packages: (command that proves it is installed, package).
+const DEBIAN_PACKAGES: &[(&str, &str)] = &[
+    // Tests and benchmarks: C workloads, CPython's tracemalloc, the
+    // reference tools and real programs of the overhead table.
+    ("gcc", "gcc"),
+    ("python3", "python3"),
+    ("bpftrace", "bpftrace"),
+    ("heaptrack", "heaptrack"),
+    ("valgrind", "valgrind"),
+    ("sqlite3", "sqlite3"),
+    // The service tests: scraping, map inspection, the unit file, dropping
+    // privileges.
+    ("prometheus", "prometheus"),
+    ("bpftool", "bpftool"),
+    ("systemd-analyze", "systemd"),
+    ("setpriv", "util-linux"),
+];
+
+/// Installs whatever is missing.
+pub fn setup() -> anyhow::Result<()> {
+    ensure_nightly()?;
+    ensure_rust_src()?;
+    ensure_bpf_linker()?;
+    ensure_packages(DEBIAN_PACKAGES)
+}
+
+/// Installs the packages whose command is missing (apt-get update once,
+/// then apt-get install -y); silent when all are present.
+fn ensure_packages(packages: &[(&str, &str)]) -> anyhow::Result<()> {
+    let missing: Vec<&str> = packages
+        .iter()
+        .filter(|(command, _)| output("sh", &["-c", &format!("command -v {command}")]).is_none())
+        .map(|(_, package)| *package)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    eprintln!("xtask: installing {}", missing.join(" "));
+    run_checked(Command::new("apt-get").args(["update", "-qq"]))?;
+    run_checked(
+        Command::new("apt-get")
+            .args(["install", "-y", "-qq", "--no-install-recommends"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    )
+}
+
+fn ensure_nightly() -> anyhow::Result<()> {
+    if output("rustc", &[&format!("+{NIGHTLY}"), "--version"]).is_some() {
+        return Ok(());
+    }
+    eprintln!("xtask: installing the {NIGHTLY} toolchain");
+    run_checked(Command::new("rustup").args([
+        "toolchain",
+        "install",
+        NIGHTLY,
+        "--profile",
+        "minimal",
+    ]))
+}
+
+fn ensure_rust_src() -> anyhow::Result<()> {
+    let sysroot = output("rustc", &[&format!("+{NIGHTLY}"), "--print", "sysroot"])
+        .context("rustc +nightly --print sysroot")?;
+    let rustlib = PathBuf::from(sysroot.trim()).join("lib/rustlib");
+    if rustlib.join("src/rust/library/core/Cargo.toml").exists() {
+        return Ok(());
+    }
+    eprintln!("xtask: installing rust-src for {NIGHTLY}");
+    let added = Command::new("rustup")
+        .args(["component", "add", "rust-src", "--toolchain", NIGHTLY])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if added && rustlib.join("src/rust/library/core/Cargo.toml").exists() {
+        return Ok(());
+    }
+    // Offline fallback: the same component, shipped beside the project.
+    let tarball = workspace_root().join("../shared/toolchain/rust-src-nightly-2026-05-19.tar.xz");
+    if !tarball.exists() {
+        bail!(
+            "rustup could not add rust-src and {} is missing",
+            tarball.display()
+        );
+    }
+    eprintln!("xtask: extracting {}", tarball.display());
+    let dir = env::temp_dir().join("tracer-rust-src");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    run_checked(
+        Command::new("tar")
+            .arg("-xJf")
+            .arg(&tarball)
+            .arg("-C")
+            .arg(&dir),
+    )?;
+    // The tarball is a rust-installer package: rust-src-*/rust-src/lib/rustlib/src.
+    let found = walk_for(&dir, "lib/rustlib/src").context("no lib/rustlib/src in the tarball")?;
+    run_checked(Command::new("cp").arg("-a").arg(&found).arg(&rustlib))?;
+    if !rustlib.join("src/rust/library/core/Cargo.toml").exists() {
+        bail!("rust-src is still missing under {}", rustlib.display());
+    }
+    Ok(())
+}
+
+/// The first path under `dir` that ends with `suffix`, depth first.
+fn walk_for(dir: &Path, suffix: &str) -> Option<PathBuf> {
+    for entry in std::fs::read_dir(dir).ok()?.flatten() {
+        let path = entry.path();
+        if path.ends_with(suffix) {
+            return Some(path);
+        }
+        if path.is_dir()
+            && let Some(found) = walk_for(&path, suffix)
+        {
+            return Some(found);
+        }
+    }
+    None
+}
+
+fn ensure_bpf_linker() -> anyhow::Result<()> {
+    if output("bpf-linker", &["--version"]).is_some_and(|v| v.contains(BPF_LINKER_VERSION)) {
+        return Ok(());
+    }
+    eprintln!("xtask: installing bpf-linker {BPF_LINKER_VERSION} (a few minutes)");
+    run_checked(Command::new("cargo").args([
+        "install",
+        &format!("bpf-linker@{BPF_LINKER_VERSION}"),
+        "--locked",
+        "--force",
+    ]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::util::paths::TempDir;
+
+    #[test]
+    fn walk_for_finds_a_nested_suffix() {
+        let dir = TempDir::new("walk-test").unwrap();
+        let deep = dir.path().join("rust-src-x/rust-src/lib/rustlib/src");
+        std::fs::create_dir_all(deep.join("rust")).unwrap();
+        assert_eq!(walk_for(dir.path(), "lib/rustlib/src"), Some(deep));
+        assert_eq!(walk_for(dir.path(), "lib/nowhere"), None);
+    }
+}

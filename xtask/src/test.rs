@@ -1,0 +1,172 @@
+//! `cargo xtask test`: set up, then run every test exactly once, in two
+//! passes (what CI runs, as root, on a fresh clone):
+//!
+//! 1. tests that need no root, in parallel: every crate but the daemon and
+//!    the eBPF crate (the model's unit and differential tests,
+//!    tracer-common, xtask), then the daemon's unit tests and its layering
+//!    test;
+//! 2. tests that need root, serially, in the daemon's one integration
+//!    binary: they attach probes host-wide and share the kernel's state.
+//!
+//! Arguments after `--` (e.g. a test-name filter) go to every test binary
+//! of every pass. Each pass prints one summary line: what ran, whether it
+//! passed, how long it took. A failed pass does not stop the next one, so
+//! one run reports on everything; the task fails if any pass failed.
+use std::{ffi::OsString, time::Instant};
+
+use anyhow::bail;
+
+use crate::{
+    setup::setup,
+    util::cmd::{cargo, display, is_root},
+};
+
+/// One pass: cargo commands run one after the other.
+#[derive(Debug, PartialEq)]
+struct Pass {
+    name: &'static str,
+    commands: Vec<Vec<OsString>>,
+}
+
+/// `cargo ARGS -- EXTRA`.
+fn command(args: &[&str], extra: &[OsString]) -> Vec<OsString> {
+    args.iter()
+        .map(OsString::from)
+        .chain(extra.iter().cloned())
+        .collect()
+}
+
+/// The passes, each test in exactly one of them. tracer-ebpf is built by
+/// aya-build for the BPF target only, never tested on the host.
+fn passes(extra: &[OsString]) -> Vec<Pass> {
+    vec![
+        Pass {
+            name: "pass 1 (no root, parallel)",
+            commands: vec![
+                command(
+                    &[
+                        "test",
+                        "--workspace",
+                        "--exclude",
+                        "tracer-ebpf",
+                        "--exclude",
+                        "tracer-daemon",
+                        "--",
+                    ],
+                    extra,
+                ),
+                command(
+                    &[
+                        "test",
+                        "-p",
+                        "tracer-daemon",
+                        "--lib",
+                        "--bins",
+                        "--test",
+                        "layering",
+                        "--",
+                    ],
+                    extra,
+                ),
+            ],
+        },
+        Pass {
+            name: "pass 2 (root, serial)",
+            commands: vec![command(
+                &[
+                    "test",
+                    "-p",
+                    "tracer-daemon",
+                    "--test",
+                    "integration",
+                    "--",
+                    "--test-threads=1",
+                ],
+                extra,
+            )],
+        },
+    ]
+}
+
+pub fn run(extra: &[OsString]) -> anyhow::Result<()> {
+    setup()?;
+    if !is_root() {
+        bail!("the integration tests load eBPF programs: run `cargo xtask test` as root");
+    }
+    let mut summaries = Vec::new();
+    let mut failed = false;
+    for pass in passes(extra) {
+        let start = Instant::now();
+        let mut outcome = Ok(());
+        for args in &pass.commands {
+            if let Err(err) = cargo(args) {
+                eprintln!("xtask: {err:#}");
+                outcome = Err(err);
+            }
+        }
+        let ran: Vec<String> = pass
+            .commands
+            .iter()
+            .map(|args| format!("cargo {}", display(args)))
+            .collect();
+        let summary = format!(
+            "xtask test: {}: {}: {} in {:.0} s",
+            pass.name,
+            ran.join("; "),
+            if outcome.is_ok() { "passed" } else { "FAILED" },
+            start.elapsed().as_secs_f64()
+        );
+        eprintln!("{summary}");
+        failed |= outcome.is_err();
+        summaries.push(summary);
+    }
+    // Again together, below the last pass's output.
+    eprintln!();
+    for summary in &summaries {
+        eprintln!("{summary}");
+    }
+    if failed {
+        bail!("some tests failed (see the summary above)");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(pass: &Pass) -> Vec<String> {
+        pass.commands.iter().map(|c| display(c)).collect()
+    }
+
+    #[test]
+    fn passes_run_the_documented_commands() {
+        let passes = passes(&[]);
+        assert_eq!(passes.len(), 2);
+        assert_eq!(
+            strings(&passes[0]),
+            [
+                "test --workspace --exclude tracer-ebpf --exclude tracer-daemon --",
+                "test -p tracer-daemon --lib --bins --test layering --",
+            ]
+        );
+        assert_eq!(
+            strings(&passes[1]),
+            ["test -p tracer-daemon --test integration -- --test-threads=1"]
+        );
+    }
+
+    #[test]
+    fn extra_arguments_go_to_every_command() {
+        let extra = [OsString::from("realloc"), OsString::from("--nocapture")];
+        for pass in passes(&extra) {
+            for command in &pass.commands {
+                assert!(
+                    command.ends_with(&extra),
+                    "{} lacks the extra arguments",
+                    display(command)
+                );
+            }
+        }
+    }
+}
