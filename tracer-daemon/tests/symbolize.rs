@@ -1,8 +1,9 @@
-//! Symbolization of real processes: small C programs compiled here with
-//! `cc -g -fno-omit-frame-pointer`, run until they print the return addresses
-//! they see, captured while alive, killed, and only then symbolized — from the
-//! files held open by the capture, even though the binaries are deleted or
-//! replaced on disk by then.
+//! Symbolization of real processes, in-process and without root: small C
+//! programs (`fixtures/return_addresses.c`, `fixtures/inlined.c`) compiled
+//! here with `cc -g -fno-omit-frame-pointer`, run until they print the
+//! return addresses they see, captured while alive, killed, and only then
+//! symbolized — from the files held open by the capture, even though the
+//! binaries are deleted or replaced on disk by then.
 
 // STYLE.md: tests may unwrap.
 #![allow(clippy::unwrap_used)]
@@ -12,125 +13,46 @@ use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
 
 use tracer_daemon::symbolize::{SymFrame, Symbolizer};
 use tracer_daemon::sys::modules::{ModuleCache, ModuleMaps};
 
-/// `record()` keeps its own return address: the instruction after a call to it,
-/// which here is the first instruction of the NEXT line, so only `addr - 1`
-/// finds the calling line.
-const O0_SOURCE: &str = r#"#include <stdio.h>
-#include <unistd.h>
+// Scratch directories and the fixture files, shared with the root suite.
+#[path = "suite/support/files.rs"]
+mod files;
 
-static void *seen[2];
-static int count;
+use files::{TempDir, fixture_path, fixture_text};
 
-__attribute__((noinline)) void record(void) {
-    seen[count++] = __builtin_return_address(0);
-}
+/// `fixtures/return_addresses.c`: `record()` keeps its own return address:
+/// the instruction after a call to it, which here is the first instruction
+/// of the NEXT line, so only `addr - 1` finds the calling line.
+const O0_FIXTURE: &str = "return_addresses.c";
 
-__attribute__((noinline)) void helper(void) {
-    record(); /* HELPER_CALL */
-}
+/// `fixtures/inlined.c`: at -O2, `leaf` and `middle` are inlined into
+/// `outer`: the one return address in `outer` is three frames deep.
+const INLINE_FIXTURE: &str = "inlined.c";
 
-int main(void) {
-    record(); /* MAIN_CALL */
-    helper(); /* MAIN_TO_HELPER */
-    printf("%p\n%p\n", seen[0], seen[1]);
-    fflush(stdout);
-    char c;
-    (void)!read(0, &c, 1);
-    return 0;
-}
-"#;
-
-/// At -O2, `leaf` and `middle` are inlined into `outer`: the one return address
-/// in `outer` is three frames deep.
-const INLINE_SOURCE: &str = r#"#include <stdio.h>
-#include <unistd.h>
-
-__attribute__((noinline)) void *where(void) {
-    void *r = __builtin_return_address(0);
-    __asm__ volatile("" : : "r"(r) : "memory");
-    return r;
-}
-
-static inline __attribute__((always_inline)) void *leaf(void) {
-    void *p = where(); /* LEAF_CALL */
-    __asm__ volatile("" : : : "memory");
-    return p;
-}
-
-static inline __attribute__((always_inline)) void *middle(void) {
-    void *p = leaf(); /* MIDDLE_CALL */
-    __asm__ volatile("" : : : "memory");
-    return p;
-}
-
-__attribute__((noinline)) void outer(void) {
-    void *p = middle(); /* OUTER_CALL */
-    printf("%p\n", p);
-    fflush(stdout);
-}
-
-int main(void) {
-    outer();
-    char c;
-    (void)!read(0, &c, 1);
-    return 0;
-}
-"#;
-
-/// A fresh directory under the system temp dir, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> Self {
-        static COUNTER: AtomicU32 = AtomicU32::new(0);
-        let unique = format!(
-            "tracer-symbolize-{}-{}-{name}",
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::Relaxed)
-        );
-        let path = std::env::temp_dir().join(unique);
-        fs::create_dir_all(&path).unwrap();
-        // The canonical path is what both DWARF (cc's getcwd) and /proc/PID/maps show.
-        Self(path.canonicalize().unwrap())
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
-
-/// Writes `prog.c` into `dir` and compiles it there (so DWARF has comp_dir = dir
-/// and name `prog.c`) into `dir/output`.
-fn compile(dir: &Path, source: &str, output: &str, flags: &[&str]) -> PathBuf {
-    fs::write(dir.join("prog.c"), source).unwrap();
+/// Copies the fixture `source` into a fresh directory as `prog.c` and
+/// compiles it there (so DWARF has comp_dir = that directory and name
+/// `prog.c`, a relative name the symbolizer must join) into `prog`.
+fn compile(tag: &str, source: &str, flags: &[&str]) -> (TempDir, PathBuf) {
+    let dir = TempDir::new(tag);
+    fs::copy(fixture_path(source), dir.path().join("prog.c")).unwrap();
     let status = Command::new("cc")
         .args(flags)
-        .args(["-fno-omit-frame-pointer", "-o", output, "prog.c"])
-        .current_dir(dir)
+        .args(["-fno-omit-frame-pointer", "-o", "prog", "prog.c"])
+        .current_dir(dir.path())
         .status()
         .expect("running cc");
     assert!(status.success(), "cc {flags:?} failed");
-    dir.join(output)
+    let binary = dir.path().join("prog");
+    (dir, binary)
 }
 
-/// 1-based line of the only line of `source` with the comment `/* MARKER */`.
+/// 1-based line of the only line of the fixture `source` with the comment
+/// `/* MARKER */`.
 fn line_of(source: &str, marker: &str) -> u32 {
-    let comment = format!("/* {marker} */");
-    let lines: Vec<usize> = source
-        .lines()
-        .enumerate()
-        .filter(|(_, line)| line.contains(&comment))
-        .map(|(index, _)| index + 1)
-        .collect();
-    assert_eq!(lines.len(), 1, "{marker}");
-    u32::try_from(lines[0]).unwrap()
+    files::line_of(&fixture_text(source), &format!("/* {marker} */"))
 }
 
 /// A running fixture, killed (by its own pid) and reaped on drop.
@@ -210,32 +132,31 @@ fn open_files() -> Vec<String> {
 
 #[test]
 fn o0_return_addresses_resolve_to_call_lines_after_exit_and_replacement() {
-    let dir = TempDir::new("o0");
-    let binary = compile(&dir.0, O0_SOURCE, "prog", &["-g", "-O0"]);
+    let (dir, binary) = compile("o0", O0_FIXTURE, &["-g", "-O0"]);
     let cache = ModuleCache::new(8);
     let (maps, addrs) = capture_and_kill(&cache, &binary, 2);
     // The file at that path is now something else entirely: the open file still
     // holds the program that ran.
-    fs::write(dir.0.join("other"), b"not an ELF file").unwrap();
-    fs::rename(dir.0.join("other"), &binary).unwrap();
+    fs::write(dir.path().join("other"), b"not an ELF file").unwrap();
+    fs::rename(dir.path().join("other"), &binary).unwrap();
 
     let symbolizer = Symbolizer::new();
     let frames = symbolizer.symbolize(&maps, &addrs);
-    let source = dir.0.join("prog.c");
+    let source = dir.path().join("prog.c");
     let source = source.to_str().unwrap();
     assert_eq!(
         frames,
         vec![
             vec![frame(
                 source,
-                line_of(O0_SOURCE, "MAIN_CALL"),
+                line_of(O0_FIXTURE, "MAIN_CALL"),
                 Some("main"),
                 &binary,
                 addrs[0]
             )],
             vec![frame(
                 source,
-                line_of(O0_SOURCE, "HELPER_CALL"),
+                line_of(O0_FIXTURE, "HELPER_CALL"),
                 Some("helper"),
                 &binary,
                 addrs[1]
@@ -248,8 +169,7 @@ fn o0_return_addresses_resolve_to_call_lines_after_exit_and_replacement() {
 
 #[test]
 fn repeated_addresses_come_from_the_cache() {
-    let dir = TempDir::new("cache");
-    let binary = compile(&dir.0, O0_SOURCE, "prog", &["-g", "-O0"]);
+    let (_dir, binary) = compile("cache", O0_FIXTURE, &["-g", "-O0"]);
     let cache = ModuleCache::new(8);
     let (maps, addrs) = capture_and_kill(&cache, &binary, 2);
     let symbolizer = Symbolizer::new();
@@ -272,15 +192,14 @@ fn repeated_addresses_come_from_the_cache() {
 
 #[test]
 fn files_of_exited_processes_are_closed_once_unused() {
-    let dir = TempDir::new("release");
-    let binary = compile(&dir.0, O0_SOURCE, "prog", &["-g", "-O0"]);
+    let (_dir, binary) = compile("release", O0_FIXTURE, &["-g", "-O0"]);
     let binary_name = binary.to_str().unwrap().to_owned();
     let cache = ModuleCache::new(0);
     let (maps, addrs) = capture_and_kill(&cache, &binary, 2);
     fs::remove_file(&binary).unwrap();
     let symbolizer = Symbolizer::new();
     let frames = symbolizer.symbolize(&maps, &addrs);
-    assert_eq!(frames[0][0].lineno, line_of(O0_SOURCE, "MAIN_CALL"));
+    assert_eq!(frames[0][0].lineno, line_of(O0_FIXTURE, "MAIN_CALL"));
     // Held by the maps (and by blazesym): the deleted binary is still open.
     let deleted = format!("{binary_name} (deleted)");
     assert!(open_files().contains(&deleted));
@@ -295,34 +214,33 @@ fn files_of_exited_processes_are_closed_once_unused() {
 
 #[test]
 fn inlined_calls_are_frames_of_their_own_innermost_first() {
-    let dir = TempDir::new("inline");
-    let binary = compile(&dir.0, INLINE_SOURCE, "prog", &["-g", "-O2"]);
+    let (dir, binary) = compile("inline", INLINE_FIXTURE, &["-g", "-O2"]);
     let cache = ModuleCache::default();
     let (maps, addrs) = capture_and_kill(&cache, &binary, 1);
     let symbolizer = Symbolizer::new();
     let frames = symbolizer.symbolize(&maps, &addrs);
-    let source = dir.0.join("prog.c");
+    let source = dir.path().join("prog.c");
     let source = source.to_str().unwrap();
     assert_eq!(
         frames,
         vec![vec![
             frame(
                 source,
-                line_of(INLINE_SOURCE, "LEAF_CALL"),
+                line_of(INLINE_FIXTURE, "LEAF_CALL"),
                 Some("leaf"),
                 &binary,
                 addrs[0]
             ),
             frame(
                 source,
-                line_of(INLINE_SOURCE, "MIDDLE_CALL"),
+                line_of(INLINE_FIXTURE, "MIDDLE_CALL"),
                 Some("middle"),
                 &binary,
                 addrs[0]
             ),
             frame(
                 source,
-                line_of(INLINE_SOURCE, "OUTER_CALL"),
+                line_of(INLINE_FIXTURE, "OUTER_CALL"),
                 Some("outer"),
                 &binary,
                 addrs[0]
@@ -337,8 +255,7 @@ fn inlined_calls_are_frames_of_their_own_innermost_first() {
 
 #[test]
 fn without_debug_info_the_frame_is_the_module_with_the_symbol() {
-    let dir = TempDir::new("nodebug");
-    let binary = compile(&dir.0, O0_SOURCE, "prog", &["-O0"]);
+    let (_dir, binary) = compile("nodebug", O0_FIXTURE, &["-O0"]);
     let cache = ModuleCache::default();
     let (maps, addrs) = capture_and_kill(&cache, &binary, 2);
     let symbolizer = Symbolizer::new();
@@ -354,8 +271,7 @@ fn without_debug_info_the_frame_is_the_module_with_the_symbol() {
 
 #[test]
 fn stripped_binary_gives_module_path_and_line_zero() {
-    let dir = TempDir::new("stripped");
-    let binary = compile(&dir.0, O0_SOURCE, "prog", &["-g", "-O0", "-s"]);
+    let (_dir, binary) = compile("stripped", O0_FIXTURE, &["-g", "-O0", "-s"]);
     let cache = ModuleCache::default();
     let (maps, addrs) = capture_and_kill(&cache, &binary, 2);
     let symbolizer = Symbolizer::new();
@@ -371,8 +287,7 @@ fn stripped_binary_gives_module_path_and_line_zero() {
 
 #[test]
 fn addresses_outside_every_module_are_unknown() {
-    let dir = TempDir::new("unknown");
-    let binary = compile(&dir.0, O0_SOURCE, "prog", &["-g", "-O0"]);
+    let (_dir, binary) = compile("unknown", O0_FIXTURE, &["-g", "-O0"]);
     let cache = ModuleCache::default();
     let (maps, addrs) = capture_and_kill(&cache, &binary, 2);
     let symbolizer = Symbolizer::new();

@@ -2,24 +2,11 @@
 //! are files in the state directory, written atomically, read back at start
 //! after a SIGKILL; a corrupt file is refused with a clear error and
 //! nothing else is lost; ids are never given twice.
-mod common;
 
-use common::{C_PRELUDE, Fixture, TempDir, Tracerd, compile_c};
 use reqwest::Method;
 use serde_json::Value;
 
-const FIXTURE: &str = r#"
-static void *keep[64];
-int main(void) {
-    say("ready");
-    wait_go();
-    for (int i = 0; i < 40; i++)
-        keep[i] = malloc(64 + i); /* SITE */
-    say("allocated");
-    wait_go();
-    return 0;
-}
-"#;
+use super::support::{Fixture, Program, TempDir, Tracerd, snapshot_ids};
 
 /// Everything a client can see of one stored snapshot.
 fn observe(tracerd: &Tracerd, id: u64) -> (Value, Vec<u8>, String, Value) {
@@ -48,19 +35,14 @@ fn stable(summary: &Value) -> Value {
 #[test]
 fn snapshots_survive_sigkill_and_a_corrupt_file_loses_nothing_else() {
     let state = TempDir::new("persist-state");
-    let dir = TempDir::new("persist-fixture");
-    let source = format!("{C_PRELUDE}{FIXTURE}");
-    let exe = compile_c(dir.path(), "persist", &source, &[]);
+    let prog = Program::build("persist", &[]);
 
     let mut tracerd = Tracerd::start_at(state.path(), &[]);
-    let mut fx = Fixture::spawn(&exe, &[], &[]);
-    fx.expect_line("ready");
+    let mut fx = Fixture::spawn_traced(&tracerd, &prog.exe, &[]);
     let pid = fx.pid();
-    tracerd.wait_traced(pid);
     let (status, empty) = tracerd.post(&format!("/pid/{pid}/snapshots?label=empty"));
     assert_eq!(status, 201, "{empty}");
-    fx.go();
-    fx.expect_line("allocated");
+    fx.step("allocated");
     let (_, full) = tracerd.post(&format!("/pid/{pid}/snapshots"));
     let (_, system) = tracerd.send(Method::POST, "/snapshots?label=everything", None);
     let (_, dump) = tracerd.get_bytes(&format!("/snapshots/{}/dump", full["id"]));
@@ -87,12 +69,7 @@ fn snapshots_survive_sigkill_and_a_corrupt_file_loses_nothing_else() {
     assert!(fx.finish().success());
     let tracerd = Tracerd::start_at(state.path(), &[]);
     let (_, list) = tracerd.get("/snapshots");
-    let listed: Vec<u64> = list["snapshots"]
-        .as_array()
-        .expect("list")
-        .iter()
-        .filter_map(|s| s["id"].as_u64())
-        .collect();
+    let listed = snapshot_ids(&list);
     assert_eq!(listed, ids, "every stored snapshot, and only those");
     assert_eq!(list["unreadable"], Value::Array(Vec::new()));
     for (id, (summary, dump, stats, traces)) in ids.iter().zip(&before) {
@@ -133,12 +110,7 @@ fn snapshots_survive_sigkill_and_a_corrupt_file_loses_nothing_else() {
     std::fs::write(files.join("77777.tsnap"), b"not a snapshot").expect("garbage");
     let mut tracerd = Tracerd::start_at(state.path(), &[]);
     let (_, list) = tracerd.get("/snapshots");
-    let listed: Vec<u64> = list["snapshots"]
-        .as_array()
-        .expect("list")
-        .iter()
-        .filter_map(|s| s["id"].as_u64())
-        .collect();
+    let listed = snapshot_ids(&list);
     let expected: Vec<u64> = ids
         .iter()
         .copied()

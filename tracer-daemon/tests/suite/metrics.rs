@@ -2,54 +2,22 @@
 //! API's, self-metrics, call-site gauges, every metric documented, and a
 //! real Prometheus (Debian's package) scraping tracerd and answering a query
 //! with the same bytes as `/pid/{pid}/traced-memory`.
-mod common;
 
 use std::{
     collections::BTreeSet,
     path::Path,
     process::{Child, Command, Stdio},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
-use common::{C_PRELUDE, Fixture, TempDir, Tracerd, compile_c, line_of};
+use reqwest::Method;
 use serde_json::Value;
 
-/// Holds 1000 blocks of 4096 bytes from one line, then waits.
-const KEEP: &str = r#"
-int main(void) {
-    static void *keep[1000];
-    say("ready");
-    wait_go();
-    for (int i = 0; i < 1000; i++)
-        keep[i] = malloc(4096); /* KEEP_SITE */
-    say("done");
-    wait_go();
-    return keep[0] == NULL;
-}
-"#;
+use super::support::{Fixture, Program, TempDir, Tracerd, free_port, poll, running, sample, stop};
 
-/// The value of the sample `name{labels...}` whose labels include all of
-/// `want`, from OpenMetrics text.
-fn sample(text: &str, name: &str, want: &[(&str, &str)]) -> Option<f64> {
-    text.lines().find_map(|line| {
-        let rest = line.strip_prefix(name)?;
-        let (labels, value) = match rest.strip_prefix('{') {
-            Some(rest) => rest.split_once("} ")?,
-            None => ("", rest.strip_prefix(' ')?),
-        };
-        let ok = want
-            .iter()
-            .all(|(k, v)| labels.split(',').any(|pair| pair == format!("{k}=\"{v}\"")));
-        if ok { value.trim().parse().ok() } else { None }
-    })
-}
-
+/// `GET /metrics`, checked to be OpenMetrics text.
 fn scrape(tracerd: &Tracerd) -> String {
-    let response = tracerd
-        .client
-        .get(format!("{}/metrics", tracerd.base))
-        .send()
-        .expect("GET /metrics");
+    let response = tracerd.request(Method::GET, "/metrics");
     assert_eq!(response.status().as_u16(), 200);
     assert_eq!(
         response.headers()["content-type"],
@@ -58,18 +26,17 @@ fn scrape(tracerd: &Tracerd) -> String {
     response.text().expect("body")
 }
 
-fn keep_fixture(dir: &TempDir) -> (Fixture, u32, std::path::PathBuf, u32) {
-    let source = format!("{C_PRELUDE}{KEEP}");
-    let exe = compile_c(dir.path(), "keepmetrics", &source, &[]);
-    let line = line_of(&source, "KEEP_SITE");
-    let fx = Fixture::spawn(&exe, &[], &[]);
-    let pid = fx.pid();
-    (fx, pid, dir.path().join("keepmetrics.c"), line)
+/// `fixtures/keepmetrics.c` traced by `tracerd`, run until it holds its
+/// 1000 blocks of 4096 bytes.
+fn keep_fixture(tracerd: &Tracerd) -> (Program, Fixture) {
+    let prog = Program::build("keepmetrics", &[]);
+    let mut fx = Fixture::spawn_traced(tracerd, &prog.exe, &[]);
+    fx.step("done");
+    (prog, fx)
 }
 
 #[test]
 fn metrics_give_each_process_the_values_of_the_api() {
-    let dir = TempDir::new("metrics");
     let tracerd = Tracerd::start(&[
         "--metrics-top-processes",
         "10000",
@@ -78,41 +45,25 @@ fn metrics_give_each_process_the_values_of_the_api() {
         "--bpf-stats",
         "true",
     ]);
-    let (mut fx, pid, _, _) = keep_fixture(&dir);
-    fx.expect_line("ready");
-    tracerd.wait_traced(pid);
-    fx.go();
-    fx.expect_line("done");
+    let (_prog, mut fx) = keep_fixture(&tracerd);
+    let pid = fx.pid();
 
-    let (status, process) = tracerd.get(&format!("/pid/{pid}"));
-    assert_eq!(status, 200);
-    let (status, memory) = tracerd.get(&format!("/pid/{pid}/traced-memory"));
-    assert_eq!(status, 200);
+    let process = tracerd.get_ok(&format!("/pid/{pid}"));
+    let memory = tracerd.get_ok(&format!("/pid/{pid}/traced-memory"));
     let text = scrape(&tracerd);
     let pid_s = pid.to_string();
     let labels = [("pid", pid_s.as_str()), ("comm", "keepmetrics")];
     let value =
         |name: &str| sample(&text, name, &labels).unwrap_or_else(|| panic!("{name} for pid {pid}"));
-    assert_eq!(
-        value("tracer_process_current_bytes"),
-        memory["current"].as_f64().expect("current")
-    );
-    assert_eq!(
-        value("tracer_process_peak_bytes"),
-        memory["peak"].as_f64().expect("peak")
-    );
-    assert_eq!(
-        value("tracer_process_live_blocks"),
-        process["blocks"].as_f64().expect("blocks")
-    );
-    assert_eq!(
-        value("tracer_process_allocations_total"),
-        process["allocs"].as_f64().expect("allocs")
-    );
-    assert_eq!(
-        value("tracer_process_frees_total"),
-        process["frees"].as_f64().expect("frees")
-    );
+    for (metric, api, field) in [
+        ("tracer_process_current_bytes", &memory, "current"),
+        ("tracer_process_peak_bytes", &memory, "peak"),
+        ("tracer_process_live_blocks", &process, "blocks"),
+        ("tracer_process_allocations_total", &process, "allocs"),
+        ("tracer_process_frees_total", &process, "frees"),
+    ] {
+        assert_eq!(value(metric), api[field].as_f64().expect(field), "{metric}");
+    }
     assert_eq!(value("tracer_process_drops_total"), 0.0);
     assert!(value("tracer_process_current_bytes") >= 4_096_000.0);
 
@@ -155,24 +106,8 @@ fn metrics_give_each_process_the_values_of_the_api() {
         sample(&scrape(&tracerd), "tracer_snapshot_store_snapshots", &[]),
         Some(1.0)
     );
-    fx.go();
-    assert!(fx.finish().success());
+    fx.end();
 }
-
-/// Holds `argv[1]` blocks of 4096 bytes from one line, then waits.
-const KEEP_N: &str = r#"
-int main(int argc, char **argv) {
-    int n = argc > 1 ? atoi(argv[1]) : 0;
-    void **keep = calloc(n, sizeof(void *));
-    say("ready");
-    wait_go();
-    for (int i = 0; i < n; i++)
-        keep[i] = malloc(4096);
-    say("done");
-    wait_go();
-    return keep == NULL;
-}
-"#;
 
 /// The value of a sample line `name{labels} value`.
 fn line_value(line: &str) -> f64 {
@@ -186,27 +121,21 @@ fn line_value(line: &str) -> f64 {
 fn beyond_the_top_n_processes_are_summed_as_other() {
     // Three processes in scope (so no other process of the host takes part),
     // holding 1000, 300 and 100 blocks of 4096 bytes.
-    let dir = TempDir::new("topn");
-    let exe = compile_c(dir.path(), "keepn", &format!("{C_PRELUDE}{KEEP_N}"), &[]);
+    let prog = Program::build("keepn", &[]);
     let mut fixtures: Vec<Fixture> = ["1000", "300", "100"]
         .iter()
-        .map(|n| Fixture::spawn(&exe, &[n], &[]))
+        .map(|n| Fixture::spawn_ready(&prog.exe, &[n]))
         .collect();
-    for fx in &mut fixtures {
-        fx.expect_line("ready");
-    }
     let pids: Vec<String> = fixtures.iter().map(|fx| fx.pid().to_string()).collect();
     let scope = pids.join(",");
     let tracerd = Tracerd::start(&["--metrics-top-processes", "1", "--scope-pid", &scope]);
     // Tracing is attached to the three before tracerd is ready; each is
     // known from its first allocation on.
     for fx in &mut fixtures {
-        fx.go();
-        fx.expect_line("done");
+        fx.step("done");
     }
     let current = |pid: &str| {
-        let (status, memory) = tracerd.get(&format!("/pid/{pid}/traced-memory"));
-        assert_eq!(status, 200, "{memory}");
+        let memory = tracerd.get_ok(&format!("/pid/{pid}/traced-memory"));
         memory["current"].as_f64().expect("current")
     };
     let (top, second, third) = (current(&pids[0]), current(&pids[1]), current(&pids[2]));
@@ -231,31 +160,25 @@ fn beyond_the_top_n_processes_are_summed_as_other() {
     );
     assert_eq!(line_value(lines[1]), second + third);
     for fx in &mut fixtures {
-        fx.go();
-        assert!(fx.finish().success());
+        fx.end();
     }
 }
 
 #[test]
 fn call_site_gauges_show_the_allocating_line_when_enabled() {
-    let dir = TempDir::new("callsites");
     let tracerd = Tracerd::start(&[
         "--metrics-top-processes",
         "10000",
         "--metrics-call-sites",
         "3",
     ]);
-    let (mut fx, pid, file, line) = keep_fixture(&dir);
-    fx.expect_line("ready");
-    tracerd.wait_traced(pid);
-    fx.go();
-    fx.expect_line("done");
+    let (prog, mut fx) = keep_fixture(&tracerd);
     let text = scrape(&tracerd);
-    let pid_s = pid.to_string();
-    let line_s = line.to_string();
+    let pid_s = fx.pid().to_string();
+    let line_s = prog.line("KEEP_SITE").to_string();
     let labels = [
         ("pid", pid_s.as_str()),
-        ("filename", file.to_str().expect("utf-8")),
+        ("filename", prog.src()),
         ("lineno", line_s.as_str()),
     ];
     assert_eq!(
@@ -266,8 +189,7 @@ fn call_site_gauges_show_the_allocating_line_when_enabled() {
         sample(&text, "tracer_call_site_live_blocks", &labels),
         Some(1000.0)
     );
-    fx.go();
-    assert!(fx.finish().success());
+    fx.end();
 
     // Every metric family a scrape shows is listed in docs/metrics.md.
     let docs =
@@ -300,10 +222,7 @@ struct Prometheus {
 impl Prometheus {
     fn start(target: &str) -> Self {
         let dir = TempDir::new("prometheus");
-        let port = {
-            let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-            l.local_addr().expect("addr").port()
-        };
+        let port = free_port();
         let config = dir.path().join("prometheus.yml");
         // deploy/prometheus.yml with this test's target and a fast interval.
         let example = std::fs::read_to_string(
@@ -333,49 +252,31 @@ impl Prometheus {
             _dir: dir,
         };
         let client = reqwest::blocking::Client::new();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !client
-            .get(format!("{}/-/ready", prometheus.base))
-            .send()
-            .is_ok_and(|r| r.status().is_success())
-        {
-            assert!(Instant::now() < deadline, "prometheus not ready in 60 s");
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        poll(
+            Duration::from_secs(60),
+            Duration::from_millis(100),
+            || match client.get(format!("{}/-/ready", prometheus.base)).send() {
+                Ok(r) if r.status().is_success() => Ok(()),
+                _ => Err("prometheus not ready".to_string()),
+            },
+        );
         prometheus
     }
 }
 
 impl Drop for Prometheus {
     fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .arg("-TERM")
-            .arg(self.child.id().to_string())
-            .status();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while self.child.try_wait().ok().flatten().is_none() {
-            if Instant::now() > deadline {
-                let _ = Command::new("kill")
-                    .arg("-KILL")
-                    .arg(self.child.id().to_string())
-                    .status();
-                let _ = self.child.wait();
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(50));
+        if running(&mut self.child) {
+            stop(&mut self.child, "TERM", Duration::from_secs(10));
         }
     }
 }
 
 #[test]
 fn prometheus_scrapes_tracerd_and_reads_back_a_processs_current_bytes() {
-    let dir = TempDir::new("prom-fixture");
     let tracerd = Tracerd::start(&["--metrics-top-processes", "10000"]);
-    let (mut fx, pid, _, _) = keep_fixture(&dir);
-    fx.expect_line("ready");
-    tracerd.wait_traced(pid);
-    fx.go();
-    fx.expect_line("done");
+    let (_prog, mut fx) = keep_fixture(&tracerd);
+    let pid = fx.pid();
     let (status, memory) = tracerd.get(&format!("/pid/{pid}/traced-memory"));
     assert_eq!(status, 200);
     let current = memory["current"].as_u64().expect("current");
@@ -384,8 +285,7 @@ fn prometheus_scrapes_tracerd_and_reads_back_a_processs_current_bytes() {
     let prometheus = Prometheus::start(target);
     let client = reqwest::blocking::Client::new();
     let query = format!("tracer_process_current_bytes{{pid=\"{pid}\"}}");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let value = loop {
+    let value = poll(Duration::from_secs(60), Duration::from_millis(200), || {
         let response: Value = client
             .get(format!("{}/api/v1/query", prometheus.base))
             .query(&[("query", query.as_str())])
@@ -400,15 +300,10 @@ fn prometheus_scrapes_tracerd_and_reads_back_a_processs_current_bytes() {
         {
             assert_eq!(result["metric"]["comm"], "keepmetrics");
             assert_eq!(result["metric"]["job"], "tracerd");
-            break result["value"][1].as_str().expect("value").to_string();
+            return Ok(result["value"][1].as_str().expect("value").to_string());
         }
-        assert!(
-            Instant::now() < deadline,
-            "prometheus has no sample for pid {pid} after 60 s"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    };
+        Err(format!("prometheus has no sample for pid {pid}"))
+    });
     assert_eq!(value, current.to_string());
-    fx.go();
-    assert!(fx.finish().success());
+    fx.end();
 }

@@ -1,0 +1,364 @@
+//! Every route, every bad parameter: the status and a hint that names the
+//! valid values; a state conflict is a 409.
+
+use std::time::Duration;
+
+use reqwest::Method;
+
+use super::start;
+use crate::suite::support::poll;
+
+/// Every route, every bad parameter: the status and the hint.
+#[test]
+fn bad_parameters_name_the_valid_values() {
+    let (_app, tracerd, fx, _) = start(1);
+    let pid = fx.pid();
+    let (_, snap) = tracerd.post(&format!("/pid/{pid}/snapshots?label=one"));
+    let id = snap["id"].as_u64().expect("id");
+    let missing = 4_000_000_000u32;
+    let cases: Vec<(Method, String, u16, &str)> = vec![
+        (
+            Method::GET,
+            format!("/pid/{pid}/statistics?group_by=line"),
+            400,
+            "group_by is one of: filename, lineno, traceback, function, module",
+        ),
+        (
+            Method::GET,
+            format!("/pid/{pid}/statistics?cumulative=yes"),
+            400,
+            "cumulative is one of: true, false, 1, 0",
+        ),
+        (
+            Method::GET,
+            format!("/pid/{pid}/statistics?group_by=traceback&cumulative=true"),
+            400,
+            "cumulative=true works with group_by=filename, lineno, function or module",
+        ),
+        (
+            Method::GET,
+            format!("/pid/{pid}/statistics?limit=-1"),
+            400,
+            "limit is a whole number >= 0 (0 means all)",
+        ),
+        (
+            Method::GET,
+            format!("/pid/{pid}/statistics?format=xml"),
+            400,
+            "format is one of: json, text",
+        ),
+        (
+            Method::GET,
+            format!("/pid/{pid}/statistics?source=true"),
+            400,
+            "add format=text (JSON always has every frame)",
+        ),
+        (
+            Method::GET,
+            format!("/pid/{pid}/statistics?format=text&tb_limit=x"),
+            400,
+            "tb_limit is Traceback.format()'s limit",
+        ),
+        (
+            Method::GET,
+            format!("/pid/{pid}/statistics?include=a.c:99999999999"),
+            400,
+            "include is PATTERN[:LINENO][@DOMAIN]",
+        ),
+        (
+            Method::GET,
+            format!("/pid/{pid}/statistics?domain=-1"),
+            400,
+            "domain is a domain (a pid, 0 to 4294967295)",
+        ),
+        (
+            Method::GET,
+            format!("/pid/{pid}/statistics?exclude_domain=x"),
+            400,
+            "exclude_domain is a domain",
+        ),
+        (
+            Method::GET,
+            format!("/pid/{pid}/statistics?all_frames=2"),
+            400,
+            "all_frames is one of: true, false, 1, 0",
+        ),
+        (
+            Method::GET,
+            format!("/pid/{pid}/statistics?limit=1&limit=2"),
+            400,
+            "give each parameter once",
+        ),
+        (
+            Method::GET,
+            format!("/pid/{pid}/statistics?bogus=1"),
+            400,
+            "valid parameters: group_by, cumulative, limit, format, source, tb_limit, most_recent_first, include",
+        ),
+        (
+            Method::GET,
+            format!("/pid/{pid}/compare?base=0"),
+            400,
+            "base is a snapshot id (1 or more) or label",
+        ),
+        (
+            Method::GET,
+            format!("/pid/{pid}/compare?new=a%20b"),
+            400,
+            "new is a snapshot id or label from GET /snapshots, or now",
+        ),
+        (
+            Method::GET,
+            format!("/pid/{pid}/compare?since=10x"),
+            400,
+            "since is a duration",
+        ),
+        (
+            Method::GET,
+            format!("/pid/{pid}/compare?base=99999"),
+            404,
+            "GET /snapshots lists the stored snapshots",
+        ),
+        (
+            Method::GET,
+            format!("/pid/{pid}/compare?base=nolabel"),
+            404,
+            "GET /snapshots lists the stored snapshots and their labels",
+        ),
+        (
+            Method::GET,
+            format!("/pid/{pid}/traces?offset=-1"),
+            400,
+            "offset is a whole number >= 0",
+        ),
+        (
+            Method::GET,
+            "/pid/0/statistics".into(),
+            400,
+            "pid is a positive integer",
+        ),
+        (
+            Method::GET,
+            format!("/pid/{missing}/statistics"),
+            404,
+            "GET /processes lists the traced pids",
+        ),
+        (
+            Method::GET,
+            format!("/pid/{missing}/traced-memory"),
+            404,
+            "GET /processes lists the traced pids",
+        ),
+        (
+            Method::POST,
+            format!("/pid/{missing}/clear-traces"),
+            404,
+            "GET /processes lists the traced pids",
+        ),
+        (
+            Method::POST,
+            format!("/pid/{missing}/reset-peak"),
+            404,
+            "GET /processes lists the traced pids",
+        ),
+        (
+            Method::POST,
+            format!("/pid/{missing}/tracing/stop"),
+            404,
+            "GET /processes lists the traced pids",
+        ),
+        (
+            Method::GET,
+            format!("/pid/{missing}/tracing"),
+            404,
+            "GET /processes lists the traced pids",
+        ),
+        (
+            Method::POST,
+            format!("/pid/{pid}/snapshots?label=123"),
+            400,
+            "a label is 1 to 64 of A-Z a-z 0-9 . _ : - and not all digits",
+        ),
+        (
+            Method::POST,
+            format!("/pid/{pid}/snapshots?label=one"),
+            409,
+            "choose another label",
+        ),
+        (
+            Method::GET,
+            format!("/pid/{pid}/object/zz"),
+            400,
+            "address is where a block starts",
+        ),
+        (
+            Method::GET,
+            format!("/pid/{pid}/object/0x1"),
+            404,
+            "GET /pid/",
+        ),
+        (
+            Method::POST,
+            format!("/pid/{pid}/tracing/start?nframe=99"),
+            400,
+            "nframe is 1 to 16",
+        ),
+        (
+            Method::POST,
+            format!("/pid/{pid}/tracing/start?depth=1"),
+            400,
+            "valid parameters: nframe",
+        ),
+        (
+            Method::GET,
+            "/snapshots/0".into(),
+            400,
+            "id is a snapshot id (1 or more) or label",
+        ),
+        (
+            Method::GET,
+            "/snapshots/99999".into(),
+            404,
+            "GET /snapshots lists the stored snapshots",
+        ),
+        (
+            Method::GET,
+            "/snapshots?kind=manual".into(),
+            400,
+            "kind is one of: taken, auto, loaded",
+        ),
+        (
+            Method::GET,
+            "/snapshots?pid=x".into(),
+            400,
+            "pid is a positive integer",
+        ),
+        (
+            Method::GET,
+            format!("/snapshots/{id}/compare"),
+            400,
+            "give base=ID or base=LABEL",
+        ),
+        (
+            Method::GET,
+            format!("/snapshots/{id}/compare?base=99999"),
+            404,
+            "GET /snapshots lists the stored snapshots",
+        ),
+        (
+            Method::GET,
+            format!("/snapshots/{id}/dump?format=zip"),
+            400,
+            "format is one of: tracer, tracemalloc",
+        ),
+        (
+            Method::GET,
+            format!("/snapshots/{id}/traces?limit=x"),
+            400,
+            "limit is a whole number >= 0",
+        ),
+        (
+            Method::PATCH,
+            format!("/snapshots/{id}"),
+            400,
+            "PATCH /snapshots/{id}?label=NAME sets a label",
+        ),
+        (
+            Method::PATCH,
+            format!("/snapshots/{id}?label=now"),
+            400,
+            "a label is 1 to 64",
+        ),
+        (
+            Method::DELETE,
+            "/snapshots/99999".into(),
+            404,
+            "GET /snapshots lists the stored snapshots",
+        ),
+        (
+            Method::POST,
+            "/snapshots?format=tracemalloc".into(),
+            400,
+            "send the snapshot file as the body",
+        ),
+        (
+            Method::POST,
+            "/snapshots?format=zip".into(),
+            400,
+            "format is one of: tracer, tracemalloc",
+        ),
+        (Method::GET, "/nowhere".into(), 404, "GET /health"),
+        (Method::PUT, "/statistics".into(), 405, "GET /health"),
+        (
+            Method::GET,
+            "/statistics?group_by=x".into(),
+            400,
+            "group_by is one of",
+        ),
+        (
+            Method::GET,
+            "/compare?since=".into(),
+            400,
+            "since is a duration",
+        ),
+        (
+            Method::GET,
+            "/traces?limit=x".into(),
+            400,
+            "limit is a whole number",
+        ),
+        (
+            Method::POST,
+            "/tracing/start?nframe=0".into(),
+            400,
+            "nframe is 1 to 16",
+        ),
+        (
+            Method::GET,
+            "/tracing?x=1".into(),
+            400,
+            "valid parameters: ",
+        ),
+    ];
+    for (method, path, status, hint) in cases {
+        let (got, body) = tracerd.send(method.clone(), &path, None);
+        assert_eq!(got, status, "{method} {path}: {body}");
+        let text = body["hint"].as_str().unwrap_or_default();
+        assert!(
+            text.contains(hint),
+            "{method} {path}: hint {text:?} lacks {hint:?}"
+        );
+        assert!(
+            !body["error"].as_str().unwrap_or_default().is_empty(),
+            "{method} {path}: no error text"
+        );
+    }
+    // A snapshot of another scope in /pid/{pid}/compare: 409.
+    let (_, system) = tracerd.send(Method::POST, "/snapshots", None);
+    let (status, err) = tracerd.get(&format!("/pid/{pid}/compare?base={}", system["id"]));
+    assert_eq!(status, 409, "{err}");
+    assert_eq!(
+        err["error"],
+        format!(
+            "snapshot {} is not of pid {pid}'s current image (it is system-wide)",
+            system["id"]
+        )
+    );
+    // An exited process: 409 for what needs it alive, its last state stays.
+    let mut fx = fx;
+    assert!(fx.finish().success());
+    poll(Duration::from_secs(10), Duration::from_millis(50), || {
+        if tracerd.get(&format!("/pid/{pid}")).1["state"] == "alive" {
+            Err("exit not seen".to_string())
+        } else {
+            Ok(())
+        }
+    });
+    let (status, err) = tracerd.post(&format!("/pid/{pid}/clear-traces"));
+    assert_eq!(status, 409, "{err}");
+    assert_eq!(
+        err["error"],
+        format!("pid {pid} has exited: its blocks are gone")
+    );
+    assert_eq!(tracerd.get(&format!("/pid/{pid}/statistics")).0, 200);
+}

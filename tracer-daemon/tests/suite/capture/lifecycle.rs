@@ -1,0 +1,161 @@
+//! Processes come and go: an exited process leaves the kernel's maps at
+//! once and stays queryable, churn leaves nothing behind, exec starts a new
+//! image, and tracing scoped to some processes runs no program for others.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use super::build;
+use crate::suite::support::{Fixture, Tracerd, poll, stat_at, u64_of};
+
+/// Entries of `pid` in the kernel's live-block map, from GET /maps.
+fn kernel_blocks(tracerd: &Tracerd, pid: u32) -> u64 {
+    tracerd.maps()["live_allocs_by_pid"][pid.to_string()]
+        .as_u64()
+        .unwrap_or(0)
+}
+
+#[test]
+fn an_exited_program_leaves_the_maps_within_a_second_and_stays_queryable() {
+    let prog = build("exits");
+    let line = prog.line("EXIT_ALLOC");
+    let tracerd = Tracerd::start(&[]);
+    let mut fx = Fixture::spawn(&prog.exe, &["1000"]);
+    let pid = fx.pid();
+    let status = fx.finish();
+    assert!(status.success());
+    poll(
+        Duration::from_secs(1),
+        Duration::from_millis(10),
+        || match kernel_blocks(&tracerd, pid) {
+            0 => Ok(()),
+            _ => Err(format!("entries of {pid} still in LIVE_ALLOCS")),
+        },
+    );
+    // The last state of the 50 ms program stays, symbolized after its exit.
+    let process = tracerd.get_ok(&format!("/pid/{pid}"));
+    assert_eq!(process["state"], "exited");
+    let body = tracerd.get_ok(&format!("/pid/{pid}/statistics?group_by=lineno&limit=0"));
+    let stat = stat_at(&body["statistics"], &prog.source, line).expect("the exited program's line");
+    assert_eq!(stat["count"], 1000);
+    assert_eq!(stat["size"], 100_000);
+}
+
+#[test]
+fn process_churn_leaves_no_entries_of_exited_processes() {
+    let prog = build("exits");
+    let tracerd = Tracerd::start(&[]);
+    let mut pids = Vec::new();
+    for _ in 0..50 {
+        let mut fx = Fixture::spawn(&prog.exe, &["200"]);
+        pids.push(fx.pid());
+        assert!(fx.finish().success());
+    }
+    std::thread::sleep(Duration::from_millis(1000));
+    let maps = tracerd.maps();
+    // Other processes on the host allocate meanwhile; none of ours may stay.
+    for pid in &pids {
+        let left = &maps["live_allocs_by_pid"][pid.to_string()];
+        assert!(
+            left.is_null(),
+            "pid {pid} still has {left} blocks in LIVE_ALLOCS"
+        );
+        let process = tracerd.get_ok(&format!("/pid/{pid}"));
+        assert_eq!(process["state"], "exited", "{process}");
+        assert_eq!(
+            process["allocs"].as_u64().map(|n| n >= 200),
+            Some(true),
+            "{process}"
+        );
+    }
+    let entries = |map: &str| u64_of(&maps["maps"][map], "entries");
+    let procs = entries("PROC_SLOTS") + entries("PROCS");
+    assert!(
+        procs < 200,
+        "PROC_SLOTS and PROCS hold {procs} processes after churn"
+    );
+}
+
+#[test]
+fn exec_starts_a_new_image_that_never_mixes_with_the_old_one() {
+    let prog = build("exec");
+    let tracerd = Tracerd::start(&[]);
+    // Its first line is "before", not "ready".
+    let mut fx = Fixture::spawn(&prog.exe, &[]);
+    fx.expect_line("before");
+    let pid = fx.pid();
+    tracerd.wait_traced(pid);
+    let (_, body) = tracerd.get(&format!("/pid/{pid}/statistics?limit=0"));
+    let before =
+        stat_at(&body["statistics"], &prog.source, prog.line("BEFORE_EXEC")).expect("before");
+    assert_eq!(before["count"], 3000);
+    let (status, old) = tracerd.post(&format!("/pid/{pid}/snapshots"));
+    assert_eq!(status, 201);
+    fx.step("after");
+    let body = poll(Duration::from_secs(5), Duration::from_millis(20), || {
+        let (status, body) = tracerd.get(&format!("/pid/{pid}/statistics?limit=0"));
+        if status == 200
+            && stat_at(&body["statistics"], &prog.source, prog.line("AFTER_EXEC")).is_some()
+        {
+            Ok(body)
+        } else {
+            Err(format!("new image not seen: {body}"))
+        }
+    });
+    assert!(
+        stat_at(&body["statistics"], &prog.source, prog.line("BEFORE_EXEC")).is_none(),
+        "{body}"
+    );
+    let after = stat_at(&body["statistics"], &prog.source, prog.line("AFTER_EXEC")).expect("after");
+    assert_eq!(after["count"], 5);
+    assert_eq!(after["size"], 50);
+    // The old image's snapshot belongs to the old image only.
+    let (status, err) = tracerd.get(&format!("/pid/{pid}/compare?base={}", old["id"]));
+    assert_eq!(status, 409, "{err}");
+    let (_, list) = tracerd.get(&format!("/pid/{pid}/snapshots"));
+    assert_eq!(list["snapshots"], Value::Array(vec![]));
+    fx.end();
+}
+
+#[test]
+fn scoped_tracing_runs_no_program_for_processes_outside_the_scope() {
+    let prog = build("keep");
+    let churn = build("exits");
+    let line = prog.line("ALLOC_SITE");
+    let tracerd = Tracerd::start(&[]);
+    let mut fx = Fixture::spawn_ready(&prog.exe, &[]);
+    let pid = fx.pid();
+    let (status, body) = tracerd.put(&format!("/scope?pid={pid}"));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["attached_pids"], json!([pid]));
+    let (_, scope) = tracerd.get("/scope");
+    assert_eq!(scope["all_processes"], false, "{scope}");
+
+    // 100000 allocations of a process out of scope: no program runs at all.
+    let (allocs, frees) = (tracerd.counter("allocs"), tracerd.counter("frees"));
+    let mut other = Fixture::spawn(&churn.exe, &["100000"]);
+    assert!(other.finish().success());
+    assert_eq!(tracerd.counter("allocs"), allocs);
+    assert_eq!(tracerd.counter("frees"), frees);
+    let (status, _) = tracerd.get(&format!("/pid/{}", other.pid()));
+    assert_eq!(status, 404);
+
+    // The process in scope is traced exactly.
+    tracerd.wait_traced(pid);
+    let (status, _) = tracerd.post(&format!("/pid/{pid}/snapshots"));
+    assert_eq!(status, 201);
+    fx.step("done");
+    let body = tracerd.get_ok(&format!("/pid/{pid}/compare?limit=0"));
+    let stat = stat_at(&body["statistics"], &prog.source, line).expect("the allocation site");
+    assert_eq!(stat["count_diff"], 20_000);
+    assert_eq!(stat["size_diff"], 5_120_000);
+
+    // Back to every process.
+    let (status, body) = tracerd.put("/scope");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["all_processes"], true);
+    let (status, body) = tracerd.put("/scope?exe=relative/path");
+    assert_eq!(status, 400, "{body}");
+    fx.end();
+}

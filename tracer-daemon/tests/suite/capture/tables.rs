@@ -1,0 +1,136 @@
+//! The kernel's tables of live blocks and of per-process totals: blocks
+//! beyond a full fast table spill to `LIVE_ALLOCS` and every free finds
+//! them; a process whose slot of `PROC_SLOTS` is taken keeps exact totals in
+//! `PROCS`.
+
+use std::path::Path;
+
+use super::build;
+use crate::suite::support::{Fixture, Tracerd, stat_at, u64_of};
+
+/// (allocs, frees, unknown frees, live blocks, current bytes) of `pid`.
+fn totals(tracerd: &Tracerd, pid: u32) -> [u64; 5] {
+    let process = tracerd.get_ok(&format!("/pid/{pid}"));
+    ["allocs", "frees", "unknown_frees", "blocks", "current"].map(|f| {
+        process[f]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{f} in {process}"))
+    })
+}
+
+/// Entries of the fast table and of LIVE_ALLOCS, from GET /maps.
+fn live_entries(tracerd: &Tracerd) -> (u64, u64) {
+    let maps = tracerd.maps();
+    let entries = |map: &str| u64_of(&maps["maps"][map], "entries");
+    (
+        entries(tracer_common::MAP_LIVE_KEYS),
+        entries(tracer_common::MAP_LIVE_ALLOCS),
+    )
+}
+
+#[test]
+fn blocks_beyond_a_full_fast_table_spill_and_every_free_finds_them() {
+    let prog = build("spill");
+    let line = prog.line("SPILL_SITE");
+    let mut fx = Fixture::spawn_ready(&prog.exe, &[]);
+    let pid = fx.pid();
+    // The smallest table (2 buckets of 7) and only this process traced:
+    // its blocks fill both buckets and the other 2986 spill.
+    let pid_s = pid.to_string();
+    let tracerd = Tracerd::start(&["--live-table-blocks", "14", "--scope-pid", &pid_s]);
+    fx.step("allocated");
+    tracerd.wait_traced(pid);
+    assert_eq!(totals(&tracerd, pid), [3000, 0, 0, 3000, 144_000]);
+    assert_eq!(live_entries(&tracerd), (14, 2986));
+    let body = tracerd.get_ok(&format!("/pid/{pid}/statistics?group_by=lineno&limit=0"));
+    let stat = stat_at(&body["statistics"], &prog.source, line).expect("the spill site");
+    assert_eq!(
+        (&stat["count"], &stat["size"]),
+        (&3000.into(), &144_000.into())
+    );
+
+    fx.step("half");
+    assert_eq!(totals(&tracerd, pid), [3000, 1500, 0, 1500, 72_000]);
+    let (table, spilled) = live_entries(&tracerd);
+    assert_eq!(table + spilled, 1500, "{table} in the table");
+
+    fx.step("freed");
+    assert_eq!(totals(&tracerd, pid), [3000, 3000, 0, 0, 0]);
+    assert_eq!(live_entries(&tracerd), (0, 0));
+    fx.end();
+}
+
+/// Spawns `exe` as a process whose pid is `pid`'s, plus or minus a multiple
+/// of PROC_SLOT_COUNT (so that it maps to the same slot of PROC_SLOTS), by
+/// writing the pid before it to `/proc/sys/kernel/ns_last_pid`. Another
+/// process may fork in between: then it is tried again.
+fn spawn_in_slot_of(exe: &Path, pid: u32) -> Fixture {
+    let pid_max: u32 = std::fs::read_to_string("/proc/sys/kernel/pid_max")
+        .expect("pid_max")
+        .trim()
+        .parse()
+        .expect("pid_max is a number");
+    let slots = tracer_common::PROC_SLOT_COUNT;
+    let target = if pid + slots < pid_max {
+        pid + slots
+    } else {
+        pid - slots
+    };
+    for _ in 0..20 {
+        std::fs::write("/proc/sys/kernel/ns_last_pid", (target - 1).to_string())
+            .expect("write ns_last_pid (needs root)");
+        let mut fx = Fixture::spawn(exe, &[]);
+        if fx.pid() == target {
+            return fx;
+        }
+        fx.expect_line("ready");
+        fx.step("allocated");
+        fx.step("half");
+        fx.step("freed");
+        fx.end();
+    }
+    panic!("no process got pid {target} in 20 tries");
+}
+
+#[test]
+fn a_process_whose_slot_is_taken_has_exact_totals_from_procs() {
+    let prog = build("spill");
+    let tracerd = Tracerd::start(&[]);
+    let mut owner = Fixture::spawn_ready(&prog.exe, &[]);
+    owner.step("allocated");
+    tracerd.wait_traced(owner.pid());
+    let mut other = spawn_in_slot_of(&prog.exe, owner.pid());
+    assert_eq!(
+        tracer_common::proc_slot_index(other.pid()),
+        tracer_common::proc_slot_index(owner.pid())
+    );
+    other.expect_line("ready");
+    other.step("allocated");
+    tracerd.wait_traced(other.pid());
+    let maps = tracerd.maps();
+    let in_procs = maps["maps"]["PROCS"]["entries"].as_u64();
+    assert!(in_procs.is_some_and(|n| n >= 1), "{maps}");
+    for fx in [&owner, &other] {
+        assert_eq!(totals(&tracerd, fx.pid()), [3000, 0, 0, 3000, 144_000]);
+    }
+    other.step("half");
+    assert_eq!(totals(&tracerd, other.pid()), [3000, 1500, 0, 1500, 72_000]);
+    owner.step("half");
+    assert_eq!(totals(&tracerd, owner.pid()), [3000, 1500, 0, 1500, 72_000]);
+    other.step("freed");
+    assert_eq!(totals(&tracerd, other.pid()), [3000, 3000, 0, 0, 0]);
+    // reset_peak in both places: the owner's slot and the other's entry.
+    for (fx, current) in [(&owner, 72_000), (&other, 0)] {
+        let (status, peak) = tracerd.post(&format!("/pid/{}/reset-peak", fx.pid()));
+        assert_eq!(status, 200, "{peak}");
+        assert_eq!(
+            (&peak["current"], &peak["peak"]),
+            (&current.into(), &current.into())
+        );
+    }
+    owner.step("freed");
+    assert_eq!(totals(&tracerd, owner.pid()), [3000, 3000, 0, 0, 0]);
+    for mut fx in [other, owner] {
+        fx.end();
+    }
+}

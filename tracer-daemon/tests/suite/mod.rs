@@ -1,0 +1,11 @@
+//! One module per area of the root integration tests, and their shared
+//! `support`.
+
+mod api;
+mod capacity;
+mod capture;
+mod faults;
+mod metrics;
+mod persistence;
+mod service;
+mod support;

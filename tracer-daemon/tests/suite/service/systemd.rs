@@ -1,0 +1,170 @@
+//! The systemd unit: tracerd works with exactly the capabilities it grants
+//! (and not without CAP_SYS_ADMIN), `systemd-analyze verify` accepts it, and
+//! READY=1 comes only once the probes are attached.
+
+use std::{process::Command, time::Duration};
+
+use super::{Running, TRACERD, workspace_file};
+use crate::suite::support::{Fixture, Program, TempDir, free_port, poll, require_root};
+
+/// The unit's CapabilityBoundingSet, as setpriv's `--bounding-set` list.
+fn unit_capabilities(drop: Option<&str>) -> String {
+    let unit = std::fs::read_to_string(workspace_file("deploy/tracerd.service")).expect("unit");
+    let line = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("CapabilityBoundingSet="))
+        .expect("CapabilityBoundingSet in the unit");
+    let mut list = String::from("-all");
+    for cap in line.split_whitespace() {
+        if Some(cap) == drop {
+            continue;
+        }
+        list.push_str(",+");
+        list.push_str(&cap.trim_start_matches("CAP_").to_lowercase());
+    }
+    list
+}
+
+#[test]
+fn tracerd_works_with_exactly_the_units_capabilities_and_needs_cap_sys_admin() {
+    require_root();
+    let caps = unit_capabilities(None);
+    let mut running = Running::spawn(
+        &["setpriv", "--bounding-set", &caps, "--inh-caps=-all"],
+        &[],
+        &[],
+        None,
+    );
+    running.wait_ready(None);
+    let status =
+        std::fs::read_to_string(format!("/proc/{}/status", running.pid())).expect("status");
+    let bounding = status
+        .lines()
+        .find(|l| l.starts_with("CapBnd:"))
+        .expect("CapBnd");
+    // CAP_DAC_READ_SEARCH 2, CAP_SYS_PTRACE 19, CAP_SYS_ADMIN 21, CAP_PERFMON 38, CAP_BPF 39.
+    assert_eq!(bounding, "CapBnd:\t000000c000280004");
+
+    let prog = Program::build("keep1000", &[]);
+    let mut fx = Fixture::spawn_ready(&prog.exe, &[]);
+    let pid = fx.pid();
+    let before = poll(
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        || match running.get(&format!("/pid/{pid}/traced-memory")) {
+            (200, before) => Ok(before),
+            (status, before) => Err(format!("{status}: {before}")),
+        },
+    );
+    fx.step("done");
+    let (_, after) = running.get(&format!("/pid/{pid}/traced-memory"));
+    let grown =
+        after["current"].as_u64().expect("current") - before["current"].as_u64().expect("current");
+    assert_eq!(
+        grown, 333_000,
+        "exact bytes traced with the unit's capabilities"
+    );
+    let (_, stats) = running.get(&format!("/pid/{pid}/statistics?limit=1"));
+    assert_eq!(
+        stats["statistics"][0]["traceback"][0]["filename"].as_str(),
+        prog.source.to_str()
+    );
+    fx.end();
+    drop(running);
+
+    let without = unit_capabilities(Some("CAP_SYS_ADMIN"));
+    let out = Command::new("setpriv")
+        .args([
+            "--bounding-set",
+            &without,
+            "--inh-caps=-all",
+            TRACERD,
+            "--listen",
+        ])
+        .arg(format!("127.0.0.1:{}", free_port()))
+        .args(["--state-dir", "/tmp", "--bpf-stats", "false"])
+        .output()
+        .expect("setpriv");
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("perf_event_open") && err.contains("Permission denied"),
+        "{err}"
+    );
+}
+
+#[test]
+fn systemd_analyze_verify_accepts_the_unit() {
+    let dir = TempDir::new("unit");
+    let unit = std::fs::read_to_string(workspace_file("deploy/tracerd.service")).expect("unit");
+    assert!(unit.contains("\nType=notify\n"));
+    assert!(
+        !unit.contains("ProtectProc="),
+        "tracerd must see every process"
+    );
+    // verify checks that ExecStart exists: point it at the built binary.
+    let path = dir.path().join("tracerd.service");
+    std::fs::write(&path, unit.replace("/usr/local/bin/tracerd", TRACERD)).expect("write unit");
+    let out = Command::new("systemd-analyze")
+        .arg("verify")
+        .arg("--man=no")
+        .arg(&path)
+        .output()
+        .expect("systemd-analyze");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let about_ours: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("tracerd.service"))
+        .collect();
+    assert_eq!(about_ours, Vec::<&str>::new());
+}
+
+#[test]
+fn ready_is_notified_only_after_the_probes_are_attached() {
+    require_root();
+    let dir = TempDir::new("notify");
+    let socket_path = dir.path().join("notify.sock");
+    let socket = std::os::unix::net::UnixDatagram::bind(&socket_path).expect("bind notify socket");
+    socket
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .expect("timeout");
+    let mut running = Running::spawn(
+        &[],
+        &[],
+        &[("NOTIFY_SOCKET", socket_path.to_str().expect("utf-8"))],
+        None,
+    );
+    let mut buf = [0u8; 512];
+    let n = socket.recv(&mut buf).expect("a notification within 60 s");
+    let message = String::from_utf8_lossy(&buf[..n]).into_owned();
+    assert!(message.lines().any(|l| l == "READY=1"), "{message}");
+    // At READY the probes are attached: the API answers and lists them.
+    let (status, health) = running.get("/health");
+    assert_eq!(status, 200);
+    assert!(
+        !health["libraries"]
+            .as_array()
+            .expect("libraries")
+            .is_empty(),
+        "{health}"
+    );
+    let (clean, _) = running.stop("TERM");
+    assert!(clean);
+    // Then STOPPING=1 (systemd takes any number of messages before it).
+    let mut seen = Vec::new();
+    while seen.len() < 5 {
+        let n = socket.recv(&mut buf).expect("STOPPING=1");
+        let message = String::from_utf8_lossy(&buf[..n]).into_owned();
+        let stopping = message.lines().any(|l| l == "STOPPING=1");
+        seen.push(message);
+        if stopping {
+            break;
+        }
+    }
+    assert!(
+        seen.last()
+            .is_some_and(|m| m.lines().any(|l| l == "STOPPING=1")),
+        "{seen:?}"
+    );
+}

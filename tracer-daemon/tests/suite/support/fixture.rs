@@ -1,0 +1,153 @@
+//! The C fixtures: compiled for a test from `tests/fixtures/NAME.c`, and run
+//! as processes that speak a line protocol (`fixtures/fixture.h`): a line
+//! when a phase is done, then a wait for `go` on stdin. Every fixture
+//! process is killed by pid on drop.
+
+use std::{
+    io::{BufRead, BufReader, Write},
+    path::{Path, PathBuf},
+    process::{Child, ChildStdin, ChildStdout, Command, ExitStatus, Stdio},
+};
+
+use super::{
+    files::{TempDir, fixture_path, fixture_text, line_of},
+    process::{kill_if_running, output_ok},
+    tracerd::Tracerd,
+};
+
+/// A fixture compiled into a scratch directory (removed on drop).
+pub struct Program {
+    /// The executable, `{scratch}/{name}`: its name is the process's comm.
+    pub exe: PathBuf,
+    /// `tests/fixtures/{name}.c`, the filename of its frames.
+    pub source: PathBuf,
+    text: String,
+    _dir: TempDir,
+}
+
+impl Program {
+    /// Compiles `tests/fixtures/{name}.c` with `cc -g -O0
+    /// -fno-omit-frame-pointer` (plus `flags`) into a scratch `{name}`.
+    pub fn build(name: &str, flags: &[&str]) -> Self {
+        let dir = TempDir::new(name);
+        let file = format!("{name}.c");
+        let source = fixture_path(&file);
+        let exe = dir.path().join(name);
+        output_ok(
+            Command::new("cc")
+                .args(["-g", "-O0", "-fno-omit-frame-pointer", "-o"])
+                .arg(&exe)
+                .arg(&source)
+                .args(flags),
+        );
+        Self {
+            exe,
+            source,
+            text: fixture_text(&file),
+            _dir: dir,
+        }
+    }
+
+    /// The line of the source holding `marker`.
+    pub fn line(&self, marker: &str) -> u32 {
+        line_of(&self.text, marker)
+    }
+
+    /// The source's path as a string, as frames show it.
+    pub fn src(&self) -> &str {
+        self.source.to_str().expect("utf-8 path")
+    }
+}
+
+/// A running fixture process, killed by pid on drop.
+pub struct Fixture {
+    pub child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Fixture {
+    /// Starts `exe` with `args`; stdin and stdout are the protocol's pipes.
+    pub fn spawn(exe: &Path, args: &[&str]) -> Self {
+        let mut child = Command::new(exe)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn fixture");
+        let stdin = child.stdin.take();
+        let stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        Self {
+            child,
+            stdin,
+            stdout,
+        }
+    }
+
+    /// Starts `exe` and waits until it says `ready`.
+    pub fn spawn_ready(exe: &Path, args: &[&str]) -> Self {
+        let mut fx = Self::spawn(exe, args);
+        fx.expect_line("ready");
+        fx
+    }
+
+    /// Starts `exe`, waits until it says `ready` and until `tracerd` traces
+    /// its pid.
+    pub fn spawn_traced(tracerd: &Tracerd, exe: &Path, args: &[&str]) -> Self {
+        let fx = Self::spawn_ready(exe, args);
+        tracerd.wait_traced(fx.pid());
+        fx
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Reads the next line the fixture prints (trimmed).
+    pub fn read_line(&mut self) -> String {
+        let mut line = String::new();
+        self.stdout
+            .read_line(&mut line)
+            .expect("read fixture output");
+        line.trim().to_string()
+    }
+
+    /// Waits for the line `expected`.
+    pub fn expect_line(&mut self, expected: &str) {
+        let line = self.read_line();
+        assert_eq!(line, expected, "fixture said {line:?}");
+    }
+
+    /// Lets the fixture go on to its next phase.
+    pub fn go(&mut self) {
+        let stdin = self.stdin.as_mut().expect("stdin");
+        stdin.write_all(b"go\n").expect("write to fixture");
+        stdin.flush().expect("flush");
+    }
+
+    /// Lets the fixture go on, and waits until it says `line`.
+    pub fn step(&mut self, line: &str) {
+        self.go();
+        self.expect_line(line);
+    }
+
+    /// Closes stdin and waits for the exit.
+    pub fn finish(&mut self) -> ExitStatus {
+        drop(self.stdin.take());
+        self.child.wait().expect("wait fixture")
+    }
+
+    /// Lets the fixture past its last wait, and asserts that it exits 0.
+    pub fn end(&mut self) {
+        self.go();
+        let status = self.finish();
+        assert!(status.success(), "fixture exited with {status}");
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        kill_if_running(&mut self.child);
+    }
+}

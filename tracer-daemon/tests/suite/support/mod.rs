@@ -1,0 +1,19 @@
+//! What the root integration tests share: the real tracerd, the C fixtures
+//! (compiled from `tests/fixtures/`, run and stepped through their line
+//! protocol), scratch files, process control, and readers of the answers.
+//! Everything started here is stopped by pid on drop, even when a test
+//! fails.
+
+mod files;
+mod fixture;
+mod json;
+mod kernel;
+mod process;
+mod tracerd;
+
+pub use files::TempDir;
+pub use fixture::{Fixture, Program};
+pub use json::{sample, snapshot_ids, stat_at, u64_of};
+pub use kernel::{bpf_ids, bpftool_json, bpftool_shows};
+pub use process::{free_port, kill_if_running, output_ok, poll, require_root, running, stop};
+pub use tracerd::Tracerd;

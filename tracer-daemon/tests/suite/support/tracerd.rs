@@ -1,0 +1,192 @@
+//! The real tracerd (real eBPF) on a free loopback port, and a client of its
+//! API. Stopped by pid on drop (SIGTERM, then SIGKILL), even when a test
+//! fails.
+
+use std::{
+    path::Path,
+    process::{Child, Command, Stdio},
+    time::Duration,
+};
+
+use reqwest::{
+    Method,
+    blocking::{Client, Response},
+};
+use serde_json::Value;
+
+use super::{
+    files::TempDir,
+    json::{sample, u64_of},
+    process::{free_port, poll, require_root, running, signal, stop},
+};
+
+/// A running tracerd and an HTTP client for it.
+pub struct Tracerd {
+    child: Child,
+    pub base: String,
+    pub client: Client,
+    /// The state directory when this Tracerd made it (removed on drop).
+    _state: Option<TempDir>,
+}
+
+impl Tracerd {
+    /// Starts tracerd with `extra` arguments and a state directory of its
+    /// own; returns once `/health` answers 200.
+    pub fn start(extra: &[&str]) -> Self {
+        let state = TempDir::new("state");
+        let mut tracerd = Self::start_at(state.path(), extra);
+        tracerd._state = Some(state);
+        tracerd
+    }
+
+    /// Starts tracerd with `state` as its state directory (kept on drop, so
+    /// another tracerd can start on it).
+    pub fn start_at(state: &Path, extra: &[&str]) -> Self {
+        require_root();
+        let listen = format!("127.0.0.1:{}", free_port());
+        let child = Command::new(env!("CARGO_BIN_EXE_tracerd"))
+            .args(["--listen", &listen, "--state-dir"])
+            .arg(state)
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn tracerd");
+        let client = Client::builder()
+            .timeout(Duration::from_secs(60))
+            .build()
+            .expect("http client");
+        let mut tracerd = Self {
+            child,
+            base: format!("http://{listen}"),
+            client,
+            _state: None,
+        };
+        poll(Duration::from_secs(60), Duration::from_millis(50), || {
+            if let Some(status) = tracerd.child.try_wait().expect("try_wait") {
+                panic!("tracerd exited at start: {status}");
+            }
+            match tracerd.client.get(tracerd.url("/health")).send() {
+                Ok(r) if r.status().is_success() => Ok(()),
+                _ => Err("tracerd not ready".to_string()),
+            }
+        });
+        tracerd
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// The raw response to `method path` (for its headers).
+    pub fn request(&self, method: Method, path: &str) -> Response {
+        self.client
+            .request(method.clone(), self.url(path))
+            .send()
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+    }
+
+    /// GET a path; returns (status, body as JSON, or the text as a JSON string).
+    pub fn get(&self, path: &str) -> (u16, Value) {
+        decode(self.request(Method::GET, path))
+    }
+
+    /// GET a path that must answer 200; returns the body.
+    pub fn get_ok(&self, path: &str) -> Value {
+        let (status, body) = self.get(path);
+        assert_eq!(status, 200, "GET {path}: {body}");
+        body
+    }
+
+    pub fn get_text(&self, path: &str) -> (u16, String) {
+        let r = self.request(Method::GET, path);
+        (r.status().as_u16(), r.text().expect("body"))
+    }
+
+    /// GET a path's body as bytes, with the status.
+    pub fn get_bytes(&self, path: &str) -> (u16, Vec<u8>) {
+        let r = self.request(Method::GET, path);
+        (r.status().as_u16(), r.bytes().expect("body").to_vec())
+    }
+
+    pub fn post(&self, path: &str) -> (u16, Value) {
+        decode(self.request(Method::POST, path))
+    }
+
+    /// PUT a path; the body is `null` when it is not JSON.
+    pub fn put(&self, path: &str) -> (u16, Value) {
+        let r = self.request(Method::PUT, path);
+        let status = r.status().as_u16();
+        (status, r.json().unwrap_or(Value::Null))
+    }
+
+    /// A request with an optional body; returns (status, JSON or text).
+    pub fn send(&self, method: Method, path: &str, body: Option<Vec<u8>>) -> (u16, Value) {
+        let mut request = self.client.request(method, self.url(path));
+        if let Some(body) = body {
+            request = request.body(body);
+        }
+        decode(request.send().expect("request"))
+    }
+
+    /// `GET /maps`: the kernel maps' entries and the eBPF counters.
+    pub fn maps(&self) -> Value {
+        self.get_ok("/maps")
+    }
+
+    /// The eBPF counter `name`, from `GET /maps`.
+    pub fn counter(&self, name: &str) -> u64 {
+        u64_of(&self.maps()["counters"], name)
+    }
+
+    /// `tracer_drops_total{reason="{reason}"}` from `GET /metrics`; fails
+    /// the test when the sample is missing.
+    pub fn drops_total(&self, reason: &str) -> f64 {
+        let (_, text) = self.get_text("/metrics");
+        sample(&text, "tracer_drops_total", &[("reason", reason)])
+            .unwrap_or_else(|| panic!("tracer_drops_total{{reason=\"{reason}\"}} in /metrics"))
+    }
+
+    /// SIGKILL, and waits until it is gone.
+    pub fn kill9(&mut self) {
+        signal(self.child.id(), "KILL");
+        let _ = self.child.wait();
+    }
+
+    /// Sends SIGTERM and waits for the exit (SIGKILL after 20 s); returns
+    /// (exited cleanly, time taken).
+    pub fn terminate(&mut self) -> (bool, Duration) {
+        stop(&mut self.child, "TERM", Duration::from_secs(20))
+    }
+
+    /// Waits until tracerd lists `pid` (its `New` event was handled).
+    pub fn wait_traced(&self, pid: u32) {
+        poll(
+            Duration::from_secs(10),
+            Duration::from_millis(20),
+            || match self.get(&format!("/pid/{pid}")).0 {
+                200 => Ok(()),
+                _ => Err(format!("pid {pid} not traced")),
+            },
+        );
+    }
+}
+
+fn decode(r: Response) -> (u16, Value) {
+    let status = r.status().as_u16();
+    let text = r.text().expect("body");
+    let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    (status, value)
+}
+
+impl Drop for Tracerd {
+    fn drop(&mut self) {
+        if running(&mut self.child) {
+            self.terminate();
+        }
+    }
+}
