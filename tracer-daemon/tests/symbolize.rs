@@ -5,7 +5,7 @@
 //! symbolized — from the files held open by the capture, even though the
 //! binaries are deleted or replaced on disk by then.
 
-// STYLE.md: tests may unwrap.
+// CONTRIBUTING.md: tests may unwrap.
 #![allow(clippy::unwrap_used)]
 
 use std::fs;
@@ -27,6 +27,10 @@ use files::{TempDir, fixture_path, fixture_text};
 /// the instruction after a call to it, which here is the first instruction
 /// of the NEXT line, so only `addr - 1` finds the calling line.
 const O0_FIXTURE: &str = "return_addresses.c";
+
+/// `fixtures/short_names.c`: functions `a`, `b` and `i` (also Itanium
+/// type codes) each record their own return address.
+const SHORT_NAMES_FIXTURE: &str = "short_names.c";
 
 /// `fixtures/inlined.c`: at -O2, `leaf` and `middle` are inlined into
 /// `outer`: the one return address in `outer` is three frames deep.
@@ -318,4 +322,23 @@ fn addresses_outside_every_module_are_unknown() {
         at_end[0][0].module.as_deref(),
         Some(binary.to_str().unwrap())
     );
+}
+
+#[test]
+fn plain_c_names_are_never_demangled_as_itanium_types() {
+    // With DWARF, and with the symbol table only: the name is the C name.
+    for (tag, flags) in [
+        ("short-g", &["-g", "-O0"][..]),
+        ("short-nodebug", &["-O0"][..]),
+    ] {
+        let (_dir, binary) = compile(tag, SHORT_NAMES_FIXTURE, flags);
+        let cache = ModuleCache::new(4);
+        let (maps, addrs) = capture_and_kill(&cache, &binary, 3);
+        let frames = Symbolizer::new().symbolize(&maps, &addrs);
+        let names: Vec<Option<&str>> = frames
+            .iter()
+            .map(|per_address| per_address[0].function.as_deref())
+            .collect();
+        assert_eq!(names, [Some("a"), Some("b"), Some("i")], "{tag}");
+    }
 }

@@ -1,4 +1,4 @@
-//! The allocator's calls, as DESIGN.md's capture table states them: what
+//! The allocator's calls, as the capture table of docs/architecture.md states them: what
 //! each entry records for its return, and what each return does to the
 //! live set. The programs (`programs::alloc`) decode the arguments and call
 //! these.
@@ -95,7 +95,7 @@ pub(crate) fn alloc_exit(ctx: &RetProbeContext) -> u32 {
     0
 }
 
-/// Return of realloc and reallocarray: see DESIGN.md's capture table.
+/// Return of realloc and reallocarray: see the capture table of docs/architecture.md.
 #[inline(always)]
 pub(crate) fn realloc_exit(ctx: &RetProbeContext) -> u32 {
     let Some((tgid, inflight)) = take_inflight() else {

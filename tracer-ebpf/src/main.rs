@@ -30,8 +30,8 @@
 //!
 //! - [`programs`]: the entry points only, one file per kind of hook
 //!   (allocator uprobes and uretprobes, lifecycle tracepoints, the floor);
-//! - [`calls`]: what each allocator call does to the live set (DESIGN.md's
-//!   capture table);
+//! - [`calls`]: what each allocator call does to the live set (the capture
+//!   table of docs/architecture.md);
 //! - [`live`]: live blocks: insert, find, remove (fast table and spill);
 //! - [`stack`]: the stack walk and the store of stacks;
 //! - [`inflight`]: calls between entry and return (slots and spill);

@@ -3,8 +3,8 @@
 //!
 //! 1. tests that need no root, in parallel: every crate but the daemon and
 //!    the eBPF crate (the model's unit and differential tests,
-//!    tracer-common, xtask), then the daemon's unit tests and its layering
-//!    test;
+//!    tracer-common, xtask), then the daemon's unit tests and its two
+//!    test binaries that need no root (`layering`, `symbolize`);
 //! 2. tests that need root, serially, in the daemon's one integration
 //!    binary: they attach probes host-wide and share the kernel's state.
 //!
@@ -64,6 +64,8 @@ fn passes(extra: &[OsString]) -> Vec<Pass> {
                         "--bins",
                         "--test",
                         "layering",
+                        "--test",
+                        "symbolize",
                         "--",
                     ],
                     extra,
@@ -88,7 +90,34 @@ fn passes(extra: &[OsString]) -> Vec<Pass> {
     ]
 }
 
+/// The daemon's test binaries (`tracer-daemon/tests/*.rs`): each must be
+/// in one pass, so that none is silently left out.
+const DAEMON_TEST_BINARIES: [&str; 3] = ["integration", "layering", "symbolize"];
+
+/// Refuses to run when `tracer-daemon/tests/` holds a test binary that no
+/// pass names.
+fn check_daemon_test_binaries(root: &std::path::Path) -> anyhow::Result<()> {
+    let dir = root.join("tracer-daemon/tests");
+    let mut unknown = Vec::new();
+    for entry in std::fs::read_dir(&dir)?.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if let Some(stem) = name.strip_suffix(".rs")
+            && !DAEMON_TEST_BINARIES.contains(&stem)
+        {
+            unknown.push(name);
+        }
+    }
+    if !unknown.is_empty() {
+        bail!(
+            "tracer-daemon/tests has test binaries no pass runs: {}; add them to a pass in xtask/src/test.rs (or to tests/suite/)",
+            unknown.join(", ")
+        );
+    }
+    Ok(())
+}
+
 pub fn run(extra: &[OsString]) -> anyhow::Result<()> {
+    check_daemon_test_binaries(&crate::util::paths::workspace_root())?;
     setup()?;
     if !is_root() {
         bail!("the integration tests load eBPF programs: run `cargo xtask test` as root");
@@ -147,13 +176,31 @@ mod tests {
             strings(&passes[0]),
             [
                 "test --workspace --exclude tracer-ebpf --exclude tracer-daemon --",
-                "test -p tracer-daemon --lib --bins --test layering --",
+                "test -p tracer-daemon --lib --bins --test layering --test symbolize --",
             ]
         );
         assert_eq!(
             strings(&passes[1]),
             ["test -p tracer-daemon --test integration -- --test-threads=1"]
         );
+    }
+
+    #[test]
+    fn every_daemon_test_binary_is_in_a_pass() {
+        let root = crate::util::paths::workspace_root();
+        check_daemon_test_binaries(&root).expect("every binary runs");
+        let commands: Vec<String> = passes(&[])
+            .iter()
+            .flat_map(|p| p.commands.iter().map(|c| display(c)))
+            .collect();
+        for binary in DAEMON_TEST_BINARIES {
+            let named = format!("--test {binary} ");
+            assert_eq!(
+                commands.iter().filter(|c| c.contains(&named)).count(),
+                1,
+                "{binary} runs exactly once"
+            );
+        }
     }
 
     #[test]

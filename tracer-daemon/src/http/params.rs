@@ -442,5 +442,5 @@ pub fn parse_scope(query: Option<&str>) -> Result<Scope, ApiError> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)] // Tests may unwrap (STYLE.md).
+#[allow(clippy::unwrap_used)] // Tests may unwrap (CONTRIBUTING.md).
 mod tests;

@@ -182,7 +182,7 @@ impl TracingControl {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)] // Tests may unwrap (STYLE.md).
+#[allow(clippy::unwrap_used)] // Tests may unwrap (CONTRIBUTING.md).
 mod tests {
     use super::*;
 

@@ -437,5 +437,5 @@ impl SnapshotStore {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)] // Tests may unwrap (STYLE.md).
+#[allow(clippy::unwrap_used)] // Tests may unwrap (CONTRIBUTING.md).
 mod tests;

@@ -16,7 +16,7 @@
 //! `Send + Sync` handle that sends it requests and waits for the answer (call it
 //! from `spawn_blocking` in async code).
 //!
-//! Frame rules (DESIGN.md): the frame of a return address is the line of `addr - 1`
+//! Frame rules (docs/architecture.md): the frame of a return address is the line of `addr - 1`
 //! (the call instruction), inlined calls are frames of their own, innermost first;
 //! without line info the filename is the module path and lineno 0; with nothing at
 //! all, `<unknown>`:0.
@@ -316,7 +316,7 @@ impl Drop for Symbolizer {
 }
 
 #[cfg(test)]
-// STYLE.md: tests may unwrap.
+// CONTRIBUTING.md: tests may unwrap.
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;

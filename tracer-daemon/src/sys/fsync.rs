@@ -67,7 +67,7 @@ pub fn sync_dir(dir: &Path) -> Result<(), WriteError> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)] // Tests may unwrap (STYLE.md).
+#[allow(clippy::unwrap_used)] // Tests may unwrap (CONTRIBUTING.md).
 mod tests {
     use super::*;
 

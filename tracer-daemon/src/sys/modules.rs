@@ -352,9 +352,9 @@ fn open_checked(path: &Path, inode: u64) -> io::Result<File> {
 }
 
 #[cfg(test)]
-// STYLE.md: tests may unwrap.
+// CONTRIBUTING.md: tests may unwrap.
 #[cfg(test)]
-// STYLE.md: tests may unwrap.
+// CONTRIBUTING.md: tests may unwrap.
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;

@@ -448,6 +448,6 @@ pub fn bpf_maps_of_self() -> Vec<BpfMapInfo> {
 }
 
 #[cfg(test)]
-// STYLE.md: tests may unwrap.
+// CONTRIBUTING.md: tests may unwrap.
 #[allow(clippy::unwrap_used)]
 mod tests;

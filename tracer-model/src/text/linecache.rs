@@ -249,7 +249,7 @@ fn split_lines(text: &str) -> Vec<String> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)] // Tests may unwrap (STYLE.md).
+#[allow(clippy::unwrap_used)] // Tests may unwrap (CONTRIBUTING.md).
 mod tests {
     use super::*;
 

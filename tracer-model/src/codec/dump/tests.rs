@@ -1,5 +1,5 @@
 //! Round trips, sharing, determinism and the refusal of damaged input.
-#![allow(clippy::unwrap_used)] // Tests may unwrap (STYLE.md).
+#![allow(clippy::unwrap_used)] // Tests may unwrap (CONTRIBUTING.md).
 
 use std::sync::Arc;
 

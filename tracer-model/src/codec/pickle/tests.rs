@@ -1,6 +1,6 @@
 //! Reading what Python writes, round trips, and the refusal of code,
 //! foreign classes, values outside the model and damaged input.
-#![allow(clippy::unwrap_used)] // Tests may unwrap (STYLE.md).
+#![allow(clippy::unwrap_used)] // Tests may unwrap (CONTRIBUTING.md).
 
 use std::sync::Arc;
 
