@@ -42,10 +42,26 @@ pub enum Counter {
     ProcEvents = 13,
     /// Allocations passed over by sampling.
     Unsampled = 14,
+    /// Frames stepped with an unwind table.
+    UnwindTableFrames = 15,
+    /// Frames stepped with frame pointers (no table covers the address).
+    UnwindFpFrames = 16,
+    /// Walks stopped at an address in no executable mapping of the process
+    /// (the address is not reported).
+    UnwindNoMapping = 17,
+    /// Walks cut for another reason: memory that cannot be read, a stack
+    /// pointer that does not move up, a zero return address.
+    UnwindStopped = 18,
+    /// Walks of a process with no mappings in `PROC_MAPS` yet (walked with
+    /// frame pointers only).
+    UnwindNoProcMaps = 19,
+    /// Drop: the per-CPU scratch of a walk was overwritten by another task
+    /// on the same CPU (preemption): the block keeps frame 0 only.
+    DropStackPreempted = 20,
 }
 
 /// Number of slots in [`MAP_COUNTERS`].
-pub const COUNTER_SLOTS: u32 = 15;
+pub const COUNTER_SLOTS: u32 = 21;
 
 impl Counter {
     /// Every counter with its name, in slot order.
@@ -65,6 +81,12 @@ impl Counter {
         (Counter::Overwrites, "overwrites"),
         (Counter::ProcEvents, "proc_events"),
         (Counter::Unsampled, "unsampled"),
+        (Counter::UnwindTableFrames, "unwind_table_frames"),
+        (Counter::UnwindFpFrames, "unwind_fp_frames"),
+        (Counter::UnwindNoMapping, "unwind_no_mapping"),
+        (Counter::UnwindStopped, "unwind_stopped"),
+        (Counter::UnwindNoProcMaps, "unwind_no_proc_maps"),
+        (Counter::DropStackPreempted, "drop_stack_preempted"),
     ];
 }
 

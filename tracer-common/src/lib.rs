@@ -19,7 +19,8 @@
 //!   slots ([`ProcSlot`] and its word);
 //! - [`inflight`]: allocator calls between entry and return;
 //! - [`event`]: the process lifecycle events of the ring buffer;
-//! - [`counter`]: the slots of the per-CPU counters.
+//! - [`counter`]: the slots of the per-CPU counters;
+//! - [`unwind`]: the unwinder's tables (rows, pages, process mappings).
 #![cfg_attr(not(test), no_std)]
 
 pub mod alloc;
@@ -30,6 +31,7 @@ pub mod live_table;
 pub mod maps;
 pub mod probes;
 pub mod procs;
+pub mod unwind;
 
 pub use alloc::*;
 pub use counter::*;
@@ -39,3 +41,4 @@ pub use live_table::*;
 pub use maps::*;
 pub use probes::*;
 pub use procs::*;
+pub use unwind::*;

@@ -55,14 +55,17 @@ pub const MAP_INFLIGHT_SPILL: &str = "INFLIGHT_SPILL";
 pub const MAP_STACKS: &str = "STACKS";
 /// Per-CPU scratch buffer of one stack value ([`STACK_WORDS`] u64s).
 pub const MAP_STACK_SCRATCH: &str = "STACK_SCRATCH";
-/// u64 words of a [`MAP_STACKS`] value as compiled: the check hash and up to
-/// [`MAX_NFRAME`] frames. tracerd shrinks the value to `1 + nframe` words at
-/// load time, which also bounds the kernel's stack walk.
-pub const STACK_WORDS: usize = 1 + MAX_NFRAME as usize;
-/// Largest traceback tracer walks. The kernel's verifier explores the walk
-/// and the hash of its frames once per frame: at 100 frames the largest
-/// program passes its limit of 1,000,000 instructions, at 64 it loads.
+/// u64 words of a [`MAP_STACKS`] value as compiled: the check hash (with
+/// `STACK_CUT`) and up to [`MAX_WALK_FRAMES`] frames. tracerd shrinks the
+/// value to `1 + frames walked` words at load time, which also bounds the
+/// kernel's stack walk.
+pub const STACK_WORDS: usize = 1 + MAX_WALK_FRAMES as usize;
+/// Largest traceback tracer keeps (tracemalloc's nframe).
 pub const MAX_NFRAME: u32 = 64;
+/// Most frames the kernel walks: nframe plus the allocator's own frames
+/// (`operator new`, `alloc::raw_vec`, `g_malloc`, ...) that tracerd drops
+/// before it counts frames against nframe.
+pub const MAX_WALK_FRAMES: u32 = 96;
 
 /// Per-process totals: tgid → [`ProcStats`].
 pub const MAP_PROCS: &str = "PROCS";
@@ -91,7 +94,8 @@ pub const EVENTS_RING_BYTES: u32 = 1 << 18;
 pub const GLOBAL_TRACERD_TGID: &str = "TRACERD_TGID";
 /// The name of the global holding the page size in bytes (for `pvalloc`).
 pub const GLOBAL_PAGE_SIZE: &str = "PAGE_SIZE";
-/// The name of the global holding `nframe`, the frames walked per stack.
+/// The name of the global holding the frames walked per stack: nframe plus
+/// the allocator frames to drop, at most [`MAX_WALK_FRAMES`].
 pub const GLOBAL_NFRAME: &str = "NFRAME";
 /// The name of the global holding the mean sampling interval in bytes
 /// (0: every allocation is recorded).

@@ -35,6 +35,7 @@ pub mod probes;
 pub mod proc_slots;
 pub mod procs;
 pub mod stacks;
+pub mod unwind;
 pub mod usage;
 
 pub use kernel::{ImageId, KernelMaps};

@@ -93,6 +93,7 @@ pub fn counter_metric(name: &str) -> CounterMetric {
         "drop_procs_full" => CounterMetric::Drop("procs_map_full"),
         "drop_stack" => CounterMetric::Drop("stack_store_full"),
         "drop_events" => CounterMetric::Drop("event_ring_full"),
+        "drop_stack_preempted" => CounterMetric::Drop("stack_scratch_preempted"),
         "unknown_frees" => CounterMetric::UnknownFrees,
         other => match other.strip_prefix("drop_") {
             Some(reason) => CounterMetric::DropNamed(reason.to_string()),

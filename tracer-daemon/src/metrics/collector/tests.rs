@@ -74,7 +74,8 @@ fn every_ebpf_counter_has_a_metric() {
             "inflight_map_full",
             "procs_map_full",
             "stack_store_full",
-            "event_ring_full"
+            "event_ring_full",
+            "stack_scratch_preempted"
         ]
     );
     assert_eq!(
