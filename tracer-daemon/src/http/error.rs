@@ -149,6 +149,12 @@ impl From<ServiceError> for ApiError {
                 "any two stored snapshots compare with GET /snapshots/{id}/compare?base={id}".to_string(),
             ),
             ServiceError::Scope { .. } => (StatusCode::CONFLICT, "see tracerd's log".to_string()),
+            ServiceError::AllocatorFramesDiffer { base, .. } => (
+                StatusCode::CONFLICT,
+                format!(
+                    "compare snapshots taken alike: ask with allocator_frames={base}, or give base= a snapshot taken with the new side's allocator_frames (GET /snapshots shows each one's)"
+                ),
+            ),
         };
         Self::new(status, err.to_string(), hint)
     }
@@ -175,6 +181,14 @@ mod tests {
                 409,
             ),
             (ServiceError::Scope { reason: "x".into() }.into(), 409),
+            (
+                ServiceError::AllocatorFramesDiffer {
+                    base: crate::snapshot::AllocatorFrames::Drop,
+                    new: crate::snapshot::AllocatorFrames::Keep,
+                }
+                .into(),
+                409,
+            ),
             (
                 StoreError::LabelTaken {
                     label: "a".into(),
