@@ -132,6 +132,9 @@ pub(super) fn defaults() -> Vec<String> {
         "fdopen*",
         "_IO_*",
         "realpath",
+        // glibc's internal aliases, as its debug symbols name its
+        // functions (__GI__IO_file_doallocate, __GI___strdup).
+        "__GI_*",
         // CPython's memory layers (PyMem_Malloc, PyObject_Malloc, pymalloc).
         "PyMem_*",
         "_PyMem_*",
@@ -561,6 +564,8 @@ mod tests {
             "getline",
             "fopen64",
             "_IO_file_doallocate",
+            "__GI__IO_file_doallocate",
+            "__GI___strdup",
             "PyMem_Malloc",
             "PyMem_RawRealloc",
             "_PyMem_RawMalloc",
