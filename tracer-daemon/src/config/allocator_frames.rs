@@ -13,8 +13,11 @@
 //! spaces included), `?` any one character, `\*`, `\?` and `\\` those
 //! characters; everything else, `[` and `]` included (C++'s `operator
 //! new[]`, Rust's `<[T]>`), is itself. Matching is case-sensitive and the
-//! whole name must match. (fnmatch, as `tracer_model::Pattern` has it, reads
-//! `[` as a class, and accepts every string, so no typo would be refused.)
+//! whole name must match. A glob is matched by `tracer_model::Pattern`
+//! (fnmatch) once translated: fnmatch itself would read `[` as a class, and
+//! accepts every string, so no typo could be refused.
+
+use tracer_model::Pattern;
 
 use super::ConfigError;
 
@@ -175,22 +178,12 @@ pub(super) fn defaults() -> Vec<String> {
     .collect()
 }
 
-/// One element of a compiled glob.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Token {
-    /// `*`: any run of characters (consecutive stars are one).
-    Star,
-    /// `?`: any one character.
-    Any,
-    /// A character matched exactly.
-    Literal(char),
-}
-
-/// A compiled glob (see the module's documentation for its syntax).
+/// A compiled glob (see the module's documentation for its syntax),
+/// matched as the fnmatch pattern that means the same: `[` becomes `[[]`,
+/// `\*` and `\?` become `[*]` and `[?]`, `\\` a backslash (which fnmatch
+/// never reads as an escape).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Glob {
-    tokens: Vec<Token>,
-}
+pub struct Glob(Pattern);
 
 impl Glob {
     /// Compiles `glob`.
@@ -202,15 +195,15 @@ impl Glob {
         if glob.is_empty() {
             return Err("an empty glob matches nothing".into());
         }
-        let mut tokens = Vec::with_capacity(glob.len());
+        let mut fnmatch = String::with_capacity(glob.len() + 8);
         let mut chars = glob.chars();
         while let Some(c) = chars.next() {
-            let token = match c {
-                '*' if tokens.last() == Some(&Token::Star) => continue,
-                '*' => Token::Star,
-                '?' => Token::Any,
+            match c {
+                '[' => fnmatch.push_str("[[]"),
                 '\\' => match chars.next() {
-                    Some(escaped @ ('*' | '?' | '\\')) => Token::Literal(escaped),
+                    Some('*') => fnmatch.push_str("[*]"),
+                    Some('?') => fnmatch.push_str("[?]"),
+                    Some('\\') => fnmatch.push('\\'),
                     Some(other) => {
                         return Err(format!("\\{other}: a backslash escapes only *, ? and \\"));
                     }
@@ -218,50 +211,16 @@ impl Glob {
                         return Err("it ends in a backslash, which escapes only *, ? and \\".into());
                     }
                 },
-                c => Token::Literal(c),
-            };
-            tokens.push(token);
+                c => fnmatch.push(c),
+            }
         }
-        Ok(Self { tokens })
+        Ok(Self(Pattern::new(&fnmatch)))
     }
 
     /// Whether the whole of `text` matches.
     #[must_use]
     pub fn matches(&self, text: &str) -> bool {
-        let tokens = &self.tokens;
-        let mut chars = text.chars();
-        let mut p = 0usize;
-        // After the last star: the token after it, and the text from the
-        // character after the last one the star took.
-        let mut resume: Option<(usize, std::str::Chars<'_>)> = None;
-        loop {
-            let before = chars.clone();
-            let Some(c) = chars.next() else { break };
-            match tokens.get(p) {
-                Some(Token::Star) => {
-                    // The star takes nothing for now.
-                    chars = before.clone();
-                    p += 1;
-                    resume = Some((p, before));
-                }
-                Some(Token::Any) => p += 1,
-                Some(Token::Literal(l)) if *l == c => p += 1,
-                _ => match &mut resume {
-                    Some((after_star, from)) => {
-                        // The star takes one more character.
-                        if from.next().is_none() {
-                            return false;
-                        }
-                        p = *after_star;
-                        chars = from.clone();
-                    }
-                    None => return false,
-                },
-            }
-        }
-        tokens
-            .get(p..)
-            .is_some_and(|rest| rest.iter().all(|t| *t == Token::Star))
+        self.0.matches(text)
     }
 }
 
@@ -404,6 +363,11 @@ mod tests {
         assert!(glob(r"a\*b").matches("a*b"));
         assert!(!glob(r"a\*b").matches("aXb"));
         assert!(glob(r"a\?\\").matches(r"a?\"));
+        // Brackets are themselves, never a class.
+        assert!(glob("x[!a]").matches("x[!a]"));
+        assert!(!glob("x[!a]").matches("xb"));
+        assert!(glob("operator new[]*").matches("operator new[](unsigned long)"));
+        assert!(!glob("operator new[]*").matches("operator new(unsigned long)"));
         assert!(glob("*/libc.so.6").matches("/usr/lib/x86_64-linux-gnu/libc.so.6"));
         assert!(!glob("*/libc.so.6").matches("/usr/lib/x86_64-linux-gnu/libc.so.60"));
     }
