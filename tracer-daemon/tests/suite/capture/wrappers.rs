@@ -47,18 +47,48 @@ fn build() -> (Program, bool) {
     }
 }
 
-/// Runs the fixture under `tracerd` past its allocations; returns it
-/// (waiting for its last go) and the address of its first name block.
-fn run(tracerd: &Tracerd, prog: &Program) -> (Fixture, u64) {
-    let mut fx = Fixture::spawn_traced(tracerd, &prog.exe, &[]);
-    fx.go();
-    let line = fx.read_line();
-    let hex = line
-        .strip_prefix("name 0x")
-        .unwrap_or_else(|| panic!("fixture said {line:?}"));
-    let address = u64::from_str_radix(hex, 16).expect("hex address");
-    fx.expect_line("done");
-    (fx, address)
+/// The fixture under a tracerd of its own, past its allocations (waiting
+/// for its last go). Dropped in order: the fixture, tracerd, the program.
+struct Traced {
+    fx: Fixture,
+    tracerd: Tracerd,
+    prog: Program,
+    pid: u32,
+    /// The address of its first name block.
+    address: u64,
+}
+
+impl Traced {
+    /// Starts tracerd with `flags`, then `prog` until it has allocated.
+    fn start(prog: Program, flags: &[&str]) -> Self {
+        let tracerd = Tracerd::start(flags);
+        let mut fx = Fixture::spawn_traced(&tracerd, &prog.exe, &[]);
+        fx.go();
+        let said = fx.read_line();
+        let hex = said
+            .strip_prefix("name 0x")
+            .unwrap_or_else(|| panic!("fixture said {said:?}"));
+        let address = u64::from_str_radix(hex, 16).expect("hex address");
+        fx.expect_line("done");
+        let pid = fx.pid();
+        Self {
+            fx,
+            tracerd,
+            prog,
+            pid,
+            address,
+        }
+    }
+
+    /// The line of the fixture's `/* marker */`.
+    fn line(&self, marker: &str) -> u32 {
+        self.prog.line(&format!("/* {marker} */"))
+    }
+
+    /// `(filename, lineno)` of the fixture's `/* marker */`, as frames say.
+    fn place(&self, marker: &str) -> (String, u64) {
+        (self.prog.src().to_string(), u64::from(self.line(marker)))
+    }
 }
 
 /// `(count, size)` of the statistic whose frame 0 is `file:line`, if any.
@@ -104,29 +134,18 @@ fn object(tracerd: &Tracerd, pid: u32, address: u64, query: &str) -> (Vec<Value>
 
 #[test]
 fn blocks_from_wrappers_are_counted_at_the_users_line() {
-    let (prog, _) = build();
-    let tracerd = Tracerd::start(&[]);
-    let (mut fx, address) = run(&tracerd, &prog);
-    let pid = fx.pid();
-    let file = &prog.source;
-    let line = |marker: &str| prog.line(&format!("/* {marker} */"));
+    let mut t = Traced::start(build().0, &[]);
+    let (tracerd, pid, file) = (&t.tracerd, t.pid, &t.prog.source);
+    let stat = |stats: &Value, marker: &str| at(stats, file, t.line(marker));
 
     let body = tracerd.get_ok(&format!("/pid/{pid}/statistics?group_by=lineno&limit=0"));
     assert_eq!(body["allocator_frames"], "drop");
     let stats = &body["statistics"];
-    assert_eq!(
-        at(stats, file, line("USER_TABLE")),
-        Some((3, 900)),
-        "{body}"
-    );
-    assert_eq!(at(stats, file, line("USER_NAME")), Some((2, 42)), "{body}");
-    assert_eq!(
-        at(stats, file, line("USER_DIRECT")),
-        Some((1, 77)),
-        "{body}"
-    );
-    assert_eq!(at(stats, file, line("XMALLOC")), None, "{body}");
-    assert_eq!(at(stats, file, line("XSTRDUP")), None, "{body}");
+    assert_eq!(stat(stats, "USER_TABLE"), Some((3, 900)), "{body}");
+    assert_eq!(stat(stats, "USER_NAME"), Some((2, 42)), "{body}");
+    assert_eq!(stat(stats, "USER_DIRECT"), Some((1, 77)), "{body}");
+    assert_eq!(stat(stats, "XMALLOC"), None, "{body}");
+    assert_eq!(stat(stats, "XSTRDUP"), None, "{body}");
 
     let body = tracerd.get_ok(&format!(
         "/pid/{pid}/statistics?group_by=lineno&limit=0&allocator_frames=keep"
@@ -134,36 +153,27 @@ fn blocks_from_wrappers_are_counted_at_the_users_line() {
     assert_eq!(body["allocator_frames"], "keep");
     let stats = &body["statistics"];
     // Tables and names alike come from xmalloc's call of malloc.
-    assert_eq!(at(stats, file, line("XMALLOC")), Some((5, 942)), "{body}");
-    assert_eq!(
-        at(stats, file, line("USER_DIRECT")),
-        Some((1, 77)),
-        "{body}"
-    );
-    assert_eq!(at(stats, file, line("USER_TABLE")), None, "{body}");
-    assert_eq!(at(stats, file, line("USER_NAME")), None, "{body}");
+    assert_eq!(stat(stats, "XMALLOC"), Some((5, 942)), "{body}");
+    assert_eq!(stat(stats, "USER_DIRECT"), Some((1, 77)), "{body}");
+    assert_eq!(stat(stats, "USER_TABLE"), None, "{body}");
+    assert_eq!(stat(stats, "USER_NAME"), None, "{body}");
 
     // The names' whole tracebacks: the wrappers are dropped before nframe
     // counts, and total_nframe counts what is left.
-    let src = prog.src().to_string();
-    let kept = traces_of_size(&tracerd, pid, "&allocator_frames=keep", 21);
-    let dropped = traces_of_size(&tracerd, pid, "", 21);
+    let kept = traces_of_size(tracerd, pid, "&allocator_frames=keep", 21);
+    let dropped = traces_of_size(tracerd, pid, "", 21);
     assert_eq!((kept.len(), dropped.len()), (2, 2));
     assert_eq!(kept[0], kept[1]);
     assert_eq!(dropped[0], dropped[1]);
     let (kept, dropped) = (&kept[0], &dropped[0]);
-    let head = |frames: &[Value], n: usize| -> Vec<(String, u64, String)> {
+    let head = |frames: &[Value], n: usize| -> Vec<((String, u64), String)> {
         frames
             .iter()
             .take(n)
-            .map(|f| {
-                let (file, line) = place(f);
-                (file, line, f["function"].as_str().unwrap_or("").to_string())
-            })
+            .map(|f| (place(f), f["function"].as_str().unwrap_or("").to_string()))
             .collect()
     };
-    let frame =
-        |marker: &str, function: &str| (src.clone(), u64::from(line(marker)), function.to_string());
+    let frame = |marker: &str, function: &str| (t.place(marker), function.to_string());
     assert_eq!(
         head(kept, 4),
         [
@@ -178,39 +188,29 @@ fn blocks_from_wrappers_are_counted_at_the_users_line() {
         [frame("USER_NAME", "make_name"), frame("MAIN_NAME", "main")]
     );
     assert_eq!(dropped[..], kept[2..]);
-    let (object_kept, kept_total) = object(&tracerd, pid, address, "?allocator_frames=keep");
-    let (object_dropped, dropped_total) = object(&tracerd, pid, address, "");
+    let (object_kept, kept_total) = object(tracerd, pid, t.address, "?allocator_frames=keep");
+    let (object_dropped, dropped_total) = object(tracerd, pid, t.address, "");
     assert_eq!(&object_kept, kept);
     assert_eq!(&object_dropped, dropped);
     assert_eq!(dropped_total, kept_total - 2);
-    fx.end();
+    t.fx.end();
 }
 
 #[test]
 fn nframe_counts_the_frames_after_the_wrappers() {
-    let (prog, _) = build();
     // Three frames captured: xmalloc, xstrdup, make_name for a name.
-    let tracerd = Tracerd::start(&["--nframe", "3"]);
-    let (mut fx, address) = run(&tracerd, &prog);
-    let pid = fx.pid();
-    let line = |marker: &str| u64::from(prog.line(&format!("/* {marker} */")));
-    let src = prog.src().to_string();
-    let (frames, total) = object(&tracerd, pid, address, "");
-    let places: Vec<(String, u64)> = frames.iter().map(place).collect();
-    assert_eq!(places, [(src.clone(), line("USER_NAME"))]);
+    let mut t = Traced::start(build().0, &["--nframe", "3"]);
+    let places = |frames: &[Value]| frames.iter().map(place).collect::<Vec<_>>();
+    let (frames, total) = object(&t.tracerd, t.pid, t.address, "");
+    assert_eq!(places(&frames), [t.place("USER_NAME")]);
     assert_eq!(total, 1);
-    let (frames, total) = object(&tracerd, pid, address, "?allocator_frames=keep");
-    let places: Vec<(String, u64)> = frames.iter().map(place).collect();
+    let (frames, total) = object(&t.tracerd, t.pid, t.address, "?allocator_frames=keep");
     assert_eq!(
-        places,
-        [
-            (src.clone(), line("XMALLOC")),
-            (src.clone(), line("XSTRDUP")),
-            (src, line("USER_NAME")),
-        ]
+        places(&frames),
+        [t.place("XMALLOC"), t.place("XSTRDUP"), t.place("USER_NAME")]
     );
     assert_eq!(total, 3);
-    fx.end();
+    t.fx.end();
 }
 
 #[test]
@@ -221,9 +221,7 @@ fn glib_wrapper_frames_are_dropped_from_the_front() {
         // wrappers, there is no glib to call.
         return;
     }
-    let tracerd = Tracerd::start(&[]);
-    let (mut fx, _) = run(&tracerd, &prog);
-    let pid = fx.pid();
+    let mut t = Traced::start(prog, &[]);
     let in_glib = |f: &Value| {
         f["function"].as_str().is_some_and(|n| n.starts_with("g_"))
             && f["module"]
@@ -236,8 +234,8 @@ fn glib_wrapper_frames_are_dropped_from_the_front() {
     // in libglib; with drop, the traceback is the kept one after its
     // leading glib frames (its last frame if all are glib's).
     for (size, count) in [(4444u64, 2usize), (1237, 2)] {
-        let kept = traces_of_size(&tracerd, pid, "&allocator_frames=keep", size);
-        let dropped = traces_of_size(&tracerd, pid, "", size);
+        let kept = traces_of_size(&t.tracerd, t.pid, "&allocator_frames=keep", size);
+        let dropped = traces_of_size(&t.tracerd, t.pid, "", size);
         assert_eq!((kept.len(), dropped.len()), (count, count), "{size} bytes");
         for (kept, dropped) in kept.iter().zip(&dropped) {
             assert_eq!(kept[0]["function"], "g_malloc", "{kept:?}");
@@ -254,27 +252,21 @@ fn glib_wrapper_frames_are_dropped_from_the_front() {
     }
     // g_malloc's blocks start in the fixture: at make_glib_block's line
     // once tracerd unwinds through glib, at main's call of it until then.
-    let line = |marker: &str| u64::from(prog.line(&format!("/* {marker} */")));
-    let src = prog.src().to_string();
-    for dropped in traces_of_size(&tracerd, pid, "", 4444) {
+    for dropped in traces_of_size(&t.tracerd, t.pid, "", 4444) {
         let first = place(&dropped[0]);
         assert!(
-            first == (src.clone(), line("GLIB_MALLOC"))
-                || first == (src.clone(), line("MAIN_GLIB_MALLOC")),
+            first == t.place("GLIB_MALLOC") || first == t.place("MAIN_GLIB_MALLOC"),
             "{dropped:?}"
         );
     }
-    fx.end();
+    t.fx.end();
 }
 
 #[test]
 fn a_stored_snapshot_keeps_the_allocator_frames_it_was_taken_with() {
-    let (prog, _) = build();
-    let tracerd = Tracerd::start(&[]);
-    let (mut fx, address) = run(&tracerd, &prog);
-    let pid = fx.pid();
-    let file = &prog.source;
-    let line = |marker: &str| prog.line(&format!("/* {marker} */"));
+    let mut t = Traced::start(build().0, &[]);
+    let (tracerd, pid, file) = (&t.tracerd, t.pid, &t.prog.source);
+    let stat = |stats: &Value, marker: &str| at(stats, file, t.line(marker));
 
     let (status, kept) = tracerd.post(&format!(
         "/pid/{pid}/snapshots?label=with-wrappers&allocator_frames=keep"
@@ -295,19 +287,10 @@ fn a_stored_snapshot_keeps_the_allocator_frames_it_was_taken_with() {
     // Each stored snapshot answers as it was taken.
     let body = tracerd.get_ok(&format!("/snapshots/{kept_id}/statistics?limit=0"));
     assert_eq!(body["snapshot"]["allocator_frames"], "keep");
-    assert_eq!(
-        at(&body["statistics"], file, line("XMALLOC")),
-        Some((5, 942))
-    );
+    assert_eq!(stat(&body["statistics"], "XMALLOC"), Some((5, 942)));
     let body = tracerd.get_ok(&format!("/snapshots/{dropped_id}/statistics?limit=0"));
-    assert_eq!(
-        at(&body["statistics"], file, line("USER_TABLE")),
-        Some((3, 900))
-    );
-    assert_eq!(
-        at(&body["statistics"], file, line("USER_NAME")),
-        Some((2, 42))
-    );
+    assert_eq!(stat(&body["statistics"], "USER_TABLE"), Some((3, 900)));
+    assert_eq!(stat(&body["statistics"], "USER_NAME"), Some((2, 42)));
     assert_eq!(
         tracerd.get_ok(&format!("/snapshots/{kept_id}"))["allocator_frames"],
         "keep"
@@ -348,7 +331,7 @@ fn a_stored_snapshot_keeps_the_allocator_frames_it_was_taken_with() {
     let body = tracerd.get_ok(&format!("/pid/{pid}/compare?allocator_frames=keep&limit=0"));
     assert_eq!(body["base"]["id"], kept_id, "{body}");
     assert_eq!(body["base"]["allocator_frames"], "keep");
-    let xmalloc = stat_at(&body["statistics"], file, line("XMALLOC")).expect("xmalloc's line");
+    let xmalloc = stat_at(&body["statistics"], file, t.line("XMALLOC")).expect("xmalloc's line");
     assert_eq!(
         (xmalloc["count"].as_u64(), xmalloc["count_diff"].as_i64()),
         (Some(5), Some(0))
@@ -357,13 +340,9 @@ fn a_stored_snapshot_keeps_the_allocator_frames_it_was_taken_with() {
     assert_eq!(body["base"]["id"], dropped_id, "{body}");
 
     // get_object_traceback() of a name, both ways.
-    let src = prog.src().to_string();
-    let (dropped, _) = object(&tracerd, pid, address, "");
-    let (kept, _) = object(&tracerd, pid, address, "?allocator_frames=keep");
-    assert_eq!(
-        place(&dropped[0]),
-        (src.clone(), u64::from(line("USER_NAME")))
-    );
-    assert_eq!(place(&kept[0]), (src, u64::from(line("XMALLOC"))));
-    fx.end();
+    let (dropped, _) = object(tracerd, pid, t.address, "");
+    let (kept, _) = object(tracerd, pid, t.address, "?allocator_frames=keep");
+    assert_eq!(place(&dropped[0]), t.place("USER_NAME"));
+    assert_eq!(place(&kept[0]), t.place("XMALLOC"));
+    t.fx.end();
 }
