@@ -152,7 +152,7 @@ impl From<ServiceError> for ApiError {
             ServiceError::AllocatorFramesDiffer { base, .. } => (
                 StatusCode::CONFLICT,
                 format!(
-                    "compare snapshots taken alike: ask with allocator_frames={base}, or give base= a snapshot taken with the new side's allocator_frames (GET /snapshots shows each one's)"
+                    "compare snapshots taken alike (GET /snapshots shows each one's allocator_frames): give base= one taken as the new side was, or compare now with allocator_frames={base}"
                 ),
             ),
         };

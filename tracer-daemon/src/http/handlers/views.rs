@@ -21,30 +21,19 @@ use crate::http::render::{
 use crate::http::{ApiError, blocking};
 use crate::service::{Service, Side, Target};
 
-/// Parameters of the statistics routes of now besides the text options
-/// and filters (a stored snapshot's take all but `allocator_frames`).
-const STATISTICS: [&str; 4] = ["group_by", "cumulative", "limit", ALLOCATOR_FRAMES];
+/// Parameters of the statistics routes besides the text options and filters.
+const STATISTICS: [&str; 3] = ["group_by", "cumulative", "limit"];
 /// Parameters of the compare routes of a process or the system.
-const COMPARE: [&str; 7] = [
-    "group_by",
-    "cumulative",
-    "limit",
-    "base",
-    "new",
-    "since",
-    ALLOCATOR_FRAMES,
-];
-/// Parameters of the traces routes of now.
-const TRACES: [&str; 3] = ["offset", "limit", ALLOCATOR_FRAMES];
+const COMPARE: [&str; 6] = ["group_by", "cumulative", "limit", "base", "new", "since"];
+/// Parameters of the traces routes.
+const TRACES: [&str; 2] = ["offset", "limit"];
 
-/// The parameters of a stored snapshot's view: those of now without
-/// `allocator_frames`.
-fn stored_names(names: &[&'static str]) -> Vec<&'static str> {
-    names
-        .iter()
-        .copied()
-        .filter(|n| *n != ALLOCATOR_FRAMES)
-        .collect()
+/// The parameters of a view of now: `names`, the text options and filters
+/// (as a stored snapshot's view), and `allocator_frames`.
+fn of_now(names: &[&'static str]) -> Vec<&'static str> {
+    let mut all = with_common(names);
+    all.push(ALLOCATOR_FRAMES);
+    all
 }
 
 /// `allocator_frames` of a compare, refused when `new` is a stored
@@ -68,7 +57,7 @@ pub async fn pid_statistics(
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     let pid = parse_pid(&pid)?;
-    let params = Params::parse(query.as_deref(), &with_common(&STATISTICS))?;
+    let params = Params::parse(query.as_deref(), &of_now(&STATISTICS))?;
     let query = stats_query(&params)?;
     let frames = params.allocator_frames()?;
     blocking(move || {
@@ -89,7 +78,7 @@ pub async fn system_statistics(
     State(service): State<Arc<Service>>,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
-    let params = Params::parse(query.as_deref(), &with_common(&STATISTICS))?;
+    let params = Params::parse(query.as_deref(), &of_now(&STATISTICS))?;
     let query = stats_query(&params)?;
     let frames = params.allocator_frames()?;
     blocking(move || {
@@ -111,7 +100,7 @@ pub async fn snapshot_statistics(
 ) -> Result<Response, ApiError> {
     let reference = parse_ref("id", &id)?;
     refuse_allocator_frames(query.as_deref())?;
-    let params = Params::parse(query.as_deref(), &with_common(&stored_names(&STATISTICS)))?;
+    let params = Params::parse(query.as_deref(), &with_common(&STATISTICS))?;
     let query = stats_query(&params)?;
     blocking(move || {
         let (stored, summary, _) = service.stored(&reference)?;
@@ -132,7 +121,7 @@ pub async fn pid_compare(
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     let pid = parse_pid(&pid)?;
-    let params = Params::parse(query.as_deref(), &with_common(&COMPARE))?;
+    let params = Params::parse(query.as_deref(), &of_now(&COMPARE))?;
     let query = stats_query(&params)?;
     let (base, new) = compare_specs(&params)?;
     let frames = compare_frames(&params, new.as_ref())?;
@@ -149,7 +138,7 @@ pub async fn system_compare(
     State(service): State<Arc<Service>>,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
-    let params = Params::parse(query.as_deref(), &with_common(&COMPARE))?;
+    let params = Params::parse(query.as_deref(), &of_now(&COMPARE))?;
     let query = stats_query(&params)?;
     let (base, new) = compare_specs(&params)?;
     let frames = compare_frames(&params, new.as_ref())?;
@@ -199,7 +188,7 @@ pub async fn pid_traces(
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     let pid = parse_pid(&pid)?;
-    let params = Params::parse(query.as_deref(), &with_common(&TRACES))?;
+    let params = Params::parse(query.as_deref(), &of_now(&TRACES))?;
     params.text_options(params.text()?)?;
     let frames = params.allocator_frames()?;
     blocking(move || {
@@ -219,7 +208,7 @@ pub async fn system_traces(
     State(service): State<Arc<Service>>,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
-    let params = Params::parse(query.as_deref(), &with_common(&TRACES))?;
+    let params = Params::parse(query.as_deref(), &of_now(&TRACES))?;
     params.text_options(params.text()?)?;
     let frames = params.allocator_frames()?;
     blocking(move || {
@@ -242,7 +231,7 @@ pub async fn snapshot_traces(
 ) -> Result<Response, ApiError> {
     let reference = parse_ref("id", &id)?;
     refuse_allocator_frames(query.as_deref())?;
-    let params = Params::parse(query.as_deref(), &with_common(&stored_names(&TRACES)))?;
+    let params = Params::parse(query.as_deref(), &with_common(&TRACES))?;
     params.text_options(params.text()?)?;
     blocking(move || {
         let (stored, summary, _) = service.stored(&reference)?;
