@@ -14,7 +14,7 @@ use std::{path::PathBuf, sync::Arc, time::Duration};
 use tokio::signal::unix::SignalKind;
 
 use crate::capture::{Capture, CaptureConfig, CaptureError};
-use crate::config::Config;
+use crate::config::{Config, ConfigError, FramePatterns};
 use crate::http::{self, Limits, ServerError, Token};
 use crate::lifecycle::Scope;
 use crate::metrics::{Metrics, MetricsOptions};
@@ -53,6 +53,10 @@ pub enum AppError {
     /// The snapshot store cannot be opened.
     #[error("opening the snapshot store in state_dir: {0}")]
     Store(#[from] StoreError),
+    /// A setting is invalid (`Config::load` refuses it first; this is
+    /// for a `Config` built otherwise).
+    #[error(transparent)]
+    Config(#[from] ConfigError),
 }
 
 /// Runs tracerd with `config` until SIGTERM or SIGINT, then stops cleanly.
@@ -60,6 +64,7 @@ pub enum AppError {
 /// # Errors
 /// [`AppError`] when start-up fails; nothing is left attached then.
 pub async fn run(config: Config) -> Result<(), AppError> {
+    let allocator_frames = FramePatterns::compile(&config.allocator_frames)?;
     let token = config
         .auth_token_file
         .as_deref()
@@ -103,6 +108,7 @@ pub async fn run(config: Config) -> Result<(), AppError> {
     let service = Arc::new(Service::new(
         Box::new(capture),
         Duration::from_secs(config.exited_retention),
+        allocator_frames,
     ));
     if !scope.is_all() {
         let attached = service.set_scope(scope)?;

@@ -69,6 +69,11 @@ pub struct Flags {
     /// Frames kept per traceback (tracemalloc's nframe), 1 to 64.
     #[arg(long, env = "TRACERD_NFRAME")]
     pub nframe: Option<u32>,
+    /// Allocation machinery: a glob of the function names (or module:GLOB of
+    /// the module paths) of leading frames to drop (repeatable, replaces the
+    /// defaults; `|` separates patterns in one value and in the variable).
+    #[arg(long, env = "TRACERD_ALLOCATOR_FRAMES", value_delimiter = '|')]
+    pub allocator_frames: Option<Vec<String>>,
     /// Directory for tracerd's state (created if missing).
     #[arg(long, env = "TRACERD_STATE_DIR")]
     pub state_dir: Option<PathBuf>,

@@ -21,9 +21,11 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
+mod allocator_frames;
 mod flags;
 mod validate;
 
+pub use allocator_frames::{FramePatterns, Glob, MODULE_PREFIX, without_return_type};
 pub use flags::{Cli, Command, ConfigCommand, Flags};
 
 /// Where tracerd looks for its configuration file when `--config` is not given.
@@ -87,6 +89,14 @@ pub struct Config {
     pub auth_token_file: Option<PathBuf>,
     /// Frames kept per traceback (tracemalloc's nframe), 1 to 64.
     pub nframe: u32,
+    /// The allocation machinery: glob patterns of the frames that a
+    /// traceback's leading run drops (before `nframe` is counted), so that
+    /// frame 0 is the first frame outside allocators and their wrappers.
+    /// `module:GLOB` matches a frame's module path, any other pattern its
+    /// demangled function name; `*` is any run of characters, `?` one,
+    /// `\` escapes `*`, `?` and `\`. A query keeps them with
+    /// `allocator_frames=keep`.
+    pub allocator_frames: Vec<String>,
     /// Directory for tracerd's state (created if missing).
     pub state_dir: PathBuf,
     /// Seconds an exited process's last state stays queryable.
@@ -172,6 +182,7 @@ impl Default for Config {
             unix_socket: None,
             auth_token_file: None,
             nframe: 16,
+            allocator_frames: allocator_frames::defaults(),
             state_dir: PathBuf::from("/var/lib/tracer"),
             exited_retention: 600,
             snapshot_interval: 60,

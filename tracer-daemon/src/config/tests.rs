@@ -186,3 +186,65 @@ fn libc_flag_is_repeatable() {
         vec![PathBuf::from("/lib/a.so.6"), PathBuf::from("/lib/b.so.6")]
     );
 }
+
+#[test]
+fn the_shipped_file_spells_out_every_allocator_frames_default() {
+    let text = include_str!("../../../deploy/tracerd.toml");
+    let table: toml::Table = text.parse().expect("must succeed");
+    let listed: Vec<&str> = table["allocator_frames"]
+        .as_array()
+        .expect("allocator_frames is a list in the file")
+        .iter()
+        .map(|v| v.as_str().expect("a string"))
+        .collect();
+    assert_eq!(listed, Config::default().allocator_frames);
+    assert!(FramePatterns::compile(&Config::default().allocator_frames).is_ok());
+}
+
+#[test]
+fn an_allocator_frames_pattern_that_does_not_compile_is_refused_naming_it() {
+    let err = Config::from_toml_str(
+        r#"allocator_frames = ["xmalloc", "module:", "g_malloc*"]"#,
+        "f.toml",
+    )
+    .expect_err("must fail");
+    assert!(
+        err.to_string().starts_with(
+            r#"allocator_frames = "module:" is invalid: module: an empty glob matches nothing"#
+        ),
+        "{err}"
+    );
+    let err = Config::load(&flags(&["--allocator-frames", r"x\malloc"])).expect_err("must fail");
+    assert!(
+        err.to_string().starts_with(
+            r#"allocator_frames = "x\\malloc" is invalid: \m: a backslash escapes only *, ? and \"#
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn allocator_frames_flags_replace_the_defaults_and_split_on_bars() {
+    let config = Config::load(&flags(&[
+        "--allocator-frames",
+        "my_alloc*|module:*/libmine.so",
+        "--allocator-frames",
+        "operator new(unsigned long, std::align_val_t)",
+    ]))
+    .expect("must succeed");
+    assert_eq!(
+        config.allocator_frames,
+        [
+            "my_alloc*",
+            "module:*/libmine.so",
+            "operator new(unsigned long, std::align_val_t)"
+        ]
+    );
+    let config = Config::from_toml_str("allocator_frames = []", "t").expect("must succeed");
+    assert!(config.allocator_frames.is_empty());
+    assert!(
+        FramePatterns::compile(&config.allocator_frames)
+            .expect("must succeed")
+            .is_empty()
+    );
+}

@@ -2,7 +2,7 @@
 //! invalid one is refused with the range or form that is valid.
 use std::path::Path;
 
-use super::{Config, ConfigError};
+use super::{Config, ConfigError, FramePatterns};
 use crate::sys::procfs::page_size;
 
 impl Config {
@@ -12,6 +12,7 @@ impl Config {
     /// [`ConfigError::OutOfRange`] or [`ConfigError::Invalid`].
     pub fn validate(&self) -> Result<(), ConfigError> {
         range("nframe", self.nframe.into(), 1, 64, "1..=64")?;
+        FramePatterns::compile(&self.allocator_frames)?;
         range(
             "max_live_blocks",
             self.max_live_blocks.into(),

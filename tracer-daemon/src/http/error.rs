@@ -149,6 +149,12 @@ impl From<ServiceError> for ApiError {
                 "any two stored snapshots compare with GET /snapshots/{id}/compare?base={id}".to_string(),
             ),
             ServiceError::Scope { .. } => (StatusCode::CONFLICT, "see tracerd's log".to_string()),
+            ServiceError::AllocatorFramesDiffer { base, .. } => (
+                StatusCode::CONFLICT,
+                format!(
+                    "compare snapshots taken alike (GET /snapshots shows each one's allocator_frames): give base= one taken as the new side was, or compare now with allocator_frames={base}"
+                ),
+            ),
         };
         Self::new(status, err.to_string(), hint)
     }
@@ -175,6 +181,14 @@ mod tests {
                 409,
             ),
             (ServiceError::Scope { reason: "x".into() }.into(), 409),
+            (
+                ServiceError::AllocatorFramesDiffer {
+                    base: crate::snapshot::AllocatorFrames::Drop,
+                    new: crate::snapshot::AllocatorFrames::Keep,
+                }
+                .into(),
+                409,
+            ),
             (
                 StoreError::LabelTaken {
                     label: "a".into(),

@@ -9,6 +9,7 @@ use super::error::ApiError;
 use super::render::TextOptions;
 use crate::lifecycle::Scope;
 use crate::service::{BaseSpec, SnapshotRef};
+use crate::snapshot::AllocatorFrames;
 use crate::store::check_label;
 
 /// Default number of statistics or traces returned (`limit`); 0 means all.
@@ -27,6 +28,9 @@ pub const FILTERS: [&str; 5] = [
 ];
 /// `Traceback.format()` options of text output.
 pub const TEXT: [&str; 4] = ["format", "source", "tb_limit", "most_recent_first"];
+/// Whether a snapshot taken now drops the allocation machinery's leading
+/// frames (`drop`, the default) or keeps them (`keep`).
+pub const ALLOCATOR_FRAMES: &str = "allocator_frames";
 
 /// Query parameters, checked against the names a route accepts.
 #[derive(Debug, Default)]
@@ -141,6 +145,25 @@ impl Params {
         }
     }
 
+    /// `allocator_frames`: `drop` (the default) or `keep`.
+    ///
+    /// # Errors
+    /// 400 naming the valid values.
+    pub fn allocator_frames(&self) -> Result<AllocatorFrames, ApiError> {
+        match self.get(ALLOCATOR_FRAMES) {
+            None => Ok(AllocatorFrames::default()),
+            Some(v) => AllocatorFrames::parse(v).ok_or_else(|| {
+                ApiError::bad(
+                    format!("invalid {ALLOCATOR_FRAMES} {v:?}"),
+                    format!(
+                        "{ALLOCATOR_FRAMES} is one of: {} (drop, the default, starts tracebacks after the allocator and its wrappers)",
+                        AllocatorFrames::VALID
+                    ),
+                )
+            }),
+        }
+    }
+
     /// A snapshot parameter (`base`, `new`): an id or a label; `new=now`
     /// (or absent) is None.
     ///
@@ -237,6 +260,32 @@ impl Params {
             most_recent_first,
         })
     }
+}
+
+/// Refuses `allocator_frames` on a route that reads a stored snapshot: a
+/// stored snapshot keeps the frames it was taken with.
+///
+/// # Errors
+/// 400 saying why, when the query names `allocator_frames`.
+pub fn refuse_allocator_frames(raw: Option<&str>) -> Result<(), ApiError> {
+    let given = form_urlencoded::parse(raw.unwrap_or("").as_bytes())
+        .any(|(name, _)| name == ALLOCATOR_FRAMES);
+    if given {
+        return Err(stored_allocator_frames(
+            "this route reads a stored snapshot",
+        ));
+    }
+    Ok(())
+}
+
+/// The 400 of `allocator_frames` given where a stored snapshot is read
+/// (`what` says where).
+pub fn stored_allocator_frames(what: &str) -> ApiError {
+    ApiError::bad(
+        format!("{ALLOCATOR_FRAMES} applies only when a snapshot is taken, and {what}"),
+        "a stored snapshot keeps the allocator frames it was taken with (its summary's allocator_frames says which); \
+         take one with POST /pid/{pid}/snapshots?allocator_frames=keep, or read the live state with GET /pid/{pid}/statistics?allocator_frames=keep",
+    )
 }
 
 /// `PATTERN[:LINENO][@DOMAIN]`: a trailing `@digits` is the domain, then a

@@ -1,8 +1,9 @@
 //! The two sides of `compare_to()`: `new` (now, or a stored snapshot)
 //! against a base (a stored snapshot, the latest one a user stored, the
 //! state some time ago from automatic snapshots, or the empty state when
-//! tracing began). Each side says what it is and whether its data is
-//! complete.
+//! tracing began). Each side says what it is, whether its data is
+//! complete, and whether its tracebacks dropped the allocation machinery's
+//! leading frames: sides that differ there do not compare.
 use std::{
     sync::Arc,
     time::{Duration, SystemTime},
@@ -14,6 +15,7 @@ use tracer_model::{Completeness, Snapshot};
 use super::snapshots::{SnapshotRef, Target};
 use super::{Service, ServiceError};
 use crate::capture::ImageId;
+use crate::snapshot::AllocatorFrames;
 use crate::store::{SnapshotInfo, SnapshotKind, StoredSnapshot};
 use crate::sys::unix_ms;
 
@@ -27,6 +29,10 @@ pub struct Side {
     pub info: Value,
     /// Events its processes lost before it was taken.
     pub completeness: Completeness,
+    /// Whether its tracebacks dropped the allocation machinery's leading
+    /// frames; None when unknown or when it has no traces to say (the
+    /// empty state at tracing start): it compares with either.
+    pub allocator_frames: Option<AllocatorFrames>,
 }
 
 impl Side {
@@ -36,8 +42,10 @@ impl Side {
         Self {
             snapshot: Arc::clone(&stored.snapshot),
             info: json!({"kind": "snapshot", "id": stored.id, "snapshot_kind": info.kind,
-                         "label": info.label, "taken_at_ms": unix_ms(stored.taken_at)}),
+                         "label": info.label, "taken_at_ms": unix_ms(stored.taken_at),
+                         "allocator_frames": info.allocator_frames}),
             completeness: stored.completeness.clone(),
+            allocator_frames: info.allocator_frames,
         }
     }
 
@@ -47,7 +55,32 @@ impl Side {
             snapshot: Arc::new(Snapshot::new(Vec::new(), limit)),
             info: json!({"kind": "tracing_start", "at_ms": at_ms}),
             completeness: Completeness::complete(),
+            allocator_frames: None,
         }
+    }
+
+    /// Refuses a compare of `new` against `base` when one dropped the
+    /// allocation machinery's frames and the other kept them: no traceback
+    /// of one would be found in the other.
+    ///
+    /// # Errors
+    /// [`ServiceError::AllocatorFramesDiffer`].
+    pub fn check_alike(base: &Side, new: &Side) -> Result<(), ServiceError> {
+        match (base.allocator_frames, new.allocator_frames) {
+            (Some(base), Some(new)) if base != new => {
+                Err(ServiceError::AllocatorFramesDiffer { base, new })
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Whether a snapshot taken with `have` compares with a side taken with
+/// `want` (unknown compares with anything).
+fn alike(have: Option<AllocatorFrames>, want: Option<AllocatorFrames>) -> bool {
+    match (have, want) {
+        (Some(have), Some(want)) => have == want,
+        _ => true,
     }
 }
 
@@ -106,28 +139,35 @@ impl Service {
     }
 
     /// The two sides of `/pid/{pid}/compare` or `/compare`: `new` (None:
-    /// now) against the base `base` says.
+    /// now, its machinery frames dropped or kept as `frames` says) against
+    /// the base `base` says. A default or `since` base is made only of
+    /// snapshots taken as the new side was (dropped or kept); an explicit
+    /// one taken otherwise is refused.
     ///
     /// # Errors
     /// Unknown pid or snapshot, a snapshot of another target, tracing
-    /// stopped.
+    /// stopped, [`ServiceError::AllocatorFramesDiffer`].
     pub fn compare_sides(
         &self,
         target: Target,
         base: &BaseSpec,
         new: Option<&SnapshotRef>,
+        frames: AllocatorFrames,
     ) -> Result<(Side, Side), ServiceError> {
         let new_side = match new {
             Some(reference) => self.side_of(target, reference)?,
             None => {
-                let now = self.snapshot_now(target)?;
+                let now = self.snapshot_now_with(target, frames)?;
                 Side {
                     snapshot: now.snapshot,
-                    info: json!({"kind": "now", "at_ms": unix_ms(now.at)}),
+                    info: json!({"kind": "now", "at_ms": unix_ms(now.at),
+                                 "allocator_frames": now.allocator_frames}),
                     completeness: now.completeness,
+                    allocator_frames: Some(now.allocator_frames),
                 }
             }
         };
+        let want = new_side.allocator_frames;
         let limit = new_side.snapshot.traceback_limit();
         let base_side = match (target, base) {
             (target, BaseSpec::Snapshot(reference)) => self.side_of(target, reference)?,
@@ -135,7 +175,16 @@ impl Service {
                 let (image, _) = self.image_of(pid)?;
                 let latest = {
                     let held = self.state.locks().store();
-                    let latest = held.store.of_image(image).last().map(|s| s.id);
+                    let latest = held
+                        .store
+                        .of_image(image)
+                        .filter(|s| {
+                            held.store
+                                .info(s.id)
+                                .is_some_and(|i| alike(i.allocator_frames, want))
+                        })
+                        .last()
+                        .map(|s| s.id);
                     latest.and_then(|id| {
                         Some(Side::stored(held.store.get(id)?, held.store.info(id)?))
                     })
@@ -151,22 +200,33 @@ impl Service {
                     .store
                     .iter()
                     .filter(|(s, i)| {
-                        s.pid == 0 && i.kind == SnapshotKind::Taken && i.image.is_none()
+                        s.pid == 0
+                            && i.kind == SnapshotKind::Taken
+                            && i.image.is_none()
+                            && alike(i.allocator_frames, want)
                     })
                     .filter(|(s, _)| s.taken_at >= self.started_at)
                     .last()
                     .map(|(s, i)| Side::stored(s, i));
                 latest.unwrap_or_else(|| Side::empty(limit, unix_ms(self.started_at)))
             }
-            (target, BaseSpec::Since(ago)) => self.since_side(target, *ago, limit)?,
+            (target, BaseSpec::Since(ago)) => self.since_side(target, *ago, limit, want)?,
         };
+        Side::check_alike(&base_side, &new_side)?;
         Ok((base_side, new_side))
     }
 
     /// The state `ago` before now, from stored snapshots (automatic ones
-    /// included): per image, the latest one taken at or before then, else
-    /// the empty state when tracing of the image began.
-    fn since_side(&self, target: Target, ago: Duration, limit: u32) -> Result<Side, ServiceError> {
+    /// included) taken as `want` says (machinery frames dropped or kept):
+    /// per image, the latest one taken at or before then, else the empty
+    /// state when tracing of the image began.
+    fn since_side(
+        &self,
+        target: Target,
+        ago: Duration,
+        limit: u32,
+        want: Option<AllocatorFrames>,
+    ) -> Result<Side, ServiceError> {
         let now = SystemTime::now();
         let cutoff = now.checked_sub(ago).unwrap_or(SystemTime::UNIX_EPOCH);
         let images: Vec<(ImageId, u64)> = match target {
@@ -199,7 +259,7 @@ impl Service {
             let found = held
                 .store
                 .of_image_all(image)
-                .filter(|(s, _)| s.taken_at <= cutoff)
+                .filter(|(s, i)| s.taken_at <= cutoff && alike(i.allocator_frames, want))
                 .last();
             match found {
                 Some((stored, info)) => {
@@ -230,6 +290,7 @@ impl Service {
             snapshot: Arc::new(Snapshot::new(traces, limit)),
             info,
             completeness,
+            allocator_frames: want,
         })
     }
 }

@@ -3,6 +3,7 @@
 use tracer_model::{DumpError, ModelError, PickleError};
 
 use crate::lifecycle::ImageState;
+use crate::snapshot::AllocatorFrames;
 use crate::store::StoreError;
 
 /// Errors of the service's operations.
@@ -73,6 +74,17 @@ pub enum ServiceError {
         pid: u32,
         /// What it is of.
         reason: String,
+    },
+    /// A compare of two sides of which one dropped the allocation
+    /// machinery's leading frames and the other kept them.
+    #[error(
+        "the base was taken with allocator_frames={base} and the new side with allocator_frames={new}: their tracebacks do not compare"
+    )]
+    AllocatorFramesDiffer {
+        /// How the base was taken.
+        base: AllocatorFrames,
+        /// How the new side was taken.
+        new: AllocatorFrames,
     },
     /// A scope could not be applied (invalid, or the system-wide probes
     /// could not be attached again).

@@ -9,7 +9,7 @@ use tracer_model::Trace;
 use super::{Service, ServiceError};
 use crate::capture::{AttachedLibrary, ImageId};
 use crate::lifecycle::blocks::raw_blocks;
-use crate::snapshot::truncate;
+use crate::snapshot::{AllocatorFrames, truncate};
 use crate::sys::procfs::{self, BpfMapInfo};
 use crate::sys::unix_ms;
 
@@ -158,12 +158,18 @@ impl Service {
     }
 
     /// `tracemalloc.get_object_traceback()`: the trace of the block of
-    /// `pid` that starts at `address`.
+    /// `pid` that starts at `address`, the allocation machinery's leading
+    /// frames dropped or kept as `frames` says.
     ///
     /// # Errors
     /// [`ServiceError::NotTraced`], [`ServiceError::Ended`],
     /// [`ServiceError::TracingStopped`], [`ServiceError::NoBlock`].
-    pub fn object_traceback(&self, pid: u32, address: u64) -> Result<Trace, ServiceError> {
+    pub fn object_traceback(
+        &self,
+        pid: u32,
+        address: u64,
+        frames: AllocatorFrames,
+    ) -> Result<Trace, ServiceError> {
         let image: ImageId = self.live_image_of(pid)?;
         let tracing = self.state.locks().control().control.of(image);
         if !tracing.is_tracing {
@@ -188,7 +194,7 @@ impl Service {
         let maps = image.maps.clone();
         drop(held);
         let snapshot = truncate(
-            self.builder.build(pid, &blocks, maps.as_deref()),
+            self.builder.build(pid, &blocks, maps.as_deref(), frames),
             tracing.traceback_limit,
         );
         snapshot

@@ -23,6 +23,7 @@
 use std::time::{Duration, SystemTime};
 
 use crate::capture::KernelMaps;
+use crate::config::FramePatterns;
 use crate::lifecycle::{Registry, TracingControl};
 use crate::snapshot::SnapshotBuilder;
 use crate::store::{SnapshotStore, StoreError};
@@ -57,8 +58,15 @@ pub struct Service {
 
 impl Service {
     /// A service over a loaded kernel side; ended images are kept for
-    /// `retention`. The store is empty until [`Service::open_store`].
-    pub fn new(kernel: Box<dyn KernelMaps>, retention: Duration) -> Self {
+    /// `retention`; snapshots drop the leading frames that
+    /// `allocator_frames` (the configuration's patterns, compiled) says are
+    /// the allocation machinery's, unless asked to keep them. The store is
+    /// empty until [`Service::open_store`].
+    pub fn new(
+        kernel: Box<dyn KernelMaps>,
+        retention: Duration,
+        allocator_frames: FramePatterns,
+    ) -> Self {
         let nframe = kernel.config().nframe;
         let sample_interval = kernel.config().sample_interval;
         Self {
@@ -72,6 +80,7 @@ impl Service {
                 symbolizer: Symbolizer::new(),
                 nframe,
                 sample_interval,
+                allocator_frames,
             },
             started_at: SystemTime::now(),
         }

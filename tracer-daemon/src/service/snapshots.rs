@@ -16,7 +16,7 @@ use super::{Service, ServiceError};
 use crate::capture::ImageId;
 use crate::lifecycle::blocks::{by_image, live_stats, raw_blocks};
 use crate::lifecycle::{ImageState, ProcessImage, RawBlock};
-use crate::snapshot::truncate;
+use crate::snapshot::{AllocatorFrames, truncate};
 use crate::store::{
     SnapshotInfo, SnapshotKind, SnapshotSummary, StoreError, StoredSnapshot, Unreadable,
     check_label,
@@ -55,6 +55,9 @@ pub struct Now {
     pub traced_memory: (u64, u64),
     /// Events its processes lost since their tracing began.
     pub completeness: Completeness,
+    /// Whether its tracebacks dropped the allocation machinery's leading
+    /// frames.
+    pub allocator_frames: AllocatorFrames,
     /// When.
     pub at: SystemTime,
 }
@@ -140,11 +143,27 @@ impl Service {
     }
 
     /// `take_snapshot()` of a target, honouring `stop()` and the traceback
-    /// limit of `start(nframe)`.
+    /// limit of `start(nframe)`, with the allocation machinery's leading
+    /// frames dropped (as [`Service::snapshot_now_with`] with
+    /// [`AllocatorFrames::Drop`]).
     ///
     /// # Errors
     /// [`ServiceError::NotTraced`], [`ServiceError::TracingStopped`].
     pub fn snapshot_now(&self, target: Target) -> Result<Now, ServiceError> {
+        self.snapshot_now_with(target, AllocatorFrames::Drop)
+    }
+
+    /// `take_snapshot()` of a target, honouring `stop()` and the traceback
+    /// limit of `start(nframe)`; `frames` says whether the allocation
+    /// machinery's leading frames are dropped or kept.
+    ///
+    /// # Errors
+    /// [`ServiceError::NotTraced`], [`ServiceError::TracingStopped`].
+    pub fn snapshot_now_with(
+        &self,
+        target: Target,
+        frames: AllocatorFrames,
+    ) -> Result<Now, ServiceError> {
         match target {
             Target::Process(pid) => {
                 let (image, _) = self.image_of(pid)?;
@@ -154,9 +173,9 @@ impl Service {
                 }
                 let taken = self.take(pid)?;
                 let at = SystemTime::now();
-                let snapshot = self
-                    .builder
-                    .build(pid, &taken.blocks, taken.image.maps.as_deref());
+                let snapshot =
+                    self.builder
+                        .build(pid, &taken.blocks, taken.image.maps.as_deref(), frames);
                 let process = taken.status;
                 Ok(Now {
                     snapshot: Arc::new(truncate(snapshot, tracing.traceback_limit)),
@@ -165,6 +184,7 @@ impl Service {
                     process: Some(process),
                     image: Some((taken.image.id, taken.image.start_time)),
                     pids: vec![pid],
+                    allocator_frames: frames,
                     at,
                 })
             }
@@ -176,7 +196,7 @@ impl Service {
                 if !any_tracing {
                     return Err(ServiceError::TracingStopped { pid: None });
                 }
-                let images = self.images_now();
+                let images = self.images_now(frames);
                 let at = SystemTime::now();
                 let mut traces = Vec::new();
                 let mut pids = Vec::new();
@@ -197,6 +217,7 @@ impl Service {
                     pids,
                     traced_memory: (current, peak),
                     completeness,
+                    allocator_frames: frames,
                     at,
                 })
             }
@@ -204,9 +225,9 @@ impl Service {
     }
 
     /// The traces of every live, traced image, in one pass over the kernel
-    /// maps, each symbolized with its own mappings and cut to its traceback
-    /// limit.
-    fn images_now(&self) -> Vec<ImageNow> {
+    /// maps, each symbolized with its own mappings (the machinery's frames
+    /// dropped or kept as `frames` says) and cut to its traceback limit.
+    fn images_now(&self, frames: AllocatorFrames) -> Vec<ImageNow> {
         let mut held = self.state.locks().kernel().registry().control();
         let control = held.control.clone();
         let ids: Vec<ImageId> = held
@@ -243,7 +264,9 @@ impl Service {
             .zip(blocks)
             .map(|(image, (raw, stats))| {
                 let tracing = control.of(image.id);
-                let snapshot = self.builder.build(image.pid(), &raw, image.maps.as_deref());
+                let snapshot = self
+                    .builder
+                    .build(image.pid(), &raw, image.maps.as_deref(), frames);
                 let (current, peak, _) =
                     control.adjust(image.id, stats.current, stats.peak, stats.blocks);
                 ImageNow {
@@ -258,7 +281,9 @@ impl Service {
             .collect()
     }
 
-    /// `take_snapshot()` of a target, stored under the next id with `label`.
+    /// `take_snapshot()` of a target, stored under the next id with
+    /// `label`; `frames` (dropped or kept, recorded with it) as
+    /// [`Service::snapshot_now_with`].
     ///
     /// # Errors
     /// As [`Service::snapshot_now`]; [`StoreError`] for the label or file.
@@ -266,11 +291,12 @@ impl Service {
         &self,
         target: Target,
         label: Option<String>,
+        frames: AllocatorFrames,
     ) -> Result<SnapshotSummary, ServiceError> {
         if let Some(label) = &label {
             check_label(label)?;
         }
-        let now = self.snapshot_now(target)?;
+        let now = self.snapshot_now_with(target, frames)?;
         let (image, start_time) = now.image.unwrap_or_default();
         let stored = StoredSnapshot {
             id: 0,
@@ -285,6 +311,7 @@ impl Service {
         let mut info = SnapshotInfo::new(SnapshotKind::Taken, now.image.map(|(id, _)| id));
         info.label = label;
         info.comm = now.process.map(|p| p.view.comm);
+        info.allocator_frames = Some(now.allocator_frames);
         let mut held = self.state.locks().store();
         let id = held.store.add(stored, info)?;
         held.store
@@ -345,6 +372,10 @@ impl Service {
         info.label = label;
         info.comm = meta.get("comm").and_then(Value::as_str).map(str::to_string);
         info.source_format = Some(format);
+        info.allocator_frames = meta
+            .get("allocator_frames")
+            .and_then(Value::as_str)
+            .and_then(AllocatorFrames::parse);
         let mut held = self.state.locks().store();
         let id = held.store.add(stored, info)?;
         held.store
@@ -449,7 +480,7 @@ impl Service {
     /// over the kernel maps) and drops those past `retention`. Returns how
     /// many were taken.
     pub fn auto_snapshots(&self, retention: Duration) -> usize {
-        let images = self.images_now();
+        let images = self.images_now(AllocatorFrames::Drop);
         let at = SystemTime::now();
         let mut held = self.state.locks().store();
         let mut taken = 0;
@@ -466,6 +497,7 @@ impl Service {
             };
             let mut info = SnapshotInfo::new(SnapshotKind::Auto, Some(image.id));
             info.comm = Some(image.comm);
+            info.allocator_frames = Some(AllocatorFrames::Drop);
             match held.store.add(stored, info) {
                 Ok(_) => taken += 1,
                 Err(err) => {

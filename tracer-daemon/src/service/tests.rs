@@ -10,7 +10,9 @@ use tracer_model::GroupBy;
 use super::*;
 use crate::capture::ImageId;
 use crate::capture::fake::{FakeKernel, event};
+use crate::config::FramePatterns;
 use crate::lifecycle::{ImageState, Scope};
+use crate::snapshot::AllocatorFrames;
 
 /// Above the kernel's largest pid_max: never a real process, so nothing is
 /// read from `/proc` for it.
@@ -19,7 +21,11 @@ pub(crate) const PID: u32 = 4_100_001;
 /// A service over a fresh fake kernel.
 pub(crate) fn service() -> (FakeKernel, Arc<Service>) {
     let kernel = FakeKernel::new(16);
-    let service = Service::new(Box::new(kernel.clone()), Duration::from_secs(60));
+    let service = Service::new(
+        Box::new(kernel.clone()),
+        Duration::from_secs(60),
+        FramePatterns::default(),
+    );
     (kernel, Arc::new(service))
 }
 
@@ -100,7 +106,11 @@ fn an_exec_ends_the_image_once_and_the_next_generation_starts_empty() {
 #[test]
 fn tracing_state_of_images_that_are_gone_is_forgotten_at_expiry() {
     let kernel = FakeKernel::new(16);
-    let service = Service::new(Box::new(kernel.clone()), Duration::ZERO);
+    let service = Service::new(
+        Box::new(kernel.clone()),
+        Duration::ZERO,
+        FramePatterns::default(),
+    );
     start(&kernel, &service, PID);
     service.stop_tracing(Some(PID)).expect("stopped");
     let overrides = |service: &Service| {
@@ -191,24 +201,96 @@ fn a_system_snapshot_has_one_domain_per_process_and_compares_with_tracing_start(
     domains.sort_unstable();
     assert_eq!(domains, [(PID, 100), (PID + 7, 30)]);
     let (base, new) = service
-        .compare_sides(Target::Process(PID), &BaseSpec::Default, None)
+        .compare_sides(
+            Target::Process(PID),
+            &BaseSpec::Default,
+            None,
+            AllocatorFrames::Drop,
+        )
         .expect("sides");
     assert_eq!(base.info["kind"], "tracing_start");
     assert!(base.snapshot.traces().is_empty());
     assert_eq!(new.snapshot.traces().len(), 1);
     let stored = service
-        .store_now(Target::Process(PID), Some("before".into()))
+        .store_now(
+            Target::Process(PID),
+            Some("before".into()),
+            AllocatorFrames::Drop,
+        )
         .expect("stored");
     let (base, _) = service
-        .compare_sides(Target::Process(PID), &BaseSpec::Default, None)
+        .compare_sides(
+            Target::Process(PID),
+            &BaseSpec::Default,
+            None,
+            AllocatorFrames::Drop,
+        )
         .expect("sides");
     assert_eq!(base.info["id"], stored.id);
     assert!(matches!(
         service.compare_sides(
             Target::Process(PID + 7),
             &BaseSpec::Snapshot(SnapshotRef::Label("before".into())),
-            None
+            None,
+            AllocatorFrames::Drop,
         ),
         Err(ServiceError::WrongScope { .. })
     ));
+}
+
+#[test]
+fn a_compare_never_mixes_dropped_and_kept_allocator_frames() {
+    let (kernel, service) = service();
+    start(&kernel, &service, PID);
+    kernel.alloc(PID, 0x1000, 100, &[0x40_1000]);
+    let kept = service
+        .store_now(
+            Target::Process(PID),
+            Some("kept".into()),
+            AllocatorFrames::Keep,
+        )
+        .expect("stored");
+    assert_eq!(kept.allocator_frames, Some(AllocatorFrames::Keep));
+    let dropped = service
+        .store_now(Target::Process(PID), None, AllocatorFrames::Drop)
+        .expect("stored");
+    assert_eq!(dropped.allocator_frames, Some(AllocatorFrames::Drop));
+    // The default base is the latest snapshot taken as the new side is.
+    let sides = |frames| {
+        service
+            .compare_sides(Target::Process(PID), &BaseSpec::Default, None, frames)
+            .expect("sides")
+    };
+    let (base, new) = sides(AllocatorFrames::Keep);
+    assert_eq!(base.info["id"], kept.id);
+    assert_eq!(base.info["allocator_frames"], "keep");
+    assert_eq!(new.info["allocator_frames"], "keep");
+    assert_eq!(new.allocator_frames, Some(AllocatorFrames::Keep));
+    let (base, _) = sides(AllocatorFrames::Drop);
+    assert_eq!(base.info["id"], dropped.id);
+    // An explicit base taken otherwise is refused.
+    let err = service
+        .compare_sides(
+            Target::Process(PID),
+            &BaseSpec::Snapshot(SnapshotRef::Id(kept.id)),
+            None,
+            AllocatorFrames::Drop,
+        )
+        .expect_err("kept against dropped");
+    assert_eq!(
+        err.to_string(),
+        "the base was taken with allocator_frames=keep and the new side with allocator_frames=drop: their tracebacks do not compare"
+    );
+    // since= takes the latest snapshot by then taken as the new side is:
+    // the kept one, not the dropped one after it.
+    let (base, _) = service
+        .compare_sides(
+            Target::Process(PID),
+            &BaseSpec::Since(Duration::ZERO),
+            None,
+            AllocatorFrames::Keep,
+        )
+        .expect("sides");
+    assert_eq!(base.info["kind"], "snapshot");
+    assert_eq!(base.info["id"], kept.id);
 }

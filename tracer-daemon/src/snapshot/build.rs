@@ -1,11 +1,16 @@
 //! Kernel blocks and frames into a tracemalloc [`Snapshot`]: one
-//! symbolization per distinct stack, each traceback cut to `nframe` frames
-//! with its `total_nframe`, domain = pid. With sampling on, the sampled
-//! blocks become unbiased estimates (see [`SnapshotBuilder::build`]).
+//! symbolization per distinct stack (every captured address, inlined calls
+//! as frames of their own), the leading frames of the allocation machinery
+//! dropped unless the build keeps them, then each traceback cut to `nframe`
+//! frames with its `total_nframe` (the frames after the drop), domain =
+//! pid. With sampling on, the sampled blocks become unbiased estimates (see
+//! [`SnapshotBuilder::build`]).
 use std::{collections::HashMap, sync::Arc};
 
 use tracer_model::{Frame, FrameExtra, Snapshot, Trace, Traceback};
 
+use super::machinery::{AllocatorFrames, Machinery};
+use crate::config::FramePatterns;
 use crate::lifecycle::RawBlock;
 use crate::symbolize::Symbolizer;
 use crate::sys::modules::ModuleMaps;
@@ -22,17 +27,43 @@ pub struct SnapshotBuilder {
     pub nframe: u32,
     /// Mean sampling interval in bytes; 0: exact.
     pub sample_interval: u64,
+    /// The allocation machinery (`allocator_frames`): leading frames that
+    /// match are dropped from every traceback a build does not keep them in.
+    pub allocator_frames: FramePatterns,
+}
+
+/// What one build shares between its tracebacks.
+struct Pass<'a> {
+    maps: Option<&'a ModuleMaps>,
+    /// None when the build keeps the machinery's frames.
+    machinery: Option<Machinery<'a>>,
 }
 
 impl SnapshotBuilder {
     /// Turns raw blocks into a [`Snapshot`]: one symbolization per distinct
-    /// stack, tracebacks truncated to `nframe` frames, domain = pid.
-    pub fn build(&self, pid: u32, blocks: &[RawBlock], maps: Option<&ModuleMaps>) -> Snapshot {
+    /// stack, the machinery's leading frames dropped (unless `frames` is
+    /// [`AllocatorFrames::Keep`]), tracebacks truncated to `nframe` frames,
+    /// domain = pid.
+    pub fn build(
+        &self,
+        pid: u32,
+        blocks: &[RawBlock],
+        maps: Option<&ModuleMaps>,
+        frames: AllocatorFrames,
+    ) -> Snapshot {
+        let mut pass = Pass {
+            maps,
+            machinery: (frames == AllocatorFrames::Drop)
+                .then(|| Machinery::new(&self.allocator_frames)),
+        };
         let mut tracebacks: HashMap<*const u64, Arc<Traceback>> = HashMap::new();
         let unknown = Arc::new(Traceback::new(vec![Frame::unknown()], Some(1)));
         let mean = self.sample_interval;
         if mean > 0 {
-            return Snapshot::new(self.estimated_traces(pid, blocks, maps, mean), self.nframe);
+            return Snapshot::new(
+                self.estimated_traces(pid, blocks, &mut pass, mean),
+                self.nframe,
+            );
         }
         let mut traces = Vec::with_capacity(blocks.len());
         for block in blocks {
@@ -40,7 +71,7 @@ impl SnapshotBuilder {
                 None => unknown.clone(),
                 Some(stack) => tracebacks
                     .entry(stack.as_ptr())
-                    .or_insert_with(|| Arc::new(self.traceback(stack, maps)))
+                    .or_insert_with(|| Arc::new(self.traceback(stack, &mut pass)))
                     .clone(),
             };
             traces.push(Trace {
@@ -62,7 +93,7 @@ impl SnapshotBuilder {
         &self,
         pid: u32,
         blocks: &[RawBlock],
-        maps: Option<&ModuleMaps>,
+        pass: &mut Pass<'_>,
         mean: u64,
     ) -> Vec<Trace> {
         let mut groups: HashMap<Option<*const u64>, EstimatedGroup> = HashMap::new();
@@ -84,7 +115,7 @@ impl SnapshotBuilder {
         let mut traces = Vec::new();
         for (_, (stack, count, bytes)) in groups {
             let traceback = match &stack {
-                Some(stack) => Arc::new(self.traceback(stack, maps)),
+                Some(stack) => Arc::new(self.traceback(stack, pass)),
                 None => Arc::new(Traceback::new(vec![Frame::unknown()], Some(1))),
             };
             let n = (count.round() as u64).max(1);
@@ -102,10 +133,12 @@ impl SnapshotBuilder {
         traces
     }
 
-    fn traceback(&self, stack: &[u64], maps: Option<&ModuleMaps>) -> Traceback {
-        let limit = self.nframe as usize;
+    /// One stack's traceback: every address symbolized, the machinery's
+    /// leading frames dropped (when the pass drops them), then cut to
+    /// `nframe`; `total_nframe` counts the frames after the drop.
+    fn traceback(&self, stack: &[u64], pass: &mut Pass<'_>) -> Traceback {
         let mut frames = Vec::new();
-        if let Some(maps) = maps {
+        if let Some(maps) = pass.maps {
             for per_address in self.symbolizer.symbolize(maps, stack) {
                 for sym in per_address {
                     frames.push(Frame {
@@ -129,11 +162,243 @@ impl SnapshotBuilder {
                 ..Frame::unknown()
             }));
         }
-        if frames.is_empty() {
-            frames.push(Frame::unknown());
+        cut(frames, pass.machinery.as_mut(), self.nframe)
+    }
+}
+
+/// A traceback of `frames` (most recent first): the machinery's leading
+/// frames dropped when `machinery` is given, then at most `nframe` frames;
+/// `total_nframe` counts the frames after the drop. No frame at all is
+/// `<unknown>`:0.
+fn cut(mut frames: Vec<Frame>, machinery: Option<&mut Machinery<'_>>, nframe: u32) -> Traceback {
+    if let Some(machinery) = machinery {
+        machinery.drop_leading(&mut frames);
+    }
+    if frames.is_empty() {
+        frames.push(Frame::unknown());
+    }
+    let total = u32::try_from(frames.len()).unwrap_or(u32::MAX);
+    frames.truncate(nframe as usize);
+    Traceback::new(frames, Some(total))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // Tests may unwrap (CONTRIBUTING.md).
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    /// A frame of `function` at `file:line` in `module`, at `address` (the
+    /// frames an address expands to share it: inlined calls).
+    fn frame(function: &str, line: u32, module: &str, address: u64) -> Frame {
+        Frame {
+            filename: Arc::from(if module.ends_with("/app") {
+                "/srv/app.cc"
+            } else {
+                "lib.cc"
+            }),
+            lineno: line,
+            extra: Some(Arc::new(FrameExtra {
+                function: Some(Arc::from(function)),
+                module: Some(Arc::from(module)),
+                address: Some(address),
+            })),
         }
-        let total = u32::try_from(frames.len()).unwrap_or(u32::MAX);
-        frames.truncate(limit);
-        Traceback::new(frames, Some(total))
+    }
+
+    fn defaults() -> FramePatterns {
+        FramePatterns::compile(&Config::default().allocator_frames).unwrap()
+    }
+
+    fn functions(traceback: &Traceback) -> Vec<&str> {
+        traceback
+            .frames()
+            .iter()
+            .map(|f| {
+                f.extra
+                    .as_ref()
+                    .and_then(|e| e.function.as_deref())
+                    .unwrap_or("?")
+            })
+            .collect()
+    }
+
+    const APP: &str = "/srv/app";
+    const LIBSTDCXX: &str = "/usr/lib/x86_64-linux-gnu/libstdc++.so.6.0.30";
+
+    /// `std::vector<int> v(n)` at -O2: operator new in libstdc++, then one
+    /// address in main with the allocator templates inlined into it.
+    fn vector_stack() -> Vec<Frame> {
+        vec![
+            frame("operator new(unsigned long)", 0, LIBSTDCXX, 0x10),
+            frame(
+                "std::__new_allocator<int>::allocate(unsigned long, void const*)",
+                151,
+                APP,
+                0x20,
+            ),
+            frame(
+                "std::_Vector_base<int, std::allocator<int> >::_M_allocate(unsigned long)",
+                381,
+                APP,
+                0x20,
+            ),
+            frame(
+                "std::vector<int, std::allocator<int> >::vector(unsigned long, std::allocator<int> const&)",
+                557,
+                APP,
+                0x20,
+            ),
+            frame("main", 12, APP, 0x20),
+            frame(
+                "__libc_start_call_main",
+                0,
+                "/usr/lib/x86_64-linux-gnu/libc.so.6",
+                0x30,
+            ),
+        ]
+    }
+
+    #[test]
+    fn inlined_machinery_frames_are_dropped_one_by_one_before_nframe_counts() {
+        let patterns = defaults();
+        let mut machinery = Machinery::new(&patterns);
+        let tb = cut(vector_stack(), Some(&mut machinery), 1);
+        assert_eq!(functions(&tb), ["main"]);
+        assert_eq!(tb.frames()[0].lineno, 12);
+        // main and __libc_start_call_main remain: the drop is only leading.
+        assert_eq!(tb.total_nframe(), Some(2));
+        let tb = cut(vector_stack(), Some(&mut machinery), 16);
+        assert_eq!(functions(&tb), ["main", "__libc_start_call_main"]);
+    }
+
+    #[test]
+    fn kept_frames_are_cut_as_captured() {
+        let tb = cut(vector_stack(), None, 2);
+        assert_eq!(
+            functions(&tb),
+            [
+                "operator new(unsigned long)",
+                "std::__new_allocator<int>::allocate(unsigned long, void const*)"
+            ]
+        );
+        assert_eq!(tb.total_nframe(), Some(6));
+    }
+
+    #[test]
+    fn a_user_call_inlined_into_machinery_stops_the_drop() {
+        let patterns = defaults();
+        let mut machinery = Machinery::new(&patterns);
+        let stack = vec![
+            frame("operator new(unsigned long)", 0, LIBSTDCXX, 0x10),
+            frame("Cache::make_entry(int)", 40, APP, 0x20),
+            frame(
+                "void std::__insertion_sort<int*>(int*, int*)",
+                1800,
+                APP,
+                0x20,
+            ),
+            frame("main", 9, APP, 0x28),
+        ];
+        let tb = cut(stack, Some(&mut machinery), 16);
+        assert_eq!(
+            functions(&tb),
+            [
+                "Cache::make_entry(int)",
+                "void std::__insertion_sort<int*>(int*, int*)",
+                "main"
+            ]
+        );
+        assert_eq!(tb.total_nframe(), Some(3));
+    }
+
+    #[test]
+    fn rust_frames_mangled_or_not_are_dropped_to_the_users_line() {
+        let patterns = defaults();
+        let mut machinery = Machinery::new(&patterns);
+        let stack = vec![
+            frame("_RNvCsfLfy6EI15iL_7___rustc12___rust_alloc", 0, APP, 0x10),
+            frame(
+                "alloc::raw_vec::finish_grow::<alloc::alloc::Global>",
+                0,
+                APP,
+                0x18,
+            ),
+            frame(
+                "<alloc::raw_vec::RawVecInner<_>>::reserve::do_reserve_and_handle::<alloc::alloc::Global>",
+                0,
+                APP,
+                0x20,
+            ),
+            frame("<alloc::string::String>::push", 0, APP, 0x28),
+            frame("myapp::render", 31, APP, 0x30),
+            frame("myapp::main", 7, APP, 0x38),
+            frame(
+                "core::ops::function::FnOnce::call_once::<fn(), ()>",
+                250,
+                APP,
+                0x40,
+            ),
+        ];
+        let tb = cut(stack, Some(&mut machinery), 16);
+        assert_eq!(
+            functions(&tb),
+            [
+                "myapp::render",
+                "myapp::main",
+                "core::ops::function::FnOnce::call_once::<fn(), ()>"
+            ]
+        );
+        assert_eq!(tb.total_nframe(), Some(3));
+    }
+
+    #[test]
+    fn a_traceback_all_machinery_keeps_its_last_frame() {
+        let patterns = defaults();
+        let mut machinery = Machinery::new(&patterns);
+        let stack = vec![
+            frame(
+                "g_malloc",
+                0,
+                "/usr/lib/x86_64-linux-gnu/libglib-2.0.so.0",
+                0x10,
+            ),
+            frame(
+                "g_strdup",
+                0,
+                "/usr/lib/x86_64-linux-gnu/libglib-2.0.so.0",
+                0x18,
+            ),
+        ];
+        let tb = cut(stack, Some(&mut machinery), 16);
+        assert_eq!(functions(&tb), ["g_strdup"]);
+        assert_eq!(tb.total_nframe(), Some(1));
+    }
+
+    #[test]
+    fn no_frame_at_all_is_unknown() {
+        let patterns = defaults();
+        let tb = cut(Vec::new(), Some(&mut Machinery::new(&patterns)), 16);
+        assert_eq!(tb.frames(), [Frame::unknown()]);
+        assert_eq!(tb.total_nframe(), Some(1));
+    }
+
+    #[test]
+    fn a_build_without_module_maps_has_no_names_and_drops_nothing() {
+        let builder = SnapshotBuilder {
+            symbolizer: Symbolizer::new(),
+            nframe: 16,
+            sample_interval: 0,
+            allocator_frames: FramePatterns::compile(&["*".to_string()]).unwrap(),
+        };
+        let stack: Arc<[u64]> = Arc::from([0x10u64, 0x20]);
+        let blocks = [RawBlock {
+            size: 8,
+            stack: Some(stack),
+        }];
+        let snapshot = builder.build(1, &blocks, None, AllocatorFrames::Drop);
+        let traceback = &snapshot.traces()[0].traceback;
+        assert_eq!(traceback.frames().len(), 2);
+        assert_eq!(traceback.total_nframe(), Some(2));
     }
 }

@@ -1,10 +1,14 @@
 //! Snapshot: where kernel blocks become a tracemalloc [`Snapshot`]
-//! ([`build`]: symbolized, cut to nframe, domain = pid, sampling estimates),
-//! and where a snapshot is cut to a smaller traceback limit ([`truncate`]).
+//! ([`build`]: symbolized, the allocation machinery's leading frames
+//! dropped ([`machinery`]), cut to nframe, domain = pid, sampling
+//! estimates), and where a snapshot is cut to a smaller traceback limit
+//! ([`truncate`]).
 //!
 //! [`Snapshot`]: tracer_model::Snapshot
 pub mod build;
+pub mod machinery;
 pub mod truncate;
 
 pub use build::SnapshotBuilder;
+pub use machinery::AllocatorFrames;
 pub use truncate::truncate;

@@ -13,6 +13,7 @@ use tracer_model::{Completeness, decode};
 
 use super::Entry;
 use super::stored::{SnapshotInfo, SnapshotKind, StoredSnapshot, check_label};
+use crate::snapshot::AllocatorFrames;
 use crate::sys::unix_ms;
 
 /// File name suffix of a stored snapshot.
@@ -36,6 +37,7 @@ pub(super) fn meta_of(entry: &Entry) -> Value {
         "label": entry.info.label,
         "comm": entry.info.comm,
         "source_format": entry.info.source_format,
+        "allocator_frames": entry.info.allocator_frames,
     });
     if let Some(map) = meta.as_object_mut() {
         s.completeness.insert_into(map);
@@ -99,6 +101,10 @@ pub(super) fn read_snapshot_file(path: &Path, stem: &str) -> Result<Entry, Strin
         image: None,
         comm: meta.get("comm").and_then(Value::as_str).map(str::to_string),
         source_format,
+        allocator_frames: meta
+            .get("allocator_frames")
+            .and_then(Value::as_str)
+            .and_then(AllocatorFrames::parse),
     };
     Ok(Entry {
         stored,

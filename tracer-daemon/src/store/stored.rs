@@ -8,6 +8,7 @@ use tracer_model::{Completeness, Snapshot};
 
 use super::StoreError;
 use crate::capture::ImageId;
+use crate::snapshot::AllocatorFrames;
 use crate::sys::unix_ms;
 
 /// Longest label, in bytes.
@@ -85,6 +86,10 @@ pub struct SnapshotInfo {
     pub comm: Option<String>,
     /// Where a loaded snapshot came from: `tracer` or `tracemalloc`.
     pub source_format: Option<&'static str>,
+    /// Whether its tracebacks dropped the allocation machinery's leading
+    /// frames; None when unknown (a tracemalloc file, or a file written
+    /// before tracerd recorded it).
+    pub allocator_frames: Option<AllocatorFrames>,
 }
 
 impl SnapshotInfo {
@@ -97,6 +102,7 @@ impl SnapshotInfo {
             image,
             comm: None,
             source_format: None,
+            allocator_frames: None,
         }
     }
 
@@ -131,6 +137,10 @@ pub struct SnapshotSummary {
     pub traceback_limit: u32,
     /// The process's name when it was taken, if known.
     pub comm: Option<String>,
+    /// `drop` when its tracebacks start after the allocation machinery,
+    /// `keep` when they start where the allocator was called; null when
+    /// unknown (loaded from a tracemalloc file).
+    pub allocator_frames: Option<AllocatorFrames>,
     /// `complete`, `drops` and `drops_by_pid` (see [`Completeness`]).
     #[serde(flatten)]
     pub completeness: Completeness,
@@ -166,6 +176,7 @@ impl StoredSnapshot {
             peak: self.traced_memory.1,
             traceback_limit: self.snapshot.traceback_limit(),
             comm: info.comm.clone(),
+            allocator_frames: info.allocator_frames,
             completeness: self.completeness.clone(),
             this_run,
             persisted,

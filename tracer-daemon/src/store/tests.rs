@@ -5,6 +5,8 @@ use serde_json::json;
 use std::sync::Arc;
 use tracer_model::{Completeness, Frame, Snapshot, Trace, Traceback};
 
+use crate::snapshot::AllocatorFrames;
+
 fn stored(pid: u32, gen_: u32) -> StoredSnapshot {
     let tb = Arc::new(Traceback::new(vec![Frame::new("a.c", 3)], Some(1)));
     StoredSnapshot {
@@ -262,5 +264,31 @@ fn automatic_snapshots_expire_unless_labelled() {
     assert_eq!(store.expire_auto(later, Duration::from_secs(600)), 1);
     assert!(store.get(old).is_none());
     assert!(store.get(kept).is_some());
+    let _ = fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn how_allocator_frames_were_treated_survives_a_reopen() {
+    let dir = temp_dir("allocator-frames");
+    let mut store = SnapshotStore::open(&dir).unwrap();
+    let mut info = SnapshotInfo::new(SnapshotKind::Taken, Some(ImageId::new(5, 1)));
+    info.allocator_frames = Some(AllocatorFrames::Keep);
+    let kept = store.add(stored(5, 1), info).unwrap();
+    let unknown = store
+        .add(stored(5, 1), SnapshotInfo::new(SnapshotKind::Taken, None))
+        .unwrap();
+    assert_eq!(
+        store.summary(kept).unwrap().allocator_frames,
+        Some(AllocatorFrames::Keep)
+    );
+    drop(store);
+    let store = SnapshotStore::open(&dir).unwrap();
+    let summary = store.summary(kept).unwrap();
+    assert_eq!(summary.allocator_frames, Some(AllocatorFrames::Keep));
+    assert_eq!(
+        serde_json::to_value(&summary).unwrap()["allocator_frames"],
+        "keep"
+    );
+    assert_eq!(store.summary(unknown).unwrap().allocator_frames, None);
     let _ = fs::remove_dir_all(&dir);
 }

@@ -13,7 +13,10 @@ use axum::{
 use serde_json::{Value, json};
 use tracer_model::{dump_tracemalloc, encode};
 
-use crate::http::params::{Params, parse_pid, parse_ref};
+use crate::http::params::{
+    ALLOCATOR_FRAMES, Params, parse_pid, parse_ref, refuse_allocator_frames,
+    stored_allocator_frames,
+};
 use crate::http::render::object;
 use crate::http::{ApiError, blocking};
 use crate::service::{Service, Target};
@@ -34,16 +37,18 @@ fn file_format(params: &Params) -> Result<bool, ApiError> {
     }
 }
 
-/// `POST /pid/{pid}/snapshots?label=`: `take_snapshot()`, stored.
+/// `POST /pid/{pid}/snapshots?label=&allocator_frames=`: `take_snapshot()`,
+/// stored with how it treated the allocation machinery's frames.
 pub async fn pid_take_snapshot(
     State(service): State<Arc<Service>>,
     Path(pid): Path<String>,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     let pid = parse_pid(&pid)?;
-    let params = Params::parse(query.as_deref(), &["label"])?;
+    let params = Params::parse(query.as_deref(), &["label", ALLOCATOR_FRAMES])?;
     let label = params.label()?.flatten();
-    let summary = blocking(move || service.store_now(Target::Process(pid), label)).await?;
+    let frames = params.allocator_frames()?;
+    let summary = blocking(move || service.store_now(Target::Process(pid), label, frames)).await?;
     Ok((StatusCode::CREATED, Json(summary)).into_response())
 }
 
@@ -90,16 +95,18 @@ pub async fn list_snapshots(
     Ok(Json(json!({ "snapshots": list, "unreadable": unreadable })).into_response())
 }
 
-/// `POST /snapshots`: with no body, takes a system-wide snapshot; with a
-/// body, loads that file (`format=tracer`, the default, or `tracemalloc`).
+/// `POST /snapshots`: with no body, takes a system-wide snapshot
+/// (`allocator_frames` as a view of now); with a body, loads that file
+/// (`format=tracer`, the default, or `tracemalloc`).
 pub async fn post_snapshots(
     State(service): State<Arc<Service>>,
     RawQuery(query): RawQuery,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let params = Params::parse(query.as_deref(), &["label", "format"])?;
+    let params = Params::parse(query.as_deref(), &["label", "format", ALLOCATOR_FRAMES])?;
     let label = params.label()?.flatten();
     let tracemalloc = file_format(&params)?;
+    let frames = params.allocator_frames()?;
     let summary = if body.is_empty() {
         if params.get("format").is_some() {
             return Err(ApiError::bad(
@@ -107,7 +114,11 @@ pub async fn post_snapshots(
                 "send the snapshot file as the body to load it; an empty body takes a system-wide snapshot",
             ));
         }
-        blocking(move || service.store_now(Target::System, label)).await?
+        blocking(move || service.store_now(Target::System, label, frames)).await?
+    } else if params.get(ALLOCATOR_FRAMES).is_some() {
+        return Err(stored_allocator_frames(
+            "a loaded file keeps what it records (send an empty body to take a snapshot)",
+        ));
     } else {
         blocking(move || service.load_snapshot(&body, tracemalloc, label)).await?
     };
@@ -121,6 +132,7 @@ pub async fn snapshot_summary(
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     let reference = parse_ref("id", &id)?;
+    refuse_allocator_frames(query.as_deref())?;
     Params::parse(query.as_deref(), &[])?;
     let (_, summary, _) = blocking(move || service.stored(&reference)).await?;
     Ok(Json(summary).into_response())
@@ -165,6 +177,7 @@ pub async fn snapshot_dump(
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     let reference = parse_ref("id", &id)?;
+    refuse_allocator_frames(query.as_deref())?;
     let params = Params::parse(query.as_deref(), &["format"])?;
     let tracemalloc = file_format(&params)?;
     let (bytes, name) = blocking(move || {
@@ -175,7 +188,7 @@ pub async fn snapshot_dump(
             let mut meta = object(json!({
                 "id": summary.id, "pid": summary.pid, "kind": summary.kind, "label": summary.label,
                 "taken_at_ms": summary.taken_at_ms, "traced_memory": [summary.current, summary.peak],
-                "comm": summary.comm,
+                "comm": summary.comm, "allocator_frames": summary.allocator_frames,
             }));
             stored.completeness.insert_into(&mut meta);
             encode(&stored.snapshot, &Value::Object(meta))

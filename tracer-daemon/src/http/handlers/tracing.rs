@@ -11,7 +11,7 @@ use axum::{
 use serde_json::json;
 use tracer_model::LineCache;
 
-use crate::http::params::{Params, TEXT, nframe_param, parse_address, parse_pid};
+use crate::http::params::{ALLOCATOR_FRAMES, Params, TEXT, nframe_param, parse_address, parse_pid};
 use crate::http::render::text_response;
 use crate::http::{ApiError, blocking};
 use crate::service::Service;
@@ -121,10 +121,13 @@ pub async fn pid_object(
 ) -> Result<Response, ApiError> {
     let pid = parse_pid(&pid)?;
     let address = parse_address(&address)?;
-    let params = Params::parse(query.as_deref(), &TEXT)?;
+    let mut names = TEXT.to_vec();
+    names.push(ALLOCATOR_FRAMES);
+    let params = Params::parse(query.as_deref(), &names)?;
     let text = params.text()?;
     let mut options = params.text_options(text)?;
-    let trace = blocking(move || service.object_traceback(pid, address)).await?;
+    let frames = params.allocator_frames()?;
+    let trace = blocking(move || service.object_traceback(pid, address, frames)).await?;
     if text {
         // get_object_traceback() returns a Traceback: its format() lines.
         options.tracebacks = true;
@@ -134,6 +137,7 @@ pub async fn pid_object(
         return Ok(text_response(lines.get(1..).unwrap_or_default(), &[]));
     }
     Ok(Json(json!({"pid": pid, "address": address, "size": trace.size, "traceback": trace.traceback.as_ref(),
-                   "total_nframe": trace.traceback.total_nframe(), "text": trace.to_string()}))
+                   "total_nframe": trace.traceback.total_nframe(), "text": trace.to_string(),
+                   "allocator_frames": frames}))
     .into_response())
 }

@@ -1,6 +1,8 @@
 //! `statistics()`, `compare_to()` and the traces, of a process now, of
 //! every process now (one domain per pid), and of stored snapshots, each
-//! with the filters of `Snapshot.filter_traces()`.
+//! with the filters of `Snapshot.filter_traces()`. The views of now take
+//! `allocator_frames` (drop or keep the allocation machinery's leading
+//! frames); those of stored snapshots refuse it, saying why.
 use std::sync::Arc;
 
 use axum::{
@@ -9,7 +11,10 @@ use axum::{
 };
 use serde_json::json;
 
-use crate::http::params::{Params, compare_specs, parse_pid, parse_ref};
+use crate::http::params::{
+    ALLOCATOR_FRAMES, Params, compare_specs, parse_pid, parse_ref, refuse_allocator_frames,
+    stored_allocator_frames,
+};
 use crate::http::render::{
     compare_response, object, statistics_response, stats_query, traces_response, with_common,
 };
@@ -23,6 +28,28 @@ const COMPARE: [&str; 6] = ["group_by", "cumulative", "limit", "base", "new", "s
 /// Parameters of the traces routes.
 const TRACES: [&str; 2] = ["offset", "limit"];
 
+/// The parameters of a view of now: `names`, the text options and filters
+/// (as a stored snapshot's view), and `allocator_frames`.
+fn of_now(names: &[&'static str]) -> Vec<&'static str> {
+    let mut all = with_common(names);
+    all.push(ALLOCATOR_FRAMES);
+    all
+}
+
+/// `allocator_frames` of a compare, refused when `new` is a stored
+/// snapshot (only now is taken here).
+fn compare_frames(
+    params: &Params,
+    new: Option<&crate::service::SnapshotRef>,
+) -> Result<crate::snapshot::AllocatorFrames, ApiError> {
+    if new.is_some() && params.get(ALLOCATOR_FRAMES).is_some() {
+        return Err(stored_allocator_frames(
+            "new is a stored snapshot (allocator_frames goes with new=now)",
+        ));
+    }
+    params.allocator_frames()
+}
+
 /// `GET /pid/{pid}/statistics`.
 pub async fn pid_statistics(
     State(service): State<Arc<Service>>,
@@ -30,15 +57,17 @@ pub async fn pid_statistics(
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     let pid = parse_pid(&pid)?;
-    let params = Params::parse(query.as_deref(), &with_common(&STATISTICS))?;
+    let params = Params::parse(query.as_deref(), &of_now(&STATISTICS))?;
     let query = stats_query(&params)?;
+    let frames = params.allocator_frames()?;
     blocking(move || {
-        let now = service.snapshot_now(Target::Process(pid))?;
+        let now = service.snapshot_now_with(Target::Process(pid), frames)?;
         statistics_response(
             &now.snapshot,
             &now.completeness,
             &query,
-            object(json!({"pid": pid, "process": now.process.map(|p| p.view)})),
+            object(json!({"pid": pid, "process": now.process.map(|p| p.view),
+                          "allocator_frames": now.allocator_frames})),
         )
     })
     .await
@@ -49,12 +78,14 @@ pub async fn system_statistics(
     State(service): State<Arc<Service>>,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
-    let params = Params::parse(query.as_deref(), &with_common(&STATISTICS))?;
+    let params = Params::parse(query.as_deref(), &of_now(&STATISTICS))?;
     let query = stats_query(&params)?;
+    let frames = params.allocator_frames()?;
     blocking(move || {
-        let now = service.snapshot_now(Target::System)?;
+        let now = service.snapshot_now_with(Target::System, frames)?;
         let head = object(
-            json!({"pids": now.pids, "current": now.traced_memory.0, "peak": now.traced_memory.1}),
+            json!({"pids": now.pids, "current": now.traced_memory.0, "peak": now.traced_memory.1,
+                   "allocator_frames": now.allocator_frames}),
         );
         statistics_response(&now.snapshot, &now.completeness, &query, head)
     })
@@ -68,6 +99,7 @@ pub async fn snapshot_statistics(
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     let reference = parse_ref("id", &id)?;
+    refuse_allocator_frames(query.as_deref())?;
     let params = Params::parse(query.as_deref(), &with_common(&STATISTICS))?;
     let query = stats_query(&params)?;
     blocking(move || {
@@ -89,11 +121,13 @@ pub async fn pid_compare(
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     let pid = parse_pid(&pid)?;
-    let params = Params::parse(query.as_deref(), &with_common(&COMPARE))?;
+    let params = Params::parse(query.as_deref(), &of_now(&COMPARE))?;
     let query = stats_query(&params)?;
     let (base, new) = compare_specs(&params)?;
+    let frames = compare_frames(&params, new.as_ref())?;
     blocking(move || {
-        let (base, new) = service.compare_sides(Target::Process(pid), &base, new.as_ref())?;
+        let (base, new) =
+            service.compare_sides(Target::Process(pid), &base, new.as_ref(), frames)?;
         compare_response(&base, &new, &query, object(json!({"pid": pid})))
     })
     .await
@@ -104,11 +138,12 @@ pub async fn system_compare(
     State(service): State<Arc<Service>>,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
-    let params = Params::parse(query.as_deref(), &with_common(&COMPARE))?;
+    let params = Params::parse(query.as_deref(), &of_now(&COMPARE))?;
     let query = stats_query(&params)?;
     let (base, new) = compare_specs(&params)?;
+    let frames = compare_frames(&params, new.as_ref())?;
     blocking(move || {
-        let (base, new) = service.compare_sides(Target::System, &base, new.as_ref())?;
+        let (base, new) = service.compare_sides(Target::System, &base, new.as_ref(), frames)?;
         compare_response(&base, &new, &query, serde_json::Map::new())
     })
     .await
@@ -121,6 +156,7 @@ pub async fn snapshot_compare(
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     let new = parse_ref("id", &id)?;
+    refuse_allocator_frames(query.as_deref())?;
     let params = Params::parse(
         query.as_deref(),
         &with_common(&["group_by", "cumulative", "limit", "base"]),
@@ -135,12 +171,12 @@ pub async fn snapshot_compare(
     blocking(move || {
         let (new_stored, _, new_info) = service.stored(&new)?;
         let (base_stored, _, base_info) = service.stored(&base)?;
-        compare_response(
-            &Side::stored(&base_stored, &base_info),
-            &Side::stored(&new_stored, &new_info),
-            &query,
-            serde_json::Map::new(),
-        )
+        let (base, new) = (
+            Side::stored(&base_stored, &base_info),
+            Side::stored(&new_stored, &new_info),
+        );
+        Side::check_alike(&base, &new)?;
+        compare_response(&base, &new, &query, serde_json::Map::new())
     })
     .await
 }
@@ -152,15 +188,16 @@ pub async fn pid_traces(
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     let pid = parse_pid(&pid)?;
-    let params = Params::parse(query.as_deref(), &with_common(&TRACES))?;
+    let params = Params::parse(query.as_deref(), &of_now(&TRACES))?;
     params.text_options(params.text()?)?;
+    let frames = params.allocator_frames()?;
     blocking(move || {
-        let now = service.snapshot_now(Target::Process(pid))?;
+        let now = service.snapshot_now_with(Target::Process(pid), frames)?;
         traces_response(
             &now.snapshot,
             &now.completeness,
             &params,
-            object(json!({"pid": pid})),
+            object(json!({"pid": pid, "allocator_frames": now.allocator_frames})),
         )
     })
     .await
@@ -171,15 +208,16 @@ pub async fn system_traces(
     State(service): State<Arc<Service>>,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
-    let params = Params::parse(query.as_deref(), &with_common(&TRACES))?;
+    let params = Params::parse(query.as_deref(), &of_now(&TRACES))?;
     params.text_options(params.text()?)?;
+    let frames = params.allocator_frames()?;
     blocking(move || {
-        let now = service.snapshot_now(Target::System)?;
+        let now = service.snapshot_now_with(Target::System, frames)?;
         traces_response(
             &now.snapshot,
             &now.completeness,
             &params,
-            object(json!({"pids": now.pids})),
+            object(json!({"pids": now.pids, "allocator_frames": now.allocator_frames})),
         )
     })
     .await
@@ -192,6 +230,7 @@ pub async fn snapshot_traces(
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     let reference = parse_ref("id", &id)?;
+    refuse_allocator_frames(query.as_deref())?;
     let params = Params::parse(query.as_deref(), &with_common(&TRACES))?;
     params.text_options(params.text()?)?;
     blocking(move || {

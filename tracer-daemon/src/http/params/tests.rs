@@ -179,3 +179,50 @@ fn scope_queries_parse_and_refuse_bad_values() {
     );
     assert!(parse_scope(Some("exe=relative")).is_err());
 }
+
+#[test]
+fn allocator_frames_is_keep_or_drop_and_drop_by_default() {
+    let parse = |q| Params::parse(Some(q), &[ALLOCATOR_FRAMES]).unwrap();
+    assert_eq!(
+        Params::parse(None, &[ALLOCATOR_FRAMES])
+            .unwrap()
+            .allocator_frames()
+            .unwrap(),
+        AllocatorFrames::Drop
+    );
+    assert_eq!(
+        parse("allocator_frames=keep").allocator_frames().unwrap(),
+        AllocatorFrames::Keep
+    );
+    assert_eq!(
+        parse("allocator_frames=drop").allocator_frames().unwrap(),
+        AllocatorFrames::Drop
+    );
+    let err = parse("allocator_frames=yes")
+        .allocator_frames()
+        .unwrap_err();
+    assert_eq!(err.status, StatusCode::BAD_REQUEST);
+    assert_eq!(err.error, "invalid allocator_frames \"yes\"");
+    assert!(
+        err.hint
+            .starts_with("allocator_frames is one of: keep, drop"),
+        "{}",
+        err.hint
+    );
+}
+
+#[test]
+fn allocator_frames_on_a_stored_snapshot_says_why_it_is_refused() {
+    assert!(refuse_allocator_frames(Some("group_by=lineno")).is_ok());
+    assert!(refuse_allocator_frames(None).is_ok());
+    let err = refuse_allocator_frames(Some("limit=3&allocator_frames=keep")).unwrap_err();
+    assert_eq!(err.status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        err.error,
+        "allocator_frames applies only when a snapshot is taken, and this route reads a stored snapshot"
+    );
+    assert!(
+        err.hint
+            .starts_with("a stored snapshot keeps the allocator frames it was taken with")
+    );
+}

@@ -8,6 +8,7 @@ mod lifecycle;
 mod sampling;
 mod stacks;
 mod tables;
+mod wrappers;
 
 use super::support::Program;
 
