@@ -64,6 +64,16 @@ pub enum CompileError {
         #[source]
         source: gimli::Error,
     },
+    /// Evaluating every FDE would read far more call frame instructions
+    /// than the section holds (a long CIE shared by many FDEs: its initial
+    /// instructions are evaluated again for each).
+    #[error("{section}: its FDEs would evaluate over {limit} bytes of call frame instructions")]
+    TooMuchWork {
+        /// `.eh_frame` or `.debug_frame`.
+        section: &'static str,
+        /// The budget, in bytes of CIE and FDE entries.
+        limit: u64,
+    },
     /// The table would have more than [`MAX_FILE_ROWS`] rows.
     #[error("more than {limit} unwind rows: the file's table is too large")]
     TooManyRows {

@@ -405,3 +405,28 @@ fn files_without_cfi_or_segments_have_empty_tables() {
     assert!(table.stats.fdes > 0);
     assert_eq!(table.stats.fdes_unmapped, table.stats.fdes);
 }
+
+#[test]
+fn long_cie_shared_by_many_fdes_is_refused_not_evaluated_each_time() {
+    // 1 MiB of CIE instructions, evaluated again for each of 40 000 FDEs:
+    // 40 G instructions from a 2 MiB file, unless refused.
+    let fdes: Vec<Fde> = (0..40_000)
+        .map(|i| Fde::new(0x1000 + i * 4, 4, &[]))
+        .collect();
+    let frame = synth::eh_frame_with_long_cie(&fdes, 1 << 20);
+    let elf = synth::elf(EM_X86_64, &[(0x1000, 0x1000, 0x30000, RX)], &frame, 0x40000);
+    let started = std::time::Instant::now();
+    let err = compile(&elf).expect_err("too much work");
+    assert!(
+        matches!(
+            err,
+            CompileError::TooMuchWork {
+                section: ".eh_frame",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // Not a timing test: only a guard against evaluating it all.
+    assert!(started.elapsed().as_secs() < 60);
+}

@@ -64,9 +64,17 @@ fn cie(signal: bool) -> Vec<u8> {
 
 /// The `.eh_frame` bytes of `fdes`, with a zero terminator.
 pub(super) fn eh_frame(fdes: &[Fde]) -> Vec<u8> {
+    eh_frame_with_long_cie(fdes, 0)
+}
+
+/// [`eh_frame`], the plain CIE's initial instructions followed by `nops`
+/// more `DW_CFA_nop`s (evaluated again for each of its FDEs).
+pub(super) fn eh_frame_with_long_cie(fdes: &[Fde], nops: usize) -> Vec<u8> {
     let mut out = Vec::new();
     let plain = out.len();
-    push_entry(&mut out, &cie(false));
+    let mut long = cie(false);
+    long.resize(long.len() + nops, 0);
+    push_entry(&mut out, &long);
     let signal = out.len();
     push_entry(&mut out, &cie(true));
     for fde in fdes {
