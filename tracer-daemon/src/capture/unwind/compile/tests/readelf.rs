@@ -460,6 +460,17 @@ const FIXTURE_BUILDS: &[(&str, &str, &[&str])] = &[
         &["-O0", "-fno-omit-frame-pointer", "-g"],
     ),
     ("cfi", "unwind_cfi.c", &["-O2", "-g"]),
+    // A lazy IBT .plt: binutils 2.40 gives it the threshold 9, not 11.
+    (
+        "chain-ibtplt",
+        "unwind_chain.c",
+        &[
+            "-O2",
+            "-fcf-protection=full",
+            "-Wl,-z,ibtplt",
+            "-Wl,-z,lazy",
+        ],
+    ),
 ];
 
 #[test]
@@ -482,6 +493,11 @@ fn compiled_fixtures_match_readelf() {
         if *name == "cfi" {
             // readelf's `u` (rbp undefined) and the 4 GiB CFA: 2 rows each.
             assert_eq!(compared.skipped, 4, "{compared:?}");
+        }
+        if *name == "chain-ibtplt" {
+            // Compiled unknown: UNWIND_PLT implies the threshold 11.
+            assert!(table.stats.plt_other_rows > 0, "{:?}", table.stats);
+            assert_eq!(table.stats.plt_rows, 0, "{:?}", table.stats);
         }
     }
     // The fixtures between them have every kind of row.
