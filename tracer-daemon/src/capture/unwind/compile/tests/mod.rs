@@ -1,9 +1,9 @@
 //! Tests of the table compiler: the flattening on synthetic spans
 //! (`flatten`), every rule on a hand-written CFI fixture (`rules`), the
 //! differential against binutils' `readelf --debug-dump=frames-interp` on
-//! real files and compiled fixtures (`readelf`). The shared pieces are
-//! here: the table's invariants, the fixtures compiled with `cc`, the real
-//! files.
+//! real files and compiled fixtures (`readelf`), and robustness on random
+//! and bit-flipped input (`robust`). The shared pieces are here: the
+//! table's invariants, the fixtures compiled with `cc`, the real files.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -15,6 +15,7 @@ use super::MAX_FILE_ROWS;
 
 mod flatten;
 mod readelf;
+mod robust;
 mod rules;
 mod synth;
 
