@@ -30,7 +30,10 @@
 //!   `ip = *(cfa - 8)`; `rbp = *(cfa + 8 * rbp_slot)` when `rbp_slot` != 0,
 //!   else unchanged; `rsp = cfa`.
 //! - [`UNWIND_PLT`]: a PLT stub: `cfa = rsp + 8`, plus 8 when
-//!   `(ip & 15) >= 11` (the `.plt` expression of the x86-64 psABI).
+//!   `(ip & 15) >= cfa_offset` (the `.plt` expression of the x86-64 psABI,
+//!   whose threshold is 11 in classic `.plt`s, 9 or 10 with IBT, 5 with
+//!   MPX: the row carries it in `cfa_offset`); the return address is at
+//!   `cfa - 8` and `rbp` is unchanged.
 //! - [`UNWIND_SIGNAL`]: a signal trampoline (`__restore_rt`): `rsp` points
 //!   at the `ucontext` of the interrupted code: `rbp`, `rsp` and `rip` are
 //!   read from its `mcontext` ([`SIGFRAME_RBP`], [`SIGFRAME_RSP`],
@@ -81,7 +84,8 @@ pub const UNWIND_UNKNOWN: u8 = 0;
 pub const UNWIND_CFA_RSP: u8 = 1;
 /// `cfa = rbp + cfa_offset`.
 pub const UNWIND_CFA_RBP: u8 = 2;
-/// A PLT stub (the x86-64 `.plt` CFA expression).
+/// A PLT stub (the x86-64 `.plt` CFA expression; its threshold in
+/// `cfa_offset`).
 pub const UNWIND_PLT: u8 = 3;
 /// A signal trampoline: registers come from the `ucontext` at `rsp`.
 pub const UNWIND_SIGNAL: u8 = 4;

@@ -8,8 +8,8 @@
 //! 2. the return address is undefined: `UNWIND_END`;
 //! 3. the return address is not at `CFA - 8`: `UNWIND_UNKNOWN`;
 //! 4. the CFA is `rsp + N` / `rbp + N` (N fits `i32`): `UNWIND_CFA_RSP` /
-//!    `UNWIND_CFA_RBP`; the psABI's `.plt` expression with threshold 11:
-//!    `UNWIND_PLT`; anything else: `UNWIND_UNKNOWN`;
+//!    `UNWIND_CFA_RBP`; the psABI's `.plt` expression (any threshold T,
+//!    carried in `cfa_offset`): `UNWIND_PLT`; anything else: `UNWIND_UNKNOWN`;
 //! 5. `rbp` unchanged (no rule, or same value): `rbp_slot` 0; saved at
 //!    `CFA + 8 * k` with `k` a non-zero `i8`: `rbp_slot` k; anything else:
 //!    `UNWIND_UNKNOWN`.
@@ -46,9 +46,10 @@ const WORK_PER_BYTE: u64 = 8;
 /// See [`WORK_PER_BYTE`].
 const WORK_BASE: u64 = 1 << 20;
 
-/// The threshold of the `.plt` expression that `UNWIND_PLT` implements:
-/// `cfa = rsp + 8 + ((rip & 15) >= 11 ? 8 : 0)`.
-const PLT_THRESHOLD: u64 = 11;
+/// Largest threshold of the `.plt` expression (`(rip & 15) >= T`) that an
+/// `UNWIND_PLT` row carries in its `cfa_offset`: 11 in classic `.plt`s, 9 or
+/// 10 in IBT ones, 5 in MPX BND ones; beyond 15 the test is never true.
+const PLT_THRESHOLD_MAX: u64 = 16;
 
 /// Evaluates every FDE of `section` into spans of file offsets (through
 /// `segments`), sorted, not overlapping, each FDE's equal neighbours
@@ -358,12 +359,17 @@ where
         }
         CfaRule::Expression(expression) => {
             match expression.get(section).ok().and_then(plt_threshold) {
-                Some(PLT_THRESHOLD) => Some(Rule::of(UNWIND_PLT)),
-                Some(_) => {
-                    stats.plt_other_rows += 1;
-                    None
+                Some(threshold) if threshold <= PLT_THRESHOLD_MAX => {
+                    if threshold != 11 {
+                        stats.plt_other_rows += 1;
+                    }
+                    Some(Rule {
+                        kind: UNWIND_PLT,
+                        rbp_slot: 0,
+                        cfa_offset: threshold as i32,
+                    })
                 }
-                None => None,
+                _ => None,
             }
         }
     };
