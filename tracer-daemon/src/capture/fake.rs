@@ -10,7 +10,11 @@ use std::time::Duration;
 use tracer_common::{AllocInfo, AllocKey, ProcEvent, ProcEventKind, ProcStats, STACK_ID_NONE};
 
 use super::kernel::MapUsage;
+use super::unwind::FileTable;
+use super::unwind::tables::{TableError, TableSink, TableStore, UnwindUsage};
 use super::{AttachedLibrary, CaptureConfig, CaptureError, ImageId, KernelMaps};
+use crate::sys::procfs::FileKey;
+use tracer_common::{ProcMapping, ProcMappings, UnwindPage, UnwindPageKey, UnwindRow};
 
 #[derive(Debug, Default)]
 struct FakeState {
@@ -20,6 +24,41 @@ struct FakeState {
     attached: BTreeSet<Option<u32>>,
     switches: u64,
     next_generation: u32,
+    unwind: Option<TableStore>,
+    tables: FakeTables,
+}
+
+/// The unwind maps in memory.
+#[derive(Debug, Default)]
+struct FakeTables {
+    rows: HashMap<u32, UnwindRow>,
+    pages: HashMap<UnwindPageKey, UnwindPage>,
+    procs: HashMap<u32, (u32, Vec<ProcMapping>)>,
+}
+
+impl TableSink for FakeTables {
+    fn write_rows(&mut self, first: u32, rows: &[UnwindRow]) -> Result<(), String> {
+        for (i, row) in (first..).zip(rows) {
+            self.rows.insert(i, *row);
+        }
+        Ok(())
+    }
+    fn insert_page(&mut self, key: UnwindPageKey, page: UnwindPage) -> Result<(), String> {
+        self.pages.insert(key, page);
+        Ok(())
+    }
+    fn remove_page(&mut self, key: UnwindPageKey) {
+        self.pages.remove(&key);
+    }
+    fn set_mappings(&mut self, tgid: u32, value: &ProcMappings) -> Result<(), String> {
+        let count = value.count as usize;
+        let used = value.mappings.get(..count).unwrap_or_default().to_vec();
+        self.procs.insert(tgid, (value.gen_, used));
+        Ok(())
+    }
+    fn remove_mappings(&mut self, tgid: u32) {
+        self.procs.remove(&tgid);
+    }
 }
 
 /// The fake kernel; see the module doc.
@@ -35,6 +74,7 @@ impl FakeKernel {
         let state = FakeState {
             attached: BTreeSet::from([None]),
             next_generation: 1,
+            unwind: Some(TableStore::new(1 << 16, 1 << 10)),
             ..FakeState::default()
         };
         Self {
@@ -150,6 +190,11 @@ impl FakeKernel {
         self.lock().blocks.len()
     }
 
+    /// The generation and executable mappings of `tgid` in `PROC_MAPS`.
+    pub fn process_mappings(&self, tgid: u32) -> Option<(u32, Vec<ProcMapping>)> {
+        self.lock().tables.procs.get(&tgid).cloned()
+    }
+
     /// The runtime switches last set.
     pub fn switches(&self) -> u64 {
         self.lock().switches
@@ -250,6 +295,49 @@ impl KernelMaps for FakeKernel {
     }
     fn program_stats(&self) -> Vec<(String, Duration, u64)> {
         Vec::new()
+    }
+    fn unwind_file(&self, key: FileKey) -> Option<u32> {
+        self.lock().unwind.as_ref()?.file(key)
+    }
+    fn load_unwind_file(&mut self, key: FileKey, table: Result<&FileTable, &str>) -> u32 {
+        let mut state = self.lock();
+        let FakeState { unwind, tables, .. } = &mut *state;
+        unwind
+            .as_mut()
+            .map_or(tracer_common::UNWIND_FILE_NONE, |store| store.load(tables, key, table))
+    }
+    fn set_process_mappings(
+        &mut self,
+        tgid: u32,
+        generation: u32,
+        mappings: &[ProcMapping],
+        files: &[FileKey],
+    ) -> Result<(), TableError> {
+        let mut state = self.lock();
+        let FakeState { unwind, tables, .. } = &mut *state;
+        match unwind.as_mut() {
+            Some(store) => store.set_process(tables, tgid, generation, mappings, files),
+            None => Ok(()),
+        }
+    }
+    fn remove_process_mappings(&mut self, tgid: u32, generation: u32) {
+        let mut state = self.lock();
+        let FakeState { unwind, tables, .. } = &mut *state;
+        if let Some(store) = unwind.as_mut() {
+            store.remove_process(tables, tgid, generation);
+        }
+    }
+    fn unwind_usage(&self) -> UnwindUsage {
+        self.lock().unwind.as_ref().map(TableStore::usage).unwrap_or_default()
+    }
+    fn unwind_processes(&self) -> Vec<ImageId> {
+        self.lock().unwind.as_ref().map_or_else(Vec::new, |store| {
+            store
+                .processes()
+                .into_iter()
+                .map(|(tgid, generation)| ImageId::new(tgid, generation))
+                .collect()
+        })
     }
     fn map_usage(&self) -> MapUsage {
         vec![(

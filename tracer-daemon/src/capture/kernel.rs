@@ -11,7 +11,11 @@ use std::time::Duration;
 use serde::Serialize;
 use tracer_common::{AllocInfo, AllocKey, ProcStats};
 
+use super::unwind::FileTable;
+use super::unwind::tables::{TableError, UnwindUsage};
 use super::{AttachedLibrary, CaptureConfig, CaptureError};
+use crate::sys::procfs::FileKey;
+use tracer_common::ProcMapping;
 
 /// One process image: (pid, generation). A pid alone never names a process:
 /// an exec replaces the image, and a pid is reused after an exit.
@@ -104,6 +108,38 @@ pub trait KernelMaps: Send {
 
     /// Entries and capacity of each map.
     fn map_usage(&self) -> MapUsage;
+
+    /// The id of `key`'s unwind table: `Some(id)` once loaded,
+    /// `Some(UNWIND_FILE_NONE)` once refused, None if never offered.
+    fn unwind_file(&self, key: FileKey) -> Option<u32>;
+
+    /// Loads `key`'s compiled unwind table (or records why there is none)
+    /// and returns its id, `UNWIND_FILE_NONE` when refused.
+    fn load_unwind_file(&mut self, key: FileKey, table: Result<&FileTable, &str>) -> u32;
+
+    /// Sets the executable mappings of process `tgid`'s image `generation`
+    /// in `PROC_MAPS`; `files` are the files they name.
+    ///
+    /// # Errors
+    /// [`TableError`] when the kernel refuses the entry (the process is
+    /// then walked with frame pointers only).
+    fn set_process_mappings(
+        &mut self,
+        tgid: u32,
+        generation: u32,
+        mappings: &[ProcMapping],
+        files: &[FileKey],
+    ) -> Result<(), TableError>;
+
+    /// Removes the mappings of process `tgid`'s image `generation` from
+    /// `PROC_MAPS` (those of another image of the pid stay).
+    fn remove_process_mappings(&mut self, tgid: u32, generation: u32);
+
+    /// What the unwind tables hold and cost.
+    fn unwind_usage(&self) -> UnwindUsage;
+
+    /// The images whose mappings are in `PROC_MAPS`.
+    fn unwind_processes(&self) -> Vec<ImageId>;
 }
 
 impl KernelMaps for super::Capture {
@@ -160,5 +196,29 @@ impl KernelMaps for super::Capture {
     }
     fn map_usage(&self) -> MapUsage {
         self.map_usage()
+    }
+    fn unwind_file(&self, key: FileKey) -> Option<u32> {
+        self.unwind_file(key)
+    }
+    fn load_unwind_file(&mut self, key: FileKey, table: Result<&FileTable, &str>) -> u32 {
+        self.load_unwind_file(key, table)
+    }
+    fn set_process_mappings(
+        &mut self,
+        tgid: u32,
+        generation: u32,
+        mappings: &[ProcMapping],
+        files: &[FileKey],
+    ) -> Result<(), TableError> {
+        self.set_process_mappings(tgid, generation, mappings, files)
+    }
+    fn remove_process_mappings(&mut self, tgid: u32, generation: u32) {
+        self.remove_process_mappings(tgid, generation);
+    }
+    fn unwind_usage(&self) -> UnwindUsage {
+        self.unwind_usage()
+    }
+    fn unwind_processes(&self) -> Vec<ImageId> {
+        self.unwind_processes()
     }
 }

@@ -248,6 +248,8 @@ impl Capture {
                 live_table_blocks: live_buckets * LIVE_WAYS,
                 ..config
             },
+            unwind: super::unwind::tables::TableStore::new(0, 0),
+            unwind_maps: super::unwind::maps::UnwindMaps::none(),
         };
         if capture.config.system_wide {
             capture.attach(None)?;

@@ -174,6 +174,10 @@ pub struct Capture {
     /// Attached uprobe links: None for system-wide, Some(pid) per process.
     links: HashMap<Option<u32>, Vec<(&'static str, aya::programs::uprobe::UProbeLinkId)>>,
     config: CaptureConfig,
+    /// The unwind tables' bookkeeping; written through `unwind_maps`.
+    unwind: unwind::tables::TableStore,
+    /// The maps the unwind tables live in.
+    unwind_maps: unwind::maps::UnwindMaps,
 }
 
 impl Capture {

@@ -41,6 +41,12 @@ impl Module {
         self.id
     }
 
+    /// The (device, inode) of the file, from `/proc/PID/maps`: the key of
+    /// everything derived from the file once (its unwind table).
+    pub fn key(&self) -> FileKey {
+        self.key
+    }
+
     /// The path of the file from `/proc/PID/maps` of the process that first mapped it
     /// (without the ` (deleted)` suffix): what frames report as the module.
     pub fn path(&self) -> &Arc<str> {
@@ -95,6 +101,9 @@ pub struct ModuleMaps {
     pid: u32,
     /// Sorted by `start`.
     mappings: Vec<ModuleMapping>,
+    /// Executable mappings of no file (JIT code, the vDSO): (start, end),
+    /// sorted. Frames there are stepped with frame pointers.
+    anonymous: Vec<(u64, u64)>,
 }
 
 impl ModuleMaps {
@@ -104,6 +113,7 @@ impl ModuleMaps {
         Self {
             pid,
             mappings: Vec::new(),
+            anonymous: Vec::new(),
         }
     }
 
@@ -121,6 +131,11 @@ impl ModuleMaps {
     /// The executable file-backed mappings, sorted by start address.
     pub fn mappings(&self) -> &[ModuleMapping] {
         &self.mappings
+    }
+
+    /// The executable mappings of no file (JIT code, the vDSO), sorted.
+    pub fn anonymous(&self) -> &[(u64, u64)] {
+        &self.anonymous
     }
 
     /// The module mapped at virtual address `addr` and the offset of `addr` in its
@@ -283,8 +298,16 @@ impl ModuleCache {
     /// still recorded, without a file, so its addresses resolve to the module path.
     pub fn capture_entries(&self, pid: u32, entries: &[MapEntry]) -> ModuleMaps {
         let mut mappings = Vec::new();
+        let mut anonymous = Vec::new();
         for entry in entries {
-            if !entry.perms.execute || !entry.is_file_backed() {
+            if !entry.perms.execute {
+                continue;
+            }
+            if !entry.is_file_backed() {
+                // JIT code, the vDSO; not [vsyscall], which is the kernel's.
+                if entry.path.as_deref() != Some("[vsyscall]") {
+                    anonymous.push((entry.start, entry.end));
+                }
                 continue;
             }
             let Some(path) = entry.path.clone() else {
@@ -314,7 +337,12 @@ impl ModuleCache {
             });
         }
         mappings.sort_by_key(|m| m.start);
-        ModuleMaps { pid, mappings }
+        anonymous.sort_unstable();
+        ModuleMaps {
+            pid,
+            mappings,
+            anonymous,
+        }
     }
 }
 
@@ -433,6 +461,7 @@ mod tests {
                     module: Arc::clone(&module),
                 },
             ],
+            anonymous: Vec::new(),
         };
         assert!(maps.lookup(0xfff).is_none());
         assert_eq!(maps.lookup(0x1000).map(|(_, o)| o), Some(0));

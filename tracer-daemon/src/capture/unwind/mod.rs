@@ -9,6 +9,8 @@ use std::collections::BTreeMap;
 use tracer_common::UnwindRow;
 
 pub mod compile;
+pub mod maps;
+pub mod tables;
 
 /// One file's compiled unwind table: for each 64 KiB page of file offsets
 /// that unwind information covers, its rows, sorted by `pc`, the first at

@@ -1,0 +1,675 @@
+//! The kernel's unwind tables, kept by tracerd: which files have a table in
+//! `UNWIND_ROWS`/`UNWIND_PAGES` (one per file, by device and inode, shared
+//! by every process that maps it), where their rows are, which processes use
+//! them, and each process's executable mappings in `PROC_MAPS`.
+//!
+//! [`TableStore`] is the bookkeeping; the writes go through a [`TableSink`]
+//! (the kernel maps for `Capture`, memory for the fake kernel), so the
+//! policy is the same for both and tested without a kernel:
+//! - a file is compiled and loaded once; a file that could not be compiled
+//!   or did not fit is remembered as refused (`UNWIND_FILE_NONE`: its
+//!   frames are stepped with frame pointers) and not tried again;
+//! - a file no process uses keeps its table until its rows are needed by
+//!   another (least recently used first), so a program started again and
+//!   again is compiled once;
+//! - rows are allocated as runs in a fixed array (first fit, freed runs
+//!   merged), one run per page.
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use tracer_common::{
+    MAX_PROC_MAPPINGS, ProcMapping, ProcMappings, UNWIND_FILE_NONE, UnwindPage, UnwindPageKey,
+    UnwindRow,
+};
+
+use super::FileTable;
+use crate::sys::procfs::FileKey;
+
+/// Where a [`TableStore`] writes: the kernel maps, or memory in tests.
+pub trait TableSink {
+    /// Writes `rows` into `UNWIND_ROWS` from index `first`.
+    ///
+    /// # Errors
+    /// What the kernel said.
+    fn write_rows(&mut self, first: u32, rows: &[UnwindRow]) -> Result<(), String>;
+    /// Inserts a page of a file into `UNWIND_PAGES`.
+    ///
+    /// # Errors
+    /// What the kernel said (e.g. the map is full).
+    fn insert_page(&mut self, key: UnwindPageKey, page: UnwindPage) -> Result<(), String>;
+    /// Removes a page from `UNWIND_PAGES` (absent: nothing).
+    fn remove_page(&mut self, key: UnwindPageKey);
+    /// Sets a process's entry of `PROC_MAPS`.
+    ///
+    /// # Errors
+    /// What the kernel said (e.g. the map is full).
+    fn set_mappings(&mut self, tgid: u32, mappings: &ProcMappings) -> Result<(), String>;
+    /// Removes a process's entry of `PROC_MAPS` (absent: nothing).
+    fn remove_mappings(&mut self, tgid: u32);
+}
+
+/// Runs of a fixed array of rows: first fit, freed runs merged.
+#[derive(Clone, Debug)]
+pub struct RowAllocator {
+    capacity: u32,
+    /// Free runs: start → length, not touching each other.
+    free: BTreeMap<u32, u32>,
+}
+
+impl RowAllocator {
+    /// An allocator of `capacity` rows, all free.
+    #[must_use]
+    pub fn new(capacity: u32) -> Self {
+        let mut free = BTreeMap::new();
+        if capacity > 0 {
+            free.insert(0, capacity);
+        }
+        Self { capacity, free }
+    }
+
+    /// A run of `count` rows (at least 1), or None when no free run is as
+    /// long.
+    pub fn alloc(&mut self, count: u32) -> Option<u32> {
+        if count == 0 {
+            return None;
+        }
+        let (&start, &len) = self.free.iter().find(|(_, len)| **len >= count)?;
+        self.free.remove(&start);
+        if len > count {
+            self.free.insert(start + count, len - count);
+        }
+        Some(start)
+    }
+
+    /// Gives back the run `start..start + count`, merged with its free
+    /// neighbours.
+    pub fn release(&mut self, start: u32, count: u32) {
+        if count == 0 {
+            return;
+        }
+        let (mut start, mut count) = (start, count);
+        if let Some((&before, &len)) = self.free.range(..start).next_back()
+            && before + len == start
+        {
+            self.free.remove(&before);
+            start = before;
+            count += len;
+        }
+        if let Some(&after_len) = self.free.get(&(start + count)) {
+            self.free.remove(&(start + count));
+            count += after_len;
+        }
+        self.free.insert(start, count);
+    }
+
+    /// Rows not allocated.
+    #[must_use]
+    pub fn free_rows(&self) -> u64 {
+        self.free.values().map(|&n| u64::from(n)).sum()
+    }
+
+    /// Rows in all.
+    #[must_use]
+    pub fn capacity(&self) -> u32 {
+        self.capacity
+    }
+}
+
+/// A file the store knows: its table's place, or its refusal.
+#[derive(Clone, Debug)]
+struct FileEntry {
+    /// Its id in `UNWIND_PAGES`, or `UNWIND_FILE_NONE` when refused.
+    id: u32,
+    /// Each page's (page number, first row, rows).
+    runs: Vec<(u32, u32, u32)>,
+    /// Processes whose mappings name it.
+    users: u32,
+    /// When it was last loaded or used (the store's clock).
+    used_at: u64,
+}
+
+/// The unwind tables in the kernel and who uses them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct UnwindUsage {
+    /// Files with a table loaded.
+    pub files: u64,
+    /// Files refused (no table: frame pointers only).
+    pub files_refused: u64,
+    /// Tables dropped to make room for another (their files are compiled
+    /// again when a process maps them again).
+    pub files_evicted: u64,
+    /// Rows in use in `UNWIND_ROWS`.
+    pub rows: u64,
+    /// Its capacity in rows.
+    pub rows_capacity: u64,
+    /// Entries in use in `UNWIND_PAGES`.
+    pub pages: u64,
+    /// Its capacity.
+    pub pages_capacity: u64,
+    /// Processes with an entry in `PROC_MAPS`.
+    pub processes: u64,
+    /// Bytes the tables take in the kernel: rows (8 bytes), pages (16 bytes
+    /// of key and value) and process entries (8,200 bytes each).
+    pub bytes: u64,
+}
+
+/// Why a file's table is not loaded (it is then `UNWIND_FILE_NONE`).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum TableError {
+    /// The table does not fit in what is free, even after dropping the
+    /// tables no process uses.
+    #[error("its table needs {needed} rows and {pages} pages; {free} rows are free")]
+    Full {
+        /// Rows the table needs.
+        needed: u64,
+        /// Pages the table needs.
+        pages: u64,
+        /// Rows free after evicting unused tables.
+        free: u64,
+    },
+    /// The kernel refused a write.
+    #[error("the kernel refused it: {0}")]
+    Kernel(String),
+}
+
+/// The bookkeeping of the kernel's unwind tables (see the module doc).
+#[derive(Clone, Debug)]
+pub struct TableStore {
+    rows: RowAllocator,
+    pages_capacity: u32,
+    pages_used: u32,
+    files: HashMap<FileKey, FileEntry>,
+    /// Each process's image generation and files (distinct), for the
+    /// users counts.
+    processes: HashMap<u32, (u32, Vec<FileKey>)>,
+    next_id: u32,
+    clock: u64,
+    evicted: u64,
+}
+
+impl TableStore {
+    /// A store for `rows` rows and `pages` page entries.
+    #[must_use]
+    pub fn new(rows: u32, pages: u32) -> Self {
+        Self {
+            rows: RowAllocator::new(rows),
+            pages_capacity: pages,
+            pages_used: 0,
+            files: HashMap::new(),
+            processes: HashMap::new(),
+            next_id: 1,
+            clock: 0,
+            evicted: 0,
+        }
+    }
+
+    /// The id of `key`'s table: `Some(id)` once loaded, `Some(UNWIND_FILE_NONE)`
+    /// once refused, None when the file was never offered.
+    #[must_use]
+    pub fn file(&self, key: FileKey) -> Option<u32> {
+        self.files.get(&key).map(|f| f.id)
+    }
+
+    /// Loads `key`'s compiled table (or records that it could not be
+    /// compiled, `Err` with why) and returns its id, `UNWIND_FILE_NONE` when
+    /// refused. A file already offered keeps its id.
+    pub fn load(
+        &mut self,
+        sink: &mut dyn TableSink,
+        key: FileKey,
+        table: Result<&FileTable, &str>,
+    ) -> u32 {
+        self.clock += 1;
+        if let Some(entry) = self.files.get_mut(&key) {
+            entry.used_at = self.clock;
+            return entry.id;
+        }
+        let entry = match table {
+            Ok(table) if !table.pages.is_empty() => match self.place(sink, table) {
+                Ok(runs) => {
+                    let id = self.next_id;
+                    self.next_id = self.next_id.wrapping_add(1).max(1);
+                    match write_pages(sink, id, &runs) {
+                        Ok(()) => {
+                            self.pages_used += u32::try_from(runs.len()).unwrap_or(u32::MAX);
+                            FileEntry {
+                                id,
+                                runs,
+                                users: 0,
+                                used_at: self.clock,
+                            }
+                        }
+                        Err(err) => {
+                            self.free_runs(sink, id, &runs, false);
+                            tracing::info!(dev = ?key.dev, inode = key.inode, %err, "no unwind table: frame pointers only");
+                            refused(self.clock)
+                        }
+                    }
+                }
+                Err(err) => {
+                    tracing::info!(dev = ?key.dev, inode = key.inode, %err, "no unwind table: frame pointers only");
+                    refused(self.clock)
+                }
+            },
+            Ok(_) => refused(self.clock),
+            Err(why) => {
+                tracing::debug!(dev = ?key.dev, inode = key.inode, why, "unwind information not compiled");
+                refused(self.clock)
+            }
+        };
+        let id = entry.id;
+        self.files.insert(key, entry);
+        id
+    }
+
+    /// Places every page's rows in the row array (evicting unused tables
+    /// while there is no room) and writes them; returns the runs.
+    fn place(
+        &mut self,
+        sink: &mut dyn TableSink,
+        table: &FileTable,
+    ) -> Result<Vec<(u32, u32, u32)>, TableError> {
+        let needed = table.rows() as u64;
+        let pages = table.pages.len() as u64;
+        loop {
+            let pages_free = u64::from(self.pages_capacity.saturating_sub(self.pages_used));
+            if needed <= self.rows.free_rows() && pages <= pages_free {
+                if let Some(runs) = self.try_alloc(table) {
+                    let mut written = Vec::with_capacity(runs.len());
+                    for ((page, rows), &(_, first, count)) in table.pages.iter().zip(&runs) {
+                        if let Err(err) = sink.write_rows(first, rows) {
+                            for &(_, f, c) in runs.iter() {
+                                self.rows.release(f, c);
+                            }
+                            return Err(TableError::Kernel(err));
+                        }
+                        written.push((*page, first, count));
+                    }
+                    return Ok(written);
+                }
+            }
+            if !self.evict_one(sink) {
+                return Err(TableError::Full {
+                    needed,
+                    pages,
+                    free: self.rows.free_rows(),
+                });
+            }
+        }
+    }
+
+    /// One run per page, or None (nothing kept) when they do not all fit.
+    fn try_alloc(&mut self, table: &FileTable) -> Option<Vec<(u32, u32, u32)>> {
+        let mut runs = Vec::with_capacity(table.pages.len());
+        for (page, rows) in &table.pages {
+            let count = u32::try_from(rows.len()).ok()?;
+            match self.rows.alloc(count) {
+                Some(first) => runs.push((*page, first, count)),
+                None => {
+                    for &(_, first, count) in &runs {
+                        self.rows.release(first, count);
+                    }
+                    return None;
+                }
+            }
+        }
+        Some(runs)
+    }
+
+    /// Drops the least recently used table that no process uses; false
+    /// when there is none.
+    fn evict_one(&mut self, sink: &mut dyn TableSink) -> bool {
+        let victim = self
+            .files
+            .iter()
+            .filter(|(_, f)| f.users == 0 && f.id != UNWIND_FILE_NONE)
+            .min_by_key(|(_, f)| f.used_at)
+            .map(|(k, _)| *k);
+        let Some(key) = victim else {
+            return false;
+        };
+        if let Some(entry) = self.files.remove(&key) {
+            self.free_runs(sink, entry.id, &entry.runs, true);
+            self.evicted += 1;
+        }
+        true
+    }
+
+    fn free_runs(
+        &mut self,
+        sink: &mut dyn TableSink,
+        id: u32,
+        runs: &[(u32, u32, u32)],
+        pages: bool,
+    ) {
+        for &(page, first, count) in runs {
+            if pages {
+                sink.remove_page(UnwindPageKey { file: id, page });
+                self.pages_used = self.pages_used.saturating_sub(1);
+            }
+            self.rows.release(first, count);
+        }
+    }
+
+    /// Sets process `tgid`'s mappings (those of image `generation`), which
+    /// name the files `files` (each a loaded or refused one): the files it
+    /// used before and no longer does lose a user.
+    ///
+    /// # Errors
+    /// [`TableError::Kernel`] when `PROC_MAPS` refused the entry (full):
+    /// the process is then walked with frame pointers only.
+    pub fn set_process(
+        &mut self,
+        sink: &mut dyn TableSink,
+        tgid: u32,
+        generation: u32,
+        mappings: &[ProcMapping],
+        files: &[FileKey],
+    ) -> Result<(), TableError> {
+        let mut value = Box::new(ProcMappings {
+            count: 0,
+            gen_: generation,
+            mappings: [ProcMapping::default(); MAX_PROC_MAPPINGS],
+        });
+        let mut sorted: Vec<ProcMapping> = mappings.to_vec();
+        sorted.sort_by_key(|m| m.start);
+        for (slot, mapping) in value.mappings.iter_mut().zip(&sorted) {
+            *slot = *mapping;
+        }
+        value.count = u32::try_from(sorted.len().min(MAX_PROC_MAPPINGS)).unwrap_or(0);
+        let distinct: Vec<FileKey> = files
+            .iter()
+            .copied()
+            .collect::<HashSet<_>>()
+            .into_iter()
+            .collect();
+        self.clock += 1;
+        for key in &distinct {
+            if let Some(entry) = self.files.get_mut(key) {
+                entry.users += 1;
+                entry.used_at = self.clock;
+            }
+        }
+        self.forget_users(tgid);
+        self.processes.insert(tgid, (generation, distinct));
+        sink.set_mappings(tgid, &value).map_err(TableError::Kernel)
+    }
+
+    /// Removes the mappings of process `tgid`'s image `generation` (those of
+    /// another image of the pid stay); its files lose a user.
+    pub fn remove_process(&mut self, sink: &mut dyn TableSink, tgid: u32, generation: u32) {
+        if self.processes.get(&tgid).is_some_and(|(g, _)| *g == generation) {
+            self.forget_users(tgid);
+            sink.remove_mappings(tgid);
+        }
+    }
+
+    /// The images whose mappings are in `PROC_MAPS`: (tgid, generation).
+    #[must_use]
+    pub fn processes(&self) -> Vec<(u32, u32)> {
+        self.processes.iter().map(|(t, (g, _))| (*t, *g)).collect()
+    }
+
+    fn forget_users(&mut self, tgid: u32) {
+        let (_, files) = self.processes.remove(&tgid).unwrap_or_default();
+        for key in files {
+            if let Some(entry) = self.files.get_mut(&key) {
+                entry.users = entry.users.saturating_sub(1);
+            }
+        }
+    }
+
+    /// What the tables hold and cost.
+    #[must_use]
+    pub fn usage(&self) -> UnwindUsage {
+        let rows = u64::from(self.rows.capacity()) - self.rows.free_rows();
+        let processes = self.processes.len() as u64;
+        let pages = u64::from(self.pages_used);
+        UnwindUsage {
+            files: self
+                .files
+                .values()
+                .filter(|f| f.id != UNWIND_FILE_NONE)
+                .count() as u64,
+            files_refused: self
+                .files
+                .values()
+                .filter(|f| f.id == UNWIND_FILE_NONE)
+                .count() as u64,
+            files_evicted: self.evicted,
+            rows,
+            rows_capacity: u64::from(self.rows.capacity()),
+            pages,
+            pages_capacity: u64::from(self.pages_capacity),
+            processes,
+            bytes: rows * 8 + pages * 16 + processes * size_of::<ProcMappings>() as u64,
+        }
+    }
+}
+
+/// Inserts a loaded file's page entries.
+fn write_pages(sink: &mut dyn TableSink, id: u32, runs: &[(u32, u32, u32)]) -> Result<(), String> {
+    for (done, &(page, first, count)) in runs.iter().enumerate() {
+        if let Err(err) = sink.insert_page(
+            UnwindPageKey { file: id, page },
+            UnwindPage { first, count },
+        ) {
+            for &(page, _, _) in runs.iter().take(done) {
+                sink.remove_page(UnwindPageKey { file: id, page });
+            }
+            return Err(err);
+        }
+    }
+    Ok(())
+}
+
+fn refused(clock: u64) -> FileEntry {
+    FileEntry {
+        id: UNWIND_FILE_NONE,
+        runs: Vec::new(),
+        users: 0,
+        used_at: clock,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tracer_common::{UNWIND_CFA_RSP, UNWIND_UNKNOWN};
+
+    /// The kernel maps in memory.
+    #[derive(Default)]
+    struct Memory {
+        rows: HashMap<u32, UnwindRow>,
+        pages: HashMap<UnwindPageKey, UnwindPage>,
+        procs: HashMap<u32, (u32, Vec<ProcMapping>)>,
+        page_limit: usize,
+    }
+
+    impl TableSink for Memory {
+        fn write_rows(&mut self, first: u32, rows: &[UnwindRow]) -> Result<(), String> {
+            for (i, row) in rows.iter().enumerate() {
+                self.rows.insert(first + i as u32, *row);
+            }
+            Ok(())
+        }
+        fn insert_page(&mut self, key: UnwindPageKey, page: UnwindPage) -> Result<(), String> {
+            if self.page_limit > 0 && self.pages.len() >= self.page_limit {
+                return Err("E2BIG".into());
+            }
+            self.pages.insert(key, page);
+            Ok(())
+        }
+        fn remove_page(&mut self, key: UnwindPageKey) {
+            self.pages.remove(&key);
+        }
+        fn set_mappings(&mut self, tgid: u32, value: &ProcMappings) -> Result<(), String> {
+            let used = value.mappings[..value.count as usize].to_vec();
+            self.procs.insert(tgid, (value.gen_, used));
+            Ok(())
+        }
+        fn remove_mappings(&mut self, tgid: u32) {
+            self.procs.remove(&tgid);
+        }
+    }
+
+    fn key(inode: u64) -> FileKey {
+        FileKey { dev: (8, 1), inode }
+    }
+
+    /// A table of `pages` pages of `rows` rows each.
+    fn table(pages: u32, rows: u16) -> FileTable {
+        let mut table = FileTable::default();
+        for page in 0..pages {
+            let list = (0..rows)
+                .map(|i| UnwindRow {
+                    pc: i * 16,
+                    kind: if i == 0 {
+                        UNWIND_UNKNOWN
+                    } else {
+                        UNWIND_CFA_RSP
+                    },
+                    rbp_slot: 0,
+                    cfa_offset: 8 + i32::from(i),
+                })
+                .collect();
+            table.pages.insert(page, list);
+        }
+        table
+    }
+
+    #[test]
+    fn runs_are_first_fit_and_freed_runs_merge() {
+        let mut rows = RowAllocator::new(10);
+        assert_eq!(rows.alloc(4), Some(0));
+        assert_eq!(rows.alloc(4), Some(4));
+        assert_eq!(rows.alloc(3), None);
+        rows.release(0, 4);
+        assert_eq!(rows.alloc(2), Some(0));
+        rows.release(4, 4);
+        rows.release(0, 2);
+        assert_eq!(rows.free_rows(), 10);
+        assert_eq!(rows.alloc(10), Some(0), "merged into one run");
+        assert_eq!(rows.alloc(0), None);
+    }
+
+    #[test]
+    fn a_file_is_loaded_once_and_its_rows_and_pages_are_in_the_maps() {
+        let mut memory = Memory::default();
+        let mut store = TableStore::new(100, 10);
+        let t = table(2, 5);
+        let id = store.load(&mut memory, key(1), Ok(&t));
+        assert_ne!(id, UNWIND_FILE_NONE);
+        assert_eq!(store.load(&mut memory, key(1), Ok(&t)), id, "loaded once");
+        assert_eq!(memory.pages.len(), 2);
+        let page = memory.pages[&UnwindPageKey { file: id, page: 1 }];
+        assert_eq!(page.count, 5);
+        for (i, want) in t.pages[&1].iter().enumerate() {
+            assert_eq!(memory.rows[&(page.first + i as u32)], *want);
+        }
+        let usage = store.usage();
+        assert_eq!((usage.files, usage.rows, usage.pages), (1, 10, 2));
+        assert_eq!(usage.bytes, 10 * 8 + 2 * 16);
+    }
+
+    #[test]
+    fn a_file_that_cannot_be_compiled_or_has_no_cfi_is_refused_once() {
+        let mut memory = Memory::default();
+        let mut store = TableStore::new(100, 10);
+        assert_eq!(
+            store.load(&mut memory, key(1), Err("no ELF")),
+            UNWIND_FILE_NONE
+        );
+        assert_eq!(store.file(key(1)), Some(UNWIND_FILE_NONE));
+        assert_eq!(
+            store.load(&mut memory, key(2), Ok(&FileTable::default())),
+            UNWIND_FILE_NONE
+        );
+        assert_eq!(store.usage().files_refused, 2);
+        assert_eq!(store.file(key(3)), None);
+    }
+
+    #[test]
+    fn unused_tables_make_room_for_new_ones_and_used_ones_never_do() {
+        let mut memory = Memory::default();
+        let mut store = TableStore::new(20, 10);
+        let a = store.load(&mut memory, key(1), Ok(&table(1, 10)));
+        let b = store.load(&mut memory, key(2), Ok(&table(1, 10)));
+        let mapping = |file| ProcMapping {
+            start: 0x1000,
+            end: 0x2000,
+            file_offset: 0,
+            file,
+            _pad: 0,
+        };
+        store
+            .set_process(&mut memory, 7, 3, &[mapping(a)], &[key(1)])
+            .unwrap();
+        // b is unused: it goes to make room; a is used and stays.
+        let c = store.load(&mut memory, key(3), Ok(&table(1, 10)));
+        assert_ne!(c, UNWIND_FILE_NONE);
+        assert_eq!(
+            store.file(key(2)),
+            None,
+            "evicted, compiled again when needed"
+        );
+        assert_eq!(store.file(key(1)), Some(a));
+        assert_eq!(store.usage().files_evicted, 1);
+        assert!(!memory.pages.keys().any(|k| k.file == b));
+        // Nothing unused is left: a fourth table does not fit.
+        store
+            .set_process(&mut memory, 8, 1, &[mapping(c)], &[key(3)])
+            .unwrap();
+        assert_eq!(
+            store.load(&mut memory, key(4), Ok(&table(1, 10))),
+            UNWIND_FILE_NONE
+        );
+        // Once the process ends, its file may go.
+        store.remove_process(&mut memory, 7, 9);
+        assert!(memory.procs.contains_key(&7), "another image: kept");
+        store.remove_process(&mut memory, 7, 3);
+        assert!(!memory.procs.contains_key(&7));
+        assert_ne!(
+            store.load(&mut memory, key(5), Ok(&table(1, 10))),
+            UNWIND_FILE_NONE
+        );
+    }
+
+    #[test]
+    fn process_mappings_are_sorted_capped_and_tagged_with_the_generation() {
+        let mut memory = Memory::default();
+        let mut store = TableStore::new(10, 10);
+        let mappings: Vec<ProcMapping> = (0..300u64)
+            .rev()
+            .map(|i| ProcMapping {
+                start: i * 0x1000,
+                end: i * 0x1000 + 0x800,
+                file_offset: 0,
+                file: UNWIND_FILE_NONE,
+                _pad: 0,
+            })
+            .collect();
+        store
+            .set_process(&mut memory, 9, 4, &mappings, &[])
+            .unwrap();
+        let (generation, kept) = &memory.procs[&9];
+        assert_eq!(*generation, 4);
+        assert_eq!(kept.len(), MAX_PROC_MAPPINGS);
+        assert!(kept.windows(2).all(|w| w[0].start < w[1].start));
+        assert_eq!(kept[0].start, 0, "the lowest addresses are kept");
+    }
+
+    #[test]
+    fn a_full_page_map_refuses_the_file_and_frees_its_rows() {
+        let mut memory = Memory {
+            page_limit: 1,
+            ..Memory::default()
+        };
+        let mut store = TableStore::new(100, 10);
+        assert_eq!(
+            store.load(&mut memory, key(1), Ok(&table(2, 5))),
+            UNWIND_FILE_NONE
+        );
+        assert!(memory.pages.is_empty());
+        assert_eq!(store.usage().rows, 0);
+    }
+}
