@@ -200,6 +200,14 @@ pub async fn run(config: Config) -> Result<(), AppError> {
 fn capture_config(config: &Config, system_wide: bool) -> CaptureConfig {
     CaptureConfig {
         nframe: config.nframe,
+        walk_frames: config.nframe + config.allocator_frames_depth,
+        unwind_table_rows: if config.unwind {
+            config.unwind_table_rows
+        } else {
+            0
+        },
+        unwind_table_pages: config.unwind_table_pages,
+        unwind_processes: config.unwind_processes,
         max_live_blocks: config.max_live_blocks,
         live_table_blocks: config.live_table_blocks,
         max_stacks: config.max_stacks,

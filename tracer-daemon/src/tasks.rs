@@ -56,10 +56,13 @@ pub async fn events_and_housekeeping(
     }
 }
 
-/// One housekeeping pass: expiry each tick, the sweep every
+/// One housekeeping pass: expiry and the unwinder's mappings each tick,
+/// the sweep every
 /// [`SWEEP_EVERY_TICKS`].
 fn housekeeping(service: &Service, tick: u64) {
     service.expire();
+    // Libraries dlopen'd since an image was seen get their unwind tables.
+    service.refresh_unwind();
     if !tick.is_multiple_of(SWEEP_EVERY_TICKS) {
         return;
     }

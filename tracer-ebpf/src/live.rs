@@ -169,12 +169,12 @@ fn unknown_free(stats: Option<*mut ProcStats>) {
 /// address into the allocator's caller.
 #[inline(always)]
 pub(crate) fn record_alloc(ctx: &RetProbeContext, tgid: u32, addr: u64, size: u64) {
-    let stack_id = stack_id(ctx);
-    // SAFETY: regs points at the probe's saved registers for its duration.
-    let frame0 = unsafe { (*ctx.regs).rip };
     let Some((stats, gen_)) = proc_stats(tgid) else {
         return;
     };
+    let stack_id = stack_id(ctx, tgid, gen_);
+    // SAFETY: regs points at the probe's saved registers for its duration.
+    let frame0 = unsafe { (*ctx.regs).rip };
     let info = AllocInfo {
         size,
         stack_id,

@@ -4,11 +4,12 @@
 //! tracerd replaces at load time from its configuration.
 //!
 //! The modules that own a map's protocol: [`crate::live`] (LIVE_*),
-//! [`crate::inflight`] (INFLIGHT*), [`crate::stack`] (STACK*),
+//! [`crate::inflight`] (INFLIGHT*), [`crate::stack`] (STACK*, UNWIND_*, PROC_MAPS),
 //! [`crate::procs`] (PROC*, GENERATION, EVENTS), [`crate::sample`]
 //! (EXP_TABLE, SAMPLE_LEFT), [`crate::counters`] (COUNTERS),
 //! [`crate::globals`] (SWITCHES).
 
+use crate::stack::Walk;
 use aya_ebpf::{
     bindings::{BPF_F_MMAPABLE, BPF_F_NO_PREALLOC},
     macros::map,
@@ -18,6 +19,7 @@ use tracer_common::{
     AllocInfo, AllocKey, COUNTER_SLOTS, EVENTS_RING_BYTES, EXP_TABLE_LEN, INFLIGHT_SLOT_COUNT,
     Inflight, InflightSlot, LIVE_BUCKET_COUNT, LIVE_WAYS, LiveBucket, PROC_SLOT_COUNT, ProcSlot,
     ProcStats, STACK_WORDS,
+    unwind::{self, ProcMappings, UnwindPage, UnwindPageKey, UnwindRow},
 };
 
 /// The errno a map insert with `BPF_NOEXIST` returns (negated) when the key
@@ -84,6 +86,31 @@ pub(crate) static STACKS: HashMap<u64, [u64; STACK_WORDS]> =
 #[map]
 pub(crate) static STACK_SCRATCH: PerCpuArray<[u64; STACK_WORDS]> =
     PerCpuArray::with_max_entries(1, 0);
+
+/// Unwind rows of every file (`tracer_common::unwind`): index → row.
+/// Written by tracerd through its mapping when it loads a file's table;
+/// read by `stack`.
+#[map]
+pub(crate) static UNWIND_ROWS: Array<UnwindRow> =
+    Array::with_max_entries(unwind::UNWIND_ROWS, BPF_F_MMAPABLE);
+
+/// The pages of every file's table: (file, page of file offsets) → its run
+/// of UNWIND_ROWS. Written by tracerd; read by `stack`.
+#[map]
+pub(crate) static UNWIND_PAGES: HashMap<UnwindPageKey, UnwindPage> =
+    HashMap::with_max_entries(unwind::UNWIND_PAGES, 0);
+
+/// Executable mappings of each process: tgid → its mappings, sorted, with
+/// each file's table id. Written by tracerd when it learns of a process
+/// image and when its mappings change; read by `stack`.
+#[map]
+pub(crate) static PROC_MAPS: HashMap<u32, ProcMappings> =
+    HashMap::with_max_entries(unwind::PROC_MAPS_ENTRIES, BPF_F_NO_PREALLOC);
+
+/// Per CPU, slot 0 → the state of the table-driven walk in progress
+/// (registers, frames, counts). Used by `stack` only.
+#[map]
+pub(crate) static WALK_SCRATCH: PerCpuArray<Walk> = PerCpuArray::with_max_entries(1, 0);
 
 /// Totals of processes that do not own their PROC_SLOTS slot: tgid →
 /// totals and generation. Written by the programs (`procs`); read by

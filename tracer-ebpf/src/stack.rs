@@ -1,74 +1,138 @@
-//! User stacks: the frame-pointer walk at an allocator's return, and the
-//! store of each distinct stack once in `STACKS`, behind a per-CPU cache of
-//! the last stack (`STACK_CACHE`). A block names its stack by id.
+//! User stacks: the walk at an allocator's return (with the unwind tables
+//! tracerd compiles from each file's CFI, frame pointers where none covers
+//! an address), and the store of each distinct stack once in `STACKS`,
+//! behind a per-CPU cache of the last stack (`STACK_CACHE`). A block names
+//! its stack by id.
 //!
 //! Protocol. A stack's id is one 64-bit hash of its frames; the stored
-//! value's first word is a second, independent hash (the check). A stack is
-//! inserted with `BPF_NOEXIST`; a stored value whose check differs is
-//! another stack with the same id, and the block gets `STACK_ID_NONE`
-//! (counted), never a wrong traceback. tracerd removes stacks no live block
-//! names, then raises the stack epoch (`SWITCHES`), which empties every
-//! CPU's cache.
+//! value's first word is a second, independent hash (the check), with
+//! `STACK_CUT` when the walk was cut. A stack is inserted with
+//! `BPF_NOEXIST`; a stored value whose check differs is another stack with
+//! the same id, and the block gets `STACK_ID_NONE` (counted), never a wrong
+//! traceback. tracerd removes stacks no live block names, then raises the
+//! stack epoch (`SWITCHES`), which empties every CPU's cache.
+//!
+//! Preemption. A uprobe program runs with migration disabled, not
+//! preemption disabled, so another task on the same CPU can run its own
+//! walk into this CPU's `STACK_SCRATCH` (the frames) and `WALK_SCRATCH`
+//! (the registers and counts) in the middle of ours. The first word of
+//! `STACK_SCRATCH` holds the walking thread's id while it walks. The walk claims the
+//! scratch back with one compare-and-exchange of that word (thread id →
+//! check hash) before it stores the frames, and reads the word again after
+//! the insert: if another task took the scratch meanwhile, the stack is
+//! dropped (`drop_stack_preempted`), and removed again if it was inserted.
 
-use aya_ebpf::{EbpfContext, bindings::BPF_NOEXIST, helpers::bpf_probe_read_user};
-use tracer_common::{Counter, MAX_NFRAME, STACK_ID_NONE, STACK_WORDS};
+use core::ffi::c_void;
 
-use crate::{
-    counters::count,
-    globals::{self, switch},
-    maps::{EEXIST, STACK_CACHE, STACK_SCRATCH, STACKS},
+use aya_ebpf::{
+    EbpfContext,
+    bindings::BPF_NOEXIST,
+    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user, generated::bpf_loop},
+};
+use tracer_common::{
+    Counter, MAX_WALK_FRAMES, STACK_CUT, STACK_ID_NONE, STACK_WORDS,
+    unwind::{
+        MAX_PROC_MAPPINGS, ProcMapping, ProcMappings, SIGFRAME_RBP, UNWIND_CFA_RBP, UNWIND_CFA_RSP,
+        UNWIND_END, UNWIND_FILE_NONE, UNWIND_PAGE_SHIFT, UNWIND_PLT, UNWIND_SIGNAL, UNWIND_UNKNOWN,
+        UnwindPageKey, UnwindRow,
+    },
 };
 
-/// Walks the user stack (frame pointers, at most NFRAME frames) and stores
-/// it once in STACKS; returns its id, or STACK_ID_NONE (counted) when it
-/// cannot be walked or stored.
+use crate::{
+    atomic::compare_exchange,
+    counters::{count, count_n},
+    globals::{self, switch},
+    maps::{
+        EEXIST, PROC_MAPS, STACK_CACHE, STACK_SCRATCH, STACKS, UNWIND_PAGES, UNWIND_ROWS,
+        WALK_SCRATCH,
+    },
+};
+
+/// Walks the user stack (at most NFRAME frames: nframe plus the allocator
+/// frames tracerd drops) and stores it once in STACKS; returns its id, or
+/// STACK_ID_NONE (counted) when it cannot be walked or stored.
 ///
-/// The id is one 64-bit hash of the frames; the value's first word is a
-/// second, independent one. A stored value whose check hash differs is
-/// another stack with the same id: refused, never merged. The stack this
-/// CPU found or stored last is cached (`STACK_CACHE`), so a loop allocating
-/// from one stack skips the STACKS lookup.
+/// `gen_` is the process image's generation: the mappings in PROC_MAPS are
+/// used only when they are of that image; otherwise (tracerd has not
+/// written them yet, or the unwinder is off) the walk follows frame
+/// pointers alone, as the kernel's `bpf_get_stack` does.
 #[inline(always)]
-pub(crate) fn stack_id<C: EbpfContext>(ctx: &C) -> u64 {
-    let Some(buf) = STACK_SCRATCH.get_ptr_mut(0) else {
+pub(crate) fn stack_id<C: EbpfContext>(ctx: &C, tgid: u32, gen_: u32) -> u64 {
+    let (Some(buf), Some(walk)) = (STACK_SCRATCH.get_ptr_mut(0), WALK_SCRATCH.get_ptr_mut(0))
+    else {
         return drop_stack();
     };
-    let mut nframe = globals::nframe() as usize;
-    if nframe > MAX_NFRAME as usize {
-        nframe = MAX_NFRAME as usize;
+    let mut limit = globals::nframe();
+    if limit > MAX_WALK_FRAMES {
+        limit = MAX_WALK_FRAMES;
     }
-    if nframe == 0 {
-        nframe = 1;
+    if limit == 0 {
+        limit = 1;
     }
     let regs = ctx.as_ptr() as *const aya_ebpf::bindings::pt_regs;
     // SAFETY: a uprobe's context is its saved user registers.
-    let (ip, fp) = unsafe { ((*regs).rip, (*regs).rbp) };
-    let walked = walk_frame_pointers(ip, fp, nframe as u64) as usize;
+    let (ip, rsp, rbp) = unsafe { ((*regs).rip, (*regs).rsp, (*regs).rbp) };
     // SAFETY: buf is this CPU's scratch value of STACK_WORDS u64s.
     let words = unsafe { &mut *buf };
-    if walked == 0 {
+    // The scratches are ours while this word is our thread id; written
+    // before the walk's state, so that a task that overwrites that state
+    // has overwritten this word first.
+    let owner = bpf_get_current_pid_tgid() | (1 << 62);
+    // SAFETY: as above; volatile so the store is not merged with later ones.
+    unsafe { core::ptr::write_volatile(&raw mut words[0], owner) };
+    // SAFETY: this CPU's WALK_SCRATCH value.
+    unsafe {
+        *walk = Walk {
+            ip,
+            rsp,
+            rbp,
+            n: 0,
+            limit: limit as u64,
+            table_frames: 0,
+            fp_frames: 0,
+            exact: 0,
+            cut: 0,
+            id: 0xcbf2_9ce4_8422_2325,
+            check: 0x9e37_79b9_7f4a_7c15,
+        };
+    }
+    match PROC_MAPS.get_ptr(tgid) {
+        // SAFETY: a PROC_MAPS value, read only.
+        Some(maps) if unsafe { (*maps).gen_ } == gen_ => unwind(maps, walk, buf, limit),
+        _ => {
+            count(Counter::UnwindNoProcMaps);
+            walk_frame_pointers();
+        }
+    }
+    // SAFETY: as above (the walk wrote it; read once here).
+    let (walked, cut, mut id, mut check) =
+        unsafe { ((*walk).n, (*walk).cut != 0, (*walk).id, (*walk).check) };
+    if walked == 0 || walked > MAX_WALK_FRAMES as u64 {
         return drop_stack();
     }
-    // The frames walked identify the stack (the words after them are stale).
-    let (mut id, mut check) = (0xcbf2_9ce4_8422_2325u64, 0x9e37_79b9_7f4a_7c15u64);
-    id = (id ^ walked as u64).wrapping_mul(0x0000_0100_0000_01b3);
-    check = (check ^ walked as u64).wrapping_mul(0xff51_afd7_ed55_8ccd);
-    let mut i = 1;
-    while i < STACK_WORDS {
-        if i > walked {
-            break;
-        }
-        let word = words[i];
-        id = (id ^ word).wrapping_mul(0x0000_0100_0000_01b3);
-        check = (check ^ word.rotate_left(29)).wrapping_mul(0xff51_afd7_ed55_8ccd);
-        i += 1;
+    // The words after the frames are stale: a 0 ends them.
+    if let Some(end) = words.get_mut(1 + walked as usize) {
+        *end = 0;
     }
+    let head = walked | ((cut as u64) << 32);
+    id = (id ^ head).wrapping_mul(0x0000_0100_0000_01b3);
+    check = (check ^ head).wrapping_mul(0xff51_afd7_ed55_8ccd);
     id ^= id >> 31;
     check ^= check >> 33;
     if id == STACK_ID_NONE {
         id = STACK_ID_NONE - 1;
     }
-    words[0] = check;
+    let check = if cut {
+        check | STACK_CUT
+    } else {
+        check & !STACK_CUT
+    };
+    // Claim the scratch back: another task's walk on this CPU meanwhile
+    // left its own id or check in the first word, and our frames are gone.
+    if compare_exchange(&raw mut words[0], owner, check) != owner {
+        count(Counter::DropStackPreempted);
+        return STACK_ID_NONE;
+    }
     let epoch = switch(tracer_common::SWITCH_STACK_EPOCH).wrapping_add(1);
     let cache = STACK_CACHE.get_ptr_mut(0);
     if let Some(cache) = cache {
@@ -81,8 +145,18 @@ pub(crate) fn stack_id<C: EbpfContext>(ctx: &C) -> u64 {
     let stored = match STACKS.get_ptr(id) {
         // SAFETY: a STACKS value holds at least its first word.
         Some(stored) => (unsafe { (*stored)[0] }) == check,
-        None => match STACKS.insert(id, zero_tail(words, walked, nframe), BPF_NOEXIST as u64) {
-            Ok(()) => true,
+        None => match STACKS.insert(id, &*words, BPF_NOEXIST as u64) {
+            Ok(()) => {
+                // Another task's walk may have written the scratch while it
+                // was copied: then what was stored is not this stack.
+                // SAFETY: as above.
+                if unsafe { core::ptr::read_volatile(&raw const words[0]) } != check {
+                    let _ = STACKS.remove(id);
+                    count(Counter::DropStackPreempted);
+                    return STACK_ID_NONE;
+                }
+                true
+            }
             // Another CPU stored the same id meanwhile: check it as above.
             Err(e) if e == -EEXIST => match STACKS.get_ptr(id) {
                 // SAFETY: as above.
@@ -102,12 +176,364 @@ pub(crate) fn stack_id<C: EbpfContext>(ctx: &C) -> u64 {
     id
 }
 
-/// Walks the frame-pointer chain of the user stack into this CPU's
-/// STACK_SCRATCH `words[1..]`: frame 0 is `ip` (at a uretprobe, the return
-/// address in the allocator's caller), then the return address of each frame
-/// found through `fp` (the saved `rbp`), at most `nframe` in all. The words
-/// after them are left as they were (see [`zero_tail`]). Returns the frames
-/// written (0: no scratch).
+/// The state of one table-driven walk, in this CPU's `WALK_SCRATCH`: a
+/// map value, whose contents the verifier does not follow, so that it
+/// checks [`unwind_step`] once rather than once per frame. Another task on
+/// this CPU may overwrite it mid-walk (preemption); the walk is then
+/// dropped by the claim of `STACK_SCRATCH` (module doc).
+#[repr(C)]
+pub(crate) struct Walk {
+    /// The frame to record next: a return address (or, after a signal
+    /// frame, the interrupted instruction).
+    ip: u64,
+    /// Its frame's `rsp` and `rbp`.
+    rsp: u64,
+    rbp: u64,
+    /// Frames recorded in the scratch so far.
+    n: u64,
+    /// Frames to walk at most.
+    limit: u64,
+    /// Frames stepped with a table and with frame pointers (counted once).
+    table_frames: u64,
+    fp_frames: u64,
+    /// `ip` is exact (after a signal frame): look it up as is, not at
+    /// `ip - 1`.
+    exact: u64,
+    /// How the walk ended: 0 running or complete, [`CUT_NO_MAPPING`],
+    /// [`CUT_STOPPED`] or [`CUT_LIMIT`].
+    cut: u64,
+    /// The two hashes of the frames recorded so far (the stack's id and
+    /// its check).
+    id: u64,
+    check: u64,
+}
+
+/// Adds frame `ip` to the walk's two hashes.
+#[inline(always)]
+fn hash_frame(walk: &mut Walk, ip: u64) {
+    walk.id = (walk.id ^ ip).wrapping_mul(0x0000_0100_0000_01b3);
+    walk.check = (walk.check ^ ip.rotate_left(29)).wrapping_mul(0xff51_afd7_ed55_8ccd);
+}
+
+/// What each [`unwind_step`] gets, on the program's stack: pointers only,
+/// the same at every step.
+#[repr(C)]
+struct WalkRefs {
+    /// The process's mappings (a PROC_MAPS value).
+    maps: *const ProcMappings,
+    /// This CPU's WALK_SCRATCH value.
+    walk: *mut Walk,
+    /// This CPU's STACK_SCRATCH value.
+    words: *mut [u64; STACK_WORDS],
+}
+
+const CUT_NO_MAPPING: u64 = 1;
+const CUT_STOPPED: u64 = 2;
+const CUT_LIMIT: u64 = 3;
+
+/// Walks with the unwind tables (`tracer_common::unwind` has the rules)
+/// into this CPU's scratch; returns the frames written and whether the walk
+/// was cut (it could not go on, or reached `limit` frames) rather than
+/// ending at the outermost frame.
+#[inline(always)]
+fn unwind(maps: *const ProcMappings, walk: *mut Walk, words: *mut [u64; STACK_WORDS], limit: u32) {
+    let mut refs = WalkRefs { maps, walk, words };
+    // SAFETY: bpf_loop calls unwind_step with a pointer to `refs`, on this
+    // stack, at most `limit` times (each records at most one frame).
+    unsafe {
+        bpf_loop(
+            limit,
+            unwind_step as *mut c_void,
+            &raw mut refs as *mut c_void,
+            0,
+        );
+    }
+    // SAFETY: this CPU's WALK_SCRATCH value.
+    let walk = unsafe { &*walk };
+    count_n(Counter::UnwindTableFrames, walk.table_frames);
+    count_n(Counter::UnwindFpFrames, walk.fp_frames);
+    match walk.cut {
+        CUT_NO_MAPPING => count(Counter::UnwindNoMapping),
+        CUT_STOPPED => count(Counter::UnwindStopped),
+        _ => {}
+    }
+}
+
+/// One frame of a table-driven walk: records `walk.ip` if it lies in an
+/// executable mapping of the process, then steps to its caller. Returns 0
+/// to go on, 1 to stop (the bpf_loop contract).
+///
+/// Iteration `index` records frame `index`: every iteration but the last
+/// records one frame.
+extern "C" fn unwind_step(index: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: ctx is the WalkRefs that `unwind` handed to bpf_loop; its
+    // pointers are map values, alive while the program runs.
+    let (maps, walk, buf) = unsafe {
+        let refs = &*(ctx as *const WalkRefs);
+        (&*refs.maps, &mut *refs.walk, refs.words)
+    };
+    let ip = walk.ip;
+    let Some(mapping) = find_mapping(maps, ip) else {
+        walk.cut = CUT_NO_MAPPING;
+        return 1;
+    };
+    let n = index as usize;
+    if n >= MAX_WALK_FRAMES as usize {
+        walk.cut = CUT_LIMIT;
+        return 1;
+    }
+    // SAFETY: this CPU's scratch; 1 + n < STACK_WORDS.
+    unsafe { (*buf)[1 + n] = ip };
+    walk.n = index + 1;
+    hash_frame(walk, ip);
+
+    // The call instruction is before a return address; an interrupted
+    // instruction (after a signal frame) is where it is.
+    let pc = if walk.exact != 0 {
+        ip
+    } else {
+        ip.wrapping_sub(1)
+    };
+    walk.exact = 0;
+    let row = if mapping.file == UNWIND_FILE_NONE {
+        UnwindRow::default()
+    } else {
+        find_row(
+            mapping.file,
+            pc.wrapping_sub(mapping.start)
+                .wrapping_add(mapping.file_offset),
+        )
+    };
+    if row.kind == UNWIND_END {
+        return 1;
+    }
+    if index + 1 >= walk.limit {
+        walk.cut = CUT_LIMIT;
+        return 1;
+    }
+    let stepped = match row.kind {
+        UNWIND_CFA_RSP | UNWIND_CFA_RBP => step_cfa(walk, &row),
+        UNWIND_PLT => step_plt(walk, pc, row.cfa_offset as u64),
+        UNWIND_SIGNAL => step_signal(walk),
+        UNWIND_UNKNOWN => step_frame_pointer(walk),
+        _ => false,
+    };
+    if !stepped {
+        if walk.cut == 0 {
+            walk.cut = CUT_STOPPED;
+        }
+        return 1;
+    }
+    if walk.ip == 0 {
+        // A zero return address: nothing called this frame (the end of a
+        // frame-pointer chain, or a thread's start).
+        return 1;
+    }
+    0
+}
+
+/// The mapping of `maps` that holds `ip`: the last one starting at or
+/// below it, by a branch-free binary search of 8 fixed steps (256
+/// mappings), unrolled.
+///
+/// Fixed steps without a loop counter: the verifier then checks each step
+/// once (the two sides of a step join with the same state but for the
+/// position, which it need not know exactly), where a searching loop made
+/// it follow every path apart.
+#[inline(always)]
+fn find_mapping(maps: &ProcMappings, ip: u64) -> Option<ProcMapping> {
+    let count = maps.count as usize;
+    // below: mappings known to start at or below ip.
+    let mut below = 0usize;
+    macro_rules! step {
+        ($half:expr) => {
+            let candidate = below + $half;
+            if candidate <= count
+                && maps.mappings[(candidate - 1) & (MAX_PROC_MAPPINGS - 1)].start <= ip
+            {
+                below = candidate;
+            }
+        };
+    }
+    step!(128);
+    step!(64);
+    step!(32);
+    step!(16);
+    step!(8);
+    step!(4);
+    step!(2);
+    step!(1);
+    if below == 0 {
+        return None;
+    }
+    let mapping = maps.mappings[(below - 1) & (MAX_PROC_MAPPINGS - 1)];
+    (ip < mapping.end).then_some(mapping)
+}
+
+/// The row in force at `offset` of `file`: the last row of the offset's
+/// page at or below it (the page's first row is at its offset 0), by a
+/// branch-free binary search of 16 fixed steps (a page has at most 65,536
+/// rows), unrolled as in [`find_mapping`]; [`UNWIND_UNKNOWN`] when no page
+/// of the table holds the offset.
+#[inline(always)]
+fn find_row(file: u32, offset: u64) -> UnwindRow {
+    let key = UnwindPageKey {
+        file,
+        page: (offset >> UNWIND_PAGE_SHIFT) as u32,
+    };
+    // SAFETY: a value of UNWIND_PAGES, copied out at once.
+    let Some(page) = (unsafe { UNWIND_PAGES.get(&key) }).copied() else {
+        return UnwindRow::default();
+    };
+    let pc = (offset & ((1 << UNWIND_PAGE_SHIFT) - 1)) as u16;
+    // at: the last row known to start at or below pc (row 0 starts at 0).
+    let mut at = 0u32;
+    macro_rules! step {
+        ($half:expr) => {
+            let candidate = at + $half;
+            if candidate < page.count {
+                if let Some(row) = UNWIND_ROWS.get(page.first.wrapping_add(candidate)) {
+                    if row.pc <= pc {
+                        at = candidate;
+                    }
+                }
+            }
+        };
+    }
+    step!(32768);
+    step!(16384);
+    step!(8192);
+    step!(4096);
+    step!(2048);
+    step!(1024);
+    step!(512);
+    step!(256);
+    step!(128);
+    step!(64);
+    step!(32);
+    step!(16);
+    step!(8);
+    step!(4);
+    step!(2);
+    step!(1);
+    match UNWIND_ROWS.get(page.first.wrapping_add(at)) {
+        Some(row) => *row,
+        None => UnwindRow::default(),
+    }
+}
+
+/// One step by a CFA row: `cfa = rsp|rbp + cfa_offset`, the return address
+/// at `cfa - 8`, the caller's `rbp` saved at `cfa + 8 * rbp_slot` (or kept).
+#[inline(always)]
+fn step_cfa(walk: &mut Walk, row: &UnwindRow) -> bool {
+    let base = if row.kind == UNWIND_CFA_RSP {
+        walk.rsp
+    } else {
+        walk.rbp
+    };
+    let cfa = base.wrapping_add(row.cfa_offset as i64 as u64);
+    // The caller's frame is above the callee's.
+    if cfa <= walk.rsp || cfa % 8 != 0 {
+        return false;
+    }
+    let (ret, rbp) = if row.rbp_slot == -2 {
+        // SAFETY: bpf_probe_read_user checks the user address itself.
+        let Ok(pair) = (unsafe { bpf_probe_read_user((cfa - 16) as *const [u64; 2]) }) else {
+            return false;
+        };
+        (pair[1], pair[0])
+    } else {
+        // SAFETY: as above.
+        let Ok(ret) = (unsafe { bpf_probe_read_user((cfa - 8) as *const u64) }) else {
+            return false;
+        };
+        let rbp = if row.rbp_slot == 0 {
+            walk.rbp
+        } else {
+            let at = cfa.wrapping_add((row.rbp_slot as i64 * 8) as u64);
+            // SAFETY: as above.
+            match unsafe { bpf_probe_read_user(at as *const u64) } {
+                Ok(rbp) => rbp,
+                Err(_) => return false,
+            }
+        };
+        (ret, rbp)
+    };
+    walk.ip = ret;
+    walk.rsp = cfa;
+    walk.rbp = rbp;
+    walk.table_frames += 1;
+    true
+}
+
+/// One step out of a PLT stub: `cfa = rsp + 8`, plus 8 from the stub's
+/// `threshold` byte on (the psABI's `.plt` expression).
+#[inline(always)]
+fn step_plt(walk: &mut Walk, pc: u64, threshold: u64) -> bool {
+    let mut cfa = walk.rsp.wrapping_add(8);
+    if pc & 15 >= threshold {
+        cfa = cfa.wrapping_add(8);
+    }
+    // SAFETY: bpf_probe_read_user checks the user address itself.
+    let Ok(ret) = (unsafe { bpf_probe_read_user((cfa - 8) as *const u64) }) else {
+        return false;
+    };
+    walk.ip = ret;
+    walk.rsp = cfa;
+    walk.table_frames += 1;
+    true
+}
+
+/// One step out of a signal trampoline: the interrupted code's registers
+/// from the `ucontext` at `rsp`; its `ip` is exact. The interrupted `rsp`
+/// may be anywhere (an alternate signal stack), so it is not compared.
+#[inline(always)]
+fn step_signal(walk: &mut Walk) -> bool {
+    // rbp at SIGFRAME_RBP, rsp at SIGFRAME_RSP = +40, rip at SIGFRAME_RIP = +48.
+    // SAFETY: bpf_probe_read_user checks the user address itself.
+    let Ok(regs) = (unsafe { bpf_probe_read_user((walk.rsp + SIGFRAME_RBP) as *const [u64; 7]) })
+    else {
+        return false;
+    };
+    walk.rbp = regs[0];
+    walk.rsp = regs[5];
+    walk.ip = regs[6];
+    walk.exact = 1;
+    walk.table_frames += 1;
+    true
+}
+
+/// One frame-pointer step: `[rbp]` is the caller's `rbp`, `[rbp + 8]` the
+/// return address. An `rbp` of 0 ends the chain (complete); one that is
+/// not above `rsp` or not aligned cuts it.
+#[inline(always)]
+fn step_frame_pointer(walk: &mut Walk) -> bool {
+    let fp = walk.rbp;
+    if fp == 0 {
+        walk.ip = 0;
+        return true;
+    }
+    if fp < walk.rsp || fp % 8 != 0 {
+        return false;
+    }
+    // SAFETY: bpf_probe_read_user checks the user address itself.
+    let Ok(frame) = (unsafe { bpf_probe_read_user(fp as *const [u64; 2]) }) else {
+        return false;
+    };
+    walk.ip = frame[1];
+    walk.rsp = fp + 16;
+    walk.rbp = frame[0];
+    walk.fp_frames += 1;
+    true
+}
+
+/// Walks the frame-pointer chain of the user stack from this CPU's
+/// WALK_SCRATCH state into its STACK_SCRATCH `words[1..]`: frame 0 is `ip`
+/// (at a uretprobe, the return address in the allocator's caller), then
+/// the return address of each frame found through the saved `rbp`, at most
+/// `limit` in all; the frames and their hashes go to the walk's state. Used
+/// for a process whose mappings tracerd has not written (or with the
+/// unwinder off): no mapping is checked.
 ///
 /// The same walk as the kernel's `bpf_get_stack(BPF_F_USER_STACK)` (stop at
 /// an unreadable frame, a frame pointer that does not move up the stack, or
@@ -122,14 +548,17 @@ pub(crate) fn stack_id<C: EbpfContext>(ctx: &C) -> u64 {
 /// ends at once; into the private stack it walks the heap checks, which here
 /// cost about half of the read.
 #[inline(never)]
-fn walk_frame_pointers(ip: u64, fp: u64, nframe: u64) -> u64 {
-    let Some(buf) = STACK_SCRATCH.get_ptr_mut(0) else {
-        return 0;
+fn walk_frame_pointers() {
+    let (Some(buf), Some(walk)) = (STACK_SCRATCH.get_ptr_mut(0), WALK_SCRATCH.get_ptr_mut(0))
+    else {
+        return;
     };
-    // SAFETY: buf is this CPU's scratch value of STACK_WORDS u64s.
-    let words = unsafe { &mut *buf };
-    let mut fp = fp;
-    words[1] = ip;
+    // SAFETY: this CPU's scratch values.
+    let (words, walk) = unsafe { (&mut *buf, &mut *walk) };
+    let mut fp = walk.rbp;
+    let nframe = walk.limit;
+    words[1] = walk.ip;
+    hash_frame(walk, walk.ip);
     let mut n = 1;
     while n < STACK_WORDS - 1 && (n as u64) < nframe {
         if fp == 0 || fp % 8 != 0 {
@@ -145,26 +574,10 @@ fn walk_frame_pointers(ip: u64, fp: u64, nframe: u64) -> u64 {
         }
         n += 1;
         words[n] = ret;
+        hash_frame(walk, ret);
         fp = if next > fp { next } else { 0 };
     }
-    n as u64
-}
-
-/// `words` with the frames after the `walked` ones up to `nframe` zeroed, as
-/// STACKS stores them; done only when a stack is stored, not on every walk.
-#[inline(always)]
-fn zero_tail(words: &mut [u64; STACK_WORDS], walked: usize, nframe: usize) -> &[u64; STACK_WORDS] {
-    let mut i = 2;
-    while i < STACK_WORDS {
-        if i > nframe {
-            break;
-        }
-        if i > walked {
-            words[i] = 0;
-        }
-        i += 1;
-    }
-    words
+    walk.n = n as u64;
 }
 
 #[inline(always)]

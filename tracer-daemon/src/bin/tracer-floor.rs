@@ -14,6 +14,10 @@ fn main() -> anyhow::Result<()> {
     let libc: Vec<PathBuf> = std::env::args_os().skip(1).map(PathBuf::from).collect();
     let capture = Capture::load_floor(CaptureConfig {
         nframe: 1,
+        walk_frames: 1,
+        unwind_table_rows: 0,
+        unwind_table_pages: 64,
+        unwind_processes: 16,
         max_live_blocks: 1024,
         live_table_blocks: 0,
         max_stacks: 256,

@@ -81,6 +81,10 @@ impl FakeKernel {
             state: Arc::new(Mutex::new(state)),
             config: CaptureConfig {
                 nframe,
+                walk_frames: nframe,
+                unwind_table_rows: 1 << 16,
+                unwind_table_pages: 1 << 10,
+                unwind_processes: 1 << 10,
                 max_live_blocks: 1 << 20,
                 live_table_blocks: 0,
                 max_stacks: 1 << 16,
@@ -304,7 +308,9 @@ impl KernelMaps for FakeKernel {
         let FakeState { unwind, tables, .. } = &mut *state;
         unwind
             .as_mut()
-            .map_or(tracer_common::UNWIND_FILE_NONE, |store| store.load(tables, key, table))
+            .map_or(tracer_common::UNWIND_FILE_NONE, |store| {
+                store.load(tables, key, table)
+            })
     }
     fn set_process_mappings(
         &mut self,
@@ -328,7 +334,11 @@ impl KernelMaps for FakeKernel {
         }
     }
     fn unwind_usage(&self) -> UnwindUsage {
-        self.lock().unwind.as_ref().map(TableStore::usage).unwrap_or_default()
+        self.lock()
+            .unwind
+            .as_ref()
+            .map(TableStore::usage)
+            .unwrap_or_default()
     }
     fn unwind_processes(&self) -> Vec<ImageId> {
         self.lock().unwind.as_ref().map_or_else(Vec::new, |store| {

@@ -12,8 +12,9 @@ use tracer_common::{
     FLOOR_PROGRAMS, GLOBAL_INFLIGHT_SLOT_MASK, GLOBAL_LIVE_BUCKET_MASK, GLOBAL_NFRAME,
     GLOBAL_PAGE_SIZE, GLOBAL_SAMPLE_MEAN, GLOBAL_TRACERD_TGID, LIVE_WAYS, MAP_COUNTERS, MAP_EVENTS,
     MAP_EXP_TABLE, MAP_INFLIGHT, MAP_INFLIGHT_SLOTS, MAP_LIVE_ALLOCS, MAP_LIVE_KEYS,
-    MAP_LIVE_VALUES, MAP_PROC_SLOTS, MAP_PROCS, MAP_STACKS, MAP_SWITCHES, MAX_NFRAME, STACK_WORDS,
-    TRACEPOINTS,
+    MAP_LIVE_VALUES, MAP_PROC_SLOTS, MAP_PROCS, MAP_STACKS, MAP_SWITCHES, MAX_NFRAME,
+    MAX_WALK_FRAMES, STACK_WORDS, TRACEPOINTS,
+    unwind::{MAP_PROC_MAPS, MAP_UNWIND_PAGES, MAP_UNWIND_ROWS},
 };
 
 use super::events::{RingPositions, ring_size};
@@ -22,6 +23,7 @@ use super::live_table::{self, LiveTable};
 use super::object::{exponential_table, patch_map_value_size};
 use super::probes::{AttachedLibrary, find_libc, probe_points};
 use super::proc_slots::ProcSlots;
+use super::unwind::{maps::UnwindMaps, tables::TableStore};
 use super::{Capture, CaptureConfig, CaptureError};
 
 /// The eBPF object built by `build.rs` (empty when built with `AYA_BUILD_SKIP=1`).
@@ -93,12 +95,24 @@ impl Capture {
         ensure_tracefs();
         bump_memlock_rlimit();
         let nframe = config.nframe.clamp(1, MAX_NFRAME);
+        let walk_frames = config.walk_frames.clamp(nframe, MAX_WALK_FRAMES);
         let object = patch_map_value_size(
             EBPF_OBJECT,
             MAP_STACKS,
             STACK_WORDS as u32 * 8,
-            (1 + nframe) * 8,
+            (1 + walk_frames) * 8,
         )?;
+        // The unwinder off: the smallest maps (the walk finds no process's
+        // mappings and follows frame pointers).
+        let unwind_rows = config.unwind_table_rows;
+        let (rows_entries, pages_entries, procs_entries) = match unwind_rows {
+            0 => (1, 1, 1),
+            rows => (
+                rows,
+                config.unwind_table_pages.max(1),
+                config.unwind_processes.max(1),
+            ),
+        };
         let tgid = std::process::id();
         let page_size = crate::sys::procfs::page_size();
         let inflight_slots = config
@@ -112,7 +126,7 @@ impl Capture {
         let mut ebpf = EbpfLoader::new()
             .override_global(GLOBAL_TRACERD_TGID, &tgid, true)
             .override_global(GLOBAL_PAGE_SIZE, &page_size, true)
-            .override_global(GLOBAL_NFRAME, &nframe, true)
+            .override_global(GLOBAL_NFRAME, &walk_frames, true)
             .override_global(GLOBAL_SAMPLE_MEAN, &config.sample_interval, true)
             .override_global(GLOBAL_INFLIGHT_SLOT_MASK, &slot_mask, true)
             .override_global(GLOBAL_LIVE_BUCKET_MASK, &live_bucket_mask, true)
@@ -124,6 +138,9 @@ impl Capture {
             .map_max_entries(MAP_INFLIGHT, config.max_inflight)
             .map_max_entries(MAP_INFLIGHT_SLOTS, inflight_slots)
             .map_max_entries(MAP_EVENTS, events_ring_bytes)
+            .map_max_entries(MAP_UNWIND_ROWS, rows_entries)
+            .map_max_entries(MAP_UNWIND_PAGES, pages_entries)
+            .map_max_entries(MAP_PROC_MAPS, procs_entries)
             .load(object.as_bytes())
             .map_err(|e| CaptureError::Load(e.to_string()))?;
 
@@ -222,6 +239,10 @@ impl Capture {
                 "cannot map the ring buffer's positions: its use reads 0"
             );
         }
+        let unwind_maps = match unwind_rows {
+            0 => UnwindMaps::none(),
+            _ => UnwindMaps::take(&mut ebpf, rows_entries)?,
+        };
         let mut capture = Self {
             ebpf,
             live,
@@ -243,13 +264,26 @@ impl Capture {
             links: HashMap::new(),
             config: CaptureConfig {
                 nframe,
+                walk_frames,
+                unwind_table_rows: if unwind_maps.is_some() {
+                    rows_entries
+                } else {
+                    0
+                },
                 inflight_slots,
                 events_ring_bytes,
                 live_table_blocks: live_buckets * LIVE_WAYS,
                 ..config
             },
-            unwind: super::unwind::tables::TableStore::new(0, 0),
-            unwind_maps: super::unwind::maps::UnwindMaps::none(),
+            unwind: TableStore::new(
+                if unwind_maps.is_some() {
+                    rows_entries
+                } else {
+                    0
+                },
+                pages_entries,
+            ),
+            unwind_maps,
         };
         if capture.config.system_wide {
             capture.attach(None)?;
@@ -270,7 +304,7 @@ where
         .map_err(|_| CaptureError::Load(format!("program {name} has an unexpected type")))
 }
 
-fn take_map<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, CaptureError>
+pub(super) fn take_map<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, CaptureError>
 where
     T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>,
 {
@@ -286,7 +320,7 @@ where
 
 /// Takes the array map `name` out of `ebpf`, untyped (its values are read
 /// raw or through a mapping).
-fn take_array(ebpf: &mut Ebpf, name: &'static str) -> Result<MapData, CaptureError> {
+pub(super) fn take_array(ebpf: &mut Ebpf, name: &'static str) -> Result<MapData, CaptureError> {
     match ebpf.take_map(name) {
         Some(Map::Array(data)) => Ok(data),
         _ => Err(CaptureError::Map {

@@ -107,6 +107,18 @@ pub struct CaptureConfig {
     /// Frames kept per stack, 1..=64 ([`MAX_NFRAME`]): the kernel's walk
     /// stops there, and the stack map's value size is `nframe * 8` bytes.
     pub nframe: u32,
+    /// Frames the kernel walks per stack: nframe plus the leading
+    /// allocator frames tracerd drops, clamped to nframe..=96
+    /// ([`MAX_WALK_FRAMES`](tracer_common::MAX_WALK_FRAMES)) at load; the
+    /// stack map's value size is `(1 + walk_frames) * 8` bytes.
+    pub walk_frames: u32,
+    /// Rows of `UNWIND_ROWS` (8 bytes each); 0: the unwinder is off and
+    /// every stack is walked with frame pointers.
+    pub unwind_table_rows: u32,
+    /// Entries of `UNWIND_PAGES`.
+    pub unwind_table_pages: u32,
+    /// Entries of `PROC_MAPS` (processes with mappings for the unwinder).
+    pub unwind_processes: u32,
     /// Capacity of `LIVE_ALLOCS` in live blocks, all processes together.
     pub max_live_blocks: u32,
     /// Block slots of the fast table (`LIVE_KEYS`, `LIVE_VALUES`), rounded

@@ -3,25 +3,33 @@
 //! its last stack when stacks are collected.
 use std::os::fd::AsFd as _;
 
-use tracer_common::MAP_SWITCHES;
+use tracer_common::{MAP_SWITCHES, STACK_CUT};
+
+/// The last word of a stack whose walk was cut: never a return address.
+pub const STACK_CUT_MARK: u64 = 0;
 
 use super::Capture;
 use crate::sys::bpf as bpf_sys;
 
 impl Capture {
     /// The return addresses of stack `id` (frame 0 first: the call site in
-    /// the allocator's caller), from `STACKS`; None if it is not there.
+    /// the allocator's caller), from `STACKS`, followed by
+    /// [`STACK_CUT_MARK`] when the walk was cut (it could not reach the
+    /// outermost frame); None if it is not there.
     pub fn stack(&self, id: u64) -> Option<Vec<u64>> {
-        let mut value = vec![0u64; 1 + self.config.nframe as usize];
+        let mut value = vec![0u64; 1 + self.config.walk_frames as usize];
         let fd = self.stacks.fd().as_fd();
         bpf_sys::lookup(fd, &id, &mut value).ok()?;
-        Some(
-            value
-                .into_iter()
-                .skip(1)
-                .take_while(|&ip| ip != 0)
-                .collect(),
-        )
+        let cut = value[0] & STACK_CUT != 0;
+        let mut frames: Vec<u64> = value
+            .into_iter()
+            .skip(1)
+            .take_while(|&ip| ip != 0)
+            .collect();
+        if cut {
+            frames.push(STACK_CUT_MARK);
+        }
+        Some(frames)
     }
 
     /// Every stack id in `STACKS` (one syscall per id).

@@ -74,6 +74,21 @@ pub struct Flags {
     /// defaults; `|` separates patterns in one value and in the variable).
     #[arg(long, env = "TRACERD_ALLOCATOR_FRAMES", value_delimiter = '|')]
     pub allocator_frames: Option<Vec<String>>,
+    /// Most allocator frames walked beyond nframe (dropped before nframe counts), 0 to 64.
+    #[arg(long, env = "TRACERD_ALLOCATOR_FRAMES_DEPTH")]
+    pub allocator_frames_depth: Option<u32>,
+    /// Unwind with the files' .eh_frame tables (true) or frame pointers only (false).
+    #[arg(long, env = "TRACERD_UNWIND")]
+    pub unwind: Option<bool>,
+    /// Rows of the kernel's unwind table, all files together (8 bytes each).
+    #[arg(long, env = "TRACERD_UNWIND_TABLE_ROWS")]
+    pub unwind_table_rows: Option<u32>,
+    /// Pages (64 KiB of file offsets) of the unwind tables, all files together.
+    #[arg(long, env = "TRACERD_UNWIND_TABLE_PAGES")]
+    pub unwind_table_pages: Option<u32>,
+    /// Processes whose executable mappings the kernel keeps for the unwinder.
+    #[arg(long, env = "TRACERD_UNWIND_PROCESSES")]
+    pub unwind_processes: Option<u32>,
     /// Directory for tracerd's state (created if missing).
     #[arg(long, env = "TRACERD_STATE_DIR")]
     pub state_dir: Option<PathBuf>,

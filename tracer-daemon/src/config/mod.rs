@@ -97,6 +97,29 @@ pub struct Config {
     /// `\` escapes `*`, `?` and `\`. A query keeps them with
     /// `allocator_frames=keep`.
     pub allocator_frames: Vec<String>,
+    /// Most leading frames of the allocation machinery the kernel walks
+    /// beyond `nframe`, so that `nframe` frames remain after they are
+    /// dropped, 0 to 64: the kernel walks `min(nframe + this, 96)` frames.
+    pub allocator_frames_depth: u32,
+    /// Unwind with the tables compiled from each mapped file's `.eh_frame`
+    /// (or `.debug_frame`): whole stacks without frame pointers. false:
+    /// frame pointers only, as `bpf_get_stack` walks.
+    pub unwind: bool,
+    /// Rows of the kernel's unwind table (`UNWIND_ROWS`), all files
+    /// together: 8 bytes each, allocated at start (16 MiB by default; a
+    /// file needs about 20,000 rows per MiB of text). A file that does not
+    /// fit is walked with frame pointers (counted in `/maps` and
+    /// `/metrics`). 1024 to 67108864.
+    pub unwind_table_rows: u32,
+    /// Pages (64 KiB of a file's offsets) of the unwind tables
+    /// (`UNWIND_PAGES`), all files together: about 64 bytes each,
+    /// allocated at start. 64 to 4194304.
+    pub unwind_table_pages: u32,
+    /// Processes whose executable mappings the kernel keeps for the
+    /// unwinder (`PROC_MAPS`): 8 KiB each, allocated only for the processes
+    /// traced. A process beyond them is walked with frame pointers. 16 to
+    /// 1048576.
+    pub unwind_processes: u32,
     /// Directory for tracerd's state (created if missing).
     pub state_dir: PathBuf,
     /// Seconds an exited process's last state stays queryable.
@@ -183,6 +206,11 @@ impl Default for Config {
             auth_token_file: None,
             nframe: 16,
             allocator_frames: allocator_frames::defaults(),
+            allocator_frames_depth: 32,
+            unwind: true,
+            unwind_table_rows: 1 << 21,
+            unwind_table_pages: 1 << 16,
+            unwind_processes: 8192,
             state_dir: PathBuf::from("/var/lib/tracer"),
             exited_retention: 600,
             snapshot_interval: 60,

@@ -14,6 +14,34 @@ impl Config {
         range("nframe", self.nframe.into(), 1, 64, "1..=64")?;
         FramePatterns::compile(&self.allocator_frames)?;
         range(
+            "allocator_frames_depth",
+            self.allocator_frames_depth.into(),
+            0,
+            64,
+            "0..=64 (frames)",
+        )?;
+        range(
+            "unwind_table_rows",
+            self.unwind_table_rows.into(),
+            1024,
+            1 << 26,
+            "1024..=67108864 (rows of 8 bytes)",
+        )?;
+        range(
+            "unwind_table_pages",
+            self.unwind_table_pages.into(),
+            64,
+            1 << 22,
+            "64..=4194304",
+        )?;
+        range(
+            "unwind_processes",
+            self.unwind_processes.into(),
+            16,
+            1 << 20,
+            "16..=1048576",
+        )?;
+        range(
             "max_live_blocks",
             self.max_live_blocks.into(),
             1024,

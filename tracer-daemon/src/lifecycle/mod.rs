@@ -8,6 +8,7 @@
 //! - [`orphans`]: the sweep for blocks whose end event was lost.
 //! - [`scope`]: which processes are traced, and attaching accordingly.
 //! - [`tracing`]: tracemalloc's `start`/`stop`/`clear_traces` state.
+//! - [`unwind`]: each live image's unwind tables and mappings in the kernel.
 //!
 //! Everything here works through [`KernelMaps`](crate::capture::KernelMaps),
 //! so it is tested with a fake kernel.
@@ -18,6 +19,7 @@ pub mod orphans;
 pub mod registry;
 pub mod scope;
 pub mod tracing;
+pub mod unwind;
 
 pub use crate::capture::ImageId;
 pub use blocks::RawBlock;

@@ -28,7 +28,11 @@ impl Service {
                     }
                     let image = events::new_image(image, &comm);
                     ::tracing::debug!(pid = image.id.pid, gen = image.id.generation, comm = %image.comm, "new image");
+                    let (id, maps) = (image.id, image.maps.clone());
                     self.state.locks().registry().registry.add(image);
+                    if let Some(maps) = maps {
+                        self.unwind_image(id, maps);
+                    }
                 }
                 Some(Event::End(end)) => ends.push(end),
                 Some(Event::ScopeCandidate { pid, is_fork }) => {
@@ -47,6 +51,10 @@ impl Service {
             return;
         }
         let mut held = self.state.locks().kernel().registry();
+        for end in &ends {
+            held.kernel
+                .remove_process_mappings(end.image.pid, end.image.generation);
+        }
         events::end_images(&mut **held.kernel, &mut held.registry, ends);
     }
 

@@ -38,6 +38,7 @@ pub mod scope;
 pub mod snapshots;
 mod state;
 pub mod tracing;
+mod unwind;
 
 pub use compare::{BaseSpec, Side};
 pub use error::ServiceError;

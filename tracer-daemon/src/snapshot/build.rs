@@ -10,6 +10,7 @@ use std::{collections::HashMap, sync::Arc};
 use tracer_model::{Frame, FrameExtra, Snapshot, Trace, Traceback};
 
 use super::machinery::{AllocatorFrames, Machinery};
+use crate::capture::stacks::STACK_CUT_MARK;
 use crate::config::FramePatterns;
 use crate::lifecycle::RawBlock;
 use crate::symbolize::Symbolizer;
@@ -137,6 +138,12 @@ impl SnapshotBuilder {
     /// leading frames dropped (when the pass drops them), then cut to
     /// `nframe`; `total_nframe` counts the frames after the drop.
     fn traceback(&self, stack: &[u64], pass: &mut Pass<'_>) -> Traceback {
+        // A walk that was cut ends with STACK_CUT_MARK: the stack has at
+        // least one frame more than was walked.
+        let (stack, walk_cut) = match stack.split_last() {
+            Some((&STACK_CUT_MARK, walked)) => (walked, true),
+            _ => (stack, false),
+        };
         let mut frames = Vec::new();
         if let Some(maps) = pass.maps {
             for per_address in self.symbolizer.symbolize(maps, stack) {
@@ -162,22 +169,29 @@ impl SnapshotBuilder {
                 ..Frame::unknown()
             }));
         }
-        cut(frames, pass.machinery.as_mut(), self.nframe)
+        cut(frames, pass.machinery.as_mut(), self.nframe, walk_cut)
     }
 }
 
 /// A traceback of `frames` (most recent first): the machinery's leading
 /// frames dropped when `machinery` is given, then at most `nframe` frames;
-/// `total_nframe` counts the frames after the drop. No frame at all is
+/// `total_nframe` counts the frames after the drop, plus one when the walk
+/// was cut (`walk_cut`: the stack goes on beyond what was walked, as
+/// tracemalloc counts a traceback it truncated). No frame at all is
 /// `<unknown>`:0.
-fn cut(mut frames: Vec<Frame>, machinery: Option<&mut Machinery<'_>>, nframe: u32) -> Traceback {
+fn cut(
+    mut frames: Vec<Frame>,
+    machinery: Option<&mut Machinery<'_>>,
+    nframe: u32,
+    walk_cut: bool,
+) -> Traceback {
     if let Some(machinery) = machinery {
         machinery.drop_leading(&mut frames);
     }
     if frames.is_empty() {
         frames.push(Frame::unknown());
     }
-    let total = u32::try_from(frames.len()).unwrap_or(u32::MAX);
+    let total = u32::try_from(frames.len() + usize::from(walk_cut)).unwrap_or(u32::MAX);
     frames.truncate(nframe as usize);
     Traceback::new(frames, Some(total))
 }
@@ -263,18 +277,30 @@ mod tests {
     fn inlined_machinery_frames_are_dropped_one_by_one_before_nframe_counts() {
         let patterns = defaults();
         let mut machinery = Machinery::new(&patterns);
-        let tb = cut(vector_stack(), Some(&mut machinery), 1);
+        let tb = cut(vector_stack(), Some(&mut machinery), 1, false);
         assert_eq!(functions(&tb), ["main"]);
         assert_eq!(tb.frames()[0].lineno, 12);
         // main and __libc_start_call_main remain: the drop is only leading.
         assert_eq!(tb.total_nframe(), Some(2));
-        let tb = cut(vector_stack(), Some(&mut machinery), 16);
+        let tb = cut(vector_stack(), Some(&mut machinery), 16, false);
         assert_eq!(functions(&tb), ["main", "__libc_start_call_main"]);
     }
 
     #[test]
+    fn a_cut_walk_counts_one_frame_more_than_it_walked() {
+        let patterns = defaults();
+        let mut machinery = Machinery::new(&patterns);
+        let tb = cut(vector_stack(), Some(&mut machinery), 16, true);
+        assert_eq!(functions(&tb), ["main", "__libc_start_call_main"]);
+        assert_eq!(tb.total_nframe(), Some(3));
+        let tb = cut(vector_stack(), Some(&mut machinery), 1, true);
+        assert_eq!(functions(&tb), ["main"]);
+        assert_eq!(tb.total_nframe(), Some(3));
+    }
+
+    #[test]
     fn kept_frames_are_cut_as_captured() {
-        let tb = cut(vector_stack(), None, 2);
+        let tb = cut(vector_stack(), None, 2, false);
         assert_eq!(
             functions(&tb),
             [
@@ -300,7 +326,7 @@ mod tests {
             ),
             frame("main", 9, APP, 0x28),
         ];
-        let tb = cut(stack, Some(&mut machinery), 16);
+        let tb = cut(stack, Some(&mut machinery), 16, false);
         assert_eq!(
             functions(&tb),
             [
@@ -340,7 +366,7 @@ mod tests {
                 0x40,
             ),
         ];
-        let tb = cut(stack, Some(&mut machinery), 16);
+        let tb = cut(stack, Some(&mut machinery), 16, false);
         assert_eq!(
             functions(&tb),
             [
@@ -370,7 +396,7 @@ mod tests {
                 0x18,
             ),
         ];
-        let tb = cut(stack, Some(&mut machinery), 16);
+        let tb = cut(stack, Some(&mut machinery), 16, false);
         assert_eq!(functions(&tb), ["g_strdup"]);
         assert_eq!(tb.total_nframe(), Some(1));
     }
@@ -378,7 +404,7 @@ mod tests {
     #[test]
     fn no_frame_at_all_is_unknown() {
         let patterns = defaults();
-        let tb = cut(Vec::new(), Some(&mut Machinery::new(&patterns)), 16);
+        let tb = cut(Vec::new(), Some(&mut Machinery::new(&patterns)), 16, false);
         assert_eq!(tb.frames(), [Frame::unknown()]);
         assert_eq!(tb.total_nframe(), Some(1));
     }

@@ -397,7 +397,11 @@ impl TableStore {
     /// Removes the mappings of process `tgid`'s image `generation` (those of
     /// another image of the pid stay); its files lose a user.
     pub fn remove_process(&mut self, sink: &mut dyn TableSink, tgid: u32, generation: u32) {
-        if self.processes.get(&tgid).is_some_and(|(g, _)| *g == generation) {
+        if self
+            .processes
+            .get(&tgid)
+            .is_some_and(|(g, _)| *g == generation)
+        {
             self.forget_users(tgid);
             sink.remove_mappings(tgid);
         }

@@ -1,0 +1,81 @@
+//! The unwinder's upkeep: each new image's files get their unwind tables
+//! and the kernel its executable mappings; mappings of images that are no
+//! longer live leave the kernel. Compiling holds no lock.
+use std::sync::Arc;
+
+use super::Service;
+use crate::capture::ImageId;
+use crate::lifecycle::unwind;
+use crate::sys::modules::ModuleMaps;
+
+impl Service {
+    /// Gives the kernel what it needs to unwind `image`'s stacks (mappings
+    /// `maps`): the tables of its files not yet loaded, compiled here
+    /// without a lock, then its mappings. Nothing when the unwinder is off.
+    pub(super) fn unwind_image(&self, image: ImageId, maps: Arc<ModuleMaps>) {
+        let plan = {
+            let held = self.state.locks().kernel();
+            if held.kernel.config().unwind_table_rows == 0 {
+                return;
+            }
+            unwind::plan(&**held.kernel, image, maps)
+        };
+        let compiled = unwind::compile_missing(&plan.missing);
+        let mut held = self.state.locks().kernel().registry();
+        // The image may have ended while its files were compiled.
+        let alive = held.registry.has_live(image);
+        unwind::install(&mut **held.kernel, &plan, &compiled);
+        if !alive {
+            held.kernel
+                .remove_process_mappings(image.pid, image.generation);
+        }
+    }
+
+    /// Re-reads the mappings of the live images whose mappings the kernel
+    /// has (libraries loaded since, by `dlopen`) and updates those that
+    /// changed; removes the mappings of images no longer live. Returns how
+    /// many were updated.
+    pub fn refresh_unwind(&self) -> usize {
+        let (changed, pruned) = {
+            let mut held = self.state.locks().kernel().registry();
+            let registry = &held.registry;
+            let pruned = unwind::prune(&mut **held.kernel, |image| registry.has_live(image));
+            let images = held.kernel.unwind_processes();
+            let mut changed = Vec::new();
+            for image in images {
+                let Some(live) = held.registry.get_mut(image.pid) else {
+                    continue;
+                };
+                let before = live.maps.clone();
+                live.refresh_maps();
+                if let (Some(now), Some(before)) = (&live.maps, before)
+                    && !same_mappings(now, &before)
+                {
+                    changed.push((image, now.clone()));
+                }
+            }
+            (changed, pruned)
+        };
+        if pruned > 0 {
+            tracing::debug!(pruned, "unwind mappings of ended images removed");
+        }
+        let n = changed.len();
+        for (image, maps) in changed {
+            self.unwind_image(image, maps);
+        }
+        n
+    }
+}
+
+/// Whether two reads of a process's mappings have the same executable
+/// mappings of the same files.
+fn same_mappings(a: &ModuleMaps, b: &ModuleMaps) -> bool {
+    a.anonymous() == b.anonymous()
+        && a.mappings().len() == b.mappings().len()
+        && a.mappings().iter().zip(b.mappings()).all(|(x, y)| {
+            x.start == y.start
+                && x.end == y.end
+                && x.offset == y.offset
+                && x.module.key() == y.module.key()
+        })
+}
