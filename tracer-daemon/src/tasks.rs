@@ -18,6 +18,9 @@ pub async fn events_and_housekeeping(
     service: Arc<Service>,
     ring: aya::maps::RingBuf<aya::maps::MapData>,
 ) {
+    let unwind_wake = Arc::new(tokio::sync::Notify::new());
+    let unwinder = tokio::spawn(unwind_new_images(service.clone(), unwind_wake.clone()));
+    let _abort_unwinder = AbortOnDrop(unwinder);
     // SAFETY: the RingBuf owns its map fd for its whole life inside the
     // AsyncFd, and as_raw_fd always returns that same fd.
     let mut fd =
@@ -46,6 +49,7 @@ pub async fn events_and_housekeeping(
                 guard.clear_ready();
                 let service = service.clone();
                 let _ = tokio::task::spawn_blocking(move || service.handle_events(&batch)).await;
+                unwind_wake.notify_one();
             }
             _ = tick.tick() => {
                 ticks += 1;
@@ -53,6 +57,26 @@ pub async fn events_and_housekeeping(
                 let _ = tokio::task::spawn_blocking(move || housekeeping(&service, ticks)).await;
             }
         }
+    }
+}
+
+/// Gives the new images of each batch of events their unwind tables and
+/// mappings, apart from the event loop so that compiling never delays the
+/// next events. Runs until aborted.
+async fn unwind_new_images(service: Arc<Service>, wake: Arc<tokio::sync::Notify>) {
+    loop {
+        wake.notified().await;
+        let service = service.clone();
+        let _ = tokio::task::spawn_blocking(move || service.unwind_pending()).await;
+    }
+}
+
+/// Aborts its task when dropped (with the loop that started it).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

@@ -15,7 +15,8 @@ impl Service {
     /// read from `/proc` at once (while it lives), exec and fork events of a
     /// scoped tracerd attach or detach, and the ended images' blocks are
     /// collected and removed from the kernel maps in one pass per batch
-    /// (or before a new image of the same pid).
+    /// (or before a new image of the same pid). New images wait for their
+    /// unwind tables in [`Service::unwind_pending`].
     pub fn handle_events(&self, batch: &[ProcEvent]) {
         let mut ends = Vec::new();
         for event in batch {
@@ -31,7 +32,7 @@ impl Service {
                     let (id, maps) = (image.id, image.maps.clone());
                     self.state.locks().registry().registry.add(image);
                     if let Some(maps) = maps {
-                        self.unwind_image(id, maps);
+                        self.queue_unwind(id, maps);
                     }
                 }
                 Some(Event::End(end)) => ends.push(end),

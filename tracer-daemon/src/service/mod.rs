@@ -55,6 +55,16 @@ pub struct Service {
     builder: SnapshotBuilder,
     /// When tracing began (wall clock).
     started_at: SystemTime,
+    /// New images waiting for their unwind tables and mappings
+    /// ([`Service::unwind_pending`]), kept out of the event loop: compiling
+    /// a large file takes long enough that the next events' processes
+    /// could be gone before they are read.
+    unwind_queue: std::sync::Mutex<
+        Vec<(
+            crate::capture::ImageId,
+            std::sync::Arc<crate::sys::modules::ModuleMaps>,
+        )>,
+    >,
 }
 
 impl Service {
@@ -77,6 +87,7 @@ impl Service {
                 TracingControl::new(nframe),
                 SnapshotStore::default(),
             ),
+            unwind_queue: std::sync::Mutex::default(),
             builder: SnapshotBuilder {
                 symbolizer: Symbolizer::new(),
                 nframe,

@@ -9,10 +9,40 @@ use crate::lifecycle::unwind;
 use crate::sys::modules::ModuleMaps;
 
 impl Service {
+    /// Queues `image` (mappings `maps`) for [`Service::unwind_pending`].
+    pub(super) fn queue_unwind(&self, image: ImageId, maps: Arc<ModuleMaps>) {
+        self.unwind_queue
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push((image, maps));
+    }
+
+    /// Gives every queued new image its unwind tables and mappings (see
+    /// [`Service::unwind_image`]); returns how many images it handled.
+    /// Run outside the event loop (`tasks`), after each batch of events.
+    pub fn unwind_pending(&self) -> usize {
+        let mut done = 0;
+        loop {
+            let pending = std::mem::take(
+                &mut *self
+                    .unwind_queue
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner),
+            );
+            if pending.is_empty() {
+                return done;
+            }
+            for (image, maps) in pending {
+                self.unwind_image(image, maps);
+                done += 1;
+            }
+        }
+    }
+
     /// Gives the kernel what it needs to unwind `image`'s stacks (mappings
     /// `maps`): the tables of its files not yet loaded, compiled here
     /// without a lock, then its mappings. Nothing when the unwinder is off.
-    pub(super) fn unwind_image(&self, image: ImageId, maps: Arc<ModuleMaps>) {
+    fn unwind_image(&self, image: ImageId, maps: Arc<ModuleMaps>) {
         let plan = {
             let held = self.state.locks().kernel();
             if held.kernel.config().unwind_table_rows == 0 {

@@ -140,12 +140,24 @@ impl SnapshotBuilder {
     fn traceback(&self, stack: &[u64], pass: &mut Pass<'_>) -> Traceback {
         // A walk that was cut ends with STACK_CUT_MARK: the stack has at
         // least one frame more than was walked.
-        let (stack, walk_cut) = match stack.split_last() {
+        let (mut stack, mut walk_cut) = match stack.split_last() {
             Some((&STACK_CUT_MARK, walked)) => (walked, true),
             _ => (stack, false),
         };
         let mut frames = Vec::new();
         if let Some(maps) = pass.maps {
+            // A return address outside every executable mapping is not a
+            // frame (a frame-pointer walk through code built without them,
+            // before the unwinder had the process's mappings): the stack is
+            // cut there.
+            if let Some(bad) = stack
+                .iter()
+                .skip(1)
+                .position(|&address| !maps.is_executable(address))
+            {
+                stack = &stack[..=bad];
+                walk_cut = true;
+            }
             for per_address in self.symbolizer.symbolize(maps, stack) {
                 for sym in per_address {
                     frames.push(Frame {

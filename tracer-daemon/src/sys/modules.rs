@@ -138,6 +138,20 @@ impl ModuleMaps {
         &self.anonymous
     }
 
+    /// Whether `addr` lies in an executable mapping (of a file, or
+    /// anonymous).
+    #[must_use]
+    pub fn is_executable(&self, addr: u64) -> bool {
+        if self.lookup(addr).is_some() {
+            return true;
+        }
+        let index = self.anonymous.partition_point(|&(start, _)| start <= addr);
+        index
+            .checked_sub(1)
+            .and_then(|i| self.anonymous.get(i))
+            .is_some_and(|&(_, end)| addr < end)
+    }
+
     /// The module mapped at virtual address `addr` and the offset of `addr` in its
     /// file, or `None` when no captured executable mapping contains `addr`.
     pub fn lookup(&self, addr: u64) -> Option<(&Arc<Module>, u64)> {
@@ -461,9 +475,18 @@ mod tests {
                     module: Arc::clone(&module),
                 },
             ],
-            anonymous: Vec::new(),
+            anonymous: vec![(0x8000, 0x9000)],
         };
         assert!(maps.lookup(0xfff).is_none());
+        // Executable: in a file's mapping or an anonymous one, ends excluded.
+        let executable: Vec<u64> = [
+            0xfff, 0x1000, 0x2000, 0x3fff, 0x7fff, 0x8000, 0x8fff, 0x9000,
+        ]
+        .into_iter()
+        .filter(|&a| maps.is_executable(a))
+        .collect();
+        assert_eq!(executable, [0x1000, 0x3fff, 0x8000, 0x8fff]);
+        assert!(maps.lookup(0x8000).is_none());
         assert_eq!(maps.lookup(0x1000).map(|(_, o)| o), Some(0));
         assert_eq!(maps.lookup(0x1fff).map(|(_, o)| o), Some(0xfff));
         assert!(maps.lookup(0x2000).is_none());

@@ -198,18 +198,24 @@ fn blocks_from_wrappers_are_counted_at_the_users_line() {
 
 #[test]
 fn nframe_counts_the_frames_after_the_wrappers() {
-    // Three frames captured: xmalloc, xstrdup, make_name for a name.
+    // nframe 3: the kernel walks the two wrapper frames (xmalloc, xstrdup)
+    // beyond them, so that three frames remain once they are dropped.
     let mut t = Traced::start(build().0, &["--nframe", "3"]);
     let places = |frames: &[Value]| frames.iter().map(place).collect::<Vec<_>>();
-    let (frames, total) = object(&t.tracerd, t.pid, t.address, "");
-    assert_eq!(places(&frames), [t.place("USER_NAME")]);
-    assert_eq!(total, 1);
-    let (frames, total) = object(&t.tracerd, t.pid, t.address, "?allocator_frames=keep");
+    let (kept, kept_total) = object(&t.tracerd, t.pid, t.address, "?allocator_frames=keep");
     assert_eq!(
-        places(&frames),
+        places(&kept),
         [t.place("XMALLOC"), t.place("XSTRDUP"), t.place("USER_NAME")]
     );
-    assert_eq!(total, 3);
+    let (frames, total) = object(&t.tracerd, t.pid, t.address, "");
+    assert_eq!(frames.len(), 3);
+    assert_eq!(
+        places(&frames[..2]),
+        [t.place("USER_NAME"), t.place("MAIN_NAME")]
+    );
+    assert_eq!(frames[2]["function"], "__libc_start_call_main");
+    // total_nframe counts the frames after the drop.
+    assert_eq!(total, kept_total - 2);
     t.fx.end();
 }
 
