@@ -12,6 +12,7 @@ use super::Capture;
 use super::events::RingPositions;
 use super::live_table::LiveTable;
 use crate::sys::bpf as bpf_sys;
+use tracer_common::unwind::{MAP_PROC_MAPS, MAP_UNWIND_PAGES, MAP_UNWIND_ROWS};
 
 impl Capture {
     /// The per-CPU counters summed over CPUs, by name, in slot order.
@@ -58,6 +59,7 @@ impl Capture {
         {
             live_entries = self.live.keys().count() as u64;
         }
+        let unwind = self.unwind_usage();
         vec![
             (
                 MAP_LIVE_ALLOCS,
@@ -105,6 +107,17 @@ impl Capture {
                 MAP_COUNTERS,
                 u64::from(COUNTER_SLOTS),
                 u64::from(COUNTER_SLOTS),
+            ),
+            (MAP_UNWIND_ROWS, unwind.rows, unwind.rows_capacity),
+            (MAP_UNWIND_PAGES, unwind.pages, unwind.pages_capacity),
+            (
+                MAP_PROC_MAPS,
+                unwind.processes,
+                if unwind.rows_capacity == 0 {
+                    0
+                } else {
+                    u64::from(self.config.unwind_processes)
+                },
             ),
         ]
     }

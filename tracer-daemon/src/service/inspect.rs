@@ -7,6 +7,7 @@ use serde::Serialize;
 use tracer_model::Trace;
 
 use super::{Service, ServiceError};
+use crate::capture::unwind::tables::UnwindUsage;
 use crate::capture::{AttachedLibrary, ImageId};
 use crate::lifecycle::blocks::raw_blocks;
 use crate::snapshot::{AllocatorFrames, truncate};
@@ -28,6 +29,9 @@ pub struct TracerMemory {
     pub stored_snapshots: usize,
     /// Traces in stored snapshots.
     pub stored_traces: usize,
+    /// The unwind tables in the kernel (their bytes are in `kernel_maps`,
+    /// as the memlock of `UNWIND_ROWS`, `UNWIND_PAGES` and `PROC_MAPS`).
+    pub unwind: UnwindUsage,
 }
 
 /// Entries and capacity of one kernel map.
@@ -48,6 +52,9 @@ pub struct KernelMapsView {
     pub live_allocs_by_pid: BTreeMap<u32, u64>,
     /// The programs' counters summed over CPUs, by name.
     pub counters: BTreeMap<String, u64>,
+    /// The unwind tables: files loaded, refused (over the budget among
+    /// them) and evicted, rows, pages, processes, and their bytes.
+    pub unwind: UnwindUsage,
 }
 
 /// Readiness (`GET /health`): the probes are attached.
@@ -132,6 +139,7 @@ impl Service {
             maps,
             live_allocs_by_pid,
             counters,
+            unwind: held.kernel.unwind_usage(),
         }
     }
 
@@ -141,6 +149,7 @@ impl Service {
         let maps = procfs::bpf_maps_of_self();
         let kernel_maps = maps.iter().map(|m| m.memlock).sum();
         let daemon_rss = procfs::self_rss().unwrap_or(0);
+        let unwind = self.state.locks().kernel().kernel.unwind_usage();
         let held = self.state.locks().store();
         let stored_traces = held
             .store
@@ -154,6 +163,7 @@ impl Service {
             maps,
             stored_snapshots: held.store.len(),
             stored_traces,
+            unwind,
         }
     }
 

@@ -132,8 +132,12 @@ struct FileEntry {
 pub struct UnwindUsage {
     /// Files with a table loaded.
     pub files: u64,
-    /// Files refused (no table: frame pointers only).
+    /// Files refused (no table: frame pointers only): no unwind
+    /// information, or over the budget.
     pub files_refused: u64,
+    /// Of them, files whose table did not fit in `unwind_table_rows` or
+    /// `unwind_table_pages` even after dropping every unused table.
+    pub files_over_budget: u64,
     /// Tables dropped to make room for another (their files are compiled
     /// again when a process maps them again).
     pub files_evicted: u64,
@@ -184,6 +188,7 @@ pub struct TableStore {
     next_id: u32,
     clock: u64,
     evicted: u64,
+    over_budget: u64,
 }
 
 impl TableStore {
@@ -199,6 +204,7 @@ impl TableStore {
             next_id: 1,
             clock: 0,
             evicted: 0,
+            over_budget: 0,
         }
     }
 
@@ -246,6 +252,9 @@ impl TableStore {
                     }
                 }
                 Err(err) => {
+                    if matches!(err, TableError::Full { .. }) {
+                        self.over_budget += 1;
+                    }
                     tracing::info!(dev = ?key.dev, inode = key.inode, %err, "no unwind table: frame pointers only");
                     refused(self.clock)
                 }
@@ -439,6 +448,7 @@ impl TableStore {
                 .values()
                 .filter(|f| f.id == UNWIND_FILE_NONE)
                 .count() as u64,
+            files_over_budget: self.over_budget,
             files_evicted: self.evicted,
             rows,
             rows_capacity: u64::from(self.rows.capacity()),
