@@ -424,6 +424,27 @@ impl ServiceCollector {
                 .map(|(map, _, cap)| (vec![("map", *map)], signed(*cap)))
                 .collect::<Vec<_>>(),
         )?;
+        let unwind = self.service.unwind_usage();
+        gauge(
+            encoder,
+            "tracer_unwind_table_bytes",
+            "Bytes the unwind tables take in the kernel: rows, pages and process mappings",
+            &[(Vec::new(), signed(unwind.bytes))],
+        )?;
+        gauge(
+            encoder,
+            "tracer_unwind_files",
+            "Files by the state of their unwind table: loaded, refused (walked with frame pointers), over_budget (refused for want of room), evicted (dropped for another, since start)",
+            &[
+                (vec![("state", "loaded")], signed(unwind.files)),
+                (vec![("state", "refused")], signed(unwind.files_refused)),
+                (
+                    vec![("state", "over_budget")],
+                    signed(unwind.files_over_budget),
+                ),
+                (vec![("state", "evicted")], signed(unwind.files_evicted)),
+            ],
+        )?;
         gauge(
             encoder,
             "tracer_bpf_stats_enabled",

@@ -115,6 +115,12 @@ impl Service {
         self.state.locks().kernel().kernel.map_usage()
     }
 
+    /// What the unwind tables hold and cost (tracerd's bookkeeping of
+    /// `UNWIND_ROWS`, `UNWIND_PAGES` and `PROC_MAPS`).
+    pub fn unwind_usage(&self) -> UnwindUsage {
+        self.state.locks().kernel().kernel.unwind_usage()
+    }
+
     /// The kernel maps' use: entries and capacity of each, live blocks per
     /// process, and the eBPF programs' counters.
     pub fn kernel_maps(&self) -> KernelMapsView {
