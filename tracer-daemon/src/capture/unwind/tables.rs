@@ -281,20 +281,21 @@ impl TableStore {
         let pages = table.pages.len() as u64;
         loop {
             let pages_free = u64::from(self.pages_capacity.saturating_sub(self.pages_used));
-            if needed <= self.rows.free_rows() && pages <= pages_free {
-                if let Some(runs) = self.try_alloc(table) {
-                    let mut written = Vec::with_capacity(runs.len());
-                    for ((page, rows), &(_, first, count)) in table.pages.iter().zip(&runs) {
-                        if let Err(err) = sink.write_rows(first, rows) {
-                            for &(_, f, c) in runs.iter() {
-                                self.rows.release(f, c);
-                            }
-                            return Err(TableError::Kernel(err));
+            if needed <= self.rows.free_rows()
+                && pages <= pages_free
+                && let Some(runs) = self.try_alloc(table)
+            {
+                let mut written = Vec::with_capacity(runs.len());
+                for ((page, rows), &(_, first, count)) in table.pages.iter().zip(&runs) {
+                    if let Err(err) = sink.write_rows(first, rows) {
+                        for &(_, f, c) in runs.iter() {
+                            self.rows.release(f, c);
                         }
-                        written.push((*page, first, count));
+                        return Err(TableError::Kernel(err));
                     }
-                    return Ok(written);
+                    written.push((*page, first, count));
                 }
+                return Ok(written);
             }
             if !self.evict_one(sink) {
                 return Err(TableError::Full {
