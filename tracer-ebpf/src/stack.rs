@@ -32,8 +32,8 @@ use aya_ebpf::{
 use tracer_common::{
     Counter, MAX_WALK_FRAMES, STACK_CUT, STACK_ID_NONE, STACK_WORDS,
     unwind::{
-        MAX_PROC_MAPPINGS, ProcMapping, ProcMappings, SIGFRAME_RBP, UNWIND_CFA_RBP, UNWIND_CFA_RSP,
-        UNWIND_END, UNWIND_FILE_NONE, UNWIND_PAGE_SHIFT, UNWIND_PLT, UNWIND_SIGNAL, UNWIND_UNKNOWN,
+        MAX_PROC_MAPPINGS, ProcMappings, SIGFRAME_RBP, UNWIND_CFA_RBP, UNWIND_CFA_RSP, UNWIND_END,
+        UNWIND_FILE_NONE, UNWIND_PAGE_SHIFT, UNWIND_PLT, UNWIND_SIGNAL, UNWIND_UNKNOWN, UnwindPage,
         UnwindPageKey, UnwindRow,
     },
 };
@@ -94,6 +94,10 @@ pub(crate) fn stack_id<C: EbpfContext>(ctx: &C, tgid: u32, gen_: u32) -> u64 {
             cut: 0,
             id: 0xcbf2_9ce4_8422_2325,
             check: 0x9e37_79b9_7f4a_7c15,
+            last_mapping: 0,
+            last_page: 0,
+            last_page_first: 0,
+            last_page_count: 0,
         };
     }
     match PROC_MAPS.get_ptr(tgid) {
@@ -206,6 +210,14 @@ pub(crate) struct Walk {
     /// its check).
     id: u64,
     check: u64,
+    /// The mapping of the last frame, + 1 (0: none yet): a caller is most
+    /// often in the same file, and checking it first saves the search.
+    last_mapping: u64,
+    /// The last page looked up, `file << 32 | page` (0: none), and its run
+    /// of rows: callers in the same 64 KiB of code skip the hash lookup.
+    last_page: u64,
+    last_page_first: u64,
+    last_page_count: u64,
 }
 
 /// Adds frame `ip` to the walk's two hashes.
@@ -273,9 +285,17 @@ extern "C" fn unwind_step(index: u64, ctx: *mut c_void) -> i64 {
         (&*refs.maps, &mut *refs.walk, refs.words)
     };
     let ip = walk.ip;
-    let Some(mapping) = find_mapping(maps, ip) else {
-        walk.cut = CUT_NO_MAPPING;
-        return 1;
+    let last =
+        maps.mappings[(walk.last_mapping.wrapping_sub(1) as usize) & (MAX_PROC_MAPPINGS - 1)];
+    let mapping = if walk.last_mapping != 0 && last.start <= ip && ip < last.end {
+        last
+    } else {
+        let Some(index) = find_mapping(maps, ip) else {
+            walk.cut = CUT_NO_MAPPING;
+            return 1;
+        };
+        walk.last_mapping = index as u64 + 1;
+        maps.mappings[index & (MAX_PROC_MAPPINGS - 1)]
     };
     let n = index as usize;
     if n >= MAX_WALK_FRAMES as usize {
@@ -299,6 +319,7 @@ extern "C" fn unwind_step(index: u64, ctx: *mut c_void) -> i64 {
         UnwindRow::default()
     } else {
         find_row(
+            walk,
             mapping.file,
             pc.wrapping_sub(mapping.start)
                 .wrapping_add(mapping.file_offset),
@@ -332,7 +353,7 @@ extern "C" fn unwind_step(index: u64, ctx: *mut c_void) -> i64 {
     0
 }
 
-/// The mapping of `maps` that holds `ip`: the last one starting at or
+/// The index of the mapping of `maps` that holds `ip`: the last one starting at or
 /// below it, by a branch-free binary search of 8 fixed steps (256
 /// mappings), unrolled.
 ///
@@ -341,7 +362,7 @@ extern "C" fn unwind_step(index: u64, ctx: *mut c_void) -> i64 {
 /// position, which it need not know exactly), where a searching loop made
 /// it follow every path apart.
 #[inline(always)]
-fn find_mapping(maps: &ProcMappings, ip: u64) -> Option<ProcMapping> {
+fn find_mapping(maps: &ProcMappings, ip: u64) -> Option<usize> {
     let count = maps.count as usize;
     // below: mappings known to start at or below ip.
     let mut below = 0usize;
@@ -366,8 +387,8 @@ fn find_mapping(maps: &ProcMappings, ip: u64) -> Option<ProcMapping> {
     if below == 0 {
         return None;
     }
-    let mapping = maps.mappings[(below - 1) & (MAX_PROC_MAPPINGS - 1)];
-    (ip < mapping.end).then_some(mapping)
+    let index = (below - 1) & (MAX_PROC_MAPPINGS - 1);
+    (ip < maps.mappings[index].end).then_some(index)
 }
 
 /// The row in force at `offset` of `file`: the last row of the offset's
@@ -376,14 +397,26 @@ fn find_mapping(maps: &ProcMappings, ip: u64) -> Option<ProcMapping> {
 /// rows), unrolled as in [`find_mapping`]; [`UNWIND_UNKNOWN`] when no page
 /// of the table holds the offset.
 #[inline(always)]
-fn find_row(file: u32, offset: u64) -> UnwindRow {
+fn find_row(walk: &mut Walk, file: u32, offset: u64) -> UnwindRow {
     let key = UnwindPageKey {
         file,
         page: (offset >> UNWIND_PAGE_SHIFT) as u32,
     };
-    // SAFETY: a value of UNWIND_PAGES, copied out at once.
-    let Some(page) = (unsafe { UNWIND_PAGES.get(&key) }).copied() else {
-        return UnwindRow::default();
+    let packed = (u64::from(key.file) << 32) | u64::from(key.page);
+    let page = if walk.last_page == packed {
+        UnwindPage {
+            first: walk.last_page_first as u32,
+            count: walk.last_page_count as u32,
+        }
+    } else {
+        // SAFETY: a value of UNWIND_PAGES, copied out at once.
+        let Some(page) = (unsafe { UNWIND_PAGES.get(&key) }).copied() else {
+            return UnwindRow::default();
+        };
+        walk.last_page = packed;
+        walk.last_page_first = u64::from(page.first);
+        walk.last_page_count = u64::from(page.count);
+        page
     };
     let pc = (offset & ((1 << UNWIND_PAGE_SHIFT) - 1)) as u16;
     // at: the last row known to start at or below pc (row 0 starts at 0).
