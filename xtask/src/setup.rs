@@ -31,6 +31,9 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
     ("heaptrack", "heaptrack"),
     ("valgrind", "valgrind"),
     ("sqlite3", "sqlite3"),
+    // The unwinder's judge (gdb's backtrace) and its C++ fixture.
+    ("gdb", "gdb"),
+    ("g++", "g++"),
     // The service tests: scraping, map inspection, the unit file, dropping
     // privileges.
     ("prometheus", "prometheus"),

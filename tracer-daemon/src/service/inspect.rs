@@ -55,6 +55,9 @@ pub struct KernelMapsView {
     /// The unwind tables: files loaded, refused (over the budget among
     /// them) and evicted, rows, pages, processes, and their bytes.
     pub unwind: UnwindUsage,
+    /// Pids whose executable mappings the kernel has for the unwinder
+    /// (until then a process is walked with frame pointers), sorted.
+    pub unwind_pids: Vec<u32>,
 }
 
 /// Readiness (`GET /health`): the probes are attached.
@@ -146,6 +149,16 @@ impl Service {
             live_allocs_by_pid,
             counters,
             unwind: held.kernel.unwind_usage(),
+            unwind_pids: {
+                let mut pids: Vec<u32> = held
+                    .kernel
+                    .unwind_processes()
+                    .into_iter()
+                    .map(|image| image.pid)
+                    .collect();
+                pids.sort_unstable();
+                pids
+            },
         }
     }
 

@@ -9,3 +9,4 @@ mod metrics;
 mod persistence;
 mod service;
 mod support;
+mod unwind;

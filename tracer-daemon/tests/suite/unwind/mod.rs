@@ -1,0 +1,154 @@
+//! The unwinder, judged by gdb: fixtures built as distributions build
+//! (`-O2`, no frame pointers), a shared library among them, run once under
+//! gdb (a breakpoint at `malloc` for each fixture size prints `bt`) and once
+//! under tracerd; each block's traceback must be gdb's backtrace after the
+//! allocation machinery: the same functions, files and lines, frame by
+//! frame, to the same depth.
+
+mod gdb;
+
+use std::{path::Path, process::Command, time::Duration};
+
+use serde_json::Value;
+
+use crate::suite::support::{Fixture, TempDir, Tracerd, fixture_path, output_ok, poll};
+use gdb::{Frame, backtraces};
+
+/// The frames of tracer's traces of `size` bytes of process `pid`.
+fn tracer_frames(tracerd: &Tracerd, pid: u32, size: u64) -> Vec<Vec<Frame>> {
+    let body = tracerd.get_ok(&format!("/pid/{pid}/traces?limit=0"));
+    body["traces"]
+        .as_array()
+        .expect("traces")
+        .iter()
+        .filter(|t| t["size"].as_u64() == Some(size))
+        .map(|t| {
+            t["traceback"]
+                .as_array()
+                .expect("traceback")
+                .iter()
+                .map(Frame::of_json)
+                .collect()
+        })
+        .collect()
+}
+
+/// Runs `exe` traced until it has allocated ("ready", the unwinder has its
+/// mappings, "go", "done"), then compares each size's traceback with gdb's
+/// backtrace of the same allocation.
+fn judge(exe: &Path, sizes: &[u64]) {
+    let scratch = TempDir::new("gdb");
+    let gdb = backtraces(exe, sizes, scratch.path());
+    let tracerd = Tracerd::start(&[]);
+    let mut fx = Fixture::spawn_traced(&tracerd, exe, &[]);
+    let pid = fx.pid();
+    poll(Duration::from_secs(20), Duration::from_millis(20), || {
+        let maps = tracerd.get_ok("/maps");
+        let has = maps["unwind_pids"]
+            .as_array()
+            .is_some_and(|p| p.iter().any(|v| v.as_u64() == Some(u64::from(pid))));
+        if has {
+            Ok(())
+        } else {
+            Err(format!(
+                "the unwinder has no mappings of {pid}: {}",
+                maps["unwind"]
+            ))
+        }
+    });
+    fx.go();
+    fx.expect_line("done");
+    let mut failures = Vec::new();
+    for &size in sizes {
+        let want = gdb
+            .get(&size)
+            .unwrap_or_else(|| panic!("gdb did not stop at a malloc of {size} bytes"));
+        let want = gdb::after_machinery(want);
+        let got = tracer_frames(&tracerd, pid, size);
+        assert_eq!(got.len(), 1, "one block of {size} bytes");
+        if !gdb::same(&want, &got[0]) {
+            failures.push(format!(
+                "{size} bytes:\n{}",
+                gdb::side_by_side(&want, &got[0])
+            ));
+        }
+    }
+    fx.end();
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// unwind_chain.c with its shared library, both `-O2 -fomit-frame-pointer`.
+fn build_chain(dir: &Path) -> std::path::PathBuf {
+    let lib = dir.join("libunwindlib.so");
+    output_ok(
+        Command::new("cc")
+            .args([
+                "-g",
+                "-O2",
+                "-fomit-frame-pointer",
+                "-fPIC",
+                "-shared",
+                "-o",
+            ])
+            .arg(&lib)
+            .arg(fixture_path("unwind_lib.c")),
+    );
+    let exe = dir.join("unwind_chain");
+    output_ok(
+        Command::new("cc")
+            .args(["-g", "-O2", "-fomit-frame-pointer", "-I"])
+            .arg(fixture_path(""))
+            .arg("-o")
+            .arg(&exe)
+            .arg(fixture_path("unwind_chain.c"))
+            .arg(format!("-L{}", dir.display()))
+            .arg(format!("-Wl,-rpath,{}", dir.display()))
+            .arg("-lunwindlib"),
+    );
+    exe
+}
+
+#[test]
+fn c_without_frame_pointers_through_a_shared_library_matches_gdb() {
+    let dir = TempDir::new("unwind-c");
+    let exe = build_chain(dir.path());
+    // lib_leaf allocates n + 1 of middle's n + 1: 70002; leaf 71000.
+    judge(&exe, &[70002, 71000]);
+}
+
+#[test]
+fn cpp_at_o2_matches_gdb_at_the_users_lines() {
+    let dir = TempDir::new("unwind-cpp");
+    let exe = dir.path().join("unwind_cpp");
+    output_ok(
+        Command::new("g++")
+            .args(["-g", "-O2", "-o"])
+            .arg(&exe)
+            .arg(fixture_path("unwind_cpp.cpp")),
+    );
+    // new int[18000], vector<int>(18250), string(73500), make_unique<Big>,
+    // vector<char>(74500) in a map.
+    judge(&exe, &[72000, 73000, 73501, 72001, 74500]);
+}
+
+#[test]
+fn a_frame_is_always_in_an_executable_mapping() {
+    // Frame-pointer garbage would name data or nothing: every frame tracer
+    // reports for the no-frame-pointer chain is in a module, with a line.
+    let dir = TempDir::new("unwind-maps");
+    let exe = build_chain(dir.path());
+    let tracerd = Tracerd::start(&[]);
+    let mut fx = Fixture::spawn_traced(&tracerd, &exe, &[]);
+    fx.go();
+    fx.expect_line("done");
+    let body: Value = tracerd.get_ok(&format!("/pid/{}/traces?limit=0", fx.pid()));
+    let mut frames = 0;
+    for trace in body["traces"].as_array().expect("traces") {
+        for frame in trace["traceback"].as_array().expect("traceback") {
+            frames += 1;
+            assert!(frame["module"].is_string(), "a frame in no module: {frame}");
+        }
+    }
+    assert!(frames > 0);
+    fx.end();
+}
