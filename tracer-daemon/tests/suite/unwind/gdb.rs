@@ -150,13 +150,12 @@ pub fn after_machinery(frames: &[Frame]) -> Vec<Frame> {
 }
 
 /// Whether tracer's frames are gdb's: the same depth, and frame by frame
-/// the same file and line where gdb has them, and the same function where
-/// both name one (libc's entry functions have several names).
+/// the same function, file and line wherever gdb has line information
+/// (libc's entry functions, without it, have several names).
 pub fn same(gdb: &[Frame], tracer: &[Frame]) -> bool {
     gdb.len() == tracer.len()
         && gdb.iter().zip(tracer).all(|(g, t)| {
-            (g.line == 0 || (g.file == t.file && g.line == t.line))
-                && (g.line == 0 || g.function == t.function)
+            g.line == 0 || (g.file == t.file && g.line == t.line && g.function == t.function)
         })
 }
 
