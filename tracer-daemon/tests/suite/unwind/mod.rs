@@ -77,7 +77,7 @@ fn judge(exe: &Path, sizes: &[u64]) {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// unwind_chain.c with its shared library, both `-O2 -fomit-frame-pointer`.
+/// unwind_gdb_chain.c with its shared library, both `-O2 -fomit-frame-pointer`.
 fn build_chain(dir: &Path) -> std::path::PathBuf {
     let lib = dir.join("libunwindlib.so");
     output_ok(
@@ -93,14 +93,14 @@ fn build_chain(dir: &Path) -> std::path::PathBuf {
             .arg(&lib)
             .arg(fixture_path("unwind_lib.c")),
     );
-    let exe = dir.join("unwind_chain");
+    let exe = dir.join("unwind_gdb_chain");
     output_ok(
         Command::new("cc")
             .args(["-g", "-O2", "-fomit-frame-pointer", "-I"])
             .arg(fixture_path(""))
             .arg("-o")
             .arg(&exe)
-            .arg(fixture_path("unwind_chain.c"))
+            .arg(fixture_path("unwind_gdb_chain.c"))
             .arg(format!("-L{}", dir.display()))
             .arg(format!("-Wl,-rpath,{}", dir.display()))
             .arg("-lunwindlib"),
