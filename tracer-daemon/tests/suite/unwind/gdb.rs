@@ -79,17 +79,26 @@ fn parse_bt_line(line: &str) -> Option<Frame> {
     })
 }
 
+/// A breakpoint at `function` when its argument `register` (the size) is
+/// one of `sizes`, printing the size and `bt`.
+fn breakpoint(function: &str, register: &str, sizes: &[u64]) -> String {
+    let condition = sizes
+        .iter()
+        .map(|s| format!("{register} == {s}"))
+        .collect::<Vec<_>>()
+        .join(" || ");
+    format!(
+        "break {function} if {condition}\ncommands\nsilent\nprintf \"STOP %lu\\n\", {register}\n\
+         bt\nprintf \"END\\n\"\ncontinue\nend\n"
+    )
+}
+
 /// Runs `exe` under gdb (stdin: two "go" lines), stopping at every `malloc`
-/// of one of `sizes` bytes; returns each size's backtrace (frame 0 is
-/// `malloc`).
+/// of one of `sizes` bytes, and at every `realloc` to one of them; returns
+/// each size's first backtrace (frame 0 is `malloc` or `realloc`).
 pub fn backtraces(exe: &Path, sizes: &[u64], scratch: &Path) -> BTreeMap<u64, Vec<Frame>> {
     let input = scratch.join("go.txt");
     std::fs::write(&input, "go\ngo\n").expect("write gdb input");
-    let condition = sizes
-        .iter()
-        .map(|s| format!("$rdi == {s}"))
-        .collect::<Vec<_>>()
-        .join(" || ");
     let script = scratch.join("bt.gdb");
     std::fs::write(
         &script,
@@ -97,8 +106,9 @@ pub fn backtraces(exe: &Path, sizes: &[u64], scratch: &Path) -> BTreeMap<u64, Ve
             "set pagination off\nset confirm off\nset debuginfod enabled off\n\
              set breakpoint pending on\nset print frame-arguments none\n\
              set backtrace past-main on\nset backtrace past-entry on\n\
-             break malloc if {condition}\ncommands\nsilent\nprintf \"STOP %lu\\n\", $rdi\n\
-             bt\nprintf \"END\\n\"\ncontinue\nend\nrun < {}\nquit\n",
+             {}{}run < {}\nquit\n",
+            breakpoint("malloc", "$rdi", sizes),
+            breakpoint("realloc", "$rsi", sizes),
             input.display()
         ),
     )
@@ -133,30 +143,103 @@ pub fn backtraces(exe: &Path, sizes: &[u64], scratch: &Path) -> BTreeMap<u64, Ve
     found
 }
 
+/// The leading frames gdb names that tracerd's default `allocator_frames`
+/// drop: C++'s `operator new` and standard library, Rust's allocator shims
+/// and its alloc, core, std and hashbrown crates.
+const MACHINERY: [&str; 12] = [
+    "operator new",
+    "std::",
+    "__gnu_cxx::",
+    "alloc::",
+    "core::",
+    "hashbrown::",
+    "__rust_",
+    "__rdl_",
+    "__rg_",
+    "__rustc::",
+    "<alloc::",
+    "<core::",
+];
+
 /// gdb's frames after the allocation machinery, as tracerd's default
-/// `allocator_frames` drops them: `malloc` itself, then leading `operator
-/// new`, `std::` and `__gnu_cxx::` frames.
+/// `allocator_frames` drops them: `malloc` (or `realloc`) itself, then the
+/// leading frames of [`MACHINERY`].
 pub fn after_machinery(frames: &[Frame]) -> Vec<Frame> {
     frames
         .iter()
         .skip(1)
-        .skip_while(|f| {
-            f.function.starts_with("operator new")
-                || f.function.starts_with("std::")
-                || f.function.starts_with("__gnu_cxx::")
-        })
+        .skip_while(|f| MACHINERY.iter().any(|p| f.function.starts_with(p)))
         .cloned()
         .collect()
 }
 
+/// A function's own name: its last `::` segment outside `<...>`, without
+/// generic arguments. gdb names a Rust function by its DWARF path
+/// (`core::ops::function::{impl#2}::call_once<(), ...>`), tracer by its
+/// demangled symbol (`<&F as core::ops::function::FnOnce<A>>::call_once`,
+/// `do_call::<F, R>`): both end in `call_once`. A closure is `{closure}`
+/// (`{closure#0}` in DWARF, `{{closure}}` in a legacy symbol).
+pub fn leaf(name: &str) -> &str {
+    let b = name.as_bytes();
+    let mut end = b.len();
+    let mut depth = 0usize;
+    let mut close = 0usize;
+    let mut start = 0usize;
+    let mut i = b.len();
+    while i > 0 {
+        i -= 1;
+        match b[i] {
+            // `->` in a function type is no bracket.
+            b'>' if i > 0 && b[i - 1] == b'-' => {}
+            b'>' => {
+                if depth == 0 {
+                    close = i;
+                }
+                depth += 1;
+            }
+            b'<' if depth > 0 => {
+                depth -= 1;
+                // Generic arguments that end the segment are not its name.
+                if depth == 0 && close + 1 == end {
+                    end = i;
+                }
+            }
+            // An unclosed `<` (gdb's line cut inside the arguments).
+            b'<' => end = i,
+            b':' if depth == 0 && i > 0 && b[i - 1] == b':' => {
+                if i + 1 >= end {
+                    // `do_call::<..>`: the segment before the turbofish.
+                    end = i - 1;
+                    i -= 1;
+                } else {
+                    start = i + 1;
+                    break;
+                }
+            }
+            _ => {}
+        }
+    }
+    let own = name[start..end.max(start)].trim();
+    if own.starts_with("{closure#") || own == "{{closure}}" {
+        return "{closure}";
+    }
+    own
+}
+
 /// Whether tracer's frames are gdb's: the same depth, and frame by frame
-/// the same function, file and line wherever gdb has line information
-/// (libc's entry functions, without it, have several names).
+/// the same function (its [`leaf`] name), file and line wherever gdb has
+/// line information (libc's entry functions, without it, have several
+/// names).
 pub fn same(gdb: &[Frame], tracer: &[Frame]) -> bool {
-    gdb.len() == tracer.len()
-        && gdb.iter().zip(tracer).all(|(g, t)| {
-            g.line == 0 || (g.file == t.file && g.line == t.line && g.function == t.function)
-        })
+    gdb.len() == tracer.len() && gdb.iter().zip(tracer).all(|(g, t)| same_frame(g, t))
+}
+
+/// One frame of each: the same wherever gdb has a line.
+fn same_frame(gdb: &Frame, tracer: &Frame) -> bool {
+    gdb.line == 0
+        || (gdb.file == tracer.file
+            && gdb.line == tracer.line
+            && leaf(&gdb.function) == leaf(&tracer.function))
 }
 
 /// Both sides, a frame a line, for a failure message.
@@ -169,8 +252,13 @@ pub fn side_by_side(gdb: &[Frame], tracer: &[Frame]) -> String {
                     format!("{} {}:{}", f.function, f.file, f.line)
                 })
             };
+            let differs = match (gdb.get(i), tracer.get(i)) {
+                (Some(g), Some(t)) => !same_frame(g, t),
+                _ => true,
+            };
             format!(
-                "  #{i:<2} gdb {:<50} tracer {}",
+                "{} #{i:<2} gdb {:<50} tracer {}",
+                if differs { "!" } else { " " },
                 show(gdb.get(i)),
                 show(tracer.get(i))
             )
@@ -206,5 +294,40 @@ fn bt_lines_parse_into_function_file_and_line() {
         })
     );
     assert_eq!(bare("allocate()"), "allocate");
+    assert_eq!(
+        leaf(
+            "core::ops::function::{impl#2}::call_once<(), (dyn core::ops::function::Fn<(), Output=i32>)>"
+        ),
+        "call_once"
+    );
+    assert_eq!(
+        leaf("<&F as core::ops::function::FnOnce<A>>::call_once"),
+        "call_once"
+    );
+    assert_eq!(leaf("unwind_rust::allocate"), "allocate");
+    assert_eq!(leaf("a::b<fn() -> i32>::c<u8>"), "c");
+    assert_eq!(
+        leaf("std::vector<int, std::allocator<int> >::vector"),
+        "vector"
+    );
+    assert_eq!(leaf("main"), "main");
+    assert_eq!(
+        leaf(
+            "std::panicking::catch_unwind::do_call::<&dyn core::ops::function::Fn<(), Output = i32> + core::marker::Sync, i32>"
+        ),
+        "do_call"
+    );
+    assert_eq!(
+        leaf(
+            "std::panicking::catch_unwind::do_call<&(dyn core::ops::function::Fn<(), Output=i32> + core::marker::Sync), i32>"
+        ),
+        "do_call"
+    );
+    assert_eq!(
+        leaf("core::ops::function::FnOnce::call_once<fn(),"),
+        "call_once"
+    );
+    assert_eq!(leaf("std::rt::lang_start::{closure#0}<()>"), "{closure}");
+    assert_eq!(leaf("std::rt::lang_start::{{closure}}"), "{closure}");
     assert_eq!(bare("main"), "main");
 }

@@ -33,13 +33,14 @@ fn tracer_frames(tracerd: &Tracerd, pid: u32, size: u64) -> Vec<Vec<Frame>> {
         .collect()
 }
 
-/// Runs `exe` traced until it has allocated ("ready", the unwinder has its
-/// mappings, "go", "done"), then compares each size's traceback with gdb's
-/// backtrace of the same allocation.
-fn judge(exe: &Path, sizes: &[u64]) {
+/// Runs `exe` traced by a tracerd started with `flags` until it has
+/// allocated ("ready", the unwinder has its mappings, "go", "done"), then
+/// compares each size's traceback with gdb's backtrace of the same
+/// allocation.
+fn judge(exe: &Path, sizes: &[u64], flags: &[&str]) {
     let scratch = TempDir::new("gdb");
     let gdb = backtraces(exe, sizes, scratch.path());
-    let tracerd = Tracerd::start(&[]);
+    let tracerd = Tracerd::start(flags);
     let mut fx = Fixture::spawn_traced(&tracerd, exe, &[]);
     let pid = fx.pid();
     poll(Duration::from_secs(20), Duration::from_millis(20), || {
@@ -113,7 +114,7 @@ fn c_without_frame_pointers_through_a_shared_library_matches_gdb() {
     let dir = TempDir::new("unwind-c");
     let exe = build_chain(dir.path());
     // lib_leaf allocates n + 1 of middle's n + 1: 70002; leaf 71000.
-    judge(&exe, &[70002, 71000]);
+    judge(&exe, &[70002, 71000], &[]);
 }
 
 #[test]
@@ -128,7 +129,31 @@ fn cpp_at_o2_matches_gdb_at_the_users_lines() {
     );
     // new int[18000], vector<int>(18250), string(73500), make_unique<Big>,
     // vector<char>(74500) in a map.
-    judge(&exe, &[72000, 73000, 73501, 72001, 74500]);
+    judge(&exe, &[72000, 73000, 73501, 72001, 74500], &[]);
+}
+
+/// unwind_rust.rs as `cargo build --release` with debug info builds it:
+/// opt-level 3, no forced frame pointers, the system allocator.
+fn build_rust(dir: &Path) -> std::path::PathBuf {
+    let exe = dir.join("unwind_rust");
+    output_ok(
+        Command::new("rustc")
+            .args(["-C", "opt-level=3", "-C", "debuginfo=2", "-o"])
+            .arg(&exe)
+            .arg(fixture_path("unwind_rust.rs")),
+    );
+    exe
+}
+
+#[test]
+fn rust_release_matches_gdb_at_the_users_lines() {
+    let dir = TempDir::new("unwind-rust");
+    let exe = build_rust(dir.path());
+    // Vec<u32>::with_capacity(19000), Box<[u8; 76001]>, String::push's
+    // realloc to 144016, HashMap::with_capacity(3000) (4096 buckets of 16
+    // bytes, 4096 + 16 control bytes). Rust's runtime puts 18 frames under
+    // the user's line: nframe 32 holds them all.
+    judge(&exe, &[76000, 76001, 144016, 69648], &["--nframe", "32"]);
 }
 
 #[test]
