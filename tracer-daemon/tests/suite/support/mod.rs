@@ -11,7 +11,7 @@ mod kernel;
 mod process;
 mod tracerd;
 
-pub use files::{TempDir, fixture_path};
+pub use files::{TempDir, fixture_path, fixture_text, line_of};
 pub use fixture::{Fixture, Program};
 pub use json::{sample, snapshot_ids, stat_at, u64_of};
 pub use kernel::{bpf_ids, bpftool_json, bpftool_shows};

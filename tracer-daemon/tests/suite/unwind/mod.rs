@@ -6,6 +6,7 @@
 //! frame, to the same depth.
 
 mod gdb;
+mod sites;
 
 use std::{path::Path, process::Command, time::Duration};
 
@@ -43,20 +44,7 @@ fn judge(exe: &Path, sizes: &[u64], flags: &[&str]) {
     let tracerd = Tracerd::start(flags);
     let mut fx = Fixture::spawn_traced(&tracerd, exe, &[]);
     let pid = fx.pid();
-    poll(Duration::from_secs(20), Duration::from_millis(20), || {
-        let maps = tracerd.get_ok("/maps");
-        let has = maps["unwind_pids"]
-            .as_array()
-            .is_some_and(|p| p.iter().any(|v| v.as_u64() == Some(u64::from(pid))));
-        if has {
-            Ok(())
-        } else {
-            Err(format!(
-                "the unwinder has no mappings of {pid}: {}",
-                maps["unwind"]
-            ))
-        }
-    });
+    wait_unwinder(&tracerd, pid);
     fx.go();
     fx.expect_line("done");
     let mut failures = Vec::new();
@@ -76,6 +64,26 @@ fn judge(exe: &Path, sizes: &[u64], flags: &[&str]) {
     }
     fx.end();
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Waits until tracerd's unwinder has the tables of `pid`'s mappings
+/// (`/maps`' `unwind_pids`): they are compiled once the process is seen,
+/// and its allocations before that are walked by frame pointers.
+fn wait_unwinder(tracerd: &Tracerd, pid: u32) {
+    poll(Duration::from_secs(20), Duration::from_millis(20), || {
+        let maps = tracerd.get_ok("/maps");
+        let has = maps["unwind_pids"]
+            .as_array()
+            .is_some_and(|p| p.iter().any(|v| v.as_u64() == Some(u64::from(pid))));
+        if has {
+            Ok(())
+        } else {
+            Err(format!(
+                "the unwinder has no mappings of {pid}: {}",
+                maps["unwind"]
+            ))
+        }
+    });
 }
 
 /// unwind_gdb_chain.c with its shared library, both `-O2 -fomit-frame-pointer`.
@@ -117,16 +125,22 @@ fn c_without_frame_pointers_through_a_shared_library_matches_gdb() {
     judge(&exe, &[70002, 71000], &[]);
 }
 
-#[test]
-fn cpp_at_o2_matches_gdb_at_the_users_lines() {
-    let dir = TempDir::new("unwind-cpp");
-    let exe = dir.path().join("unwind_cpp");
+/// unwind_cpp.cpp as `g++ -O2` builds it (no frame pointers).
+fn build_cpp(dir: &Path) -> std::path::PathBuf {
+    let exe = dir.join("unwind_cpp");
     output_ok(
         Command::new("g++")
             .args(["-g", "-O2", "-o"])
             .arg(&exe)
             .arg(fixture_path("unwind_cpp.cpp")),
     );
+    exe
+}
+
+#[test]
+fn cpp_at_o2_matches_gdb_at_the_users_lines() {
+    let dir = TempDir::new("unwind-cpp");
+    let exe = build_cpp(dir.path());
     // new int[18000], vector<int>(18250), string(73500), make_unique<Big>,
     // vector<char>(74500) in a map.
     judge(&exe, &[72000, 73000, 73501, 72001, 74500], &[]);
