@@ -26,6 +26,9 @@ pub enum ProcEventKind {
     /// Scoped mode: a task was created; `tgid` is the child's id (a thread
     /// or a process: userspace tells them apart).
     Fork = 5,
+    /// A traced image is mapping a file's code (`mmap` with `PROT_EXEC`: a
+    /// library `dlopen`ed): re-read its mappings for the unwinder.
+    Mapped = 6,
 }
 
 impl TryFrom<u32> for ProcEventKind {
@@ -40,6 +43,7 @@ impl TryFrom<u32> for ProcEventKind {
             3 => Ok(ProcEventKind::Exit),
             4 => Ok(ProcEventKind::ExecAny),
             5 => Ok(ProcEventKind::Fork),
+            6 => Ok(ProcEventKind::Mapped),
             other => Err(other),
         }
     }
@@ -84,6 +88,7 @@ mod tests {
             ProcEventKind::Exit,
             ProcEventKind::ExecAny,
             ProcEventKind::Fork,
+            ProcEventKind::Mapped,
         ];
         for kind in kinds {
             assert_eq!(ProcEventKind::try_from(kind as u32), Ok(kind));
@@ -93,11 +98,12 @@ mod tests {
         assert_eq!(ProcEventKind::try_from(3), Ok(ProcEventKind::Exit));
         assert_eq!(ProcEventKind::try_from(4), Ok(ProcEventKind::ExecAny));
         assert_eq!(ProcEventKind::try_from(5), Ok(ProcEventKind::Fork));
+        assert_eq!(ProcEventKind::try_from(6), Ok(ProcEventKind::Mapped));
     }
 
     #[test]
     fn unknown_event_kinds_are_refused_with_their_number() {
-        for number in [0, 6, 7, 0x100, u32::MAX] {
+        for number in [0, 7, 0x100, u32::MAX] {
             assert_eq!(ProcEventKind::try_from(number), Err(number));
         }
     }

@@ -77,6 +77,13 @@ pub const PROBES: [ProbeSpec; 10] = [
 /// exit program to measure the physical floor of the probes themselves.
 pub const FLOOR_PROGRAMS: (&str, &str) = ("floor_enter", "floor_exit");
 
+/// The tracepoint that reports a traced image mapping a file's code (a
+/// `dlopen`), so that the unwinder learns the new mapping within
+/// milliseconds rather than at its next periodic refresh: (program,
+/// category, name). Optional: a kernel without syscall tracepoints
+/// (`CONFIG_FTRACE_SYSCALLS`) has only the periodic refresh.
+pub const MAPPING_TRACEPOINT: (&str, &str, &str) = ("sys_enter_mmap", "syscalls", "sys_enter_mmap");
+
 /// The tracepoint programs for process lifecycle: (program, category, name).
 pub const TRACEPOINTS: [(&str, &str, &str); 3] = [
     ("sched_process_exec", "sched", "sched_process_exec"),

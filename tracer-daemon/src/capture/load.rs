@@ -12,8 +12,8 @@ use tracer_common::{
     FLOOR_PROGRAMS, GLOBAL_INFLIGHT_SLOT_MASK, GLOBAL_LIVE_BUCKET_MASK, GLOBAL_NFRAME,
     GLOBAL_PAGE_SIZE, GLOBAL_SAMPLE_MEAN, GLOBAL_TRACERD_TGID, LIVE_WAYS, MAP_COUNTERS, MAP_EVENTS,
     MAP_EXP_TABLE, MAP_INFLIGHT, MAP_INFLIGHT_SLOTS, MAP_LIVE_ALLOCS, MAP_LIVE_KEYS,
-    MAP_LIVE_VALUES, MAP_PROC_SLOTS, MAP_PROCS, MAP_STACKS, MAP_SWITCHES, MAX_NFRAME,
-    MAX_WALK_FRAMES, STACK_WORDS, TRACEPOINTS,
+    MAP_LIVE_VALUES, MAP_PROC_SLOTS, MAP_PROCS, MAP_STACKS, MAP_SWITCHES, MAPPING_TRACEPOINT,
+    MAX_NFRAME, MAX_WALK_FRAMES, STACK_WORDS, TRACEPOINTS,
     unwind::{MAP_PROC_MAPS, MAP_UNWIND_PAGES, MAP_UNWIND_ROWS},
 };
 
@@ -157,6 +157,10 @@ impl Capture {
                     target: format!("{category}:{event}"),
                     source: Box::new(source),
                 })?;
+        }
+
+        if unwind_rows > 0 {
+            attach_mapping_tracepoint(&mut ebpf);
         }
 
         let libcs = find_libc(&config.libc)?;
@@ -358,5 +362,28 @@ fn bump_memlock_rlimit() {
     let ret = unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &limit) };
     if ret != 0 {
         tracing::debug!("setrlimit(RLIMIT_MEMLOCK) failed; fine on kernels >= 5.11");
+    }
+}
+
+/// Attaches [`MAPPING_TRACEPOINT`] (the unwinder's prompt news of a
+/// `dlopen`); a kernel without syscall tracepoints gets a warning, and the
+/// unwinder its periodic refresh only.
+fn attach_mapping_tracepoint(ebpf: &mut Ebpf) {
+    let (name, category, event) = MAPPING_TRACEPOINT;
+    let attached = program_mut::<TracePoint>(ebpf, name).and_then(|program| {
+        program
+            .load()
+            .map_err(|e| CaptureError::Load(e.to_string()))?;
+        program
+            .attach(category, event)
+            .map(|_| ())
+            .map_err(|e| CaptureError::Load(e.to_string()))
+    });
+    if let Err(err) = attached {
+        tracing::warn!(
+            err = %err,
+            tracepoint = %format!("{category}:{event}"),
+            "libraries loaded later are unwound from the next refresh (within 1 s)"
+        );
     }
 }

@@ -23,6 +23,12 @@ pub enum Event {
     },
     /// An image ended (exec or exit), with its final totals.
     End(EndEvent),
+    /// A traced image is mapping a file's code (`dlopen`): its mappings
+    /// are re-read for the unwinder.
+    Mapped {
+        /// The image.
+        image: ImageId,
+    },
     /// A process exec'd or forked while scoped (it may enter or leave the
     /// scope).
     ScopeCandidate {
@@ -59,6 +65,7 @@ pub fn decode(event: &ProcEvent) -> Option<Event> {
             pid: event.tgid,
             is_fork: true,
         },
+        ProcEventKind::Mapped => Event::Mapped { image },
     })
 }
 
@@ -164,6 +171,10 @@ mod tests {
                 pid: 42,
                 is_fork: true
             })
+        ));
+        assert!(matches!(
+            decode(&event(ProcEventKind::Mapped)),
+            Some(Event::Mapped { image }) if image == ImageId::new(42, 7)
         ));
         let mut unknown = event(ProcEventKind::New);
         unknown.kind = 99;

@@ -15,8 +15,9 @@ impl Service {
     /// read from `/proc` at once (while it lives), exec and fork events of a
     /// scoped tracerd attach or detach, and the ended images' blocks are
     /// collected and removed from the kernel maps in one pass per batch
-    /// (or before a new image of the same pid). New images wait for their
-    /// unwind tables in [`Service::unwind_pending`].
+    /// (or before a new image of the same pid). New images, and images
+    /// that mapped code, wait for their unwind tables in
+    /// [`Service::unwind_pending`].
     pub fn handle_events(&self, batch: &[ProcEvent]) {
         let mut ends = Vec::new();
         for event in batch {
@@ -36,6 +37,7 @@ impl Service {
                     }
                 }
                 Some(Event::End(end)) => ends.push(end),
+                Some(Event::Mapped { image }) => self.queue_remap(image),
                 Some(Event::ScopeCandidate { pid, is_fork }) => {
                     let mut held = self.state.locks().kernel().scope();
                     scope::on_exec_or_fork(&mut **held.kernel, &held.scope, pid, is_fork);

@@ -65,6 +65,18 @@ pub struct Service {
             std::sync::Arc<crate::sys::modules::ModuleMaps>,
         )>,
     >,
+    /// Images that mapped code since their mappings were read (`Mapped`
+    /// events), for [`Service::unwind_pending`] to re-read.
+    remap_queue: std::sync::Mutex<Vec<crate::capture::ImageId>>,
+    /// The mappings last given to the unwinder, by image: what a re-read
+    /// of `/proc/PID/maps` is compared with (the registry's copy is
+    /// re-read by snapshots too, so it cannot tell what the kernel has).
+    unwound: std::sync::Mutex<
+        std::collections::HashMap<
+            crate::capture::ImageId,
+            std::sync::Arc<crate::sys::modules::ModuleMaps>,
+        >,
+    >,
 }
 
 impl Service {
@@ -88,6 +100,8 @@ impl Service {
                 SnapshotStore::default(),
             ),
             unwind_queue: std::sync::Mutex::default(),
+            remap_queue: std::sync::Mutex::default(),
+            unwound: std::sync::Mutex::default(),
             builder: SnapshotBuilder {
                 symbolizer: Symbolizer::new(),
                 nframe,

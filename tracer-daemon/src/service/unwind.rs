@@ -17,19 +17,42 @@ impl Service {
             .push((image, maps));
     }
 
+    /// Queues `image`, which mapped code (a `Mapped` event), for
+    /// [`Service::unwind_pending`] to re-read its mappings.
+    pub(super) fn queue_remap(&self, image: ImageId) {
+        let mut queue = self
+            .remap_queue
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !queue.contains(&image) {
+            queue.push(image);
+        }
+    }
+
     /// Gives every queued new image its unwind tables and mappings (see
-    /// [`Service::unwind_image`]); returns how many images it handled.
-    /// Run outside the event loop (`tasks`), after each batch of events.
+    /// [`Service::unwind_image`]), and re-reads the mappings of the queued
+    /// images that mapped code, updating those that changed; returns how
+    /// many images it handled. Run outside the event loop (`tasks`), after
+    /// each batch of events.
     pub fn unwind_pending(&self) -> usize {
         let mut done = 0;
         loop {
+            let remap = std::mem::take(
+                &mut *self
+                    .remap_queue
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner),
+            );
+            if !remap.is_empty() {
+                done += self.remap(&remap);
+            }
             let pending = std::mem::take(
                 &mut *self
                     .unwind_queue
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner),
             );
-            if pending.is_empty() {
+            if pending.is_empty() && remap.is_empty() {
                 return done;
             }
             for (image, maps) in pending {
@@ -48,9 +71,13 @@ impl Service {
             if held.kernel.config().unwind_table_rows == 0 {
                 return;
             }
-            unwind::plan(&**held.kernel, image, maps)
+            unwind::plan(&**held.kernel, image, maps.clone())
         };
         let compiled = unwind::compile_missing(&plan.missing);
+        self.unwound
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(image, maps.clone());
         let mut held = self.state.locks().kernel().registry();
         // The image may have ended while its files were compiled.
         let alive = held.registry.has_live(image);
@@ -66,29 +93,50 @@ impl Service {
     /// changed; removes the mappings of images no longer live. Returns how
     /// many were updated.
     pub fn refresh_unwind(&self) -> usize {
-        let (changed, pruned) = {
+        let (images, pruned) = {
             let mut held = self.state.locks().kernel().registry();
             let registry = &held.registry;
             let pruned = unwind::prune(&mut **held.kernel, |image| registry.has_live(image));
-            let images = held.kernel.unwind_processes();
-            let mut changed = Vec::new();
-            for image in images {
-                let Some(live) = held.registry.get_mut(image.pid) else {
-                    continue;
-                };
-                let before = live.maps.clone();
-                live.refresh_maps();
-                if let (Some(now), Some(before)) = (&live.maps, before)
-                    && !same_mappings(now, &before)
-                {
-                    changed.push((image, now.clone()));
-                }
-            }
-            (changed, pruned)
+            self.unwound
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .retain(|image, _| registry.has_live(*image));
+            (held.kernel.unwind_processes(), pruned)
         };
         if pruned > 0 {
             tracing::debug!(pruned, "unwind mappings of ended images removed");
         }
+        self.remap(&images)
+    }
+
+    /// Re-reads the mappings of the live `images` and gives the unwinder
+    /// those that differ from what it was given; returns how many.
+    fn remap(&self, images: &[ImageId]) -> usize {
+        let changed = {
+            let mut held = self.state.locks().registry();
+            let unwound = self
+                .unwound
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut changed = Vec::new();
+            for &image in images {
+                let Some(live) = held.registry.get_mut(image.pid) else {
+                    continue;
+                };
+                if live.id != image {
+                    continue;
+                }
+                live.refresh_maps();
+                if let Some(now) = &live.maps
+                    && !unwound
+                        .get(&image)
+                        .is_some_and(|before| same_mappings(now, before))
+                {
+                    changed.push((image, now.clone()));
+                }
+            }
+            changed
+        };
         let n = changed.len();
         for (image, maps) in changed {
             self.unwind_image(image, maps);

@@ -9,7 +9,7 @@ use tracer_common::{ProcEventKind, ProcStats};
 use crate::{
     globals::{current, scoped},
     inflight::forget_thread,
-    procs::{end_generation, send_event},
+    procs::{end_generation, find_proc, send_event},
 };
 
 #[tracepoint]
@@ -54,5 +54,39 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
     if group_dead != 0 {
         end_generation(ProcEventKind::Exit, tgid);
     }
+    0
+}
+
+/// Offsets of `prot` and `fd` in the sys_enter_mmap record
+/// (/sys/kernel/tracing/events/syscalls/sys_enter_mmap/format).
+const MMAP_PROT_OFFSET: usize = 32;
+const MMAP_FD_OFFSET: usize = 48;
+
+/// `PROT_EXEC` of mmap(2).
+const PROT_EXEC: u64 = 4;
+
+/// `tracer_common::MAPPING_TRACEPOINT`: a traced image mapping a file's
+/// code (the dynamic loader's `mmap` of a library's text, at `dlopen`)
+/// sends a `Mapped` event, so that tracerd gives the unwinder the new
+/// mapping before the library runs for long. Untraced processes, anonymous
+/// and non-executable mappings send nothing.
+#[tracepoint]
+pub fn sys_enter_mmap(ctx: TracePointContext) -> u32 {
+    // SAFETY: the offsets are within the record (see the format file).
+    let prot: u64 = unsafe { ctx.read_at(MMAP_PROT_OFFSET) }.unwrap_or(0);
+    if prot & PROT_EXEC == 0 {
+        return 0;
+    }
+    // SAFETY: as above.
+    let fd: u64 = unsafe { ctx.read_at(MMAP_FD_OFFSET) }.unwrap_or(u64::MAX);
+    // An anonymous mapping's fd is -1 (as an unsigned long).
+    if (fd as i64) < 0 {
+        return 0;
+    }
+    let Some((_, tgid)) = current() else { return 0 };
+    let Some((_, gen_)) = find_proc(tgid) else {
+        return 0;
+    };
+    send_event(ProcEventKind::Mapped, tgid, gen_, &ProcStats::default());
     0
 }
