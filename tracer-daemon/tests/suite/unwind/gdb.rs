@@ -331,3 +331,233 @@ fn bt_lines_parse_into_function_file_and_line() {
     assert_eq!(leaf("std::rt::lang_start::{{closure}}"), "{closure}");
     assert_eq!(bare("main"), "main");
 }
+
+/// The return address gdb prints for a frame (`#N  0x00007f... in ...`);
+/// `None` for a frame printed without one (frame 0 at a line's start, or
+/// an inlined call, which is at its caller's address).
+fn parse_pc(line: &str) -> Option<u64> {
+    let rest = line.strip_prefix('#')?;
+    let rest = rest
+        .trim_start_matches(|c: char| c.is_ascii_digit())
+        .trim_start();
+    let hex = rest.strip_prefix("0x")?;
+    let end = hex.find(' ')?;
+    u64::from_str_radix(&hex[..end], 16).ok()
+}
+
+/// An executable mapping of a process: `[start, end)` maps `path` from
+/// file offset `offset`.
+#[derive(Clone, Debug)]
+pub struct Mapping {
+    pub start: u64,
+    pub end: u64,
+    pub offset: u64,
+    pub path: String,
+}
+
+/// Where `address` is, as `path+0xFILE_OFFSET` (the same in two runs that
+/// load a library at different addresses), or `?0xADDRESS` in no mapping.
+pub fn place(mappings: &[Mapping], address: u64) -> String {
+    mappings
+        .iter()
+        .find(|m| (m.start..m.end).contains(&address))
+        .map_or_else(
+            || format!("?{address:#x}"),
+            |m| format!("{}+{:#x}", m.path, address - m.start + m.offset),
+        )
+}
+
+/// Parses one line of `/proc/PID/maps` (`START-END PERMS OFFSET DEV INODE
+/// PATH`) or of gdb's `info proc mappings` (`START END SIZE OFFSET PERMS
+/// PATH`) into an executable mapping.
+pub fn parse_mapping(line: &str) -> Option<Mapping> {
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok();
+    let (start, end, perms, offset, path) = if let Some((s, e)) = fields.first()?.split_once('-') {
+        (
+            hex(s)?,
+            hex(e)?,
+            *fields.get(1)?,
+            hex(fields.get(2)?)?,
+            fields.get(5),
+        )
+    } else {
+        (
+            hex(fields.first()?)?,
+            hex(fields.get(1)?)?,
+            *fields.get(4)?,
+            hex(fields.get(3)?)?,
+            fields.get(5),
+        )
+    };
+    perms.contains('x').then(|| Mapping {
+        start,
+        end,
+        offset,
+        path: path.map_or_else(String::new, |p| (*p).to_string()),
+    })
+}
+
+/// A program run under gdb: what it runs and the stdin it reads.
+pub struct Inferior<'a> {
+    /// The program and its arguments.
+    pub argv: &'a [String],
+    /// Its standard input (a file), written whole before the run.
+    pub stdin: &'a str,
+    /// Its environment beyond gdb's (gdb's own `LINES` and `COLUMNS` only
+    /// move its stack).
+    pub env: &'a [(String, String)],
+}
+
+/// Runs `inferior` under gdb with address randomization off (gdb's
+/// default), stopping at glibc's `malloc`, `calloc` and `realloc` of one of
+/// `sizes` bytes once the program first reads its stdin (the work tracer
+/// compares with a snapshot taken before that read); returns, for each
+/// size, the places ([`place`]) of every such allocation's frames after
+/// the allocator itself (an inlined call has its caller's), to `_start`.
+/// The places come from the process's mappings at its exit (`info proc
+/// mappings`): a library loaded in the run may have another address in
+/// another run.
+///
+/// The breakpoints are at the functions' first instructions, where the
+/// size is still in its register; glibc's own names (`__libc_malloc`) so
+/// that the dynamic loader's private malloc is not among them. No tracerd
+/// may run meanwhile: gdb's breakpoint would be a uprobe's int3, which the
+/// kernel handles without gdb.
+pub fn allocation_stacks(
+    inferior: &Inferior,
+    sizes: &[u64],
+    scratch: &Path,
+) -> BTreeMap<u64, Vec<Vec<String>>> {
+    let input = scratch.join("stdin");
+    std::fs::write(&input, inferior.stdin).expect("write gdb input");
+    let any = |register: &str| {
+        sizes
+            .iter()
+            .map(|s| format!("{register} == {s}"))
+            .collect::<Vec<_>>()
+            .join(" || ")
+    };
+    let stop = |function: &str, size: &str, condition: String| {
+        format!(
+            "break *{function} if {condition}\ncommands\nsilent\nprintf \"STOP %lu\\n\", {size}\n\
+             bt\nprintf \"END\\n\"\ncontinue\nend\n"
+        )
+    };
+    let args = inferior.argv[1..]
+        .iter()
+        .map(|a| format!("'{a}'"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let script = scratch.join("stacks.gdb");
+    std::fs::write(
+        &script,
+        format!(
+            "set pagination off\nset confirm off\nset debuginfod enabled off\n\
+             set breakpoint pending on\nset print frame-arguments none\n\
+             set backtrace past-main on\nset backtrace past-entry on\n\
+             tbreak __libc_start_main\nrun {args} < {} > /dev/null\n\
+             {}{}{}disable 2 3 4\ncatch syscall read\ncondition 5 $rdi == 0\n\
+             commands\nsilent\nenable 2 3 4\ncontinue\nend\n\
+             catch syscall exit_group\ncommands\nsilent\nprintf \"MAPS\\n\"\n\
+             info proc mappings\nprintf \"ENDMAPS\\n\"\ncontinue\nend\ncontinue\nquit\n",
+            input.display(),
+            stop("__libc_malloc", "$rdi", any("$rdi")),
+            stop("__libc_calloc", "$rdi * $rsi", any("$rdi * $rsi")),
+            stop("__libc_realloc", "$rsi", any("$rsi")),
+        ),
+    )
+    .expect("write gdb script");
+    let mut command = Command::new("gdb");
+    command
+        .args(["-batch", "-nx", "-x"])
+        .arg(&script)
+        .arg(&inferior.argv[0]);
+    for (k, v) in inferior.env {
+        command.env(k, v);
+    }
+    let out = command
+        .output()
+        .expect("run gdb (cargo xtask setup installs it)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut found: BTreeMap<u64, Vec<Vec<u64>>> = BTreeMap::new();
+    let mut current: Option<(u64, Vec<u64>, bool)> = None;
+    let mut mappings = Vec::new();
+    let mut in_maps = false;
+    for line in text.lines() {
+        if line == "MAPS" || line == "ENDMAPS" {
+            in_maps = line == "MAPS";
+        } else if in_maps {
+            mappings.extend(parse_mapping(line));
+        } else if let Some(size) = line.strip_prefix("STOP ") {
+            current = size.trim().parse().ok().map(|s| (s, Vec::new(), false));
+        } else if line == "END" {
+            if let Some((size, pcs, _)) = current.take() {
+                found.entry(size).or_default().push(pcs);
+            }
+        } else if let Some((_, pcs, ended)) = current.as_mut()
+            && !*ended
+            && line.starts_with('#')
+            && !line.starts_with("#0 ")
+        {
+            let pc = parse_pc(line).or_else(|| pcs.last().copied());
+            if let Some(pc) = pc {
+                pcs.push(pc);
+            }
+            // The outermost frame; gdb may go on into what is not one.
+            if line.contains(" _start ") {
+                *ended = true;
+            }
+        }
+    }
+    assert!(
+        !found.is_empty() && !mappings.is_empty(),
+        "gdb stopped nowhere, or not at the exit:\n{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    found
+        .into_iter()
+        .map(|(size, stacks)| {
+            let placed = stacks
+                .into_iter()
+                .map(|pcs| pcs.into_iter().map(|pc| place(&mappings, pc)).collect())
+                .collect();
+            (size, placed)
+        })
+        .collect()
+}
+
+#[test]
+fn mappings_parse_from_proc_and_from_gdb() {
+    let proc = parse_mapping(
+        "7ffff7c43000-7ffff7c4a000 r-xp 00002000 fe:01 123 /usr/lib/python3.11/_json.so",
+    )
+    .expect("proc line");
+    let gdb = parse_mapping(
+        "      0x7ffff7c45000     0x7ffff7c4c000     0x7000     0x2000  r-xp   /usr/lib/python3.11/_json.so",
+    )
+    .expect("gdb line");
+    assert_eq!(
+        place(&[proc], 0x7fff_f7c4_3ca9),
+        "/usr/lib/python3.11/_json.so+0x2ca9"
+    );
+    assert_eq!(
+        place(&[gdb], 0x7fff_f7c4_5ca9),
+        "/usr/lib/python3.11/_json.so+0x2ca9"
+    );
+    assert!(
+        parse_mapping("555555554000-55555555c000 r--p 00000000 fe:01 1 /usr/bin/sqlite3").is_none()
+    );
+}
+
+#[test]
+fn bt_lines_give_their_return_address() {
+    assert_eq!(
+        parse_pc("#3  0x00007ffff7fd21e3 in _dl_map_object (loader=...) at ./elf/dl-load.c:2139"),
+        Some(0x7fff_f7fd_21e3)
+    );
+    assert_eq!(
+        parse_pc("#10 _dl_start (arg=...) at ./elf/rtld.c:584"),
+        None
+    );
+}

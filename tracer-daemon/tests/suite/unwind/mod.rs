@@ -5,6 +5,7 @@
 //! allocation machinery: the same functions, files and lines, frame by
 //! frame, to the same depth.
 
+mod distro;
 mod gdb;
 mod sites;
 
@@ -144,6 +145,36 @@ fn cpp_at_o2_matches_gdb_at_the_users_lines() {
     // new int[18000], vector<int>(18250), string(73500), make_unique<Big>,
     // vector<char>(74500) in a map.
     judge(&exe, &[72000, 73000, 73501, 72001, 74500], &[]);
+}
+
+#[test]
+fn a_library_dlopened_while_traced_is_unwound_within_its_first_200_ms() {
+    let dir = TempDir::new("unwind-dlopen");
+    output_ok(
+        Command::new("cc")
+            .args([
+                "-g",
+                "-O2",
+                "-fomit-frame-pointer",
+                "-fPIC",
+                "-shared",
+                "-o",
+            ])
+            .arg(dir.path().join("libunwinddl.so"))
+            .arg(fixture_path("unwind_lib.c")),
+    );
+    let exe = dir.path().join("unwind_dlopen");
+    output_ok(
+        Command::new("cc")
+            .args(["-g", "-O2", "-fomit-frame-pointer", "-rdynamic", "-I"])
+            .arg(fixture_path(""))
+            .arg("-o")
+            .arg(&exe)
+            .arg(fixture_path("unwind_dlopen.c"))
+            .arg("-ldl"),
+    );
+    // lib_middle(75000) -> lib_leaf(75001) -> malloc.
+    judge(&exe, &[75001], &[]);
 }
 
 /// unwind_rust.rs as `cargo build --release` with debug info builds it:
