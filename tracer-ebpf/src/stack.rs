@@ -80,25 +80,22 @@ pub(crate) fn stack_id<C: EbpfContext>(ctx: &C, tgid: u32, gen_: u32) -> u64 {
     let owner = bpf_get_current_pid_tgid() | (1 << 62);
     // SAFETY: as above; volatile so the store is not merged with later ones.
     unsafe { core::ptr::write_volatile(&raw mut words[0], owner) };
-    // SAFETY: this CPU's WALK_SCRATCH value.
+    // SAFETY: this CPU's WALK_SCRATCH value; field by field, so that its
+    // page cache (valid across walks) stays.
     unsafe {
-        *walk = Walk {
-            ip,
-            rsp,
-            rbp,
-            n: 0,
-            limit: limit as u64,
-            table_frames: 0,
-            fp_frames: 0,
-            exact: 0,
-            cut: 0,
-            id: 0xcbf2_9ce4_8422_2325,
-            check: 0x9e37_79b9_7f4a_7c15,
-            last_mapping: 0,
-            last_page: 0,
-            last_page_first: 0,
-            last_page_count: 0,
-        };
+        let w = &mut *walk;
+        w.ip = ip;
+        w.rsp = rsp;
+        w.rbp = rbp;
+        w.n = 0;
+        w.limit = limit as u64;
+        w.table_frames = 0;
+        w.fp_frames = 0;
+        w.exact = 0;
+        w.cut = 0;
+        w.id = 0xcbf2_9ce4_8422_2325;
+        w.check = 0x9e37_79b9_7f4a_7c15;
+        w.last_mapping = 0;
     }
     match PROC_MAPS.get_ptr(tgid) {
         // SAFETY: a PROC_MAPS value, read only.
@@ -213,11 +210,103 @@ pub(crate) struct Walk {
     /// The mapping of the last frame, + 1 (0: none yet): a caller is most
     /// often in the same file, and checking it first saves the search.
     last_mapping: u64,
-    /// The last page looked up, `file << 32 | page` (0: none), and its run
-    /// of rows: callers in the same 64 KiB of code skip the hash lookup.
-    last_page: u64,
-    last_page_first: u64,
-    last_page_count: u64,
+    /// The two words [`read_user_words`] read last.
+    read: [u64; 2],
+    /// This CPU's cache of `UNWIND_PAGES`, kept from walk to walk: 64
+    /// slots of (`file << 32 | page`, `first | count << 32`), a key's slot
+    /// by its hash ([`page_slot`]); a key of 0 is an empty slot. A page
+    /// found here skips the hash lookup ([`find_row`]).
+    ///
+    /// Valid across walks because a file's table id is never reused
+    /// (tracerd numbers tables from 1 up): the rows of a table tracerd
+    /// dropped are looked up by no process's mappings any more. A slot is
+    /// written key 0, value, key: a walk that preempts the writer sees the
+    /// old entry, an empty slot or the new entry, never half of one; and a
+    /// walk preempted between its two reads is dropped by the claim of
+    /// `STACK_SCRATCH`, which the writer's walk took first (module doc).
+    pages: [u64; 2 * PAGE_SLOTS],
+    /// This CPU's cache of rows by return address: 128 slots of (`file <<
+    /// 32 | offset`, the row as a u64), kept from walk to walk and written
+    /// as [`Walk::pages`] is (and valid for the same reasons). The same
+    /// call sites return again and again: a row found here skips the page
+    /// and the search of its rows.
+    rows: [u64; 2 * ROW_SLOTS],
+}
+
+/// Slots of the per-CPU row cache ([`Walk::rows`]).
+const ROW_SLOTS: usize = 128;
+
+/// The row in force at `offset` of `file`, from this CPU's row cache
+/// ([`Walk::rows`]) or [`find_row`] (then cached). Offsets past 4 GiB are
+/// not cached.
+#[inline(always)]
+fn cached_row(walk: &mut Walk, file: u32, offset: u64) -> UnwindRow {
+    if offset > u64::from(u32::MAX) {
+        return find_row(walk, file, offset);
+    }
+    let packed = (u64::from(file) << 32) | offset;
+    let slot = ((packed.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 57) as usize & (ROW_SLOTS - 1)) * 2;
+    let (key_at, value_at) = (
+        &raw mut walk.rows[slot & (2 * ROW_SLOTS - 1)],
+        &raw mut walk.rows[(slot + 1) & (2 * ROW_SLOTS - 1)],
+    );
+    // SAFETY: words of this CPU's WALK_SCRATCH value; volatile, in the
+    // order the protocol of `Walk::pages` needs.
+    let mut value = unsafe { core::ptr::read_volatile(value_at) };
+    // SAFETY: as above.
+    if unsafe { core::ptr::read_volatile(key_at) } != packed {
+        let row = find_row(walk, file, offset);
+        value = u64::from(row.pc)
+            | (u64::from(row.kind) << 16)
+            | (u64::from(row.rbp_slot as u8) << 24)
+            | (u64::from(row.cfa_offset as u32) << 32);
+        // SAFETY: as above.
+        unsafe {
+            core::ptr::write_volatile(key_at, 0);
+            core::ptr::write_volatile(value_at, value);
+            core::ptr::write_volatile(key_at, packed);
+        }
+    }
+    UnwindRow {
+        pc: value as u16,
+        kind: (value >> 16) as u8,
+        rbp_slot: (value >> 24) as u8 as i8,
+        cfa_offset: (value >> 32) as u32 as i32,
+    }
+}
+
+/// Slots of the per-CPU page cache ([`Walk::pages`]).
+const PAGE_SLOTS: usize = 64;
+
+/// The slot of page key `packed` in [`Walk::pages`].
+#[inline(always)]
+fn page_slot(packed: u64) -> usize {
+    (packed.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 58) as usize & (PAGE_SLOTS - 1)
+}
+
+/// Reads the two words of user memory at `addr` into `walk.read`; false
+/// when they cannot be read.
+///
+/// A BPF subprogram of its own, not inlined, for the reason
+/// [`walk_frame_pointers`] is one: its frame is under 64 bytes, so the
+/// read lands on the task's kernel stack, where hardened usercopy's check
+/// of the destination ends at once; into the per-CPU private stack that
+/// [`unwind_step`]'s larger frame gets, the check walks the heap's areas.
+#[inline(never)]
+fn read_user_words(addr: u64, walk: *mut Walk) -> bool {
+    // SAFETY: bpf_probe_read_user checks the user address itself.
+    match unsafe { bpf_probe_read_user(addr as *const [u64; 2]) } {
+        Ok(words) => {
+            // SAFETY: this CPU's WALK_SCRATCH value; word by word, so that
+            // the read is not moved into it.
+            unsafe {
+                core::ptr::write_volatile(&raw mut (*walk).read[0], words[0]);
+                core::ptr::write_volatile(&raw mut (*walk).read[1], words[1]);
+            }
+            true
+        }
+        Err(_) => false,
+    }
 }
 
 /// Adds frame `ip` to the walk's two hashes.
@@ -263,7 +352,9 @@ fn unwind(maps: *const ProcMappings, walk: *mut Walk, words: *mut [u64; STACK_WO
     // SAFETY: this CPU's WALK_SCRATCH value.
     let walk = unsafe { &*walk };
     count_n(Counter::UnwindTableFrames, walk.table_frames);
-    count_n(Counter::UnwindFpFrames, walk.fp_frames);
+    if walk.fp_frames != 0 {
+        count_n(Counter::UnwindFpFrames, walk.fp_frames);
+    }
     match walk.cut {
         CUT_NO_MAPPING => count(Counter::UnwindNoMapping),
         CUT_STOPPED => count(Counter::UnwindStopped),
@@ -318,7 +409,7 @@ extern "C" fn unwind_step(index: u64, ctx: *mut c_void) -> i64 {
     let row = if mapping.file == UNWIND_FILE_NONE {
         UnwindRow::default()
     } else {
-        find_row(
+        cached_row(
             walk,
             mapping.file,
             pc.wrapping_sub(mapping.start)
@@ -403,20 +494,31 @@ fn find_row(walk: &mut Walk, file: u32, offset: u64) -> UnwindRow {
         page: (offset >> UNWIND_PAGE_SHIFT) as u32,
     };
     let packed = (u64::from(key.file) << 32) | u64::from(key.page);
-    let page = if walk.last_page == packed {
-        UnwindPage {
-            first: walk.last_page_first as u32,
-            count: walk.last_page_count as u32,
-        }
-    } else {
+    let slot = page_slot(packed) * 2;
+    let (key_at, value_at) = (
+        &raw mut walk.pages[slot & (2 * PAGE_SLOTS - 1)],
+        &raw mut walk.pages[(slot + 1) & (2 * PAGE_SLOTS - 1)],
+    );
+    // SAFETY: words of this CPU's WALK_SCRATCH value; volatile, in the
+    // order the protocol of `Walk::pages` needs.
+    let mut value = unsafe { core::ptr::read_volatile(value_at) };
+    // SAFETY: as above.
+    if unsafe { core::ptr::read_volatile(key_at) } != packed {
         // SAFETY: a value of UNWIND_PAGES, copied out at once.
         let Some(page) = (unsafe { UNWIND_PAGES.get(&key) }).copied() else {
             return UnwindRow::default();
         };
-        walk.last_page = packed;
-        walk.last_page_first = u64::from(page.first);
-        walk.last_page_count = u64::from(page.count);
-        page
+        value = u64::from(page.first) | (u64::from(page.count) << 32);
+        // SAFETY: as above.
+        unsafe {
+            core::ptr::write_volatile(key_at, 0);
+            core::ptr::write_volatile(value_at, value);
+            core::ptr::write_volatile(key_at, packed);
+        }
+    }
+    let page = UnwindPage {
+        first: value as u32,
+        count: (value >> 32) as u32,
     };
     let pc = (offset & ((1 << UNWIND_PAGE_SHIFT) - 1)) as u16;
     // at: the last row known to start at or below pc (row 0 starts at 0).
@@ -469,28 +571,22 @@ fn step_cfa(walk: &mut Walk, row: &UnwindRow) -> bool {
     if cfa <= walk.rsp || cfa % 8 != 0 {
         return false;
     }
-    let (ret, rbp) = if row.rbp_slot == -2 {
-        // SAFETY: bpf_probe_read_user checks the user address itself.
-        let Ok(pair) = (unsafe { bpf_probe_read_user((cfa - 16) as *const [u64; 2]) }) else {
-            return false;
-        };
-        (pair[1], pair[0])
-    } else {
-        // SAFETY: as above.
-        let Ok(ret) = (unsafe { bpf_probe_read_user((cfa - 8) as *const u64) }) else {
-            return false;
-        };
-        let rbp = if row.rbp_slot == 0 {
-            walk.rbp
-        } else {
-            let at = cfa.wrapping_add((row.rbp_slot as i64 * 8) as u64);
-            // SAFETY: as above.
-            match unsafe { bpf_probe_read_user(at as *const u64) } {
-                Ok(rbp) => rbp,
-                Err(_) => return false,
+    // The return address and the word below it (the caller's rbp where
+    // it was pushed first, the most common place) in one read.
+    if !read_user_words(cfa - 16, walk) {
+        return false;
+    }
+    let (ret, below) = (walk.read[1], walk.read[0]);
+    let rbp = match row.rbp_slot {
+        -2 => below,
+        0 => walk.rbp,
+        slot => {
+            let at = cfa.wrapping_add((slot as i64 * 8) as u64);
+            if !read_user_words(at, walk) {
+                return false;
             }
-        };
-        (ret, rbp)
+            walk.read[0]
+        }
     };
     walk.ip = ret;
     walk.rsp = cfa;
@@ -507,11 +603,10 @@ fn step_plt(walk: &mut Walk, pc: u64, threshold: u64) -> bool {
     if pc & 15 >= threshold {
         cfa = cfa.wrapping_add(8);
     }
-    // SAFETY: bpf_probe_read_user checks the user address itself.
-    let Ok(ret) = (unsafe { bpf_probe_read_user((cfa - 8) as *const u64) }) else {
+    if !read_user_words(cfa - 16, walk) {
         return false;
-    };
-    walk.ip = ret;
+    }
+    walk.ip = walk.read[1];
     walk.rsp = cfa;
     walk.table_frames += 1;
     true
@@ -549,13 +644,12 @@ fn step_frame_pointer(walk: &mut Walk) -> bool {
     if fp < walk.rsp || fp % 8 != 0 {
         return false;
     }
-    // SAFETY: bpf_probe_read_user checks the user address itself.
-    let Ok(frame) = (unsafe { bpf_probe_read_user(fp as *const [u64; 2]) }) else {
+    if !read_user_words(fp, walk) {
         return false;
-    };
-    walk.ip = frame[1];
+    }
+    walk.ip = walk.read[1];
     walk.rsp = fp + 16;
-    walk.rbp = frame[0];
+    walk.rbp = walk.read[0];
     walk.fp_frames += 1;
     true
 }
