@@ -100,6 +100,9 @@ pub struct Config {
     /// Most leading frames of the allocation machinery the kernel walks
     /// beyond `nframe`, so that `nframe` frames remain after they are
     /// dropped, 0 to 64: the kernel walks `min(nframe + this, 96)` frames.
+    /// Physical frames: an inlined call costs none, so 8 holds `operator
+    /// new`, Rust's alloc shims and `RawVec`, CPython's and glib's layers;
+    /// each frame walked costs every allocation with a deep stack.
     pub allocator_frames_depth: u32,
     /// Unwind with the tables compiled from each mapped file's `.eh_frame`
     /// (or `.debug_frame`): whole stacks without frame pointers. false:
@@ -206,7 +209,7 @@ impl Default for Config {
             auth_token_file: None,
             nframe: 16,
             allocator_frames: allocator_frames::defaults(),
-            allocator_frames_depth: 32,
+            allocator_frames_depth: 8,
             unwind: true,
             unwind_table_rows: 1 << 21,
             unwind_table_pages: 1 << 16,
