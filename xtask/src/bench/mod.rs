@@ -2,6 +2,9 @@
 //! tools, in one run; then the scope and scale parts and the snapshot
 //! engine against CPython ([`model`], also `cargo xtask bench-model`).
 //!
+//! The unwind part ([`unwind`]) sets the unwinder against the
+//! frame-pointer walk.
+//!
 //! The overhead part runs every workload ([`workloads`]) under every mode
 //! ([`modes`]), interleaved: every mode once per round, each figure the
 //! median of the rounds. It prints markdown tables ([`report`]) and writes
@@ -22,6 +25,7 @@ mod modes;
 mod report;
 mod scale;
 mod scope;
+mod unwind;
 mod workloads;
 
 use baseline::Baseline;
@@ -60,6 +64,10 @@ pub struct BenchArgs {
     /// Skip the scope part (an untraced process while another is traced).
     #[arg(long)]
     pub no_scope: bool,
+    /// Skip the unwind part (the unwinder against the frame-pointer walk,
+    /// per frame, on churn and the real workloads; table memory).
+    #[arg(long)]
+    pub no_unwind: bool,
     /// Skip the snapshot-engine part (statistics and compare_to of
     /// 1,000,000 traces against CPython's tracemalloc, `bench-model`).
     #[arg(long)]
@@ -192,6 +200,12 @@ fn run(root: &Path, args: &BenchArgs, baseline: Option<&Baseline>) -> anyhow::Re
     let mut extra = serde_json::Map::new();
     if !args.no_scope {
         extra.insert("scope".into(), scope::scope_part(root, &dir, args)?);
+    }
+    if !args.no_unwind {
+        extra.insert(
+            "unwind".into(),
+            unwind::unwind_part(root, &dir, args, &workloads)?,
+        );
     }
     if !args.no_scale {
         extra.insert("scale".into(), scale::scale_part(root, &dir)?);

@@ -119,6 +119,14 @@ pub struct Workload {
     pub unit: &'static str,
 }
 
+impl Workload {
+    /// Whether it reports its own ns per pair (churn, threads), else its
+    /// wall time in ms is measured (the real programs).
+    pub fn self_timed(&self) -> bool {
+        self.self_timed
+    }
+}
+
 /// Compiles and writes every workload into `dir`.
 pub fn prepare(dir: &Path, pairs: u64) -> anyhow::Result<Vec<Workload>> {
     fs::create_dir_all(dir)?;
@@ -130,15 +138,7 @@ pub fn prepare(dir: &Path, pairs: u64) -> anyhow::Result<Vec<Workload>> {
     fs::write(&sql, sqlite_script())?;
     let gsrc = dir.join("unit.c");
     fs::write(&gsrc, gcc_source())?;
-    let python = which("python3").context("python3")?;
-    // The real interpreter, not a pyenv shim script.
-    let python = Command::new(&python)
-        .args(["-c", "import sys; print(sys.executable)"])
-        .output()
-        .ok()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .filter(|p| !p.is_empty())
-        .unwrap_or_else(|| python.display().to_string());
+    let python = real_python();
     let s = |p: &Path| p.display().to_string();
     Ok(vec![
         Workload {
@@ -189,6 +189,20 @@ pub fn prepare(dir: &Path, pairs: u64) -> anyhow::Result<Vec<Workload>> {
             unit: "ms",
         },
     ])
+}
+
+/// The python3 on PATH as the real interpreter, not a pyenv shim script
+/// (`sys.executable`); `python3` when it cannot say.
+pub fn real_python() -> String {
+    let python =
+        which("python3").map_or_else(|| "python3".to_string(), |p| p.display().to_string());
+    Command::new(&python)
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .filter(|p| !p.is_empty())
+        .unwrap_or(python)
 }
 
 /// Runs a workload once under `mode` (wrapped by heaptrack or massif for
