@@ -128,7 +128,7 @@ pub struct Flags {
     /// Trace only this pid (repeatable; the variable takes a `,`-separated list).
     #[arg(long = "scope-pid", env = "TRACERD_SCOPE_PIDS", value_delimiter = ',')]
     pub scope_pids: Option<Vec<u32>>,
-    /// Trace only processes running this executable (repeatable, absolute path).
+    /// Trace only processes running this executable (repeatable, absolute path; symlinks resolved).
     #[arg(long = "scope-exe", env = "TRACERD_SCOPE_EXES", value_delimiter = ':')]
     pub scope_exes: Option<Vec<PathBuf>>,
     /// Trace only processes in this cgroup v2 path or below (repeatable).

@@ -168,7 +168,8 @@ pub struct Config {
     /// Trace only these pids (with `scope_exes` and `scope_cgroups`; all
     /// empty: every process). Probes are registered for those processes only.
     pub scope_pids: Vec<u32>,
-    /// Trace only processes running these executables (absolute paths).
+    /// Trace only processes running these executables (absolute paths,
+    /// matched with their symlinks resolved).
     pub scope_exes: Vec<PathBuf>,
     /// Trace only processes in these cgroup v2 paths (or below them).
     pub scope_cgroups: Vec<String>,

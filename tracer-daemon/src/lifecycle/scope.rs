@@ -21,7 +21,11 @@ pub struct Scope {
     /// Process ids.
     #[serde(default)]
     pub pids: BTreeSet<u32>,
-    /// Executables: a process matches when `/proc/PID/exe` is this path.
+    /// Executables: a process matches when `/proc/PID/exe` (the kernel's
+    /// path of the file it runs, symlinks resolved) is this path with its
+    /// symlinks resolved (`/usr/bin/python3` matches a process of
+    /// `/usr/bin/python3.11`), or this path itself when it cannot be
+    /// resolved (a file that does not exist yet).
     #[serde(default)]
     pub exes: BTreeSet<PathBuf>,
     /// cgroup v2 paths (as in `/proc/PID/cgroup`, e.g. `/system.slice/nginx.service`):
@@ -44,7 +48,9 @@ impl Scope {
         }
         if !self.exes.is_empty()
             && let Ok(exe) = std::fs::read_link(format!("/proc/{pid}/exe"))
-            && self.exes.contains(&exe)
+            && self.exes.iter().any(|want| {
+                *want == exe || std::fs::canonicalize(want).is_ok_and(|real| real == exe)
+            })
         {
             return true;
         }
@@ -250,5 +256,28 @@ mod tests {
         };
         assert!(!other.matches(pid));
         assert!(procfs::is_process(pid));
+    }
+
+    #[test]
+    fn an_exe_named_through_symlinks_matches_the_file_it_names() {
+        // A symlink to this test binary, and a symlink to a directory on
+        // the way: /proc/PID/exe names the file itself.
+        let pid = std::process::id();
+        let exe = fs::read_link("/proc/self/exe").expect("exe");
+        let dir = std::env::temp_dir().join(format!("scope-symlink-{pid}"));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).expect("dir");
+        std::os::unix::fs::symlink(&exe, dir.join("link")).expect("symlink");
+        std::os::unix::fs::symlink(exe.parent().expect("parent"), dir.join("bin"))
+            .expect("dir symlink");
+        let via_dir = dir.join("bin").join(exe.file_name().expect("name"));
+        for named in [dir.join("link"), via_dir] {
+            let scope = Scope {
+                exes: BTreeSet::from([named.clone()]),
+                ..Scope::default()
+            };
+            assert!(scope.matches(pid), "{} does not match", named.display());
+        }
+        let _ = fs::remove_dir_all(&dir);
     }
 }
