@@ -167,7 +167,14 @@ mod tests {
     #[test]
     fn every_error_maps_to_its_status() {
         let cases: Vec<(ApiError, u16)> = vec![
-            (ServiceError::NotTraced { pid: 1 }.into(), 404),
+            (
+                ServiceError::NotTraced {
+                    pid: 1,
+                    why: crate::service::NotTracedWhy::NoAllocationSeen,
+                }
+                .into(),
+                404,
+            ),
             (ServiceError::SnapshotNotFound { id: 1 }.into(), 404),
             (ServiceError::TracingStopped { pid: None }.into(), 409),
             (ServiceError::NoBlock { pid: 1, address: 2 }.into(), 404),

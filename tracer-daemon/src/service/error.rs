@@ -6,15 +6,44 @@ use crate::lifecycle::ImageState;
 use crate::snapshot::AllocatorFrames;
 use crate::store::StoreError;
 
+/// Why a pid is not traced ([`ServiceError::NotTraced`]), from `/proc`,
+/// the scope and the files tracerd probes, when the request was answered.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NotTracedWhy {
+    /// No process has this pid.
+    #[error("no such process")]
+    NoProcess,
+    /// The pid is tracerd's.
+    #[error("it is tracerd, which never traces itself")]
+    Tracerd,
+    /// tracerd traces a scope, and the process is outside it.
+    #[error("it is outside tracerd's scope (GET /scope shows it, PUT /scope changes it)")]
+    OutOfScope,
+    /// The process maps none of the files tracerd probes.
+    #[error(
+        "it maps none of the allocators tracerd probes ({probed}): a static binary, another C library (musl, a container's own glibc) and allocators such as jemalloc, tcmalloc or mimalloc are not traced"
+    )]
+    NoProbedAllocator {
+        /// The probed files, `, `-separated.
+        probed: String,
+    },
+    /// It maps a probed allocator and has not called it since tracerd
+    /// started (or since its last exec).
+    #[error("no allocation seen from it since tracerd started")]
+    NoAllocationSeen,
+}
+
 /// Errors of the service's operations.
 #[derive(Debug, thiserror::Error)]
 pub enum ServiceError {
     /// No allocation of this pid was seen since tracerd started, and no
-    /// ended image of it is retained.
-    #[error("pid {pid} is not traced: no allocation seen from it since tracerd started")]
+    /// ended image of it is retained; `why` says what tracerd found of it.
+    #[error("pid {pid} is not traced: {why}")]
     NotTraced {
         /// The pid asked for.
         pid: u32,
+        /// Why, as far as `/proc` and the scope tell.
+        why: NotTracedWhy,
     },
     /// No stored snapshot has this id.
     #[error("no snapshot with id {id}")]

@@ -218,7 +218,7 @@ impl Service {
         let image = held
             .registry
             .get_mut(pid)
-            .ok_or(ServiceError::NotTraced { pid })?;
+            .ok_or_else(|| self.not_traced(pid))?;
         image.refresh_maps();
         let maps = image.maps.clone();
         drop(held);

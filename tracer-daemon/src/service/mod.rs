@@ -41,7 +41,7 @@ pub mod tracing;
 mod unwind;
 
 pub use compare::{BaseSpec, Side};
-pub use error::ServiceError;
+pub use error::{NotTracedWhy, ServiceError};
 pub use inspect::{Health, KernelMapsView, LastStop, MapUse, TracerMemory};
 pub use processes::{ProcessStatus, ProcessView, SystemMemory};
 pub use snapshots::{AutoPolicy, Now, SnapshotRef, Target};
@@ -77,6 +77,13 @@ pub struct Service {
             std::sync::Arc<crate::sys::modules::ModuleMaps>,
         >,
     >,
+    /// The files tracerd probes, as (device, inode) and path: what a
+    /// process must map to be traced ([`Service::not_traced`]).
+    probed: Vec<(crate::sys::procfs::FileKey, std::path::PathBuf)>,
+    /// A copy of the scope for [`Service::not_traced`], kept apart from
+    /// the ordered locks (it is taken with none of them or any of them, and
+    /// nothing is taken while it is held).
+    scope_now: std::sync::Mutex<crate::lifecycle::scope::Scope>,
 }
 
 impl Service {
@@ -92,6 +99,19 @@ impl Service {
     ) -> Self {
         let nframe = kernel.config().nframe;
         let sample_interval = kernel.config().sample_interval;
+        let probed = kernel
+            .libraries()
+            .iter()
+            .filter_map(|library| {
+                use std::os::unix::fs::MetadataExt as _;
+                let meta = std::fs::metadata(&library.path).ok()?;
+                let key = crate::sys::procfs::FileKey {
+                    dev: (libc::major(meta.dev()), libc::minor(meta.dev())),
+                    inode: meta.ino(),
+                };
+                Some((key, library.path.clone()))
+            })
+            .collect();
         Self {
             state: State::new(
                 kernel,
@@ -102,6 +122,8 @@ impl Service {
             unwind_queue: std::sync::Mutex::default(),
             remap_queue: std::sync::Mutex::default(),
             unwound: std::sync::Mutex::default(),
+            probed,
+            scope_now: std::sync::Mutex::default(),
             builder: SnapshotBuilder {
                 symbolizer: Symbolizer::new(),
                 nframe,

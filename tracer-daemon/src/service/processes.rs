@@ -139,16 +139,54 @@ impl Service {
         live
     }
 
+    /// [`ServiceError::NotTraced`] for `pid`, which the registry does not
+    /// know, with why: tracerd's own pid, no such process, outside the
+    /// scope, none of the probed files mapped (`/proc/PID/maps`, by device
+    /// and inode, so a container's own libc at the same path is told
+    /// apart), or no allocation seen yet.
+    pub(super) fn not_traced(&self, pid: u32) -> ServiceError {
+        use super::NotTracedWhy as Why;
+        let why = if pid == std::process::id() {
+            Why::Tracerd
+        } else if !crate::sys::procfs::exists(pid) {
+            Why::NoProcess
+        } else if !self
+            .scope_now
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .matches(pid)
+        {
+            Why::OutOfScope
+        } else {
+            match crate::sys::procfs::read_maps(pid) {
+                Err(_) => Why::NoProcess,
+                Ok(maps)
+                    if !maps
+                        .iter()
+                        .any(|m| self.probed.iter().any(|(key, _)| m.file_key() == *key)) =>
+                {
+                    Why::NoProbedAllocator {
+                        probed: self
+                            .probed
+                            .iter()
+                            .map(|(_, path)| path.display().to_string())
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                    }
+                }
+                Ok(_) => Why::NoAllocationSeen,
+            }
+        };
+        ServiceError::NotTraced { pid, why }
+    }
+
     /// The process `pid` means now: its live image, else its last ended one.
     ///
     /// # Errors
     /// [`ServiceError::NotTraced`].
     pub fn process(&self, pid: u32) -> Result<ProcessStatus, ServiceError> {
         let held = self.state.locks().kernel().registry().control();
-        let image = held
-            .registry
-            .get(pid)
-            .ok_or(ServiceError::NotTraced { pid })?;
+        let image = held.registry.get(pid).ok_or_else(|| self.not_traced(pid))?;
         Ok(status(
             &held.control,
             image,

@@ -98,10 +98,7 @@ impl Service {
     /// [`ServiceError::NotTraced`].
     pub(super) fn image_of(&self, pid: u32) -> Result<(ImageId, Option<ImageState>), ServiceError> {
         let held = self.state.locks().registry();
-        let image = held
-            .registry
-            .get(pid)
-            .ok_or(ServiceError::NotTraced { pid })?;
+        let image = held.registry.get(pid).ok_or_else(|| self.not_traced(pid))?;
         let state = image.state();
         Ok((image.id, (!state.is_alive()).then_some(state)))
     }
@@ -125,7 +122,7 @@ impl Service {
         let image = held
             .registry
             .get_mut(pid)
-            .ok_or(ServiceError::NotTraced { pid })?;
+            .ok_or_else(|| self.not_traced(pid))?;
         let blocks = match &image.ended {
             Some(ended) => ended.blocks.clone(),
             None => {

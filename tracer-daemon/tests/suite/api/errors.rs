@@ -362,3 +362,80 @@ fn bad_parameters_name_the_valid_values() {
     );
     assert_eq!(tracerd.get(&format!("/pid/{pid}/statistics")).0, 200);
 }
+
+/// A process of the test, killed by pid on drop.
+struct Process(std::process::Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        crate::suite::support::kill_if_running(&mut self.0);
+    }
+}
+
+/// A pid tracer does not trace is a 404 that says why: no such process,
+/// tracerd itself, a static program (it maps no probed allocator), a
+/// process that has not allocated since tracerd started, one outside the
+/// scope.
+#[test]
+fn a_pid_that_is_not_traced_is_a_404_that_says_why() {
+    use std::process::{Command, Stdio};
+
+    use crate::suite::support::{TempDir, Tracerd, output_ok};
+
+    let dir = TempDir::new("not-traced");
+    let source = dir.path().join("waits.c");
+    std::fs::write(
+        &source,
+        "#include <unistd.h>\nint main(void) { char b[8]; return read(0, b, sizeof b) < 0; }\n",
+    )
+    .expect("write source");
+    let exe = dir.path().join("waits");
+    output_ok(
+        Command::new("cc")
+            .arg("-static")
+            .arg("-o")
+            .arg(&exe)
+            .arg(&source),
+    );
+    let sleeper = Process(Command::new("sleep").arg("60").spawn().expect("sleep"));
+    let static_program = Process(
+        Command::new(&exe)
+            .stdin(Stdio::piped())
+            .spawn()
+            .expect("static program"),
+    );
+    let said = |tracerd: &Tracerd, pid: u32| {
+        let (status, body) = tracerd.get(&format!("/pid/{pid}"));
+        assert_eq!(status, 404, "pid {pid}: {body}");
+        body["error"].as_str().unwrap_or_default().to_string()
+    };
+    {
+        let tracerd = Tracerd::start(&[]);
+        for (pid, why) in [
+            (4_000_000_000, "no such process"),
+            (tracerd.pid(), "it is tracerd, which never traces itself"),
+            (
+                static_program.0.id(),
+                "it maps none of the allocators tracerd probes (/",
+            ),
+            (
+                sleeper.0.id(),
+                "no allocation seen from it since tracerd started",
+            ),
+        ] {
+            let error = said(&tracerd, pid);
+            assert!(
+                error.starts_with(&format!("pid {pid} is not traced: {why}")),
+                "pid {pid}: {error:?}"
+            );
+        }
+    }
+    let scoped = Tracerd::start(&["--scope-pid", &static_program.0.id().to_string()]);
+    let error = said(&scoped, sleeper.0.id());
+    assert!(
+        error.ends_with(
+            "it is outside tracerd's scope (GET /scope shows it, PUT /scope changes it)"
+        ),
+        "{error:?}"
+    );
+}
