@@ -21,7 +21,8 @@ const BPF_LINKER_VERSION: &str = "0.10.0";
 /// The nightly toolchain the eBPF crate is built with.
 const NIGHTLY: &str = "nightly";
 
-/// Debian packages: (command that proves it is installed, package).
+/// Debian packages: (command that proves it is installed, or an absolute
+/// path of a file it installs, package).
 const DEBIAN_PACKAGES: &[(&str, &str)] = &[
     // Tests and benchmarks: C workloads, CPython's tracemalloc, the
     // reference tools and real programs of the overhead table.
@@ -34,6 +35,20 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
     // The unwinder's judge (gdb's backtrace) and its C++ fixture.
     ("gdb", "gdb"),
     ("g++", "g++"),
+    // Programs linked with the allocator libraries tracerd probes besides
+    // glibc (their -l links and the libraries).
+    (
+        "/usr/lib/x86_64-linux-gnu/libjemalloc.so",
+        "libjemalloc-dev",
+    ),
+    (
+        "/usr/lib/x86_64-linux-gnu/libtcmalloc.so",
+        "libgoogle-perftools-dev",
+    ),
+    (
+        "/usr/lib/x86_64-linux-gnu/libmimalloc.so",
+        "libmimalloc-dev",
+    ),
     // The service tests: scraping, map inspection, the unit file, dropping
     // privileges.
     ("prometheus", "prometheus"),
@@ -55,7 +70,13 @@ pub fn setup() -> anyhow::Result<()> {
 fn ensure_packages(packages: &[(&str, &str)]) -> anyhow::Result<()> {
     let missing: Vec<&str> = packages
         .iter()
-        .filter(|(command, _)| output("sh", &["-c", &format!("command -v {command}")]).is_none())
+        .filter(|(proof, _)| {
+            if proof.starts_with('/') {
+                !Path::new(proof).exists()
+            } else {
+                output("sh", &["-c", &format!("command -v {proof}")]).is_none()
+            }
+        })
         .map(|(_, package)| *package)
         .collect();
     if missing.is_empty() {

@@ -36,13 +36,16 @@ pub struct AttachedLibrary {
     pub probes: Vec<String>,
 }
 
-/// The glibc files to probe: `configured` if given, else every distinct
-/// `libc.so.6` the dynamic loader resolves: the one mapped into tracerd
-/// itself (/proc/self/maps) and those `ldconfig -p` lists (ld.so.cache).
-/// Distinct means a distinct (device, inode): symlinks collapse.
+/// The files to probe: `configured` if given, else every distinct
+/// `libc.so.6` the dynamic loader resolves (the one mapped into tracerd
+/// itself, /proc/self/maps, and those `ldconfig -p` lists, ld.so.cache),
+/// then the allocator libraries `ldconfig -p` lists that replace the C
+/// allocation API ([`is_allocator_library`]: jemalloc, tcmalloc, mimalloc),
+/// which a program linked with them calls instead of glibc's. Distinct
+/// means a distinct (device, inode): symlinks collapse. glibc comes first.
 ///
 /// # Errors
-/// [`CaptureError::NoLibc`] when none is found.
+/// [`CaptureError::NoLibc`] when no glibc is found.
 pub fn find_libc(configured: &[PathBuf]) -> Result<Vec<PathBuf>, CaptureError> {
     let mut candidates: Vec<PathBuf> = configured.to_vec();
     if candidates.is_empty() {
@@ -56,16 +59,29 @@ pub fn find_libc(configured: &[PathBuf]) -> Result<Vec<PathBuf>, CaptureError> {
             }
         }
         if let Ok(out) = Command::new("ldconfig").arg("-p").output() {
-            for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let text = String::from_utf8_lossy(&out.stdout);
+            let mut allocators = Vec::new();
+            for line in text.lines() {
                 // "\tlibc.so.6 (libc6,x86-64) => /lib/x86_64-linux-gnu/libc.so.6"
                 let line = line.trim();
-                if line.starts_with("libc.so.6 ")
-                    && host_abi_matches(line)
-                    && let Some((_, path)) = line.split_once(" => ")
-                {
+                let Some((name, path)) = line.split_once(" => ") else {
+                    continue;
+                };
+                let name = name.split_whitespace().next().unwrap_or_default();
+                if !host_abi_matches(line) {
+                    continue;
+                }
+                if name == "libc.so.6" {
                     candidates.push(PathBuf::from(path.trim()));
+                } else if is_allocator_library(name) {
+                    allocators.push(PathBuf::from(path.trim()));
                 }
             }
+            if candidates.is_empty() {
+                // No glibc: nothing else is probed (NoLibc below).
+                allocators.clear();
+            }
+            candidates.extend(allocators);
         }
     }
     let mut seen = HashSet::new();
@@ -94,6 +110,27 @@ pub fn find_libc(configured: &[PathBuf]) -> Result<Vec<PathBuf>, CaptureError> {
         return Err(CaptureError::NoLibc { looked });
     }
     Ok(found)
+}
+
+/// Whether an `ldconfig -p` name is a versioned allocator library that
+/// defines the C allocation API (`malloc`, `free`, ...) in place of
+/// glibc's: jemalloc (`libjemalloc.so.2`), gperftools' tcmalloc
+/// (`libtcmalloc.so.4`, `_minimal`, `_and_profiler`), mimalloc
+/// (`libmimalloc.so.2`). Their debug builds (`_debug`) check every block
+/// and are left out, as are unversioned development links.
+fn is_allocator_library(name: &str) -> bool {
+    let Some((stem, version)) = name.split_once(".so.") else {
+        return false;
+    };
+    !version.is_empty()
+        && matches!(
+            stem,
+            "libjemalloc"
+                | "libtcmalloc"
+                | "libtcmalloc_minimal"
+                | "libtcmalloc_and_profiler"
+                | "libmimalloc"
+        )
 }
 
 fn is_libc_name(path: &str) -> bool {
@@ -236,6 +273,28 @@ mod tests {
         }
         let offsets: HashSet<_> = points.iter().map(|p| p.function).collect();
         assert_eq!(offsets.len(), points.len());
+    }
+
+    #[test]
+    fn allocator_libraries_are_the_versioned_jemalloc_tcmalloc_and_mimalloc() {
+        for yes in [
+            "libjemalloc.so.2",
+            "libtcmalloc.so.4",
+            "libtcmalloc_minimal.so.4",
+            "libtcmalloc_and_profiler.so.4",
+            "libmimalloc.so.2",
+        ] {
+            assert!(is_allocator_library(yes), "{yes}");
+        }
+        for no in [
+            "libjemalloc.so",
+            "libtcmalloc_debug.so.4",
+            "libmimalloc-secure.so.2",
+            "libc.so.6",
+            "libjemalloc.so.",
+        ] {
+            assert!(!is_allocator_library(no), "{no}");
+        }
     }
 
     #[test]

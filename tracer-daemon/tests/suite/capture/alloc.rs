@@ -10,13 +10,8 @@ fn twenty_thousand_mallocs_at_one_line_show_exactly_in_compare() {
     let prog = build("keep");
     let line = prog.line("ALLOC_SITE");
     let tracerd = Tracerd::start(&[]);
-    let mut fx = Fixture::spawn_traced(&tracerd, &prog.exe, &[]);
+    let (mut fx, base, body) = super::snapshot_step_compare(&tracerd, &prog.exe);
     let pid = fx.pid();
-    let (status, base) = tracerd.post(&format!("/pid/{pid}/snapshots"));
-    assert_eq!(status, 201, "{base}");
-    fx.step("done");
-
-    let body = tracerd.get_ok(&format!("/pid/{pid}/compare?group_by=lineno&limit=0"));
     assert_eq!(body["base"]["kind"], "snapshot");
     assert_eq!(body["base"]["id"], base["id"]);
     let stats = &body["statistics"];

@@ -3,6 +3,7 @@
 //! sizes, counts and `file:line`.
 
 mod alloc;
+mod allocator_libs;
 mod daemon;
 mod lifecycle;
 mod sampling;
@@ -10,10 +11,25 @@ mod stacks;
 mod tables;
 mod wrappers;
 
-use super::support::Program;
+use serde_json::Value;
+
+use super::support::{Fixture, Program, Tracerd};
 
 /// `fixtures/{name}.c`, compiled (with `-pthread`, as every capture
 /// fixture is).
 fn build(name: &str) -> Program {
     Program::build(name, &["-pthread"])
+}
+
+/// Runs `exe` traced: a snapshot at "ready", then "go" until "done".
+/// Returns the fixture (waiting), the snapshot's summary and the compare
+/// against it grouped by line (`limit=0`).
+fn snapshot_step_compare(tracerd: &Tracerd, exe: &std::path::Path) -> (Fixture, Value, Value) {
+    let mut fx = Fixture::spawn_traced(tracerd, exe, &[]);
+    let pid = fx.pid();
+    let (status, base) = tracerd.post(&format!("/pid/{pid}/snapshots"));
+    assert_eq!(status, 201, "{base}");
+    fx.step("done");
+    let compare = tracerd.get_ok(&format!("/pid/{pid}/compare?group_by=lineno&limit=0"));
+    (fx, base, compare)
 }
