@@ -20,7 +20,15 @@ pub struct ProbeSpec {
 
 /// Every probe tracer attaches, in attach order. Exits are attached before
 /// entries so that no entry is ever recorded without its return being seen.
-pub const PROBES: [ProbeSpec; 10] = [
+///
+/// The C allocation API, then jemalloc's own (`libjemalloc.so.2`), whose
+/// calls have the shape of one of the C API's and share its programs:
+/// `mallocx(size, flags)` is malloc's (flags ask for alignment or zeroes,
+/// not another size), `rallocx(ptr, size, flags)` realloc's (NULL leaves
+/// `ptr` live), `sdallocx(ptr, size, flags)` and `dallocx(ptr, flags)`
+/// free's. (`xallocx`, which resizes in place to a size it chooses, is not
+/// probed.)
+pub const PROBES: [ProbeSpec; 14] = [
     ProbeSpec {
         symbol: "malloc",
         entry: "malloc_enter",
@@ -70,6 +78,26 @@ pub const PROBES: [ProbeSpec; 10] = [
         symbol: "pvalloc",
         entry: "pvalloc_enter",
         exit: Some("pvalloc_exit"),
+    },
+    ProbeSpec {
+        symbol: "mallocx",
+        entry: "malloc_enter",
+        exit: Some("malloc_exit"),
+    },
+    ProbeSpec {
+        symbol: "rallocx",
+        entry: "realloc_enter",
+        exit: Some("realloc_exit"),
+    },
+    ProbeSpec {
+        symbol: "sdallocx",
+        entry: "free_enter",
+        exit: None,
+    },
+    ProbeSpec {
+        symbol: "dallocx",
+        entry: "free_enter",
+        exit: None,
     },
 ];
 

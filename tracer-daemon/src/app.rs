@@ -216,6 +216,7 @@ fn capture_config(config: &Config, system_wide: bool) -> CaptureConfig {
         inflight_slots: config.inflight_slots,
         events_ring_bytes: config.events_ring_bytes,
         libc: config.libc.clone(),
+        allocator_libraries: config.allocator_libraries,
         sample_interval: config.sample_interval,
         system_wide,
     }

@@ -93,6 +93,7 @@ impl FakeKernel {
                 inflight_slots: 1 << 16,
                 events_ring_bytes: 1 << 18,
                 libc: Vec::new(),
+                allocator_libraries: false,
                 sample_interval: 0,
                 system_wide: true,
             },

@@ -163,7 +163,7 @@ impl Capture {
             attach_mapping_tracepoint(&mut ebpf);
         }
 
-        let libcs = find_libc(&config.libc)?;
+        let libcs = find_libc(&config.libc, config.allocator_libraries)?;
         let mut libraries = Vec::new();
         let mut targets = Vec::new();
         for path in &libcs {

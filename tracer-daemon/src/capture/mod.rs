@@ -142,6 +142,9 @@ pub struct CaptureConfig {
     pub events_ring_bytes: u32,
     /// The glibc files to probe; empty: found as the dynamic loader finds them.
     pub libc: Vec<PathBuf>,
+    /// Also probe the allocator libraries `ldconfig -p` lists (see
+    /// `probes::find_libc`).
+    pub allocator_libraries: bool,
     /// Mean sampling interval in bytes (byte-weighted Poisson sampling);
     /// 0 records every allocation (exact).
     pub sample_interval: u64,

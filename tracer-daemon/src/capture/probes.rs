@@ -39,14 +39,18 @@ pub struct AttachedLibrary {
 /// The files to probe: `configured` if given, else every distinct
 /// `libc.so.6` the dynamic loader resolves (the one mapped into tracerd
 /// itself, /proc/self/maps, and those `ldconfig -p` lists, ld.so.cache),
-/// then the allocator libraries `ldconfig -p` lists that replace the C
-/// allocation API ([`is_allocator_library`]: jemalloc, tcmalloc, mimalloc),
-/// which a program linked with them calls instead of glibc's. Distinct
+/// then, with `allocator_libraries`, the allocator libraries `ldconfig -p`
+/// lists that replace the C allocation API ([`is_allocator_library`]:
+/// jemalloc, tcmalloc, mimalloc), which a program linked with them calls
+/// instead of glibc's. Distinct
 /// means a distinct (device, inode): symlinks collapse. glibc comes first.
 ///
 /// # Errors
 /// [`CaptureError::NoLibc`] when no glibc is found.
-pub fn find_libc(configured: &[PathBuf]) -> Result<Vec<PathBuf>, CaptureError> {
+pub fn find_libc(
+    configured: &[PathBuf],
+    allocator_libraries: bool,
+) -> Result<Vec<PathBuf>, CaptureError> {
     let mut candidates: Vec<PathBuf> = configured.to_vec();
     if candidates.is_empty() {
         if let Ok(maps) = fs::read_to_string("/proc/self/maps") {
@@ -73,7 +77,7 @@ pub fn find_libc(configured: &[PathBuf]) -> Result<Vec<PathBuf>, CaptureError> {
                 }
                 if name == "libc.so.6" {
                     candidates.push(PathBuf::from(path.trim()));
-                } else if is_allocator_library(name) {
+                } else if allocator_libraries && is_allocator_library(name) {
                     allocators.push(PathBuf::from(path.trim()));
                 }
             }
@@ -257,7 +261,7 @@ mod tests {
 
     #[test]
     fn probe_points_cover_glibc_allocators_once_per_address() {
-        let libc = find_libc(&[]).expect("the host has a glibc");
+        let libc = find_libc(&[], false).expect("the host has a glibc");
         let points = probe_points(&libc[0]).expect("glibc has malloc and free");
         let names: Vec<_> = points.iter().map(|p| p.spec.symbol).collect();
         for needed in [
@@ -313,7 +317,7 @@ mod tests {
 
     #[test]
     fn the_hosts_free_skips_only_its_null_check() {
-        let libc = find_libc(&[]).expect("the host has a glibc");
+        let libc = find_libc(&[], false).expect("the host has a glibc");
         let points = probe_points(&libc[0]).expect("glibc has malloc and free");
         for point in &points {
             let skip = point.entry - point.function;
@@ -327,7 +331,7 @@ mod tests {
 
     #[test]
     fn find_libc_refuses_a_missing_configured_path() {
-        let err = find_libc(&[PathBuf::from("/nonexistent/libc.so.6")]).unwrap_err();
+        let err = find_libc(&[PathBuf::from("/nonexistent/libc.so.6")], false).unwrap_err();
         assert!(err.to_string().contains("/nonexistent/libc.so.6"), "{err}");
     }
 }
