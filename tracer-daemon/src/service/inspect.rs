@@ -215,10 +215,10 @@ impl Service {
             return Err(ServiceError::NoBlock { pid, address });
         }
         let blocks = raw_blocks(kernel, &entries);
-        let image = held
-            .registry
-            .get_mut(pid)
-            .ok_or_else(|| self.not_traced(pid))?;
+        let Some(image) = held.registry.get_mut(pid) else {
+            drop(held);
+            return Err(self.not_traced(pid));
+        };
         image.refresh_maps();
         let maps = image.maps.clone();
         drop(held);

@@ -80,10 +80,6 @@ pub struct Service {
     /// The files tracerd probes, as (device, inode) and path: what a
     /// process must map to be traced ([`Service::not_traced`]).
     probed: Vec<(crate::sys::procfs::FileKey, std::path::PathBuf)>,
-    /// A copy of the scope for [`Service::not_traced`], kept apart from
-    /// the ordered locks (it is taken with none of them or any of them, and
-    /// nothing is taken while it is held).
-    scope_now: std::sync::Mutex<crate::lifecycle::scope::Scope>,
 }
 
 impl Service {
@@ -103,12 +99,7 @@ impl Service {
             .libraries()
             .iter()
             .filter_map(|library| {
-                use std::os::unix::fs::MetadataExt as _;
-                let meta = std::fs::metadata(&library.path).ok()?;
-                let key = crate::sys::procfs::FileKey {
-                    dev: (libc::major(meta.dev()), libc::minor(meta.dev())),
-                    inode: meta.ino(),
-                };
+                let key = crate::sys::procfs::FileKey::of_path(&library.path)?;
                 Some((key, library.path.clone()))
             })
             .collect();
@@ -123,7 +114,6 @@ impl Service {
             remap_queue: std::sync::Mutex::default(),
             unwound: std::sync::Mutex::default(),
             probed,
-            scope_now: std::sync::Mutex::default(),
             builder: SnapshotBuilder {
                 symbolizer: Symbolizer::new(),
                 nframe,

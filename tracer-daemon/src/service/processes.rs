@@ -143,19 +143,15 @@ impl Service {
     /// know, with why: tracerd's own pid, no such process, outside the
     /// scope, none of the probed files mapped (`/proc/PID/maps`, by device
     /// and inode, so a container's own libc at the same path is told
-    /// apart), or no allocation seen yet.
+    /// apart), or no allocation seen yet. Takes the scope's lock: called
+    /// with none of the service's held.
     pub(super) fn not_traced(&self, pid: u32) -> ServiceError {
         use super::NotTracedWhy as Why;
         let why = if pid == std::process::id() {
             Why::Tracerd
         } else if !crate::sys::procfs::exists(pid) {
             Why::NoProcess
-        } else if !self
-            .scope_now
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .matches(pid)
-        {
+        } else if !self.state.locks().scope().scope.matches(pid) {
             Why::OutOfScope
         } else {
             match crate::sys::procfs::read_maps(pid) {
@@ -186,7 +182,10 @@ impl Service {
     /// [`ServiceError::NotTraced`].
     pub fn process(&self, pid: u32) -> Result<ProcessStatus, ServiceError> {
         let held = self.state.locks().kernel().registry().control();
-        let image = held.registry.get(pid).ok_or_else(|| self.not_traced(pid))?;
+        let Some(image) = held.registry.get(pid) else {
+            drop(held);
+            return Err(self.not_traced(pid));
+        };
         Ok(status(
             &held.control,
             image,

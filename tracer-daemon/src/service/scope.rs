@@ -39,10 +39,6 @@ impl Service {
         let mut held = self.state.locks().kernel().scope();
         let attached = scope::apply(&mut **held.kernel, &new)
             .map_err(|reason| ServiceError::Scope { reason })?;
-        *self
-            .scope_now
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = new.clone();
         *held.scope = new;
         Ok(attached)
     }

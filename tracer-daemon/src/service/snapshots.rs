@@ -98,7 +98,10 @@ impl Service {
     /// [`ServiceError::NotTraced`].
     pub(super) fn image_of(&self, pid: u32) -> Result<(ImageId, Option<ImageState>), ServiceError> {
         let held = self.state.locks().registry();
-        let image = held.registry.get(pid).ok_or_else(|| self.not_traced(pid))?;
+        let Some(image) = held.registry.get(pid) else {
+            drop(held);
+            return Err(self.not_traced(pid));
+        };
         let state = image.state();
         Ok((image.id, (!state.is_alive()).then_some(state)))
     }
@@ -119,10 +122,10 @@ impl Service {
     fn take(&self, pid: u32) -> Result<Taken, ServiceError> {
         let mut held = self.state.locks().kernel().registry().control();
         let kernel = &**held.kernel;
-        let image = held
-            .registry
-            .get_mut(pid)
-            .ok_or_else(|| self.not_traced(pid))?;
+        let Some(image) = held.registry.get_mut(pid) else {
+            drop(held);
+            return Err(self.not_traced(pid));
+        };
         let blocks = match &image.ended {
             Some(ended) => ended.blocks.clone(),
             None => {

@@ -11,7 +11,7 @@
 //! Everything read from `/proc` is untrusted text: parsers return
 //! [`ProcError`] on malformed input and never panic. Facts only, no policy.
 use std::io;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// Errors of the process stage. Each carries the pid and `/proc` path it concerns.
@@ -156,6 +156,19 @@ pub struct MapEntry {
     /// The kernel marked the path ` (deleted)`: the file was unlinked (or replaced)
     /// after it was mapped.
     pub deleted: bool,
+}
+
+impl FileKey {
+    /// The key of the file at `path` (`stat`), as `/proc/PID/maps` of a
+    /// process mapping it would show it; None when it cannot be read.
+    pub fn of_path(path: &Path) -> Option<Self> {
+        use std::os::unix::fs::MetadataExt as _;
+        let meta = std::fs::metadata(path).ok()?;
+        Some(Self {
+            dev: (libc::major(meta.dev()), libc::minor(meta.dev())),
+            inode: meta.ino(),
+        })
+    }
 }
 
 impl MapEntry {
