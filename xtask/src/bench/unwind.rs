@@ -79,10 +79,18 @@ int main(int argc, char **argv) {
 }
 "#;
 
-/// The two builds of the deep loop: (name, flags).
-const BUILDS: [(&str, &[&str]); 2] = [
-    ("with frame pointers", &["-O2", "-fno-omit-frame-pointer"]),
-    ("without frame pointers", &["-O2", "-fomit-frame-pointer"]),
+/// The two builds of the deep loop: (name, executable, flags).
+const BUILDS: [(&str, &str, &[&str]); 2] = [
+    (
+        "with frame pointers",
+        "deep-fp",
+        &["-O2", "-fno-omit-frame-pointer"],
+    ),
+    (
+        "without frame pointers",
+        "deep-nofp",
+        &["-O2", "-fomit-frame-pointer"],
+    ),
 ];
 
 /// Runs a self-timed program (it prints ns per pair).
@@ -131,17 +139,7 @@ pub fn unwind_part(
     let tracerd = release.join("tracerd");
     let builds: Vec<(&str, PathBuf)> = BUILDS
         .iter()
-        .map(|(name, flags)| {
-            let file = format!(
-                "deep-{}",
-                if flags[1].contains("no-") {
-                    "fp"
-                } else {
-                    "nofp"
-                }
-            );
-            compile_c(dir, &file, DEEP_C, flags).map(|p| (*name, p))
-        })
+        .map(|(name, file, flags)| compile_c(dir, file, DEEP_C, flags).map(|p| (*name, p)))
         .collect::<anyhow::Result<_>>()?;
     let churn = dir.join("churn");
     let deep_args = vec![DEEP_PAIRS.to_string(), DEPTH.to_string()];

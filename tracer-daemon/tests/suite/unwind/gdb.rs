@@ -294,41 +294,33 @@ fn bt_lines_parse_into_function_file_and_line() {
         })
     );
     assert_eq!(bare("allocate()"), "allocate");
-    assert_eq!(
-        leaf(
-            "core::ops::function::{impl#2}::call_once<(), (dyn core::ops::function::Fn<(), Output=i32>)>"
+    for (name, own) in [
+        (
+            "core::ops::function::{impl#2}::call_once<(), (dyn core::ops::function::Fn<(), Output=i32>)>",
+            "call_once",
         ),
-        "call_once"
-    );
-    assert_eq!(
-        leaf("<&F as core::ops::function::FnOnce<A>>::call_once"),
-        "call_once"
-    );
-    assert_eq!(leaf("unwind_rust::allocate"), "allocate");
-    assert_eq!(leaf("a::b<fn() -> i32>::c<u8>"), "c");
-    assert_eq!(
-        leaf("std::vector<int, std::allocator<int> >::vector"),
-        "vector"
-    );
-    assert_eq!(leaf("main"), "main");
-    assert_eq!(
-        leaf(
-            "std::panicking::catch_unwind::do_call::<&dyn core::ops::function::Fn<(), Output = i32> + core::marker::Sync, i32>"
+        (
+            "<&F as core::ops::function::FnOnce<A>>::call_once",
+            "call_once",
         ),
-        "do_call"
-    );
-    assert_eq!(
-        leaf(
-            "std::panicking::catch_unwind::do_call<&(dyn core::ops::function::Fn<(), Output=i32> + core::marker::Sync), i32>"
+        ("unwind_rust::allocate", "allocate"),
+        ("a::b<fn() -> i32>::c<u8>", "c"),
+        ("std::vector<int, std::allocator<int> >::vector", "vector"),
+        ("main", "main"),
+        (
+            "std::panicking::catch_unwind::do_call::<&dyn core::ops::function::Fn<(), Output = i32> + core::marker::Sync, i32>",
+            "do_call",
         ),
-        "do_call"
-    );
-    assert_eq!(
-        leaf("core::ops::function::FnOnce::call_once<fn(),"),
-        "call_once"
-    );
-    assert_eq!(leaf("std::rt::lang_start::{closure#0}<()>"), "{closure}");
-    assert_eq!(leaf("std::rt::lang_start::{{closure}}"), "{closure}");
+        (
+            "std::panicking::catch_unwind::do_call<&(dyn core::ops::function::Fn<(), Output=i32> + core::marker::Sync), i32>",
+            "do_call",
+        ),
+        ("core::ops::function::FnOnce::call_once<fn(),", "call_once"),
+        ("std::rt::lang_start::{closure#0}<()>", "{closure}"),
+        ("std::rt::lang_start::{{closure}}", "{closure}"),
+    ] {
+        assert_eq!(leaf(name), own, "{name}");
+    }
     assert_eq!(bare("main"), "main");
 }
 

@@ -87,9 +87,8 @@ fn wait_unwinder(tracerd: &Tracerd, pid: u32) {
     });
 }
 
-/// unwind_gdb_chain.c with its shared library, both `-O2 -fomit-frame-pointer`.
-fn build_chain(dir: &Path) -> std::path::PathBuf {
-    let lib = dir.join("libunwindlib.so");
+/// unwind_lib.c as the shared library `lib`, `-O2 -fomit-frame-pointer`.
+fn build_lib(lib: &Path) {
     output_ok(
         Command::new("cc")
             .args([
@@ -100,9 +99,14 @@ fn build_chain(dir: &Path) -> std::path::PathBuf {
                 "-shared",
                 "-o",
             ])
-            .arg(&lib)
+            .arg(lib)
             .arg(fixture_path("unwind_lib.c")),
     );
+}
+
+/// unwind_gdb_chain.c with its shared library, both `-O2 -fomit-frame-pointer`.
+fn build_chain(dir: &Path) -> std::path::PathBuf {
+    build_lib(&dir.join("libunwindlib.so"));
     let exe = dir.join("unwind_gdb_chain");
     output_ok(
         Command::new("cc")
@@ -150,19 +154,7 @@ fn cpp_at_o2_matches_gdb_at_the_users_lines() {
 #[test]
 fn a_library_dlopened_while_traced_is_unwound_within_its_first_200_ms() {
     let dir = TempDir::new("unwind-dlopen");
-    output_ok(
-        Command::new("cc")
-            .args([
-                "-g",
-                "-O2",
-                "-fomit-frame-pointer",
-                "-fPIC",
-                "-shared",
-                "-o",
-            ])
-            .arg(dir.path().join("libunwinddl.so"))
-            .arg(fixture_path("unwind_lib.c")),
-    );
+    build_lib(&dir.path().join("libunwinddl.so"));
     let exe = dir.path().join("unwind_dlopen");
     output_ok(
         Command::new("cc")
