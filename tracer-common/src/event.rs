@@ -21,13 +21,15 @@ pub enum ProcEventKind {
     Exec = 2,
     /// The last thread exited: its blocks are gone.
     Exit = 3,
-    /// Scoped mode: a process (traced or not) called exec.
+    /// A process (traced or not) called exec: its new image's allocators
+    /// are looked for, and, when scoped, whether it matches.
     ExecAny = 4,
     /// Scoped mode: a task was created; `tgid` is the child's id (a thread
     /// or a process: userspace tells them apart).
     Fork = 5,
-    /// A traced image is mapping a file's code (`mmap` with `PROT_EXEC`: a
-    /// library `dlopen`ed): re-read its mappings for the unwinder.
+    /// A process is mapping a file's code (`mmap` with `PROT_EXEC`: a
+    /// library loaded at start or `dlopen`ed): re-read its mappings for
+    /// allocator discovery and the unwinder (`gen_` 0: not traced yet).
     Mapped = 6,
 }
 

@@ -18,88 +18,187 @@ pub struct ProbeSpec {
     pub exit: Option<&'static str>,
 }
 
-/// Every probe tracer attaches, in attach order. Exits are attached before
-/// entries so that no entry is ever recorded without its return being seen.
+/// The program pair of each shape of allocator call: (entry, exit).
+const MALLOC: (&str, Option<&str>) = ("malloc_enter", Some("malloc_exit"));
+const CALLOC: (&str, Option<&str>) = ("calloc_enter", Some("calloc_exit"));
+const REALLOC: (&str, Option<&str>) = ("realloc_enter", Some("realloc_exit"));
+const REALLOCARRAY: (&str, Option<&str>) = ("reallocarray_enter", Some("reallocarray_exit"));
+const FREE: (&str, Option<&str>) = ("free_enter", None);
+const POSIX_MEMALIGN: (&str, Option<&str>) = ("posix_memalign_enter", Some("posix_memalign_exit"));
+/// `(alignment, size)`: the size is the second argument.
+const ALIGNED_ALLOC: (&str, Option<&str>) = ("aligned_alloc_enter", Some("aligned_alloc_exit"));
+const MEMALIGN: (&str, Option<&str>) = ("memalign_enter", Some("memalign_exit"));
+const VALLOC: (&str, Option<&str>) = ("valloc_enter", Some("valloc_exit"));
+const PVALLOC: (&str, Option<&str>) = ("pvalloc_enter", Some("pvalloc_exit"));
+
+const fn spec(
+    symbol: &'static str,
+    (entry, exit): (&'static str, Option<&'static str>),
+) -> ProbeSpec {
+    ProbeSpec {
+        symbol,
+        entry,
+        exit,
+    }
+}
+
+/// Every allocator entry point tracer probes where an object defines it,
+/// in the order aliases are resolved (of functions at one address, the
+/// first here is probed). Exits are attached before entries so that no
+/// entry is ever recorded without its return being seen.
 ///
-/// The C allocation API, then jemalloc's own (`libjemalloc.so.2`), whose
-/// calls have the shape of one of the C API's and share its programs:
-/// `mallocx(size, flags)` is malloc's (flags ask for alignment or zeroes,
-/// not another size), `rallocx(ptr, size, flags)` realloc's (NULL leaves
-/// `ptr` live), `sdallocx(ptr, size, flags)` and `dallocx(ptr, flags)`
-/// free's. (`xallocx`, which resizes in place to a size it chooses, is not
-/// probed.)
-pub const PROBES: [ProbeSpec; 14] = [
-    ProbeSpec {
-        symbol: "malloc",
-        entry: "malloc_enter",
-        exit: Some("malloc_exit"),
-    },
-    ProbeSpec {
-        symbol: "calloc",
-        entry: "calloc_enter",
-        exit: Some("calloc_exit"),
-    },
-    ProbeSpec {
-        symbol: "realloc",
-        entry: "realloc_enter",
-        exit: Some("realloc_exit"),
-    },
-    ProbeSpec {
-        symbol: "reallocarray",
-        entry: "reallocarray_enter",
-        exit: Some("reallocarray_exit"),
-    },
-    ProbeSpec {
-        symbol: "free",
-        entry: "free_enter",
-        exit: None,
-    },
-    ProbeSpec {
-        symbol: "posix_memalign",
-        entry: "posix_memalign_enter",
-        exit: Some("posix_memalign_exit"),
-    },
-    ProbeSpec {
-        symbol: "aligned_alloc",
-        entry: "aligned_alloc_enter",
-        exit: Some("aligned_alloc_exit"),
-    },
-    ProbeSpec {
-        symbol: "memalign",
-        entry: "memalign_enter",
-        exit: Some("memalign_exit"),
-    },
-    ProbeSpec {
-        symbol: "valloc",
-        entry: "valloc_enter",
-        exit: Some("valloc_exit"),
-    },
-    ProbeSpec {
-        symbol: "pvalloc",
-        entry: "pvalloc_enter",
-        exit: Some("pvalloc_exit"),
-    },
-    ProbeSpec {
-        symbol: "mallocx",
-        entry: "malloc_enter",
-        exit: Some("malloc_exit"),
-    },
-    ProbeSpec {
-        symbol: "rallocx",
-        entry: "realloc_enter",
-        exit: Some("realloc_exit"),
-    },
-    ProbeSpec {
-        symbol: "sdallocx",
-        entry: "free_enter",
-        exit: None,
-    },
-    ProbeSpec {
-        symbol: "dallocx",
-        entry: "free_enter",
-        exit: None,
-    },
+/// Each call has the shape of one of the C API's and shares its programs:
+/// the size argument is where that program reads it; extra arguments
+/// (alignment, flags, a nothrow tag) change nothing traced.
+/// - The C API (glibc, musl, any libc or static allocator), with C23's
+///   `free_sized(ptr, size)` and `free_aligned_sized(ptr, align, size)`.
+/// - jemalloc, unprefixed (Debian's `libjemalloc.so.2`), `je_` or `_rjem_`
+///   (the tikv-jemallocator crate): `mallocx(size, flags)` is malloc's
+///   shape, `rallocx(ptr, size, flags)` realloc's (NULL leaves `ptr`
+///   live), `sdallocx(ptr, size, flags)` and `dallocx(ptr, flags)` free's.
+///   (`xallocx`, which resizes in place to a size it chooses, is not
+///   probed.)
+/// - tcmalloc's `tc_*`.
+/// - mimalloc's `mi_*` with its zeroing and aligned variants
+///   (`mi_malloc_aligned(size, align)`: size first).
+/// - C++ `operator new` and `delete` in every form ([`is_operator`]):
+///   probed only in an allocator library's own object, whose `new` does not
+///   reach its `malloc` (jemalloc and tcmalloc inline their fast path).
+pub const PROBES: &[ProbeSpec] = &[
+    spec("malloc", MALLOC),
+    spec("calloc", CALLOC),
+    spec("realloc", REALLOC),
+    spec("reallocarray", REALLOCARRAY),
+    spec("free", FREE),
+    spec("posix_memalign", POSIX_MEMALIGN),
+    spec("aligned_alloc", ALIGNED_ALLOC),
+    spec("memalign", MEMALIGN),
+    spec("valloc", VALLOC),
+    spec("pvalloc", PVALLOC),
+    spec("free_sized", FREE),
+    spec("free_aligned_sized", FREE),
+    // jemalloc, unprefixed.
+    spec("mallocx", MALLOC),
+    spec("rallocx", REALLOC),
+    spec("sdallocx", FREE),
+    spec("dallocx", FREE),
+    // jemalloc, `je_`.
+    spec("je_malloc", MALLOC),
+    spec("je_calloc", CALLOC),
+    spec("je_realloc", REALLOC),
+    spec("je_free", FREE),
+    spec("je_posix_memalign", POSIX_MEMALIGN),
+    spec("je_aligned_alloc", ALIGNED_ALLOC),
+    spec("je_memalign", MEMALIGN),
+    spec("je_valloc", VALLOC),
+    spec("je_mallocx", MALLOC),
+    spec("je_rallocx", REALLOC),
+    spec("je_sdallocx", FREE),
+    spec("je_dallocx", FREE),
+    // jemalloc, `_rjem_` (Rust's tikv-jemalloc-sys).
+    spec("_rjem_malloc", MALLOC),
+    spec("_rjem_calloc", CALLOC),
+    spec("_rjem_realloc", REALLOC),
+    spec("_rjem_free", FREE),
+    spec("_rjem_posix_memalign", POSIX_MEMALIGN),
+    spec("_rjem_aligned_alloc", ALIGNED_ALLOC),
+    spec("_rjem_memalign", MEMALIGN),
+    spec("_rjem_valloc", VALLOC),
+    spec("_rjem_mallocx", MALLOC),
+    spec("_rjem_rallocx", REALLOC),
+    spec("_rjem_sdallocx", FREE),
+    spec("_rjem_dallocx", FREE),
+    // tcmalloc (gperftools).
+    spec("tc_malloc", MALLOC),
+    spec("tc_calloc", CALLOC),
+    spec("tc_realloc", REALLOC),
+    spec("tc_free", FREE),
+    spec("tc_free_sized", FREE),
+    spec("tc_cfree", FREE),
+    spec("tc_posix_memalign", POSIX_MEMALIGN),
+    spec("tc_memalign", MEMALIGN),
+    spec("tc_valloc", VALLOC),
+    spec("tc_pvalloc", PVALLOC),
+    spec("tc_malloc_skip_new_handler", MALLOC),
+    spec("tc_new", MALLOC),
+    spec("tc_new_nothrow", MALLOC),
+    spec("tc_newarray", MALLOC),
+    spec("tc_newarray_nothrow", MALLOC),
+    spec("tc_new_aligned", MALLOC),
+    spec("tc_new_aligned_nothrow", MALLOC),
+    spec("tc_newarray_aligned", MALLOC),
+    spec("tc_newarray_aligned_nothrow", MALLOC),
+    spec("tc_delete", FREE),
+    spec("tc_delete_sized", FREE),
+    spec("tc_delete_nothrow", FREE),
+    spec("tc_deletearray", FREE),
+    spec("tc_deletearray_sized", FREE),
+    spec("tc_deletearray_nothrow", FREE),
+    spec("tc_delete_aligned", FREE),
+    spec("tc_delete_sized_aligned", FREE),
+    spec("tc_delete_aligned_nothrow", FREE),
+    spec("tc_deletearray_aligned", FREE),
+    spec("tc_deletearray_sized_aligned", FREE),
+    spec("tc_deletearray_aligned_nothrow", FREE),
+    // mimalloc.
+    spec("mi_malloc", MALLOC),
+    spec("mi_zalloc", MALLOC),
+    spec("mi_calloc", CALLOC),
+    spec("mi_mallocn", CALLOC),
+    spec("mi_realloc", REALLOC),
+    spec("mi_reallocn", REALLOCARRAY),
+    spec("mi_reallocf", REALLOC),
+    spec("mi_free", FREE),
+    spec("mi_free_size", FREE),
+    spec("mi_free_aligned", FREE),
+    spec("mi_free_size_aligned", FREE),
+    spec("mi_malloc_small", MALLOC),
+    spec("mi_zalloc_small", MALLOC),
+    spec("mi_malloc_aligned", MALLOC),
+    spec("mi_zalloc_aligned", MALLOC),
+    spec("mi_calloc_aligned", CALLOC),
+    spec("mi_realloc_aligned", REALLOC),
+    spec("mi_new", MALLOC),
+    spec("mi_new_nothrow", MALLOC),
+    spec("mi_new_aligned", MALLOC),
+    spec("mi_new_aligned_nothrow", MALLOC),
+    spec("mi_new_n", CALLOC),
+    spec("mi_posix_memalign", POSIX_MEMALIGN),
+    spec("mi_memalign", MEMALIGN),
+    spec("mi_aligned_alloc", ALIGNED_ALLOC),
+    spec("mi_valloc", VALLOC),
+    spec("mi_pvalloc", PVALLOC),
+    // C++ (Itanium ABI names): new(size[, align][, nothrow]).
+    spec("_Znwm", MALLOC),
+    spec("_Znam", MALLOC),
+    spec("_ZnwmRKSt9nothrow_t", MALLOC),
+    spec("_ZnamRKSt9nothrow_t", MALLOC),
+    spec("_ZnwmSt11align_val_t", MALLOC),
+    spec("_ZnamSt11align_val_t", MALLOC),
+    spec("_ZnwmSt11align_val_tRKSt9nothrow_t", MALLOC),
+    spec("_ZnamSt11align_val_tRKSt9nothrow_t", MALLOC),
+    // delete(ptr[, size][, align][, nothrow]).
+    spec("_ZdlPv", FREE),
+    spec("_ZdaPv", FREE),
+    spec("_ZdlPvm", FREE),
+    spec("_ZdaPvm", FREE),
+    spec("_ZdlPvRKSt9nothrow_t", FREE),
+    spec("_ZdaPvRKSt9nothrow_t", FREE),
+    spec("_ZdlPvSt11align_val_t", FREE),
+    spec("_ZdaPvSt11align_val_t", FREE),
+    spec("_ZdlPvmSt11align_val_t", FREE),
+    spec("_ZdaPvmSt11align_val_t", FREE),
+    spec("_ZdlPvSt11align_val_tRKSt9nothrow_t", FREE),
+    spec("_ZdaPvSt11align_val_tRKSt9nothrow_t", FREE),
 ];
+
+/// Whether `symbol` is a C++ `operator new` or `operator delete` (an
+/// Itanium ABI name `_Znw*`, `_Zna*`, `_Zdl*`, `_Zda*`).
+pub fn is_operator(symbol: &str) -> bool {
+    ["_Znw", "_Zna", "_Zdl", "_Zda"]
+        .iter()
+        .any(|prefix| symbol.starts_with(prefix))
+}
 
 /// Empty uprobe and uretprobe programs, attached in place of every entry and
 /// exit program to measure the physical floor of the probes themselves.

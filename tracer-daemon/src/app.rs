@@ -105,11 +105,16 @@ pub async fn run(config: Config) -> Result<(), AppError> {
         tracing::info!(target = %library.path.display(), probes = library.probes.len(), "probe points");
     }
     let events = capture.take_events().ok_or(AppError::Events)?;
-    let service = Arc::new(Service::new(
+    let service = Service::new(
         Box::new(capture),
         Duration::from_secs(config.exited_retention),
         allocator_frames,
-    ));
+    );
+    let service = Arc::new(if config.discover_allocators {
+        service
+    } else {
+        service.without_discovery()
+    });
     if !scope.is_all() {
         let attached = service.set_scope(scope)?;
         tracing::info!(
@@ -216,7 +221,6 @@ fn capture_config(config: &Config, system_wide: bool) -> CaptureConfig {
         inflight_slots: config.inflight_slots,
         events_ring_bytes: config.events_ring_bytes,
         libc: config.libc.clone(),
-        allocator_libraries: config.allocator_libraries,
         sample_interval: config.sample_interval,
         system_wide,
     }

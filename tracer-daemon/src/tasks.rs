@@ -18,9 +18,14 @@ pub async fn events_and_housekeeping(
     service: Arc<Service>,
     ring: aya::maps::RingBuf<aya::maps::MapData>,
 ) {
+    let discovery = service.clone();
+    let _ = tokio::task::spawn_blocking(move || discovery.discover_all()).await;
     let unwind_wake = Arc::new(tokio::sync::Notify::new());
     let unwinder = tokio::spawn(unwind_new_images(service.clone(), unwind_wake.clone()));
     let _abort_unwinder = AbortOnDrop(unwinder);
+    let discovery_wake = Arc::new(tokio::sync::Notify::new());
+    let discoverer = tokio::spawn(discover_allocators(service.clone(), discovery_wake.clone()));
+    let _abort_discoverer = AbortOnDrop(discoverer);
     // SAFETY: the RingBuf owns its map fd for its whole life inside the
     // AsyncFd, and as_raw_fd always returns that same fd.
     let mut fd =
@@ -49,6 +54,7 @@ pub async fn events_and_housekeeping(
                 guard.clear_ready();
                 let service = service.clone();
                 let _ = tokio::task::spawn_blocking(move || service.handle_events(&batch)).await;
+                discovery_wake.notify_one();
                 unwind_wake.notify_one();
             }
             _ = tick.tick() => {
@@ -71,6 +77,18 @@ async fn unwind_new_images(service: Arc<Service>, wake: Arc<tokio::sync::Notify>
     }
 }
 
+/// Probes the allocators of the processes each batch of events queued
+/// (exec, code mapped), apart from the event loop and from the unwinder
+/// (whose compiling must not delay a process's probes). Runs until
+/// aborted.
+async fn discover_allocators(service: Arc<Service>, wake: Arc<tokio::sync::Notify>) {
+    loop {
+        wake.notified().await;
+        let service = service.clone();
+        let _ = tokio::task::spawn_blocking(move || service.discover_pending()).await;
+    }
+}
+
 /// Aborts its task when dropped (with the loop that started it).
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
@@ -85,11 +103,13 @@ impl Drop for AbortOnDrop {
 /// [`SWEEP_EVERY_TICKS`].
 fn housekeeping(service: &Service, tick: u64) {
     service.expire();
+    service.discover_again();
     // Libraries dlopen'd since an image was seen get their unwind tables.
     service.refresh_unwind();
     if !tick.is_multiple_of(SWEEP_EVERY_TICKS) {
         return;
     }
+    service.drop_unused_allocators();
     let removed = service.sweep_orphans();
     if removed > 0 {
         tracing::info!(removed, map = MAP_LIVE_ALLOCS, "removed orphaned blocks");

@@ -26,7 +26,6 @@ fn main() -> anyhow::Result<()> {
         inflight_slots: 1,
         events_ring_bytes: 4096,
         libc,
-        allocator_libraries: false,
         sample_interval: 0,
         system_wide: true,
     })

@@ -1,71 +1,113 @@
-//! Attaching: the allocator probes for every process, or one process at a
-//! time (a scoped tracerd), and the programs' runtime switches.
-use aya::programs::{UProbe, uprobe::UProbeScope};
+//! Attaching: the allocator probes of every probed object, for every
+//! process or one process at a time (a scoped tracerd); objects found
+//! while tracing added and removed; the programs' runtime switches.
+//!
+//! Detaching a uprobe costs the kernel a grace period (about 0.1 s here):
+//! links leave on their own threads ([`detach_all`]), so that their grace
+//! periods overlap and no lock waits for them.
+use std::path::PathBuf;
+
+use aya::programs::{
+    UProbe,
+    uprobe::{UProbeLink, UProbeLinkId, UProbeScope},
+};
 use tracer_common::MAP_SWITCHES;
 
 use super::load::program_mut;
+use super::probes::{AttachedLibrary, ProbePoint};
 use super::{Capture, CaptureError};
+use crate::sys::procfs::FileKey;
+
+/// One probed object: its probe points and the path they are attached
+/// through.
+#[derive(Debug)]
+pub(super) struct Target {
+    /// The object's (device, inode).
+    pub(super) key: FileKey,
+    /// The path the kernel resolves to the object when a probe is
+    /// attached: a host path, or `/proc/self/fd/N` of a descriptor tracerd
+    /// holds open (an object inside a container's root).
+    pub(super) path: PathBuf,
+    /// Where its probes go.
+    pub(super) points: Vec<ProbePoint>,
+}
+
+/// One attached probe: the object, the program, the link.
+pub(super) type Link = (FileKey, &'static str, UProbeLinkId);
 
 impl Capture {
-    /// Attaches the allocator probes for every process (`pid` None) or for
-    /// one process only: its probes are registered with the kernel for that
-    /// process (a perf event with a pid), so the breakpoints are placed in
-    /// its memory only and other processes pay nothing. Uretprobes first,
-    /// then uprobes, so no entry is recorded whose return would be missed.
-    /// Attaching what is attached already does nothing.
+    /// Attaches the probes of every probed object for every process (`pid`
+    /// None) or for one process only: its probes are registered with the
+    /// kernel for that process (a perf event with a pid), so the
+    /// breakpoints are placed in its memory only and other processes pay
+    /// nothing. Uretprobes first, then uprobes, so no entry is recorded
+    /// whose return would be missed. Objects attached already for `pid`
+    /// are left as they are.
     ///
     /// # Errors
     /// [`CaptureError::Attach`] (e.g. the process is gone); nothing of this
     /// attach stays attached then.
     pub fn attach(&mut self, pid: Option<u32>) -> Result<(), CaptureError> {
-        if self.links.contains_key(&pid) {
-            return Ok(());
+        let done: Vec<FileKey> = self
+            .links
+            .get(&pid)
+            .map(|links| links.iter().map(|l| l.0).collect())
+            .unwrap_or_default();
+        let mut links = Vec::new();
+        for index in 0..self.targets.len() {
+            if done.contains(&self.targets[index].key) {
+                continue;
+            }
+            if let Err(err) = self.attach_target(index, pid, &mut links) {
+                self.detach_links(links);
+                return Err(err);
+            }
         }
+        self.links.entry(pid).or_default().extend(links);
+        Ok(())
+    }
+
+    /// Attaches target `index` for `pid` (see [`Capture::attach`]),
+    /// appending its links to `links`; on an error the links attached so
+    /// far are in `links`.
+    fn attach_target(
+        &mut self,
+        index: usize,
+        pid: Option<u32>,
+        links: &mut Vec<Link>,
+    ) -> Result<(), CaptureError> {
         let scope = match pid.and_then(std::num::NonZeroU32::new) {
             Some(pid) => UProbeScope::OneProcess(pid),
             None => UProbeScope::AllProcesses,
         };
-        let mut links = Vec::new();
-        let mut result = Ok(());
-        'targets: for (path, points) in &self.targets {
-            for exit_pass in [true, false] {
-                for point in points {
-                    let spec = &point.spec;
-                    let (name, offset) = if exit_pass {
-                        match spec.exit {
-                            Some(exit) => (exit, point.function),
-                            None => continue,
-                        }
-                    } else {
-                        (spec.entry, point.entry)
-                    };
-                    let name = self.programs.program_for(name, exit_pass);
-                    // Loaded by load_programs already.
-                    let attached =
-                        program_mut::<UProbe>(&mut self.ebpf, name).and_then(|program| {
-                            program.attach(offset, path, scope).map_err(|source| {
-                                CaptureError::Attach {
-                                    program: name.into(),
-                                    target: format!("{}:{}", path.display(), spec.symbol),
-                                    source: Box::new(source),
-                                }
-                            })
-                        });
-                    match attached {
-                        Ok(link) => links.push((name, link)),
-                        Err(err) => {
-                            result = Err(err);
-                            break 'targets;
-                        }
+        let target = &self.targets[index];
+        let (key, path) = (target.key, target.path.clone());
+        let points = target.points.clone();
+        for exit_pass in [true, false] {
+            for point in &points {
+                let spec = &point.spec;
+                let (name, offset) = if exit_pass {
+                    match spec.exit {
+                        Some(exit) => (exit, point.function),
+                        None => continue,
                     }
-                }
+                } else {
+                    (spec.entry, point.entry)
+                };
+                let name = self.programs.program_for(name, exit_pass);
+                // Loaded by load_programs already.
+                let link = program_mut::<UProbe>(&mut self.ebpf, name).and_then(|program| {
+                    program
+                        .attach(offset, &path, scope)
+                        .map_err(|source| CaptureError::Attach {
+                            program: name.into(),
+                            target: format!("{}:{}", path.display(), spec.symbol),
+                            source: Box::new(source),
+                        })
+                })?;
+                links.push((key, name, link));
             }
         }
-        if let Err(err) = result {
-            self.detach_links(links);
-            return Err(err);
-        }
-        self.links.insert(pid, links);
         Ok(())
     }
 
@@ -77,12 +119,94 @@ impl Capture {
         }
     }
 
-    fn detach_links(&mut self, links: Vec<(&'static str, aya::programs::uprobe::UProbeLinkId)>) {
-        for (name, link) in links {
-            if let Ok(program) = program_mut::<UProbe>(&mut self.ebpf, name) {
-                let _ = program.detach(link);
+    /// Probes one more object, `library`, at `points` through `path` (see
+    /// [`Target::path`]), for every process or pid attached now: an
+    /// allocator found in a process (`lifecycle::allocators`). An object
+    /// probed already is left as it is. A pid that cannot be attached
+    /// (gone) is skipped.
+    ///
+    /// # Errors
+    /// [`CaptureError::Attach`] when the system-wide probes cannot be
+    /// attached; nothing of the object stays probed then.
+    pub fn add_library(
+        &mut self,
+        library: AttachedLibrary,
+        path: PathBuf,
+        points: Vec<ProbePoint>,
+    ) -> Result<(), CaptureError> {
+        let key = library.key;
+        if self.targets.iter().any(|t| t.key == key) {
+            return Ok(());
+        }
+        self.targets.push(Target { key, path, points });
+        let index = self.targets.len() - 1;
+        let mut pids: Vec<Option<u32>> = self.links.keys().copied().collect();
+        pids.sort_unstable();
+        for pid in pids {
+            let mut links = Vec::new();
+            match self.attach_target(index, pid, &mut links) {
+                Ok(()) => self.links.entry(pid).or_default().extend(links),
+                Err(err) => {
+                    self.detach_links(links);
+                    if pid.is_none() {
+                        self.remove_library(key);
+                        return Err(err);
+                    }
+                    tracing::debug!(pid, %err, "could not probe a library for a process in scope");
+                }
             }
         }
+        self.libraries.push(library);
+        Ok(())
+    }
+
+    /// Stops probing object `key` (no traced process maps it any more);
+    /// its probes leave in the background. True if it was probed.
+    pub fn remove_library(&mut self, key: FileKey) -> bool {
+        let before = self.targets.len();
+        self.targets.retain(|t| t.key != key);
+        self.libraries.retain(|l| l.key != key);
+        let mut doomed = Vec::new();
+        for links in self.links.values_mut() {
+            let (gone, kept): (Vec<Link>, Vec<Link>) =
+                links.drain(..).partition(|link| link.0 == key);
+            *links = kept;
+            doomed.extend(gone);
+        }
+        self.detach_links(doomed);
+        self.targets.len() != before
+    }
+
+    /// Takes `links` out of their programs and drops them on background
+    /// threads ([`detach_all`]), without waiting.
+    fn detach_links(&mut self, links: Vec<Link>) {
+        let owned = self.take_links(links);
+        if !owned.is_empty() {
+            std::thread::spawn(move || detach_all(owned));
+        }
+    }
+
+    /// The owned links of `links`, out of their programs (dropping one
+    /// detaches it).
+    fn take_links(&mut self, links: Vec<Link>) -> Vec<UProbeLink> {
+        let mut owned = Vec::with_capacity(links.len());
+        for (_, name, link) in links {
+            if let Ok(program) = program_mut::<UProbe>(&mut self.ebpf, name)
+                && let Ok(link) = program.take_link(link)
+            {
+                owned.push(link);
+            }
+        }
+        owned
+    }
+
+    /// Detaches every probe, their grace periods overlapping, and returns
+    /// when all are detached (at drop: otherwise each program would detach
+    /// its links one after another at about 0.1 s each).
+    pub(super) fn detach_everything(&mut self) {
+        let all: Vec<Link> = self.links.drain().flat_map(|(_, links)| links).collect();
+        let owned = self.take_links(all);
+        detach_all(owned);
     }
 
     /// What is attached: None for system-wide, else the pids.
@@ -98,4 +222,25 @@ impl Capture {
             tracing::warn!(map = MAP_SWITCHES, %err, "cannot set the switches");
         }
     }
+}
+
+/// Threads that detach links at once: each detach waits for a grace
+/// period, and waits of concurrent detaches overlap.
+const DETACH_THREADS: usize = 16;
+
+/// Drops `links` on up to [`DETACH_THREADS`] threads and returns when all
+/// are detached.
+fn detach_all(links: Vec<UProbeLink>) {
+    if links.len() <= 1 {
+        drop(links);
+        return;
+    }
+    let per_thread = links.len().div_ceil(DETACH_THREADS);
+    let mut links = links;
+    std::thread::scope(|scope| {
+        while !links.is_empty() {
+            let chunk: Vec<UProbeLink> = links.drain(..per_thread.min(links.len())).collect();
+            scope.spawn(move || drop(chunk));
+        }
+    });
 }

@@ -93,7 +93,6 @@ impl FakeKernel {
                 inflight_slots: 1 << 16,
                 events_ring_bytes: 1 << 18,
                 libc: Vec::new(),
-                allocator_libraries: false,
                 sample_interval: 0,
                 system_wide: true,
             },
@@ -238,6 +237,12 @@ impl KernelMaps for FakeKernel {
     }
     fn detach(&mut self, pid: Option<u32>) {
         self.lock().attached.remove(&pid);
+    }
+    fn add_library(&mut self, _found: super::probes::Found) -> Result<(), CaptureError> {
+        Ok(())
+    }
+    fn remove_library(&mut self, _key: FileKey) -> bool {
+        false
     }
     fn attached(&self) -> Vec<Option<u32>> {
         self.lock().attached.iter().copied().collect()

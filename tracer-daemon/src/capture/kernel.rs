@@ -65,6 +65,16 @@ pub trait KernelMaps: Send {
     /// Detaches what [`KernelMaps::attach`] attached for `pid`.
     fn detach(&mut self, pid: Option<u32>);
 
+    /// Probes one more object, found in a process (see
+    /// `Capture::add_library`).
+    ///
+    /// # Errors
+    /// [`CaptureError::Attach`]; nothing of the object stays probed.
+    fn add_library(&mut self, found: super::probes::Found) -> Result<(), CaptureError>;
+
+    /// Stops probing object `key`; true if it was probed.
+    fn remove_library(&mut self, key: FileKey) -> bool;
+
     /// What is attached: None for system-wide, else the pids, sorted.
     fn attached(&self) -> Vec<Option<u32>>;
 
@@ -154,6 +164,12 @@ impl KernelMaps for super::Capture {
     }
     fn detach(&mut self, pid: Option<u32>) {
         self.detach(pid);
+    }
+    fn add_library(&mut self, found: super::probes::Found) -> Result<(), CaptureError> {
+        self.add_library(found.library, found.path, found.probes.points)
+    }
+    fn remove_library(&mut self, key: FileKey) -> bool {
+        self.remove_library(key)
     }
     fn attached(&self) -> Vec<Option<u32>> {
         self.attached()

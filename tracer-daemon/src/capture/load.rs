@@ -17,6 +17,7 @@ use tracer_common::{
     unwind::{MAP_PROC_MAPS, MAP_UNWIND_PAGES, MAP_UNWIND_ROWS},
 };
 
+use super::attach::Target;
 use super::events::{RingPositions, ring_size};
 use super::inflight::MAX_INFLIGHT_SLOTS;
 use super::live_table::{self, LiveTable};
@@ -25,6 +26,7 @@ use super::probes::{AttachedLibrary, find_libc, probe_points};
 use super::proc_slots::ProcSlots;
 use super::unwind::{maps::UnwindMaps, tables::TableStore};
 use super::{Capture, CaptureConfig, CaptureError};
+use crate::sys::procfs::FileKey;
 
 /// The eBPF object built by `build.rs` (empty when built with `AYA_BUILD_SKIP=1`).
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tracer"));
@@ -159,37 +161,33 @@ impl Capture {
                 })?;
         }
 
-        if unwind_rows > 0 {
-            attach_mapping_tracepoint(&mut ebpf);
-        }
+        attach_mapping_tracepoint(&mut ebpf);
 
-        let libcs = find_libc(&config.libc, config.allocator_libraries)?;
+        let libcs = find_libc(&config.libc)?;
         let mut libraries = Vec::new();
         let mut targets = Vec::new();
         for path in &libcs {
-            let points = probe_points(path)?;
-            libraries.push(AttachedLibrary {
+            let probes = probe_points(path)?;
+            let key = FileKey::of_path(path).ok_or_else(|| CaptureError::Libc {
                 path: path.clone(),
-                probes: points
-                    .iter()
-                    .map(|p| match p.entry - p.function {
-                        0 => format!("{}@{:#x}", p.spec.symbol, p.entry),
-                        skip => format!("{}+{skip}@{:#x}", p.spec.symbol, p.entry),
-                    })
-                    .collect(),
+                reason: "cannot stat it".into(),
+            })?;
+            libraries.push(AttachedLibrary::new(path.clone(), key, None, &probes));
+            targets.push(Target {
+                key,
+                path: path.clone(),
+                points: probes.points,
             });
-            targets.push((path.clone(), points));
         }
         // Every uprobe program is loaded now, while the object still holds
         // every map its instructions refer to (a map taken out of it below
         // and dropped, as EXP_TABLE is, would leave a later load with a
-        // closed fd); a scoped tracerd attaches them only later.
-        for (_, points) in &targets {
-            for point in points {
-                let exit = point.spec.exit.map(|name| (name, true));
-                for (name, is_exit) in std::iter::once((point.spec.entry, false)).chain(exit) {
-                    load_uprobe(&mut ebpf, programs.program_for(name, is_exit))?;
-                }
+        // closed fd); objects found later, and a scoped tracerd, attach
+        // them only later.
+        for spec in tracer_common::PROBES {
+            let exit = spec.exit.map(|name| (name, true));
+            for (name, is_exit) in std::iter::once((spec.entry, false)).chain(exit) {
+                load_uprobe(&mut ebpf, programs.program_for(name, is_exit))?;
             }
         }
         let switches = take_map(&mut ebpf, MAP_SWITCHES)?;
@@ -365,9 +363,9 @@ fn bump_memlock_rlimit() {
     }
 }
 
-/// Attaches [`MAPPING_TRACEPOINT`] (the unwinder's prompt news of a
-/// `dlopen`); a kernel without syscall tracepoints gets a warning, and the
-/// unwinder its periodic refresh only.
+/// Attaches [`MAPPING_TRACEPOINT`] (prompt news of a library mapped, for
+/// allocator discovery and the unwinder); a kernel without syscall
+/// tracepoints gets a warning, and both their periodic refresh only.
 fn attach_mapping_tracepoint(ebpf: &mut Ebpf) {
     let (name, category, event) = MAPPING_TRACEPOINT;
     let attached = program_mut::<TracePoint>(ebpf, name).and_then(|program| {

@@ -140,11 +140,9 @@ pub struct CaptureConfig {
     /// of the page size: a value that is not is rounded up to one at load
     /// (as aya and libbpf do).
     pub events_ring_bytes: u32,
-    /// The glibc files to probe; empty: found as the dynamic loader finds them.
+    /// The glibc files to probe from the start; empty: found as the
+    /// dynamic loader finds them.
     pub libc: Vec<PathBuf>,
-    /// Also probe the allocator libraries `ldconfig -p` lists (see
-    /// `probes::find_libc`).
-    pub allocator_libraries: bool,
     /// Mean sampling interval in bytes (byte-weighted Poisson sampling);
     /// 0 records every allocation (exact).
     pub sample_interval: u64,
@@ -183,16 +181,24 @@ pub struct Capture {
     switches: aya::maps::Array<MapData, u64>,
     events: Option<RingBuf<MapData>>,
     libraries: Vec<AttachedLibrary>,
-    /// Each probed library with its probe points.
-    targets: Vec<(PathBuf, Vec<ProbePoint>)>,
+    /// Each probed object with its probe points.
+    targets: Vec<attach::Target>,
     programs: Programs,
     /// Attached uprobe links: None for system-wide, Some(pid) per process.
-    links: HashMap<Option<u32>, Vec<(&'static str, aya::programs::uprobe::UProbeLinkId)>>,
+    links: HashMap<Option<u32>, Vec<attach::Link>>,
     config: CaptureConfig,
     /// The unwind tables' bookkeeping; written through `unwind_maps`.
     unwind: unwind::tables::TableStore,
     /// The maps the unwind tables live in.
     unwind_maps: unwind::maps::UnwindMaps,
+}
+
+impl Drop for Capture {
+    /// Detaches every probe at once (see [`Capture::detach_everything`])
+    /// before the programs and maps go.
+    fn drop(&mut self) {
+        self.detach_everything();
+    }
 }
 
 impl Capture {

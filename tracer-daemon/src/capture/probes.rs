@@ -27,30 +27,72 @@ pub struct ProbePoint {
     pub entry: u64,
 }
 
-/// One attached library: its path and the probes on it.
+/// One probed object (a library or an executable): where it is, whose
+/// allocator it is, and the probes on it.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct AttachedLibrary {
-    /// The library as found (canonical path).
+    /// The object's path: the canonical host path of a glibc probed from
+    /// the start, else the path `/proc/PID/maps` gave it in the process it
+    /// was found in (a container's path is inside its root).
     pub path: PathBuf,
+    /// Its (device, inode), as `/proc/PID/maps` shows it.
+    #[serde(skip)]
+    pub key: crate::sys::procfs::FileKey,
+    /// Whose allocator it is.
+    pub family: Family,
+    /// The process it was found in (None: probed from the start).
+    pub found_in: Option<u32>,
     /// `symbol@file_offset` of each attached uprobe (aliases share one).
     pub probes: Vec<String>,
 }
 
-/// The files to probe: `configured` if given, else every distinct
-/// `libc.so.6` the dynamic loader resolves (the one mapped into tracerd
-/// itself, /proc/self/maps, and those `ldconfig -p` lists, ld.so.cache),
-/// then, with `allocator_libraries`, the allocator libraries `ldconfig -p`
-/// lists that replace the C allocation API ([`is_allocator_library`]:
-/// jemalloc, tcmalloc, mimalloc), which a program linked with them calls
-/// instead of glibc's. Distinct
-/// means a distinct (device, inode): symlinks collapse. glibc comes first.
+impl AttachedLibrary {
+    /// The description of an object probed at `points`.
+    pub fn new(
+        path: PathBuf,
+        key: crate::sys::procfs::FileKey,
+        found_in: Option<u32>,
+        probes: &ObjectProbes,
+    ) -> Self {
+        Self {
+            path,
+            key,
+            family: probes.family,
+            found_in,
+            probes: probes
+                .points
+                .iter()
+                .map(|p| match p.entry - p.function {
+                    0 => format!("{}@{:#x}", p.spec.symbol, p.entry),
+                    skip => format!("{}+{skip}@{:#x}", p.spec.symbol, p.entry),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// An object to probe: what allocator discovery (`lifecycle::allocators`) found in a process, for
+/// `KernelMaps::add_library`.
+#[derive(Debug)]
+pub struct Found {
+    /// What the API reports of it.
+    pub library: AttachedLibrary,
+    /// The path its probes attach through (`/proc/self/fd/N`).
+    pub path: PathBuf,
+    /// Its allocator and probe points.
+    pub probes: ObjectProbes,
+}
+
+/// The files probed from the start, for every process: `configured` if
+/// given, else every distinct `libc.so.6` the dynamic loader resolves (the
+/// one mapped into tracerd itself, /proc/self/maps, and those `ldconfig -p`
+/// lists, ld.so.cache). Distinct means a distinct (device, inode): symlinks
+/// collapse. Every other allocator is found in the processes that map it
+/// (`lifecycle::allocators`).
 ///
 /// # Errors
 /// [`CaptureError::NoLibc`] when no glibc is found.
-pub fn find_libc(
-    configured: &[PathBuf],
-    allocator_libraries: bool,
-) -> Result<Vec<PathBuf>, CaptureError> {
+pub fn find_libc(configured: &[PathBuf]) -> Result<Vec<PathBuf>, CaptureError> {
     let mut candidates: Vec<PathBuf> = configured.to_vec();
     if candidates.is_empty() {
         if let Ok(maps) = fs::read_to_string("/proc/self/maps") {
@@ -64,7 +106,6 @@ pub fn find_libc(
         }
         if let Ok(out) = Command::new("ldconfig").arg("-p").output() {
             let text = String::from_utf8_lossy(&out.stdout);
-            let mut allocators = Vec::new();
             for line in text.lines() {
                 // "\tlibc.so.6 (libc6,x86-64) => /lib/x86_64-linux-gnu/libc.so.6"
                 let line = line.trim();
@@ -77,15 +118,8 @@ pub fn find_libc(
                 }
                 if name == "libc.so.6" {
                     candidates.push(PathBuf::from(path.trim()));
-                } else if allocator_libraries && is_allocator_library(name) {
-                    allocators.push(PathBuf::from(path.trim()));
                 }
             }
-            if candidates.is_empty() {
-                // No glibc: nothing else is probed (NoLibc below).
-                allocators.clear();
-            }
-            candidates.extend(allocators);
         }
     }
     let mut seen = HashSet::new();
@@ -116,27 +150,6 @@ pub fn find_libc(
     Ok(found)
 }
 
-/// Whether an `ldconfig -p` name is a versioned allocator library that
-/// defines the C allocation API (`malloc`, `free`, ...) in place of
-/// glibc's: jemalloc (`libjemalloc.so.2`), gperftools' tcmalloc
-/// (`libtcmalloc.so.4`, `_minimal`, `_and_profiler`), mimalloc
-/// (`libmimalloc.so.2`). Their debug builds (`_debug`) check every block
-/// and are left out, as are unversioned development links.
-fn is_allocator_library(name: &str) -> bool {
-    let Some((stem, version)) = name.split_once(".so.") else {
-        return false;
-    };
-    !version.is_empty()
-        && matches!(
-            stem,
-            "libjemalloc"
-                | "libtcmalloc"
-                | "libtcmalloc_minimal"
-                | "libtcmalloc_and_profiler"
-                | "libmimalloc"
-        )
-}
-
 fn is_libc_name(path: &str) -> bool {
     Path::new(path)
         .file_name()
@@ -154,41 +167,132 @@ fn host_abi_matches(ldconfig_line: &str) -> bool {
     }
 }
 
-/// Resolves each probed function of `PROBES` in the library's dynamic symbol
-/// table to its file offset. Functions that are aliases of one another (the
-/// same address, e.g. `aligned_alloc` and `memalign` in some glibc versions)
-/// get one probe, the first in `PROBES` order: two probes on one address
-/// would count one call twice. Functions the library lacks are skipped.
+/// The allocator family of an object's probed functions: the `source` its
+/// blocks are reported with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Family {
+    /// GNU libc's allocator (`libc.so.6`, or linked statically).
+    Glibc,
+    /// musl's (its `libc.so`, which is also its dynamic loader, or linked
+    /// statically).
+    Musl,
+    /// jemalloc, prefixed or not.
+    Jemalloc,
+    /// gperftools' tcmalloc.
+    Tcmalloc,
+    /// mimalloc.
+    Mimalloc,
+    /// Another object that defines the C API (`malloc` and `free`): a
+    /// program's own allocator, or a libc tracer does not know by name.
+    Malloc,
+}
+
+impl Family {
+    /// The lowercase name (`glibc`, `musl`, `jemalloc`, `tcmalloc`,
+    /// `mimalloc`, `malloc`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::Glibc => "glibc",
+            Family::Musl => "musl",
+            Family::Jemalloc => "jemalloc",
+            Family::Tcmalloc => "tcmalloc",
+            Family::Mimalloc => "mimalloc",
+            Family::Malloc => "malloc",
+        }
+    }
+
+    /// The family of an object that defines the function names of
+    /// `defines`: by a name only that allocator defines (`mallocx`,
+    /// `tc_malloc`, `mi_malloc` ...), then by the C library's own
+    /// (`__libc_memalign` is glibc's; `__libc_start_main` without it,
+    /// musl's); None when it defines no allocator entry point tracer
+    /// probes (no `malloc` and `free`, and no family's own `malloc`).
+    fn of(defines: &dyn Fn(&str) -> bool) -> Option<Self> {
+        let any = |names: &[&str]| names.iter().any(|n| defines(n));
+        if any(&[
+            "mallocx",
+            "je_malloc",
+            "je_mallocx",
+            "_rjem_malloc",
+            "_rjem_mallocx",
+        ]) {
+            return Some(Family::Jemalloc);
+        }
+        if defines("tc_malloc") {
+            return Some(Family::Tcmalloc);
+        }
+        if defines("mi_malloc") {
+            return Some(Family::Mimalloc);
+        }
+        if !(defines("malloc") && defines("free")) {
+            return None;
+        }
+        Some(if defines("__libc_memalign") {
+            Family::Glibc
+        } else if defines("__libc_start_main") {
+            Family::Musl
+        } else {
+            Family::Malloc
+        })
+    }
+}
+
+/// What one ELF object defines of the allocator API, and where its probes
+/// go.
+#[derive(Clone, Debug)]
+pub struct ObjectProbes {
+    /// Whose allocator it is.
+    pub family: Family,
+    /// One per probed function, aliases (one address) once.
+    pub points: Vec<ProbePoint>,
+}
+
+/// Reads the allocator entry points `data` (a whole ELF file) defines, in
+/// its dynamic symbol table (`.dynsym`) and its full one (`.symtab`, which a
+/// static binary with symbols keeps), and places their probes
+/// (see [`tracer_common::PROBES`] for which, and the rules there): each
+/// function at its file offset; of functions that are aliases of one
+/// another (one address: `aligned_alloc` and `memalign` in some glibc
+/// versions, `malloc` and `tc_malloc`), the first in `PROBES` order, as two
+/// probes on one address would count one call twice. C++ operators only
+/// in an object of a jemalloc, tcmalloc or mimalloc family. Ok(None) when
+/// the object defines no allocator ([`Family::of`]).
 ///
 /// # Errors
-/// [`CaptureError::Libc`] if the file cannot be read, or lacks `malloc` or `free`.
-pub fn probe_points(path: &Path) -> Result<Vec<ProbePoint>, CaptureError> {
-    let err = |reason: String| CaptureError::Libc {
-        path: path.to_path_buf(),
-        reason,
-    };
-    let data = fs::read(path).map_err(|e| err(e.to_string()))?;
-    let file = object::File::parse(&*data).map_err(|e| err(e.to_string()))?;
+/// A message when `data` is not an ELF file `object` can read, or a probed
+/// function is in no section with file data.
+pub fn object_probes(data: &[u8]) -> Result<Option<ObjectProbes>, String> {
+    let file = object::File::parse(data).map_err(|e| e.to_string())?;
     let mut by_name = std::collections::HashMap::new();
-    for symbol in file.dynamic_symbols() {
+    for symbol in file.dynamic_symbols().chain(file.symbols()) {
         if symbol.kind() != object::SymbolKind::Text || !symbol.is_definition() {
             continue;
         }
         let Ok(name) = symbol.name() else { continue };
         // Versioned names ("malloc@@GLIBC_2.2.5") are reported bare by object.
         let name = name.split('@').next().unwrap_or(name);
-        by_name.entry(name.to_string()).or_insert(symbol.address());
+        if PROBES.iter().any(|spec| spec.symbol == name)
+            || name == "__libc_memalign"
+            || name == "__libc_start_main"
+        {
+            by_name.entry(name.to_string()).or_insert(symbol.address());
+        }
     }
+    let Some(family) = Family::of(&|name| by_name.contains_key(name)) else {
+        return Ok(None);
+    };
+    let operators = matches!(
+        family,
+        Family::Jemalloc | Family::Tcmalloc | Family::Mimalloc
+    );
     let mut points = Vec::new();
     let mut addresses = HashSet::new();
     for spec in PROBES {
         let Some(&address) = by_name.get(spec.symbol) else {
-            if spec.symbol == "malloc" || spec.symbol == "free" {
-                return Err(err(format!("no symbol {}", spec.symbol)));
-            }
             continue;
         };
-        if !addresses.insert(address) {
+        if (!operators && tracer_common::is_operator(spec.symbol)) || !addresses.insert(address) {
             continue;
         }
         let section = file
@@ -197,10 +301,10 @@ pub fn probe_points(path: &Path) -> Result<Vec<ProbePoint>, CaptureError> {
                 s.kind() == object::SectionKind::Text
                     && (s.address()..s.address() + s.size()).contains(&address)
             })
-            .ok_or_else(|| err(format!("{} is in no text section", spec.symbol)))?;
+            .ok_or_else(|| format!("{} is in no text section", spec.symbol))?;
         let (file_start, _) = section
             .file_range()
-            .ok_or_else(|| err("text section without data".into()))?;
+            .ok_or_else(|| "text section without data".to_string())?;
         let function = address - section.address() + file_start;
         let code = usize::try_from(function)
             .ok()
@@ -208,12 +312,34 @@ pub fn probe_points(path: &Path) -> Result<Vec<ProbePoint>, CaptureError> {
             .unwrap_or(&[]);
         let entry = function + entry_skip(spec.symbol, code, address);
         points.push(ProbePoint {
-            spec,
+            spec: *spec,
             function,
             entry,
         });
     }
-    Ok(points)
+    Ok(Some(ObjectProbes { family, points }))
+}
+
+/// [`object_probes`] of the library at `path`, which must define `malloc`
+/// and `free` (the glibc tracerd probes from its start).
+///
+/// # Errors
+/// [`CaptureError::Libc`] if the file cannot be read, or lacks `malloc` or `free`.
+pub fn probe_points(path: &Path) -> Result<ObjectProbes, CaptureError> {
+    let err = |reason: String| CaptureError::Libc {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let data = fs::read(path).map_err(|e| err(e.to_string()))?;
+    let probes = object_probes(&data)
+        .map_err(err)?
+        .ok_or_else(|| err("no symbol malloc and free".into()))?;
+    for needed in ["malloc", "free"] {
+        if !probes.points.iter().any(|p| p.spec.symbol == needed) {
+            return Err(err(format!("no symbol {needed}")));
+        }
+    }
+    Ok(probes)
 }
 
 /// Bytes to skip at the start of `symbol` before its entry uprobe, from its
@@ -261,8 +387,10 @@ mod tests {
 
     #[test]
     fn probe_points_cover_glibc_allocators_once_per_address() {
-        let libc = find_libc(&[], false).expect("the host has a glibc");
-        let points = probe_points(&libc[0]).expect("glibc has malloc and free");
+        let libc = find_libc(&[]).expect("the host has a glibc");
+        let probes = probe_points(&libc[0]).expect("glibc has malloc and free");
+        assert_eq!(probes.family, Family::Glibc);
+        let points = probes.points;
         let names: Vec<_> = points.iter().map(|p| p.spec.symbol).collect();
         for needed in [
             "malloc",
@@ -277,28 +405,6 @@ mod tests {
         }
         let offsets: HashSet<_> = points.iter().map(|p| p.function).collect();
         assert_eq!(offsets.len(), points.len());
-    }
-
-    #[test]
-    fn allocator_libraries_are_the_versioned_jemalloc_tcmalloc_and_mimalloc() {
-        for yes in [
-            "libjemalloc.so.2",
-            "libtcmalloc.so.4",
-            "libtcmalloc_minimal.so.4",
-            "libtcmalloc_and_profiler.so.4",
-            "libmimalloc.so.2",
-        ] {
-            assert!(is_allocator_library(yes), "{yes}");
-        }
-        for no in [
-            "libjemalloc.so",
-            "libtcmalloc_debug.so.4",
-            "libmimalloc-secure.so.2",
-            "libc.so.6",
-            "libjemalloc.so.",
-        ] {
-            assert!(!is_allocator_library(no), "{no}");
-        }
     }
 
     #[test]
@@ -317,9 +423,9 @@ mod tests {
 
     #[test]
     fn the_hosts_free_skips_only_its_null_check() {
-        let libc = find_libc(&[], false).expect("the host has a glibc");
-        let points = probe_points(&libc[0]).expect("glibc has malloc and free");
-        for point in &points {
+        let libc = find_libc(&[]).expect("the host has a glibc");
+        let probes = probe_points(&libc[0]).expect("glibc has malloc and free");
+        for point in &probes.points {
             let skip = point.entry - point.function;
             match point.spec.symbol {
                 // Debian 12's glibc: 3-byte test + 6-byte je.
@@ -329,9 +435,60 @@ mod tests {
         }
     }
 
+    /// The families of Debian's allocator libraries, musl and libstdc++
+    /// (which defines `operator new` over glibc's `malloc`: not probed).
+    #[test]
+    fn objects_are_probed_by_what_they_define() {
+        let lib = "/usr/lib/x86_64-linux-gnu";
+        for (path, family, has) in [
+            (
+                format!("{lib}/libjemalloc.so.2"),
+                Family::Jemalloc,
+                &["malloc", "mallocx", "sdallocx", "_Znwm", "_ZdlPvm"][..],
+            ),
+            (
+                format!("{lib}/libtcmalloc.so.4"),
+                Family::Tcmalloc,
+                &["malloc", "free", "tc_new"],
+            ),
+            (
+                format!("{lib}/libmimalloc.so.2"),
+                Family::Mimalloc,
+                &["malloc", "mi_malloc_aligned", "mi_new"],
+            ),
+            (
+                "/lib/x86_64-linux-musl/libc.so".into(),
+                Family::Musl,
+                &["malloc", "free", "calloc", "reallocarray"],
+            ),
+        ] {
+            let Ok(data) = fs::read(&path) else {
+                // Installed by `cargo xtask setup`; a unit test run without it checks the rest.
+                continue;
+            };
+            let probes = object_probes(&data).expect(&path).expect(&path);
+            assert_eq!(probes.family, family, "{path}");
+            let names: Vec<_> = probes.points.iter().map(|p| p.spec.symbol).collect();
+            // An alias is probed under its first name in PROBES
+            // (tcmalloc's `_Znwm` is `tc_new`, mimalloc's `mi_new`).
+            for name in has {
+                assert!(names.contains(name), "{path}: {name} in {names:?}");
+            }
+            let offsets: HashSet<_> = probes.points.iter().map(|p| p.function).collect();
+            assert_eq!(
+                offsets.len(),
+                probes.points.len(),
+                "{path}: one probe per address"
+            );
+        }
+        let stdcxx = fs::read(format!("{lib}/libstdc++.so.6")).expect("g++ is installed");
+        assert!(object_probes(&stdcxx).expect("libstdc++ reads").is_none());
+        assert!(object_probes(b"not an ELF file").is_err());
+    }
+
     #[test]
     fn find_libc_refuses_a_missing_configured_path() {
-        let err = find_libc(&[PathBuf::from("/nonexistent/libc.so.6")], false).unwrap_err();
+        let err = find_libc(&[PathBuf::from("/nonexistent/libc.so.6")]).unwrap_err();
         assert!(err.to_string().contains("/nonexistent/libc.so.6"), "{err}");
     }
 }

@@ -141,9 +141,9 @@ pub struct Flags {
     /// glibc to probe (repeatable; the variable takes a `:`-separated list).
     #[arg(long, env = "TRACERD_LIBC", value_delimiter = ':')]
     pub libc: Option<Vec<PathBuf>>,
-    /// Also probe the allocator libraries installed to replace glibc's (jemalloc, tcmalloc, mimalloc).
-    #[arg(long, env = "TRACERD_ALLOCATOR_LIBRARIES")]
-    pub allocator_libraries: Option<bool>,
+    /// Find and probe the allocators (musl, static, jemalloc, tcmalloc, mimalloc ...) in the objects traced processes map.
+    #[arg(long, env = "TRACERD_DISCOVER_ALLOCATORS")]
+    pub discover_allocators: Option<bool>,
     /// Log filter (tracing's EnvFilter syntax), e.g. info or tracer_daemon=debug.
     #[arg(long, env = "TRACERD_LOG")]
     pub log: Option<String>,

@@ -175,14 +175,12 @@ pub struct Config {
     pub scope_cgroups: Vec<String>,
     /// glibc files to probe; empty: every libc.so.6 the dynamic loader resolves.
     pub libc: Vec<PathBuf>,
-    /// Also probe the C allocation API of the allocator libraries
-    /// `ldconfig -p` lists (`libjemalloc.so.2`, `libtcmalloc*.so.4`,
-    /// `libmimalloc.so.2`) and jemalloc's own `mallocx`/`rallocx`/
-    /// `sdallocx`/`dallocx`, for programs linked with them. Off by default:
-    /// every probed file adds uprobes that tracerd attaches at start and
-    /// detaches at stop, about 0.1 s each on this kernel (probing only the
-    /// files that traced processes map is issue 12's).
-    pub allocator_libraries: bool,
+    /// Find the allocators of the processes in scope in the objects they
+    /// map (`/proc/PID/maps`: their symbols, `.dynsym` and `.symtab`) and
+    /// probe each object that defines one: another libc (musl, a
+    /// container's glibc), a static binary's, jemalloc, tcmalloc,
+    /// mimalloc. Off: only the glibc of `libc` is probed.
+    pub discover_allocators: bool,
     /// Log filter (tracing's EnvFilter syntax), e.g. `info` or `tracer_daemon=debug`.
     pub log: String,
     /// `/metrics`: processes labelled by pid and comm, the largest by
@@ -239,7 +237,7 @@ impl Default for Config {
             scope_exes: Vec::new(),
             scope_cgroups: Vec::new(),
             libc: Vec::new(),
-            allocator_libraries: false,
+            discover_allocators: true,
             log: "info".to_string(),
             metrics_top_processes: 20,
             metrics_call_sites: 0,

@@ -86,6 +86,11 @@ pub struct ProcessImage {
     pub comm: String,
     /// `/proc/PID/exe` when first seen.
     pub exe: Option<String>,
+    /// Its pid in its own pid namespace (a container's), from
+    /// `/proc/PID/status`, when first seen.
+    pub nspid: Option<u32>,
+    /// Its cgroup v2 path (`/proc/PID/cgroup`) when first seen.
+    pub cgroup: Option<String>,
     /// When tracerd saw its first allocation (wall clock).
     pub first_seen: SystemTime,
     /// Its executable mappings, captured while it lived (refreshed at
@@ -105,6 +110,8 @@ impl ProcessImage {
             start_time: procfs::read_start_time(pid).unwrap_or(0),
             comm: procfs::read_comm(pid).unwrap_or_default(),
             exe: procfs::read_exe(pid).ok(),
+            nspid: procfs::read_nspid(pid),
+            cgroup: procfs::read_cgroup(pid),
             first_seen: SystemTime::now(),
             maps: ModuleMaps::capture(pid).ok().map(Arc::new),
             ended: None,
@@ -119,6 +126,8 @@ impl ProcessImage {
             start_time: 0,
             comm: String::new(),
             exe: None,
+            nspid: None,
+            cgroup: None,
             first_seen: SystemTime::now(),
             maps: None,
             ended: None,

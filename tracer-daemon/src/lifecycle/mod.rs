@@ -12,6 +12,7 @@
 //!
 //! Everything here works through [`KernelMaps`](crate::capture::KernelMaps),
 //! so it is tested with a fake kernel.
+pub mod allocators;
 pub mod blocks;
 pub mod events;
 pub mod image;

@@ -19,9 +19,12 @@ pub enum NotTracedWhy {
     /// tracerd traces a scope, and the process is outside it.
     #[error("it is outside tracerd's scope (GET /scope shows it, PUT /scope changes it)")]
     OutOfScope,
-    /// The process maps none of the files tracerd probes.
+    /// The process maps none of the objects tracerd probes: none it maps
+    /// defines an allocator entry point tracer knows by its symbols, or
+    /// its objects are still being examined (within milliseconds of its
+    /// exec or `dlopen`).
     #[error(
-        "it maps none of the allocators tracerd probes ({probed}): a static binary, another C library (musl, a container's own glibc) and allocators such as jemalloc, tcmalloc or mimalloc are not traced"
+        "it maps none of the allocators tracerd probes ({probed}): none of its objects defines malloc and free or a jemalloc, tcmalloc or mimalloc entry point in its symbols (a stripped static binary, Go's own heap), or it started a moment ago and its objects are still being examined"
     )]
     NoProbedAllocator {
         /// The probed files, `, `-separated.

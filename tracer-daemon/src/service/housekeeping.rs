@@ -37,8 +37,14 @@ impl Service {
                     }
                 }
                 Some(Event::End(end)) => ends.push(end),
-                Some(Event::Mapped { image }) => self.queue_remap(image),
+                Some(Event::Mapped { image }) => {
+                    self.queue_discovery(image.pid, true);
+                    self.queue_remap(image);
+                }
                 Some(Event::ScopeCandidate { pid, is_fork }) => {
+                    if !is_fork {
+                        self.queue_discovery(pid, true);
+                    }
                     let mut held = self.state.locks().kernel().scope();
                     scope::on_exec_or_fork(&mut **held.kernel, &held.scope, pid, is_fork);
                 }

@@ -29,6 +29,7 @@ use crate::snapshot::SnapshotBuilder;
 use crate::store::{SnapshotStore, StoreError};
 use crate::symbolize::{Symbolizer, SymbolizerStats};
 
+mod allocators;
 pub mod compare;
 mod error;
 pub mod housekeeping;
@@ -77,9 +78,15 @@ pub struct Service {
             std::sync::Arc<crate::sys::modules::ModuleMaps>,
         >,
     >,
-    /// The files tracerd probes, as (device, inode) and path: what a
-    /// process must map to be traced ([`Service::not_traced`]).
-    probed: Vec<(crate::sys::procfs::FileKey, std::path::PathBuf)>,
+    /// Allocator discovery's state (`lifecycle::allocators`); None when
+    /// it is off (only the glibc probed from the start).
+    allocators: Option<std::sync::Mutex<crate::lifecycle::allocators::Allocators>>,
+    /// Processes whose mappings discovery reads next (exec, code mapped,
+    /// new image).
+    discover_queue: std::sync::Mutex<Vec<u32>>,
+    /// Processes read from events, read once more at the next tick (a
+    /// library mapped after its event was handled).
+    discover_again: std::sync::Mutex<Vec<u32>>,
 }
 
 impl Service {
@@ -95,14 +102,7 @@ impl Service {
     ) -> Self {
         let nframe = kernel.config().nframe;
         let sample_interval = kernel.config().sample_interval;
-        let probed = kernel
-            .libraries()
-            .iter()
-            .filter_map(|library| {
-                let key = crate::sys::procfs::FileKey::of_path(&library.path)?;
-                Some((key, library.path.clone()))
-            })
-            .collect();
+        let pinned: Vec<_> = kernel.libraries().iter().map(|l| l.key).collect();
         Self {
             state: State::new(
                 kernel,
@@ -113,7 +113,11 @@ impl Service {
             unwind_queue: std::sync::Mutex::default(),
             remap_queue: std::sync::Mutex::default(),
             unwound: std::sync::Mutex::default(),
-            probed,
+            allocators: Some(std::sync::Mutex::new(
+                crate::lifecycle::allocators::Allocators::new(pinned),
+            )),
+            discover_queue: std::sync::Mutex::default(),
+            discover_again: std::sync::Mutex::default(),
             builder: SnapshotBuilder {
                 symbolizer: Symbolizer::new(),
                 nframe,

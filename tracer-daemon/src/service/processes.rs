@@ -21,6 +21,13 @@ pub struct ProcessView {
     pub comm: String,
     /// `/proc/PID/exe` when first seen.
     pub exe: Option<String>,
+    /// Its pid in its own pid namespace (`NSpid` of `/proc/PID/status`):
+    /// inside a container, the pid the container sees; else `pid`.
+    pub nspid: Option<u32>,
+    /// Its cgroup v2 path (`/proc/PID/cgroup`) when first seen.
+    pub cgroup: Option<String>,
+    /// The container id in `cgroup` (a runtime's 64-hex-digit id), if any.
+    pub container_id: Option<String>,
     /// Alive, or how the image ended.
     pub state: ImageState,
     /// Unix ms of the first allocation seen.
@@ -59,6 +66,22 @@ pub struct ProcessStatus {
     pub traceback_limit: u32,
 }
 
+/// The image a query for `pid` means: its live image, else its last ended
+/// one, unless that one ended by an exec and the process lives on: then
+/// the pid runs an image not traced (yet), and the old image's blocks are
+/// not its (None).
+pub(super) fn current_image(
+    registry: &crate::lifecycle::Registry,
+    pid: u32,
+) -> Option<&ProcessImage> {
+    let image = registry.get(pid)?;
+    let execd = image
+        .ended
+        .as_ref()
+        .is_some_and(|ended| ended.reason == crate::lifecycle::image::EndReason::Exec);
+    (!execd || !crate::sys::procfs::exists(pid)).then_some(image)
+}
+
 /// `get_traced_memory()` summed over the live processes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct SystemMemory {
@@ -86,6 +109,12 @@ pub(super) fn view(image: &ProcessImage, stats: ProcStats) -> ProcessView {
         pid: image.pid(),
         comm: image.comm.clone(),
         exe: image.exe.clone(),
+        nspid: image.nspid,
+        cgroup: image.cgroup.clone(),
+        container_id: image
+            .cgroup
+            .as_deref()
+            .and_then(crate::sys::procfs::container_id),
         state: image.state(),
         first_seen_ms: unix_ms(image.first_seen),
         ended_ms: image.ended.as_ref().map(|e| unix_ms(e.at)),
@@ -154,18 +183,26 @@ impl Service {
         } else if !self.state.locks().scope().scope.matches(pid) {
             Why::OutOfScope
         } else {
+            let probed: Vec<(crate::sys::procfs::FileKey, String)> = self
+                .state
+                .locks()
+                .kernel()
+                .kernel
+                .libraries()
+                .iter()
+                .map(|l| (l.key, l.path.display().to_string()))
+                .collect();
             match crate::sys::procfs::read_maps(pid) {
                 Err(_) => Why::NoProcess,
                 Ok(maps)
                     if !maps
                         .iter()
-                        .any(|m| self.probed.iter().any(|(key, _)| m.file_key() == *key)) =>
+                        .any(|m| probed.iter().any(|(key, _)| m.file_key() == *key)) =>
                 {
                     Why::NoProbedAllocator {
-                        probed: self
-                            .probed
-                            .iter()
-                            .map(|(_, path)| path.display().to_string())
+                        probed: probed
+                            .into_iter()
+                            .map(|(_, path)| path)
                             .collect::<Vec<_>>()
                             .join(", "),
                     }
@@ -182,7 +219,7 @@ impl Service {
     /// [`ServiceError::NotTraced`].
     pub fn process(&self, pid: u32) -> Result<ProcessStatus, ServiceError> {
         let held = self.state.locks().kernel().registry().control();
-        let Some(image) = held.registry.get(pid) else {
+        let Some(image) = current_image(&held.registry, pid) else {
             drop(held);
             return Err(self.not_traced(pid));
         };

@@ -98,7 +98,7 @@ impl Service {
     /// [`ServiceError::NotTraced`].
     pub(super) fn image_of(&self, pid: u32) -> Result<(ImageId, Option<ImageState>), ServiceError> {
         let held = self.state.locks().registry();
-        let Some(image) = held.registry.get(pid) else {
+        let Some(image) = super::processes::current_image(&held.registry, pid) else {
             drop(held);
             return Err(self.not_traced(pid));
         };

@@ -359,6 +359,36 @@ pub fn read_cgroup(pid: u32) -> Option<String> {
     cgroup_v2_path(&text).map(str::to_string)
 }
 
+/// The process's id in its own pid namespace: the last of the `NSpid:`
+/// ids of `/proc/PID/status` (the host pid itself outside any namespace).
+pub fn read_nspid(pid: u32) -> Option<u32> {
+    let text = std::fs::read_to_string(proc_path(pid, "status")).ok()?;
+    nspid_of(&text)
+}
+
+/// The last id of the `NSpid:` line of a `/proc/PID/status` text.
+pub fn nspid_of(status: &str) -> Option<u32> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))?
+        .split_whitespace()
+        .last()?
+        .parse()
+        .ok()
+}
+
+/// The container id in a cgroup v2 path, as container runtimes name their
+/// cgroups: the 64-hex-digit id in `.../docker-ID.scope`,
+/// `.../libpod-ID.scope`, `.../cri-containerd-ID.scope`, `.../crio-ID.scope`
+/// or a path component `/docker/ID`; None when the path holds none.
+pub fn container_id(cgroup: &str) -> Option<String> {
+    cgroup.split('/').rev().find_map(|part| {
+        let part = part.strip_suffix(".scope").unwrap_or(part);
+        let id = part.rsplit(['-', ':']).next()?;
+        (id.len() == 64 && id.bytes().all(|b| b.is_ascii_hexdigit())).then(|| id.to_string())
+    })
+}
+
 /// Process ids of every process now (the numeric entries of `/proc`).
 pub fn all_pids() -> Vec<u32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
@@ -459,8 +489,3 @@ pub fn bpf_maps_of_self() -> Vec<BpfMapInfo> {
     maps.sort_by_key(|m| m.id);
     maps
 }
-
-#[cfg(test)]
-// CONTRIBUTING.md: tests may unwrap.
-#[allow(clippy::unwrap_used)]
-mod tests;

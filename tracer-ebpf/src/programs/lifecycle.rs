@@ -1,7 +1,8 @@
 //! The process lifecycle tracepoints (`tracer_common::TRACEPOINTS`): exec
-//! and exit end a process image's generation ([`crate::procs`]); in scoped
-//! mode exec and fork are also reported for every process on the host, so
-//! that tracerd can attach to the ones that match.
+//! and exit end a process image's generation ([`crate::procs`]); exec is
+//! also reported for every process on the host, so that tracerd can find
+//! the allocators of its new image (and, when scoped, attach to the ones
+//! that match), and in scoped mode fork too.
 
 use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
 use tracer_common::{ProcEventKind, ProcStats};
@@ -16,9 +17,7 @@ use crate::{
 pub fn sched_process_exec(_ctx: TracePointContext) -> u32 {
     let Some((_, tgid)) = current() else { return 0 };
     end_generation(ProcEventKind::Exec, tgid);
-    if scoped() {
-        send_event(ProcEventKind::ExecAny, tgid, 0, &ProcStats::default());
-    }
+    send_event(ProcEventKind::ExecAny, tgid, 0, &ProcStats::default());
     0
 }
 
@@ -65,11 +64,12 @@ const MMAP_FD_OFFSET: usize = 48;
 /// `PROT_EXEC` of mmap(2).
 const PROT_EXEC: u64 = 4;
 
-/// `tracer_common::MAPPING_TRACEPOINT`: a traced image mapping a file's
-/// code (the dynamic loader's `mmap` of a library's text, at `dlopen`)
-/// sends a `Mapped` event, so that tracerd gives the unwinder the new
-/// mapping before the library runs for long. Untraced processes, anonymous
-/// and non-executable mappings send nothing.
+/// `tracer_common::MAPPING_TRACEPOINT`: a process mapping a file's code
+/// (the dynamic loader's `mmap` of a library's text, at start or at
+/// `dlopen`) sends a `Mapped` event, so that tracerd probes the allocator
+/// it may define and gives the unwinder the new mapping before the library
+/// runs for long (generation 0: a process not traced yet). Anonymous and
+/// non-executable mappings send nothing.
 #[tracepoint]
 pub fn sys_enter_mmap(ctx: TracePointContext) -> u32 {
     // SAFETY: the offsets are within the record (see the format file).
@@ -84,9 +84,7 @@ pub fn sys_enter_mmap(ctx: TracePointContext) -> u32 {
         return 0;
     }
     let Some((_, tgid)) = current() else { return 0 };
-    let Some((_, gen_)) = find_proc(tgid) else {
-        return 0;
-    };
+    let gen_ = find_proc(tgid).map_or(0, |(_, gen_)| gen_);
     send_event(ProcEventKind::Mapped, tgid, gen_, &ProcStats::default());
     0
 }

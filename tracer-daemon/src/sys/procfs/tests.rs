@@ -240,3 +240,22 @@ fn missing_process_is_reported_gone() {
     let err = read_maps(u32::MAX).unwrap_err();
     assert!(err.to_string().contains("/proc/4294967295/maps"), "{err}");
 }
+
+
+#[test]
+fn namespaced_pid_and_container_id() {
+    assert_eq!(nspid_of("Name:\tx\nNSpid:\t4242\t7\t1\n"), Some(1));
+    assert_eq!(nspid_of("Name:\tx\nNSpid:\t4242\n"), Some(4242));
+    assert_eq!(nspid_of("Name:\tx\n"), None);
+    let id = "0123456789abcdef".repeat(4);
+    for path in [
+        format!("/system.slice/docker-{id}.scope"),
+        format!("/machine.slice/libpod-{id}.scope/container"),
+        format!("/docker/{id}"),
+        format!("/kubepods.slice/kubepods-pod1.slice/cri-containerd-{id}.scope"),
+    ] {
+        assert_eq!(container_id(&path).as_deref(), Some(id.as_str()), "{path}");
+    }
+    assert_eq!(container_id("/user.slice/user-0.slice/session-1.scope"), None);
+    assert_eq!(container_id("/"), None);
+}

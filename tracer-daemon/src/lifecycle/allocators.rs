@@ -1,0 +1,158 @@
+//! Allocator discovery: every object a process in scope maps with code
+//! (`/proc/PID/maps`) is examined once, by (device, inode), for the
+//! allocator entry points it defines (`capture::probes::object_probes`:
+//! `.dynsym` and `.symtab`), and each that defines one is probed for every
+//! process, through the descriptor tracerd holds open on it (so an object
+//! inside a container's root, or since deleted, is the one probed). An
+//! object found this way is no longer probed once no process maps it
+//! ([`Allocators::unused`]). The glibc probed from the start stays.
+use std::{
+    collections::{BTreeSet, HashMap},
+    os::unix::fs::FileExt as _,
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use crate::capture::probes::{AttachedLibrary, Found, object_probes};
+use crate::sys::modules::{Module, ModuleMaps};
+use crate::sys::procfs::{self, FileKey};
+
+/// Objects larger than this are not read for symbols (bytes).
+const MAX_OBJECT_BYTES: u64 = 1 << 30;
+
+/// How long an object found while tracing stays probed after the last
+/// process that mapped it is gone: a program started again and again
+/// keeps its probes (and is traced from its first allocation).
+pub const UNUSED_GRACE: Duration = Duration::from_secs(10);
+
+/// What discovery knows.
+#[derive(Debug, Default)]
+pub struct Allocators {
+    /// Objects examined: true when probed (found here, not from the start).
+    examined: HashMap<FileKey, bool>,
+    /// Probed objects found here: the pids seen mapping each, and since
+    /// when none does.
+    users: HashMap<FileKey, Users>,
+}
+
+#[derive(Debug, Default)]
+struct Users {
+    pids: BTreeSet<u32>,
+    unused_since: Option<Instant>,
+}
+
+impl Allocators {
+    /// Discovery that knows `pinned` (the objects probed from the start)
+    /// as examined.
+    pub fn new(pinned: impl IntoIterator<Item = FileKey>) -> Self {
+        Self {
+            examined: pinned.into_iter().map(|key| (key, false)).collect(),
+            users: HashMap::new(),
+        }
+    }
+
+    /// The modules of `maps` not examined yet (each once), and the pid
+    /// recorded as a user of the probed ones it maps.
+    pub fn unexamined(&mut self, maps: &ModuleMaps) -> Vec<std::sync::Arc<Module>> {
+        let mut new = Vec::new();
+        for mapping in maps.mappings() {
+            let key = mapping.module.key();
+            match self.examined.get(&key) {
+                Some(true) => {
+                    if let Some(users) = self.users.get_mut(&key) {
+                        users.pids.insert(maps.pid());
+                        users.unused_since = None;
+                    }
+                }
+                Some(false) => {}
+                None => {
+                    if !new.iter().any(|m: &std::sync::Arc<Module>| m.key() == key) {
+                        new.push(mapping.module.clone());
+                    }
+                }
+            }
+        }
+        new
+    }
+
+    /// Reads `module`'s symbols (no lock held): Some when it defines an
+    /// allocator. An object that cannot be read is logged and None.
+    pub fn examine(module: &Module, pid: u32) -> Option<Found> {
+        let file = module.file()?;
+        let path = module.fd_path()?;
+        let len = file.metadata().ok()?.len();
+        if len > MAX_OBJECT_BYTES {
+            return None;
+        }
+        let mut data = vec![0; usize::try_from(len).ok()?];
+        if let Err(err) = file.read_exact_at(&mut data, 0) {
+            tracing::debug!(pid, object = %module.path(), %err, "cannot read an object for its allocator symbols");
+            return None;
+        }
+        match object_probes(&data) {
+            Ok(Some(probes)) if !probes.points.is_empty() => Some(Found {
+                library: AttachedLibrary::new(
+                    PathBuf::from(&**module.path()),
+                    module.key(),
+                    Some(pid),
+                    &probes,
+                ),
+                path,
+                probes,
+            }),
+            Ok(_) => None,
+            Err(err) => {
+                tracing::debug!(pid, object = %module.path(), %err, "not an ELF object tracer reads");
+                None
+            }
+        }
+    }
+
+    /// Records the outcome of examining `key` in process `pid`: probed
+    /// (`probed`) or not (never examined again either way).
+    pub fn examined(&mut self, key: FileKey, pid: u32, probed: bool) {
+        self.examined.insert(key, probed);
+        if probed {
+            self.users.entry(key).or_default().pids.insert(pid);
+        }
+    }
+
+    /// The objects found here that no process has mapped for
+    /// [`UNUSED_GRACE`]: they are forgotten (examined again when mapped
+    /// again) and returned, to be no longer probed. Each object's pids are
+    /// checked in `/proc/PID/maps` until one still maps it.
+    pub fn unused(&mut self, now: Instant) -> Vec<FileKey> {
+        let mut doomed = Vec::new();
+        for (key, users) in &mut self.users {
+            let pids = std::mem::take(&mut users.pids);
+            let mut kept = BTreeSet::new();
+            let mut iter = pids.into_iter();
+            for pid in iter.by_ref() {
+                if maps_file(pid, *key) {
+                    kept.insert(pid);
+                    break;
+                }
+            }
+            kept.extend(iter);
+            users.pids = kept;
+            if users.pids.is_empty() {
+                let since = *users.unused_since.get_or_insert(now);
+                if now.duration_since(since) >= UNUSED_GRACE {
+                    doomed.push(*key);
+                }
+            } else {
+                users.unused_since = None;
+            }
+        }
+        for key in &doomed {
+            self.users.remove(key);
+            self.examined.remove(key);
+        }
+        doomed
+    }
+}
+
+/// Whether process `pid` maps file `key` now.
+fn maps_file(pid: u32, key: FileKey) -> bool {
+    procfs::read_maps(pid).is_ok_and(|entries| entries.iter().any(|e| e.file_key() == key))
+}

@@ -1,0 +1,136 @@
+//! Allocator discovery's upkeep (`lifecycle::allocators`): the processes
+//! of exec and code-mapping events, and every process at start, have their
+//! objects examined; objects nobody maps any more stop being probed.
+//! Reading objects holds no lock.
+use std::time::Instant;
+
+use super::Service;
+use crate::lifecycle::allocators::Allocators;
+use crate::sys::modules::ModuleCache;
+
+impl Service {
+    /// Turns allocator discovery off (`discover_allocators = false`): only
+    /// the glibc probed from the start is.
+    #[must_use]
+    pub fn without_discovery(mut self) -> Self {
+        self.allocators = None;
+        self
+    }
+
+    /// Queues process `pid` for [`Service::discover_pending`]; `again`:
+    /// read it once more at the next tick too.
+    pub(super) fn queue_discovery(&self, pid: u32, again: bool) {
+        if self.allocators.is_none() {
+            return;
+        }
+        for (queue, wanted) in [(&self.discover_queue, true), (&self.discover_again, again)] {
+            if !wanted {
+                continue;
+            }
+            let mut queue = queue
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if !queue.contains(&pid) {
+                queue.push(pid);
+            }
+        }
+    }
+
+    /// Queues every process on the host (at start).
+    pub fn discover_all(&self) {
+        for pid in crate::sys::procfs::all_pids() {
+            self.queue_discovery(pid, false);
+        }
+        self.discover_pending();
+    }
+
+    /// Queues the processes read from events once more (each tick), and
+    /// reads every queued one.
+    pub fn discover_again(&self) {
+        let again = std::mem::take(
+            &mut *self
+                .discover_again
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        for pid in again {
+            self.queue_discovery(pid, false);
+        }
+        self.discover_pending();
+    }
+
+    /// Reads the mappings of every queued process in scope and probes the
+    /// allocators of the objects among them not examined yet. Returns how
+    /// many objects it began to probe.
+    pub fn discover_pending(&self) -> usize {
+        let Some(allocators) = &self.allocators else {
+            return 0;
+        };
+        let lock = || {
+            allocators
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        };
+        let pids = std::mem::take(
+            &mut *self
+                .discover_queue
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        let own = std::process::id();
+        let mut probed = 0;
+        for pid in pids {
+            if pid == own || !self.state.locks().scope().scope.matches(pid) {
+                continue;
+            }
+            let Ok(maps) = ModuleCache::global().capture(pid) else {
+                continue;
+            };
+            // (The guard must not live through the loop, which locks again.)
+            let unexamined = lock().unexamined(&maps);
+            for module in unexamined {
+                let key = module.key();
+                let Some(found) = Allocators::examine(&module, pid) else {
+                    lock().examined(key, pid, false);
+                    continue;
+                };
+                let (path, family) = (found.library.path.clone(), found.probes.family);
+                let points = found.probes.points.len();
+                let added = self.state.locks().kernel().kernel.add_library(found);
+                match &added {
+                    Ok(()) => {
+                        probed += 1;
+                        tracing::info!(pid, object = %path.display(), family = family.name(), points, "probing an allocator");
+                    }
+                    Err(err) => {
+                        tracing::warn!(pid, object = %path.display(), %err, "cannot probe an allocator");
+                    }
+                }
+                lock().examined(key, pid, added.is_ok());
+            }
+        }
+        probed
+    }
+
+    /// Stops probing the objects found by discovery that no process has
+    /// mapped for `lifecycle::allocators::UNUSED_GRACE`; returns how many.
+    pub fn drop_unused_allocators(&self) -> usize {
+        let Some(allocators) = &self.allocators else {
+            return 0;
+        };
+        let unused = allocators
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .unused(Instant::now());
+        if unused.is_empty() {
+            return 0;
+        }
+        let mut held = self.state.locks().kernel();
+        for key in &unused {
+            if held.kernel.remove_library(*key) {
+                tracing::info!(dev = ?key.dev, inode = key.inode, "no process maps an allocator any more: no longer probed");
+            }
+        }
+        unused.len()
+    }
+}
