@@ -49,6 +49,11 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
         "/usr/lib/x86_64-linux-gnu/libmimalloc.so",
         "libmimalloc-dev",
     ),
+    // Programs of other libcs and allocators found per object: musl
+    // (musl-gcc, dynamic and static), and Debian's redis-server (jemalloc).
+    ("musl-gcc", "musl-tools"),
+    ("redis-server", "redis-server"),
+    ("redis-cli", "redis-tools"),
     // The service tests: scraping, map inspection, the unit file, dropping
     // privileges.
     ("prometheus", "prometheus"),

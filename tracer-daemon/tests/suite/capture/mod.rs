@@ -3,7 +3,7 @@
 //! sizes, counts and `file:line`.
 
 mod alloc;
-mod allocator_libs;
+mod allocators;
 mod daemon;
 mod lifecycle;
 mod sampling;

@@ -29,12 +29,18 @@ impl Program {
     /// Compiles `tests/fixtures/{name}.c` with `cc -g -O0
     /// -fno-omit-frame-pointer` (plus `flags`) into a scratch `{name}`.
     pub fn build(name: &str, flags: &[&str]) -> Self {
+        Self::build_with("cc", &format!("{name}.c"), flags)
+    }
+
+    /// Compiles `tests/fixtures/{file}` with `compiler` (`musl-gcc`, `g++`
+    /// ...), the flags of [`Program::build`] and `flags`.
+    pub fn build_with(compiler: &str, file: &str, flags: &[&str]) -> Self {
+        let name = file.split('.').next().unwrap_or(file);
         let dir = TempDir::new(name);
-        let file = format!("{name}.c");
-        let source = fixture_path(&file);
+        let source = fixture_path(file);
         let exe = dir.path().join(name);
         output_ok(
-            Command::new("cc")
+            Command::new(compiler)
                 .args(["-g", "-O0", "-fno-omit-frame-pointer", "-o"])
                 .arg(&exe)
                 .arg(&source)
@@ -43,7 +49,7 @@ impl Program {
         Self {
             exe,
             source,
-            text: fixture_text(&file),
+            text: fixture_text(file),
             _dir: dir,
         }
     }

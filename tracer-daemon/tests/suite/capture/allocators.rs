@@ -1,0 +1,409 @@
+//! Allocators found per object (`lifecycle::allocators`), with no flag:
+//! programs linked with Debian's libjemalloc, gperftools' libtcmalloc and
+//! libmimalloc, musl (dynamic and static), a static glibc program, C++ on
+//! jemalloc's own `operator new`, a program in its own root with its own
+//! copy of glibc (as in a container), and Debian's redis-server. Each
+//! block is recorded once, with its exact size, at its line.
+//!
+//! A process whose allocator is new to tracerd is traced from the moment
+//! its object is probed, shortly after exec: each fixture says "ready"
+//! and waits until tracerd lists the object it allocates with as probed,
+//! then allocates.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    time::Duration,
+};
+
+use serde_json::Value;
+
+use crate::suite::support::{
+    Fixture, Program, TempDir, Tracerd, kill_if_running, output_ok, poll, stat_at,
+};
+
+/// Each `(marker, count, size)`: the `count` and `size` of the statistic
+/// at the marker's line (none at all for 0 and 0).
+fn expect(prog: &Program, stats: &Value, what: &str, sites: &[(&str, i64, i64)]) {
+    for &(marker, count, size) in sites {
+        let line = prog.line(&format!("/* {marker} */"));
+        let got =
+            stat_at(stats, &prog.source, line).map(|s| (s["count"].as_i64(), s["size"].as_i64()));
+        let want = (count != 0).then_some((Some(count), Some(size)));
+        assert_eq!(got, want, "{what}: {marker} at line {line} in {stats}");
+    }
+}
+
+/// The C API's sites of `fixtures/allocator_libs.c` after "go".
+const C_API: &[(&str, i64, i64)] = &[
+    // 100 blocks of 1000 bytes, every other one freed.
+    ("LIB_MALLOC", 50, 50 * 1000),
+    ("LIB_CALLOC", 50, 50 * 300),
+    ("LIB_GROW_FROM", 0, 0),
+    ("LIB_GROW_TO", 40, 40 * 5000),
+    ("LIB_MEMALIGN", 30, 30 * 640),
+    ("LIB_ALIGNED", 20, 20 * 2560),
+];
+
+/// The family tracerd gives the probed object at `path` (`GET /health`),
+/// compared with symlinks resolved.
+fn family_of(tracerd: &Tracerd, path: &Path) -> Option<String> {
+    let health = tracerd.get_ok("/health");
+    let canonical = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    health["libraries"].as_array()?.iter().find_map(|l| {
+        let probed = PathBuf::from(l["path"].as_str()?);
+        let probed = std::fs::canonicalize(&probed).unwrap_or(probed);
+        (probed == canonical).then(|| l["family"].as_str().unwrap_or_default().to_string())
+    })
+}
+
+/// Waits until tracerd probes `object` (`GET /health` lists it).
+fn wait_probed(tracerd: &Tracerd, object: &Path) {
+    poll(Duration::from_secs(10), Duration::from_millis(10), || {
+        family_of(tracerd, object)
+            .map(|_| ())
+            .ok_or_else(|| format!("{} not probed", object.display()))
+    });
+}
+
+/// Runs `fx` (said "ready", pid `pid`) once `object` (its allocator) is
+/// probed, until "done"; returns its statistics by line (`limit=0`).
+fn run_probed(tracerd: &Tracerd, fx: &mut Fixture, pid: u32, object: &Path) -> Value {
+    wait_probed(tracerd, object);
+    fx.step("done");
+    // Its first allocation's event reaches tracerd's registry soon after.
+    tracerd.wait_traced(pid);
+    tracerd.get_ok(&format!("/pid/{pid}/statistics?group_by=lineno&limit=0"))["statistics"].clone()
+}
+
+#[test]
+fn jemalloc_tcmalloc_and_mimalloc_programs_are_traced_exactly() {
+    let tracerd = Tracerd::start(&[]);
+    for (flags, library, family) in [
+        (
+            &["-ljemalloc", "-DJEMALLOC"][..],
+            "libjemalloc.so.2",
+            "jemalloc",
+        ),
+        (&["-ltcmalloc"], "libtcmalloc.so.4", "tcmalloc"),
+        (&["-lmimalloc"], "libmimalloc.so.2", "mimalloc"),
+    ] {
+        let prog = Program::build("allocator_libs", flags);
+        let lib = Path::new("/usr/lib/x86_64-linux-gnu").join(library);
+        let mut fx = Fixture::spawn_ready(&prog.exe, &[]);
+        let pid = fx.pid();
+        let stats = run_probed(&tracerd, &mut fx, pid, &lib);
+        expect(&prog, &stats, library, C_API);
+        if family == "jemalloc" {
+            expect(
+                &prog,
+                &stats,
+                library,
+                &[
+                    ("JE_MALLOCX", 25, 25 * 3000),
+                    ("JE_RALLOC_FROM", 0, 0),
+                    ("JE_RALLOC_TO", 15, 15 * 7000),
+                    ("JE_SDALLOC", 0, 0),
+                    ("JE_DALLOC", 0, 0),
+                ],
+            );
+        }
+        assert_eq!(
+            family_of(&tracerd, &lib).as_deref(),
+            Some(family),
+            "{library}"
+        );
+        fx.end();
+    }
+}
+
+#[test]
+fn musl_and_static_programs_are_traced_exactly() {
+    let tracerd = Tracerd::start(&[]);
+    for (compiler, flags, family) in [
+        ("musl-gcc", &[][..], "musl"),
+        ("musl-gcc", &["-static"][..], "musl"),
+        ("cc", &["-static"][..], "glibc"),
+    ] {
+        let what = format!("{compiler} {flags:?}");
+        let prog = Program::build_with(compiler, "allocator_libs.c", flags);
+        // The object probed: musl's libc.so (its dynamic loader too), or
+        // the static executable itself.
+        let object = if flags.is_empty() {
+            PathBuf::from("/lib/ld-musl-x86_64.so.1")
+        } else {
+            prog.exe.clone()
+        };
+        let mut fx = Fixture::spawn_ready(&prog.exe, &[]);
+        let pid = fx.pid();
+        let stats = run_probed(&tracerd, &mut fx, pid, &object);
+        expect(&prog, &stats, &what, C_API);
+        assert_eq!(
+            family_of(&tracerd, &object).as_deref(),
+            Some(family),
+            "{what}"
+        );
+        fx.end();
+    }
+}
+
+#[test]
+fn cpp_new_and_delete_of_jemalloc_are_traced_exactly() {
+    let tracerd = Tracerd::start(&[]);
+    let prog = Program::build_with("g++", "allocators_cpp.cpp", &["-ljemalloc"]);
+    let lib = Path::new("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2");
+    let mut fx = Fixture::spawn_ready(&prog.exe, &[]);
+    let pid = fx.pid();
+    let stats = run_probed(&tracerd, &mut fx, pid, lib);
+    expect(
+        &prog,
+        &stats,
+        "jemalloc's operator new",
+        &[
+            ("CPP_NEW", 50, 50 * 48),
+            ("CPP_NEW_ARRAY", 30, 30 * 3000),
+            ("CPP_ALIGNED", 20, 20 * 640),
+            ("CPP_NOTHROW", 20, 20 * 900),
+        ],
+    );
+    fx.end();
+}
+
+/// The host pid of the process `unshare --fork` started (its only child).
+fn child_of(pid: u32) -> u32 {
+    poll(Duration::from_secs(5), Duration::from_millis(10), || {
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+            .ok()
+            .and_then(|c| c.split_whitespace().next()?.parse().ok())
+            .ok_or_else(|| format!("no child of {pid} yet"))
+    })
+}
+
+/// A root with a copy of the host's glibc and dynamic loader (other
+/// inodes: what a container's image holds) and `exe` as `/prog`.
+fn rootfs(exe: &Path) -> TempDir {
+    let root = TempDir::new("rootfs");
+    for (from, to) in [
+        (
+            "/lib/x86_64-linux-gnu/libc.so.6",
+            "lib/x86_64-linux-gnu/libc.so.6",
+        ),
+        ("/lib64/ld-linux-x86-64.so.2", "lib64/ld-linux-x86-64.so.2"),
+    ] {
+        let to = root.path().join(to);
+        std::fs::create_dir_all(to.parent().expect("a parent")).expect("mkdir");
+        std::fs::copy(from, &to).expect("copy the C library");
+    }
+    std::fs::copy(exe, root.path().join("prog")).expect("copy the program");
+    root
+}
+
+#[test]
+fn a_program_in_its_own_root_with_its_own_glibc_is_traced_exactly() {
+    let tracerd = Tracerd::start(&[]);
+    let prog = Program::build("allocator_libs", &[]);
+    let root = rootfs(&prog.exe);
+    let root_str = root.path().to_str().expect("utf-8");
+    // chroot (the host's, on the host's glibc) execs /prog in new mount
+    // and pid namespaces.
+    let mut fx = Fixture::spawn(
+        Path::new("unshare"),
+        &["--mount", "--pid", "--fork", "chroot", root_str, "/prog"],
+    );
+    fx.expect_line("ready");
+    let pid = child_of(fx.pid());
+    // The copy is an object of its own; tracerd names it by its host path.
+    let copied = root.path().join("lib/x86_64-linux-gnu/libc.so.6");
+    let stats = run_probed(&tracerd, &mut fx, pid, &copied);
+    expect(&prog, &stats, "its own glibc", C_API);
+    assert_eq!(family_of(&tracerd, &copied).as_deref(), Some("glibc"));
+    // chroot's own blocks ended with its image: none is left on the pid.
+    let files = tracerd.get_ok(&format!("/pid/{pid}/statistics?group_by=filename&limit=0"));
+    for stat in files["statistics"].as_array().expect("statistics") {
+        let file = stat["traceback"][0]["filename"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(
+            !file.contains("chroot") && file != "<unknown>",
+            "a block of the old image: {stat}"
+        );
+    }
+    // Its pid in its own namespace is 1 (unshare's first child), and its
+    // cgroup is the test's.
+    let process = tracerd.get_ok(&format!("/pid/{pid}"));
+    assert_eq!(process["nspid"], 1, "{process}");
+    let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("cgroup");
+    let cgroup = cgroup
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .expect("cgroup v2");
+    assert_eq!(process["cgroup"], cgroup, "{process}");
+    fx.end();
+}
+
+/// `redis-cli -s socket args...`'s output, trimmed.
+fn redis_cli(socket: &Path, args: &[&str]) -> String {
+    let out = output_ok(Command::new("redis-cli").arg("-s").arg(socket).args(args));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// `used_memory` of redis's `INFO memory`, in bytes.
+fn used_memory(socket: &Path) -> i64 {
+    let info = redis_cli(socket, &["INFO", "memory"]);
+    info.lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no used_memory in {info}"))
+}
+
+/// The size jemalloc gives a request of `size` bytes (its size classes on
+/// x86-64 with 4 KiB pages: 8, then multiples of 16 up to 128, then four
+/// classes per doubling), which is what redis counts in `used_memory`
+/// (`zmalloc_size`, `malloc_usable_size`).
+fn jemalloc_size_class(size: i64) -> i64 {
+    match size {
+        ..=8 => 8,
+        9..=128 => (size + 15) / 16 * 16,
+        _ => {
+            let k = 63 - i64::from((size - 1).leading_zeros());
+            let delta = 1 << (k - 2);
+            (size + delta - 1) / delta * delta
+        }
+    }
+}
+
+/// The live blocks of `pid` by traceback: (count, requested bytes, bytes
+/// in jemalloc's size classes). The blocks of one traceback are taken to
+/// be of one size (their average): true of redis's fixed-size structures
+/// and of the test's keys and values, which all have one length (a
+/// per-block listing of 300,000 traces takes longer than a request may in
+/// the debug build the tests run).
+fn blocks(tracerd: &Tracerd, pid: u32) -> (i64, i64, i64) {
+    let body = tracerd.get_ok(&format!("/pid/{pid}/statistics?group_by=traceback&limit=0"));
+    let (mut count, mut size, mut classes) = (0, 0, 0);
+    for stat in body["statistics"].as_array().expect("statistics") {
+        let (n, bytes) = (
+            stat["count"].as_i64().expect("count"),
+            stat["size"].as_i64().expect("size"),
+        );
+        count += n;
+        size += bytes;
+        classes += n * jemalloc_size_class(bytes / n.max(1));
+    }
+    (count, size, classes)
+}
+
+/// A server process, killed (by pid) when the test ends, failed or not.
+struct Server(std::process::Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        kill_if_running(&mut self.0);
+    }
+}
+
+#[test]
+fn redis_server_growth_is_within_five_percent_of_its_used_memory() {
+    assert_eq!(jemalloc_size_class(24), 32);
+    assert_eq!(jemalloc_size_class(129), 160);
+    assert_eq!(jemalloc_size_class(1025), 1280);
+    let tracerd = Tracerd::start(&[]);
+    let dir = TempDir::new("redis");
+    let socket = dir.path().join("redis.sock");
+    let server = Command::new("redis-server")
+        .args(["--port", "0", "--save", "", "--appendonly", "no"])
+        .arg("--unixsocket")
+        .arg(&socket)
+        .arg("--dir")
+        .arg(dir.path())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("start redis-server");
+    let mut server = Server(server);
+    let pid = server.0.id();
+    poll(Duration::from_secs(10), Duration::from_millis(20), || {
+        (socket.exists() && redis_cli(&socket, &["PING"]) == "PONG")
+            .then_some(())
+            .ok_or_else(|| "redis-server not up".to_string())
+    });
+    wait_probed(
+        &tracerd,
+        Path::new("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"),
+    );
+    // A command, to have it traced (its first allocation seen).
+    redis_cli(&socket, &["SET", "warm", "up"]);
+    tracerd.wait_traced(pid);
+    let (used_before, before) = (used_memory(&socket), blocks(&tracerd, pid));
+    // 100,000 known keys, by mass insertion (RESP on redis-cli --pipe).
+    let mut commands = Vec::new();
+    for i in 0..100_000 {
+        // Keys of 24 bytes and values of 8: the key's copy in the database
+        // (an sds: 3 + 24 + 1 bytes) and the value (an embedded string
+        // object: 16 + 3 + 8 + 1) are both 28-byte blocks, which redis
+        // allocates under one traceback: each traceback's blocks are then
+        // of one size (see `blocks`).
+        let (key, value) = (
+            format!("key:{i:06}:{}", "k".repeat(13)),
+            format!("v:{i:06}"),
+        );
+        commands.extend_from_slice(
+            format!(
+                "*3\r\n$3\r\nSET\r\n${}\r\n{key}\r\n${}\r\n{value}\r\n",
+                key.len(),
+                value.len()
+            )
+            .as_bytes(),
+        );
+    }
+    let pipe = dir.path().join("insert.resp");
+    std::fs::write(&pipe, &commands).expect("write the commands");
+    let out = output_ok(Command::new("sh").arg("-c").arg(format!(
+        "redis-cli -s {} --pipe < {}",
+        socket.display(),
+        pipe.display()
+    )));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("errors: 0, replies: 100000"), "{said}");
+    assert_eq!(redis_cli(&socket, &["DBSIZE"]), "100001");
+    let used = used_memory(&socket) - used_before;
+    let after = blocks(&tracerd, pid);
+    let (count, requested, classes) = (after.0 - before.0, after.1 - before.1, after.2 - before.2);
+    // redis counts what jemalloc gives (the size class), tracer what was
+    // asked for, as tracemalloc does: the same blocks, in size classes,
+    // must be redis's growth.
+    let ratio = classes as f64 / used as f64;
+    eprintln!(
+        "redis: {count} blocks, {requested} B requested, {classes} B in size classes; used_memory grew {used} B ({ratio:.4})"
+    );
+    assert!(count >= 300_000, "3 blocks or more per key: {count}");
+    assert!(
+        (0.95..=1.05).contains(&ratio),
+        "traced growth {classes} B in size classes ({requested} B requested), used_memory growth {used} B: {ratio:.4}"
+    );
+    let functions = tracerd.get_ok(&format!("/pid/{pid}/statistics?group_by=function&limit=20"));
+    let names: Vec<&str> = functions["statistics"]
+        .as_array()
+        .expect("statistics")
+        .iter()
+        .filter_map(|s| s["label"].as_str())
+        .collect();
+    let redis_functions = [
+        "dictAddRaw",
+        "dictAdd",
+        "dbAdd",
+        "createStringObject",
+        "createObject",
+        "sdsnewlen",
+        "_sdsnewlen",
+        "sdsdup",
+        "zmalloc",
+        "ztrymalloc_usable",
+        "_dictExpand",
+        "dictExpand",
+    ];
+    assert!(
+        names.iter().any(|n| redis_functions.contains(n)),
+        "redis's functions: {names:?}"
+    );
+    kill_if_running(&mut server.0);
+}
