@@ -18,8 +18,6 @@ pub async fn events_and_housekeeping(
     service: Arc<Service>,
     ring: aya::maps::RingBuf<aya::maps::MapData>,
 ) {
-    let discovery = service.clone();
-    let _ = tokio::task::spawn_blocking(move || discovery.discover_all()).await;
     let unwind_wake = Arc::new(tokio::sync::Notify::new());
     let unwinder = tokio::spawn(unwind_new_images(service.clone(), unwind_wake.clone()));
     let _abort_unwinder = AbortOnDrop(unwinder);
@@ -77,11 +75,16 @@ async fn unwind_new_images(service: Arc<Service>, wake: Arc<tokio::sync::Notify>
     }
 }
 
-/// Probes the allocators of the processes each batch of events queued
-/// (exec, code mapped), apart from the event loop and from the unwinder
+/// Probes the allocators of every process running at start, then of the
+/// processes each batch of events queued (exec, code mapped), apart from
+/// the event loop and from the unwinder
 /// (whose compiling must not delay a process's probes). Runs until
 /// aborted.
 async fn discover_allocators(service: Arc<Service>, wake: Arc<tokio::sync::Notify>) {
+    // The processes running at start first, without holding up the
+    // events of those starting meanwhile.
+    let all = service.clone();
+    let _ = tokio::task::spawn_blocking(move || all.discover_all()).await;
     loop {
         wake.notified().await;
         let service = service.clone();

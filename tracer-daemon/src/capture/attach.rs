@@ -112,10 +112,13 @@ impl Capture {
     }
 
     /// Detaches what [`Capture::attach`] attached for `pid` (None: the
-    /// system-wide probes). Detaching what is not attached does nothing.
+    /// system-wide probes), and returns once they are detached (a scope
+    /// change is complete when it answers). Detaching what is not attached
+    /// does nothing.
     pub fn detach(&mut self, pid: Option<u32>) {
         if let Some(links) = self.links.remove(&pid) {
-            self.detach_links(links);
+            let owned = self.take_links(links);
+            detach_all(owned);
         }
     }
 

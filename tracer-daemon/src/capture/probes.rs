@@ -263,21 +263,27 @@ pub struct ObjectProbes {
 /// A message when `data` is not an ELF file `object` can read, or a probed
 /// function is in no section with file data.
 pub fn object_probes(data: &[u8]) -> Result<Option<ObjectProbes>, String> {
+    static WANTED: std::sync::LazyLock<HashSet<&'static str>> = std::sync::LazyLock::new(|| {
+        PROBES
+            .iter()
+            .map(|spec| spec.symbol)
+            .chain(["__libc_memalign", "__libc_start_main"])
+            .collect()
+    });
     let file = object::File::parse(data).map_err(|e| e.to_string())?;
     let mut by_name = std::collections::HashMap::new();
     for symbol in file.dynamic_symbols().chain(file.symbols()) {
-        if symbol.kind() != object::SymbolKind::Text || !symbol.is_definition() {
-            continue;
-        }
+        // Names first: most symbols of a large object are not wanted.
         let Ok(name) = symbol.name() else { continue };
         // Versioned names ("malloc@@GLIBC_2.2.5") are reported bare by object.
         let name = name.split('@').next().unwrap_or(name);
-        if PROBES.iter().any(|spec| spec.symbol == name)
-            || name == "__libc_memalign"
-            || name == "__libc_start_main"
+        if !WANTED.contains(name)
+            || symbol.kind() != object::SymbolKind::Text
+            || !symbol.is_definition()
         {
-            by_name.entry(name.to_string()).or_insert(symbol.address());
+            continue;
         }
+        by_name.entry(name.to_string()).or_insert(symbol.address());
     }
     let Some(family) = Family::of(&|name| by_name.contains_key(name)) else {
         return Ok(None);

@@ -38,10 +38,18 @@ impl Service {
 
     /// Queues every process on the host (at start).
     pub fn discover_all(&self) {
-        for pid in crate::sys::procfs::all_pids() {
+        let started = Instant::now();
+        let pids = crate::sys::procfs::all_pids();
+        for &pid in &pids {
             self.queue_discovery(pid, false);
         }
-        self.discover_pending();
+        let probed = self.discover_pending();
+        tracing::info!(
+            processes = pids.len(),
+            probed,
+            ms = started.elapsed().as_millis(),
+            "allocators of the running processes found"
+        );
     }
 
     /// Queues the processes read from events once more (each tick), and
