@@ -373,7 +373,8 @@ impl Drop for Process {
 }
 
 /// A pid tracer does not trace is a 404 that says why: no such process,
-/// tracerd itself, a static program (it maps no probed allocator), a
+/// tracerd itself, a stripped static program (no symbols name its
+/// allocator: it maps no probed allocator), a
 /// process that has not allocated since tracerd started, one outside the
 /// scope.
 #[test]
@@ -392,7 +393,7 @@ fn a_pid_that_is_not_traced_is_a_404_that_says_why() {
     let exe = dir.path().join("waits");
     output_ok(
         Command::new("cc")
-            .arg("-static")
+            .args(["-static", "-s"])
             .arg("-o")
             .arg(&exe)
             .arg(&source),
