@@ -88,7 +88,7 @@ impl Capture {
                 let spec = &point.spec;
                 let (name, offset) = if exit_pass {
                     match spec.exit {
-                        Some(exit) => (exit, point.function),
+                        Some(exit) => (exit, point.exit),
                         None => continue,
                     }
                 } else {

@@ -20,8 +20,11 @@ use super::CaptureError;
 pub struct ProbePoint {
     /// The function and its programs.
     pub spec: tracer_common::ProbeSpec,
-    /// The function's first instruction: the uretprobe goes here.
+    /// The function's first instruction.
     pub function: u64,
+    /// The uretprobe: the first instruction, or past leading compares
+    /// (see [`compare_skip`]).
+    pub exit: u64,
     /// The entry uprobe: the first instruction, or past a leading NULL check
     /// (see [`entry_skip`]).
     pub entry: u64,
@@ -317,9 +320,11 @@ pub fn object_probes(data: &[u8]) -> Result<Option<ObjectProbes>, String> {
             .and_then(|start| data.get(start..start.saturating_add(32).min(data.len())))
             .unwrap_or(&[]);
         let entry = function + entry_skip(spec.symbol, code, address);
+        let exit = function + compare_skip(code, address);
         points.push(ProbePoint {
             spec: *spec,
             function,
+            exit,
             entry,
         });
     }
@@ -348,8 +353,36 @@ pub fn probe_points(path: &Path) -> Result<ObjectProbes, CaptureError> {
     Ok(probes)
 }
 
+/// Bytes of the compares (`cmp`, `test`) that begin the function whose
+/// first instructions are `code` (at virtual address `ip`): the kernel
+/// cannot emulate them, so a probe on one is single-stepped (about 7x the
+/// cost); they write only the flags, so a probe on the instruction after
+/// them sees the same arguments and the same stack (the return address at
+/// the stack pointer, as a uretprobe needs), and every call reaches it
+/// (they do not branch). jemalloc's `malloc` begins `cmp $0x1000,%rdi; ja`:
+/// the `ja` is emulated. 0 when the first instruction is not a compare,
+/// or the bytes do not decode.
+pub fn compare_skip(code: &[u8], ip: u64) -> u64 {
+    use iced_x86::{Decoder, DecoderOptions, Mnemonic};
+    if !cfg!(target_arch = "x86_64") {
+        return 0;
+    }
+    let mut decoder = Decoder::with_ip(64, code, ip, DecoderOptions::NONE);
+    while decoder.can_decode() {
+        let instruction = decoder.decode();
+        if instruction.is_invalid()
+            || !matches!(instruction.mnemonic(), Mnemonic::Cmp | Mnemonic::Test)
+        {
+            return instruction.ip() - ip;
+        }
+    }
+    0
+}
+
 /// Bytes to skip at the start of `symbol` before its entry uprobe, from its
-/// first instructions `code` (at virtual address `ip`), decoded with iced-x86.
+/// first instructions `code` (at virtual address `ip`), decoded with iced-x86:
+/// glibc's `free` NULL check (below), else the leading compares
+/// ([`compare_skip`]).
 ///
 /// A uprobe on an instruction the kernel cannot emulate is single-stepped
 /// out of line, which costs about 7x more here. glibc's `free` begins with
@@ -360,7 +393,7 @@ pub fn probe_points(path: &Path) -> Result<ObjectProbes, CaptureError> {
 pub fn entry_skip(symbol: &str, code: &[u8], ip: u64) -> u64 {
     use iced_x86::{Code, Decoder, DecoderOptions, Mnemonic, OpKind, Register};
     if symbol != "free" || !cfg!(target_arch = "x86_64") {
-        return 0;
+        return compare_skip(code, ip);
     }
     let mut decoder = Decoder::with_ip(64, code, ip, DecoderOptions::NONE);
     let mut next = || {
@@ -383,7 +416,7 @@ pub fn entry_skip(symbol: &str, code: &[u8], ip: u64) -> u64 {
     if tests_first_arg && jumps_if_null && pushes {
         push.ip() - ip
     } else {
-        0
+        compare_skip(code, ip)
     }
 }
 
@@ -418,17 +451,34 @@ mod tests {
         // glibc 2.36's free: test %rdi,%rdi; je +0xbf; push %rbp
         let free = [0x48, 0x85, 0xff, 0x0f, 0x84, 0xbf, 0x00, 0x00, 0x00, 0x55];
         assert_eq!(entry_skip("free", &free, 0x98ef0), 9);
-        // The same bytes in another function, or another register, stay put.
-        assert_eq!(entry_skip("malloc", &free, 0x98ef0), 0);
+        // The same bytes in another function, or another register: only
+        // the compare is skipped (the probe goes on the je, every call's).
+        assert_eq!(entry_skip("malloc", &free, 0x98ef0), 3);
         let rsi = [0x48, 0x85, 0xf6, 0x0f, 0x84, 0xbf, 0x00, 0x00, 0x00, 0x55];
-        assert_eq!(entry_skip("free", &rsi, 0), 0);
+        assert_eq!(entry_skip("free", &rsi, 0), 3);
         // A push first (malloc's shape), or too few bytes: the entry.
         assert_eq!(entry_skip("free", &[0x41, 0x54, 0x55], 0), 0);
         assert_eq!(entry_skip("free", &free[..4], 0), 0);
     }
 
     #[test]
-    fn the_hosts_free_skips_only_its_null_check() {
+    fn leading_compares_are_skipped_for_both_probes() {
+        // jemalloc 5.3's malloc: cmp $0x1000,%rdi; ja +0x93.
+        let malloc = [
+            0x48, 0x81, 0xff, 0x00, 0x10, 0x00, 0x00, 0x0f, 0x87, 0x93, 0x00, 0x00, 0x00,
+        ];
+        assert_eq!(compare_skip(&malloc, 0x23910), 7);
+        assert_eq!(entry_skip("malloc", &malloc, 0x23910), 7);
+        // test %rdi,%rdi; cmp $5,%esi; jne: both compares.
+        let two = [0x48, 0x85, 0xff, 0x83, 0xfe, 0x05, 0x75, 0x02];
+        assert_eq!(compare_skip(&two, 0), 6);
+        // A mov first: nothing is skipped.
+        assert_eq!(compare_skip(&[0x48, 0x89, 0xf8, 0xc3], 0), 0);
+        assert_eq!(compare_skip(&[], 0), 0);
+    }
+
+    #[test]
+    fn the_hosts_free_skips_its_null_check_and_others_only_compares() {
         let libc = find_libc(&[]).expect("the host has a glibc");
         let probes = probe_points(&libc[0]).expect("glibc has malloc and free");
         for point in &probes.points {
@@ -436,7 +486,14 @@ mod tests {
             match point.spec.symbol {
                 // Debian 12's glibc: 3-byte test + 6-byte je.
                 "free" => assert_eq!(skip, 9, "{point:?}"),
-                _ => assert_eq!(skip, 0, "{point:?}"),
+                // Debian 12's malloc begins with a push; aligned_alloc,
+                // posix_memalign, valloc ... with a 7-byte cmp, skipped
+                // by both probes.
+                "malloc" => assert_eq!((skip, point.exit), (0, point.function), "{point:?}"),
+                _ => {
+                    assert!(skip == 0 || skip == 7, "{point:?}");
+                    assert_eq!(point.exit, point.entry, "{point:?}");
+                }
             }
         }
     }

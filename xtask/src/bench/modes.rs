@@ -111,6 +111,19 @@ pub fn start_tracerd(tracerd: &Path, state: &Path, extra: &[&str]) -> anyhow::Re
     start_until(command, "tracerd ready", true)
 }
 
+/// The objects the floor and tracerd probe from the start: the host's
+/// glibc, then the allocator libraries of the churn-* workloads that are
+/// installed.
+fn probed_libraries() -> anyhow::Result<Vec<String>> {
+    let mut libraries = vec![libc_path()?];
+    for (_, _, library) in super::workloads::ALLOCATOR_CHURNS {
+        if Path::new(library).exists() {
+            libraries.push(library.to_string());
+        }
+    }
+    Ok(libraries)
+}
+
 fn libc_path() -> anyhow::Result<String> {
     let out = Command::new("ldconfig")
         .arg("-p")
@@ -152,15 +165,22 @@ pub fn start_mode(
     let release = release_dir(root);
     match mode {
         "floor" => {
-            let command = Command::new(release.join("tracer-floor"));
+            // The host's glibc and the churn-* workloads' allocators.
+            let mut command = Command::new(release.join("tracer-floor"));
+            command.args(probed_libraries()?);
             start_until(command, "ready", false).map(Some)
         }
-        "tracerd" => start_tracerd(
-            &release.join("tracerd"),
-            &dir.join("state"),
-            &["--log", "info"],
-        )
-        .map(Some),
+        "tracerd" => {
+            // The same objects probed from the start as under the floor:
+            // a churn-* run is then traced from its first call, not from
+            // when discovery finds its allocator.
+            let mut extra = vec!["--log".to_string(), "info".to_string()];
+            for library in probed_libraries()? {
+                extra.extend(["--libc".to_string(), library]);
+            }
+            let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+            start_tracerd(&release.join("tracerd"), &dir.join("state"), &extra).map(Some)
+        }
         "baseline" => {
             let Some(baseline) = baseline else {
                 bail!("the baseline mode needs --baseline REV");

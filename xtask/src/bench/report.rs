@@ -123,6 +123,26 @@ pub fn report(
             goals.insert("ratio_vs_floor".into(), ratio.into());
         }
     }
+    // Each allocator's churn: tracer's added cost per call against the
+    // floor of the same probes on that allocator.
+    for (name, _, _) in super::workloads::ALLOCATOR_CHURNS {
+        if let Some(churn) = medians.get(name)
+            && let (Some(none), Some(ours), Some(floor)) =
+                (churn.get("none"), churn.get("tracerd"), churn.get("floor"))
+        {
+            let (added, floor_added) = (ours - none, floor - none);
+            let ratio = added / floor_added;
+            println!(
+                "{name}: tracerd adds {added:.0} ns per malloc+free pair, empty programs {floor_added:.0} ns: tracerd/floor = {ratio:.2}"
+            );
+            goals.insert(format!("{name}_added_ns_per_pair"), added.into());
+            goals.insert(
+                format!("{name}_floor_added_ns_per_pair"),
+                floor_added.into(),
+            );
+            goals.insert(format!("{name}_ratio_vs_floor"), ratio.into());
+        }
+    }
     let tracerd = costs.get("tracerd").cloned().unwrap_or_default();
     tracerd.print("tracerd");
     let mut json = serde_json::json!({

@@ -1,5 +1,7 @@
 //! The overhead part's workloads, compiled or generated into the bench
-//! directory: churn (N malloc+free pairs in one thread, ns per pair), a
+//! directory: churn (N malloc+free pairs in one thread, ns per pair), the
+//! same churn linked with jemalloc, tcmalloc and mimalloc (the per-call
+//! cost of tracer on each allocator, against the floor of the same probes), a
 //! 2-thread stress with cross-thread frees (ns per pair), and real
 //! programs: python3 doing a JSON round trip with `PYTHONMALLOC=malloc`,
 //! sqlite3 building and querying a table, gcc compiling a C file (wall
@@ -16,7 +18,36 @@ use anyhow::{Context as _, bail};
 use crate::util::{cc::compile_c, cmd::which};
 
 /// Every workload, in the table's order.
-pub const ALL_WORKLOADS: [&str; 5] = ["churn", "threads", "python", "sqlite", "gcc"];
+pub const ALL_WORKLOADS: [&str; 8] = [
+    "churn",
+    "churn-jemalloc",
+    "churn-tcmalloc",
+    "churn-mimalloc",
+    "threads",
+    "python",
+    "sqlite",
+    "gcc",
+];
+
+/// The allocator libraries of the `churn-*` workloads: (workload, link
+/// flag, library as `ldconfig` installs it).
+pub const ALLOCATOR_CHURNS: [(&str, &str, &str); 3] = [
+    (
+        "churn-jemalloc",
+        "-ljemalloc",
+        "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2",
+    ),
+    (
+        "churn-tcmalloc",
+        "-ltcmalloc",
+        "/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4",
+    ),
+    (
+        "churn-mimalloc",
+        "-lmimalloc",
+        "/usr/lib/x86_64-linux-gnu/libmimalloc.so.2",
+    ),
+];
 
 /// Flags of the C workloads of the overhead table.
 pub const CFLAGS: &[&str] = &["-O2"];
@@ -131,6 +162,18 @@ impl Workload {
 pub fn prepare(dir: &Path, pairs: u64) -> anyhow::Result<Vec<Workload>> {
     fs::create_dir_all(dir)?;
     let churn = compile_c(dir, "churn", CHURN_C, CFLAGS)?;
+    let mut allocator_churns = Vec::new();
+    for (name, flag, _) in ALLOCATOR_CHURNS {
+        let exe = compile_c(dir, name, CHURN_C, &[CFLAGS, &[flag]].concat())?;
+        allocator_churns.push(Workload {
+            name,
+            argv: vec![exe.display().to_string(), pairs.to_string()],
+            env: vec![],
+            stdin: None,
+            self_timed: true,
+            unit: "ns/pair",
+        });
+    }
     let threads = compile_c(dir, "threads", THREADS_C, &[CFLAGS, &["-pthread"]].concat())?;
     let py = dir.join("json_roundtrip.py");
     fs::write(&py, PYTHON_JSON)?;
@@ -140,7 +183,7 @@ pub fn prepare(dir: &Path, pairs: u64) -> anyhow::Result<Vec<Workload>> {
     fs::write(&gsrc, gcc_source())?;
     let python = real_python();
     let s = |p: &Path| p.display().to_string();
-    Ok(vec![
+    let mut all = vec![
         Workload {
             name: "churn",
             argv: vec![s(&churn), pairs.to_string()],
@@ -188,7 +231,10 @@ pub fn prepare(dir: &Path, pairs: u64) -> anyhow::Result<Vec<Workload>> {
             self_timed: false,
             unit: "ms",
         },
-    ])
+    ];
+    // The allocator churns follow churn, as in ALL_WORKLOADS.
+    all.splice(1..1, allocator_churns);
+    Ok(all)
 }
 
 /// The python3 on PATH as the real interpreter, not a pyenv shim script
