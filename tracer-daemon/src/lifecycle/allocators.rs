@@ -124,17 +124,12 @@ impl Allocators {
     pub fn unused(&mut self, now: Instant) -> Vec<FileKey> {
         let mut doomed = Vec::new();
         for (key, users) in &mut self.users {
-            let pids = std::mem::take(&mut users.pids);
-            let mut kept = BTreeSet::new();
-            let mut iter = pids.into_iter();
-            for pid in iter.by_ref() {
-                if maps_file(pid, *key) {
-                    kept.insert(pid);
-                    break;
-                }
-            }
-            kept.extend(iter);
-            users.pids = kept;
+            // Pids before the first that still maps it are gone from it;
+            // those after it are checked at a later sweep.
+            users.pids = std::mem::take(&mut users.pids)
+                .into_iter()
+                .skip_while(|&pid| !maps_file(pid, *key))
+                .collect();
             if users.pids.is_empty() {
                 let since = *users.unused_since.get_or_insert(now);
                 if now.duration_since(since) >= UNUSED_GRACE {
