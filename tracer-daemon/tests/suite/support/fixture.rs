@@ -5,6 +5,7 @@
 
 use std::{
     io::{BufRead, BufReader, Write},
+    os::unix::fs::PermissionsExt,
     path::{Path, PathBuf},
     process::{Child, ChildStdin, ChildStdout, Command, ExitStatus, Stdio},
 };
@@ -19,7 +20,10 @@ use super::{
 pub struct Program {
     /// The executable, `{scratch}/{name}`: its name is the process's comm.
     pub exe: PathBuf,
-    /// `tests/fixtures/{name}.c`, the filename of its frames.
+    /// `{scratch}/{name}.c`, a copy of `tests/fixtures/{name}.c` and the
+    /// filename of its frames. A copy in a world-readable directory: tracerd
+    /// shows source lines (`source=true`) only of files anyone may read, and
+    /// a clone may live under a private (0700) directory.
     pub source: PathBuf,
     text: String,
     _dir: TempDir,
@@ -37,11 +41,18 @@ impl Program {
     pub fn build_with(compiler: &str, file: &str, flags: &[&str]) -> Self {
         let name = file.split('.').next().unwrap_or(file);
         let dir = TempDir::new(name);
-        let source = fixture_path(file);
+        let source = dir.path().join(file);
+        std::fs::copy(fixture_path(file), &source).expect("copy the fixture's source");
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod the scratch directory");
+        std::fs::set_permissions(&source, std::fs::Permissions::from_mode(0o644))
+            .expect("chmod the source copy");
         let exe = dir.path().join(name);
         output_ok(
             Command::new(compiler)
-                .args(["-g", "-O0", "-fno-omit-frame-pointer", "-o"])
+                .args(["-g", "-O0", "-fno-omit-frame-pointer", "-I"])
+                .arg(fixture_path(""))
+                .arg("-o")
                 .arg(&exe)
                 .arg(&source)
                 .args(flags),
