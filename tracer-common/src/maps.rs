@@ -14,8 +14,8 @@
 #[cfg(doc)]
 use crate::{
     AllocInfo, AllocKey, Counter, INFLIGHT_SLOT_COUNT, Inflight, InflightSlot, LIVE_WAYS,
-    LiveBucket, PROC_SLOT_COUNT, ProcEvent, ProcEventKind, ProcSlot, ProcStats, live_key,
-    proc_slot_index,
+    LiveBucket, PROC_SLOT_COUNT, ProcEvent, ProcEventKind, ProcSlot, ProcStats, ProcTotals,
+    live_key, proc_slot_index,
 };
 
 /// Live blocks: [`AllocKey`] → [`AllocInfo`]. One entry per live block of
@@ -67,7 +67,7 @@ pub const MAX_NFRAME: u32 = 64;
 /// before it counts frames against nframe.
 pub const MAX_WALK_FRAMES: u32 = 96;
 
-/// Per-process totals: tgid → [`ProcStats`].
+/// Per-process totals: tgid → [`ProcTotals`].
 pub const MAP_PROCS: &str = "PROCS";
 /// Direct-mapped per-process totals in front of [`MAP_PROCS`]: an array of
 /// [`PROC_SLOT_COUNT`] [`ProcSlot`]s, the process `tgid` in slot

@@ -30,16 +30,41 @@ pub const PROC_SLOT_GEN_SHIFT: u32 = 32;
 /// One slot of [`MAP_PROC_SLOTS`]: a word that packs owner tgid (bits
 /// 0..22), spill count (22..32) and the owner's generation (32..64), changed
 /// only atomically, and the owner's totals (zero while the slot is free;
-/// `stats.gen_` is not kept: the word's generation is the one).
+/// `totals.stats.gen_` is not kept: the word's generation is the one).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ProcSlot {
     /// Owner, spill count and generation (see [`ProcSlot`]).
     pub word: u64,
     /// The owner's totals.
-    pub stats: ProcStats,
+    pub totals: ProcTotals,
 }
-const _: () = assert!(size_of::<ProcSlot>() == 72);
+const _: () = assert!(size_of::<ProcSlot>() == 200);
+
+/// Bytes of one source's blocks in a process image.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SourceTotals {
+    /// Bytes in live blocks of this source now.
+    pub current: u64,
+    /// Highest `current` since tracing began or the last reset.
+    pub peak: u64,
+}
+const _: () = assert!(size_of::<SourceTotals>() == 16);
+
+/// Value of [`MAP_PROCS`] and the totals of a [`ProcSlot`]: a process
+/// image's totals, then the same bytes by source. `stats` is the first
+/// field, so a pointer to it is a pointer to its `ProcTotals` (the programs
+/// reach `sources` that way).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProcTotals {
+    /// The image's totals.
+    pub stats: ProcStats,
+    /// Current and peak bytes by [`crate::AllocInfo::source`].
+    pub sources: [SourceTotals; crate::SOURCE_COUNT],
+}
+const _: () = assert!(size_of::<ProcTotals>() == 192);
 
 /// The slot of [`MAP_PROC_SLOTS`] for `tgid`.
 pub const fn proc_slot_index(tgid: u32) -> u32 {
@@ -91,3 +116,6 @@ const _: () = assert!(size_of::<ProcStats>() == 64);
 // every bit pattern is valid.
 #[cfg(feature = "user")]
 unsafe impl aya::Pod for ProcStats {}
+// SAFETY: as above.
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for ProcTotals {}

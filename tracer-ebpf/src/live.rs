@@ -14,7 +14,10 @@
 //! earlier image of the pid (another generation) is never accounted to the
 //! current one: tracerd removes those.
 
-use aya_ebpf::{bindings::BPF_NOEXIST, programs::RetProbeContext};
+use aya_ebpf::{
+    EbpfContext as _, bindings::BPF_NOEXIST, helpers::bpf_get_attach_cookie,
+    programs::RetProbeContext,
+};
 use tracer_common::{
     AllocInfo, AllocKey, Counter, LIVE_BUSY, LIVE_EMPTY, LIVE_WAYS, LiveBucket, ProcStats, live_key,
 };
@@ -92,7 +95,7 @@ pub(crate) fn remove_block(tgid: u32, ptr: u64, count_unknown: bool) {
                 return;
             };
             if compare_exchange(way_ptr(bucket, way), key, LIVE_EMPTY) == key {
-                sub_block(stats, info.size);
+                sub_block(stats, info.size, info.source);
                 count(Counter::Frees);
             }
             return;
@@ -129,7 +132,7 @@ pub(crate) fn remove_block(tgid: u32, ptr: u64, count_unknown: bool) {
             // SAFETY: a LIVE_KEYS value.
             fetch_add(unsafe { &raw mut (*bucket).spilled }, u64::MAX);
         }
-        sub_block(stats, info.size);
+        sub_block(stats, info.size, info.source);
         count(Counter::Frees);
     }
 }
@@ -166,9 +169,12 @@ fn unknown_free(stats: Option<*mut ProcStats>) {
 
 /// Records the new block `addr` of `size` bytes with the current user stack.
 /// Called at a uretprobe, where the instruction pointer is the return
-/// address into the allocator's caller.
+/// address into the allocator's caller; the probe's attach cookie is the
+/// block's source (its allocator's family, set by tracerd at attach).
 #[inline(always)]
 pub(crate) fn record_alloc(ctx: &RetProbeContext, tgid: u32, addr: u64, size: u64) {
+    // SAFETY: the helper reads the running probe's own link.
+    let source = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } as u32;
     let Some((stats, gen_)) = proc_stats(tgid) else {
         return;
     };
@@ -180,7 +186,7 @@ pub(crate) fn record_alloc(ctx: &RetProbeContext, tgid: u32, addr: u64, size: u6
         stack_id,
         frame0,
         gen_,
-        _pad: 0,
+        source,
     };
     let hash_key = AllocKey {
         tgid,
@@ -191,7 +197,7 @@ pub(crate) fn record_alloc(ctx: &RetProbeContext, tgid: u32, addr: u64, size: u6
     if let Some((bucket, index, key)) = place
         && table_insert(stats, (bucket, index, key), &hash_key, &info)
     {
-        add_block(stats, size);
+        add_block(stats, size, source);
         count(Counter::Allocs);
         return;
     }
@@ -212,7 +218,7 @@ pub(crate) fn record_alloc(ctx: &RetProbeContext, tgid: u32, addr: u64, size: u6
         fetch_add(counter, u64::MAX);
     }
     if inserted.is_some() {
-        add_block(stats, size);
+        add_block(stats, size, source);
         count(Counter::Allocs);
     } else {
         drop_block(stats);
@@ -290,7 +296,7 @@ fn table_insert(
 #[inline(always)]
 fn replace_block(stats: *mut ProcStats, old: &AllocInfo, gen_: u32) {
     if old.gen_ == gen_ {
-        sub_block(stats, old.size);
+        sub_block(stats, old.size, old.source);
         count(Counter::Overwrites);
     }
 }

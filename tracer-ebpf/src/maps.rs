@@ -18,7 +18,7 @@ use aya_ebpf::{
 use tracer_common::{
     AllocInfo, AllocKey, COUNTER_SLOTS, EVENTS_RING_BYTES, EXP_TABLE_LEN, INFLIGHT_SLOT_COUNT,
     Inflight, InflightSlot, LIVE_BUCKET_COUNT, LIVE_WAYS, LiveBucket, PROC_SLOT_COUNT, ProcSlot,
-    ProcStats, STACK_WORDS,
+    ProcTotals, STACK_WORDS,
     unwind::{self, ProcMappings, UnwindPage, UnwindPageKey, UnwindRow},
 };
 
@@ -116,7 +116,7 @@ pub(crate) static WALK_SCRATCH: PerCpuArray<Walk> = PerCpuArray::with_max_entrie
 /// totals and generation. Written by the programs (`procs`); read by
 /// tracerd.
 #[map]
-pub(crate) static PROCS: HashMap<u32, ProcStats> = HashMap::with_max_entries(1 << 16, 0);
+pub(crate) static PROCS: HashMap<u32, ProcTotals> = HashMap::with_max_entries(1 << 16, 0);
 
 /// Per-process totals, direct-mapped: `tgid & (PROC_SLOT_COUNT - 1)` →
 /// slot word (owner, spill count, generation) and the owner's totals.

@@ -19,8 +19,8 @@ use aya_ebpf::{
 };
 use tracer_common::{
     Counter, PROC_SLOT_GEN_SHIFT, PROC_SLOT_OWNER_MASK, PROC_SLOT_SPILL_MAX, PROC_SLOT_SPILL_SHIFT,
-    ProcEvent, ProcEventKind, ProcSlot, ProcStats, proc_slot_gen, proc_slot_index, proc_slot_owner,
-    proc_slot_spill,
+    ProcEvent, ProcEventKind, ProcSlot, ProcStats, ProcTotals, SOURCE_COUNT, SourceTotals,
+    proc_slot_gen, proc_slot_index, proc_slot_owner, proc_slot_spill,
 };
 
 use crate::{
@@ -45,14 +45,17 @@ pub(crate) fn find_proc(tgid: u32) -> Option<(*mut ProcStats, u32)> {
     let word = unsafe { core::ptr::read_volatile(&raw const (*slot).word) };
     if proc_slot_owner(word) == tgid {
         // SAFETY: as above.
-        return Some((unsafe { &raw mut (*slot).stats }, proc_slot_gen(word)));
+        return Some((
+            unsafe { &raw mut (*slot).totals.stats },
+            proc_slot_gen(word),
+        ));
     }
     if proc_slot_spill(word) == 0 {
         return None;
     }
-    let stats = PROCS.get_ptr_mut(tgid)?;
+    let totals = PROCS.get_ptr_mut(tgid)?;
     // SAFETY: a PROCS value.
-    Some((stats, unsafe { (*stats).gen_ }))
+    Some(unsafe { (&raw mut (*totals).stats, (*totals).stats.gen_) })
 }
 
 /// A new generation (unique per process image).
@@ -86,7 +89,10 @@ pub(crate) fn proc_stats(tgid: u32) -> Option<(*mut ProcStats, u32)> {
         let spill = proc_slot_spill(word);
         if proc_slot_owner(word) == tgid {
             // SAFETY: as above.
-            return Some((unsafe { &raw mut (*slot).stats }, proc_slot_gen(word)));
+            return Some((
+                unsafe { &raw mut (*slot).totals.stats },
+                proc_slot_gen(word),
+            ));
         }
         if fits && proc_slot_owner(word) == 0 && spill == 0 {
             let gen_ = new_generation()?;
@@ -94,7 +100,7 @@ pub(crate) fn proc_stats(tgid: u32) -> Option<(*mut ProcStats, u32)> {
             if compare_exchange(word_ptr, word, owned) == word {
                 send_event(ProcEventKind::New, tgid, gen_, &ProcStats::default());
                 // SAFETY: as above.
-                return Some((unsafe { &raw mut (*slot).stats }, gen_));
+                return Some((unsafe { &raw mut (*slot).totals.stats }, gen_));
             }
         } else if spill < PROC_SLOT_SPILL_MAX {
             if compare_exchange(word_ptr, word, word + (1 << PROC_SLOT_SPILL_SHIFT)) == word {
@@ -117,11 +123,14 @@ fn hash_proc(tgid: u32, word: *mut u64) -> Option<(*mut ProcStats, u32)> {
         unspill();
         return None;
     };
-    let stats = ProcStats {
-        gen_,
-        ..ProcStats::default()
+    let totals = ProcTotals {
+        stats: ProcStats {
+            gen_,
+            ..ProcStats::default()
+        },
+        ..ProcTotals::default()
     };
-    match PROCS.insert(tgid, stats, BPF_NOEXIST as u64) {
+    match PROCS.insert(tgid, totals, BPF_NOEXIST as u64) {
         Ok(()) => send_event(ProcEventKind::New, tgid, gen_, &ProcStats::default()),
         // Another thread of the process created it first (and counted it).
         Err(e) if e == -EEXIST => {
@@ -133,9 +142,9 @@ fn hash_proc(tgid: u32, word: *mut u64) -> Option<(*mut ProcStats, u32)> {
             return None;
         }
     }
-    let stats = PROCS.get_ptr_mut(tgid)?;
+    let totals = PROCS.get_ptr_mut(tgid)?;
     // SAFETY: a PROCS value.
-    Some((stats, unsafe { (*stats).gen_ }))
+    Some(unsafe { (&raw mut (*totals).stats, (*totals).stats.gen_) })
 }
 
 /// Sends a [`ProcEvent`] of `kind` about image (`tgid`, `gen_`) with its
@@ -159,23 +168,28 @@ pub(crate) fn send_event(kind: ProcEventKind, tgid: u32, gen_: u32, stats: &Proc
     }
 }
 
-/// Adds a block of `size` bytes to the totals `stats` (current, blocks,
-/// allocations, and the peak).
+/// The totals of source `source` ([`tracer_common::AllocInfo::source`]) of
+/// the process whose totals are `stats`; None for a source out of range.
 #[inline(always)]
-pub(crate) fn add_block(stats: *mut ProcStats, size: u64) {
-    // SAFETY: stats points into a PROCS value (see fetch_add).
-    let (current, peak, blocks, allocs) = unsafe {
-        (
-            &raw mut (*stats).current,
-            &raw mut (*stats).peak,
-            &raw mut (*stats).blocks,
-            &raw mut (*stats).allocs,
-        )
-    };
-    let now = fetch_add(current, size).wrapping_add(size);
-    fetch_add(blocks, 1);
-    fetch_add(allocs, 1);
-    // Bounded compare-and-swap: the verifier rejects unbounded loops.
+fn source_totals(stats: *mut ProcStats, source: u32) -> Option<*mut SourceTotals> {
+    let index = source as usize;
+    if index >= SOURCE_COUNT {
+        return None;
+    }
+    // SAFETY: every ProcStats the programs change is the first field of a
+    // ProcTotals (a PROCS value or a slot's totals), so the cast is that
+    // ProcTotals; index is in bounds (masked again for the verifier).
+    Some(unsafe {
+        (&raw mut (*stats.cast::<ProcTotals>()).sources)
+            .cast::<SourceTotals>()
+            .add(index & (SOURCE_COUNT - 1))
+    })
+}
+
+/// Raises the peak at `peak` to `now` if it is below: a bounded
+/// compare-and-swap (the verifier rejects unbounded loops).
+#[inline(always)]
+fn raise_peak(peak: *mut u64, now: u64) {
     // SAFETY: peak points into a PROCS value (see fetch_add).
     let mut seen = unsafe { core::ptr::read_volatile(peak) };
     let mut tries = 0;
@@ -189,9 +203,36 @@ pub(crate) fn add_block(stats: *mut ProcStats, size: u64) {
     }
 }
 
-/// Takes a freed block of `size` bytes out of the totals `stats`.
+/// Adds a block of `size` bytes from `source` to the totals `stats`
+/// (current, blocks, allocations, and the peak; the source's current and
+/// peak).
 #[inline(always)]
-pub(crate) fn sub_block(stats: *mut ProcStats, size: u64) {
+pub(crate) fn add_block(stats: *mut ProcStats, size: u64, source: u32) {
+    // SAFETY: stats points into a PROCS value (see fetch_add).
+    let (current, peak, blocks, allocs) = unsafe {
+        (
+            &raw mut (*stats).current,
+            &raw mut (*stats).peak,
+            &raw mut (*stats).blocks,
+            &raw mut (*stats).allocs,
+        )
+    };
+    let now = fetch_add(current, size).wrapping_add(size);
+    fetch_add(blocks, 1);
+    fetch_add(allocs, 1);
+    raise_peak(peak, now);
+    if let Some(totals) = source_totals(stats, source) {
+        // SAFETY: as above.
+        let (current, peak) = unsafe { (&raw mut (*totals).current, &raw mut (*totals).peak) };
+        let now = fetch_add(current, size).wrapping_add(size);
+        raise_peak(peak, now);
+    }
+}
+
+/// Takes a freed block of `size` bytes from `source` out of the totals
+/// `stats`.
+#[inline(always)]
+pub(crate) fn sub_block(stats: *mut ProcStats, size: u64, source: u32) {
     // SAFETY: stats points into a PROCS value (see fetch_add).
     let (current, blocks, frees) = unsafe {
         (
@@ -203,6 +244,10 @@ pub(crate) fn sub_block(stats: *mut ProcStats, size: u64) {
     fetch_add(current, size.wrapping_neg());
     fetch_add(blocks, u64::MAX);
     fetch_add(frees, 1);
+    if let Some(totals) = source_totals(stats, source) {
+        // SAFETY: as above.
+        fetch_add(unsafe { &raw mut (*totals).current }, size.wrapping_neg());
+    }
 }
 
 /// Ends the current generation of `tgid`: its totals go to userspace in an
@@ -221,10 +266,10 @@ pub(crate) fn end_generation(kind: ProcEventKind, tgid: u32) {
     if proc_slot_owner(word) == tgid {
         // SAFETY: as above. No thread of the process runs any more (exit of
         // the last one, or exec, which ended the others).
-        let mut stats = unsafe { (*slot).stats };
+        let mut stats = unsafe { (*slot).totals.stats };
         stats.gen_ = proc_slot_gen(word);
         // SAFETY: as above.
-        unsafe { (*slot).stats = ProcStats::default() };
+        unsafe { (*slot).totals = ProcTotals::default() };
         // Only the owner and generation go: the spill count may change
         // meanwhile, by compare-and-swap, and is kept.
         let mut seen = word;
@@ -244,11 +289,11 @@ pub(crate) fn end_generation(kind: ProcEventKind, tgid: u32) {
     if proc_slot_spill(word) == 0 {
         return;
     }
-    let Some(stats) = PROCS.get_ptr(tgid) else {
+    let Some(totals) = PROCS.get_ptr(tgid) else {
         return;
     };
     // SAFETY: a PROCS value, copied out at once.
-    let stats = unsafe { *stats };
+    let stats = unsafe { (*totals).stats };
     if PROCS.remove(tgid).is_ok() {
         fetch_add(word_ptr, (1u64 << PROC_SLOT_SPILL_SHIFT).wrapping_neg());
     }

@@ -35,14 +35,19 @@
 //!
 //! ```
 //! use std::sync::Arc;
-//! use tracer_model::{Frame, GroupBy, Snapshot, Trace, Traceback};
+//! use tracer_model::{Frame, GroupBy, Snapshot, Source, Trace, Traceback};
 //!
 //! let stack = Arc::new(Traceback::new(
 //!     vec![Frame::new("src/cache.c", 88), Frame::new("src/main.c", 12)],
 //!     Some(2),
 //! ));
 //! let traces = (0..4)
-//!     .map(|_| Trace { domain: 1234, size: 256, traceback: Arc::clone(&stack) })
+//!     .map(|_| Trace {
+//!         domain: 1234,
+//!         size: 256,
+//!         traceback: Arc::clone(&stack),
+//!         source: Source::UNKNOWN,
+//!     })
 //!     .collect();
 //! let snapshot = Snapshot::new(traces, 25);
 //! let stats = snapshot.statistics(GroupBy::Lineno, false).unwrap();
@@ -70,16 +75,18 @@ mod statistic;
 mod text;
 mod trace;
 
-pub use codec::dump::{DUMP_MAGIC, DUMP_VERSION, Decoded, DumpError, crc32, decode, encode};
+pub use codec::dump::{
+    DUMP_MAGIC, DUMP_OLDEST_VERSION, DUMP_VERSION, Decoded, DumpError, crc32, decode, encode,
+};
 pub use codec::pickle::{PickleError, dump_tracemalloc, load_tracemalloc};
 pub use completeness::Completeness;
 pub use error::ModelError;
-pub use filter::{DomainFilter, Filter, Pattern, TraceFilter, normalize_filename};
+pub use filter::{DomainFilter, Filter, Pattern, SourceFilter, TraceFilter, normalize_filename};
 pub use snapshot::Snapshot;
 pub use statistic::{GroupBy, Statistic, StatisticDiff};
 pub use text::format::{format_size, format_size_f64, py_repr_str, true_div};
 pub use text::linecache::{LineCache, MAX_SOURCE_BYTES};
-pub use trace::{Frame, FrameExtra, Trace, Traceback, UNKNOWN_FILENAME, is_python_space};
+pub use trace::{Frame, FrameExtra, Source, Trace, Traceback, UNKNOWN_FILENAME, is_python_space};
 
 /// Helpers shared by the model's unit tests.
 #[cfg(test)]
@@ -103,6 +110,7 @@ pub(crate) mod testing {
     /// A trace of `size` bytes in domain 1 with `traceback`.
     pub(crate) fn trace(size: u64, traceback: &Arc<Traceback>) -> Trace {
         Trace {
+            source: crate::trace::Source::UNKNOWN,
             domain: 1,
             size,
             traceback: Arc::clone(traceback),

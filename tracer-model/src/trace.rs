@@ -411,9 +411,73 @@ pub(crate) fn serialize_traceback<S: Serializer>(
     traceback.as_ref().serialize(serializer)
 }
 
-/// One live memory block: tracemalloc's `Trace`.
+/// Where a block came from, tracer's addition to tracemalloc's `Trace`: the
+/// allocator family whose probe recorded it (`glibc`, `musl`, `jemalloc`,
+/// `tcmalloc`, `mimalloc`, `malloc`) or `mmap`; [`Source::UNKNOWN`] for a
+/// trace read from a tracemalloc file or written before sources were kept.
+/// An index of [`tracer_common::SOURCE_NAMES`], as the kernel records it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Source(pub u8);
+
+impl Source {
+    /// Not known.
+    pub const UNKNOWN: Source = Source(0);
+
+    /// The source recorded as `code` by the kernel (`AllocInfo::source`);
+    /// unknown for a code out of range.
+    #[must_use]
+    pub fn from_code(code: u32) -> Self {
+        u8::try_from(code)
+            .ok()
+            .filter(|c| usize::from(*c) < tracer_common::SOURCE_COUNT)
+            .map_or(Source::UNKNOWN, Source)
+    }
+
+    /// The source named `name` (see [`Source::all`]), or None.
+    #[must_use]
+    pub fn from_name(name: &str) -> Option<Self> {
+        tracer_common::source_of(name).map(Self::from_code)
+    }
+
+    /// Its name: `unknown`, `glibc`, `musl`, `jemalloc`, `tcmalloc`,
+    /// `mimalloc`, `malloc` or `mmap`.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        tracer_common::SOURCE_NAMES
+            .get(usize::from(self.0))
+            .copied()
+            .unwrap_or("unknown")
+    }
+
+    /// Every name, in code order.
+    #[must_use]
+    pub fn all() -> &'static [&'static str] {
+        &tracer_common::SOURCE_NAMES
+    }
+
+    /// Whether it is [`Source::UNKNOWN`].
+    #[must_use]
+    pub fn is_unknown(&self) -> bool {
+        *self == Source::UNKNOWN
+    }
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl Serialize for Source {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.name())
+    }
+}
+
+/// One live memory block: tracemalloc's `Trace`, with where it came from.
 ///
-/// JSON: `{"domain": 1234, "size": 256, "traceback": [frames...]}`.
+/// JSON: `{"domain": 1234, "size": 256, "traceback": [frames...], "source":
+/// "glibc"}` (`source` only when known).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
 pub struct Trace {
     /// Address space of the block: the pid of the traced process.
@@ -424,6 +488,10 @@ pub struct Trace {
     /// `Arc`: grouping is fastest when equal tracebacks are one allocation.
     #[serde(serialize_with = "serialize_traceback")]
     pub traceback: Arc<Traceback>,
+    /// Where the block came from (not part of tracemalloc's `Trace`: its
+    /// `str()`, statistics and pickles ignore it).
+    #[serde(skip_serializing_if = "Source::is_unknown")]
+    pub source: Source,
 }
 
 /// `str(Trace)`: `"<oldest frame>: <size>"`, e.g. `"a.c:3: 256 B"`.
@@ -562,6 +630,7 @@ mod tests {
             ])
         );
         let trace = Trace {
+            source: crate::trace::Source::UNKNOWN,
             domain: 42,
             size: 10240,
             traceback: Arc::new(t),

@@ -9,12 +9,12 @@ use std::path::PathBuf;
 
 use aya::programs::{
     UProbe,
-    uprobe::{UProbeLink, UProbeLinkId, UProbeScope},
+    uprobe::{UProbeAttachPoint, UProbeLink, UProbeLinkId, UProbeScope},
 };
 use tracer_common::MAP_SWITCHES;
 
 use super::load::program_mut;
-use super::probes::{AttachedLibrary, ProbePoint};
+use super::probes::{AttachedLibrary, Family, ProbePoint};
 use super::{Capture, CaptureError};
 use crate::sys::procfs::FileKey;
 
@@ -30,6 +30,9 @@ pub(super) struct Target {
     pub(super) path: PathBuf,
     /// Where its probes go.
     pub(super) points: Vec<ProbePoint>,
+    /// Its allocator's family: every probe's attach cookie, which the
+    /// programs record as each block's source.
+    pub(super) family: Family,
 }
 
 /// One attached probe: the object, the program, the link.
@@ -82,6 +85,7 @@ impl Capture {
         };
         let target = &self.targets[index];
         let (key, path) = (target.key, target.path.clone());
+        let cookie = Some(u64::from(target.family.source()));
         let points = target.points.clone();
         for exit_pass in [true, false] {
             for point in &points {
@@ -98,7 +102,14 @@ impl Capture {
                 // Loaded by load_programs already.
                 let link = program_mut::<UProbe>(&mut self.ebpf, name).and_then(|program| {
                     program
-                        .attach(offset, &path, scope)
+                        .attach(
+                            UProbeAttachPoint {
+                                location: offset.into(),
+                                cookie,
+                            },
+                            &path,
+                            scope,
+                        )
                         .map_err(|source| CaptureError::Attach {
                             program: name.into(),
                             target: format!("{}:{}", path.display(), spec.symbol),
@@ -141,7 +152,12 @@ impl Capture {
         if self.targets.iter().any(|t| t.key == key) {
             return Ok(());
         }
-        self.targets.push(Target { key, path, points });
+        self.targets.push(Target {
+            key,
+            path,
+            points,
+            family: library.family,
+        });
         let index = self.targets.len() - 1;
         let mut pids: Vec<Option<u32>> = self.links.keys().copied().collect();
         pids.sort_unstable();

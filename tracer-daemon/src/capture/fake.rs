@@ -7,7 +7,10 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use tracer_common::{AllocInfo, AllocKey, ProcEvent, ProcEventKind, ProcStats, STACK_ID_NONE};
+use tracer_common::{
+    AllocInfo, AllocKey, ProcEvent, ProcEventKind, ProcStats, ProcTotals, STACK_ID_NONE,
+    SourceTotals,
+};
 
 use super::kernel::MapUsage;
 use super::unwind::FileTable;
@@ -150,7 +153,7 @@ impl FakeKernel {
             stack_id,
             frame0: stack.first().copied().unwrap_or(0),
             gen_: stats.gen_,
-            _pad: 0,
+            source: FAKE_SOURCE,
         };
         state.blocks.insert((pid, addr), info);
     }
@@ -215,6 +218,9 @@ pub fn event(kind: ProcEventKind, image: ImageId, stats: ProcStats) -> ProcEvent
         ..ProcEvent::default()
     }
 }
+
+/// The source of every fake block: glibc's.
+const FAKE_SOURCE: u32 = 1;
 
 fn key(pid: u32, addr: u64) -> AllocKey {
     AllocKey {
@@ -284,6 +290,18 @@ impl KernelMaps for FakeKernel {
     }
     fn proc_stats(&self, tgid: u32) -> Option<ProcStats> {
         self.lock().procs.get(&tgid).copied()
+    }
+    fn proc_totals(&self, tgid: u32) -> Option<ProcTotals> {
+        let state = self.lock();
+        let stats = *state.procs.get(&tgid)?;
+        // Every fake block comes from FAKE_SOURCE: its bytes are the
+        // process's (peak included).
+        let mut sources = [SourceTotals::default(); tracer_common::SOURCE_COUNT];
+        sources[FAKE_SOURCE as usize] = SourceTotals {
+            current: stats.current,
+            peak: stats.peak,
+        };
+        Some(ProcTotals { stats, sources })
     }
     fn all_proc_stats(&self) -> Vec<(u32, ProcStats)> {
         self.lock().procs.iter().map(|(k, v)| (*k, *v)).collect()

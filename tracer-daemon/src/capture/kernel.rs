@@ -9,7 +9,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use serde::Serialize;
-use tracer_common::{AllocInfo, AllocKey, ProcStats};
+use tracer_common::{AllocInfo, AllocKey, ProcStats, ProcTotals};
 
 use super::unwind::FileTable;
 use super::unwind::tables::{TableError, UnwindUsage};
@@ -102,6 +102,10 @@ pub trait KernelMaps: Send {
 
     /// Totals of one process's current image.
     fn proc_stats(&self, tgid: u32) -> Option<ProcStats>;
+
+    /// Totals of one process's current image with its bytes by source
+    /// (`PROC_SLOTS` or `PROCS`).
+    fn proc_totals(&self, tgid: u32) -> Option<ProcTotals>;
 
     /// Totals of every process the programs track: tgid → totals.
     fn all_proc_stats(&self) -> Vec<(u32, ProcStats)>;
@@ -197,6 +201,9 @@ impl KernelMaps for super::Capture {
     }
     fn proc_stats(&self, tgid: u32) -> Option<ProcStats> {
         self.proc_stats(tgid)
+    }
+    fn proc_totals(&self, tgid: u32) -> Option<ProcTotals> {
+        self.proc_totals(tgid)
     }
     fn all_proc_stats(&self) -> Vec<(u32, ProcStats)> {
         self.all_proc_stats()

@@ -235,7 +235,7 @@ mod tests {
             stack_id: size * 3,
             frame0: 0x40_1000 + size,
             gen_: 7,
-            _pad: 0,
+            source: 0,
         }
     }
 

@@ -172,12 +172,14 @@ impl Capture {
                 path: path.clone(),
                 reason: "cannot stat it".into(),
             })?;
-            libraries.push(AttachedLibrary::new(path.clone(), key, None, &probes));
+            let library = AttachedLibrary::new(path.clone(), key, None, &probes);
             targets.push(Target {
                 key,
                 path: path.clone(),
                 points: probes.points,
+                family: library.family,
             });
+            libraries.push(library);
         }
         // Every uprobe program is loaded now, while the object still holds
         // every map its instructions refer to (a map taken out of it below

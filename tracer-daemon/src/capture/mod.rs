@@ -19,7 +19,7 @@ use aya::{
     Ebpf,
     maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
 };
-use tracer_common::{AllocInfo, AllocKey, ProcStats};
+use tracer_common::{AllocInfo, AllocKey, ProcTotals};
 
 pub mod attach;
 pub mod events;
@@ -166,7 +166,7 @@ pub struct Capture {
     /// STACKS: its value size depends on nframe, so it is read with raw
     /// map syscalls rather than a typed aya map.
     stacks: MapData,
-    procs: BpfHashMap<MapData, u32, ProcStats>,
+    procs: BpfHashMap<MapData, u32, ProcTotals>,
     /// `PROC_SLOTS`, mapped; the map itself is kept open beside it.
     proc_slots: ProcSlots,
     _proc_slots_map: MapData,

@@ -205,6 +205,12 @@ impl Family {
         }
     }
 
+    /// The [`tracer_common::AllocInfo::source`] of its blocks: its name's
+    /// index in [`tracer_common::SOURCE_NAMES`].
+    pub fn source(self) -> u32 {
+        tracer_common::source_of(self.name()).unwrap_or(0)
+    }
+
     /// The family of an object that defines the function names of
     /// `defines`: by a name only that allocator defines (`mallocx`,
     /// `tc_malloc`, `mi_malloc` ...), then by the C library's own

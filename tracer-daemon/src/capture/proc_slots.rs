@@ -12,12 +12,15 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use tracer_common::{
-    PROC_SLOT_COUNT, ProcSlot, ProcStats, proc_slot_gen, proc_slot_index, proc_slot_owner,
-    proc_slot_spill,
+    PROC_SLOT_COUNT, ProcSlot, ProcStats, ProcTotals, SOURCE_COUNT, SourceTotals, proc_slot_gen,
+    proc_slot_index, proc_slot_owner, proc_slot_spill,
 };
 
-/// Words (u64) per [`ProcSlot`]: the slot word, then [`ProcStats`].
+/// Words (u64) per [`ProcSlot`]: the slot word, then [`ProcStats`], then
+/// each source's current and peak ([`ProcTotals::sources`]).
 const SLOT_WORDS: usize = size_of::<ProcSlot>() / 8;
+/// Word of the first source's `current` within a slot.
+const SOURCES: usize = 1 + size_of::<ProcStats>() / 8;
 /// Word of [`ProcStats::current`] within a slot (after the slot word and
 /// `gen_`/`_pad`).
 const CURRENT: usize = 2;
@@ -48,7 +51,7 @@ impl ProcSlots {
         debug_assert!(index < PROC_SLOT_COUNT && word < SLOT_WORDS);
         let at = index as usize * SLOT_WORDS + word;
         // SAFETY: in bounds (index < PROC_SLOT_COUNT, SLOT_WORDS words a
-        // slot); 8-byte aligned (page-aligned mapping, 72-byte slots); the
+        // slot); 8-byte aligned (page-aligned mapping, 200-byte slots); the
         // programs change it only atomically or while the slot is free.
         unsafe { &*self.map.as_ptr().cast::<AtomicU64>().add(at) }
     }
@@ -70,12 +73,34 @@ impl ProcSlots {
         }
     }
 
+    /// The bytes by source of slot `index`, read field by field.
+    fn sources(&self, index: u32) -> [SourceTotals; SOURCE_COUNT] {
+        std::array::from_fn(|source| SourceTotals {
+            current: self
+                .word(index, SOURCES + 2 * source)
+                .load(Ordering::Relaxed),
+            peak: self
+                .word(index, SOURCES + 2 * source + 1)
+                .load(Ordering::Relaxed),
+        })
+    }
+
     /// The totals of `tgid` if it owns its slot; None: it is in `PROCS`,
     /// or not traced.
     pub fn get(&self, tgid: u32) -> Option<ProcStats> {
         let index = proc_slot_index(tgid);
         let word = self.word(index, 0).load(Ordering::Acquire);
         (proc_slot_owner(word) == tgid && tgid != 0).then(|| self.stats(index, word))
+    }
+
+    /// The totals and bytes by source of `tgid` if it owns its slot.
+    pub fn get_totals(&self, tgid: u32) -> Option<ProcTotals> {
+        let index = proc_slot_index(tgid);
+        let stats = self.get(tgid)?;
+        Some(ProcTotals {
+            stats,
+            sources: self.sources(index),
+        })
     }
 
     /// Whether some process of `tgid`'s slot is in `PROCS` (else `tgid`
@@ -114,8 +139,12 @@ impl ProcSlots {
             return false;
         }
         let index = proc_slot_index(tgid);
-        let current = self.word(index, CURRENT).load(Ordering::Acquire);
-        self.word(index, PEAK).store(current, Ordering::Release);
+        for (current, peak) in std::iter::once((CURRENT, PEAK))
+            .chain((0..SOURCE_COUNT).map(|source| (SOURCES + 2 * source, SOURCES + 2 * source + 1)))
+        {
+            let now = self.word(index, current).load(Ordering::Acquire);
+            self.word(index, peak).store(now, Ordering::Release);
+        }
         true
     }
 }
@@ -129,9 +158,11 @@ mod tests {
         let slot = ProcSlot::default();
         let base = std::ptr::from_ref(&slot) as usize;
         let word_of = |p: *const u64| (p as usize - base) / 8;
-        assert_eq!(SLOT_WORDS, 9);
-        assert_eq!(word_of(&raw const slot.stats.current), CURRENT);
-        assert_eq!(word_of(&raw const slot.stats.peak), PEAK);
-        assert_eq!(word_of(&raw const slot.stats.drops), 8);
+        assert_eq!(SLOT_WORDS, 25);
+        assert_eq!(word_of(&raw const slot.totals.stats.current), CURRENT);
+        assert_eq!(word_of(&raw const slot.totals.stats.peak), PEAK);
+        assert_eq!(word_of(&raw const slot.totals.stats.drops), 8);
+        assert_eq!(word_of(&raw const slot.totals.sources[0].current), SOURCES);
+        assert_eq!(word_of(&raw const slot.totals.sources[7].peak), 24);
     }
 }

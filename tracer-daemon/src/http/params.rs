@@ -3,7 +3,7 @@
 //! or value is a 400 whose hint names the valid ones.
 use std::{collections::HashMap, path::PathBuf, time::Duration};
 
-use tracer_model::{DomainFilter, Filter, GroupBy, TraceFilter};
+use tracer_model::{DomainFilter, Filter, GroupBy, Source, SourceFilter, TraceFilter};
 
 use super::error::ApiError;
 use super::render::TextOptions;
@@ -16,15 +16,24 @@ use crate::store::check_label;
 pub const DEFAULT_LIMIT: usize = 50;
 
 /// Parameters that may be given more than once.
-const REPEATABLE: [&str; 4] = ["include", "exclude", "domain", "exclude_domain"];
+const REPEATABLE: [&str; 6] = [
+    "include",
+    "exclude",
+    "domain",
+    "exclude_domain",
+    "allocator",
+    "exclude_allocator",
+];
 /// The filter parameters, taken by every statistics, compare and traces
 /// route.
-pub const FILTERS: [&str; 5] = [
+pub const FILTERS: [&str; 7] = [
     "include",
     "exclude",
     "all_frames",
     "domain",
     "exclude_domain",
+    "allocator",
+    "exclude_allocator",
 ];
 /// `Traceback.format()` options of text output.
 pub const TEXT: [&str; 4] = ["format", "source", "tb_limit", "most_recent_first"];
@@ -38,8 +47,9 @@ pub struct Params(HashMap<String, Vec<String>>);
 
 impl Params {
     /// Parses a query string; unknown names, and names given twice that are
-    /// not repeatable (`include`, `exclude`, `domain`, `exclude_domain`),
-    /// are a 400 that lists the valid ones.
+    /// not repeatable (`include`, `exclude`, `domain`, `exclude_domain`,
+    /// `allocator`, `exclude_allocator`), are a 400 that lists the valid
+    /// ones.
     ///
     /// # Errors
     /// [`ApiError`] 400.
@@ -56,7 +66,7 @@ impl Params {
             if !values.is_empty() && !REPEATABLE.contains(&name.as_ref()) {
                 return Err(ApiError::bad(
                     format!("parameter {name:?} given twice"),
-                    "give each parameter once (only include, exclude, domain and exclude_domain repeat)",
+                    "give each parameter once (only include, exclude, domain, exclude_domain, allocator and exclude_allocator repeat)",
                 ));
             }
             values.push(value.to_string());
@@ -200,7 +210,9 @@ impl Params {
 
     /// The `filter_traces()` filters: `include`/`exclude` as
     /// `PATTERN[:LINENO][@DOMAIN]` (each with `all_frames`), `domain` and
-    /// `exclude_domain` as `DomainFilter`s.
+    /// `exclude_domain` as `DomainFilter`s, `allocator` and
+    /// `exclude_allocator` (a trace's source: `glibc`, `jemalloc`, ...) as
+    /// `SourceFilter`s.
     ///
     /// # Errors
     /// 400 naming the valid forms.
@@ -224,6 +236,20 @@ impl Params {
                     )
                 })?;
                 filters.push(TraceFilter::from(DomainFilter { inclusive, domain }));
+            }
+        }
+        for (name, inclusive) in [("allocator", true), ("exclude_allocator", false)] {
+            for value in self.all(name) {
+                let source = Source::from_name(value).ok_or_else(|| {
+                    ApiError::bad(
+                        format!("invalid {name} {value:?}"),
+                        format!(
+                            "{name} is a block's source: one of {}; repeat it for more",
+                            Source::all().join(", ")
+                        ),
+                    )
+                })?;
+                filters.push(TraceFilter::from(SourceFilter { inclusive, source }));
             }
         }
         Ok(filters)

@@ -5,6 +5,7 @@
 use std::{collections::HashMap, sync::Arc};
 
 use tracer_common::{AllocInfo, AllocKey, ProcStats, STACK_ID_NONE};
+use tracer_model::Source;
 
 use crate::capture::{ImageId, KernelMaps};
 
@@ -16,6 +17,8 @@ pub struct RawBlock {
     /// Return addresses, frame 0 first; when the stack was not stored, only
     /// frame 0 (kept with every block).
     pub stack: Option<Arc<[u64]>>,
+    /// Where it came from (the probe's cookie, `AllocInfo::source`).
+    pub source: Source,
 }
 
 /// Reads the stacks of `entries` (each distinct stack id once) into blocks.
@@ -45,6 +48,7 @@ pub fn raw_blocks(kernel: &dyn KernelMaps, entries: &[(AllocKey, AllocInfo)]) ->
             RawBlock {
                 size: info.size,
                 stack,
+                source: Source::from_code(info.source),
             }
         })
         .collect()

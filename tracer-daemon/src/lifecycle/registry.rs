@@ -242,6 +242,7 @@ mod tests {
             vec![RawBlock {
                 size: 100,
                 stack: None,
+                source: tracer_model::Source::UNKNOWN,
             }],
         );
         let got = registry.get(7).expect("retained");

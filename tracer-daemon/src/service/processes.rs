@@ -230,6 +230,35 @@ impl Service {
         ))
     }
 
+    /// The bytes of `pid`'s live image by source (`PROC_SLOTS`/`PROCS`):
+    /// (source name, current, peak) of each source that has had a block,
+    /// in [`tracer_common::SOURCE_NAMES`] order. Empty for an image that
+    /// ended (the kernel keeps no sources past exec or exit).
+    ///
+    /// # Errors
+    /// [`ServiceError::NotTraced`].
+    pub fn process_sources(&self, pid: u32) -> Result<Vec<(&'static str, u64, u64)>, ServiceError> {
+        let held = self.state.locks().kernel().registry();
+        let Some(image) = current_image(&held.registry, pid) else {
+            drop(held);
+            return Err(self.not_traced(pid));
+        };
+        if image.ended.is_some() {
+            return Ok(Vec::new());
+        }
+        let totals = held
+            .kernel
+            .proc_totals(pid)
+            .filter(|totals| totals.stats.gen_ == image.id.generation)
+            .unwrap_or_default();
+        Ok(tracer_common::SOURCE_NAMES
+            .iter()
+            .zip(totals.sources)
+            .filter(|(_, source)| source.peak != 0 || source.current != 0)
+            .map(|(name, source)| (*name, source.current, source.peak))
+            .collect())
+    }
+
     /// `get_traced_memory()` summed over every live process.
     pub fn system_memory(&self) -> SystemMemory {
         self.processes()

@@ -7,7 +7,7 @@
 //! [`SnapshotBuilder::build`]).
 use std::{collections::HashMap, sync::Arc};
 
-use tracer_model::{Frame, FrameExtra, Snapshot, Trace, Traceback};
+use tracer_model::{Frame, FrameExtra, Snapshot, Source, Trace, Traceback};
 
 use super::machinery::{AllocatorFrames, Machinery};
 use crate::capture::stacks::STACK_CUT_MARK;
@@ -16,7 +16,8 @@ use crate::lifecycle::RawBlock;
 use crate::symbolize::Symbolizer;
 use crate::sys::modules::ModuleMaps;
 
-/// A traceback's sampled blocks: its stack, estimated count and bytes.
+/// A traceback's sampled blocks of one source: its stack, estimated count
+/// and bytes.
 type EstimatedGroup = (Option<Arc<[u64]>>, f64, f64);
 
 /// Builds snapshots of traced processes; one per daemon.
@@ -76,6 +77,7 @@ impl SnapshotBuilder {
                     .clone(),
             };
             traces.push(Trace {
+                source: block.source,
                 domain: pid,
                 size: block.size,
                 traceback,
@@ -97,7 +99,7 @@ impl SnapshotBuilder {
         pass: &mut Pass<'_>,
         mean: u64,
     ) -> Vec<Trace> {
-        let mut groups: HashMap<Option<*const u64>, EstimatedGroup> = HashMap::new();
+        let mut groups: HashMap<(Option<*const u64>, Source), EstimatedGroup> = HashMap::new();
         for block in blocks {
             let s = block.size as f64;
             let p = -(-s / mean as f64).exp_m1();
@@ -106,7 +108,10 @@ impl SnapshotBuilder {
             } else {
                 (mean as f64, 0.0)
             };
-            let key = block.stack.as_ref().map(|stack| stack.as_ptr());
+            let key = (
+                block.stack.as_ref().map(|stack| stack.as_ptr()),
+                block.source,
+            );
             let entry = groups
                 .entry(key)
                 .or_insert_with(|| (block.stack.clone(), 0.0, 0.0));
@@ -114,7 +119,7 @@ impl SnapshotBuilder {
             entry.2 += bytes;
         }
         let mut traces = Vec::new();
-        for (_, (stack, count, bytes)) in groups {
+        for ((_, source), (stack, count, bytes)) in groups {
             let traceback = match &stack {
                 Some(stack) => Arc::new(self.traceback(stack, pass)),
                 None => Arc::new(Traceback::new(vec![Frame::unknown()], Some(1))),
@@ -125,6 +130,7 @@ impl SnapshotBuilder {
             for i in 0..n {
                 let size = each + u64::from(i < extra);
                 traces.push(Trace {
+                    source,
                     domain: pid,
                     size,
                     traceback: traceback.clone(),
@@ -433,6 +439,7 @@ mod tests {
         let blocks = [RawBlock {
             size: 8,
             stack: Some(stack),
+            source: Source::UNKNOWN,
         }];
         let snapshot = builder.build(1, &blocks, None, AllocatorFrames::Drop);
         let traceback = &snapshot.traces()[0].traceback;

@@ -38,6 +38,7 @@ pub fn truncate(snapshot: Snapshot, limit: u32) -> Snapshot {
                 }))
             };
             Trace {
+                source: t.source,
                 domain: t.domain,
                 size: t.size,
                 traceback,
@@ -61,16 +62,19 @@ mod tests {
         let short = Arc::new(Traceback::new(vec![Frame::new("b.c", 1)], Some(1)));
         let traces = vec![
             Trace {
+                source: tracer_model::Source::UNKNOWN,
                 domain: 1,
                 size: 1,
                 traceback: Arc::clone(&deep),
             },
             Trace {
+                source: tracer_model::Source::UNKNOWN,
                 domain: 1,
                 size: 2,
                 traceback: Arc::clone(&short),
             },
             Trace {
+                source: tracer_model::Source::UNKNOWN,
                 domain: 1,
                 size: 3,
                 traceback: deep,

@@ -19,6 +19,7 @@ fn stored(pid: u32, gen_: u32) -> StoredSnapshot {
         completeness: Completeness::complete(),
         snapshot: Arc::new(Snapshot::new(
             vec![Trace {
+                source: tracer_model::Source::UNKNOWN,
                 domain: pid,
                 size: 300,
                 traceback: tb,

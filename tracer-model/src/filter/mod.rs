@@ -25,7 +25,7 @@ mod tests;
 
 use crate::engine::index::Interned;
 use crate::hash::FxHashMap;
-use crate::trace::{Frame, Trace, Traceback};
+use crate::trace::{Frame, Source, Trace, Traceback};
 
 pub use fnmatch::Pattern;
 
@@ -129,6 +129,16 @@ pub struct DomainFilter {
     pub domain: u32,
 }
 
+/// tracer's filter on a trace's [`Source`], built like `DomainFilter`: keep
+/// only (inclusive) or drop (exclusive) the traces of one source.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SourceFilter {
+    /// Keep only this source (true) or drop it (false).
+    pub inclusive: bool,
+    /// The source.
+    pub source: Source,
+}
+
 /// Any filter `filter_traces` accepts.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TraceFilter {
@@ -136,6 +146,8 @@ pub enum TraceFilter {
     Filter(Filter),
     /// A domain filter.
     Domain(DomainFilter),
+    /// A source filter (tracer's own).
+    Source(SourceFilter),
 }
 
 impl TraceFilter {
@@ -145,7 +157,14 @@ impl TraceFilter {
         match self {
             TraceFilter::Filter(f) => f.inclusive,
             TraceFilter::Domain(d) => d.inclusive,
+            TraceFilter::Source(s) => s.inclusive,
         }
+    }
+}
+
+impl From<SourceFilter> for TraceFilter {
+    fn from(filter: SourceFilter) -> Self {
+        TraceFilter::Source(filter)
     }
 }
 
@@ -193,7 +212,7 @@ pub(crate) fn kept(filters: &[TraceFilter], traces: &[Trace], interned: &Interne
         .iter()
         .filter_map(|f| match f {
             TraceFilter::Filter(f) => Some(f),
-            TraceFilter::Domain(_) => None,
+            TraceFilter::Domain(_) | TraceFilter::Source(_) => None,
         })
         .collect();
     let mut checks: Vec<(bool, Check)> = Vec::with_capacity(filters.len());
@@ -201,6 +220,7 @@ pub(crate) fn kept(filters: &[TraceFilter], traces: &[Trace], interned: &Interne
     for filter in filters {
         let check = match filter {
             TraceFilter::Domain(d) => Check::Domain(*d),
+            TraceFilter::Source(s) => Check::Source(*s),
             TraceFilter::Filter(_) => {
                 slot += 1;
                 Check::Pattern(slot - 1)
@@ -227,6 +247,7 @@ pub(crate) fn kept(filters: &[TraceFilter], traces: &[Trace], interned: &Interne
         let matches = |check: &Check| -> bool {
             match *check {
                 Check::Domain(d) => (trace.domain == d.domain) == d.inclusive,
+                Check::Source(s) => (trace.source == s.source) == s.inclusive,
                 Check::Pattern(slot) => match (patterns.get(slot), tb_verdicts.get(slot)) {
                     (Some(filter), Some(&verdict)) => filter.verdict(verdict, trace.domain),
                     _ => false,
@@ -252,6 +273,7 @@ pub(crate) fn kept(filters: &[TraceFilter], traces: &[Trace], interned: &Interne
 #[derive(Clone, Copy)]
 enum Check {
     Domain(DomainFilter),
+    Source(SourceFilter),
     /// The pattern filter in this slot of a traceback's verdicts.
     Pattern(usize),
 }

@@ -133,6 +133,7 @@ fn filter_case(rng: &mut StdRng) -> FilterCase {
             .collect();
         raw.push(json!([domain, index, frames, null]));
         traces.push(Trace {
+            source: tracer_model::Source::UNKNOWN,
             domain,
             size: index,
             traceback,
@@ -219,7 +220,7 @@ fn fnmatch_and_filter_traces_match_cpython() {
             .iter()
             .filter_map(|f| match f {
                 TraceFilter::Filter(f) => Some(f.filename_pattern()),
-                TraceFilter::Domain(_) => None,
+                TraceFilter::Domain(_) | TraceFilter::Source(_) => None,
             })
             .collect();
         assert_eq!(

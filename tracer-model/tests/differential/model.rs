@@ -175,6 +175,7 @@ impl Generator {
 
     fn trace(&mut self) -> Trace {
         Trace {
+            source: tracer_model::Source::UNKNOWN,
             domain: self.rng.random_range(0..3),
             size: self.size(),
             traceback: self.pick_traceback(),
@@ -200,6 +201,7 @@ impl Generator {
                     0..5 => old.push(trace.clone()),
                     5..8 => {}
                     _ => old.push(Trace {
+                        source: tracer_model::Source::UNKNOWN,
                         size: self.size(),
                         ..trace.clone()
                     }),

@@ -46,20 +46,29 @@ pub async fn process(
     Ok(Json(status.view).into_response())
 }
 
-/// `GET /pid/{pid}/traced-memory`: `get_traced_memory()`.
+/// `GET /pid/{pid}/traced-memory`: `get_traced_memory()`, and the same
+/// current and peak bytes by source (`by_source`: allocator family, of a
+/// live image only).
 pub async fn pid_traced_memory(
     State(service): State<Arc<Service>>,
     Path(pid): Path<String>,
 ) -> Result<Response, ApiError> {
     let pid = parse_pid(&pid)?;
-    let status = blocking(move || service.process(pid)).await?;
+    let (status, sources) =
+        blocking(move || Ok::<_, ApiError>((service.process(pid)?, service.process_sources(pid)?)))
+            .await?;
     let view = status.view;
+    let by_source: serde_json::Map<String, serde_json::Value> = sources
+        .into_iter()
+        .map(|(name, current, peak)| (name.into(), json!({"current": current, "peak": peak})))
+        .collect();
     Ok(Json(json!({
         "pid": pid,
         "current": view.current,
         "peak": view.peak,
         "blocks": view.blocks,
         "state": view.state,
+        "by_source": by_source,
     }))
     .into_response())
 }

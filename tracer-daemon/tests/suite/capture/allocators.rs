@@ -16,6 +16,7 @@ use std::{
     time::Duration,
 };
 
+use reqwest::Method;
 use serde_json::Value;
 
 use crate::suite::support::{
@@ -113,8 +114,116 @@ fn jemalloc_tcmalloc_and_mimalloc_programs_are_traced_exactly() {
             Some(family),
             "{library}"
         );
+        // The library replaces glibc's allocator: every traced byte is its.
+        let memory = tracerd.get_ok(&format!("/pid/{pid}/traced-memory"));
+        let current = memory["current"].as_i64().expect("current");
+        let sources = by_source(&tracerd, pid);
+        assert_eq!(sources.len(), 1, "{library}: {memory}");
+        assert_eq!(
+            (sources[0].0.as_str(), sources[0].1),
+            (family, current),
+            "{library}: {memory}"
+        );
         fx.end();
     }
+}
+
+/// `GET /pid/{pid}/traced-memory`'s `by_source`: source → (current, peak).
+fn by_source(tracerd: &Tracerd, pid: u32) -> Vec<(String, i64, i64)> {
+    let memory = tracerd.get_ok(&format!("/pid/{pid}/traced-memory"));
+    let sources = memory["by_source"].as_object().expect("by_source");
+    sources
+        .iter()
+        .map(|(name, totals)| {
+            let field = |f: &str| totals[f].as_i64().expect("bytes");
+            (name.clone(), field("current"), field("peak"))
+        })
+        .collect()
+}
+
+#[test]
+fn each_block_keeps_its_source_in_one_process_with_two_allocators() {
+    // glibc's malloc for the C API, a dlopen'ed mimalloc's mi_malloc beside
+    // it: every block says which allocator it came from, and filters and
+    // totals by source split the process exactly.
+    let tracerd = Tracerd::start(&[]);
+    let prog = Program::build("allocator_libs", &["-DMIXED", "-ldl"]);
+    let mut fx = Fixture::spawn_ready(&prog.exe, &[]);
+    let pid = fx.pid();
+    let mimalloc = Path::new("/usr/lib/x86_64-linux-gnu/libmimalloc.so.2");
+    let all = run_probed(&tracerd, &mut fx, pid, mimalloc);
+    expect(&prog, &all, "glibc", C_API);
+    expect(&prog, &all, "mimalloc", &[("MIX_MI", 12, 12 * 4321)]);
+    let stats = |query: &str| {
+        tracerd.get_ok(&format!(
+            "/pid/{pid}/statistics?group_by=lineno&limit=0&{query}"
+        ))["statistics"]
+            .clone()
+    };
+    // Only mimalloc's: its one line.
+    let only = stats("allocator=mimalloc");
+    assert_eq!(only.as_array().map(Vec::len), Some(1), "{only}");
+    expect(&prog, &only, "mimalloc only", &[("MIX_MI", 12, 12 * 4321)]);
+    // Without mimalloc's: glibc's lines, none of mimalloc's.
+    let rest = stats("exclude_allocator=mimalloc");
+    expect(&prog, &rest, "glibc only", C_API);
+    expect(&prog, &rest, "glibc only", &[("MIX_MI", 0, 0)]);
+    assert_eq!(stats("allocator=glibc"), rest);
+    assert_eq!(stats("allocator=jemalloc"), serde_json::json!([]));
+    // Each trace says its source.
+    let traces = tracerd.get_ok(&format!("/pid/{pid}/traces?limit=0&allocator=mimalloc"));
+    let traces = traces["traces"].as_array().expect("traces");
+    assert_eq!(traces.len(), 12);
+    assert!(
+        traces
+            .iter()
+            .all(|t| t["source"] == "mimalloc" && t["size"] == 4321),
+        "{traces:?}"
+    );
+    // A stored snapshot keeps each trace's source, and so does tracer's
+    // file: dumped and loaded back, mimalloc's 12 traces are still its.
+    let (status, snap) = tracerd.post(&format!("/pid/{pid}/snapshots?label=mixed"));
+    assert_eq!(status, 201, "{snap}");
+    let id = snap["id"].as_u64().expect("id");
+    let (status, file) = tracerd.get_bytes(&format!("/snapshots/{id}/dump"));
+    assert_eq!(status, 200);
+    let (status, loaded) = tracerd.send(Method::POST, "/snapshots?label=mixed-file", Some(file));
+    assert_eq!(status, 201, "{loaded}");
+    for stored in [id, loaded["id"].as_u64().expect("id")] {
+        let traces = tracerd.get_ok(&format!(
+            "/snapshots/{stored}/traces?limit=0&allocator=mimalloc"
+        ));
+        let traces = traces["traces"].as_array().expect("traces");
+        assert_eq!(traces.len(), 12, "snapshot {stored}");
+        assert!(traces.iter().all(|t| t["source"] == "mimalloc"));
+    }
+    // The kernel's totals by source add up to the process's, and
+    // mimalloc's are exactly its blocks (nothing was freed: peak = current).
+    let memory = tracerd.get_ok(&format!("/pid/{pid}/traced-memory"));
+    let sources = by_source(&tracerd, pid);
+    let names: Vec<&str> = sources.iter().map(|(n, _, _)| n.as_str()).collect();
+    assert_eq!(names, ["glibc", "mimalloc"], "{memory}");
+    assert_eq!(sources[1], ("mimalloc".into(), 12 * 4321, 12 * 4321));
+    let glibc_bytes: i64 = rest
+        .as_array()
+        .expect("statistics")
+        .iter()
+        .map(|s| s["size"].as_i64().expect("size"))
+        .sum();
+    assert_eq!(sources[0].1, glibc_bytes, "{memory}");
+    assert_eq!(
+        sources[0].1 + sources[1].1,
+        memory["current"].as_i64().expect("current")
+    );
+    // An unknown source is a 400 that names the valid ones.
+    let (status, err) = tracerd.get(&format!("/pid/{pid}/statistics?allocator=dlmalloc"));
+    assert_eq!(status, 400, "{err}");
+    assert_eq!(err["error"], "invalid allocator \"dlmalloc\"");
+    assert_eq!(
+        err["hint"],
+        "allocator is a block's source: one of unknown, glibc, musl, jemalloc, tcmalloc, mimalloc, malloc, mmap; repeat it for more"
+    );
+    fx.end();
 }
 
 #[test]

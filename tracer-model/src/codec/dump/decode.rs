@@ -7,11 +7,11 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
-use super::{DUMP_MAGIC, DUMP_VERSION, Decoded, DumpError, crc32};
+use super::{DUMP_MAGIC, DUMP_OLDEST_VERSION, DUMP_VERSION, Decoded, DumpError, crc32};
 use crate::codec::intern::intern;
 use crate::engine::index::FrameHints;
 use crate::snapshot::Snapshot;
-use crate::trace::{Frame, FrameExtra, Trace, Traceback};
+use crate::trace::{Frame, FrameExtra, Source, Trace, Traceback};
 
 /// Reads the body with bounds checks; every read names its section.
 struct Reader<'a> {
@@ -116,9 +116,31 @@ fn count(header: &Value, name: &str) -> Result<usize, DumpError> {
     })
 }
 
-/// Decodes a version-1 file. Refuses (never panics on) anything that is
-/// not one: wrong magic, other versions, bad checksum, bad header, indices
-/// out of range, invalid UTF-8, values out of range, trailing bytes.
+/// The header's `sources` (version 2): the writer's source names, each as
+/// this reader knows it (a name it does not know is unknown).
+fn header_sources(header: &Value) -> Result<Vec<Source>, DumpError> {
+    let bad = || DumpError::Header {
+        reason: "sources is not a list of at most 256 names".into(),
+    };
+    let list = header
+        .get("sources")
+        .and_then(Value::as_array)
+        .ok_or_else(bad)?;
+    if list.len() > 256 {
+        return Err(bad());
+    }
+    list.iter()
+        .map(|name| {
+            let name = name.as_str().ok_or_else(bad)?;
+            Ok(Source::from_name(name).unwrap_or(Source::UNKNOWN))
+        })
+        .collect()
+}
+
+/// Decodes a file of a version from [`DUMP_OLDEST_VERSION`] to
+/// [`DUMP_VERSION`]. Refuses (never panics on) anything that is not one:
+/// wrong magic, other versions, bad checksum, bad header, indices out of
+/// range, invalid UTF-8, values out of range, trailing bytes.
 ///
 /// # Errors
 /// [`DumpError`] saying what is wrong and where.
@@ -137,7 +159,7 @@ pub fn decode(bytes: &[u8]) -> Result<Decoded, DumpError> {
         });
     }
     let version = u16::from_le_bytes([bytes[8], bytes[9]]);
-    if version != DUMP_VERSION {
+    if !(DUMP_OLDEST_VERSION..=DUMP_VERSION).contains(&version) {
         return Err(DumpError::UnsupportedVersion { found: version });
     }
     let (content, stored) = bytes.split_at(bytes.len() - 4);
@@ -160,7 +182,7 @@ pub fn decode(bytes: &[u8]) -> Result<Decoded, DumpError> {
             reason: "format is not \"tracer-snapshot\"".into(),
         });
     }
-    if header_field(&header, &["version"])? != u64::from(DUMP_VERSION) {
+    if header_field(&header, &["version"])? != u64::from(version) {
         return Err(DumpError::Header {
             reason: "its version differs from the file's".into(),
         });
@@ -170,6 +192,11 @@ pub fn decode(bytes: &[u8]) -> Result<Decoded, DumpError> {
         reason: format!("traceback_limit {limit} does not fit in 32 bits"),
     })?;
     let meta = header.get("meta").cloned().unwrap_or_else(|| json!({}));
+    let sources = if version >= 2 {
+        header_sources(&header)?
+    } else {
+        Vec::new()
+    };
     let mut r = Reader {
         bytes: content,
         at: 14 + header_len,
@@ -271,15 +298,22 @@ pub fn decode(bytes: &[u8]) -> Result<Decoded, DumpError> {
 
     r.section = "traces";
     let n = count(&header, "traces")?;
-    r.check_count(n, 3)?;
+    r.check_count(n, if version >= 2 { 4 } else { 3 })?;
     let mut traces = Vec::with_capacity(n);
     let mut ids = Vec::with_capacity(n);
     for _ in 0..n {
         let domain = r.u32("domain")?;
         let size = r.varint()?;
         let i = r.index("traceback", tracebacks.len())?;
+        let source = if version >= 2 {
+            let s = r.index("source", sources.len())?;
+            sources.get(s).copied().unwrap_or(Source::UNKNOWN)
+        } else {
+            Source::UNKNOWN
+        };
         if let Some(traceback) = tracebacks.get(i) {
             traces.push(Trace {
+                source,
                 domain,
                 size,
                 traceback: Arc::clone(traceback),

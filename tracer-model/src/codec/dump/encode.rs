@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use super::{DUMP_MAGIC, DUMP_VERSION, LAYOUT, crc32};
 use crate::hash::FxHashMap;
 use crate::snapshot::Snapshot;
-use crate::trace::Traceback;
+use crate::trace::{Source, Traceback};
 
 fn put_varint(out: &mut Vec<u8>, mut value: u64) {
     while value >= 0x80 {
@@ -42,7 +42,8 @@ impl<'a> Strings<'a> {
     }
 }
 
-/// Encodes `snapshot` with `meta` (a JSON object) into the version-1 format.
+/// Encodes `snapshot` with `meta` (a JSON object) into the format of
+/// [`DUMP_VERSION`].
 #[must_use]
 pub fn encode(snapshot: &Snapshot, meta: &Value) -> Vec<u8> {
     let mut strings = Strings::default();
@@ -100,6 +101,7 @@ pub fn encode(snapshot: &Snapshot, meta: &Value) -> Vec<u8> {
                 put_varint(&mut traces_body, u64::from(trace.domain));
                 put_varint(&mut traces_body, trace.size);
                 put_varint(&mut traces_body, i);
+                put_varint(&mut traces_body, u64::from(trace.source.0));
                 continue;
             }
             let ids = &content.0;
@@ -119,6 +121,7 @@ pub fn encode(snapshot: &Snapshot, meta: &Value) -> Vec<u8> {
         put_varint(&mut traces_body, u64::from(trace.domain));
         put_varint(&mut traces_body, trace.size);
         put_varint(&mut traces_body, index);
+        put_varint(&mut traces_body, u64::from(trace.source.0));
     }
     let header = json!({
         "format": "tracer-snapshot",
@@ -130,6 +133,7 @@ pub fn encode(snapshot: &Snapshot, meta: &Value) -> Vec<u8> {
             "tracebacks": traceback_count,
             "traces": snapshot.traces.len(),
         },
+        "sources": Source::all(),
         "layout": LAYOUT,
         "meta": meta,
     });

@@ -1,25 +1,28 @@
 //! tracer's own snapshot file format: versioned, compact, self-describing,
 //! checksummed. Pure encode/decode of bytes; the store does the file I/O.
 //!
-//! Layout, version 1 (all integers little-endian; "varint" is unsigned
+//! Layout, version 2 (all integers little-endian; "varint" is unsigned
 //! LEB128):
 //!
 //! | bytes | content |
 //! |---|---|
 //! | 8 | magic `\x89TRSNAP\n` |
-//! | 2 | format version (1) |
+//! | 2 | format version (2; 1 is read too) |
 //! | 4 | header length H |
 //! | H | header: a JSON object, see below |
 //! | … | strings: count × (varint byte length, UTF-8 bytes) |
 //! | … | frames: count × (varint filename string, varint lineno, flags byte, then if flag 1 varint function string, if flag 2 varint module string, if flag 4 varint address) |
 //! | … | tracebacks: count × (varint total_nframe + 1 or 0 for unknown, varint depth ≥ 1, depth × varint frame, most recent first) |
-//! | … | traces: count × (varint domain, varint size in bytes, varint traceback) |
+//! | … | traces: count × (varint domain, varint size in bytes, varint traceback, varint source) |
 //! | 4 | CRC-32 (IEEE) of every byte before it |
 //!
 //! The header says what the body holds, so a reader needs nothing else:
-//! `{"format": "tracer-snapshot", "version": 1, "traceback_limit": N,
+//! `{"format": "tracer-snapshot", "version": 2, "traceback_limit": N,
 //! "counts": {"strings": S, "frames": F, "tracebacks": T, "traces": N},
-//! "layout": "...", "meta": {...}}`; `meta` is free-form (the store keeps
+//! "sources": ["unknown", "glibc", ...], "layout": "...", "meta": {...}}`;
+//! a trace's source is an index of `sources` (a name this reader does not
+//! know reads as unknown). Version 1 had no source per trace: its traces
+//! read with an unknown source. `meta` is free-form (the store keeps
 //! the snapshot's id, pid, label and times there, and its loss as
 //! `complete`, `drops` and `drops_by_pid`: see
 //! [`Completeness`](crate::Completeness)). A reader ignores keys it does not know
@@ -44,14 +47,18 @@ pub use encode::encode;
 /// The first 8 bytes of every file.
 pub const DUMP_MAGIC: [u8; 8] = *b"\x89TRSNAP\n";
 
-/// The format version this code writes and reads.
-pub const DUMP_VERSION: u16 = 1;
+/// The format version this code writes; it reads this one and every one
+/// since [`DUMP_OLDEST_VERSION`].
+pub const DUMP_VERSION: u16 = 2;
+
+/// The oldest format version this code reads (1: no source per trace).
+pub const DUMP_OLDEST_VERSION: u16 = 1;
 
 const LAYOUT: &str = "strings: count x (varint len, utf8); frames: count x (varint filename, \
     varint lineno, u8 flags [1 function, 2 module, 4 address], varint per flag); tracebacks: \
     count x (varint total_nframe+1 or 0, varint depth, depth x varint frame, most recent first); \
-    traces: count x (varint domain, varint size, varint traceback); then crc32 (IEEE, LE) of all \
-    bytes before it";
+    traces: count x (varint domain, varint size, varint traceback, varint source index of the \
+    header's sources); then crc32 (IEEE, LE) of all bytes before it";
 
 /// Why a dump file was refused. Every message says what is wrong and where.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -70,7 +77,7 @@ pub enum DumpError {
     },
     /// A version this code does not read.
     #[error(
-        "tracer snapshot format version {found} is not supported (this tracerd reads version {DUMP_VERSION})"
+        "tracer snapshot format version {found} is not supported (this tracerd reads versions {DUMP_OLDEST_VERSION} to {DUMP_VERSION})"
     )]
     UnsupportedVersion {
         /// The file's version.

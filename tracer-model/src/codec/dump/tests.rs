@@ -8,7 +8,7 @@ use rand::{Rng, SeedableRng};
 use serde_json::json;
 
 use super::*;
-use crate::trace::{Frame, FrameExtra, Trace, Traceback};
+use crate::trace::{Frame, FrameExtra, Source, Trace, Traceback};
 
 fn sample() -> Snapshot {
     let shared: Arc<str> = Arc::from("src/a.c");
@@ -29,16 +29,19 @@ fn sample() -> Snapshot {
     Snapshot::new(
         vec![
             Trace {
+                source: Source::from_name("jemalloc").expect("a source"),
                 domain: 42,
                 size: 256,
                 traceback: Arc::clone(&a),
             },
             Trace {
+                source: Source::from_name("mmap").expect("a source"),
                 domain: 42,
                 size: u64::MAX,
                 traceback: b,
             },
             Trace {
+                source: Source::UNKNOWN,
                 domain: u32::MAX,
                 size: 0,
                 traceback: a,
@@ -87,11 +90,13 @@ fn equal_lines_with_other_extras_stay_apart() {
     let snapshot = Snapshot::new(
         vec![
             Trace {
+                source: Source::UNKNOWN,
                 domain: 1,
                 size: 1,
                 traceback: one,
             },
             Trace {
+                source: Source::UNKNOWN,
                 domain: 1,
                 size: 2,
                 traceback: two,
@@ -130,7 +135,7 @@ fn corrupt_and_foreign_files_are_refused_with_reasons() {
     version[8] = 9;
     assert_eq!(
         decode(&version).unwrap_err().to_string(),
-        "tracer snapshot format version 9 is not supported (this tracerd reads version 1)"
+        "tracer snapshot format version 9 is not supported (this tracerd reads versions 1 to 2)"
     );
     let pickle = b"\x80\x04\x95\x10\x00\x00\x00\x00\x00\x00\x00\x8c\x0btracemalloc";
     assert_eq!(
@@ -239,4 +244,56 @@ fn random_bytes_and_mutations_never_panic() {
         }
         let _ = decode(&bytes);
     }
+}
+
+#[test]
+fn version_1_files_read_with_unknown_sources() {
+    // strings ["a.c"]; frames [a.c:3]; tracebacks [[a.c:3], total None];
+    // traces [(domain 7, 100 bytes, traceback 0)]: no source per trace.
+    let header = json!({
+        "format": "tracer-snapshot", "version": 1, "traceback_limit": 1,
+        "counts": {"strings": 1, "frames": 1, "tracebacks": 1, "traces": 1},
+        "meta": {"id": 3},
+    })
+    .to_string();
+    let mut bytes = DUMP_MAGIC.to_vec();
+    bytes.extend_from_slice(&1u16.to_le_bytes());
+    bytes.extend_from_slice(&u32::try_from(header.len()).unwrap().to_le_bytes());
+    bytes.extend_from_slice(header.as_bytes());
+    bytes.extend_from_slice(&[3, b'a', b'.', b'c', 0, 3, 0, 0, 1, 0, 7, 100, 0]);
+    let crc = crc32(&bytes);
+    bytes.extend_from_slice(&crc.to_le_bytes());
+    let decoded = decode(&bytes).expect("a version-1 file decodes");
+    let traces = decoded.snapshot.traces();
+    assert_eq!(traces.len(), 1);
+    assert_eq!((traces[0].domain, traces[0].size), (7, 100));
+    assert_eq!(traces[0].source, Source::UNKNOWN);
+    assert_eq!(traces[0].traceback.to_string(), "a.c:3");
+    // The same file as version 3 is refused, by name.
+    bytes[8] = 3;
+    assert_eq!(
+        decode(&bytes).err().map(|e| e.to_string()).as_deref(),
+        Some(
+            "tracer snapshot format version 3 is not supported (this tracerd reads versions 1 to 2)"
+        )
+    );
+}
+
+#[test]
+fn a_source_index_past_the_header_list_is_refused() {
+    let mut snapshot_bytes = encode(&sample(), &json!({}));
+    // Change the header's sources to one name: the traces' sources 3 and 7
+    // then point past it.
+    let names = serde_json::to_string(Source::all()).unwrap();
+    let short = format!("{:<width$}", "[\"unknown\"]", width = names.len());
+    let at = snapshot_bytes
+        .windows(names.len())
+        .position(|w| w == names.as_bytes())
+        .expect("the header lists the sources");
+    snapshot_bytes.splice(at..at + names.len(), short.bytes());
+    let end = snapshot_bytes.len() - 4;
+    let crc = crc32(&snapshot_bytes[..end]);
+    snapshot_bytes[end..].copy_from_slice(&crc.to_le_bytes());
+    let err = decode(&snapshot_bytes).expect_err("refused");
+    assert!(err.to_string().contains("source"), "{err}");
 }

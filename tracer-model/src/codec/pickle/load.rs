@@ -326,6 +326,7 @@ impl Converter<'_> {
             };
             let (traceback, id) = self.traceback(traceback, total_nframe, at)?;
             out.push(Trace {
+                source: crate::trace::Source::UNKNOWN,
                 domain: int_in(domain, at.field("domain"), "0 to 4294967295")?,
                 size: int_in(size, at.field("size"), "0 to 2**64-1")?,
                 traceback,
