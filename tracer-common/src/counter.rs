@@ -58,10 +58,18 @@ pub enum Counter {
     /// Drop: the per-CPU scratch of a walk was overwritten by another task
     /// on the same CPU (preemption): the block keeps frame 0 only.
     DropStackPreempted = 20,
+    /// Drop: the process holds its share of the live-block maps already
+    /// (`GLOBAL_PROCESS_MAX_BLOCKS`): the block is not traced, so that the
+    /// other processes stay complete.
+    DropShare = 21,
+    /// The process has its share of `STACKS` already
+    /// (`GLOBAL_PROCESS_MAX_STACKS`): its new stack is not stored, and the
+    /// block keeps its frame 0 only.
+    DropStackShare = 22,
 }
 
 /// Number of slots in [`MAP_COUNTERS`].
-pub const COUNTER_SLOTS: u32 = 21;
+pub const COUNTER_SLOTS: u32 = 23;
 
 impl Counter {
     /// Every counter with its name, in slot order.
@@ -87,6 +95,8 @@ impl Counter {
         (Counter::UnwindStopped, "unwind_stopped"),
         (Counter::UnwindNoProcMaps, "unwind_no_proc_maps"),
         (Counter::DropStackPreempted, "drop_stack_preempted"),
+        (Counter::DropShare, "drop_share"),
+        (Counter::DropStackShare, "drop_stack_share"),
     ];
 }
 

@@ -104,6 +104,14 @@ pub const GLOBAL_SAMPLE_MEAN: &str = "SAMPLE_MEAN";
 /// its number of buckets (a power of two, at least 2) minus 1, or 0 when
 /// the fast table is off.
 pub const GLOBAL_LIVE_BUCKET_MASK: &str = "LIVE_BUCKET_MASK";
+/// The name of the global holding the live blocks one process may hold
+/// (its share of [`MAP_LIVE_ALLOCS`] and the fast table together); 0: no
+/// limit. A block past it is dropped and counted in the process's `drops`.
+pub const GLOBAL_PROCESS_MAX_BLOCKS: &str = "PROCESS_MAX_BLOCKS";
+/// The name of the global holding the stacks one process may have in
+/// [`MAP_STACKS`] (its share); 0: no limit. A block whose new stack would
+/// pass it keeps its frame 0 only.
+pub const GLOBAL_PROCESS_MAX_STACKS: &str = "PROCESS_MAX_STACKS";
 /// The name of the global holding the slot index mask of
 /// [`MAP_INFLIGHT_SLOTS`]: its number of slots (a power of two) minus 1.
 pub const GLOBAL_INFLIGHT_SLOT_MASK: &str = "INFLIGHT_SLOT_MASK";

@@ -39,7 +39,7 @@ pub struct ProcSlot {
     /// The owner's totals.
     pub totals: ProcTotals,
 }
-const _: () = assert!(size_of::<ProcSlot>() == 200);
+const _: () = assert!(size_of::<ProcSlot>() == 208);
 
 /// Bytes of one source's blocks in a process image.
 #[repr(C)]
@@ -63,8 +63,13 @@ pub struct ProcTotals {
     pub stats: ProcStats,
     /// Current and peak bytes by [`crate::AllocInfo::source`].
     pub sources: [SourceTotals; crate::SOURCE_COUNT],
+    /// Stacks of this image in `STACKS`: raised by the programs for each
+    /// stack they store for it, set by tracerd at each sweep to the
+    /// distinct stacks its live blocks reference (so that collected stacks
+    /// leave it). Compared with `GLOBAL_PROCESS_MAX_STACKS`.
+    pub stacks: u64,
 }
-const _: () = assert!(size_of::<ProcTotals>() == 192);
+const _: () = assert!(size_of::<ProcTotals>() == 200);
 
 /// The slot of [`MAP_PROC_SLOTS`] for `tgid`.
 pub const fn proc_slot_index(tgid: u32) -> u32 {

@@ -215,6 +215,7 @@ fn capture_config(config: &Config, system_wide: bool) -> CaptureConfig {
         unwind_processes: config.unwind_processes,
         max_live_blocks: config.max_live_blocks,
         live_table_blocks: config.live_table_blocks,
+        process_share: config.process_share,
         max_stacks: config.max_stacks,
         max_procs: config.max_procs,
         max_inflight: config.max_inflight,

@@ -12,8 +12,11 @@ use crate::service::{AutoPolicy, Service};
 /// Ticks of the housekeeping loop between two orphan sweeps.
 const SWEEP_EVERY_TICKS: u64 = 10;
 
-/// Drains the kernel's process events as they come and runs housekeeping
-/// each second. Runs until aborted.
+/// Drains the kernel's process events as they come; housekeeping runs
+/// each second on a task of its own, so that a long pass (the orphan sweep
+/// over millions of blocks, unwind tables compiled for the processes found
+/// at start) never delays the next process's start event. Runs until
+/// aborted.
 pub async fn events_and_housekeeping(
     service: Arc<Service>,
     ring: aya::maps::RingBuf<aya::maps::MapData>,
@@ -24,6 +27,8 @@ pub async fn events_and_housekeeping(
     let discovery_wake = Arc::new(tokio::sync::Notify::new());
     let discoverer = tokio::spawn(discover_allocators(service.clone(), discovery_wake.clone()));
     let _abort_discoverer = AbortOnDrop(discoverer);
+    let housekeeper = tokio::spawn(housekeeping_loop(service.clone()));
+    let _abort_housekeeper = AbortOnDrop(housekeeper);
     // SAFETY: the RingBuf owns its map fd for its whole life inside the
     // AsyncFd, and as_raw_fd always returns that same fd.
     let mut fd =
@@ -34,33 +39,38 @@ pub async fn events_and_housekeeping(
                 return;
             }
         };
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    let mut ticks: u64 = 0;
     loop {
-        tokio::select! {
-            guard = fd.readable_mut() => {
-                let Ok(mut guard) = guard else { continue };
-                let mut batch = Vec::new();
-                let ring = guard.get_inner_mut();
-                while let Some(item) = ring.next() {
-                    if item.len() >= size_of::<ProcEvent>() {
-                        // SAFETY: the record holds a ProcEvent written by our
-                        // eBPF program; read_unaligned copes with alignment.
-                        batch.push(unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<ProcEvent>()) });
-                    }
-                }
-                guard.clear_ready();
-                let service = service.clone();
-                let _ = tokio::task::spawn_blocking(move || service.handle_events(&batch)).await;
-                discovery_wake.notify_one();
-                unwind_wake.notify_one();
-            }
-            _ = tick.tick() => {
-                ticks += 1;
-                let service = service.clone();
-                let _ = tokio::task::spawn_blocking(move || housekeeping(&service, ticks)).await;
+        let Ok(mut guard) = fd.readable_mut().await else {
+            continue;
+        };
+        let mut batch = Vec::new();
+        let ring = guard.get_inner_mut();
+        while let Some(item) = ring.next() {
+            if item.len() >= size_of::<ProcEvent>() {
+                // SAFETY: the record holds a ProcEvent written by our
+                // eBPF program; read_unaligned copes with alignment.
+                batch.push(unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<ProcEvent>()) });
             }
         }
+        guard.clear_ready();
+        let service = service.clone();
+        let _ = tokio::task::spawn_blocking(move || service.handle_events(&batch)).await;
+        discovery_wake.notify_one();
+        unwind_wake.notify_one();
+    }
+}
+
+/// Runs [`housekeeping`] each second (a pass that takes longer delays the
+/// next). Runs until aborted.
+async fn housekeeping_loop(service: Arc<Service>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut ticks: u64 = 0;
+    loop {
+        tick.tick().await;
+        ticks += 1;
+        let service = service.clone();
+        let _ = tokio::task::spawn_blocking(move || housekeeping(&service, ticks)).await;
     }
 }
 
@@ -113,6 +123,7 @@ fn housekeeping(service: &Service, tick: u64) {
         return;
     }
     service.drop_unused_allocators();
+    service.log_drops();
     let removed = service.sweep_orphans();
     if removed > 0 {
         tracing::info!(removed, map = MAP_LIVE_ALLOCS, "removed orphaned blocks");

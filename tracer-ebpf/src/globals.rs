@@ -39,6 +39,30 @@ static INFLIGHT_SLOT_MASK: u32 = INFLIGHT_SLOT_COUNT - 1;
 #[unsafe(no_mangle)]
 static LIVE_BUCKET_MASK: u32 = LIVE_BUCKET_COUNT - 1;
 
+/// Live blocks one process may hold (its share of the live-block maps);
+/// 0: no limit. Set at load time.
+#[unsafe(no_mangle)]
+static PROCESS_MAX_BLOCKS: u64 = 0;
+
+/// Live blocks one process may hold; 0: no limit.
+#[inline(always)]
+pub(crate) fn process_max_blocks() -> u64 {
+    // SAFETY: a global set once at load time (see tracerd_tgid).
+    unsafe { core::ptr::read_volatile(&PROCESS_MAX_BLOCKS) }
+}
+
+/// Stacks one process may have in STACKS (its share); 0: no limit. Set at
+/// load time.
+#[unsafe(no_mangle)]
+static PROCESS_MAX_STACKS: u64 = 0;
+
+/// Stacks one process may have in STACKS; 0: no limit.
+#[inline(always)]
+pub(crate) fn process_max_stacks() -> u64 {
+    // SAFETY: a global set once at load time (see tracerd_tgid).
+    unsafe { core::ptr::read_volatile(&PROCESS_MAX_STACKS) }
+}
+
 #[inline(always)]
 fn tracerd_tgid() -> u32 {
     // SAFETY: a global set once at load time; volatile so the compiler does

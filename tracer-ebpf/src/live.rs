@@ -25,7 +25,7 @@ use tracer_common::{
 use crate::{
     atomic::{compare_exchange, fetch_add},
     counters::count,
-    globals::live_bucket_mask,
+    globals::{live_bucket_mask, process_max_blocks},
     maps::{EEXIST, LIVE_ALLOCS, LIVE_KEYS, LIVE_VALUES},
     procs::{add_block, find_proc, proc_stats, sub_block},
     stack::stack_id,
@@ -178,7 +178,17 @@ pub(crate) fn record_alloc(ctx: &RetProbeContext, tgid: u32, addr: u64, size: u6
     let Some((stats, gen_)) = proc_stats(tgid) else {
         return;
     };
-    let stack_id = stack_id(ctx, tgid, gen_);
+    // Past its share of the live-block maps: dropped before its stack is
+    // walked, so that one process cannot starve the others.
+    let max = process_max_blocks();
+    // SAFETY: a PROCS value; its counters change only atomically.
+    if max != 0 && unsafe { core::ptr::read_volatile(&raw const (*stats).blocks) } >= max {
+        count(Counter::DropShare);
+        // SAFETY: as above.
+        fetch_add(unsafe { &raw mut (*stats).drops }, 1);
+        return;
+    }
+    let stack_id = stack_id(ctx, tgid, gen_, stats);
     // SAFETY: regs points at the probe's saved registers for its duration.
     let frame0 = unsafe { (*ctx.regs).rip };
     let info = AllocInfo {

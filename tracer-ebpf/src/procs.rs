@@ -186,6 +186,14 @@ fn source_totals(stats: *mut ProcStats, source: u32) -> Option<*mut SourceTotals
     })
 }
 
+/// The stacks counter ([`ProcTotals::stacks`]) of the process whose totals
+/// are `stats`.
+#[inline(always)]
+pub(crate) fn stacks_counter(stats: *mut ProcStats) -> *mut u64 {
+    // SAFETY: as in source_totals: stats is the first field of a ProcTotals.
+    unsafe { &raw mut (*stats.cast::<ProcTotals>()).stacks }
+}
+
 /// Raises the peak at `peak` to `now` if it is below: a bounded
 /// compare-and-swap (the verifier rejects unbounded loops).
 #[inline(always)]

@@ -30,7 +30,7 @@ use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user, generated::bpf_loop},
 };
 use tracer_common::{
-    Counter, MAX_WALK_FRAMES, STACK_CUT, STACK_ID_NONE, STACK_WORDS,
+    Counter, MAX_WALK_FRAMES, ProcStats, STACK_CUT, STACK_ID_NONE, STACK_WORDS,
     unwind::{
         MAX_PROC_MAPPINGS, ProcMappings, SIGFRAME_RBP, UNWIND_CFA_RBP, UNWIND_CFA_RSP, UNWIND_END,
         UNWIND_FILE_NONE, UNWIND_PAGE_SHIFT, UNWIND_PLT, UNWIND_SIGNAL, UNWIND_UNKNOWN, UnwindPage,
@@ -39,25 +39,35 @@ use tracer_common::{
 };
 
 use crate::{
-    atomic::compare_exchange,
+    atomic::{compare_exchange, fetch_add},
     counters::{count, count_n},
     globals::{self, switch},
     maps::{
         EEXIST, PROC_MAPS, STACK_CACHE, STACK_SCRATCH, STACKS, UNWIND_PAGES, UNWIND_ROWS,
         WALK_SCRATCH,
     },
+    procs::stacks_counter,
 };
 
 /// Walks the user stack (at most NFRAME frames: nframe plus the allocator
 /// frames tracerd drops) and stores it once in STACKS; returns its id, or
 /// STACK_ID_NONE (counted) when it cannot be walked or stored.
 ///
+/// A stack new to STACKS is stored only while the process (totals `stats`)
+/// has fewer than its share (`PROCESS_MAX_STACKS`); past it the block keeps
+/// its frame 0 (counted, and a drop of the process).
+///
 /// `gen_` is the process image's generation: the mappings in PROC_MAPS are
 /// used only when they are of that image; otherwise (tracerd has not
 /// written them yet, or the unwinder is off) the walk follows frame
 /// pointers alone, as the kernel's `bpf_get_stack` does.
 #[inline(always)]
-pub(crate) fn stack_id<C: EbpfContext>(ctx: &C, tgid: u32, gen_: u32) -> u64 {
+pub(crate) fn stack_id<C: EbpfContext>(
+    ctx: &C,
+    tgid: u32,
+    gen_: u32,
+    stats: *mut ProcStats,
+) -> u64 {
     let (Some(buf), Some(walk)) = (STACK_SCRATCH.get_ptr_mut(0), WALK_SCRATCH.get_ptr_mut(0))
     else {
         return drop_stack();
@@ -146,26 +156,21 @@ pub(crate) fn stack_id<C: EbpfContext>(ctx: &C, tgid: u32, gen_: u32) -> u64 {
     let stored = match STACKS.get_ptr(id) {
         // SAFETY: a STACKS value holds at least its first word.
         Some(stored) => (unsafe { (*stored)[0] }) == check,
-        None => match STACKS.insert(id, &*words, BPF_NOEXIST as u64) {
-            Ok(()) => {
-                // Another task's walk may have written the scratch while it
-                // was copied: then what was stored is not this stack.
+        None => {
+            let stacks = stacks_counter(stats);
+            let max = globals::process_max_stacks();
+            // SAFETY: a PROCS value's counter, changed only atomically.
+            if max != 0 && unsafe { core::ptr::read_volatile(stacks) } >= max {
+                count(Counter::DropStackShare);
                 // SAFETY: as above.
-                if unsafe { core::ptr::read_volatile(&raw const words[0]) } != check {
-                    let _ = STACKS.remove(id);
-                    count(Counter::DropStackPreempted);
-                    return STACK_ID_NONE;
-                }
-                true
+                fetch_add(unsafe { &raw mut (*stats).drops }, 1);
+                return STACK_ID_NONE;
             }
-            // Another CPU stored the same id meanwhile: check it as above.
-            Err(e) if e == -EEXIST => match STACKS.get_ptr(id) {
-                // SAFETY: as above.
-                Some(stored) => (unsafe { (*stored)[0] }) == check,
-                None => false,
-            },
-            Err(_) => false,
-        },
+            match store_new(id, words, check, stacks) {
+                Some(stored) => stored,
+                None => return STACK_ID_NONE,
+            }
+        }
     };
     if !stored {
         return drop_stack();
@@ -705,6 +710,36 @@ fn walk_frame_pointers() {
         fp = if next > fp { next } else { 0 };
     }
     walk.n = n as u64;
+}
+
+/// Stores the walked stack `words` (first word `check`) as `id`, new to
+/// STACKS, and counts it in the process's `stacks`: whether STACKS holds
+/// this stack under `id` now (false: full, or another stack holds the id),
+/// or None when another task's walk overwrote the scratch meanwhile
+/// (counted here).
+#[inline(always)]
+fn store_new(id: u64, words: &[u64; STACK_WORDS], check: u64, stacks: *mut u64) -> Option<bool> {
+    match STACKS.insert(id, words, BPF_NOEXIST as u64) {
+        Ok(()) => {
+            // Another task's walk may have written the scratch while it
+            // was copied: then what was stored is not this stack.
+            // SAFETY: words is this CPU's scratch, read once.
+            if unsafe { core::ptr::read_volatile(&raw const words[0]) } != check {
+                let _ = STACKS.remove(id);
+                count(Counter::DropStackPreempted);
+                return None;
+            }
+            fetch_add(stacks, 1);
+            Some(true)
+        }
+        // Another CPU stored the same id meanwhile: check it as above.
+        Err(e) if e == -EEXIST => Some(match STACKS.get_ptr(id) {
+            // SAFETY: a STACKS value holds at least its first word.
+            Some(stored) => (unsafe { (*stored)[0] }) == check,
+            None => false,
+        }),
+        Err(_) => Some(false),
+    }
 }
 
 #[inline(always)]

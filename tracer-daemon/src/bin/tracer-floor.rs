@@ -20,6 +20,7 @@ fn main() -> anyhow::Result<()> {
         unwind_processes: 16,
         max_live_blocks: 1024,
         live_table_blocks: 0,
+        process_share: 100,
         max_stacks: 256,
         max_procs: 64,
         max_inflight: 1,

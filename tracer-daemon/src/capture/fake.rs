@@ -90,6 +90,7 @@ impl FakeKernel {
                 unwind_processes: 1 << 10,
                 max_live_blocks: 1 << 20,
                 live_table_blocks: 0,
+                process_share: 100,
                 max_stacks: 1 << 16,
                 max_procs: 1 << 16,
                 max_inflight: 1 << 16,
@@ -301,7 +302,11 @@ impl KernelMaps for FakeKernel {
             current: stats.current,
             peak: stats.peak,
         };
-        Some(ProcTotals { stats, sources })
+        Some(ProcTotals {
+            stats,
+            sources,
+            stacks: 0,
+        })
     }
     fn all_proc_stats(&self) -> Vec<(u32, ProcStats)> {
         self.lock().procs.iter().map(|(k, v)| (*k, *v)).collect()
@@ -314,6 +319,9 @@ impl KernelMaps for FakeKernel {
             }
             None => false,
         }
+    }
+    fn set_stack_counts(&mut self, _counts: &[(u32, u32, u64)]) {
+        // The fake stores every stack: no share to keep.
     }
     fn counters(&self) -> Vec<(&'static str, u64)> {
         tracer_common::Counter::ALL

@@ -113,6 +113,10 @@ pub trait KernelMaps: Send {
     /// Sets the peak of `tgid` to its current value; false if unknown.
     fn reset_peak(&mut self, tgid: u32) -> bool;
 
+    /// Sets the stacks count of each (tgid, generation, stacks) the kernel
+    /// still tracks: the distinct stacks its live blocks reference.
+    fn set_stack_counts(&mut self, counts: &[(u32, u32, u64)]);
+
     /// The programs' counters summed over CPUs, by name, in slot order.
     fn counters(&self) -> Vec<(&'static str, u64)>;
 
@@ -210,6 +214,9 @@ impl KernelMaps for super::Capture {
     }
     fn reset_peak(&mut self, tgid: u32) -> bool {
         self.reset_peak(tgid)
+    }
+    fn set_stack_counts(&mut self, counts: &[(u32, u32, u64)]) {
+        self.set_stack_counts(counts);
     }
     fn counters(&self) -> Vec<(&'static str, u64)> {
         self.counters()

@@ -10,10 +10,11 @@ use aya::{
 };
 use tracer_common::{
     FLOOR_PROGRAMS, GLOBAL_INFLIGHT_SLOT_MASK, GLOBAL_LIVE_BUCKET_MASK, GLOBAL_NFRAME,
-    GLOBAL_PAGE_SIZE, GLOBAL_SAMPLE_MEAN, GLOBAL_TRACERD_TGID, LIVE_WAYS, MAP_COUNTERS, MAP_EVENTS,
-    MAP_EXP_TABLE, MAP_INFLIGHT, MAP_INFLIGHT_SLOTS, MAP_LIVE_ALLOCS, MAP_LIVE_KEYS,
-    MAP_LIVE_VALUES, MAP_PROC_SLOTS, MAP_PROCS, MAP_STACKS, MAP_SWITCHES, MAPPING_TRACEPOINT,
-    MAX_NFRAME, MAX_WALK_FRAMES, STACK_WORDS, TRACEPOINTS,
+    GLOBAL_PAGE_SIZE, GLOBAL_PROCESS_MAX_BLOCKS, GLOBAL_PROCESS_MAX_STACKS, GLOBAL_SAMPLE_MEAN,
+    GLOBAL_TRACERD_TGID, LIVE_WAYS, MAP_COUNTERS, MAP_EVENTS, MAP_EXP_TABLE, MAP_INFLIGHT,
+    MAP_INFLIGHT_SLOTS, MAP_LIVE_ALLOCS, MAP_LIVE_KEYS, MAP_LIVE_VALUES, MAP_PROC_SLOTS, MAP_PROCS,
+    MAP_STACKS, MAP_SWITCHES, MAPPING_TRACEPOINT, MAX_NFRAME, MAX_WALK_FRAMES, STACK_WORDS,
+    TRACEPOINTS,
     unwind::{MAP_PROC_MAPS, MAP_UNWIND_PAGES, MAP_UNWIND_ROWS},
 };
 
@@ -125,6 +126,11 @@ impl Capture {
         let events_ring_bytes = ring_size(config.events_ring_bytes, page_size);
         let live_buckets = live_table::buckets_for(config.live_table_blocks);
         let live_bucket_mask = live_buckets.saturating_sub(1);
+        let process_max_blocks = CaptureConfig {
+            live_table_blocks: live_buckets * LIVE_WAYS,
+            ..config.clone()
+        }
+        .process_max_blocks();
         let mut ebpf = EbpfLoader::new()
             .override_global(GLOBAL_TRACERD_TGID, &tgid, true)
             .override_global(GLOBAL_PAGE_SIZE, &page_size, true)
@@ -132,6 +138,12 @@ impl Capture {
             .override_global(GLOBAL_SAMPLE_MEAN, &config.sample_interval, true)
             .override_global(GLOBAL_INFLIGHT_SLOT_MASK, &slot_mask, true)
             .override_global(GLOBAL_LIVE_BUCKET_MASK, &live_bucket_mask, true)
+            .override_global(GLOBAL_PROCESS_MAX_BLOCKS, &process_max_blocks, true)
+            .override_global(
+                GLOBAL_PROCESS_MAX_STACKS,
+                &config.process_max_stacks(),
+                true,
+            )
             .map_max_entries(MAP_LIVE_ALLOCS, config.max_live_blocks)
             .map_max_entries(MAP_LIVE_KEYS, live_buckets.max(1))
             .map_max_entries(MAP_LIVE_VALUES, live_buckets.max(1) * LIVE_WAYS)

@@ -125,6 +125,9 @@ pub struct CaptureConfig {
     /// up to [`LIVE_WAYS`](tracer_common::LIVE_WAYS) times a power of two
     /// (at least 2) at load; 0: no table, every block in `LIVE_ALLOCS`.
     pub live_table_blocks: u32,
+    /// The share of the live-block maps (`LIVE_ALLOCS` and the fast table
+    /// together) one process may hold, in percent; 100 (or 0): no limit.
+    pub process_share: u32,
     /// Capacity of `STACKS` in distinct stacks.
     pub max_stacks: u32,
     /// Capacity of `PROCS` in processes.
@@ -150,6 +153,34 @@ pub struct CaptureConfig {
     /// until [`Capture::attach`] (a scoped tracerd, so no process outside
     /// its scope is traced even while it starts).
     pub system_wide: bool,
+}
+
+impl CaptureConfig {
+    /// The live blocks one process may hold: `process_share` percent of
+    /// the live-block maps' blocks (`max_live_blocks` plus
+    /// `live_table_blocks`), at least 1; 0 (no limit) for a share of 100 or
+    /// more, or 0. The kernel drops a process's blocks past it
+    /// (`GLOBAL_PROCESS_MAX_BLOCKS`).
+    pub fn process_max_blocks(&self) -> u64 {
+        let share = self.process_share;
+        if share == 0 || share >= 100 {
+            return 0;
+        }
+        let capacity = u64::from(self.max_live_blocks) + u64::from(self.live_table_blocks);
+        (capacity * u64::from(share) / 100).max(1)
+    }
+
+    /// The stacks one process may have in `STACKS`: `process_share`
+    /// percent of `max_stacks`, at least 1; 0 (no limit) as for
+    /// [`CaptureConfig::process_max_blocks`]. Past it, a block whose stack
+    /// is new keeps its frame 0 (`GLOBAL_PROCESS_MAX_STACKS`).
+    pub fn process_max_stacks(&self) -> u64 {
+        let share = self.process_share;
+        if share == 0 || share >= 100 {
+            return 0;
+        }
+        (u64::from(self.max_stacks) * u64::from(share) / 100).max(1)
+    }
 }
 
 /// The loaded eBPF programs, their links, and handles to their maps.

@@ -21,6 +21,8 @@ use tracer_common::{
 const SLOT_WORDS: usize = size_of::<ProcSlot>() / 8;
 /// Word of the first source's `current` within a slot.
 const SOURCES: usize = 1 + size_of::<ProcStats>() / 8;
+/// Word of [`ProcTotals::stacks`] within a slot.
+const STACKS: usize = SOURCES + 2 * SOURCE_COUNT;
 /// Word of [`ProcStats::current`] within a slot (after the slot word and
 /// `gen_`/`_pad`).
 const CURRENT: usize = 2;
@@ -51,7 +53,7 @@ impl ProcSlots {
         debug_assert!(index < PROC_SLOT_COUNT && word < SLOT_WORDS);
         let at = index as usize * SLOT_WORDS + word;
         // SAFETY: in bounds (index < PROC_SLOT_COUNT, SLOT_WORDS words a
-        // slot); 8-byte aligned (page-aligned mapping, 200-byte slots); the
+        // slot); 8-byte aligned (page-aligned mapping, 208-byte slots); the
         // programs change it only atomically or while the slot is free.
         unsafe { &*self.map.as_ptr().cast::<AtomicU64>().add(at) }
     }
@@ -100,7 +102,20 @@ impl ProcSlots {
         Some(ProcTotals {
             stats,
             sources: self.sources(index),
+            stacks: self.word(index, STACKS).load(Ordering::Relaxed),
         })
+    }
+
+    /// Sets the stacks count of `tgid`'s image of generation `gen_` if it
+    /// owns its slot; false otherwise.
+    pub fn set_stacks(&self, tgid: u32, gen_: u32, stacks: u64) -> bool {
+        let index = proc_slot_index(tgid);
+        let word = self.word(index, 0).load(Ordering::Acquire);
+        if proc_slot_owner(word) != tgid || tgid == 0 || proc_slot_gen(word) != gen_ {
+            return false;
+        }
+        self.word(index, STACKS).store(stacks, Ordering::Relaxed);
+        true
     }
 
     /// Whether some process of `tgid`'s slot is in `PROCS` (else `tgid`
@@ -158,11 +173,12 @@ mod tests {
         let slot = ProcSlot::default();
         let base = std::ptr::from_ref(&slot) as usize;
         let word_of = |p: *const u64| (p as usize - base) / 8;
-        assert_eq!(SLOT_WORDS, 25);
+        assert_eq!(SLOT_WORDS, 26);
         assert_eq!(word_of(&raw const slot.totals.stats.current), CURRENT);
         assert_eq!(word_of(&raw const slot.totals.stats.peak), PEAK);
         assert_eq!(word_of(&raw const slot.totals.stats.drops), 8);
         assert_eq!(word_of(&raw const slot.totals.sources[0].current), SOURCES);
         assert_eq!(word_of(&raw const slot.totals.sources[7].peak), 24);
+        assert_eq!(word_of(&raw const slot.totals.stacks), STACKS);
     }
 }

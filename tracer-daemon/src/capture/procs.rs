@@ -22,6 +22,24 @@ impl Capture {
         })
     }
 
+    /// Sets the stacks count ([`ProcTotals::stacks`]) of each image of
+    /// `counts` that the kernel still tracks (same tgid and generation):
+    /// the distinct stacks its live blocks reference, so that stacks
+    /// collected since leave its share.
+    pub fn set_stack_counts(&mut self, counts: &[(u32, u32, u64)]) {
+        for &(tgid, gen_, stacks) in counts {
+            if self.proc_slots.set_stacks(tgid, gen_, stacks) || !self.proc_slots.spilled(tgid) {
+                continue;
+            }
+            if let Ok(mut totals) = self.procs.get(&tgid, 0)
+                && totals.stats.gen_ == gen_
+            {
+                totals.stacks = stacks;
+                let _ = self.procs.insert(tgid, totals, 0);
+            }
+        }
+    }
+
     /// Every traced process (`PROC_SLOTS` and `PROCS`): tgid → totals.
     pub fn all_proc_stats(&self) -> Vec<(u32, ProcStats)> {
         let mut all = self.proc_slots.all();

@@ -142,6 +142,13 @@ pub struct Config {
     /// slot there by one compare-and-swap instead of a hash insert; blocks
     /// beyond it (or in a full bucket of 7) go to `LIVE_ALLOCS`.
     pub live_table_blocks: u32,
+    /// The share of the live-block maps (`max_live_blocks` and
+    /// `live_table_blocks` together), and of the stack map
+    /// (`max_stacks`), one process may hold, in percent (1..=100; 100: no
+    /// limit): a process past it has its new blocks dropped (or, past its
+    /// stacks, recorded with frame 0 only), counted in its `drops`, so
+    /// that the others stay complete.
+    pub process_share: u32,
     /// Capacity of the kernel's stack map (`STACKS`) in distinct stacks.
     pub max_stacks: u32,
     /// Capacity of the kernel's per-process map (`PROCS`) in processes.
@@ -227,6 +234,7 @@ impl Default for Config {
             snapshot_retention: 3600,
             max_live_blocks: 4 * 1024 * 1024,
             live_table_blocks: 7 << 16,
+            process_share: 50,
             max_stacks: 65536,
             max_procs: 65536,
             max_inflight: 65536,

@@ -56,6 +56,13 @@ impl Config {
             "0..=67108864 (blocks; 0: off)",
         )?;
         range(
+            "process_share",
+            self.process_share.into(),
+            1,
+            100,
+            "1..=100 (percent; 100: no limit)",
+        )?;
+        range(
             "max_stacks",
             self.max_stacks.into(),
             256,

@@ -2,9 +2,9 @@
 //! without their end event (lost to a full ring buffer) are removed (see
 //! [`Registry::orphaned_blocks`]), and stacks no block references are
 //! collected when `STACKS` is half full.
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
-use tracer_common::{AllocInfo, AllocKey, MAP_STACKS};
+use tracer_common::{AllocInfo, AllocKey, MAP_STACKS, STACK_ID_NONE};
 
 use super::registry::Registry;
 use crate::capture::{ImageId, KernelMaps};
@@ -36,12 +36,31 @@ pub fn scan(kernel: &mut dyn KernelMaps) -> Scan {
         let removed = kernel.remove_stacks(&unreferenced);
         tracing::info!(removed, map = MAP_STACKS, "collected unreferenced stacks");
     }
+    kernel.set_stack_counts(&stack_counts(&entries));
     let tracked = kernel
         .all_proc_stats()
         .into_iter()
         .map(|(tgid, stats)| ImageId::new(tgid, stats.gen_))
         .collect();
     Scan { entries, tracked }
+}
+
+/// The distinct stored stacks the blocks of `entries` reference, by image:
+/// (tgid, generation, stacks), what each image's share of `STACKS` counts.
+fn stack_counts(entries: &[(AllocKey, AllocInfo)]) -> Vec<(u32, u32, u64)> {
+    let mut stacks: HashMap<ImageId, HashSet<u64>> = HashMap::new();
+    for (key, info) in entries {
+        if info.stack_id != STACK_ID_NONE {
+            stacks
+                .entry(ImageId::of_block(key, info))
+                .or_default()
+                .insert(info.stack_id);
+        }
+    }
+    stacks
+        .into_iter()
+        .map(|(image, ids)| (image.pid, image.generation, ids.len() as u64))
+        .collect()
 }
 
 /// The blocks of `scan` to remove: those of images that are orphaned for

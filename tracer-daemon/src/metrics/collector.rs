@@ -94,6 +94,8 @@ pub fn counter_metric(name: &str) -> CounterMetric {
         "drop_stack" => CounterMetric::Drop("stack_store_full"),
         "drop_events" => CounterMetric::Drop("event_ring_full"),
         "drop_stack_preempted" => CounterMetric::Drop("stack_scratch_preempted"),
+        "drop_share" => CounterMetric::Drop("process_share"),
+        "drop_stack_share" => CounterMetric::Drop("process_stack_share"),
         "unknown_frees" => CounterMetric::UnknownFrees,
         other => match other.strip_prefix("drop_") {
             Some(reason) => CounterMetric::DropNamed(reason.to_string()),

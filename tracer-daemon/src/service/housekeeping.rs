@@ -1,14 +1,19 @@
 //! Housekeeping: the kernel's process events as they come, and the
 //! periodic passes: expiry of ended images (and of tracing state kept for
 //! images that are gone), and the orphan sweep over the kernel maps.
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
-use tracer_common::ProcEvent;
+use tracer_common::{MAP_LIVE_ALLOCS, ProcEvent};
 
 use super::Service;
+use super::state::lock;
+use crate::lifecycle::blocks::live_stats;
 use crate::lifecycle::events::{self, Event};
 use crate::lifecycle::registry::EndEvent;
 use crate::lifecycle::{orphans, scope};
+
+/// How often one process's drops are logged at most.
+pub const DROPS_LOG_EVERY: Duration = Duration::from_secs(60);
 
 impl Service {
     /// Handles a batch of kernel process events in order: a new image is
@@ -75,6 +80,50 @@ impl Service {
         held.registry.expire(SystemTime::now());
         let registry = &held.registry;
         held.control.retain(|image| registry.knows(image));
+    }
+
+    /// Logs each live process that lost blocks since it was last logged
+    /// (its kernel `drops`), at most once per [`DROPS_LOG_EVERY`] each:
+    /// its pid and command, the blocks lost, and why when the kernel tells
+    /// (past its share of the live-block maps; else a full map, which
+    /// `tracer_drops_total{reason}` names).
+    pub fn log_drops(&self) {
+        let held = self.state.locks().kernel().registry();
+        let max = held.kernel.config().process_max_blocks();
+        let now = std::time::Instant::now();
+        let mut logged = lock(&self.drops_logged);
+        let mut seen = std::collections::HashSet::new();
+        for image in held.registry.live() {
+            seen.insert(image.id);
+            let stats = live_stats(&**held.kernel, image.id);
+            let (last, at) = logged
+                .get(&image.id)
+                .copied()
+                .unwrap_or((0, now - DROPS_LOG_EVERY));
+            if stats.drops <= last || now.duration_since(at) < DROPS_LOG_EVERY {
+                continue;
+            }
+            logged.insert(image.id, (stats.drops, now));
+            if max != 0 && stats.blocks >= max {
+                tracing::warn!(
+                    pid = image.pid(),
+                    comm = %image.comm,
+                    lost = stats.drops - last,
+                    blocks = stats.blocks,
+                    map = MAP_LIVE_ALLOCS,
+                    share_blocks = max,
+                    "a process is past its share of the live-block maps: its new blocks are not traced (process_share)"
+                );
+            } else {
+                tracing::warn!(
+                    pid = image.pid(),
+                    comm = %image.comm,
+                    lost = stats.drops - last,
+                    "a process lost blocks: a kernel map was full (tracer_drops_total says which)"
+                );
+            }
+        }
+        logged.retain(|id, _| seen.contains(id));
     }
 
     /// Detaches the probes of scoped processes that are gone, collects

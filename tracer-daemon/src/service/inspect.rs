@@ -50,6 +50,9 @@ pub struct KernelMapsView {
     pub maps: BTreeMap<String, MapUse>,
     /// Live blocks of each process in the kernel maps, by pid.
     pub live_allocs_by_pid: BTreeMap<u32, u64>,
+    /// The live blocks one process may hold (`process_share` of the
+    /// live-block maps); 0: no limit.
+    pub process_max_blocks: u64,
     /// The programs' counters summed over CPUs, by name.
     pub counters: BTreeMap<String, u64>,
     /// The unwind tables: files loaded, refused (over the budget among
@@ -147,6 +150,7 @@ impl Service {
         KernelMapsView {
             maps,
             live_allocs_by_pid,
+            process_max_blocks: held.kernel.config().process_max_blocks(),
             counters,
             unwind: held.kernel.unwind_usage(),
             unwind_pids: {

@@ -87,6 +87,11 @@ pub struct Service {
     /// Processes read from events, read once more at the next tick (a
     /// library mapped after its event was handled).
     discover_again: std::sync::Mutex<Vec<u32>>,
+    /// The drops last logged of each live image, and when
+    /// ([`Service::log_drops`]).
+    drops_logged: std::sync::Mutex<
+        std::collections::HashMap<crate::capture::ImageId, (u64, std::time::Instant)>,
+    >,
 }
 
 impl Service {
@@ -118,6 +123,7 @@ impl Service {
             )),
             discover_queue: std::sync::Mutex::default(),
             discover_again: std::sync::Mutex::default(),
+            drops_logged: std::sync::Mutex::default(),
             builder: SnapshotBuilder {
                 symbolizer: Symbolizer::new(),
                 nframe,

@@ -47,7 +47,7 @@ pub(super) struct Locks<'a, K, S, R, C, T> {
 
 /// Locks a mutex; a panic while it was held does not take the daemon down
 /// with it: every update of this state is complete or not started.
-fn lock<T: ?Sized>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(super) fn lock<T: ?Sized>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)

@@ -47,10 +47,22 @@ fn pair(name: &str, value: &str) -> (String, String) {
     (name.to_string(), value.to_string())
 }
 
+/// Live-block maps of 1038 blocks (1024 in `LIVE_ALLOCS`, 14 in the
+/// table), all of them for one process if it takes them: full for
+/// everyone, with no share that holds a process back first.
+const SMALL_MAPS: [&str; 6] = [
+    "--max-live-blocks",
+    "1024",
+    "--live-table-blocks",
+    "14",
+    "--process-share",
+    "100",
+];
+
 #[test]
 fn a_full_live_map_counts_drops_says_incomplete_and_leaves_no_phantom_leak() {
     let prog = Program::build("fivethousand", &[]);
-    let tracerd = Tracerd::start(&["--max-live-blocks", "1024", "--live-table-blocks", "14"]);
+    let tracerd = Tracerd::start(&SMALL_MAPS);
     let mut fx = Fixture::spawn_ready(&prog.exe, &[]);
     let pid = fx.pid();
     fx.step("allocated");
@@ -110,14 +122,8 @@ fn every_snapshot_and_answer_says_it_is_incomplete_and_the_drops_survive_a_resta
     // Only this process is traced, so the maps' 1038 entries are all its.
     let state = TempDir::new("lossstate");
     let pid_s = pid.to_string();
-    let args = [
-        "--max-live-blocks",
-        "1024",
-        "--live-table-blocks",
-        "14",
-        "--scope-pid",
-        &pid_s,
-    ];
+    let mut args = SMALL_MAPS.to_vec();
+    args.extend(["--scope-pid", &pid_s]);
     let mut tracerd = Tracerd::start_at(state.path(), &args);
     fx.step("allocated");
     tracerd.wait_traced(pid);
@@ -236,7 +242,7 @@ fn every_snapshot_and_answer_says_it_is_incomplete_and_the_drops_survive_a_resta
 #[test]
 fn a_full_stack_store_is_counted_and_keeps_sizes_and_lines_exact() {
     let prog = Program::build("manysites", &[]);
-    let tracerd = Tracerd::start(&["--max-stacks", "256"]);
+    let tracerd = Tracerd::start(&["--max-stacks", "256", "--process-share", "100"]);
     let mut fx = Fixture::spawn_ready(&prog.exe, &[]);
     let pid = fx.pid();
     fx.step("done");

@@ -61,7 +61,12 @@ pub fn scale_part(root: &Path, dir: &Path) -> anyhow::Result<serde_json::Value> 
     let tracer = start_tracerd(
         &release_dir(root).join("tracerd"),
         &dir.join("state"),
-        &["--max-live-blocks", &(8u32 << 20).to_string()],
+        &[
+            "--max-live-blocks",
+            &(8u32 << 20).to_string(),
+            "--process-share",
+            "100",
+        ],
     )?;
     let pid = tracer.pid();
     let addr: SocketAddr = LISTEN.parse()?;

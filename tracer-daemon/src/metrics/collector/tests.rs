@@ -78,7 +78,9 @@ fn every_ebpf_counter_has_a_metric() {
             "procs_map_full",
             "stack_store_full",
             "event_ring_full",
-            "stack_scratch_preempted"
+            "stack_scratch_preempted",
+            "process_share",
+            "process_stack_share"
         ]
     );
     assert_eq!(

@@ -25,7 +25,7 @@ use crate::suite::support::{
 
 /// Each `(marker, count, size)`: the `count` and `size` of the statistic
 /// at the marker's line (none at all for 0 and 0).
-fn expect(prog: &Program, stats: &Value, what: &str, sites: &[(&str, i64, i64)]) {
+pub(super) fn expect(prog: &Program, stats: &Value, what: &str, sites: &[(&str, i64, i64)]) {
     for &(marker, count, size) in sites {
         let line = prog.line(&format!("/* {marker} */"));
         let got =
@@ -36,7 +36,7 @@ fn expect(prog: &Program, stats: &Value, what: &str, sites: &[(&str, i64, i64)])
 }
 
 /// The C API's sites of `fixtures/allocator_libs.c` after "go".
-const C_API: &[(&str, i64, i64)] = &[
+pub(super) const C_API: &[(&str, i64, i64)] = &[
     // 100 blocks of 1000 bytes, every other one freed.
     ("LIB_MALLOC", 50, 50 * 1000),
     ("LIB_CALLOC", 50, 50 * 300),

@@ -4,6 +4,7 @@
 
 mod alloc;
 mod allocators;
+mod capacity;
 mod daemon;
 mod lifecycle;
 mod sampling;

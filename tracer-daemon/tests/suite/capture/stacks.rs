@@ -85,8 +85,9 @@ fn a_deep_chain_of_large_frames_is_walked_to_main() {
 fn blocks_whose_stack_was_not_stored_keep_their_exact_call_site() {
     let prog = build("manycallers");
     let line = prog.line("MANY_SITE");
-    // Room for 256 stacks only: most of the 600 cannot be stored.
-    let tracerd = Tracerd::start(&["--max-stacks", "256"]);
+    // Room for 256 stacks only, all of them for one process: most of the
+    // 600 cannot be stored.
+    let tracerd = Tracerd::start(&["--max-stacks", "256", "--process-share", "100"]);
     let mut fx = Fixture::spawn_traced(&tracerd, &prog.exe, &[]);
     let pid = fx.pid();
     fx.step("done");
@@ -112,7 +113,14 @@ fn a_stack_collected_by_the_sweep_is_stored_again_by_its_next_allocation() {
     // Only this process, and room for 256 stacks: the sweep collects
     // unreferenced stacks once more than 128 are stored.
     let scope = pid.to_string();
-    let tracerd = Tracerd::start(&["--scope-pid", &scope, "--max-stacks", "256"]);
+    let tracerd = Tracerd::start(&[
+        "--scope-pid",
+        &scope,
+        "--max-stacks",
+        "256",
+        "--process-share",
+        "100",
+    ]);
     fx.step("freed");
     let stacks = |tracerd: &Tracerd| u64_of(&tracerd.maps()["maps"]["STACKS"], "entries");
     assert!(stacks(&tracerd) >= 150, "{}", stacks(&tracerd));
