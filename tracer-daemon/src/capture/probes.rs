@@ -211,28 +211,44 @@ impl Family {
         tracer_common::source_of(self.name()).unwrap_or(0)
     }
 
+    /// The family whose own API the probed function `symbol` (a name of
+    /// [`PROBES`]) is part of: jemalloc's (`mallocx`, `rallocx`,
+    /// `sdallocx`, `dallocx`, `je_*`, `_rjem_*`), tcmalloc's (`tc_*`),
+    /// mimalloc's (`mi_*`); None for the C API and C++'s operators, which
+    /// any allocator may define.
+    fn owning(symbol: &str) -> Option<Self> {
+        if symbol.starts_with("je_")
+            || symbol.starts_with("_rjem_")
+            || matches!(symbol, "mallocx" | "rallocx" | "sdallocx" | "dallocx")
+        {
+            Some(Family::Jemalloc)
+        } else if symbol.starts_with("tc_") {
+            Some(Family::Tcmalloc)
+        } else if symbol.starts_with("mi_") {
+            Some(Family::Mimalloc)
+        } else {
+            None
+        }
+    }
+
     /// The family of an object that defines the function names of
-    /// `defines`: by a name only that allocator defines (`mallocx`,
-    /// `tc_malloc`, `mi_malloc` ...), then by the C library's own
-    /// (`__libc_memalign` is glibc's; `__libc_start_main` without it,
-    /// musl's); None when it defines no allocator entry point tracer
-    /// probes (no `malloc` and `free`, and no family's own `malloc`).
+    /// `defines`: by any probed function of jemalloc's, tcmalloc's or
+    /// mimalloc's own API ([`Family::owning`]; any, not only its `malloc`:
+    /// an executable that links one statically keeps only the functions it
+    /// calls, and Rust's mimalloc crate calls `mi_malloc_aligned`,
+    /// `mi_zalloc_aligned`, `mi_realloc_aligned` and `mi_free`, never
+    /// `mi_malloc`), then by the C library's own (`__libc_memalign` is
+    /// glibc's; `__libc_start_main` without it, musl's); None when it
+    /// defines no allocator entry point tracer probes (no `malloc` and
+    /// `free`, and none of a family's own).
     fn of(defines: &dyn Fn(&str) -> bool) -> Option<Self> {
-        let any = |names: &[&str]| names.iter().any(|n| defines(n));
-        if any(&[
-            "mallocx",
-            "je_malloc",
-            "je_mallocx",
-            "_rjem_malloc",
-            "_rjem_mallocx",
-        ]) {
-            return Some(Family::Jemalloc);
-        }
-        if defines("tc_malloc") {
-            return Some(Family::Tcmalloc);
-        }
-        if defines("mi_malloc") {
-            return Some(Family::Mimalloc);
+        for family in [Family::Jemalloc, Family::Tcmalloc, Family::Mimalloc] {
+            if PROBES
+                .iter()
+                .any(|spec| Self::owning(spec.symbol) == Some(family) && defines(spec.symbol))
+            {
+                return Some(family);
+            }
         }
         if !(defines("malloc") && defines("free")) {
             return None;
@@ -553,6 +569,80 @@ mod tests {
         let stdcxx = fs::read(format!("{lib}/libstdc++.so.6")).expect("g++ is installed");
         assert!(object_probes(&stdcxx).expect("libstdc++ reads").is_none());
         assert!(object_probes(b"not an ELF file").is_err());
+    }
+
+    /// An object is of a family by any of that family's own probed
+    /// functions: what an executable linking the allocator statically
+    /// keeps of it (Rust's tikv-jemallocator and mimalloc crates: a
+    /// release build of a program on each, `nm`) has no `mi_malloc`.
+    #[test]
+    fn a_family_is_known_by_any_of_its_own_functions() {
+        let of = |names: &[&str]| Family::of(&|name| names.contains(&name));
+        assert_eq!(
+            of(&[
+                "mi_free",
+                "mi_malloc_aligned",
+                "mi_realloc_aligned",
+                "mi_zalloc_aligned"
+            ]),
+            Some(Family::Mimalloc)
+        );
+        assert_eq!(
+            of(&[
+                "_rjem_calloc",
+                "_rjem_malloc",
+                "_rjem_mallocx",
+                "_rjem_rallocx",
+                "_rjem_realloc",
+                "_rjem_sdallocx"
+            ]),
+            Some(Family::Jemalloc)
+        );
+        assert_eq!(of(&["_rjem_sdallocx"]), Some(Family::Jemalloc));
+        assert_eq!(of(&["sdallocx"]), Some(Family::Jemalloc));
+        assert_eq!(of(&["tc_free"]), Some(Family::Tcmalloc));
+        // The C API besides: still the allocator's (Debian's libmimalloc).
+        assert_eq!(
+            of(&["malloc", "free", "__libc_memalign", "mi_free"]),
+            Some(Family::Mimalloc)
+        );
+        // The C API alone, by the C library's own names.
+        assert_eq!(
+            of(&["malloc", "free", "__libc_memalign"]),
+            Some(Family::Glibc)
+        );
+        assert_eq!(
+            of(&["malloc", "free", "__libc_start_main"]),
+            Some(Family::Musl)
+        );
+        assert_eq!(of(&["malloc", "free"]), Some(Family::Malloc));
+        // Half the C API, or C++'s operators alone (libstdc++): nothing.
+        assert_eq!(of(&["malloc"]), None);
+        assert_eq!(of(&["_Znwm", "_ZdlPv"]), None);
+        // Every probed function belongs to one of the families' own APIs,
+        // or is the C API's or an operator.
+        let c_api = [
+            "malloc",
+            "calloc",
+            "realloc",
+            "reallocarray",
+            "free",
+            "posix_memalign",
+            "aligned_alloc",
+            "memalign",
+            "valloc",
+            "pvalloc",
+            "free_sized",
+            "free_aligned_sized",
+        ];
+        for spec in PROBES {
+            assert_eq!(
+                Family::owning(spec.symbol).is_none(),
+                c_api.contains(&spec.symbol) || tracer_common::is_operator(spec.symbol),
+                "{}",
+                spec.symbol
+            );
+        }
     }
 
     #[test]
