@@ -75,8 +75,14 @@ pub(super) fn defaults() -> Vec<String> {
         "<hashbrown::*",
         "<str>::*",
         "<[*]>::*",
-        "<str as alloc::*",
-        "<[* as alloc::*",
+        // A method of one of alloc's traits, whatever its Self: alloc's
+        // own code (`<str as alloc::string::ToString>::to_string`,
+        // `<u8 as alloc::vec::spec_from_elem::SpecFromElem>::from_elem`
+        // and, inlined, `<T as ...SpecFromElem>::from_elem`, which
+        // `vec![x; n]` runs), but for the rare user type's own impl
+        // of an alloc trait (`alloc::task::Wake`), whose blocks then go
+        // to its caller.
+        "<* as alloc::*",
         "<* as core::alloc::global::GlobalAlloc>::*",
         "<* as core::alloc::Allocator>::*",
         // glib.
@@ -504,6 +510,11 @@ mod tests {
             "<std::collections::hash::map::HashMap<u32, u32>>::insert",
             "<[u8]>::to_vec",
             "<str as alloc::string::ToString>::to_string",
+            // vec![0u8; n] and vec![pixel; n] (inlined: the generic name),
+            // as rustc 1.95 names their frames.
+            "<u8 as alloc::vec::spec_from_elem::SpecFromElem>::from_elem",
+            "<T as alloc::vec::spec_from_elem::SpecFromElem>::from_elem",
+            "<[T] as alloc::slice::hack::ConvertVec>::to_vec",
             "<myapp::Counting as core::alloc::global::GlobalAlloc>::alloc",
             "core::fmt::write",
             "g_malloc",
@@ -566,6 +577,11 @@ mod tests {
             "_ZN5myapp4main17h0123456789abcdefE",
             "_RNvCs1234_5myapp4main",
             "<myapp::Cache>::grow",
+            // A user's impl of a trait of core's (Clone, Display ...), or
+            // of its own, is the user's.
+            "<myapp::Pixel as core::clone::Clone>::clone",
+            "<myapp::Pixel as core::fmt::Display>::fmt",
+            "<myapp::Pool as myapp::Alloc>::alloc",
             "PyList_Append",
             "PyMemoryView_FromObject",
             "sqlite3VdbeExec",
