@@ -35,6 +35,10 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
     // The unwinder's judge (gdb's backtrace) and its C++ fixture.
     ("gdb", "gdb"),
     ("g++", "g++"),
+    // The Rust fixture's allocator crates: tikv-jemalloc-sys builds
+    // jemalloc with its shipped configure script and make (the mimalloc
+    // crate needs the C compiler alone).
+    ("make", "make"),
     // Programs linked with the allocator libraries tracerd probes besides
     // glibc (their -l links and the libraries).
     (
