@@ -48,7 +48,7 @@ pub(super) const C_API: &[(&str, i64, i64)] = &[
 
 /// The family tracerd gives the probed object at `path` (`GET /health`),
 /// compared with symlinks resolved.
-fn family_of(tracerd: &Tracerd, path: &Path) -> Option<String> {
+pub(super) fn family_of(tracerd: &Tracerd, path: &Path) -> Option<String> {
     let health = tracerd.get_ok("/health");
     let canonical = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
     health["libraries"].as_array()?.iter().find_map(|l| {
@@ -59,7 +59,7 @@ fn family_of(tracerd: &Tracerd, path: &Path) -> Option<String> {
 }
 
 /// Waits until tracerd probes `object` (`GET /health` lists it).
-fn wait_probed(tracerd: &Tracerd, object: &Path) {
+pub(super) fn wait_probed(tracerd: &Tracerd, object: &Path) {
     poll(Duration::from_secs(10), Duration::from_millis(10), || {
         family_of(tracerd, object)
             .map(|_| ())

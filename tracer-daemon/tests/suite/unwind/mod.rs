@@ -70,7 +70,7 @@ fn judge(exe: &Path, sizes: &[u64], flags: &[&str]) {
 /// Waits until tracerd's unwinder has the tables of `pid`'s mappings
 /// (`/maps`' `unwind_pids`): they are compiled once the process is seen,
 /// and its allocations before that are walked by frame pointers.
-fn wait_unwinder(tracerd: &Tracerd, pid: u32) {
+pub(crate) fn wait_unwinder(tracerd: &Tracerd, pid: u32) {
     poll(Duration::from_secs(20), Duration::from_millis(20), || {
         let maps = tracerd.get_ok("/maps");
         let has = maps["unwind_pids"]

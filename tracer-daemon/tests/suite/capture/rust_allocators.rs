@@ -1,0 +1,135 @@
+//! Rust programs on a crate's global allocator (issue 12): the fixture
+//! crate `fixtures/rust_allocators` built as a user builds a release
+//! (`cargo build --release`, debug info, rustc's default frame-pointer
+//! settings) with tikv-jemallocator (jemalloc linked into the executable,
+//! `_rjem_*`) or the mimalloc crate (`mi_*`). The probed object is then the
+//! executable itself. Each block is recorded once, with its exact size, at
+//! the user's line in `main.rs`: the shim frames between it and the
+//! allocator (`__rust_alloc`, `<Jemalloc as GlobalAlloc>::alloc`,
+//! `alloc::raw_vec::*` ...) are dropped by the default `allocator_frames`.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    time::Instant,
+};
+
+use serde_json::Value;
+
+use super::allocators::{family_of, wait_probed};
+use crate::suite::{
+    support::{Fixture, Tracerd, fixture_path, line_of, output_ok, stat_at},
+    unwind::wait_unwinder,
+};
+
+/// The fixture crate's directory, `tests/fixtures/rust_allocators`.
+fn crate_dir() -> PathBuf {
+    fixture_path("rust_allocators")
+}
+
+/// The fixture's source: the file its frames name (DWARF's compilation
+/// directory, the crate's, joined with `src/main.rs`).
+fn source() -> PathBuf {
+    crate_dir().join("src/main.rs")
+}
+
+/// Builds the fixture with `--features {feature}` (`cargo build --release
+/// --locked`, its own Cargo.lock) into a target directory of its own under
+/// this test binary's scratch directory (`CARGO_TARGET_TMPDIR`), which is
+/// kept between runs: jemalloc's C build takes about a minute the first
+/// time, later runs only check that nothing changed. Returns the
+/// executable.
+fn build(feature: &str) -> PathBuf {
+    let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("rust_allocators-{feature}"));
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let started = Instant::now();
+    output_ok(
+        Command::new(cargo)
+            .args(["build", "--release", "--locked", "--quiet", "--features"])
+            .arg(feature)
+            .arg("--manifest-path")
+            .arg(crate_dir().join("Cargo.toml"))
+            .arg("--target-dir")
+            .arg(&target),
+    );
+    eprintln!(
+        "rust_allocators --features {feature}: built in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    target.join("release/rust_allocators")
+}
+
+/// Each `(marker, count, size)` of `fixtures/rust_allocators/src/main.rs`
+/// after "go": the `count` and `size` of the statistic at the marker's
+/// line (none at all for 0 and 0).
+const SITES: &[(&str, i64, i64)] = &[
+    // 100 zeroed boxed slices of 3000 bytes, every other one dropped.
+    ("RS_BOX", 50, 50 * 3000),
+    // 80 Vec<u64> of capacity 400, every other one dropped.
+    ("RS_WORDS", 40, 40 * 3200),
+    // 30 Vec<u8> of 3300 bytes, each reallocated to 7000 by
+    // reserve_exact: the blocks are the realloc's.
+    ("RS_GROW_FROM", 0, 0),
+    ("RS_GROW_TO", 30, 30 * 7000),
+    // 60 Box<[u8; 3400]>, every other one dropped.
+    ("RS_ARRAY", 30, 30 * 3400),
+    // 40 boxes of a 64-byte aligned 3584-byte struct, every other one
+    // dropped.
+    ("RS_ALIGNED", 20, 20 * 3584),
+    // 20 vec![Rgba(..); 950] of a user's 4-byte Clone type, every other
+    // one dropped.
+    ("RS_PIXELS", 10, 10 * 3800),
+    // 25 strings of capacity 3900, all dropped.
+    ("RS_TEMP", 0, 0),
+];
+
+/// Asserts [`SITES`] in `stats` (by line).
+fn expect(stats: &Value, what: &str) {
+    let src = source();
+    let text = std::fs::read_to_string(&src).expect("read the fixture's source");
+    for &(marker, count, size) in SITES {
+        let line = line_of(&text, &format!("/* {marker} */"));
+        let got = stat_at(stats, &src, line).map(|s| (s["count"].as_i64(), s["size"].as_i64()));
+        let want = (count != 0).then_some((Some(count), Some(size)));
+        assert_eq!(got, want, "{what}: {marker} at line {line} in {stats}");
+    }
+}
+
+/// Builds the fixture with `feature`, runs it under tracerd once the
+/// executable is probed and the unwinder has its tables, and asserts every
+/// site and the executable's allocator family in `/health`.
+fn traced_exactly(feature: &str, family: &str) {
+    // Built before tracerd starts: the build's own processes untraced.
+    let exe = build(feature);
+    let tracerd = Tracerd::start(&[]);
+    let mut fx = Fixture::spawn_ready(&exe, &[]);
+    let pid = fx.pid();
+    wait_probed(&tracerd, &exe);
+    // tracerd knows the process from its first allocation (the runtime's,
+    // before "ready") and compiles the unwinder's tables of its mappings
+    // then; until they are in, a stack is walked by frame pointers, which
+    // a release build omits: a realloc's traceback would end at alloc's
+    // out-of-line finish_grow, short of the user's line.
+    wait_unwinder(&tracerd, pid);
+    fx.step("done");
+    let stats =
+        tracerd.get_ok(&format!("/pid/{pid}/statistics?group_by=lineno&limit=0"))["statistics"]
+            .clone();
+    expect(&stats, feature);
+    assert_eq!(
+        family_of(&tracerd, &exe).as_deref(),
+        Some(family),
+        "{feature}: the executable's family"
+    );
+    fx.end();
+}
+
+#[test]
+fn rust_on_tikv_jemallocator_is_traced_exactly_at_the_users_lines() {
+    traced_exactly("jemalloc", "jemalloc");
+}
+
+#[test]
+fn rust_on_the_mimalloc_crate_is_traced_exactly_at_the_users_lines() {
+    traced_exactly("mimalloc", "mimalloc");
+}
