@@ -129,7 +129,7 @@ fn jemalloc_tcmalloc_and_mimalloc_programs_are_traced_exactly() {
 }
 
 /// `GET /pid/{pid}/traced-memory`'s `by_source`: source → (current, peak).
-fn by_source(tracerd: &Tracerd, pid: u32) -> Vec<(String, i64, i64)> {
+pub(super) fn by_source(tracerd: &Tracerd, pid: u32) -> Vec<(String, i64, i64)> {
     let memory = tracerd.get_ok(&format!("/pid/{pid}/traced-memory"));
     let sources = memory["by_source"].as_object().expect("by_source");
     sources

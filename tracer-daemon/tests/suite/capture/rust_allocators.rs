@@ -16,7 +16,7 @@ use std::{
 
 use serde_json::Value;
 
-use super::allocators::{family_of, wait_probed};
+use super::allocators::{by_source, family_of, wait_probed};
 use crate::suite::{
     support::{Fixture, Tracerd, fixture_path, line_of, output_ok, stat_at},
     unwind::wait_unwinder,
@@ -120,6 +120,21 @@ fn traced_exactly(feature: &str, family: &str) {
         family_of(&tracerd, &exe).as_deref(),
         Some(family),
         "{feature}: the executable's family"
+    );
+    // Every block held now is its allocator's. (glibc's malloc served
+    // libc's own allocations at start, all freed since: its current is 0,
+    // its peak not.)
+    let memory = tracerd.get_ok(&format!("/pid/{pid}/traced-memory"));
+    let current = memory["current"].as_i64().expect("current");
+    let sources: Vec<(String, i64)> = by_source(&tracerd, pid)
+        .into_iter()
+        .filter(|(_, current, _)| *current != 0)
+        .map(|(name, current, _)| (name, current))
+        .collect();
+    assert_eq!(
+        sources,
+        [(family.to_string(), current)],
+        "{feature}: {memory}"
     );
     fx.end();
 }
