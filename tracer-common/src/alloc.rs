@@ -1,7 +1,8 @@
 //! A live block as the kernel records it: its key ([`AllocKey`]: process and
 //! address) and value ([`AllocInfo`]: size, stack, frame 0, generation,
 //! source), the entry of `LIVE_ALLOCS` and the value of the fast table's
-//! `LIVE_VALUES`; and the sources a block comes from ([`SOURCE_NAMES`]).
+//! `LIVE_VALUES`; and how many sources a block can come from
+//! ([`SOURCE_COUNT`]).
 
 use core::mem::size_of;
 
@@ -40,29 +41,17 @@ pub struct AllocInfo {
     /// exec or a reused pid starts a new generation, so stale blocks of an
     /// earlier image are never mixed with the new one.
     pub gen_: u32,
-    /// Where the block comes from: an index of [`SOURCE_NAMES`], the
-    /// allocator family of the probe that recorded it (its attach cookie).
+    /// Where the block comes from: a source code below [`SOURCE_COUNT`]
+    /// (the model's `Source`, which names them), the allocator family of
+    /// the probe that recorded it (its attach cookie); 0 for a probe
+    /// attached without one.
     pub source: u32,
 }
 const _: () = assert!(size_of::<AllocInfo>() == 32);
 
-/// Sources a block can come from, by [`AllocInfo::source`]: the allocator
-/// family of the probed object that returned it (the probe's attach
-/// cookie), `unknown` (0) for a probe attached without one.
-pub const SOURCE_NAMES: [&str; SOURCE_COUNT] = [
-    "unknown", "glibc", "musl", "jemalloc", "tcmalloc", "mimalloc", "malloc", "mmap",
-];
-
-/// Entries of [`SOURCE_NAMES`], and of [`crate::ProcTotals::sources`].
+/// Source codes ([`AllocInfo::source`]), the entries of
+/// [`crate::ProcTotals::sources`]: the model's `Source::all()` names each.
 pub const SOURCE_COUNT: usize = 8;
-
-/// The [`AllocInfo::source`] of `name` (an entry of [`SOURCE_NAMES`]).
-pub fn source_of(name: &str) -> Option<u32> {
-    SOURCE_NAMES
-        .iter()
-        .position(|n| *n == name)
-        .map(|i| i as u32)
-}
 
 // SAFETY: #[repr(C)], Copy, made only of integers with explicit padding, so
 // every bit pattern is valid.

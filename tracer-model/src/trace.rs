@@ -415,9 +415,15 @@ pub(crate) fn serialize_traceback<S: Serializer>(
 /// allocator family whose probe recorded it (`glibc`, `musl`, `jemalloc`,
 /// `tcmalloc`, `mimalloc`, `malloc`) or `mmap`; [`Source::UNKNOWN`] for a
 /// trace read from a tracemalloc file or written before sources were kept.
-/// An index of [`tracer_common::SOURCE_NAMES`], as the kernel records it.
+/// Its code is what the kernel records (`AllocInfo::source`, the index of
+/// its name in [`SOURCE_NAMES`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Source(pub u8);
+
+/// The name of each [`Source`] code.
+pub const SOURCE_NAMES: [&str; 8] = [
+    "unknown", "glibc", "musl", "jemalloc", "tcmalloc", "mimalloc", "malloc", "mmap",
+];
 
 impl Source {
     /// Not known.
@@ -429,21 +435,25 @@ impl Source {
     pub fn from_code(code: u32) -> Self {
         u8::try_from(code)
             .ok()
-            .filter(|c| usize::from(*c) < tracer_common::SOURCE_COUNT)
+            .filter(|c| usize::from(*c) < SOURCE_NAMES.len())
             .map_or(Source::UNKNOWN, Source)
     }
 
     /// The source named `name` (see [`Source::all`]), or None.
     #[must_use]
     pub fn from_name(name: &str) -> Option<Self> {
-        tracer_common::source_of(name).map(Self::from_code)
+        SOURCE_NAMES
+            .iter()
+            .position(|n| *n == name)
+            .and_then(|i| u8::try_from(i).ok())
+            .map(Source)
     }
 
     /// Its name: `unknown`, `glibc`, `musl`, `jemalloc`, `tcmalloc`,
     /// `mimalloc`, `malloc` or `mmap`.
     #[must_use]
     pub fn name(self) -> &'static str {
-        tracer_common::SOURCE_NAMES
+        SOURCE_NAMES
             .get(usize::from(self.0))
             .copied()
             .unwrap_or("unknown")
@@ -452,7 +462,7 @@ impl Source {
     /// Every name, in code order.
     #[must_use]
     pub fn all() -> &'static [&'static str] {
-        &tracer_common::SOURCE_NAMES
+        &SOURCE_NAMES
     }
 
     /// Whether it is [`Source::UNKNOWN`].

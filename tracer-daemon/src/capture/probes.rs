@@ -170,6 +170,9 @@ fn host_abi_matches(ldconfig_line: &str) -> bool {
     }
 }
 
+// The kernel's per-source totals have one entry per source the model names.
+const _: () = assert!(tracer_model::SOURCE_NAMES.len() == tracer_common::SOURCE_COUNT);
+
 /// The allocator family of an object's probed functions: the `source` its
 /// blocks are reported with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
@@ -205,10 +208,11 @@ impl Family {
         }
     }
 
-    /// The [`tracer_common::AllocInfo::source`] of its blocks: its name's
-    /// index in [`tracer_common::SOURCE_NAMES`].
+    /// The [`tracer_common::AllocInfo::source`] of its blocks: the code of
+    /// the model's [`tracer_model::Source`] of its name (the kernel keeps
+    /// totals for as many codes as the model names: checked at build).
     pub fn source(self) -> u32 {
-        tracer_common::source_of(self.name()).unwrap_or(0)
+        tracer_model::Source::from_name(self.name()).map_or(0, |s| u32::from(s.0))
     }
 
     /// The family whose own API the probed function `symbol` (a name of
@@ -517,6 +521,23 @@ mod tests {
                     assert_eq!(point.exit, point.entry, "{point:?}");
                 }
             }
+        }
+    }
+
+    /// Each family's blocks are reported under its own name.
+    #[test]
+    fn each_family_is_the_source_of_its_name() {
+        for family in [
+            Family::Glibc,
+            Family::Musl,
+            Family::Jemalloc,
+            Family::Tcmalloc,
+            Family::Mimalloc,
+            Family::Malloc,
+        ] {
+            let source = tracer_model::Source::from_code(family.source());
+            assert_eq!(source.name(), family.name());
+            assert!(!source.is_unknown());
         }
     }
 

@@ -232,7 +232,7 @@ impl Service {
 
     /// The bytes of `pid`'s live image by source (`PROC_SLOTS`/`PROCS`):
     /// (source name, current, peak) of each source that has had a block,
-    /// in [`tracer_common::SOURCE_NAMES`] order. Empty for an image that
+    /// in [`tracer_model::SOURCE_NAMES`] order. Empty for an image that
     /// ended (the kernel keeps no sources past exec or exit).
     ///
     /// # Errors
@@ -251,7 +251,7 @@ impl Service {
             .proc_totals(pid)
             .filter(|totals| totals.stats.gen_ == image.id.generation)
             .unwrap_or_default();
-        Ok(tracer_common::SOURCE_NAMES
+        Ok(tracer_model::SOURCE_NAMES
             .iter()
             .zip(totals.sources)
             .filter(|(_, source)| source.peak != 0 || source.current != 0)
