@@ -178,6 +178,7 @@ pub async fn run(config: Config) -> Result<(), AppError> {
     let drained = http::serve((tcp, tcp_app), unix, shutdown_signal(), grace).await;
     notify(&[sd_notify::NotifyState::Stopping]);
     tracing::info!(drained, "stopping: API closed");
+    service.begin_stop();
     for task in background {
         task.abort();
         let _ = task.await;

@@ -115,11 +115,14 @@ impl Drop for AbortOnDrop {
 /// the sweep every
 /// [`SWEEP_EVERY_TICKS`].
 fn housekeeping(service: &Service, tick: u64) {
+    if service.stopping() {
+        return;
+    }
     service.expire();
     service.discover_again();
     // Libraries dlopen'd since an image was seen get their unwind tables.
     service.refresh_unwind();
-    if !tick.is_multiple_of(SWEEP_EVERY_TICKS) {
+    if !tick.is_multiple_of(SWEEP_EVERY_TICKS) || service.stopping() {
         return;
     }
     service.drop_unused_allocators();

@@ -88,6 +88,9 @@ impl Service {
         let own = std::process::id();
         let mut probed = 0;
         for pid in pids {
+            if self.stopping() {
+                break;
+            }
             if pid == own || !self.state.locks().scope().scope.matches(pid) {
                 continue;
             }

@@ -87,6 +87,10 @@ pub struct Service {
     /// Processes read from events, read once more at the next tick (a
     /// library mapped after its event was handled).
     discover_again: std::sync::Mutex<Vec<u32>>,
+    /// Set once tracerd is stopping ([`Service::begin_stop`]): the long
+    /// background passes end at their next item, so that nothing holds
+    /// the service (and its probes) for long.
+    stopping: std::sync::atomic::AtomicBool,
     /// The drops last logged of each live image, and when
     /// ([`Service::log_drops`]).
     drops_logged: std::sync::Mutex<
@@ -124,6 +128,7 @@ impl Service {
             discover_queue: std::sync::Mutex::default(),
             discover_again: std::sync::Mutex::default(),
             drops_logged: std::sync::Mutex::default(),
+            stopping: std::sync::atomic::AtomicBool::new(false),
             builder: SnapshotBuilder {
                 symbolizer: Symbolizer::new(),
                 nframe,
@@ -132,6 +137,18 @@ impl Service {
             },
             started_at: SystemTime::now(),
         }
+    }
+
+    /// Marks tracerd as stopping: the background passes (unwind tables,
+    /// allocator discovery, housekeeping) end at their next item.
+    pub fn begin_stop(&self) {
+        self.stopping
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether [`Service::begin_stop`] was called.
+    pub fn stopping(&self) -> bool {
+        self.stopping.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Opens the snapshot store in `state_dir` (its files read back; those

@@ -56,6 +56,9 @@ impl Service {
                 return done;
             }
             for (image, maps) in pending {
+                if self.stopping() {
+                    return done;
+                }
                 self.unwind_image(image, maps);
                 done += 1;
             }
