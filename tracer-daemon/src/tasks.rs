@@ -91,10 +91,15 @@ async fn unwind_new_images(service: Arc<Service>, wake: Arc<tokio::sync::Notify>
 /// (whose compiling must not delay a process's probes). Runs until
 /// aborted.
 async fn discover_allocators(service: Arc<Service>, wake: Arc<tokio::sync::Notify>) {
-    // The processes running at start first, without holding up the
-    // events of those starting meanwhile.
+    // The allocator libraries installed on the host, then the processes
+    // running at start, without holding up the events of those starting
+    // meanwhile.
     let all = service.clone();
-    let _ = tokio::task::spawn_blocking(move || all.discover_all()).await;
+    let _ = tokio::task::spawn_blocking(move || {
+        all.probe_installed();
+        all.discover_all();
+    })
+    .await;
     loop {
         wake.notified().await;
         let service = service.clone();

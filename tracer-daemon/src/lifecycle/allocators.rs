@@ -5,11 +5,14 @@
 //! process, through the descriptor tracerd holds open on it (so an object
 //! inside a container's root, or since deleted, is the one probed). An
 //! object found this way is no longer probed once no process maps it
-//! ([`Allocators::unused`]). The glibc probed from the start stays.
+//! ([`Allocators::unused`]). The glibc probed from the start stays, and so
+//! do the allocator libraries installed on the host, probed at start before
+//! any process maps them ([`installed_libraries`]): a program that links
+//! one is traced from its first allocation.
 use std::{
     collections::{BTreeSet, HashMap},
     os::unix::fs::FileExt as _,
-    path::PathBuf,
+    path::{Path, PathBuf},
     time::{Duration, Instant},
 };
 
@@ -108,6 +111,35 @@ impl Allocators {
         }
     }
 
+    /// Reads the symbols of the file at `path` (a library installed on the
+    /// host, probed through that path): Some when it defines an allocator.
+    pub fn examine_file(path: &Path) -> Option<Found> {
+        let key = FileKey::of_path(path)?;
+        let data = std::fs::read(path).ok()?;
+        if data.len() as u64 > MAX_OBJECT_BYTES {
+            return None;
+        }
+        match object_probes(&data) {
+            Ok(Some(probes)) if !probes.points.is_empty() => Some(Found {
+                library: AttachedLibrary::new(path.to_path_buf(), key, None, &probes),
+                path: path.to_path_buf(),
+                probes,
+            }),
+            _ => None,
+        }
+    }
+
+    /// Whether `key` was examined already.
+    pub fn knows(&self, key: FileKey) -> bool {
+        self.examined.contains_key(&key)
+    }
+
+    /// Records `key`, probed from the start (an installed library): never
+    /// examined again, never dropped as unused.
+    pub fn pin(&mut self, key: FileKey) {
+        self.examined.insert(key, false);
+    }
+
     /// Records the outcome of examining `key` in process `pid`: probed
     /// (`probed`) or not (never examined again either way).
     pub fn examined(&mut self, key: FileKey, pid: u32, probed: bool) {
@@ -150,4 +182,90 @@ impl Allocators {
 /// Whether process `pid` maps file `key` now.
 fn maps_file(pid: u32, key: FileKey) -> bool {
     procfs::read_maps(pid).is_ok_and(|entries| entries.iter().any(|e| e.file_key() == key))
+}
+
+/// File names of allocator libraries a program may link: jemalloc,
+/// tcmalloc (and its variants), mimalloc (and its secure build), glibc and
+/// musl.
+const LIBRARY_PREFIXES: [&str; 6] = [
+    "libjemalloc",
+    "libtcmalloc",
+    "libmimalloc",
+    "libc.so.",
+    "libc.musl-",
+    "ld-musl-",
+];
+
+/// The library directories of the host, where the dynamic loader finds
+/// what programs link: each of these, and its multiarch subdirectories
+/// (`x86_64-linux-gnu` ...).
+const LIBRARY_DIRS: [&str; 6] = [
+    "/lib",
+    "/lib64",
+    "/usr/lib",
+    "/usr/lib64",
+    "/usr/local/lib",
+    "/usr/local/lib64",
+];
+
+/// The allocator libraries installed on the host ([`LIBRARY_DIRS`], names
+/// of [`LIBRARY_PREFIXES`] holding `.so`), one path per (device, inode),
+/// canonical: probed at start, before any process maps them, so that a
+/// program linking one is traced from its first allocation (a uprobe is
+/// per file, and the kernel places it in every mapping made later).
+pub fn installed_libraries() -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    for dir in LIBRARY_DIRS {
+        let Ok(dir) = std::fs::canonicalize(dir) else {
+            continue;
+        };
+        let multiarch = std::fs::read_dir(&dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| {
+                let name = e.file_name();
+                let name = name.to_str()?;
+                (name.contains("-linux-") && e.path().is_dir()).then(|| e.path())
+            });
+        let all: Vec<PathBuf> = std::iter::once(dir.clone()).chain(multiarch).collect();
+        for d in all {
+            if !dirs.contains(&d) {
+                dirs.push(d);
+            }
+        }
+    }
+    let mut seen: Vec<FileKey> = Vec::new();
+    let mut found = Vec::new();
+    for dir in dirs {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        let mut names: Vec<PathBuf> = entries
+            .flatten()
+            .filter(|e| {
+                e.file_name().to_str().is_some_and(|name| {
+                    name.contains(".so")
+                        && LIBRARY_PREFIXES
+                            .iter()
+                            .any(|prefix| name.starts_with(prefix))
+                })
+            })
+            .map(|e| e.path())
+            .collect();
+        names.sort();
+        for path in names {
+            let Ok(path) = std::fs::canonicalize(&path) else {
+                continue;
+            };
+            let Some(key) = FileKey::of_path(&path) else {
+                continue;
+            };
+            if path.is_file() && !seen.contains(&key) {
+                seen.push(key);
+                found.push(path);
+            }
+        }
+    }
+    found
 }

@@ -36,6 +36,45 @@ impl Service {
         }
     }
 
+    /// Probes the allocator libraries installed on the host
+    /// (`lifecycle::allocators::installed_libraries`) that define an
+    /// allocator and are not probed yet, for every process, before any
+    /// process maps them: a program that links one is traced from its first
+    /// allocation. They stay probed (pinned). Returns how many it probed.
+    pub fn probe_installed(&self) -> usize {
+        let Some(allocators) = &self.allocators else {
+            return 0;
+        };
+        let lock = || super::state::lock(allocators);
+        let mut probed = 0;
+        for path in crate::lifecycle::allocators::installed_libraries() {
+            if self.stopping() {
+                break;
+            }
+            let Some(key) = crate::sys::procfs::FileKey::of_path(&path) else {
+                continue;
+            };
+            if lock().knows(key) {
+                continue;
+            }
+            lock().pin(key);
+            let Some(found) = Allocators::examine_file(&path) else {
+                continue;
+            };
+            let (family, points) = (found.probes.family, found.probes.points.len());
+            match self.state.locks().kernel().kernel.add_library(found) {
+                Ok(()) => {
+                    probed += 1;
+                    tracing::info!(object = %path.display(), family = family.name(), points, "probing an installed allocator");
+                }
+                Err(err) => {
+                    tracing::warn!(object = %path.display(), %err, "cannot probe an installed allocator");
+                }
+            }
+        }
+        probed
+    }
+
     /// Queues every process on the host (at start).
     pub fn discover_all(&self) {
         let started = Instant::now();
@@ -74,11 +113,7 @@ impl Service {
         let Some(allocators) = &self.allocators else {
             return 0;
         };
-        let lock = || {
-            allocators
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-        };
+        let lock = || super::state::lock(allocators);
         let pids = std::mem::take(
             &mut *self
                 .discover_queue

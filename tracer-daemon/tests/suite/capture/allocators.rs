@@ -227,6 +227,46 @@ fn each_block_keeps_its_source_in_one_process_with_two_allocators() {
 }
 
 #[test]
+fn a_50_ms_program_on_an_installed_allocator_is_traced_from_its_first_allocation() {
+    // libjemalloc is probed when tracerd starts, before any process maps
+    // it: a program that links it is traced from its first allocation, even
+    // one that lives 50 ms and waits for nothing.
+    let tracerd = Tracerd::start(&[]);
+    let lib = Path::new("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2");
+    wait_probed(&tracerd, lib);
+    let health = tracerd.get_ok("/health");
+    let entry = health["libraries"]
+        .as_array()
+        .and_then(|l| l.iter().find(|l| l["family"] == "jemalloc"))
+        .cloned()
+        .expect("libjemalloc listed");
+    assert_eq!(entry["found_in"], Value::Null, "probed at start: {entry}");
+    let prog = Program::build("short_lived", &["-ljemalloc"]);
+    let started = std::time::Instant::now();
+    let mut child = Command::new(&prog.exe).spawn().expect("spawn");
+    let pid = child.id();
+    let status = child.wait().expect("wait");
+    assert!(status.success(), "{status}");
+    let lived = started.elapsed();
+    assert!(lived < Duration::from_millis(500), "it lived {lived:?}");
+    // Its image ended; tracerd keeps it, symbolized.
+    let stats = poll(Duration::from_secs(10), Duration::from_millis(50), || {
+        let (status, body) = tracerd.get(&format!("/pid/{pid}/statistics?group_by=lineno&limit=0"));
+        if status == 200 && body["process"]["state"] == "exited" {
+            Ok(body)
+        } else {
+            Err(format!("{status} {body}"))
+        }
+    });
+    expect(
+        &prog,
+        &stats["statistics"],
+        "a 50 ms program",
+        &[("SHORT_FIRST", 1, 777), ("SHORT_LOOP", 40, 80_000)],
+    );
+}
+
+#[test]
 fn musl_and_static_programs_are_traced_exactly() {
     let tracerd = Tracerd::start(&[]);
     for (compiler, flags, family) in [
