@@ -110,10 +110,12 @@ pub async fn run(config: Config) -> Result<(), AppError> {
         Duration::from_secs(config.exited_retention),
         allocator_frames,
     );
-    let service = Arc::new(if config.discover_allocators {
-        service
-    } else {
+    let service = Arc::new(if !config.discover_allocators {
         service.without_discovery()
+    } else if config.probe_installed_allocators {
+        service.with_installed_allocators()
+    } else {
+        service
     });
     if !scope.is_all() {
         let attached = service.set_scope(scope)?;

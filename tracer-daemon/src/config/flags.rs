@@ -147,6 +147,9 @@ pub struct Flags {
     /// Find and probe the allocators (musl, static, jemalloc, tcmalloc, mimalloc ...) in the objects traced processes map.
     #[arg(long, env = "TRACERD_DISCOVER_ALLOCATORS")]
     pub discover_allocators: Option<bool>,
+    /// Also probe the allocator libraries installed on the host at start (programs linking one are traced from their first allocation).
+    #[arg(long, env = "TRACERD_PROBE_INSTALLED_ALLOCATORS")]
+    pub probe_installed_allocators: Option<bool>,
     /// Log filter (tracing's EnvFilter syntax), e.g. info or tracer_daemon=debug.
     #[arg(long, env = "TRACERD_LOG")]
     pub log: Option<String>,

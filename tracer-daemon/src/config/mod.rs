@@ -188,6 +188,14 @@ pub struct Config {
     /// container's glibc), a static binary's, jemalloc, tcmalloc,
     /// mimalloc. Off: only the glibc of `libc` is probed.
     pub discover_allocators: bool,
+    /// With `discover_allocators`, also probe the allocator libraries
+    /// installed on the host (jemalloc, tcmalloc, mimalloc, glibc, musl in
+    /// `/lib`, `/usr/lib`, `/usr/local/lib` and their multiarch
+    /// directories) at start, before any process maps them: a program that
+    /// links one is traced from its first allocation. Off by default: each
+    /// is some hundreds of uprobes more, and detaching them all made a stop
+    /// take 18 s here (the goal is 5 s).
+    pub probe_installed_allocators: bool,
     /// Log filter (tracing's EnvFilter syntax), e.g. `info` or `tracer_daemon=debug`.
     pub log: String,
     /// `/metrics`: processes labelled by pid and comm, the largest by
@@ -246,6 +254,7 @@ impl Default for Config {
             scope_cgroups: Vec::new(),
             libc: Vec::new(),
             discover_allocators: true,
+            probe_installed_allocators: false,
             log: "info".to_string(),
             metrics_top_processes: 20,
             metrics_call_sites: 0,

@@ -17,6 +17,13 @@ impl Service {
         self
     }
 
+    /// Discovery that also probes the allocator libraries installed on the
+    /// host at start ([`Service::probe_installed`]).
+    pub fn with_installed_allocators(mut self) -> Self {
+        self.probe_installed = true;
+        self
+    }
+
     /// Queues process `pid` for [`Service::discover_pending`]; `again`:
     /// read it once more at the next tick too.
     pub(super) fn queue_discovery(&self, pid: u32, again: bool) {
@@ -42,7 +49,7 @@ impl Service {
     /// process maps them: a program that links one is traced from its first
     /// allocation. They stay probed (pinned). Returns how many it probed.
     pub fn probe_installed(&self) -> usize {
-        let Some(allocators) = &self.allocators else {
+        let Some(allocators) = self.allocators.as_ref().filter(|_| self.probe_installed) else {
             return 0;
         };
         let lock = || super::state::lock(allocators);

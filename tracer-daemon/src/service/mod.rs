@@ -87,6 +87,9 @@ pub struct Service {
     /// Processes read from events, read once more at the next tick (a
     /// library mapped after its event was handled).
     discover_again: std::sync::Mutex<Vec<u32>>,
+    /// Whether discovery probes the allocator libraries installed on the
+    /// host at start ([`Service::probe_installed`]).
+    probe_installed: bool,
     /// Set once tracerd is stopping ([`Service::begin_stop`]): the long
     /// background passes end at their next item, so that nothing holds
     /// the service (and its probes) for long.
@@ -129,6 +132,7 @@ impl Service {
             discover_again: std::sync::Mutex::default(),
             drops_logged: std::sync::Mutex::default(),
             stopping: std::sync::atomic::AtomicBool::new(false),
+            probe_installed: false,
             builder: SnapshotBuilder {
                 symbolizer: Symbolizer::new(),
                 nframe,

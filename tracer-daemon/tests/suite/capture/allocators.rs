@@ -231,7 +231,7 @@ fn a_50_ms_program_on_an_installed_allocator_is_traced_from_its_first_allocation
     // libjemalloc is probed when tracerd starts, before any process maps
     // it: a program that links it is traced from its first allocation, even
     // one that lives 50 ms and waits for nothing.
-    let tracerd = Tracerd::start(&[]);
+    let tracerd = Tracerd::start(&["--probe-installed-allocators", "true"]);
     let lib = Path::new("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2");
     wait_probed(&tracerd, lib);
     let health = tracerd.get_ok("/health");
