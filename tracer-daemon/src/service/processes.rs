@@ -148,6 +148,10 @@ pub(super) fn status(
     }
 }
 
+/// One source's bytes in a process image: (source name, current bytes,
+/// peak bytes).
+pub type SourceBytes = (&'static str, u64, u64);
+
 impl Service {
     /// Every traced process: live ones first by pid, then ended ones still
     /// retained, oldest first.
@@ -230,33 +234,39 @@ impl Service {
         ))
     }
 
-    /// The bytes of `pid`'s live image by source (`PROC_SLOTS`/`PROCS`):
-    /// (source name, current, peak) of each source that has had a block,
-    /// in [`tracer_model::SOURCE_NAMES`] order. Empty for an image that
-    /// ended (the kernel keeps no sources past exec or exit).
+    /// [`Service::process`] with the bytes of its image by source: (source
+    /// name, current, peak) of each source that has had a block, in
+    /// [`tracer_model::SOURCE_NAMES`] order, from the same read of the
+    /// kernel's totals (`PROC_SLOTS`/`PROCS`) as the process's own, so they
+    /// add up to its `current`. No sources for an image that ended (the
+    /// kernel keeps none past exec or exit).
     ///
     /// # Errors
     /// [`ServiceError::NotTraced`].
-    pub fn process_sources(&self, pid: u32) -> Result<Vec<(&'static str, u64, u64)>, ServiceError> {
-        let held = self.state.locks().kernel().registry();
+    pub fn process_with_sources(
+        &self,
+        pid: u32,
+    ) -> Result<(ProcessStatus, Vec<SourceBytes>), ServiceError> {
+        let held = self.state.locks().kernel().registry().control();
         let Some(image) = current_image(&held.registry, pid) else {
             drop(held);
             return Err(self.not_traced(pid));
         };
-        if image.ended.is_some() {
-            return Ok(Vec::new());
+        if let Some(ended) = &image.ended {
+            return Ok((status(&held.control, image, ended.stats), Vec::new()));
         }
         let totals = held
             .kernel
             .proc_totals(pid)
             .filter(|totals| totals.stats.gen_ == image.id.generation)
             .unwrap_or_default();
-        Ok(tracer_model::SOURCE_NAMES
+        let sources = tracer_model::SOURCE_NAMES
             .iter()
             .zip(totals.sources)
             .filter(|(_, source)| source.peak != 0 || source.current != 0)
             .map(|(name, source)| (*name, source.current, source.peak))
-            .collect())
+            .collect();
+        Ok((status(&held.control, image, totals.stats), sources))
     }
 
     /// `get_traced_memory()` summed over every live process.

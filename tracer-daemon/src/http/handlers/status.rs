@@ -54,9 +54,7 @@ pub async fn pid_traced_memory(
     Path(pid): Path<String>,
 ) -> Result<Response, ApiError> {
     let pid = parse_pid(&pid)?;
-    let (status, sources) =
-        blocking(move || Ok::<_, ApiError>((service.process(pid)?, service.process_sources(pid)?)))
-            .await?;
+    let (status, sources) = blocking(move || service.process_with_sources(pid)).await?;
     let view = status.view;
     let by_source: serde_json::Map<String, serde_json::Value> = sources
         .into_iter()

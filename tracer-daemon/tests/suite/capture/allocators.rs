@@ -26,10 +26,21 @@ use crate::suite::support::{
 /// Each `(marker, count, size)`: the `count` and `size` of the statistic
 /// at the marker's line (none at all for 0 and 0).
 pub(super) fn expect(prog: &Program, stats: &Value, what: &str, sites: &[(&str, i64, i64)]) {
+    expect_at(stats, &prog.source, |marker| prog.line(marker), what, sites);
+}
+
+/// [`expect`] for the file `source`, whose line holding a marker
+/// (`/* NAME */`) `line` gives.
+pub(super) fn expect_at(
+    stats: &Value,
+    source: &Path,
+    line: impl Fn(&str) -> u32,
+    what: &str,
+    sites: &[(&str, i64, i64)],
+) {
     for &(marker, count, size) in sites {
-        let line = prog.line(&format!("/* {marker} */"));
-        let got =
-            stat_at(stats, &prog.source, line).map(|s| (s["count"].as_i64(), s["size"].as_i64()));
+        let line = line(&format!("/* {marker} */"));
+        let got = stat_at(stats, source, line).map(|s| (s["count"].as_i64(), s["size"].as_i64()));
         let want = (count != 0).then_some((Some(count), Some(size)));
         assert_eq!(got, want, "{what}: {marker} at line {line} in {stats}");
     }

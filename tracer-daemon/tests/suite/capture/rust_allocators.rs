@@ -16,9 +16,9 @@ use std::{
 
 use serde_json::Value;
 
-use super::allocators::{by_source, family_of, wait_probed};
+use super::allocators::{by_source, expect_at, family_of, wait_probed};
 use crate::suite::{
-    support::{Fixture, Tracerd, fixture_path, line_of, output_ok, stat_at},
+    support::{Fixture, Tracerd, fixture_path, line_of, output_ok},
     unwind::wait_unwinder,
 };
 
@@ -87,12 +87,7 @@ const SITES: &[(&str, i64, i64)] = &[
 fn expect(stats: &Value, what: &str) {
     let src = source();
     let text = std::fs::read_to_string(&src).expect("read the fixture's source");
-    for &(marker, count, size) in SITES {
-        let line = line_of(&text, &format!("/* {marker} */"));
-        let got = stat_at(stats, &src, line).map(|s| (s["count"].as_i64(), s["size"].as_i64()));
-        let want = (count != 0).then_some((Some(count), Some(size)));
-        assert_eq!(got, want, "{what}: {marker} at line {line} in {stats}");
-    }
+    expect_at(stats, &src, |marker| line_of(&text, marker), what, SITES);
 }
 
 /// Builds the fixture with `feature`, runs it under tracerd once the
