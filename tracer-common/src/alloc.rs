@@ -53,6 +53,33 @@ const _: () = assert!(size_of::<AllocInfo>() == 32);
 /// [`crate::ProcTotals::sources`]: the model's `Source::all()` names each.
 pub const SOURCE_COUNT: usize = 8;
 
+/// Source code of an anonymous mapping (`mmap`, `mremap`) a traced process
+/// made itself, outside any probed allocator call: the model's `mmap`.
+pub const SOURCE_MMAP: u32 = 7;
+
+/// Slots of an [`MmapRegions`]: the anonymous mappings a process image
+/// holds as blocks at most; past it a new mapping is dropped (counted).
+pub const MMAP_REGION_SLOTS: usize = 64;
+
+/// Value of [`crate::MAP_MMAP_REGIONS`]: tgid → the start address of each
+/// anonymous mapping its image holds as a block of [`SOURCE_MMAP`] (the
+/// block itself, size and stack, is in the live maps under that address),
+/// so that an `munmap` of any part of it finds it. A slot is claimed by
+/// compare-and-swap from 0 and cleared by the thread that took the block
+/// out.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MmapRegions {
+    /// The image ([`ProcStats::gen_`]) the slots belong to: slots of an
+    /// earlier image of the pid are cleared at its first mapping.
+    pub gen_: u32,
+    /// Explicit padding, always 0.
+    pub _pad: u32,
+    /// Start addresses; 0 is a free slot.
+    pub starts: [u64; MMAP_REGION_SLOTS],
+}
+const _: () = assert!(size_of::<MmapRegions>() == 8 + 8 * MMAP_REGION_SLOTS);
+
 // SAFETY: #[repr(C)], Copy, made only of integers with explicit padding, so
 // every bit pattern is valid.
 #[cfg(feature = "user")]

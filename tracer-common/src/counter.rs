@@ -66,10 +66,16 @@ pub enum Counter {
     /// (`GLOBAL_PROCESS_MAX_STACKS`): its new stack is not stored, and the
     /// block keeps its frame 0 only.
     DropStackShare = 22,
+    /// Anonymous mappings recorded as blocks (source `mmap`).
+    MmapRegions = 23,
+    /// Drop: the process holds `MMAP_REGION_SLOTS` anonymous mappings
+    /// already, or `MMAP_REGIONS` is full: the mapping (or the part of one
+    /// that a partial `munmap` split off) is not traced.
+    DropMmapRegions = 24,
 }
 
 /// Number of slots in [`MAP_COUNTERS`].
-pub const COUNTER_SLOTS: u32 = 23;
+pub const COUNTER_SLOTS: u32 = 25;
 
 impl Counter {
     /// Every counter with its name, in slot order.
@@ -97,6 +103,8 @@ impl Counter {
         (Counter::DropStackPreempted, "drop_stack_preempted"),
         (Counter::DropShare, "drop_share"),
         (Counter::DropStackShare, "drop_stack_share"),
+        (Counter::MmapRegions, "mmap_regions"),
+        (Counter::DropMmapRegions, "drop_mmap_regions"),
     ];
 }
 

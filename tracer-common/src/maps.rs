@@ -79,6 +79,13 @@ pub const MAP_PROCS: &str = "PROCS";
 /// `BPF_F_MMAPABLE`: tracerd reads it through a shared mapping.
 pub const MAP_PROC_SLOTS: &str = "PROC_SLOTS";
 
+/// Anonymous mappings held as blocks, per process: tgid →
+/// [`crate::MmapRegions`]; [`MMAP_PROCS`] processes at most.
+pub const MAP_MMAP_REGIONS: &str = "MMAP_REGIONS";
+/// Entries of [`MAP_MMAP_REGIONS`] (processes holding anonymous mappings
+/// at once; 528 bytes each).
+pub const MMAP_PROCS: u32 = 1 << 13;
+
 /// Per-CPU counters indexed by [`Counter`].
 pub const MAP_COUNTERS: &str = "COUNTERS";
 /// Ring buffer of [`ProcEvent`]s: a process first seen, exec'd or exited.

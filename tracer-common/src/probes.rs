@@ -211,6 +211,16 @@ pub const FLOOR_PROGRAMS: (&str, &str) = ("floor_enter", "floor_exit");
 /// (`CONFIG_FTRACE_SYSCALLS`) has only the periodic refresh.
 pub const MAPPING_TRACEPOINT: (&str, &str, &str) = ("sys_enter_mmap", "syscalls", "sys_enter_mmap");
 
+/// The tracepoints that record a traced image's own anonymous mappings as
+/// blocks of source `mmap` (at each call's exit, where the result is
+/// known and the task's saved user registers still hold the arguments):
+/// (program, category, name).
+pub const MMAP_TRACEPOINTS: [(&str, &str, &str); 3] = [
+    ("sys_exit_mmap", "syscalls", "sys_exit_mmap"),
+    ("sys_exit_munmap", "syscalls", "sys_exit_munmap"),
+    ("sys_exit_mremap", "syscalls", "sys_exit_mremap"),
+];
+
 /// The tracepoint programs for process lifecycle: (program, category, name).
 pub const TRACEPOINTS: [(&str, &str, &str); 3] = [
     ("sched_process_exec", "sched", "sched_process_exec"),

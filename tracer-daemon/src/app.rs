@@ -219,6 +219,7 @@ fn capture_config(config: &Config, system_wide: bool) -> CaptureConfig {
         max_live_blocks: config.max_live_blocks,
         live_table_blocks: config.live_table_blocks,
         process_share: config.process_share,
+        trace_mmap: config.trace_mmap,
         max_stacks: config.max_stacks,
         max_procs: config.max_procs,
         max_inflight: config.max_inflight,

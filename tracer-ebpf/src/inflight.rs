@@ -149,6 +149,19 @@ pub(crate) fn take_inflight() -> Option<(u32, Inflight)> {
     Some((tgid, value))
 }
 
+/// Whether thread `id` is inside a probed allocator call (between its
+/// entry and its return): a system call it makes then is the allocator's.
+#[inline(always)]
+pub(crate) fn in_call(id: u64) -> bool {
+    if let Some(slot) = slot_of(id) {
+        // SAFETY: see record_entry.
+        if unsafe { core::ptr::read_volatile(&raw const (*slot).owner) } == id {
+            return true;
+        }
+    }
+    spilled() != 0 && INFLIGHT.get_ptr(id).is_some()
+}
+
 /// Forgets the call in flight of thread `id`, which is exiting: a thread
 /// that dies inside a probed call leaves its state behind.
 #[inline(always)]

@@ -1,5 +1,5 @@
-//! Live blocks: insert ([`record_alloc`]), find and remove
-//! ([`remove_block`]) a block of a process in the fast table (`LIVE_KEYS` +
+//! Live blocks: insert ([`record_alloc`], [`record_block`]), find
+//! ([`find_block`]) and remove ([`remove_block`], [`take_block`]) a block of a process in the fast table (`LIVE_KEYS` +
 //! `LIVE_VALUES`) or its spill (`LIVE_ALLOCS`), with the process's totals
 //! kept in step.
 //!
@@ -28,7 +28,7 @@ use crate::{
     globals::{live_bucket_mask, process_max_blocks},
     maps::{EEXIST, LIVE_ALLOCS, LIVE_KEYS, LIVE_VALUES},
     procs::{add_block, find_proc, proc_stats, sub_block},
-    stack::stack_id,
+    stack::{UserRegs, stack_id},
 };
 
 /// Where block `addr` of `tgid` lives in the fast table: its bucket, the
@@ -69,11 +69,6 @@ fn find_way(bucket: *mut LiveBucket, key: u64) -> u32 {
 
 /// Removes the live block `ptr` of `tgid`; a pointer that is not a live block
 /// of the current image is counted as an unknown free when `count_unknown`.
-///
-/// The fast table first: a key found there is taken out with one
-/// compare-and-swap, and only the thread whose swap succeeds accounts for
-/// the block. A key not there is looked up in LIVE_ALLOCS only if some block
-/// of its bucket spilled there.
 #[inline(always)]
 pub(crate) fn remove_block(tgid: u32, ptr: u64, count_unknown: bool) {
     // The generation is defined on every path (0 when not found): the
@@ -82,30 +77,48 @@ pub(crate) fn remove_block(tgid: u32, ptr: u64, count_unknown: bool) {
         Some((stats, gen_)) => (Some(stats), gen_),
         None => (None, 0),
     };
+    if let Some((stats, info)) = take_block(tgid, ptr, (stats, gen_), count_unknown) {
+        sub_block(stats, info.size, info.source);
+        count(Counter::Frees);
+    }
+}
+
+/// Takes the live block `ptr` of `tgid` out of the live maps and returns it
+/// with the totals it counts in (`proc`: the process's totals and
+/// generation, from [`find_proc`]), leaving the accounting to the caller;
+/// None when it is not a live block of the current image (counted as an
+/// unknown free when `count_unknown`).
+///
+/// The fast table first: a key found there is taken out with one
+/// compare-and-swap, and only the thread whose swap succeeds gets the
+/// block. A key not there is looked up in LIVE_ALLOCS only if some block
+/// of its bucket spilled there.
+#[inline(always)]
+pub(crate) fn take_block(
+    tgid: u32,
+    ptr: u64,
+    (stats, gen_): (Option<*mut ProcStats>, u32),
+    count_unknown: bool,
+) -> Option<(*mut ProcStats, AllocInfo)> {
     let place = live_place(tgid, ptr);
     if let Some((bucket, index, key)) = place {
         let way = find_way(bucket, key);
         if way < LIVE_WAYS {
             // The value was written before the key was stored, and stays as
             // it is while the key is there.
-            let Some(info) = LIVE_VALUES.get(index * LIVE_WAYS + way).copied() else {
-                return;
-            };
-            let Some(stats) = current_image(stats, gen_, &info, count_unknown) else {
-                return;
-            };
+            let info = LIVE_VALUES.get(index * LIVE_WAYS + way).copied()?;
+            let stats = current_image(stats, gen_, &info, count_unknown)?;
             if compare_exchange(way_ptr(bucket, way), key, LIVE_EMPTY) == key {
-                sub_block(stats, info.size, info.source);
-                count(Counter::Frees);
+                return Some((stats, info));
             }
-            return;
+            return None;
         }
         // SAFETY: a LIVE_KEYS value; the counter is changed only atomically.
         if unsafe { core::ptr::read_volatile(&raw const (*bucket).spilled) } == 0 {
             if count_unknown {
                 unknown_free(stats);
             }
-            return;
+            return None;
         }
     }
     let key = AllocKey {
@@ -120,21 +133,45 @@ pub(crate) fn remove_block(tgid: u32, ptr: u64, count_unknown: bool) {
             if count_unknown {
                 unknown_free(stats);
             }
-            return;
+            return None;
         }
     };
-    let Some(stats) = current_image(stats, gen_, &info, count_unknown) else {
-        return;
-    };
-    // Only the thread whose delete succeeds accounts for the block.
+    let stats = current_image(stats, gen_, &info, count_unknown)?;
+    // Only the thread whose delete succeeds gets the block.
     if LIVE_ALLOCS.remove(key).is_ok() {
         if let Some((bucket, _, _)) = place {
             // SAFETY: a LIVE_KEYS value.
             fetch_add(unsafe { &raw mut (*bucket).spilled }, u64::MAX);
         }
-        sub_block(stats, info.size, info.source);
-        count(Counter::Frees);
+        return Some((stats, info));
     }
+    None
+}
+
+/// The live block `ptr` of `tgid`'s image `gen_`, read and left in place;
+/// None when there is none.
+#[inline(always)]
+pub(crate) fn find_block(tgid: u32, ptr: u64, gen_: u32) -> Option<AllocInfo> {
+    let place = live_place(tgid, ptr);
+    if let Some((bucket, index, key)) = place {
+        let way = find_way(bucket, key);
+        if way < LIVE_WAYS {
+            let info = LIVE_VALUES.get(index * LIVE_WAYS + way).copied()?;
+            return (info.gen_ == gen_).then_some(info);
+        }
+        // SAFETY: as in take_block.
+        if unsafe { core::ptr::read_volatile(&raw const (*bucket).spilled) } == 0 {
+            return None;
+        }
+    }
+    let key = AllocKey {
+        tgid,
+        _pad: 0,
+        addr: ptr,
+    };
+    // SAFETY: a LIVE_ALLOCS value, copied out at once.
+    let info = unsafe { *LIVE_ALLOCS.get_ptr(key)? };
+    (info.gen_ == gen_).then_some(info)
 }
 
 /// The totals of the process (`stats` of generation `gen_`, from
@@ -175,9 +212,31 @@ fn unknown_free(stats: Option<*mut ProcStats>) {
 pub(crate) fn record_alloc(ctx: &RetProbeContext, tgid: u32, addr: u64, size: u64) {
     // SAFETY: the helper reads the running probe's own link.
     let source = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } as u32;
-    let Some((stats, gen_)) = proc_stats(tgid) else {
+    let Some(proc_) = proc_stats(tgid) else {
         return;
     };
+    // SAFETY: regs points at the probe's saved registers for its duration.
+    let regs = unsafe {
+        UserRegs {
+            ip: (*ctx.regs).rip,
+            rsp: (*ctx.regs).rsp,
+            rbp: (*ctx.regs).rbp,
+        }
+    };
+    record_block(regs, proc_, tgid, (addr, size), source);
+}
+
+/// Records the new block (`addr`, `size` bytes) of `source` in the image
+/// `(stats, gen_)` of `tgid`, with the user stack walked from `regs`;
+/// returns whether it is live now (else it was dropped, and counted).
+#[inline(always)]
+pub(crate) fn record_block(
+    regs: UserRegs,
+    (stats, gen_): (*mut ProcStats, u32),
+    tgid: u32,
+    (addr, size): (u64, u64),
+    source: u32,
+) -> bool {
     // Past its share of the live-block maps: dropped before its stack is
     // walked, so that one process cannot starve the others.
     let max = process_max_blocks();
@@ -186,18 +245,32 @@ pub(crate) fn record_alloc(ctx: &RetProbeContext, tgid: u32, addr: u64, size: u6
         count(Counter::DropShare);
         // SAFETY: as above.
         fetch_add(unsafe { &raw mut (*stats).drops }, 1);
-        return;
+        return false;
     }
-    let stack_id = stack_id(ctx, tgid, gen_, stats);
-    // SAFETY: regs points at the probe's saved registers for its duration.
-    let frame0 = unsafe { (*ctx.regs).rip };
+    let stack_id = stack_id(regs, tgid, gen_, stats);
     let info = AllocInfo {
         size,
         stack_id,
-        frame0,
+        frame0: regs.ip,
         gen_,
         source,
     };
+    if insert_block(stats, tgid, addr, &info) {
+        add_block(stats, size, source);
+        count(Counter::Allocs);
+        true
+    } else {
+        drop_block(stats);
+        false
+    }
+}
+
+/// Puts `info` in the live maps as block `addr` of `tgid` (in place of a
+/// live block of that address: see [`replace_block`]), leaving the
+/// accounting of the new block to the caller; false when both maps are
+/// full.
+#[inline(always)]
+pub(crate) fn insert_block(stats: *mut ProcStats, tgid: u32, addr: u64, info: &AllocInfo) -> bool {
     let hash_key = AllocKey {
         tgid,
         _pad: 0,
@@ -205,11 +278,9 @@ pub(crate) fn record_alloc(ctx: &RetProbeContext, tgid: u32, addr: u64, size: u6
     };
     let place = live_place(tgid, addr);
     if let Some((bucket, index, key)) = place
-        && table_insert(stats, (bucket, index, key), &hash_key, &info)
+        && table_insert(stats, (bucket, index, key), &hash_key, info)
     {
-        add_block(stats, size, source);
-        count(Counter::Allocs);
-        return;
+        return true;
     }
     // The spill: the bucket is full, the key cannot be packed, or the block
     // is in LIVE_ALLOCS already. Counted in its bucket before it is there,
@@ -220,19 +291,14 @@ pub(crate) fn record_alloc(ctx: &RetProbeContext, tgid: u32, addr: u64, size: u6
         fetch_add(counter, 1);
         counter
     });
-    let inserted = hash_insert(stats, &hash_key, &info);
+    let inserted = hash_insert(stats, &hash_key, info);
     if inserted != Some(true)
         && let Some(counter) = spilled
     {
         // No new entry: the map was full, or the block replaced one.
         fetch_add(counter, u64::MAX);
     }
-    if inserted.is_some() {
-        add_block(stats, size, source);
-        count(Counter::Allocs);
-    } else {
-        drop_block(stats);
-    }
+    inserted.is_some()
 }
 
 /// Puts `info` under `key` in the fast table (a live block of that key is

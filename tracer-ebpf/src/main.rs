@@ -29,9 +29,11 @@
 //! each program is one straight body, whatever the file of its parts.
 //!
 //! - [`programs`]: the entry points only, one file per kind of hook
-//!   (allocator uprobes and uretprobes, lifecycle tracepoints, the floor);
+//!   (allocator uprobes and uretprobes, lifecycle and mapping tracepoints,
+//!   the floor);
 //! - [`calls`]: what each allocator call does to the live set (the capture
 //!   table of docs/architecture.md);
+//! - [`mmap`]: a traced process's own anonymous mappings as blocks;
 //! - [`live`]: live blocks: insert, find, remove (fast table and spill);
 //! - [`stack`]: the stack walk and the store of stacks;
 //! - [`inflight`]: calls between entry and return (slots and spill);
@@ -55,6 +57,7 @@ mod globals;
 mod inflight;
 mod live;
 mod maps;
+mod mmap;
 mod procs;
 mod programs;
 mod sample;

@@ -5,7 +5,7 @@
 //!
 //! The modules that own a map's protocol: [`crate::live`] (LIVE_*),
 //! [`crate::inflight`] (INFLIGHT*), [`crate::stack`] (STACK*, UNWIND_*, PROC_MAPS),
-//! [`crate::procs`] (PROC*, GENERATION, EVENTS), [`crate::sample`]
+//! [`crate::procs`] (PROC*, GENERATION, EVENTS), [`crate::mmap`] (MMAP_*), [`crate::sample`]
 //! (EXP_TABLE, SAMPLE_LEFT), [`crate::counters`] (COUNTERS),
 //! [`crate::globals`] (SWITCHES).
 
@@ -17,8 +17,8 @@ use aya_ebpf::{
 };
 use tracer_common::{
     AllocInfo, AllocKey, COUNTER_SLOTS, EVENTS_RING_BYTES, EXP_TABLE_LEN, INFLIGHT_SLOT_COUNT,
-    Inflight, InflightSlot, LIVE_BUCKET_COUNT, LIVE_WAYS, LiveBucket, PROC_SLOT_COUNT, ProcSlot,
-    ProcTotals, STACK_WORDS,
+    Inflight, InflightSlot, LIVE_BUCKET_COUNT, LIVE_WAYS, LiveBucket, MMAP_PROCS, MmapRegions,
+    PROC_SLOT_COUNT, ProcSlot, ProcTotals, STACK_WORDS,
     unwind::{self, ProcMappings, UnwindPage, UnwindPageKey, UnwindRow},
 };
 
@@ -125,6 +125,16 @@ pub(crate) static PROCS: HashMap<u32, ProcTotals> = HashMap::with_max_entries(1 
 pub(crate) static PROC_SLOTS: Array<ProcSlot> =
     Array::with_max_entries(PROC_SLOT_COUNT, BPF_F_MMAPABLE);
 
+/// Anonymous mappings held as blocks: tgid → the start of each
+/// (`tracer_common::MmapRegions`). Written by `mmap` at each traced
+/// mapping and unmapping; removed by `procs` when the image ends.
+#[map]
+pub(crate) static MMAP_REGIONS: HashMap<u32, MmapRegions> =
+    HashMap::with_max_entries(MMAP_PROCS, BPF_F_NO_PREALLOC);
+/// Slot 0: an all-zero `MmapRegions`, never written: the value a new
+/// MMAP_REGIONS entry is copied from (too large for a program's stack).
+#[map]
+pub(crate) static MMAP_EMPTY: Array<MmapRegions> = Array::with_max_entries(1, 0);
 /// Per CPU, `Counter` → how often it happened. Written by `counters`;
 /// summed by tracerd.
 #[map]

@@ -26,7 +26,7 @@ use tracer_common::{
 use crate::{
     atomic::{compare_exchange, fetch_add},
     counters::count,
-    maps::{EEXIST, EVENTS, GENERATION, PROC_SLOTS, PROCS},
+    maps::{EEXIST, EVENTS, GENERATION, MMAP_REGIONS, PROC_SLOTS, PROCS},
 };
 
 /// The slot of `tgid` in PROC_SLOTS.
@@ -258,6 +258,26 @@ pub(crate) fn sub_block(stats: *mut ProcStats, size: u64, source: u32) {
     }
 }
 
+/// Takes `bytes` of a block of `source` out of the totals `stats` as a
+/// partial `munmap` does: the block stays (smaller) or becomes two
+/// (`pieces` of it remain, 0 to 2), with no allocation or free counted
+/// but when none remains.
+#[inline(always)]
+pub(crate) fn unmap_bytes(stats: *mut ProcStats, bytes: u64, source: u32, pieces: u64) {
+    if pieces == 0 {
+        sub_block(stats, bytes, source);
+        return;
+    }
+    // SAFETY: stats points into a PROCS value (see fetch_add).
+    let (current, blocks) = unsafe { (&raw mut (*stats).current, &raw mut (*stats).blocks) };
+    fetch_add(current, bytes.wrapping_neg());
+    fetch_add(blocks, pieces - 1);
+    if let Some(totals) = source_totals(stats, source) {
+        // SAFETY: as above.
+        fetch_add(unsafe { &raw mut (*totals).current }, bytes.wrapping_neg());
+    }
+}
+
 /// Ends the current generation of `tgid`: its totals go to userspace in an
 /// event, which then removes its blocks from the live maps. Its slot of
 /// PROC_SLOTS is freed (totals zeroed first, for the next owner; the spill
@@ -291,6 +311,7 @@ pub(crate) fn end_generation(kind: ProcEventKind, tgid: u32) {
             seen = old;
             tries += 1;
         }
+        forget_mappings(tgid);
         send_event(kind, tgid, stats.gen_, &stats);
         return;
     }
@@ -305,5 +326,13 @@ pub(crate) fn end_generation(kind: ProcEventKind, tgid: u32) {
     if PROCS.remove(tgid).is_ok() {
         fetch_add(word_ptr, (1u64 << PROC_SLOT_SPILL_SHIFT).wrapping_neg());
     }
+    forget_mappings(tgid);
     send_event(kind, tgid, stats.gen_, &stats);
+}
+
+/// Forgets the anonymous mappings of `tgid`'s ended image (their blocks
+/// go with the image's other blocks).
+#[inline(always)]
+fn forget_mappings(tgid: u32) {
+    let _ = MMAP_REGIONS.remove(tgid);
 }

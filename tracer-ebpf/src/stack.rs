@@ -25,7 +25,6 @@
 use core::ffi::c_void;
 
 use aya_ebpf::{
-    EbpfContext,
     bindings::BPF_NOEXIST,
     helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user, generated::bpf_loop},
 };
@@ -49,6 +48,27 @@ use crate::{
     procs::stacks_counter,
 };
 
+/// Whether tracerd has written the executable mappings of image `gen_` of
+/// `tgid` in PROC_MAPS: its stacks are walked with the unwind tables.
+#[inline(always)]
+pub(crate) fn has_mappings(tgid: u32, gen_: u32) -> bool {
+    match PROC_MAPS.get_ptr(tgid) {
+        // SAFETY: a PROC_MAPS value, read only.
+        Some(maps) => (unsafe { (*maps).gen_ }) == gen_,
+        None => false,
+    }
+}
+
+/// The user registers a walk starts from: the instruction pointer (a
+/// return address into the allocator's caller at a uretprobe; the
+/// instruction after `syscall` at a syscall tracepoint), `rsp` and `rbp`.
+#[derive(Clone, Copy)]
+pub(crate) struct UserRegs {
+    pub(crate) ip: u64,
+    pub(crate) rsp: u64,
+    pub(crate) rbp: u64,
+}
+
 /// Walks the user stack (at most NFRAME frames: nframe plus the allocator
 /// frames tracerd drops) and stores it once in STACKS; returns its id, or
 /// STACK_ID_NONE (counted) when it cannot be walked or stored.
@@ -62,12 +82,7 @@ use crate::{
 /// written them yet, or the unwinder is off) the walk follows frame
 /// pointers alone, as the kernel's `bpf_get_stack` does.
 #[inline(always)]
-pub(crate) fn stack_id<C: EbpfContext>(
-    ctx: &C,
-    tgid: u32,
-    gen_: u32,
-    stats: *mut ProcStats,
-) -> u64 {
+pub(crate) fn stack_id(regs: UserRegs, tgid: u32, gen_: u32, stats: *mut ProcStats) -> u64 {
     let (Some(buf), Some(walk)) = (STACK_SCRATCH.get_ptr_mut(0), WALK_SCRATCH.get_ptr_mut(0))
     else {
         return drop_stack();
@@ -79,9 +94,7 @@ pub(crate) fn stack_id<C: EbpfContext>(
     if limit == 0 {
         limit = 1;
     }
-    let regs = ctx.as_ptr() as *const aya_ebpf::bindings::pt_regs;
-    // SAFETY: a uprobe's context is its saved user registers.
-    let (ip, rsp, rbp) = unsafe { ((*regs).rip, (*regs).rsp, (*regs).rbp) };
+    let UserRegs { ip, rsp, rbp } = regs;
     // SAFETY: buf is this CPU's scratch value of STACK_WORDS u64s.
     let words = unsafe { &mut *buf };
     // The scratches are ours while this word is our thread id; written

@@ -21,6 +21,7 @@ fn main() -> anyhow::Result<()> {
         max_live_blocks: 1024,
         live_table_blocks: 0,
         process_share: 100,
+        trace_mmap: false,
         max_stacks: 256,
         max_procs: 64,
         max_inflight: 1,

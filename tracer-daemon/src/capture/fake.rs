@@ -91,6 +91,7 @@ impl FakeKernel {
                 max_live_blocks: 1 << 20,
                 live_table_blocks: 0,
                 process_share: 100,
+                trace_mmap: false,
                 max_stacks: 1 << 16,
                 max_procs: 1 << 16,
                 max_inflight: 1 << 16,

@@ -13,8 +13,8 @@ use tracer_common::{
     GLOBAL_PAGE_SIZE, GLOBAL_PROCESS_MAX_BLOCKS, GLOBAL_PROCESS_MAX_STACKS, GLOBAL_SAMPLE_MEAN,
     GLOBAL_TRACERD_TGID, LIVE_WAYS, MAP_COUNTERS, MAP_EVENTS, MAP_EXP_TABLE, MAP_INFLIGHT,
     MAP_INFLIGHT_SLOTS, MAP_LIVE_ALLOCS, MAP_LIVE_KEYS, MAP_LIVE_VALUES, MAP_PROC_SLOTS, MAP_PROCS,
-    MAP_STACKS, MAP_SWITCHES, MAPPING_TRACEPOINT, MAX_NFRAME, MAX_WALK_FRAMES, STACK_WORDS,
-    TRACEPOINTS,
+    MAP_STACKS, MAP_SWITCHES, MAPPING_TRACEPOINT, MAX_NFRAME, MAX_WALK_FRAMES, MMAP_TRACEPOINTS,
+    STACK_WORDS, TRACEPOINTS,
     unwind::{MAP_PROC_MAPS, MAP_UNWIND_PAGES, MAP_UNWIND_ROWS},
 };
 
@@ -174,6 +174,9 @@ impl Capture {
         }
 
         attach_mapping_tracepoint(&mut ebpf);
+        if config.trace_mmap && programs == Programs::Tracer {
+            attach_mmap_tracepoints(&mut ebpf);
+        }
 
         let libcs = find_libc(&config.libc)?;
         let mut libraries = Vec::new();
@@ -374,6 +377,29 @@ fn bump_memlock_rlimit() {
     let ret = unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &limit) };
     if ret != 0 {
         tracing::debug!("setrlimit(RLIMIT_MEMLOCK) failed; fine on kernels >= 5.11");
+    }
+}
+
+/// Attaches [`MMAP_TRACEPOINTS`] (anonymous mappings as blocks); a kernel
+/// without syscall tracepoints gets a warning, and no `mmap` source.
+fn attach_mmap_tracepoints(ebpf: &mut Ebpf) {
+    for (name, category, event) in MMAP_TRACEPOINTS {
+        let attached = program_mut::<TracePoint>(ebpf, name).and_then(|program| {
+            program
+                .load()
+                .map_err(|e| CaptureError::Load(e.to_string()))?;
+            program
+                .attach(category, event)
+                .map(|_| ())
+                .map_err(|e| CaptureError::Load(e.to_string()))
+        });
+        if let Err(err) = attached {
+            tracing::warn!(
+                err = %err,
+                tracepoint = %format!("{category}:{event}"),
+                "anonymous mappings are not traced"
+            );
+        }
     }
 }
 

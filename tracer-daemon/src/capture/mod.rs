@@ -128,6 +128,9 @@ pub struct CaptureConfig {
     /// The share of the live-block maps (`LIVE_ALLOCS` and the fast table
     /// together) one process may hold, in percent; 100 (or 0): no limit.
     pub process_share: u32,
+    /// Attach `MMAP_TRACEPOINTS`: traced processes' own anonymous mappings
+    /// become blocks of source `mmap`.
+    pub trace_mmap: bool,
     /// Capacity of `STACKS` in distinct stacks.
     pub max_stacks: u32,
     /// Capacity of `PROCS` in processes.

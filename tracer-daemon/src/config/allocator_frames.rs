@@ -124,6 +124,14 @@ pub(super) fn defaults() -> Vec<String> {
         "module:*/ld-linux-*.so*",
         "module:*/ld-musl-*.so*",
         "module:*/libc.musl-*.so*",
+        // The C library's system call wrappers that make an anonymous
+        // mapping (the `mmap` source), by name for static binaries.
+        "mmap",
+        "mmap64",
+        "__mmap",
+        "__mmap64",
+        "mremap",
+        "__mremap",
         "strdup",
         "__strdup",
         "strndup",

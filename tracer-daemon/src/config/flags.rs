@@ -150,6 +150,9 @@ pub struct Flags {
     /// Also probe the allocator libraries installed on the host at start (programs linking one are traced from their first allocation).
     #[arg(long, env = "TRACERD_PROBE_INSTALLED_ALLOCATORS")]
     pub probe_installed_allocators: Option<bool>,
+    /// Trace traced processes' own anonymous mmap/munmap/mremap as blocks of source mmap.
+    #[arg(long, env = "TRACERD_TRACE_MMAP")]
+    pub trace_mmap: Option<bool>,
     /// Log filter (tracing's EnvFilter syntax), e.g. info or tracer_daemon=debug.
     #[arg(long, env = "TRACERD_LOG")]
     pub log: Option<String>,

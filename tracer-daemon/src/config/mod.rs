@@ -196,6 +196,10 @@ pub struct Config {
     /// is some hundreds of uprobes more, and detaching them all made a stop
     /// take 18 s here (the goal is 5 s).
     pub probe_installed_allocators: bool,
+    /// Trace each traced process's own anonymous mappings (`mmap`,
+    /// `munmap`, `mremap` outside any allocator call) as blocks of source
+    /// `mmap`, with their stacks: three syscall tracepoints.
+    pub trace_mmap: bool,
     /// Log filter (tracing's EnvFilter syntax), e.g. `info` or `tracer_daemon=debug`.
     pub log: String,
     /// `/metrics`: processes labelled by pid and comm, the largest by
@@ -255,6 +259,7 @@ impl Default for Config {
             libc: Vec::new(),
             discover_allocators: true,
             probe_installed_allocators: false,
+            trace_mmap: true,
             log: "info".to_string(),
             metrics_top_processes: 20,
             metrics_call_sites: 0,

@@ -96,6 +96,7 @@ pub fn counter_metric(name: &str) -> CounterMetric {
         "drop_stack_preempted" => CounterMetric::Drop("stack_scratch_preempted"),
         "drop_share" => CounterMetric::Drop("process_share"),
         "drop_stack_share" => CounterMetric::Drop("process_stack_share"),
+        "drop_mmap_regions" => CounterMetric::Drop("mmap_regions_full"),
         "unknown_frees" => CounterMetric::UnknownFrees,
         other => match other.strip_prefix("drop_") {
             Some(reason) => CounterMetric::DropNamed(reason.to_string()),

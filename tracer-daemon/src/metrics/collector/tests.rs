@@ -80,7 +80,8 @@ fn every_ebpf_counter_has_a_metric() {
             "event_ring_full",
             "stack_scratch_preempted",
             "process_share",
-            "process_stack_share"
+            "process_stack_share",
+            "mmap_regions_full"
         ]
     );
     assert_eq!(

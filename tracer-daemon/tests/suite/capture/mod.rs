@@ -7,6 +7,7 @@ mod allocators;
 mod capacity;
 mod daemon;
 mod lifecycle;
+mod mappings;
 mod rust_allocators;
 mod sampling;
 mod stacks;

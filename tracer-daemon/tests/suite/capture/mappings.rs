@@ -1,0 +1,101 @@
+//! Anonymous mappings as blocks of source `mmap` (`trace_mmap`, on by
+//! default): exact sizes at each line after partial unmaps, a hole, an
+//! `mremap` and a `MAP_FIXED` replacement; the mappings that are not
+//! counted; and glibc's own mapping for a large `malloc`, counted once, as
+//! glibc's.
+
+use serde_json::Value;
+
+use super::allocators::{by_source, expect};
+use crate::suite::{
+    support::{Fixture, Program, Tracerd},
+    unwind::wait_unwinder,
+};
+
+const PAGE: i64 = 4096;
+
+#[test]
+fn anonymous_mappings_are_blocks_split_and_moved_as_the_program_unmaps_and_remaps() {
+    let tracerd = Tracerd::start(&[]);
+    let prog = Program::build("mappings", &[]);
+    let mut fx = Fixture::spawn_traced(&tracerd, &prog.exe, &[]);
+    let pid = fx.pid();
+    // Mappings are recorded once the unwinder has the process's tables
+    // (before, a frame-pointer walk from inside the C library's system call
+    // wrapper would skip its caller).
+    wait_unwinder(&tracerd, pid);
+    fx.step("mapped");
+    let stats = |query: &str| -> Value {
+        tracerd.get_ok(&format!(
+            "/pid/{pid}/statistics?group_by=lineno&limit=0{query}"
+        ))["statistics"]
+            .clone()
+    };
+    let mapped = [
+        // 5 pages less the first and the last.
+        ("MAP_A", 1, 3 * PAGE),
+        // 8 pages less a hole of 2: two blocks.
+        ("MAP_B", 2, 6 * PAGE),
+        // Moved by mremap, whose block it is now: 6 pages less the last,
+        // which a MAP_FIXED mapping replaced.
+        ("MAP_C", 0, 0),
+        ("REMAP_C", 1, 5 * PAGE),
+        ("MAP_D", 0, 0),
+        ("MAP_NONE", 0, 0),
+        ("MAP_STACK_", 0, 0),
+        ("MAP_FIXED_C", 0, 0),
+    ];
+    let all = stats("");
+    expect(&prog, &all, "mapped", &mapped);
+    expect(
+        &prog,
+        &all,
+        "mapped",
+        &[("MAP_FIRST", 1, 100), ("MAP_MALLOC", 1, 1 << 20)],
+    );
+    // Only the mappings: exactly their three lines.
+    let only = stats("&allocator=mmap");
+    assert_eq!(only.as_array().map(Vec::len), Some(3), "{only}");
+    expect(&prog, &only, "allocator=mmap", &mapped);
+    // The large malloc is glibc's alone, though glibc mapped it.
+    let glibc = stats("&allocator=glibc");
+    expect(
+        &prog,
+        &glibc,
+        "allocator=glibc",
+        &[("MAP_MALLOC", 1, 1 << 20)],
+    );
+    expect(&prog, &glibc, "allocator=glibc", &[("MAP_A", 0, 0)]);
+    let traces = tracerd.get_ok(&format!("/pid/{pid}/traces?limit=0&allocator=mmap"));
+    let mut sizes: Vec<i64> = traces["traces"]
+        .as_array()
+        .expect("traces")
+        .iter()
+        .map(|t| {
+            assert_eq!(t["source"], "mmap", "{t}");
+            t["size"].as_i64().expect("size")
+        })
+        .collect();
+    sizes.sort_unstable();
+    assert_eq!(sizes, [3 * PAGE, 3 * PAGE, 3 * PAGE, 5 * PAGE]);
+    // Current: what is mapped now; peak: after d was mapped (a's 3 pages,
+    // b's 6, c's 6 and d's 3).
+    let mmap_totals = |tracerd: &Tracerd| {
+        by_source(tracerd, pid)
+            .into_iter()
+            .find(|(name, _, _)| name == "mmap")
+            .map(|(_, current, peak)| (current, peak))
+    };
+    assert_eq!(mmap_totals(&tracerd), Some((14 * PAGE, 18 * PAGE)));
+    let memory = tracerd.get_ok(&format!("/pid/{pid}/traced-memory"));
+    let sum: i64 = by_source(&tracerd, pid).iter().map(|(_, c, _)| c).sum();
+    assert_eq!(Some(sum), memory["current"].as_i64(), "{memory}");
+
+    fx.step("unmapped");
+    let unmapped: Vec<(&str, i64, i64)> = mapped.iter().map(|&(m, _, _)| (m, 0, 0)).collect();
+    expect(&prog, &stats(""), "unmapped", &unmapped);
+    assert_eq!(stats("&allocator=mmap"), serde_json::json!([]));
+    assert_eq!(mmap_totals(&tracerd), Some((0, 18 * PAGE)));
+    assert_eq!(tracerd.counter("drop_mmap_regions"), 0);
+    fx.end();
+}

@@ -1,0 +1,388 @@
+//! Anonymous mappings as blocks of source `mmap`: a traced image's own
+//! `mmap`, `munmap` and `mremap`, seen at each system call's exit, where the
+//! result is known and the task's saved user registers
+//! (`bpf_task_pt_regs`) still hold the arguments and the user stack.
+//!
+//! A mapping is a live block at its start address ([`crate::live`]), of its
+//! length rounded up to pages, with the stack of the call; the start is also
+//! kept in the process's `MMAP_REGIONS` slots, so that an `munmap` of any
+//! part of it finds it: an unmapped prefix or suffix shrinks the block, a
+//! hole in the middle splits it in two (the second keeps the stack), an
+//! `mremap` moves or resizes it (the block takes the `mremap`'s stack, as a
+//! `realloc` takes its caller's).
+//!
+//! Not recorded: a call made inside a probed allocator call (the allocator's
+//! own mappings, whose blocks the allocator's probes record: never counted
+//! twice); file and `PROT_NONE` mappings (reservations, no memory);
+//! `MAP_STACK` (thread stacks); `MAP_FIXED` (it replaces part of a mapping
+//! already there: the dynamic loader's `.bss`, an allocator committing its
+//! reservation), which only unmaps what it replaces; processes not traced
+//! yet (no allocation seen: the dynamic loader's first mappings); and
+//! mappings made before tracerd has written the image's mappings in
+//! `PROC_MAPS` (its first few hundred milliseconds): until then its stacks
+//! would be walked by frame pointers, which skip the caller of the C
+//! library's system call wrapper; and an allocator linked into the
+//! executable is not probed yet in its first milliseconds, when its own
+//! mappings (mimalloc reserves 1 GiB at its first allocation) would look
+//! like the program's.
+
+use core::ffi::c_void;
+
+use aya_ebpf::{
+    bindings::{BPF_NOEXIST, pt_regs},
+    helpers::{
+        bpf_probe_read_kernel,
+        generated::{bpf_get_current_task_btf, bpf_loop, bpf_task_pt_regs},
+    },
+};
+use tracer_common::{AllocInfo, Counter, MMAP_REGION_SLOTS, MmapRegions, ProcStats, SOURCE_MMAP};
+
+use crate::{
+    atomic::{compare_exchange, fetch_add},
+    calls::page_round,
+    counters::count,
+    globals::{current, page_size},
+    inflight::in_call,
+    live::{find_block, insert_block, record_block, take_block},
+    maps::{EEXIST, MMAP_EMPTY, MMAP_REGIONS},
+    procs::{find_proc, unmap_bytes},
+    stack::{UserRegs, has_mappings},
+};
+
+/// `mmap(2)` flags (x86-64).
+const MAP_FIXED: u64 = 0x10;
+const MAP_ANONYMOUS: u64 = 0x20;
+const MAP_STACK: u64 = 0x2_0000;
+/// The first errno a system call returns (as `-errno`); results above
+/// `-MAX_ERRNO` as unsigned are errors.
+const MAX_ERRNO: i64 = 4095;
+
+/// A traced image: its totals and generation ([`find_proc`]).
+type Image = (*mut ProcStats, u32);
+
+/// The system call's arguments 0 to 4 (`rdi`, `rsi`, `rdx`, `r10`, `r8`)
+/// and the user registers a stack walk starts from, read from the task's
+/// saved registers.
+#[inline(always)]
+fn syscall_regs() -> Option<(UserRegs, [u64; 5])> {
+    // SAFETY: helpers with no preconditions but a valid task, which the
+    // first returns; the registers are copied out by a checked read.
+    let regs = unsafe {
+        let task = bpf_get_current_task_btf();
+        let at = bpf_task_pt_regs(task) as *const pt_regs;
+        bpf_probe_read_kernel(at).ok()?
+    };
+    Some((
+        UserRegs {
+            ip: regs.rip,
+            rsp: regs.rsp,
+            rbp: regs.rbp,
+        },
+        [regs.rdi, regs.rsi, regs.rdx, regs.r10, regs.r8],
+    ))
+}
+
+/// The calling thread's image when it is traced and not inside a probed
+/// allocator call (whose system calls are the allocator's).
+#[inline(always)]
+fn traced_caller() -> Option<(u32, Image)> {
+    let (id, tgid) = current()?;
+    let image = find_proc(tgid)?;
+    if in_call(id) {
+        return None;
+    }
+    Some((tgid, image))
+}
+
+/// [`traced_caller`], when tracerd has the image's mappings
+/// ([`has_mappings`]): a new mapping is recorded only then.
+#[inline(always)]
+fn settled_caller() -> Option<(u32, Image)> {
+    let (tgid, image) = traced_caller()?;
+    has_mappings(tgid, image.1).then_some((tgid, image))
+}
+
+/// `len` rounded up to whole pages (the kernel maps and unmaps pages).
+#[inline(always)]
+fn pages(len: u64) -> u64 {
+    page_round(page_size(), len).0
+}
+
+/// The mapping slots of image `gen_` of `tgid`; when `create`, made (or
+/// taken over from an earlier image) if there are none.
+#[inline(always)]
+fn regions_of(tgid: u32, gen_: u32, create: bool) -> Option<*mut MmapRegions> {
+    if let Some(regions) = MMAP_REGIONS.get_ptr_mut(tgid) {
+        // SAFETY: a MMAP_REGIONS value.
+        if unsafe { (*regions).gen_ } == gen_ {
+            return Some(regions);
+        }
+        if !create {
+            return None;
+        }
+        // Left by an earlier image of the pid (its end was not seen).
+        // SAFETY: as above.
+        unsafe {
+            let mut i = 0;
+            while i < MMAP_REGION_SLOTS {
+                (*regions).starts[i] = 0;
+                i += 1;
+            }
+            (*regions).gen_ = gen_;
+        }
+        return Some(regions);
+    }
+    if !create {
+        return None;
+    }
+    // The value is copied from an all-zero map value: it is too large for
+    // the program's stack.
+    let empty = MMAP_EMPTY.get(0)?;
+    match MMAP_REGIONS.insert(tgid, empty, BPF_NOEXIST as u64) {
+        Ok(()) => {}
+        Err(e) if e == -EEXIST => {}
+        Err(_) => return None,
+    }
+    let regions = MMAP_REGIONS.get_ptr_mut(tgid)?;
+    // SAFETY: a MMAP_REGIONS value; another thread creating it at the same
+    // moment writes the same generation.
+    unsafe { (*regions).gen_ = gen_ };
+    Some(regions)
+}
+
+/// Claims a free slot of `regions` for a mapping at `start`.
+#[inline(always)]
+fn claim_slot(regions: *mut MmapRegions, start: u64) -> bool {
+    let mut i = 0;
+    while i < MMAP_REGION_SLOTS {
+        // SAFETY: a MMAP_REGIONS value; its slots change only by
+        // compare-and-swap.
+        let slot = unsafe { (&raw mut (*regions).starts).cast::<u64>().add(i) };
+        // SAFETY: as above.
+        if unsafe { core::ptr::read_volatile(slot) } == 0 && compare_exchange(slot, 0, start) == 0 {
+            return true;
+        }
+        i += 1;
+    }
+    false
+}
+
+/// Frees the slot of `regions` that holds `start`, if one does.
+#[inline(always)]
+fn release_slot(regions: *mut MmapRegions, start: u64) {
+    let mut i = 0;
+    while i < MMAP_REGION_SLOTS {
+        // SAFETY: as in claim_slot.
+        let slot = unsafe { (&raw mut (*regions).starts).cast::<u64>().add(i) };
+        if compare_exchange(slot, start, 0) == start {
+            return;
+        }
+        i += 1;
+    }
+}
+
+/// A mapping of the image that could not be kept: counted as a drop.
+#[inline(always)]
+fn drop_region(stats: *mut ProcStats) {
+    count(Counter::DropMmapRegions);
+    // SAFETY: a PROCS value; its counters change only atomically.
+    fetch_add(unsafe { &raw mut (*stats).drops }, 1);
+}
+
+/// Records the new mapping (`start`, `len` bytes) of `tgid`'s image as a
+/// block with the stack walked from `regs`.
+#[inline(always)]
+fn add_region(regs: UserRegs, tgid: u32, image: Image, start: u64, len: u64) {
+    let (stats, gen_) = image;
+    let Some(regions) = regions_of(tgid, gen_, true) else {
+        drop_region(stats);
+        return;
+    };
+    if !claim_slot(regions, start) {
+        drop_region(stats);
+        return;
+    }
+    if record_block(regs, image, tgid, (start, len), SOURCE_MMAP) {
+        count(Counter::MmapRegions);
+    } else {
+        release_slot(regions, start);
+    }
+}
+
+/// What [`unmap`] hands to each step of its loop over the slots.
+struct Unmap {
+    tgid: u32,
+    gen_: u32,
+    stats: *mut ProcStats,
+    regions: *mut MmapRegions,
+    /// The unmapped range: [start, end).
+    start: u64,
+    end: u64,
+    /// Bytes of blocks unmapped so far.
+    unmapped: u64,
+}
+
+/// Takes [`start`, `end`) out of the mappings `tgid`'s image holds as
+/// blocks; returns the bytes of blocks it covered (0: none).
+#[inline(always)]
+fn unmap(tgid: u32, (stats, gen_): Image, start: u64, end: u64) -> u64 {
+    let Some(regions) = regions_of(tgid, gen_, false) else {
+        return 0;
+    };
+    let mut state = Unmap {
+        tgid,
+        gen_,
+        stats,
+        regions,
+        start,
+        end,
+        unmapped: 0,
+    };
+    // SAFETY: bpf_loop calls unmap_slot with a pointer to `state`, on this
+    // stack, once per slot.
+    unsafe {
+        bpf_loop(
+            MMAP_REGION_SLOTS as u32,
+            unmap_slot as *mut c_void,
+            &raw mut state as *mut c_void,
+            0,
+        );
+    }
+    state.unmapped
+}
+
+/// One slot of [`unmap`]: the mapping there, if the range covers any of
+/// it, loses that part. Returns 0 (go on), the bpf_loop contract.
+extern "C" fn unmap_slot(index: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: ctx is the Unmap that `unmap` handed to bpf_loop; its
+    // pointers are map values, alive while the program runs.
+    let state = unsafe { &mut *(ctx as *mut Unmap) };
+    let i = (index as usize) & (MMAP_REGION_SLOTS - 1);
+    // SAFETY: a MMAP_REGIONS value (as in claim_slot).
+    let slot = unsafe { (&raw mut (*state.regions).starts).cast::<u64>().add(i) };
+    // SAFETY: as above.
+    let at = unsafe { core::ptr::read_volatile(slot) };
+    if at == 0 || at >= state.end {
+        return 0;
+    }
+    let Some(block) = find_block(state.tgid, at, state.gen_) else {
+        // Its block is gone (freed as a pointer, or the maps were cleaned).
+        compare_exchange(slot, at, 0);
+        return 0;
+    };
+    let block_end = at.wrapping_add(block.size);
+    if block.source != SOURCE_MMAP || block_end <= state.start {
+        return 0;
+    }
+    // Only the thread that takes the block out changes it.
+    let Some((stats, block)) = take_block(state.tgid, at, (Some(state.stats), state.gen_), false)
+    else {
+        return 0;
+    };
+    let block_end = at.wrapping_add(block.size);
+    let mut kept = 0;
+    let mut pieces = 0;
+    // The part before the range stays at the same start.
+    if state.start > at {
+        let left = AllocInfo {
+            size: state.start - at,
+            ..block
+        };
+        if insert_block(stats, state.tgid, at, &left) {
+            kept += left.size;
+            pieces += 1;
+        } else {
+            compare_exchange(slot, at, 0);
+            drop_region(stats);
+        }
+    } else {
+        compare_exchange(slot, at, 0);
+    }
+    // The part after it becomes a block of its own, with the same stack.
+    if block_end > state.end {
+        let right = AllocInfo {
+            size: block_end - state.end,
+            ..block
+        };
+        if claim_slot(state.regions, state.end) {
+            if insert_block(stats, state.tgid, state.end, &right) {
+                kept += right.size;
+                pieces += 1;
+            } else {
+                release_slot(state.regions, state.end);
+                drop_region(stats);
+            }
+        } else {
+            drop_region(stats);
+        }
+    }
+    unmap_bytes(stats, block.size - kept, SOURCE_MMAP, pieces);
+    state.unmapped += block.size - kept;
+    0
+}
+
+/// At the exit of `mmap` (result `ret`): an anonymous mapping of a traced
+/// image becomes a block; a `MAP_FIXED` one only unmaps what it replaced.
+#[inline(always)]
+pub(crate) fn mapped(ret: i64) {
+    if ret < 0 && ret >= -MAX_ERRNO {
+        return;
+    }
+    let Some((tgid, image)) = settled_caller() else {
+        return;
+    };
+    let Some((regs, [_, len, prot, flags, _])) = syscall_regs() else {
+        return;
+    };
+    let start = ret as u64;
+    let len = pages(len);
+    if flags & MAP_FIXED != 0 {
+        unmap(tgid, image, start, start.wrapping_add(len));
+        return;
+    }
+    if flags & MAP_ANONYMOUS == 0 || flags & MAP_STACK != 0 || prot == 0 || len == 0 {
+        return;
+    }
+    add_region(regs, tgid, image, start, len);
+}
+
+/// At the exit of `munmap` (result `ret`): the blocks of a traced image in
+/// the range lose that part.
+#[inline(always)]
+pub(crate) fn unmapped(ret: i64) {
+    if ret != 0 {
+        return;
+    }
+    let Some((tgid, image)) = traced_caller() else {
+        return;
+    };
+    // Most processes hold no mapping: no need to read the registers.
+    if regions_of(tgid, image.1, false).is_none() {
+        return;
+    }
+    let Some((_, [start, len, ..])) = syscall_regs() else {
+        return;
+    };
+    unmap(tgid, image, start, start.wrapping_add(pages(len)));
+}
+
+/// At the exit of `mremap` (result `ret`): a block of a traced image that
+/// the old range covered is now the new mapping, with this call's stack.
+#[inline(always)]
+pub(crate) fn remapped(ret: i64) {
+    if ret < 0 && ret >= -MAX_ERRNO {
+        return;
+    }
+    let Some((tgid, image)) = traced_caller() else {
+        return;
+    };
+    if regions_of(tgid, image.1, false).is_none() {
+        return;
+    }
+    let Some((regs, [old, old_len, new_len, ..])) = syscall_regs() else {
+        return;
+    };
+    if unmap(tgid, image, old, old.wrapping_add(pages(old_len))) != 0 {
+        add_region(regs, tgid, image, ret as u64, pages(new_len));
+    }
+}
