@@ -428,6 +428,9 @@ pub const SOURCE_NAMES: [&str; 8] = [
 impl Source {
     /// Not known.
     pub const UNKNOWN: Source = Source(0);
+    /// An anonymous mapping the program made itself (`mmap`): recorded
+    /// whole, never sampled.
+    pub const MMAP: Source = Source(7);
 
     /// The source recorded as `code` by the kernel (`AllocInfo::source`);
     /// unknown for a code out of range.

@@ -172,6 +172,7 @@ fn host_abi_matches(ldconfig_line: &str) -> bool {
 
 // The kernel's per-source totals have one entry per source the model names.
 const _: () = assert!(tracer_model::SOURCE_NAMES.len() == tracer_common::SOURCE_COUNT);
+const _: () = assert!(tracer_model::Source::MMAP.0 as u32 == tracer_common::SOURCE_MMAP);
 
 /// The allocator family of an object's probed functions: the `source` its
 /// blocks are reported with.

@@ -3,7 +3,7 @@
 //! images that are gone), and the orphan sweep over the kernel maps.
 use std::time::{Duration, SystemTime};
 
-use tracer_common::{MAP_LIVE_ALLOCS, ProcEvent};
+use tracer_common::{MAP_LIVE_ALLOCS, MAP_STACKS, ProcEvent};
 
 use super::Service;
 use super::state::lock;
@@ -82,14 +82,15 @@ impl Service {
         held.control.retain(|image| registry.knows(image));
     }
 
-    /// Logs each live process that lost blocks since it was last logged
-    /// (its kernel `drops`), at most once per [`DROPS_LOG_EVERY`] each:
-    /// its pid and command, the blocks lost, and why when the kernel tells
-    /// (past its share of the live-block maps; else a full map, which
-    /// `tracer_drops_total{reason}` names).
+    /// Logs each live process that lost blocks or stacks since it was last
+    /// logged (its kernel `drops`), at most once per [`DROPS_LOG_EVERY`]
+    /// each: its pid and command, what it lost, and why when the kernel
+    /// tells (past its share of the live-block maps, or of the stack map;
+    /// else a full map, which `tracer_drops_total{reason}` names).
     pub fn log_drops(&self) {
         let held = self.state.locks().kernel().registry();
         let max = held.kernel.config().process_max_blocks();
+        let max_stacks = held.kernel.config().process_max_stacks();
         let now = std::time::Instant::now();
         let mut logged = lock(&self.drops_logged);
         let mut seen = std::collections::HashSet::new();
@@ -113,6 +114,22 @@ impl Service {
                     map = MAP_LIVE_ALLOCS,
                     share_blocks = max,
                     "a process is past its share of the live-block maps: its new blocks are not traced (process_share)"
+                );
+            } else if let Some(stacks) = held
+                .kernel
+                .proc_totals(image.pid())
+                .filter(|t| t.stats.gen_ == image.id.generation)
+                .map(|t| t.stacks)
+                .filter(|&stacks| max_stacks != 0 && stacks >= max_stacks)
+            {
+                tracing::warn!(
+                    pid = image.pid(),
+                    comm = %image.comm,
+                    lost = stats.drops - last,
+                    stacks,
+                    map = MAP_STACKS,
+                    share_stacks = max_stacks,
+                    "a process is past its share of the stack map: its new stacks are not stored, their blocks keep their call site only (process_share)"
                 );
             } else {
                 tracing::warn!(

@@ -87,7 +87,8 @@ impl SnapshotBuilder {
     }
 
     /// Sampled blocks to traces with unbiased estimates. A block of `s`
-    /// bytes was sampled with probability p = 1 - exp(-s/mean), so it stands
+    /// bytes (but an `mmap` one, always recorded) was sampled with
+    /// probability p = 1 - exp(-s/mean), so it stands
     /// for 1/p blocks and s/p bytes (Horvitz-Thompson). Per traceback the
     /// estimates are summed, and the group is rebuilt as round(count)
     /// traces (at least 1) whose sizes add up to round(bytes): statistics
@@ -102,7 +103,12 @@ impl SnapshotBuilder {
         let mut groups: HashMap<(Option<*const u64>, Source), EstimatedGroup> = HashMap::new();
         for block in blocks {
             let s = block.size as f64;
-            let p = -(-s / mean as f64).exp_m1();
+            // Anonymous mappings are recorded whole, never sampled.
+            let p = if block.source == Source::MMAP {
+                1.0
+            } else {
+                -(-s / mean as f64).exp_m1()
+            };
             let (count, bytes) = if p > 0.0 {
                 (1.0 / p, s / p)
             } else {
@@ -445,5 +451,35 @@ mod tests {
         let traceback = &snapshot.traces()[0].traceback;
         assert_eq!(traceback.frames().len(), 2);
         assert_eq!(traceback.total_nframe(), Some(2));
+    }
+
+    #[test]
+    fn sampling_scales_allocations_but_not_mappings_which_are_recorded_whole() {
+        let builder = SnapshotBuilder {
+            symbolizer: Symbolizer::new(),
+            nframe: 16,
+            sample_interval: 512 * 1024,
+            allocator_frames: FramePatterns::compile(&[]).unwrap(),
+        };
+        let block = |addr: u64, source| RawBlock {
+            size: 65536,
+            stack: Some(Arc::from([addr])),
+            source,
+        };
+        let blocks = [block(0x10, Source::MMAP), block(0x20, Source::from_code(1))];
+        let snapshot = builder.build(1, &blocks, None, AllocatorFrames::Drop);
+        let of = |source| -> Vec<u64> {
+            snapshot
+                .traces()
+                .iter()
+                .filter(|t| t.source == source)
+                .map(|t| t.size)
+                .collect()
+        };
+        assert_eq!(of(Source::MMAP), [65536]);
+        // p = 1 - exp(-1/8): 8.51 blocks, 557,738 bytes.
+        let sampled = of(Source::from_code(1));
+        assert_eq!(sampled.len(), 9);
+        assert_eq!(sampled.iter().sum::<u64>(), 557_738);
     }
 }

@@ -55,7 +55,7 @@ pub struct BenchArgs {
     /// baseline needs --baseline).
     #[arg(long, value_delimiter = ',')]
     pub modes: Vec<String>,
-    /// Only these workloads (comma-separated: churn,threads,python,sqlite,gcc).
+    /// Only these workloads (comma-separated: churn,threads,mmap,python,sqlite,gcc).
     #[arg(long, value_delimiter = ',')]
     pub workloads: Vec<String>,
     /// Skip the scale part (4,000,000 live blocks, a 1,000,000-block snapshot).

@@ -2,7 +2,9 @@
 //! directory: churn (N malloc+free pairs in one thread, ns per pair), the
 //! same churn linked with jemalloc, tcmalloc and mimalloc (the per-call
 //! cost of tracer on each allocator, against the floor of the same probes), a
-//! 2-thread stress with cross-thread frees (ns per pair), and real
+//! 2-thread stress with cross-thread frees (ns per pair), anonymous
+//! mappings (an `mmap` + `munmap` of 64 KiB, ns per pair, one tenth as
+//! many: the cost of the mmap source's syscall tracepoints), and real
 //! programs: python3 doing a JSON round trip with `PYTHONMALLOC=malloc`,
 //! sqlite3 building and querying a table, gcc compiling a C file (wall
 //! time). And how one runs under a mode that wraps it (heaptrack, massif).
@@ -18,12 +20,13 @@ use anyhow::{Context as _, bail};
 use crate::util::{cc::compile_c, cmd::which};
 
 /// Every workload, in the table's order.
-pub const ALL_WORKLOADS: [&str; 8] = [
+pub const ALL_WORKLOADS: [&str; 9] = [
     "churn",
     "churn-jemalloc",
     "churn-tcmalloc",
     "churn-mimalloc",
     "threads",
+    "mmap",
     "python",
     "sqlite",
     "gcc",
@@ -63,6 +66,37 @@ int main(int argc, char **argv) {
     for (int i = 0; i < 1000; i++) { sink = malloc(64); free(sink); }
     clock_gettime(CLOCK_MONOTONIC, &a);
     for (long i = 0; i < n; i++) { sink = malloc(64); free(sink); }
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    printf("%.1f\n", ((b.tv_sec - a.tv_sec) * 1e9 + (b.tv_nsec - a.tv_nsec)) / n);
+    return 0;
+}
+"#;
+
+/// `mmap` + `munmap` pairs of 64 KiB, anonymous, from the program itself
+/// (the `mmap` source): after one `malloc` (so that the process is traced)
+/// and 0.5 s (so that tracerd has its mappings: mappings are recorded only
+/// then), ns per pair.
+const MMAP_C: &str = r#"
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    long n = argc > 1 ? atol(argv[1]) / 10 : 20000;
+    void *volatile sink = malloc(64);
+    struct timespec a, b;
+    usleep(500000);
+    for (int i = 0; i < 100; i++) {
+        void *p = mmap(NULL, 65536, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        munmap(p, 65536);
+    }
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    for (long i = 0; i < n; i++) {
+        void *p = mmap(NULL, 65536, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        sink = p;
+        munmap(p, 65536);
+    }
     clock_gettime(CLOCK_MONOTONIC, &b);
     printf("%.1f\n", ((b.tv_sec - a.tv_sec) * 1e9 + (b.tv_nsec - a.tv_nsec)) / n);
     return 0;
@@ -175,6 +209,7 @@ pub fn prepare(dir: &Path, pairs: u64) -> anyhow::Result<Vec<Workload>> {
         });
     }
     let threads = compile_c(dir, "threads", THREADS_C, &[CFLAGS, &["-pthread"]].concat())?;
+    let mmap = compile_c(dir, "mmap", MMAP_C, CFLAGS)?;
     let py = dir.join("json_roundtrip.py");
     fs::write(&py, PYTHON_JSON)?;
     let sql = dir.join("table.sql");
@@ -195,6 +230,14 @@ pub fn prepare(dir: &Path, pairs: u64) -> anyhow::Result<Vec<Workload>> {
         Workload {
             name: "threads",
             argv: vec![s(&threads), pairs.to_string()],
+            env: vec![],
+            stdin: None,
+            self_timed: true,
+            unit: "ns/pair",
+        },
+        Workload {
+            name: "mmap",
+            argv: vec![s(&mmap), pairs.to_string()],
             env: vec![],
             stdin: None,
             self_timed: true,
