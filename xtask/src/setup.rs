@@ -58,6 +58,12 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
     ("musl-gcc", "musl-tools"),
     ("redis-server", "redis-server"),
     ("redis-cli", "redis-tools"),
+    // A real container: a Debian root made by debootstrap, run by podman
+    // with runc (crun, podman's first choice, refuses a host whose cgroup
+    // v2 hierarchy has controllers beside v1's, the hybrid layout).
+    ("debootstrap", "debootstrap"),
+    ("podman", "podman"),
+    ("runc", "runc"),
     // The service tests: scraping, map inspection, the unit file, dropping
     // privileges.
     ("prometheus", "prometheus"),

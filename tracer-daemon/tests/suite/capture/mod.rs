@@ -1,10 +1,11 @@
 //! Capture: the real tracerd with its real eBPF programs tracing C programs
 //! compiled from `tests/fixtures/`, checked through the HTTP API with exact
-//! sizes, counts and `file:line`.
+//! sizes, counts and `file:line`, on the host and in a podman container.
 
 mod alloc;
 mod allocators;
 mod capacity;
+mod container;
 mod daemon;
 mod lifecycle;
 mod mappings;

@@ -1,6 +1,6 @@
 //! Processes the tests start and wait for: the root check, free loopback
-//! ports, signals by pid, stopping a child with a grace period, and waiting
-//! for a condition with a deadline.
+//! ports, signals by pid, stopping a child with a grace period, a
+//! process's cgroup, and waiting for a condition with a deadline.
 
 use std::{
     net::TcpListener,
@@ -76,6 +76,15 @@ pub fn kill_if_running(child: &mut Child) {
         signal(child.id(), "KILL");
         let _ = child.wait();
     }
+}
+
+/// The cgroup v2 path of `pid`: the `0::` line of `/proc/{pid}/cgroup`.
+pub fn cgroup_v2(pid: u32) -> String {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("read cgroup");
+    text.lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .unwrap_or_else(|| panic!("no cgroup v2 line for {pid}: {text}"))
+        .to_string()
 }
 
 /// Calls `attempt` every `every` until it returns `Ok`; fails the test with
