@@ -20,7 +20,7 @@ use reqwest::Method;
 use serde_json::Value;
 
 use crate::suite::support::{
-    Fixture, Program, TempDir, Tracerd, kill_if_running, output_ok, poll, stat_at,
+    Fixture, Program, TempDir, Tracerd, cgroup_v2, kill_if_running, output_ok, poll, stat_at,
 };
 
 /// Each `(marker, count, size)`: the `count` and `size` of the statistic
@@ -392,12 +392,7 @@ fn a_program_in_its_own_root_with_its_own_glibc_is_traced_exactly() {
     // cgroup is the test's.
     let process = tracerd.get_ok(&format!("/pid/{pid}"));
     assert_eq!(process["nspid"], 1, "{process}");
-    let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("cgroup");
-    let cgroup = cgroup
-        .lines()
-        .find_map(|l| l.strip_prefix("0::"))
-        .expect("cgroup v2");
-    assert_eq!(process["cgroup"], cgroup, "{process}");
+    assert_eq!(process["cgroup"], cgroup_v2(pid), "{process}");
     fx.end();
 }
 
