@@ -57,16 +57,19 @@ pub const SOURCE_COUNT: usize = 8;
 /// made itself, outside any probed allocator call: the model's `mmap`.
 pub const SOURCE_MMAP: u32 = 7;
 
-/// Slots of an [`MmapRegions`]: the anonymous mappings a process image
-/// holds as blocks at most; past it a new mapping is dropped (counted).
-pub const MMAP_REGION_SLOTS: usize = 64;
+/// Slots of an [`MmapRegions`] (a power of two): the anonymous mappings a
+/// process image holds as blocks at most; a new mapping whose start finds
+/// no free slot in its window (32 slots from the one its address hashes
+/// to) is dropped (counted).
+pub const MMAP_REGION_SLOTS: usize = 256;
 
 /// Value of [`crate::MAP_MMAP_REGIONS`]: tgid → the start address of each
 /// anonymous mapping its image holds as a block of [`SOURCE_MMAP`] (the
 /// block itself, size and stack, is in the live maps under that address),
-/// so that an `munmap` of any part of it finds it. A slot is claimed by
-/// compare-and-swap from 0 and cleared by the thread that took the block
-/// out.
+/// so that an `munmap` of any part of it finds it. A start goes in a free
+/// slot of its window (from the slot its address hashes to), claimed by
+/// compare-and-swap from 0, and is cleared by the thread that took the
+/// block out.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MmapRegions {

@@ -83,7 +83,7 @@ pub const MAP_PROC_SLOTS: &str = "PROC_SLOTS";
 /// [`crate::MmapRegions`]; [`MMAP_PROCS`] processes at most.
 pub const MAP_MMAP_REGIONS: &str = "MMAP_REGIONS";
 /// Entries of [`MAP_MMAP_REGIONS`] (processes holding anonymous mappings
-/// at once; 528 bytes each).
+/// at once; 2,056 bytes each, allocated as a process makes its first).
 pub const MMAP_PROCS: u32 = 1 << 13;
 
 /// Per-CPU counters indexed by [`Counter`].

@@ -120,17 +120,6 @@ fn regions_of(tgid: u32, gen_: u32, create: bool) -> Option<*mut MmapRegions> {
         if !create {
             return None;
         }
-        // Left by an earlier image of the pid (its end was not seen).
-        // SAFETY: as above.
-        unsafe {
-            let mut i = 0;
-            while i < MMAP_REGION_SLOTS {
-                (*regions).starts[i] = 0;
-                i += 1;
-            }
-            (*regions).gen_ = gen_;
-        }
-        return Some(regions);
     }
     if !create {
         return None;
@@ -138,9 +127,17 @@ fn regions_of(tgid: u32, gen_: u32, create: bool) -> Option<*mut MmapRegions> {
     // The value is copied from an all-zero map value: it is too large for
     // the program's stack.
     let empty = MMAP_EMPTY.get(0)?;
+    // An entry of an earlier image of the pid (its end was not seen) is
+    // replaced; one another thread of this image made meanwhile is kept.
     match MMAP_REGIONS.insert(tgid, empty, BPF_NOEXIST as u64) {
         Ok(()) => {}
-        Err(e) if e == -EEXIST => {}
+        Err(e) if e == -EEXIST => {
+            let regions = MMAP_REGIONS.get_ptr_mut(tgid)?;
+            // SAFETY: a MMAP_REGIONS value.
+            if unsafe { (*regions).gen_ } != gen_ {
+                MMAP_REGIONS.insert(tgid, empty, 0).ok()?;
+            }
+        }
         Err(_) => return None,
     }
     let regions = MMAP_REGIONS.get_ptr_mut(tgid)?;
@@ -150,35 +147,94 @@ fn regions_of(tgid: u32, gen_: u32, create: bool) -> Option<*mut MmapRegions> {
     Some(regions)
 }
 
-/// Claims a free slot of `regions` for a mapping at `start`.
+/// Slots a mapping's start may take in its process's `MMAP_REGIONS` entry:
+/// from the one its address hashes to, this many on (wrapping).
+const PROBE_WINDOW: usize = 32;
+
+/// Slot `i` of `regions`' window for `start` ([`PROBE_WINDOW`]).
 #[inline(always)]
-fn claim_slot(regions: *mut MmapRegions, start: u64) -> bool {
-    let mut i = 0;
-    while i < MMAP_REGION_SLOTS {
-        // SAFETY: a MMAP_REGIONS value; its slots change only by
-        // compare-and-swap.
-        let slot = unsafe { (&raw mut (*regions).starts).cast::<u64>().add(i) };
-        // SAFETY: as above.
-        if unsafe { core::ptr::read_volatile(slot) } == 0 && compare_exchange(slot, 0, start) == 0 {
-            return true;
-        }
-        i += 1;
-    }
-    false
+fn window_slot(regions: *mut MmapRegions, start: u64, i: usize) -> *mut u64 {
+    let home = ((start >> 12).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 56) as usize;
+    let index = home.wrapping_add(i) & (MMAP_REGION_SLOTS - 1);
+    // SAFETY: a MMAP_REGIONS value; index is in bounds.
+    unsafe { (&raw mut (*regions).starts).cast::<u64>().add(index) }
 }
 
-/// Frees the slot of `regions` that holds `start`, if one does.
+/// What [`claim_slot`] and [`release_slot`] hand to each step of their
+/// loop over a window.
+struct SlotSearch {
+    regions: *mut MmapRegions,
+    start: u64,
+    found: bool,
+}
+
+/// Runs `step` over the window of `start` in `regions` until it stops
+/// (returns 1); whether it found what it looked for. A callback, so that
+/// the verifier checks the loop once.
+#[inline(always)]
+fn search_window(
+    regions: *mut MmapRegions,
+    start: u64,
+    step: extern "C" fn(u64, *mut c_void) -> i64,
+) -> bool {
+    let mut search = SlotSearch {
+        regions,
+        start,
+        found: false,
+    };
+    // SAFETY: bpf_loop calls step with a pointer to `search`, on this
+    // stack, at most PROBE_WINDOW times.
+    unsafe {
+        bpf_loop(
+            PROBE_WINDOW as u32,
+            step as *mut c_void,
+            &raw mut search as *mut c_void,
+            0,
+        );
+    }
+    search.found
+}
+
+/// One slot of [`claim_slot`]'s window: claimed if free.
+extern "C" fn claim_step(index: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: ctx is the SlotSearch that search_window handed to bpf_loop.
+    let search = unsafe { &mut *(ctx as *mut SlotSearch) };
+    let slot = window_slot(search.regions, search.start, index as usize);
+    // SAFETY: a slot of a MMAP_REGIONS value, changed only by
+    // compare-and-swap.
+    if unsafe { core::ptr::read_volatile(slot) } == 0
+        && compare_exchange(slot, 0, search.start) == 0
+    {
+        search.found = true;
+        return 1;
+    }
+    0
+}
+
+/// One slot of [`release_slot`]'s window: freed if it holds the start.
+extern "C" fn release_step(index: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: as in claim_step.
+    let search = unsafe { &mut *(ctx as *mut SlotSearch) };
+    let slot = window_slot(search.regions, search.start, index as usize);
+    if compare_exchange(slot, search.start, 0) == search.start {
+        search.found = true;
+        return 1;
+    }
+    0
+}
+
+/// Claims a free slot of `regions` for a mapping at `start`, in its window.
+#[inline(always)]
+fn claim_slot(regions: *mut MmapRegions, start: u64) -> bool {
+    search_window(regions, start, claim_step)
+}
+
+/// Frees the slot of `regions` that holds `start`, if one does (in its
+/// window: a slot is looked for there whatever the slots before it hold,
+/// so that freeing one never hides another).
 #[inline(always)]
 fn release_slot(regions: *mut MmapRegions, start: u64) {
-    let mut i = 0;
-    while i < MMAP_REGION_SLOTS {
-        // SAFETY: as in claim_slot.
-        let slot = unsafe { (&raw mut (*regions).starts).cast::<u64>().add(i) };
-        if compare_exchange(slot, start, 0) == start {
-            return;
-        }
-        i += 1;
-    }
+    search_window(regions, start, release_step);
 }
 
 /// A mapping of the image that could not be kept: counted as a drop.
@@ -224,6 +280,11 @@ struct Unmap {
 
 /// Takes [`start`, `end`) out of the mappings `tgid`'s image holds as
 /// blocks; returns the bytes of blocks it covered (0: none).
+///
+/// A range that begins at a mapping's start and ends within it (a whole
+/// `munmap`, a prefix, an `mremap`'s old range) is that mapping alone: one
+/// lookup. Any other range may cover parts of several, and every slot is
+/// looked at.
 #[inline(always)]
 fn unmap(tgid: u32, (stats, gen_): Image, start: u64, end: u64) -> u64 {
     let Some(regions) = regions_of(tgid, gen_, false) else {
@@ -238,6 +299,23 @@ fn unmap(tgid: u32, (stats, gen_): Image, start: u64, end: u64) -> u64 {
         end,
         unmapped: 0,
     };
+    if let Some(block) = find_block(tgid, start, gen_)
+        && block.source == SOURCE_MMAP
+        && start.wrapping_add(block.size) >= end
+    {
+        // SAFETY: bpf_loop calls cut_start once with a pointer to `state`,
+        // on this stack (a callback, so that the verifier checks `cut`
+        // apart from the rest of the program).
+        unsafe {
+            bpf_loop(
+                1,
+                cut_start as *mut c_void,
+                &raw mut state as *mut c_void,
+                0,
+            );
+        }
+        return state.unmapped;
+    }
     // SAFETY: bpf_loop calls unmap_slot with a pointer to `state`, on this
     // stack, once per slot.
     unsafe {
@@ -251,38 +329,61 @@ fn unmap(tgid: u32, (stats, gen_): Image, start: u64, end: u64) -> u64 {
     state.unmapped
 }
 
-/// One slot of [`unmap`]: the mapping there, if the range covers any of
-/// it, loses that part. Returns 0 (go on), the bpf_loop contract.
+/// [`unmap`]'s one lookup: the mapping at the range's start loses the part
+/// the range covers. Returns 1 (stop), the bpf_loop contract.
+extern "C" fn cut_start(_index: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: ctx is the Unmap that `unmap` handed to bpf_loop.
+    let state = unsafe { &mut *(ctx as *mut Unmap) };
+    let at = state.start;
+    cut(state, at, None);
+    1
+}
+
+/// One slot of [`unmap`]'s loop: the mapping there, if the range covers
+/// any of it, loses that part. Returns 0 (go on), the bpf_loop contract.
 extern "C" fn unmap_slot(index: u64, ctx: *mut c_void) -> i64 {
     // SAFETY: ctx is the Unmap that `unmap` handed to bpf_loop; its
     // pointers are map values, alive while the program runs.
     let state = unsafe { &mut *(ctx as *mut Unmap) };
     let i = (index as usize) & (MMAP_REGION_SLOTS - 1);
-    // SAFETY: a MMAP_REGIONS value (as in claim_slot).
+    // SAFETY: a MMAP_REGIONS value; i is in bounds.
     let slot = unsafe { (&raw mut (*state.regions).starts).cast::<u64>().add(i) };
-    // SAFETY: as above.
+    // SAFETY: as above; slots change only by compare-and-swap.
     let at = unsafe { core::ptr::read_volatile(slot) };
-    if at == 0 || at >= state.end {
-        return 0;
+    if at != 0 && at < state.end {
+        cut(state, at, Some(slot));
     }
+    0
+}
+
+/// Takes the part the range of `state` covers out of the mapping at `at`
+/// (its slot `slot`, or looked for in its window when None): what is left
+/// before the range stays at `at`, what is left after it becomes a block
+/// of its own with the same stack.
+#[inline(always)]
+fn cut(state: &mut Unmap, at: u64, slot: Option<*mut u64>) {
+    let clear = |state: &Unmap| match slot {
+        Some(slot) => {
+            compare_exchange(slot, at, 0);
+        }
+        None => release_slot(state.regions, at),
+    };
     let Some(block) = find_block(state.tgid, at, state.gen_) else {
         // Its block is gone (freed as a pointer, or the maps were cleaned).
-        compare_exchange(slot, at, 0);
-        return 0;
+        clear(state);
+        return;
     };
-    let block_end = at.wrapping_add(block.size);
-    if block.source != SOURCE_MMAP || block_end <= state.start {
-        return 0;
+    if block.source != SOURCE_MMAP || at.wrapping_add(block.size) <= state.start {
+        return;
     }
     // Only the thread that takes the block out changes it.
     let Some((stats, block)) = take_block(state.tgid, at, (Some(state.stats), state.gen_), false)
     else {
-        return 0;
+        return;
     };
     let block_end = at.wrapping_add(block.size);
     let mut kept = 0;
     let mut pieces = 0;
-    // The part before the range stays at the same start.
     if state.start > at {
         let left = AllocInfo {
             size: state.start - at,
@@ -292,13 +393,12 @@ extern "C" fn unmap_slot(index: u64, ctx: *mut c_void) -> i64 {
             kept += left.size;
             pieces += 1;
         } else {
-            compare_exchange(slot, at, 0);
+            clear(state);
             drop_region(stats);
         }
     } else {
-        compare_exchange(slot, at, 0);
+        clear(state);
     }
-    // The part after it becomes a block of its own, with the same stack.
     if block_end > state.end {
         let right = AllocInfo {
             size: block_end - state.end,
@@ -318,7 +418,6 @@ extern "C" fn unmap_slot(index: u64, ctx: *mut c_void) -> i64 {
     }
     unmap_bytes(stats, block.size - kept, SOURCE_MMAP, pieces);
     state.unmapped += block.size - kept;
-    0
 }
 
 /// At the exit of `mmap` (result `ret`): an anonymous mapping of a traced

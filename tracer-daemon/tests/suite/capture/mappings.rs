@@ -1,7 +1,7 @@
 //! Anonymous mappings as blocks of source `mmap` (`trace_mmap`, on by
 //! default): exact sizes at each line after partial unmaps, a hole, an
-//! `mremap` and a `MAP_FIXED` replacement; the mappings that are not
-//! counted; and glibc's own mapping for a large `malloc`, counted once, as
+//! `mremap`, a `MAP_FIXED` replacement and with 200 held at once; the
+//! mappings that are not counted; and glibc's own mapping for a large `malloc`, counted once, as
 //! glibc's.
 
 use serde_json::Value;
@@ -44,6 +44,8 @@ fn anonymous_mappings_are_blocks_split_and_moved_as_the_program_unmaps_and_remap
         ("MAP_NONE", 0, 0),
         ("MAP_STACK_", 0, 0),
         ("MAP_FIXED_C", 0, 0),
+        // 200 of 2 pages, every other one unmapped.
+        ("MAP_MANY", 100, 100 * 2 * PAGE),
     ];
     let all = stats("");
     expect(&prog, &all, "mapped", &mapped);
@@ -53,9 +55,9 @@ fn anonymous_mappings_are_blocks_split_and_moved_as_the_program_unmaps_and_remap
         "mapped",
         &[("MAP_FIRST", 1, 100), ("MAP_MALLOC", 1, 1 << 20)],
     );
-    // Only the mappings: exactly their three lines.
+    // Only the mappings: exactly their four lines.
     let only = stats("&allocator=mmap");
-    assert_eq!(only.as_array().map(Vec::len), Some(3), "{only}");
+    assert_eq!(only.as_array().map(Vec::len), Some(4), "{only}");
     expect(&prog, &only, "allocator=mmap", &mapped);
     // The large malloc is glibc's alone, though glibc mapped it.
     let glibc = stats("&allocator=glibc");
@@ -77,16 +79,18 @@ fn anonymous_mappings_are_blocks_split_and_moved_as_the_program_unmaps_and_remap
         })
         .collect();
     sizes.sort_unstable();
-    assert_eq!(sizes, [3 * PAGE, 3 * PAGE, 3 * PAGE, 5 * PAGE]);
-    // Current: what is mapped now; peak: after d was mapped (a's 3 pages,
-    // b's 6, c's 6 and d's 3).
+    let mut want = vec![2 * PAGE; 100];
+    want.extend([3 * PAGE, 3 * PAGE, 3 * PAGE, 5 * PAGE]);
+    assert_eq!(sizes, want);
+    // Current: what is mapped now; peak: once the 200 were mapped (a's 3
+    // pages, b's 6, c's 5 and 400).
     let mmap_totals = |tracerd: &Tracerd| {
         by_source(tracerd, pid)
             .into_iter()
             .find(|(name, _, _)| name == "mmap")
             .map(|(_, current, peak)| (current, peak))
     };
-    assert_eq!(mmap_totals(&tracerd), Some((14 * PAGE, 18 * PAGE)));
+    assert_eq!(mmap_totals(&tracerd), Some((214 * PAGE, 414 * PAGE)));
     let memory = tracerd.get_ok(&format!("/pid/{pid}/traced-memory"));
     let sum: i64 = by_source(&tracerd, pid).iter().map(|(_, c, _)| c).sum();
     assert_eq!(Some(sum), memory["current"].as_i64(), "{memory}");
@@ -95,7 +99,7 @@ fn anonymous_mappings_are_blocks_split_and_moved_as_the_program_unmaps_and_remap
     let unmapped: Vec<(&str, i64, i64)> = mapped.iter().map(|&(m, _, _)| (m, 0, 0)).collect();
     expect(&prog, &stats(""), "unmapped", &unmapped);
     assert_eq!(stats("&allocator=mmap"), serde_json::json!([]));
-    assert_eq!(mmap_totals(&tracerd), Some((0, 18 * PAGE)));
+    assert_eq!(mmap_totals(&tracerd), Some((0, 414 * PAGE)));
     assert_eq!(tracerd.counter("drop_mmap_regions"), 0);
     fx.end();
 }
