@@ -4,11 +4,13 @@
 //! mappings that are not counted; and glibc's own mapping for a large `malloc`, counted once, as
 //! glibc's.
 
+use std::path::Path;
+
 use serde_json::Value;
 
 use super::allocators::{by_source, expect};
 use crate::suite::{
-    support::{Fixture, Program, Tracerd},
+    support::{Fixture, Program, Tracerd, fixture_path},
     unwind::wait_unwinder,
 };
 
@@ -101,5 +103,64 @@ fn anonymous_mappings_are_blocks_split_and_moved_as_the_program_unmaps_and_remap
     assert_eq!(stats("&allocator=mmap"), serde_json::json!([]));
     assert_eq!(mmap_totals(&tracerd), Some((0, 414 * PAGE)));
     assert_eq!(tracerd.counter("drop_mmap_regions"), 0);
+    fx.end();
+}
+
+/// The `mmap` source's current bytes of `pid` (0 when it has none).
+fn mmap_current(tracerd: &Tracerd, pid: u32) -> i64 {
+    by_source(tracerd, pid)
+        .into_iter()
+        .find(|(name, _, _)| name == "mmap")
+        .map_or(0, |(_, current, _)| current)
+}
+
+/// "arenas N SIZE" of `fixtures/pymalloc_arenas.py`: CPython's own count of
+/// the arenas it holds and their size.
+fn arenas(fx: &mut Fixture) -> (i64, i64) {
+    let line = fx.read_line();
+    let fields: Vec<i64> = line
+        .strip_prefix("arenas ")
+        .unwrap_or_else(|| panic!("not an arenas line: {line}"))
+        .split(' ')
+        .map(|f| f.parse().expect("a number"))
+        .collect();
+    (fields[0], fields[1])
+}
+
+#[test]
+fn debian_python_s_pymalloc_arenas_are_its_mmap_blocks_as_cpython_counts_them() {
+    // Debian's python3 (no frame pointers) with its default allocator:
+    // pymalloc maps an arena for small objects, outside any malloc call.
+    // Its growth in mmap bytes is exactly the arenas CPython says it added.
+    let tracerd = Tracerd::start(&[]);
+    let script = fixture_path("pymalloc_arenas.py");
+    let script = script.to_str().expect("utf-8");
+    let mut fx = Fixture::spawn(Path::new("/usr/bin/python3"), &[script]);
+    fx.expect_line("ready");
+    let (before, size) = arenas(&mut fx);
+    let pid = fx.pid();
+    tracerd.wait_traced(pid);
+    wait_unwinder(&tracerd, pid);
+    let base = mmap_current(&tracerd, pid);
+    fx.go();
+    fx.expect_line("done");
+    let (after, size_after) = arenas(&mut fx);
+    assert_eq!(size, size_after);
+    assert!(after - before >= 10, "{before} -> {after} arenas");
+    let grown = mmap_current(&tracerd, pid) - base;
+    assert_eq!(
+        grown,
+        (after - before) * size,
+        "{before} -> {after} arenas of {size} bytes"
+    );
+    // Each arena is one block of the arena's size.
+    let traces = tracerd.get_ok(&format!("/pid/{pid}/traces?limit=0&allocator=mmap"));
+    let arenas_traced = traces["traces"]
+        .as_array()
+        .expect("traces")
+        .iter()
+        .filter(|t| t["size"].as_i64() == Some(size))
+        .count();
+    assert!(arenas_traced as i64 >= after - before, "{traces}");
     fx.end();
 }
