@@ -11,9 +11,11 @@
 //! `mremap` moves or resizes it (the block takes the `mremap`'s stack, as a
 //! `realloc` takes its caller's).
 //!
-//! Not recorded: a call made inside a probed allocator call (the allocator's
-//! own mappings, whose blocks the allocator's probes record: never counted
-//! twice); file and `PROT_NONE` mappings (reservations, no memory);
+//! Not recorded: a mapping made inside a probed allocator call (the
+//! allocator's own, whose blocks the allocator's probes record: never
+//! counted twice; an `munmap` there still takes out what it covers, as
+//! when a call that could not be recorded in flight mapped what a later
+//! call unmaps); file and `PROT_NONE` mappings (reservations, no memory);
 //! `MAP_STACK` (thread stacks); `MAP_FIXED` (it replaces part of a mapping
 //! already there: the dynamic loader's `.bss`, an allocator committing its
 //! reservation), which only unmaps what it replaces; processes not traced
@@ -82,24 +84,16 @@ fn syscall_regs() -> Option<(UserRegs, [u64; 5])> {
     ))
 }
 
-/// The calling thread's image when it is traced and not inside a probed
-/// allocator call (whose system calls are the allocator's).
+/// The calling thread's image when it is traced, and whether the thread is
+/// inside a probed allocator call (whose mappings are the allocator's:
+/// never recorded, but still taken out of what was recorded, as when a
+/// call that could not be recorded in flight mapped a block that a later
+/// call unmaps).
 #[inline(always)]
-fn traced_caller() -> Option<(u32, Image)> {
+fn traced_caller() -> Option<(u32, Image, bool)> {
     let (id, tgid) = current()?;
     let image = find_proc(tgid)?;
-    if in_call(id) {
-        return None;
-    }
-    Some((tgid, image))
-}
-
-/// [`traced_caller`], when tracerd has the image's mappings
-/// ([`has_mappings`]): a new mapping is recorded only then.
-#[inline(always)]
-fn settled_caller() -> Option<(u32, Image)> {
-    let (tgid, image) = traced_caller()?;
-    has_mappings(tgid, image.1).then_some((tgid, image))
+    Some((tgid, image, in_call(id)))
 }
 
 /// `len` rounded up to whole pages (the kernel maps and unmaps pages).
@@ -117,9 +111,6 @@ fn regions_of(tgid: u32, gen_: u32, create: bool) -> Option<*mut MmapRegions> {
         if unsafe { (*regions).gen_ } == gen_ {
             return Some(regions);
         }
-        if !create {
-            return None;
-        }
     }
     if !create {
         return None;
@@ -127,14 +118,17 @@ fn regions_of(tgid: u32, gen_: u32, create: bool) -> Option<*mut MmapRegions> {
     // The value is copied from an all-zero map value: it is too large for
     // the program's stack.
     let empty = MMAP_EMPTY.get(0)?;
-    // An entry of an earlier image of the pid (its end was not seen) is
-    // replaced; one another thread of this image made meanwhile is kept.
+    // An entry of an earlier image of the pid (its end was not seen: its
+    // generation is another, never 0) is replaced; one that another thread
+    // of this image has just made (generation 0 until it writes it, or
+    // this one) is kept.
     match MMAP_REGIONS.insert(tgid, empty, BPF_NOEXIST as u64) {
         Ok(()) => {}
         Err(e) if e == -EEXIST => {
             let regions = MMAP_REGIONS.get_ptr_mut(tgid)?;
             // SAFETY: a MMAP_REGIONS value.
-            if unsafe { (*regions).gen_ } != gen_ {
+            let found = unsafe { (*regions).gen_ };
+            if found != 0 && found != gen_ {
                 MMAP_REGIONS.insert(tgid, empty, 0).ok()?;
             }
         }
@@ -427,9 +421,15 @@ pub(crate) fn mapped(ret: i64) {
     if ret < 0 && ret >= -MAX_ERRNO {
         return;
     }
-    let Some((tgid, image)) = settled_caller() else {
+    let Some((tgid, image, in_call)) = traced_caller() else {
         return;
     };
+    // A new mapping is recorded only once tracerd has the image's mappings
+    // (see the module doc); a MAP_FIXED one unmaps what it replaced.
+    let settled = !in_call && has_mappings(tgid, image.1);
+    if !settled && regions_of(tgid, image.1, false).is_none() {
+        return;
+    }
     let Some((regs, [_, len, prot, flags, _])) = syscall_regs() else {
         return;
     };
@@ -439,7 +439,7 @@ pub(crate) fn mapped(ret: i64) {
         unmap(tgid, image, start, start.wrapping_add(len));
         return;
     }
-    if flags & MAP_ANONYMOUS == 0 || flags & MAP_STACK != 0 || prot == 0 || len == 0 {
+    if !settled || flags & MAP_ANONYMOUS == 0 || flags & MAP_STACK != 0 || prot == 0 || len == 0 {
         return;
     }
     add_region(regs, tgid, image, start, len);
@@ -452,7 +452,7 @@ pub(crate) fn unmapped(ret: i64) {
     if ret != 0 {
         return;
     }
-    let Some((tgid, image)) = traced_caller() else {
+    let Some((tgid, image, _)) = traced_caller() else {
         return;
     };
     // Most processes hold no mapping: no need to read the registers.
@@ -472,7 +472,10 @@ pub(crate) fn remapped(ret: i64) {
     if ret < 0 && ret >= -MAX_ERRNO {
         return;
     }
-    let Some((tgid, image)) = traced_caller() else {
+    // An allocator's own mremap moves only its own mappings: none of them
+    // is a block of this source. (Unmapping inside the call too made the
+    // program more than the verifier takes.)
+    let Some((tgid, image, false)) = traced_caller() else {
         return;
     };
     if regions_of(tgid, image.1, false).is_none() {
