@@ -25,8 +25,9 @@
 //! # Layout
 //!
 //! Imports point down this list; every function below `programs` is
-//! `#[inline(always)]` (but the stack walk, a subprogram of its own), so
-//! each program is one straight body, whatever the file of its parts.
+//! `#[inline(always)]` (but the steps of the stack walk and of the `mmap`
+//! source's loops, `bpf_loop` callbacks), so each program is one straight
+//! body, whatever the file of its parts.
 //!
 //! - [`programs`]: the entry points only, one file per kind of hook
 //!   (allocator uprobes and uretprobes, lifecycle and mapping tracepoints,

@@ -41,7 +41,6 @@ use tracer_common::{AllocInfo, Counter, MMAP_REGION_SLOTS, MmapRegions, ProcStat
 
 use crate::{
     atomic::{compare_exchange, fetch_add},
-    calls::page_round,
     counters::count,
     globals::{current, page_size},
     inflight::in_call,
@@ -96,10 +95,13 @@ fn traced_caller() -> Option<(u32, Image, bool)> {
     Some((tgid, image, in_call(id)))
 }
 
-/// `len` rounded up to whole pages (the kernel maps and unmaps pages).
+/// `len` rounded up to whole pages (the kernel maps and unmaps pages; it
+/// refuses a length that would wrap, so the result of a call that
+/// succeeded never does).
 #[inline(always)]
 fn pages(len: u64) -> u64 {
-    page_round(page_size(), len).0
+    let mask = page_size().wrapping_sub(1);
+    len.wrapping_add(mask) & !mask
 }
 
 /// The mapping slots of image `gen_` of `tgid`; when `create`, made (or
