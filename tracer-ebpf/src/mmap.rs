@@ -178,17 +178,20 @@ fn search_window(
         start,
         found: false,
     };
-    // SAFETY: bpf_loop calls step with a pointer to `search`, on this
-    // stack, at most PROBE_WINDOW times.
-    unsafe {
-        bpf_loop(
-            PROBE_WINDOW as u32,
-            step as *mut c_void,
-            &raw mut search as *mut c_void,
-            0,
-        );
-    }
+    run_loop(PROBE_WINDOW as u32, step, &mut search);
     search.found
+}
+
+/// Calls `step(i, state)` for i from 0 until `n` or until it returns 1
+/// (`bpf_loop`): each step is a callback the verifier checks once, and
+/// `state` is how it reads and returns what it needs.
+#[inline(always)]
+fn run_loop<T>(n: u32, step: extern "C" fn(u64, *mut c_void) -> i64, state: &mut T) {
+    // SAFETY: bpf_loop calls step at most n times with the pointer to
+    // `state`, which lives on this stack for the call's duration.
+    unsafe {
+        bpf_loop(n, step as *mut c_void, (state as *mut T).cast(), 0);
+    }
 }
 
 /// One slot of [`claim_slot`]'s window: claimed if free.
@@ -299,29 +302,12 @@ fn unmap(tgid: u32, (stats, gen_): Image, start: u64, end: u64) -> u64 {
         && block.source == SOURCE_MMAP
         && start.wrapping_add(block.size) >= end
     {
-        // SAFETY: bpf_loop calls cut_start once with a pointer to `state`,
-        // on this stack (a callback, so that the verifier checks `cut`
-        // apart from the rest of the program).
-        unsafe {
-            bpf_loop(
-                1,
-                cut_start as *mut c_void,
-                &raw mut state as *mut c_void,
-                0,
-            );
-        }
+        // A callback, so that the verifier checks `cut` apart from the rest
+        // of the program.
+        run_loop(1, cut_start, &mut state);
         return state.unmapped;
     }
-    // SAFETY: bpf_loop calls unmap_slot with a pointer to `state`, on this
-    // stack, once per slot.
-    unsafe {
-        bpf_loop(
-            MMAP_REGION_SLOTS as u32,
-            unmap_slot as *mut c_void,
-            &raw mut state as *mut c_void,
-            0,
-        );
-    }
+    run_loop(MMAP_REGION_SLOTS as u32, unmap_slot, &mut state);
     state.unmapped
 }
 

@@ -383,23 +383,8 @@ fn bump_memlock_rlimit() {
 /// Attaches [`MMAP_TRACEPOINTS`] (anonymous mappings as blocks); a kernel
 /// without syscall tracepoints gets a warning, and no `mmap` source.
 fn attach_mmap_tracepoints(ebpf: &mut Ebpf) {
-    for (name, category, event) in MMAP_TRACEPOINTS {
-        let attached = program_mut::<TracePoint>(ebpf, name).and_then(|program| {
-            program
-                .load()
-                .map_err(|e| CaptureError::Load(e.to_string()))?;
-            program
-                .attach(category, event)
-                .map(|_| ())
-                .map_err(|e| CaptureError::Load(e.to_string()))
-        });
-        if let Err(err) = attached {
-            tracing::warn!(
-                err = %err,
-                tracepoint = %format!("{category}:{event}"),
-                "anonymous mappings are not traced"
-            );
-        }
+    for tracepoint in MMAP_TRACEPOINTS {
+        attach_optional_tracepoint(ebpf, tracepoint, "anonymous mappings are not traced");
     }
 }
 
@@ -407,7 +392,21 @@ fn attach_mmap_tracepoints(ebpf: &mut Ebpf) {
 /// allocator discovery and the unwinder); a kernel without syscall
 /// tracepoints gets a warning, and both their periodic refresh only.
 fn attach_mapping_tracepoint(ebpf: &mut Ebpf) {
-    let (name, category, event) = MAPPING_TRACEPOINT;
+    attach_optional_tracepoint(
+        ebpf,
+        MAPPING_TRACEPOINT,
+        "libraries loaded later are unwound from the next refresh (within 1 s)",
+    );
+}
+
+/// Loads and attaches the tracepoint program (program, category, name)
+/// that tracerd can do without; when it cannot, logs a warning that says
+/// `without` (what is lost).
+fn attach_optional_tracepoint(
+    ebpf: &mut Ebpf,
+    (name, category, event): (&str, &str, &str),
+    without: &str,
+) {
     let attached = program_mut::<TracePoint>(ebpf, name).and_then(|program| {
         program
             .load()
@@ -421,7 +420,7 @@ fn attach_mapping_tracepoint(ebpf: &mut Ebpf) {
         tracing::warn!(
             err = %err,
             tracepoint = %format!("{category}:{event}"),
-            "libraries loaded later are unwound from the next refresh (within 1 s)"
+            "{without}"
         );
     }
 }
