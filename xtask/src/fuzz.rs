@@ -162,6 +162,7 @@ fn seed_corpus(root: &Path, corpus: &Path, target: &str) -> anyhow::Result<()> {
     let mut seeds: Vec<Vec<u8>> = Vec::new();
     match target {
         "config_toml" => seeds.push(std::fs::read(root.join("deploy/tracerd.toml"))?),
+        "ld_so_cache" => seeds.extend(std::fs::read("/etc/ld.so.cache").ok()),
         "proc_maps" => seeds.push(std::fs::read("/proc/self/maps")?),
         "proc_stat" => seeds.push(std::fs::read("/proc/self/stat")?),
         "query_params" => {

@@ -1,0 +1,686 @@
+//! The dynamic loader's search, replayed from outside: which shared objects
+//! `ld.so` of a process's root would load at start for a dynamic ELF
+//! executable (the closure of `DT_NEEDED`), found while tracerd holds the
+//! exec (fanotify), so they can be examined before the program runs.
+//!
+//! - [`Root`]: a process's root (`/proc/PID/root`: a container's or a
+//!   chroot), held open; every path is resolved inside it with `openat2(2)`
+//!   `RESOLVE_IN_ROOT`, so absolute symlinks and `..` never escape it.
+//! - [`needed_objects`]: the closure, in the loader's breadth-first order,
+//!   searched as glibc's `ld.so` does for a non-setuid program: a name with
+//!   `/` as a path; `DT_RPATH` (of the needing object, then of the
+//!   executable, unless the needing object has `DT_RUNPATH`); `DT_RUNPATH`;
+//!   the root's `/etc/ld.so.cache`; the default directories. A candidate is
+//!   taken only when it is an ELF of the executable's class and machine.
+//! - [`parse_ld_so_cache`]: glibc's `/etc/ld.so.cache`, parsed without trust.
+//!
+//! Not replayed (the answer may miss or add objects): `LD_LIBRARY_PATH`,
+//! `LD_PRELOAD` and `/etc/ld.so.preload`, `glibc-hwcaps` subdirectories
+//! (the cache's first entry for a name is taken, whatever its hwcaps),
+//! `$LIB` and `$PLATFORM` (entries using them are skipped), relative search
+//! directories (relative to the process's working directory: skipped),
+//! `DF_1_NODEFLIB`, the `RPATH` of intermediate loaders, and other default
+//! directories than x86-64's. Facts only, no policy.
+//!
+//! Every file read is untrusted (the root belongs to the traced program):
+//! sizes are capped, offsets checked, nothing panics. Objects are read
+//! through a private read-only `mmap`; a file truncated while it is read
+//! raises `SIGBUS`, a risk accepted because the exec is being held.
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::ffi::{CString, OsStr};
+use std::fs::File;
+use std::io::{self, Read as _};
+use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt as _;
+use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
+use std::path::{Path, PathBuf};
+
+use object::read::StringTable;
+use object::read::elf::{Dyn as _, FileHeader, ProgramHeader as _};
+use object::{Endianness, FileKind, elf};
+
+/// Objects larger than this (bytes) are not read.
+const MAX_OBJECT_BYTES: u64 = 1 << 30;
+/// `/etc/ld.so.cache` is read up to this many bytes.
+const MAX_CACHE_BYTES: u64 = 64 << 20;
+/// Candidate files opened per [`needed_objects`] call, at most.
+const MAX_CANDIDATES: usize = 4096;
+/// `DT_NEEDED` names kept per object, and search directories per `RPATH`.
+const MAX_NAMES: usize = 1024;
+const MAX_DIRS: usize = 64;
+/// glibc's default directories on x86-64 (Debian multiarch first).
+const DEFAULT_DIRS: [&str; 6] = [
+    "/lib/x86_64-linux-gnu",
+    "/usr/lib/x86_64-linux-gnu",
+    "/lib64",
+    "/usr/lib64",
+    "/lib",
+    "/usr/lib",
+];
+
+/// A process's root directory (`/proc/PID/root`, or any directory), held
+/// open as an `O_PATH` dirfd: paths opened through it resolve inside it.
+#[derive(Debug)]
+pub struct Root {
+    fd: OwnedFd,
+}
+
+impl Root {
+    /// `/proc/PID/root` of `pid`, opened `O_PATH|O_DIRECTORY|O_CLOEXEC`:
+    /// the process's root (a container's or chroot's) as the kernel sees it.
+    ///
+    /// # Errors
+    /// The process is gone, or tracerd may not read its root (`EACCES`).
+    pub fn of_pid(pid: u32) -> io::Result<Root> {
+        Self::of_dir(Path::new(&format!("/proc/{pid}/root")))
+    }
+
+    /// Any directory as a root (tests), opened `O_PATH|O_DIRECTORY|O_CLOEXEC`.
+    ///
+    /// # Errors
+    /// `dir` does not exist or is not a directory.
+    pub fn of_dir(dir: &Path) -> io::Result<Root> {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
+            .open(dir)?;
+        Ok(Root { fd: file.into() })
+    }
+
+    /// Opens `path` (absolute, as the process sees it) for reading, resolved
+    /// inside the root: `openat2(2)` with `RESOLVE_IN_ROOT` (absolute symlinks
+    /// and `..` stay inside) and `RESOLVE_NO_MAGICLINKS` (no `/proc/*/fd`
+    /// escapes), `O_RDONLY|O_CLOEXEC`, plus `O_NONBLOCK|O_NOCTTY` so that a
+    /// FIFO or terminal planted in the root cannot block or adopt tracerd.
+    ///
+    /// # Errors
+    /// The path does not exist in the root, contains a NUL byte
+    /// (`InvalidInput`), would resolve through a magic link (`ELOOP`), or the
+    /// kernel has no `openat2` (`ENOSYS`, before Linux 5.6).
+    pub fn open(&self, path: &Path) -> io::Result<File> {
+        let c_path = CString::new(path.as_os_str().as_bytes())
+            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        let flags = libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NONBLOCK | libc::O_NOCTTY;
+        // SAFETY: open_how is three u64s (non-exhaustive: no literal); zero is valid.
+        let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+        how.flags = u64::from(flags.cast_unsigned());
+        how.resolve = libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS;
+        let mut tries = 0;
+        loop {
+            // SAFETY: `c_path` is NUL-terminated and `how` initialized, both
+            // alive for the call; the size passed is `how`'s own.
+            let ret = unsafe {
+                libc::syscall(
+                    libc::SYS_openat2,
+                    self.fd.as_raw_fd(),
+                    c_path.as_ptr(),
+                    &raw const how,
+                    size_of::<libc::open_how>(),
+                )
+            };
+            if ret >= 0 {
+                let fd = RawFd::try_from(ret).map_err(|_| io::Error::other("bad fd"))?;
+                // SAFETY: openat2 returned a new descriptor that nothing else owns.
+                return Ok(File::from(unsafe { OwnedFd::from_raw_fd(fd) }));
+            }
+            let err = io::Error::last_os_error();
+            tries += 1;
+            // EAGAIN: a rename raced RESOLVE_IN_ROOT's check; worth a retry.
+            if tries >= 3 || !matches!(err.raw_os_error(), Some(libc::EAGAIN | libc::EINTR)) {
+                return Err(err);
+            }
+        }
+    }
+}
+
+/// One object the loader would load: its path in the root (where the search
+/// found it, e.g. `/lib/x86_64-linux-gnu/libc.so.6`) and the file, open.
+#[derive(Debug)]
+pub struct Needed {
+    /// The path inside the root at which the object was found.
+    pub path: PathBuf,
+    /// The object, open for reading.
+    pub file: File,
+}
+
+/// What the loader reads of one ELF object.
+#[derive(Debug, Default)]
+struct Dynamic {
+    is64: bool,
+    machine: u16,
+    has_dynamic: bool,
+    needed: Vec<Vec<u8>>,
+    rpath: Option<Vec<u8>>,
+    runpath: Option<Vec<u8>>,
+    interp: Option<Vec<u8>>,
+}
+
+/// The shared objects a dynamic executable `exe` (an open file) needs at
+/// start, in the loader's breadth-first order, each once by
+/// (`st_dev`, `st_ino`), the exe itself and its `PT_INTERP` excluded: the
+/// closure of `DT_NEEDED`, searched in `root` (see the module doc for the
+/// order and what is not replayed). `exe_path`: the exe's path inside the
+/// root (symlinks resolved, as `/proc/self/exe` gives it), for `$ORIGIN`
+/// (`None`: entries with `$ORIGIN` are skipped). At most `limit` objects.
+/// An executable that is not ELF, is static (no `PT_DYNAMIC`) or cannot be
+/// parsed gives an empty Vec. A name that is not found is skipped. At most
+/// 4096 candidate files are opened per call.
+pub fn needed_objects(
+    root: &Root,
+    exe: &File,
+    exe_path: Option<&Path>,
+    limit: usize,
+) -> Vec<Needed> {
+    let mut out = Vec::new();
+    let Some(main) = read_elf(exe) else {
+        return out;
+    };
+    if !main.has_dynamic {
+        return out;
+    }
+    let mut search = Search {
+        root,
+        is64: main.is64,
+        machine: main.machine,
+        cache: None,
+        seen: HashSet::new(),
+        opened: 0,
+    };
+    let mut names: HashSet<Vec<u8>> = HashSet::new();
+    search.seen.extend(file_id(exe));
+    if let Some(interp) = &main.interp {
+        if let Ok(file) = root.open(Path::new(OsStr::from_bytes(interp))) {
+            search.seen.extend(file_id(&file));
+        }
+        // ld.so knows itself by its file name too (libc's DT_NEEDED on it).
+        names.extend(interp.rsplit(|&b| b == b'/').next().map(<[u8]>::to_vec));
+    }
+    let exe_origin = exe_path.and_then(Path::parent).map(Path::to_path_buf);
+    let mut exe_dirs = Vec::new();
+    if let (None, Some(rpath)) = (&main.runpath, &main.rpath) {
+        expand_list(rpath, exe_origin.as_deref(), &mut exe_dirs);
+    }
+    let mut queue = VecDeque::from([(main, exe_origin, true)]);
+    while let Some((obj, origin, is_main)) = queue.pop_front() {
+        for name in &obj.needed {
+            if out.len() >= limit {
+                return out;
+            }
+            // Loaded names are matched first; a name not found is searched
+            // again for the next object that needs it (its own RPATH).
+            if name.is_empty() || names.contains(name.as_slice()) {
+                continue;
+            }
+            let mut dirs = Vec::new();
+            if obj.runpath.is_none() {
+                if let Some(rpath) = &obj.rpath {
+                    expand_list(rpath, origin.as_deref(), &mut dirs);
+                }
+                if !is_main {
+                    dirs.extend(exe_dirs.iter().cloned());
+                }
+            }
+            if let Some(runpath) = &obj.runpath {
+                expand_list(runpath, origin.as_deref(), &mut dirs);
+            }
+            let Some((path, file, elf)) = search.find(name, origin.as_deref(), &dirs) else {
+                continue;
+            };
+            names.insert(name.clone());
+            if file_id(&file).is_some_and(|id| !search.seen.insert(id)) {
+                continue; // already loaded under another name
+            }
+            let origin = path.parent().map(Path::to_path_buf);
+            out.push(Needed { path, file });
+            queue.push_back((elf, origin, false));
+        }
+    }
+    out
+}
+
+/// The search state of one [`needed_objects`] call.
+struct Search<'r> {
+    root: &'r Root,
+    is64: bool,
+    machine: u16,
+    /// `/etc/ld.so.cache` of the root, read at the first cache lookup: the
+    /// first path of each name among entries of the exe's flags.
+    cache: Option<HashMap<Vec<u8>, PathBuf>>,
+    /// (dev, ino) of every object loaded so far.
+    seen: HashSet<(u64, u64)>,
+    opened: usize,
+}
+
+impl Search<'_> {
+    /// The first acceptable candidate for `name`: as a path when it has a
+    /// `/`, else in `dirs`, the cache, the default directories.
+    fn find(
+        &mut self,
+        name: &[u8],
+        origin: Option<&Path>,
+        dirs: &[PathBuf],
+    ) -> Option<(PathBuf, File, Dynamic)> {
+        if self.opened >= MAX_CANDIDATES {
+            return None;
+        }
+        if name.contains(&b'/') {
+            let path = expand_origin(name, origin)?;
+            return path
+                .starts_with(b"/")
+                .then(|| self.candidate(PathBuf::from(OsStr::from_bytes(&path))))?;
+        }
+        let name_os = OsStr::from_bytes(name);
+        for dir in dirs {
+            if let Some(found) = self.candidate(dir.join(name_os)) {
+                return Some(found);
+            }
+        }
+        let flags = match (self.is64, self.machine) {
+            (true, elf::EM_X86_64) => Some(0x0303), // FLAG_ELF_LIBC6 | FLAG_X8664_LIB64
+            (true, elf::EM_AARCH64) => Some(0x0a03), // FLAG_ELF_LIBC6 | FLAG_AARCH64_LIB64
+            (false, elf::EM_386) => Some(0x0003),   // FLAG_ELF_LIBC6
+            _ => None,                              // any: the ELF check decides
+        };
+        let root = self.root;
+        let cached = self
+            .cache
+            .get_or_insert_with(|| {
+                let mut first = HashMap::new();
+                for (key, path, f) in read_cache(root) {
+                    if flags.is_none_or(|want| f == want) {
+                        first
+                            .entry(key.into_bytes())
+                            .or_insert_with(|| PathBuf::from(path));
+                    }
+                }
+                first
+            })
+            .get(name)
+            .cloned();
+        if let Some(found) = cached.and_then(|path| self.candidate(path)) {
+            return Some(found);
+        }
+        DEFAULT_DIRS
+            .iter()
+            .find_map(|dir| self.candidate(Path::new(dir).join(name_os)))
+    }
+
+    /// `path` opened in the root, when it is an ELF of the exe's class and machine.
+    fn candidate(&mut self, path: PathBuf) -> Option<(PathBuf, File, Dynamic)> {
+        if self.opened >= MAX_CANDIDATES || !path.is_absolute() {
+            return None;
+        }
+        self.opened += 1;
+        let file = self.root.open(&path).ok()?;
+        let elf = read_elf(&file)?;
+        (elf.is64 == self.is64 && elf.machine == self.machine).then_some((path, file, elf))
+    }
+}
+
+/// (`st_dev`, `st_ino`) of an open file.
+fn file_id(file: &File) -> Option<(u64, u64)> {
+    file.metadata().ok().map(|m| (m.dev(), m.ino()))
+}
+
+/// The root's `/etc/ld.so.cache`, parsed; empty when absent or unreadable.
+fn read_cache(root: &Root) -> Vec<(String, String, u32)> {
+    let Ok(file) = root.open(Path::new("/etc/ld.so.cache")) else {
+        return Vec::new();
+    };
+    let mut data = Vec::new();
+    if !file.metadata().is_ok_and(|m| m.is_file())
+        || file.take(MAX_CACHE_BYTES).read_to_end(&mut data).is_err()
+    {
+        return Vec::new();
+    }
+    parse_ld_so_cache(&data)
+}
+
+/// Appends the absolute directories of a `:`-separated `RPATH`/`RUNPATH`,
+/// `$ORIGIN` replaced; relative ones and unsupported tokens are skipped.
+fn expand_list(list: &[u8], origin: Option<&Path>, out: &mut Vec<PathBuf>) {
+    for entry in list.split(|&b| b == b':').take(MAX_DIRS) {
+        if let Some(dir) = expand_origin(entry, origin).filter(|d| d.starts_with(b"/")) {
+            out.push(PathBuf::from(OsStr::from_bytes(&dir)));
+        }
+    }
+}
+
+/// `entry` with `$ORIGIN` and `${ORIGIN}` replaced by `origin`; `None` when
+/// it has another `$` token, or `$ORIGIN` without an origin.
+fn expand_origin(entry: &[u8], origin: Option<&Path>) -> Option<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut rest = entry;
+    while let Some(at) = rest.iter().position(|&b| b == b'$') {
+        let (head, tail) = rest.split_at_checked(at)?;
+        out.extend_from_slice(head);
+        rest = match tail.strip_prefix(b"${ORIGIN}") {
+            Some(after) => after,
+            // Unbraced, the name ends at the first non-identifier byte.
+            None => tail.strip_prefix(b"$ORIGIN").filter(|after| {
+                !after
+                    .first()
+                    .is_some_and(|b| b.is_ascii_alphanumeric() || *b == b'_')
+            })?,
+        };
+        out.extend_from_slice(origin?.as_os_str().as_bytes());
+    }
+    out.extend_from_slice(rest);
+    Some(out)
+}
+
+/// Reads what the loader needs of an open file: a regular file of at most
+/// 1 GiB, mapped private and read-only; `None` when it is not an ELF.
+fn read_elf(file: &File) -> Option<Dynamic> {
+    let meta = file.metadata().ok()?;
+    if !meta.is_file() || meta.len() > MAX_OBJECT_BYTES {
+        return None;
+    }
+    // SAFETY: a private read-only mapping of a regular file; it is only read
+    // as bytes, and changes to the file at most change what is parsed (a
+    // truncation raises SIGBUS: the accepted risk of the module doc).
+    let map = unsafe { memmap2::Mmap::map(file) }.ok()?;
+    match FileKind::parse(&*map).ok()? {
+        FileKind::Elf64 => parse_elf::<elf::FileHeader64<Endianness>>(&map),
+        FileKind::Elf32 => parse_elf::<elf::FileHeader32<Endianness>>(&map),
+        _ => None,
+    }
+}
+
+/// Class, machine, `PT_INTERP` and the dynamic section's `DT_NEEDED`,
+/// `DT_RPATH`, `DT_RUNPATH` of an ELF image.
+fn parse_elf<H: FileHeader<Endian = Endianness>>(data: &[u8]) -> Option<Dynamic> {
+    let header = H::parse(data).ok()?;
+    let endian = header.endian().ok()?;
+    let mut out = Dynamic {
+        is64: header.is_type_64(),
+        machine: header.e_machine(endian),
+        ..Dynamic::default()
+    };
+    let phdrs = header.program_headers(endian, data).unwrap_or_default();
+    let mut dynamic = None;
+    for ph in phdrs {
+        if let Ok(Some(interp)) = ph.interpreter(endian, data) {
+            out.interp = Some(interp.to_vec());
+        }
+        if let Ok(Some(dyns)) = ph.dynamic(endian, data) {
+            dynamic = dynamic.or(Some(dyns));
+        }
+    }
+    let Some(dyns) = dynamic else {
+        return Some(out);
+    };
+    out.has_dynamic = true;
+    let dyns = dyns
+        .iter()
+        .take_while(|d| d.tag32(endian) != Some(elf::DT_NULL));
+    let value = |tag| {
+        dyns.clone()
+            .find(|d| d.tag32(endian) == Some(tag))
+            .map(|d| d.d_val(endian).into())
+    };
+    // DT_STRTAB is an address: find the PT_LOAD holding it; else the
+    // string table the dynamic section links to.
+    let strings = value(elf::DT_STRTAB)
+        .zip(value(elf::DT_STRSZ))
+        .and_then(|(addr, size)| {
+            phdrs
+                .iter()
+                .filter(|ph| ph.p_type(endian) == elf::PT_LOAD)
+                .find_map(|ph| ph.data_range(endian, data, addr, size).ok().flatten())
+        })
+        .map(|bytes| StringTable::new(bytes, 0, bytes.len() as u64))
+        .or_else(|| {
+            let sections = header.sections(endian, data).ok()?;
+            let (_, link) = sections.dynamic(endian, data).ok()??;
+            sections.strings(endian, data, link).ok()
+        });
+    let Some(strings) = strings else {
+        return Some(out);
+    };
+    for d in dyns {
+        let Ok(value) = d.string(endian, strings) else {
+            continue;
+        };
+        match d.tag32(endian) {
+            Some(elf::DT_NEEDED) if out.needed.len() < MAX_NAMES => out.needed.push(value.to_vec()),
+            Some(elf::DT_RPATH) => out.rpath = Some(value.to_vec()),
+            Some(elf::DT_RUNPATH) => out.runpath = Some(value.to_vec()),
+            _ => {}
+        }
+    }
+    Some(out)
+}
+
+/// glibc's `/etc/ld.so.cache` (`glibc-ld.so.cache1.1`, also after an old
+/// `ld.so-1.7.0` block): each entry as (soname key, e.g. `libc.so.6`; path
+/// value, e.g. `/lib/x86_64-linux-gnu/libc.so.6`; flags, e.g. `0x0303` for
+/// x86-64 libc6), in file order. Malformed data gives the entries that could
+/// be read before it (entries with a bad or non-UTF-8 string are skipped);
+/// the old format's own entries are not read. Never panics.
+#[must_use]
+pub fn parse_ld_so_cache(data: &[u8]) -> Vec<(String, String, u32)> {
+    const OLD: &[u8] = b"ld.so-1.7.0";
+    const NEW: &[u8] = b"glibc-ld.so.cache1.1";
+    let mut out = Vec::new();
+    let start = if data.starts_with(OLD) {
+        // struct cache_file: magic[11], pad, u32 nlibs, 12-byte entries;
+        // the new table follows, aligned to 8.
+        let end = read_u32(data, 12, false).and_then(|n| {
+            usize::try_from(n)
+                .ok()?
+                .checked_mul(12)?
+                .checked_add(16 + 7)
+        });
+        let Some(end) = end else { return out };
+        end & !7
+    } else {
+        0
+    };
+    let Some(new) = data.get(start..).filter(|new| new.starts_with(NEW)) else {
+        return out;
+    };
+    // struct cache_file_new: magic+version[20], u32 nlibs, u32 len_strings,
+    // u8 flags (2 little, 3 big endian), ... 48 bytes; 24-byte entries
+    // {i32 flags, u32 key, u32 value, u32 osversion, u64 hwcap}. Strings are
+    // NUL-terminated, at offsets from the start of this header.
+    let big = new.get(28) == Some(&3);
+    let Some(nlibs) = read_u32(new, 20, big) else {
+        return out;
+    };
+    let string = |offset: u32| {
+        let tail = new.get(usize::try_from(offset).ok()?..)?;
+        let len = tail.iter().position(|&b| b == 0)?;
+        String::from_utf8(tail.get(..len)?.to_vec()).ok()
+    };
+    for i in 0..usize::try_from(nlibs).unwrap_or(usize::MAX) {
+        let Some(at) = i.checked_mul(24).and_then(|o| o.checked_add(48)) else {
+            break;
+        };
+        let (Some(flags), Some(key), Some(value)) = (
+            read_u32(new, at, big),
+            read_u32(new, at.saturating_add(4), big),
+            read_u32(new, at.saturating_add(8), big),
+        ) else {
+            break;
+        };
+        if let (Some(key), Some(value)) = (string(key), string(value)) {
+            out.push((key, value, flags));
+        }
+    }
+    out
+}
+
+/// The u32 at byte `at` of `data`, if it is all there.
+fn read_u32(data: &[u8], at: usize, big: bool) -> Option<u32> {
+    let bytes: [u8; 4] = data.get(at..at.checked_add(4)?)?.try_into().ok()?;
+    Some(if big {
+        u32::from_be_bytes(bytes)
+    } else {
+        u32::from_le_bytes(bytes)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+    use std::process::Command;
+
+    /// (dev, ino) of a path.
+    fn id(path: &Path) -> (u64, u64) {
+        let m = std::fs::metadata(path).unwrap();
+        (m.dev(), m.ino())
+    }
+
+    /// What `ldd /bin/ls` resolves: `name => path` pairs.
+    fn ldd_ls() -> Vec<(String, PathBuf)> {
+        let out = Command::new("ldd")
+            .arg("/bin/ls")
+            .env_remove("LD_LIBRARY_PATH")
+            .env_remove("LD_PRELOAD")
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .filter_map(|line| {
+                let (name, rest) = line.trim().split_once(" => ")?;
+                let path = rest.split(" (").next()?;
+                Some((name.to_string(), PathBuf::from(path)))
+            })
+            .collect()
+    }
+
+    fn ldd_libc() -> PathBuf {
+        ldd_ls()
+            .into_iter()
+            .find(|(n, _)| n == "libc.so.6")
+            .unwrap()
+            .1
+    }
+
+    fn temp_root(tag: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("tracer-ldso-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn host_ls_needs_what_ldd_resolves() {
+        let root = Root::of_dir(Path::new("/")).unwrap();
+        let exe = File::open("/bin/ls").unwrap();
+        let found = needed_objects(&root, &exe, Some(Path::new("/bin/ls")), 64);
+        let ids: Vec<_> = found.iter().map(|n| file_id(&n.file).unwrap()).collect();
+        assert!(ids.contains(&id(&ldd_libc())));
+        // The same objects in the same (breadth-first) order as the real loader.
+        let ldd: Vec<_> = ldd_ls().iter().map(|(_, p)| id(p)).collect();
+        assert_eq!(ids, ldd);
+        assert_eq!(needed_objects(&root, &exe, None, 1).len(), 1);
+        assert!(needed_objects(&root, &File::open("/etc/passwd").unwrap(), None, 64).is_empty());
+    }
+
+    #[test]
+    fn search_stays_in_the_root_and_finds_its_libc() {
+        let tmp = temp_root("root");
+        let lib_dir = tmp.join("usr/lib/x86_64-linux-gnu");
+        std::fs::create_dir_all(&lib_dir).unwrap();
+        std::fs::create_dir_all(tmp.join("lib64")).unwrap();
+        std::fs::create_dir_all(tmp.join("bin")).unwrap();
+        std::fs::copy(ldd_libc(), lib_dir.join("libc.so.6")).unwrap();
+        std::fs::copy("/bin/ls", tmp.join("bin/ls")).unwrap();
+        symlink("usr/lib", tmp.join("lib")).unwrap();
+        symlink("/etc", tmp.join("lib64/evil")).unwrap();
+        let root = Root::of_dir(&tmp).unwrap();
+        assert!(root.open(Path::new("/lib64/evil/passwd")).is_err());
+        assert!(root.open(Path::new("/../../../../etc/passwd")).is_err());
+        assert!(root.open(Path::new("/proc/self/root/etc/passwd")).is_err());
+        let exe = root.open(Path::new("/bin/ls")).unwrap();
+        let found = needed_objects(&root, &exe, Some(Path::new("/bin/ls")), 64);
+        // Only libc is in this root; its DT_NEEDED is the (absent) interpreter.
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].path, Path::new("/lib/x86_64-linux-gnu/libc.so.6"));
+        assert_eq!(
+            file_id(&found[0].file),
+            Some(id(&lib_dir.join("libc.so.6")))
+        );
+        assert_ne!(file_id(&found[0].file), Some(id(&ldd_libc())));
+        std::fs::remove_dir_all(&tmp).unwrap();
+    }
+
+    #[test]
+    fn a_library_of_another_machine_is_passed_over() {
+        let tmp = temp_root("machine");
+        std::fs::create_dir_all(tmp.join("lib/x86_64-linux-gnu")).unwrap();
+        std::fs::create_dir_all(tmp.join("usr/lib64")).unwrap();
+        let mut bytes = std::fs::read(ldd_libc()).unwrap();
+        bytes[18..20].copy_from_slice(&elf::EM_AARCH64.to_le_bytes()); // e_machine
+        std::fs::write(tmp.join("lib/x86_64-linux-gnu/libc.so.6"), bytes).unwrap();
+        std::fs::copy(ldd_libc(), tmp.join("usr/lib64/libc.so.6")).unwrap();
+        let root = Root::of_dir(&tmp).unwrap();
+        let found = needed_objects(&root, &File::open("/bin/ls").unwrap(), None, 64);
+        let paths: Vec<_> = found.iter().map(|n| n.path.clone()).collect();
+        assert_eq!(paths, [PathBuf::from("/usr/lib64/libc.so.6")]);
+        std::fs::remove_dir_all(&tmp).unwrap();
+    }
+
+    #[test]
+    fn origin_is_replaced_and_other_tokens_refused() {
+        let o = Some(Path::new("/opt/app/bin"));
+        assert_eq!(
+            expand_origin(b"$ORIGIN/../lib", o).unwrap(),
+            b"/opt/app/bin/../lib"
+        );
+        assert_eq!(
+            expand_origin(b"${ORIGIN}/x:", o).unwrap(),
+            b"/opt/app/bin/x:"
+        );
+        assert_eq!(expand_origin(b"$ORIGINX", o), None);
+        assert_eq!(expand_origin(b"/usr/$LIB", o), None);
+        assert_eq!(expand_origin(b"$ORIGIN", None), None);
+        let mut dirs = Vec::new();
+        expand_list(b"$ORIGIN/lib::rel:/abs:$PLATFORM", o, &mut dirs);
+        assert_eq!(
+            dirs,
+            [PathBuf::from("/opt/app/bin/lib"), PathBuf::from("/abs")]
+        );
+    }
+
+    #[test]
+    fn host_cache_names_ldds_libc_and_never_panics() {
+        let data = std::fs::read("/etc/ld.so.cache").unwrap();
+        let entries = parse_ld_so_cache(&data);
+        let libc = entries
+            .iter()
+            .find(|(key, _, flags)| key == "libc.so.6" && *flags == 0x0303)
+            .unwrap();
+        assert_eq!(id(Path::new(&libc.1)), id(&ldd_libc()));
+        // Behind an old-format block of two entries (16 + 24 bytes, aligned: 40).
+        let mut old = b"ld.so-1.7.0\0".to_vec();
+        old.extend_from_slice(&2u32.to_le_bytes());
+        old.resize(40, 0);
+        old.extend_from_slice(&data);
+        assert_eq!(parse_ld_so_cache(&old), entries);
+        for len in (0..data.len()).step_by(3).chain(0..200) {
+            let part = parse_ld_so_cache(&data[..len]);
+            assert!(part.len() <= entries.len());
+        }
+        let mut state = 0x2545_f491_4f6c_dd1d_u64;
+        for _ in 0..2000 {
+            let mut bad = data.clone();
+            for _ in 0..4 {
+                state = state
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1);
+                // Half the flips in the header and first entries.
+                let span = if state & 1 == 0 { 512 } else { bad.len() };
+                let at = usize::try_from(state >> 33).unwrap() % span;
+                bad[at] ^= 1 << ((state >> 29) & 7);
+            }
+            let _ = parse_ld_so_cache(&bad);
+        }
+        assert!(parse_ld_so_cache(b"ld.so-1.7.0\0\xff\xff\xff\xff").is_empty());
+    }
+}
