@@ -23,9 +23,10 @@
 //! directories than x86-64's. Facts only, no policy.
 //!
 //! Every file read is untrusted (the root belongs to the traced program):
-//! sizes are capped, offsets checked, nothing panics. Objects are read
-//! through a private read-only `mmap`; a file truncated while it is read
-//! raises `SIGBUS`, a risk accepted because the exec is being held.
+//! sizes are capped, offsets checked, nothing panics. Objects are read with
+//! `pread` through `object`'s `ReadCache`, only the parts the loader reads
+//! (headers, the dynamic section, its strings): never mapped, so a file
+//! truncated meanwhile reads short instead of raising `SIGBUS`.
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::ffi::{CString, OsStr};
 use std::fs::File;
@@ -35,8 +36,8 @@ use std::os::unix::ffi::OsStrExt as _;
 use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
 use std::path::{Path, PathBuf};
 
-use object::read::StringTable;
 use object::read::elf::{Dyn as _, FileHeader, ProgramHeader as _};
+use object::read::{ReadCache, ReadRef, StringTable};
 use object::{Endianness, FileKind, elf};
 
 /// Objects larger than this (bytes) are not read.
@@ -370,26 +371,27 @@ fn expand_origin(entry: &[u8], origin: Option<&Path>) -> Option<Vec<u8>> {
 }
 
 /// Reads what the loader needs of an open file: a regular file of at most
-/// 1 GiB, mapped private and read-only; `None` when it is not an ELF.
+/// 1 GiB, read in the parts parsed (`ReadCache`); `None` when it is not an
+/// ELF.
 fn read_elf(file: &File) -> Option<Dynamic> {
     let meta = file.metadata().ok()?;
     if !meta.is_file() || meta.len() > MAX_OBJECT_BYTES {
         return None;
     }
-    // SAFETY: a private read-only mapping of a regular file; it is only read
-    // as bytes, and changes to the file at most change what is parsed (a
-    // truncation raises SIGBUS: the accepted risk of the module doc).
-    let map = unsafe { memmap2::Mmap::map(file) }.ok()?;
-    match FileKind::parse(&*map).ok()? {
-        FileKind::Elf64 => parse_elf::<elf::FileHeader64<Endianness>>(&map),
-        FileKind::Elf32 => parse_elf::<elf::FileHeader32<Endianness>>(&map),
+    let cache = ReadCache::new(file);
+    let data = &cache;
+    match FileKind::parse(data).ok()? {
+        FileKind::Elf64 => parse_elf::<elf::FileHeader64<Endianness>, _>(data),
+        FileKind::Elf32 => parse_elf::<elf::FileHeader32<Endianness>, _>(data),
         _ => None,
     }
 }
 
 /// Class, machine, `PT_INTERP` and the dynamic section's `DT_NEEDED`,
 /// `DT_RPATH`, `DT_RUNPATH` of an ELF image.
-fn parse_elf<H: FileHeader<Endian = Endianness>>(data: &[u8]) -> Option<Dynamic> {
+fn parse_elf<'data, H: FileHeader<Endian = Endianness>, R: ReadRef<'data>>(
+    data: R,
+) -> Option<Dynamic> {
     let header = H::parse(data).ok()?;
     let endian = header.endian().ok()?;
     let mut out = Dynamic {
@@ -423,13 +425,19 @@ fn parse_elf<H: FileHeader<Endian = Endianness>>(data: &[u8]) -> Option<Dynamic>
     // string table the dynamic section links to.
     let strings = value(elf::DT_STRTAB)
         .zip(value(elf::DT_STRSZ))
-        .and_then(|(addr, size)| {
+        .and_then(|(addr, size): (u64, u64)| {
             phdrs
                 .iter()
                 .filter(|ph| ph.p_type(endian) == elf::PT_LOAD)
-                .find_map(|ph| ph.data_range(endian, data, addr, size).ok().flatten())
+                .find_map(|ph| {
+                    let into = addr.checked_sub(ph.p_vaddr(endian).into())?;
+                    if into.checked_add(size)? > ph.p_filesz(endian).into() {
+                        return None;
+                    }
+                    let start = ph.p_offset(endian).into().checked_add(into)?;
+                    Some(StringTable::new(data, start, start.checked_add(size)?))
+                })
         })
-        .map(|bytes| StringTable::new(bytes, 0, bytes.len() as u64))
         .or_else(|| {
             let sections = header.sections(endian, data).ok()?;
             let (_, link) = sections.dynamic(endian, data).ok()??;
@@ -439,7 +447,11 @@ fn parse_elf<H: FileHeader<Endian = Endianness>>(data: &[u8]) -> Option<Dynamic>
         return Some(out);
     };
     for d in dyns {
-        let Ok(value) = d.string(endian, strings) else {
+        let value: u64 = d.d_val(endian).into();
+        let Some(value) = u32::try_from(value)
+            .ok()
+            .and_then(|offset| strings.get(offset).ok())
+        else {
             continue;
         };
         match d.tag32(endian) {
