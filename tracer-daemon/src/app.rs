@@ -160,6 +160,13 @@ pub async fn run(config: Config) -> Result<(), AppError> {
         )
     });
 
+    let holds = if config.hold_exec {
+        tasks::ExecHolds::start(service.clone())
+            .map_err(|err| tracing::warn!(%err, "execs are not held: a program whose allocator is new to tracerd is traced from a moment after its start"))
+            .ok()
+    } else {
+        None
+    };
     let background = [
         tokio::spawn(tasks::events_and_housekeeping(service.clone(), events)),
         tokio::spawn(tasks::automatic_snapshots(
@@ -181,6 +188,9 @@ pub async fn run(config: Config) -> Result<(), AppError> {
     notify(&[sd_notify::NotifyState::Stopping]);
     tracing::info!(drained, "stopping: API closed");
     service.begin_stop();
+    if let Some(holds) = holds {
+        holds.stop();
+    }
     for task in background {
         task.abort();
         let _ = task.await;

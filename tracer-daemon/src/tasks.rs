@@ -39,6 +39,18 @@ pub async fn events_and_housekeeping(
                 return;
             }
         };
+    // Batches are read from the ring, and their new images from /proc, as
+    // they come; the handler applies them in order on a task of its own,
+    // so that one waiting for a lock never delays the reading of the next
+    // program's /proc (gone once it exits).
+    let (batches, received) = tokio::sync::mpsc::unbounded_channel();
+    let handler = tokio::spawn(handle_batches(
+        service.clone(),
+        received,
+        discovery_wake,
+        unwind_wake,
+    ));
+    let _abort_handler = AbortOnDrop(handler);
     loop {
         let Ok(mut guard) = fd.readable_mut().await else {
             continue;
@@ -53,8 +65,34 @@ pub async fn events_and_housekeeping(
             }
         }
         guard.clear_ready();
+        let Ok((batch, read)) = tokio::task::spawn_blocking(move || {
+            let read = Service::read_new_images(&batch);
+            (batch, read)
+        })
+        .await
+        else {
+            continue;
+        };
+        if batches.send((batch, read)).is_err() {
+            return;
+        }
+    }
+}
+
+/// A batch of kernel events with its new images read already.
+type ReadBatch = (Vec<ProcEvent>, Vec<Option<crate::lifecycle::ProcessImage>>);
+
+/// Applies the batches in order ([`Service::handle_read_events`]), then
+/// wakes discovery and the unwinder. Runs until the reader ends.
+async fn handle_batches(
+    service: Arc<Service>,
+    mut received: tokio::sync::mpsc::UnboundedReceiver<ReadBatch>,
+    discovery_wake: Arc<tokio::sync::Notify>,
+    unwind_wake: Arc<tokio::sync::Notify>,
+) {
+    while let Some((batch, read)) = received.recv().await {
         let service = service.clone();
-        let _ = tokio::task::spawn_blocking(move || service.handle_events(&batch)).await;
+        let _ = tokio::task::spawn_blocking(move || service.handle_read_events(&batch, read)).await;
         discovery_wake.notify_one();
         unwind_wake.notify_one();
     }
@@ -158,5 +196,153 @@ pub async fn automatic_snapshots(service: Arc<Service>, policy: AutoPolicy) {
         let service = Arc::clone(&service);
         let retention = Duration::from_secs(policy.retention_secs);
         let _ = tokio::task::spawn_blocking(move || service.auto_snapshots(retention)).await;
+    }
+}
+
+/// The threads that hold execs until their probes are in place
+/// (`hold_exec`, `service::exec_hold`). [`ExecHolds::stop`] ends them.
+pub struct ExecHolds {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl ExecHolds {
+    /// Holds every exec on the filesystems of tracerd's mount table
+    /// (`sys::fanotify`) until [`Service::exec_held`] has run for it, or
+    /// for `service::exec_hold::HOLD_LIMIT` at most. One thread reads the
+    /// holds and lets each go at its limit; another does the work, one
+    /// exec after another.
+    ///
+    /// # Errors
+    /// The kernel's refusal of the fanotify group (no CAP_SYS_ADMIN, no
+    /// permission events) or of a thread.
+    pub fn start(service: Arc<Service>) -> std::io::Result<Self> {
+        use crate::sys::fanotify::ExecWatch;
+        let watch = Arc::new(ExecWatch::new()?);
+        let marked = watch.mark_filesystems();
+        tracing::info!(
+            filesystems = marked,
+            "execs held until their probes are in place"
+        );
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (jobs, work) = std::sync::mpsc::channel::<Arc<crate::sys::fanotify::HeldExec>>();
+        let worker = std::thread::Builder::new()
+            .name("exec-hold".into())
+            .spawn({
+                let watch = watch.clone();
+                move || {
+                    for held in work {
+                        if !held.answered() {
+                            service.exec_held(held.pid, &held.file);
+                        }
+                        watch.allow(&held);
+                    }
+                }
+            })?;
+        let reader = std::thread::Builder::new()
+            .name("exec-watch".into())
+            .spawn({
+                let stop = stop.clone();
+                move || read_holds(&watch, &jobs, &stop)
+            })?;
+        Ok(Self {
+            stop,
+            threads: vec![reader, worker],
+        })
+    }
+
+    /// Lets every held exec go and ends the threads (the worker finishes
+    /// the exec it is on).
+    pub fn stop(self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Release);
+        for thread in self.threads {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Reads held execs and hands each to the worker through `jobs`, letting
+/// it go at its `HOLD_LIMIT` if the worker has not; marks the filesystems
+/// of new mounts. Returns once `stop` is set, every exec let go.
+fn read_holds(
+    watch: &crate::sys::fanotify::ExecWatch,
+    jobs: &std::sync::mpsc::Sender<Arc<crate::sys::fanotify::HeldExec>>,
+    stop: &std::sync::atomic::AtomicBool,
+) {
+    use crate::service::exec_hold::HOLD_LIMIT;
+    use std::time::Instant;
+    let own = std::process::id();
+    let mut pending: std::collections::VecDeque<(Instant, Arc<crate::sys::fanotify::HeldExec>)> =
+        std::collections::VecDeque::new();
+    while !stop.load(std::sync::atomic::Ordering::Acquire) {
+        let now = Instant::now();
+        while let Some((deadline, held)) = pending.front() {
+            if held.answered() {
+                pending.pop_front();
+            } else if *deadline <= now {
+                tracing::debug!(pid = held.pid, "an exec held past its limit is let go");
+                watch.allow(held);
+                pending.pop_front();
+            } else {
+                break;
+            }
+        }
+        let wait = pending
+            .front()
+            .map_or(Duration::from_millis(100), |(deadline, _)| {
+                deadline.saturating_duration_since(now)
+            })
+            .min(Duration::from_millis(100));
+        let mut fds = [
+            libc::pollfd {
+                fd: watch.raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: watch.mounts_fd(),
+                events: libc::POLLPRI,
+                revents: 0,
+            },
+        ];
+        let ms = libc::c_int::try_from(wait.as_millis())
+            .unwrap_or(100)
+            .max(1);
+        // SAFETY: fds is an array of two pollfd that lives through the call.
+        let ready = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
+        if ready <= 0 {
+            continue;
+        }
+        if fds[1].revents & (libc::POLLPRI | libc::POLLERR) != 0 {
+            let marked = watch.mark_filesystems();
+            if marked > 0 {
+                tracing::debug!(filesystems = marked, "new filesystems hold their execs");
+            }
+        }
+        if fds[0].revents & libc::POLLIN == 0 {
+            continue;
+        }
+        let held = match watch.read() {
+            Ok(held) => held,
+            Err(err) => {
+                tracing::warn!(%err, "cannot read held execs");
+                std::thread::sleep(Duration::from_millis(100));
+                continue;
+            }
+        };
+        for exec in held {
+            if exec.pid == own {
+                watch.allow(&exec);
+                continue;
+            }
+            let exec = Arc::new(exec);
+            pending.push_back((Instant::now() + HOLD_LIMIT, exec.clone()));
+            if jobs.send(exec.clone()).is_err() {
+                watch.allow(&exec);
+            }
+        }
+    }
+    for (_, held) in pending {
+        watch.allow(&held);
     }
 }

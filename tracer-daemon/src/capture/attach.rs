@@ -28,6 +28,10 @@ pub(super) struct Target {
     /// attached: a host path, or `/proc/self/fd/N` of a descriptor tracerd
     /// holds open (an object inside a container's root).
     pub(super) path: PathBuf,
+    /// The descriptor `path` names, held open while the object is probed
+    /// (None: a host path).
+    #[expect(dead_code, reason = "held open for `path`, never read")]
+    pub(super) file: Option<std::fs::File>,
     /// Where its probes go.
     pub(super) points: Vec<ProbePoint>,
     /// Its allocator's family: every probe's attach cookie, which the
@@ -123,13 +127,20 @@ impl Capture {
     }
 
     /// Detaches what [`Capture::attach`] attached for `pid` (None: the
-    /// system-wide probes), and returns once they are detached (a scope
-    /// change is complete when it answers). Detaching what is not attached
-    /// does nothing.
+    /// system-wide probes, which are gone when it returns: a scope change
+    /// is complete when it answers). One process's probes leave on a
+    /// thread of their own: each detach waits a grace period of the kernel
+    /// (about 0.1 s here), and an exec held until its probes are attached
+    /// must not wait behind a process that ended. Detaching what is not
+    /// attached does nothing.
     pub fn detach(&mut self, pid: Option<u32>) {
         if let Some(links) = self.links.remove(&pid) {
-            let owned = self.take_links(links);
-            detach_all(owned);
+            if pid.is_some() {
+                self.detach_links(links);
+            } else {
+                let owned = self.take_links(links);
+                detach_all(owned);
+            }
         }
     }
 
@@ -146,6 +157,7 @@ impl Capture {
         &mut self,
         library: AttachedLibrary,
         path: PathBuf,
+        file: Option<std::fs::File>,
         points: Vec<ProbePoint>,
     ) -> Result<(), CaptureError> {
         let key = library.key;
@@ -155,6 +167,7 @@ impl Capture {
         self.targets.push(Target {
             key,
             path,
+            file,
             points,
             family: library.family,
         });

@@ -174,7 +174,7 @@ impl KernelMaps for super::Capture {
         self.detach(pid);
     }
     fn add_library(&mut self, found: super::probes::Found) -> Result<(), CaptureError> {
-        self.add_library(found.library, found.path, found.probes.points)
+        self.add_library(found.library, found.path, found.file, found.probes.points)
     }
     fn remove_library(&mut self, key: FileKey) -> bool {
         self.remove_library(key)

@@ -191,6 +191,7 @@ impl Capture {
             targets.push(Target {
                 key,
                 path: path.clone(),
+                file: None,
                 points: probes.points,
                 family: library.family,
             });

@@ -80,8 +80,12 @@ impl AttachedLibrary {
 pub struct Found {
     /// What the API reports of it.
     pub library: AttachedLibrary,
-    /// The path its probes attach through (`/proc/self/fd/N`).
+    /// The path its probes attach through (`/proc/self/fd/N` of `file`,
+    /// or a host path).
     pub path: PathBuf,
+    /// The descriptor `path` names, held open while the object is probed
+    /// (later attaches, for a process entering the scope, go through it).
+    pub file: Option<std::fs::File>,
     /// Its allocator and probe points.
     pub probes: ObjectProbes,
 }

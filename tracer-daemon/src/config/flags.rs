@@ -153,6 +153,9 @@ pub struct Flags {
     /// Trace traced processes' own anonymous mmap/munmap/mremap as blocks of source mmap.
     #[arg(long, env = "TRACERD_TRACE_MMAP")]
     pub trace_mmap: Option<bool>,
+    /// Hold each exec in scope until its allocators are probed (at most 500 ms): programs are traced from their first allocation.
+    #[arg(long, env = "TRACERD_HOLD_EXEC")]
+    pub hold_exec: Option<bool>,
     /// Log filter (tracing's EnvFilter syntax), e.g. info or tracer_daemon=debug.
     #[arg(long, env = "TRACERD_LOG")]
     pub log: Option<String>,

@@ -200,6 +200,14 @@ pub struct Config {
     /// `munmap`, `mremap` outside any allocator call) as blocks of source
     /// `mmap`, with their stacks: three syscall tracepoints.
     pub trace_mmap: bool,
+    /// Hold each exec of a process in scope (fanotify's
+    /// `FAN_OPEN_EXEC_PERM` on every filesystem) until the allocators its
+    /// new image runs on are probed and, when scoped, its probes attached,
+    /// for 500 ms at most: a program is traced from its first allocation,
+    /// the dynamic loader's and its constructors' included. Needs
+    /// CAP_SYS_ADMIN; off, a program whose allocator is new to tracerd is
+    /// traced from a moment after its start.
+    pub hold_exec: bool,
     /// Log filter (tracing's EnvFilter syntax), e.g. `info` or `tracer_daemon=debug`.
     pub log: String,
     /// `/metrics`: processes labelled by pid and comm, the largest by
@@ -260,6 +268,7 @@ impl Default for Config {
             discover_allocators: true,
             probe_installed_allocators: false,
             trace_mmap: true,
+            hold_exec: true,
             log: "info".to_string(),
             metrics_top_processes: 20,
             metrics_call_sites: 0,

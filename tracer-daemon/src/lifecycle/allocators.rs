@@ -11,6 +11,7 @@
 //! one is traced from its first allocation.
 use std::{
     collections::{BTreeSet, HashMap},
+    os::fd::AsRawFd as _,
     os::unix::fs::FileExt as _,
     path::{Path, PathBuf},
     time::{Duration, Instant},
@@ -81,34 +82,36 @@ impl Allocators {
     /// Reads `module`'s symbols (no lock held): Some when it defines an
     /// allocator. An object that cannot be read is logged and None.
     pub fn examine(module: &Module, pid: u32) -> Option<Found> {
-        let file = module.file()?;
-        let path = module.fd_path()?;
+        Self::examine_open(
+            module.file()?,
+            Path::new(&**module.path()),
+            module.key(),
+            pid,
+        )
+    }
+
+    /// Reads the symbols of `file`, open (object `key`, shown as `path`,
+    /// found in process `pid`): Some when it defines an allocator, probed
+    /// through a duplicate of the descriptor (`/proc/self/fd/N`), which the
+    /// probes keep open. An object that cannot be read is logged and None.
+    pub fn examine_open(
+        file: &std::fs::File,
+        path: &Path,
+        key: FileKey,
+        pid: u32,
+    ) -> Option<Found> {
         let len = file.metadata().ok()?.len();
         if len > MAX_OBJECT_BYTES {
             return None;
         }
         let mut data = vec![0; usize::try_from(len).ok()?];
         if let Err(err) = file.read_exact_at(&mut data, 0) {
-            tracing::debug!(pid, object = %module.path(), %err, "cannot read an object for its allocator symbols");
+            tracing::debug!(pid, object = %path.display(), %err, "cannot read an object for its allocator symbols");
             return None;
         }
-        match object_probes(&data) {
-            Ok(Some(probes)) if !probes.points.is_empty() => Some(Found {
-                library: AttachedLibrary::new(
-                    PathBuf::from(&**module.path()),
-                    module.key(),
-                    Some(pid),
-                    &probes,
-                ),
-                path,
-                probes,
-            }),
-            Ok(_) => None,
-            Err(err) => {
-                tracing::debug!(pid, object = %module.path(), %err, "not an ELF object tracer reads");
-                None
-            }
-        }
+        let held = file.try_clone().ok()?;
+        let through = PathBuf::from(format!("/proc/self/fd/{}", held.as_raw_fd()));
+        found(&data, path, key, Some(pid), through, Some(held))
     }
 
     /// Reads the symbols of the file at `path` (a library installed on the
@@ -119,14 +122,7 @@ impl Allocators {
         if data.len() as u64 > MAX_OBJECT_BYTES {
             return None;
         }
-        match object_probes(&data) {
-            Ok(Some(probes)) if !probes.points.is_empty() => Some(Found {
-                library: AttachedLibrary::new(path.to_path_buf(), key, None, &probes),
-                path: path.to_path_buf(),
-                probes,
-            }),
-            _ => None,
-        }
+        found(&data, path, key, None, path.to_path_buf(), None)
     }
 
     /// Whether `key` was examined already.
@@ -176,6 +172,32 @@ impl Allocators {
             self.examined.remove(key);
         }
         doomed
+    }
+}
+
+/// What probing object `key` (its bytes `data`, shown as `path`, found in
+/// process `pid`) takes, through `through` (held open by `file`): None
+/// when it defines no allocator or is not an ELF object tracer reads.
+fn found(
+    data: &[u8],
+    path: &Path,
+    key: FileKey,
+    pid: Option<u32>,
+    through: PathBuf,
+    file: Option<std::fs::File>,
+) -> Option<Found> {
+    match object_probes(data) {
+        Ok(Some(probes)) if !probes.points.is_empty() => Some(Found {
+            library: AttachedLibrary::new(path.to_path_buf(), key, pid, &probes),
+            path: through,
+            file,
+            probes,
+        }),
+        Ok(_) => None,
+        Err(err) => {
+            tracing::debug!(pid, object = %path.display(), %err, "not an ELF object tracer reads");
+            None
+        }
     }
 }
 

@@ -13,7 +13,7 @@ use std::{collections::BTreeSet, path::PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::capture::KernelMaps;
-use crate::sys::procfs;
+use crate::sys::procfs::{self, FileKey};
 
 /// Which processes are traced. All sets empty: every process.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -63,6 +63,29 @@ impl Scope {
                 .any(|want| cgroup_contains(want, &cgroup));
         }
         false
+    }
+
+    /// Whether process `pid`, about to exec the file `exe` (its device and
+    /// inode: the program, or its interpreter), matches: by pid, by `exe`
+    /// being one of the executables (each `stat`ed now, symlinks
+    /// resolved), or by the process's cgroup, which an exec keeps.
+    pub fn matches_exec(&self, pid: u32, exe: FileKey) -> bool {
+        if self.is_all() || self.pids.contains(&pid) {
+            return true;
+        }
+        if self
+            .exes
+            .iter()
+            .any(|want| FileKey::of_path(want) == Some(exe))
+        {
+            return true;
+        }
+        !self.cgroups.is_empty()
+            && procfs::read_cgroup(pid).is_some_and(|cgroup| {
+                self.cgroups
+                    .iter()
+                    .any(|want| cgroup_contains(want, &cgroup))
+            })
     }
 
     /// Checks the scope's values.

@@ -10,7 +10,7 @@ use super::state::lock;
 use crate::lifecycle::blocks::live_stats;
 use crate::lifecycle::events::{self, Event};
 use crate::lifecycle::registry::EndEvent;
-use crate::lifecycle::{orphans, scope};
+use crate::lifecycle::{ProcessImage, orphans, scope};
 
 /// How often one process's drops are logged at most.
 pub const DROPS_LOG_EVERY: Duration = Duration::from_secs(60);
@@ -24,16 +24,41 @@ impl Service {
     /// that mapped code, wait for their unwind tables in
     /// [`Service::unwind_pending`].
     pub fn handle_events(&self, batch: &[ProcEvent]) {
+        let read = Self::read_new_images(batch);
+        self.handle_read_events(batch, read);
+    }
+
+    /// Reads the new images of `batch` from `/proc` (no lock taken), one
+    /// entry per event (None for other events): done as soon as the batch
+    /// is read from the ring, before its handling waits for any lock, as
+    /// a program that lives 50 ms is gone soon after its first allocation.
+    pub fn read_new_images(batch: &[ProcEvent]) -> Vec<Option<ProcessImage>> {
+        batch
+            .iter()
+            .map(|event| match events::decode(event) {
+                Some(Event::New { image, comm }) => Some(events::new_image(image, &comm)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// [`Service::handle_events`] with the new images read already
+    /// ([`Service::read_new_images`] of the same batch).
+    pub fn handle_read_events(&self, batch: &[ProcEvent], mut read: Vec<Option<ProcessImage>>) {
+        let decoded: Vec<Option<Event>> = batch.iter().map(events::decode).collect();
         let mut ends = Vec::new();
-        for event in batch {
-            match events::decode(event) {
+        for (index, event) in decoded.into_iter().enumerate() {
+            match event {
                 Some(Event::New { image, comm }) => {
                     // Events apply in order: an exec's end of the old image
                     // first, so the new image never finds the old one live.
                     if ends.iter().any(|end: &EndEvent| end.image.pid == image.pid) {
                         self.end_images(std::mem::take(&mut ends));
                     }
-                    let image = events::new_image(image, &comm);
+                    let image = read
+                        .get_mut(index)
+                        .and_then(Option::take)
+                        .unwrap_or_else(|| events::new_image(image, &comm));
                     ::tracing::debug!(pid = image.id.pid, gen = image.id.generation, comm = %image.comm, "new image");
                     let (id, maps) = (image.id, image.maps.clone());
                     self.state.locks().registry().registry.add(image);

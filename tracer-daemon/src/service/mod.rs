@@ -16,7 +16,8 @@
 //! - [`inspect`]: `get_tracemalloc_memory()`, `get_object_traceback()`, the
 //!   kernel maps, health and the last-stop record;
 //! - [`housekeeping`]: kernel events, expiry and the orphan sweep;
-//! - [`scope`]: which processes are traced.
+//! - [`scope`]: which processes are traced;
+//! - [`exec_hold`]: execs held until their probes are in place.
 //!
 //! Every method blocks (map syscalls, DWARF, files): call them from
 //! blocking threads. Results are typed; errors are [`ServiceError`].
@@ -32,6 +33,7 @@ use crate::symbolize::{Symbolizer, SymbolizerStats};
 mod allocators;
 pub mod compare;
 mod error;
+pub mod exec_hold;
 pub mod housekeeping;
 pub mod inspect;
 pub mod processes;
@@ -90,6 +92,9 @@ pub struct Service {
     /// Whether discovery probes the allocator libraries installed on the
     /// host at start ([`Service::probe_installed`]).
     probe_installed: bool,
+    /// The objects each program held at its exec needs at start
+    /// ([`Service::exec_held`]).
+    exec_objects: std::sync::Mutex<exec_hold::ExecObjects>,
     /// Set once tracerd is stopping ([`Service::begin_stop`]): the long
     /// background passes end at their next item, so that nothing holds
     /// the service (and its probes) for long.
@@ -130,6 +135,7 @@ impl Service {
             )),
             discover_queue: std::sync::Mutex::default(),
             discover_again: std::sync::Mutex::default(),
+            exec_objects: std::sync::Mutex::default(),
             drops_logged: std::sync::Mutex::default(),
             stopping: std::sync::atomic::AtomicBool::new(false),
             probe_installed: false,

@@ -5,6 +5,7 @@
 //! root would load for an executable ([`ldso`]). One implementation of
 //! each, for every later stage.
 pub mod bpf;
+pub mod fanotify;
 pub mod fsync;
 pub mod ldso;
 pub mod modules;

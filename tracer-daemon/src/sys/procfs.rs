@@ -162,12 +162,20 @@ impl FileKey {
     /// The key of the file at `path` (`stat`), as `/proc/PID/maps` of a
     /// process mapping it would show it; None when it cannot be read.
     pub fn of_path(path: &Path) -> Option<Self> {
+        Some(Self::of_meta(&std::fs::metadata(path).ok()?))
+    }
+
+    /// The key of an open file (`fstat`); None when it cannot be read.
+    pub fn of_file(file: &std::fs::File) -> Option<Self> {
+        Some(Self::of_meta(&file.metadata().ok()?))
+    }
+
+    fn of_meta(meta: &std::fs::Metadata) -> Self {
         use std::os::unix::fs::MetadataExt as _;
-        let meta = std::fs::metadata(path).ok()?;
-        Some(Self {
+        Self {
             dev: (libc::major(meta.dev()), libc::minor(meta.dev())),
             inode: meta.ino(),
-        })
+        }
     }
 }
 

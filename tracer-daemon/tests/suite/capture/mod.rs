@@ -12,6 +12,7 @@ mod mappings;
 mod rust_allocators;
 mod sampling;
 mod stacks;
+mod starts;
 mod tables;
 mod wrappers;
 

@@ -1,0 +1,185 @@
+//! Execs held until their probes are in place (`hold_exec`): a process
+//! that starts in scope is traced from its first allocation, the dynamic
+//! loader's and its constructors' included, even when its allocator is new
+//! to tracerd.
+//!
+//! The kernel holds each `execve` at the opening of its program and of its
+//! interpreter (`sys::fanotify`), before the new image runs. While it
+//! waits, [`Service::exec_held`] examines what the image will run: the
+//! file itself (a static allocator, musl's `libc.so` as interpreter) and,
+//! for a dynamic program, the objects its loader will map at start
+//! (`sys::ldso`, resolved in the process's root, so a container's own
+//! glibc is found), and probes each that defines an allocator. In a scoped
+//! tracerd, a process that matches is attached before it runs (its perf
+//! events follow it through the exec). The hold answers within
+//! [`HOLD_LIMIT`] whatever happens: work still running then goes on
+//! without the process, as it did without the hold.
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt as _;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::Service;
+use super::state::lock;
+use crate::lifecycle::allocators::Allocators;
+use crate::sys::ldso;
+use crate::sys::procfs::FileKey;
+
+/// Longest an exec is held: it is let go then, whatever is still running
+/// for it.
+pub const HOLD_LIMIT: Duration = Duration::from_millis(500);
+
+/// Most objects read for one program's start (its `DT_NEEDED` closure).
+const MAX_NEEDED: usize = 128;
+
+/// Most programs whose objects are remembered ([`ExecObjects`]).
+const MAX_PROGRAMS: usize = 4096;
+
+/// The objects each program examined at a hold needs at start, by the
+/// program's (device, inode): a program run again finds them all known
+/// and costs a lookup.
+#[derive(Debug, Default)]
+pub(super) struct ExecObjects {
+    needs: HashMap<FileKey, Vec<FileKey>>,
+}
+
+impl Service {
+    /// Process `pid` is held opening `file` for exec (its program, or its
+    /// interpreter): probes the allocators the new image will run on that
+    /// tracerd does not probe yet and, when tracerd is scoped and the
+    /// process matches, attaches its probes for it. Nothing for tracerd
+    /// itself, a process out of scope, or once stopping.
+    pub fn exec_held(&self, pid: u32, file: &File) {
+        if pid == std::process::id() || self.stopping() {
+            return;
+        }
+        let Some(key) = FileKey::of_file(file) else {
+            return;
+        };
+        // A script's own open is not its image: its interpreter's is.
+        if is_script(file) {
+            return;
+        }
+        let scope = self.state.locks().scope().scope.clone();
+        if !scope.matches_exec(pid, key) {
+            return;
+        }
+        self.probe_before_exec(pid, file, key);
+        if !scope.is_all() {
+            let mut held = self.state.locks().kernel();
+            if let Err(err) = held.kernel.attach(Some(pid)) {
+                tracing::debug!(pid, %err, "could not attach to a process in scope at its exec");
+            }
+        }
+    }
+
+    /// Probes the allocators among `file` (object `key`) and the objects
+    /// it needs at start that discovery has not examined.
+    fn probe_before_exec(&self, pid: u32, file: &File, key: FileKey) {
+        let Some(allocators) = &self.allocators else {
+            return;
+        };
+        let known = |keys: &[FileKey]| {
+            let held = lock(allocators);
+            keys.iter().all(|k| held.knows(*k))
+        };
+        let remembered = lock(&self.exec_objects).needs.get(&key).cloned();
+        if let Some(needs) = remembered
+            && known(&needs)
+            && known(&[key])
+        {
+            return;
+        }
+        let root = ldso::Root::of_pid(pid).ok();
+        let own_path = fd_path(file);
+        let in_root = own_path.as_deref().and_then(|path| path_in_root(pid, path));
+        let mut objects: Vec<(PathBuf, FileKey, Option<File>)> =
+            vec![(in_root.clone().or(own_path).unwrap_or_default(), key, None)];
+        if let Some(root) = &root {
+            for needed in ldso::needed_objects(root, file, in_root.as_deref(), MAX_NEEDED) {
+                if let Some(k) = FileKey::of_file(&needed.file) {
+                    objects.push((needed.path, k, Some(needed.file)));
+                }
+            }
+        }
+        let keys: Vec<FileKey> = objects.iter().skip(1).map(|o| o.1).collect();
+        {
+            let mut memo = lock(&self.exec_objects);
+            if memo.needs.len() >= MAX_PROGRAMS {
+                memo.needs.clear();
+            }
+            memo.needs.insert(key, keys);
+        }
+        for (path, object_key, opened) in objects {
+            if self.stopping() {
+                return;
+            }
+            if lock(allocators).knows(object_key) {
+                continue;
+            }
+            let object = opened.as_ref().unwrap_or(file);
+            let Some(found) = Allocators::examine_open(object, &path, object_key, pid) else {
+                lock(allocators).examined(object_key, pid, false);
+                continue;
+            };
+            let family = found.probes.family;
+            let points = found.probes.points.len();
+            let added = self.state.locks().kernel().kernel.add_library(found);
+            match &added {
+                Ok(()) => {
+                    tracing::info!(pid, object = %path.display(), family = family.name(), points, "probing an allocator before its process runs");
+                }
+                Err(err) => {
+                    tracing::warn!(pid, object = %path.display(), %err, "cannot probe an allocator");
+                }
+            }
+            lock(allocators).examined(object_key, pid, added.is_ok());
+        }
+    }
+}
+
+/// Whether `file` starts with `#!` (an interpreter script).
+fn is_script(file: &File) -> bool {
+    let mut magic = [0u8; 2];
+    file.read_exact_at(&mut magic, 0).is_ok() && magic == *b"#!"
+}
+
+/// The path of an open file in tracerd's view (`/proc/self/fd/N`).
+fn fd_path(file: &File) -> Option<PathBuf> {
+    use std::os::fd::AsRawFd as _;
+    std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd())).ok()
+}
+
+/// `path` (in tracerd's view) as process `pid` sees it, below its root
+/// (`/proc/PID/root`); None when the file is not under that root.
+fn path_in_root(pid: u32, path: &Path) -> Option<PathBuf> {
+    let root = std::fs::read_link(format!("/proc/{pid}/root")).ok()?;
+    let rest = path.strip_prefix(&root).ok()?;
+    Some(Path::new("/").join(rest))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_path_under_the_process_root_is_seen_from_that_root() {
+        let pid = std::process::id();
+        assert_eq!(
+            path_in_root(pid, Path::new("/usr/bin/env")),
+            Some(PathBuf::from("/usr/bin/env"))
+        );
+    }
+
+    #[test]
+    fn scripts_are_told_from_programs() {
+        let dir = std::env::temp_dir().join(format!("exec-hold-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let script = dir.join("s");
+        std::fs::write(&script, "#!/bin/sh\n").expect("write");
+        assert!(is_script(&File::open(&script).expect("open")));
+        assert!(!is_script(&File::open("/proc/self/exe").expect("exe")));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
