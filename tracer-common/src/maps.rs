@@ -146,3 +146,17 @@ pub const SWITCH_STACK_EPOCH: u32 = 1;
 /// host ([`ProcEventKind::ExecAny`], [`ProcEventKind::Fork`]) so that
 /// tracerd can attach to the processes that match.
 pub const SWITCH_SCOPED: u64 = 1;
+/// Only the processes in [`MAP_SCOPE_TGIDS`] are recorded: the probes are
+/// attached for every process, and the allocator entries (and the mmap
+/// source) of any other return at once. Set for a scope of executables or
+/// cgroups, whose processes start all the time (one process's own probes
+/// take about a second of the kernel's time to detach).
+pub const SWITCH_SCOPE_FILTER: u64 = 2;
+/// The processes in scope while [`SWITCH_SCOPE_FILTER`] is set, each a
+/// tgid with the value 1. Written by tracerd (the scope's pass over `/proc`, each exec held
+/// or seen); a process forked by one in scope is added by the fork
+/// tracepoint, and an exiting thread or process is removed by the exit
+/// tracepoint.
+pub const MAP_SCOPE_TGIDS: &str = "SCOPE_TGIDS";
+/// Entries of [`MAP_SCOPE_TGIDS`].
+pub const SCOPE_TGIDS_ENTRIES: u32 = 65_536;

@@ -11,7 +11,7 @@
 use aya_ebpf::helpers::bpf_get_current_pid_tgid;
 use tracer_common::{INFLIGHT_SLOT_COUNT, LIVE_BUCKET_COUNT};
 
-use crate::maps::SWITCHES;
+use crate::maps::{SCOPE_TGIDS, SWITCHES};
 
 /// The daemon's own tgid: its allocations are never traced. Set at load time.
 #[unsafe(no_mangle)]
@@ -134,4 +134,25 @@ pub(crate) fn switch(slot: u32) -> u64 {
 #[inline(always)]
 pub(crate) fn scoped() -> bool {
     switch(0) & tracer_common::SWITCH_SCOPED != 0
+}
+
+/// Only the processes of SCOPE_TGIDS are recorded
+/// ([`tracer_common::SWITCH_SCOPE_FILTER`]).
+#[inline(always)]
+pub(crate) fn filtered() -> bool {
+    switch(0) & tracer_common::SWITCH_SCOPE_FILTER != 0
+}
+
+/// [`current`] when the calling process is recorded: not tracerd, and in
+/// SCOPE_TGIDS while the scope filter is on. What an allocator call's
+/// entry and the mmap source start with (a return always completes what
+/// its entry recorded).
+#[inline(always)]
+pub(crate) fn current_in_scope() -> Option<(u64, u32)> {
+    let (id, tgid) = current()?;
+    // SAFETY: a map lookup; the value is not read.
+    if filtered() && unsafe { SCOPE_TGIDS.get(&tgid) }.is_none() {
+        return None;
+    }
+    Some((id, tgid))
 }

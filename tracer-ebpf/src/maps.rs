@@ -7,7 +7,7 @@
 //! [`crate::inflight`] (INFLIGHT*), [`crate::stack`] (STACK*, UNWIND_*, PROC_MAPS),
 //! [`crate::procs`] (PROC*, GENERATION, EVENTS), [`crate::mmap`] (MMAP_*), [`crate::sample`]
 //! (EXP_TABLE, SAMPLE_LEFT), [`crate::counters`] (COUNTERS),
-//! [`crate::globals`] (SWITCHES).
+//! [`crate::globals`] (SWITCHES, SCOPE_TGIDS).
 
 use crate::stack::Walk;
 use aya_ebpf::{
@@ -150,6 +150,13 @@ pub(crate) static GENERATION: Array<u64> = Array::with_max_entries(1, 0);
 /// `globals`.
 #[map]
 pub(crate) static SWITCHES: Array<u64> = Array::with_max_entries(tracer_common::SWITCH_SLOTS, 0);
+
+/// tgid → 1: the processes in scope while `SWITCH_SCOPE_FILTER` is set
+/// (`tracer_common::MAP_SCOPE_TGIDS`). Read by `globals`; written by
+/// tracerd and by the fork and exit tracepoints.
+#[map]
+pub(crate) static SCOPE_TGIDS: HashMap<u32, u32> =
+    HashMap::with_max_entries(tracer_common::SCOPE_TGIDS_ENTRIES, BPF_F_NO_PREALLOC);
 
 /// Per CPU, the last stack this CPU found or put in STACKS: (id, check
 /// hash, stack epoch + 1). A hit skips the STACKS lookup; an epoch raised by

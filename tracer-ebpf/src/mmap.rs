@@ -42,7 +42,7 @@ use tracer_common::{AllocInfo, Counter, MMAP_REGION_SLOTS, MmapRegions, ProcStat
 use crate::{
     atomic::{compare_exchange, fetch_add},
     counters::count,
-    globals::{current, page_size},
+    globals::{current_in_scope, page_size},
     inflight::in_call,
     live::{find_block, insert_block, record_block, take_block},
     maps::{EEXIST, MMAP_EMPTY, MMAP_REGIONS},
@@ -90,7 +90,7 @@ fn syscall_regs() -> Option<(UserRegs, [u64; 5])> {
 /// call unmaps).
 #[inline(always)]
 fn traced_caller() -> Option<(u32, Image, bool)> {
-    let (id, tgid) = current()?;
+    let (id, tgid) = current_in_scope()?;
     let image = find_proc(tgid)?;
     Some((tgid, image, in_call(id)))
 }

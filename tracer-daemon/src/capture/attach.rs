@@ -11,7 +11,7 @@ use aya::programs::{
     UProbe,
     uprobe::{UProbeAttachPoint, UProbeLink, UProbeLinkId, UProbeScope},
 };
-use tracer_common::MAP_SWITCHES;
+use tracer_common::{MAP_SCOPE_TGIDS, MAP_SWITCHES};
 
 use super::load::program_mut;
 use super::probes::{AttachedLibrary, Family, ProbePoint};
@@ -253,6 +253,37 @@ impl Capture {
         if let Err(err) = self.switches.set(0, bits, 0) {
             tracing::warn!(map = MAP_SWITCHES, %err, "cannot set the switches");
         }
+    }
+
+    /// Puts `pid` in (`true`) or out of `SCOPE_TGIDS`, the processes
+    /// recorded while the scope filter is on. Putting in a pid that is in,
+    /// or out one that is out, does nothing.
+    pub fn set_in_scope(&mut self, pid: u32, in_scope: bool) {
+        let done = if in_scope {
+            self.scope_tgids.insert(pid, 1, 0)
+        } else {
+            self.scope_tgids.remove(&pid)
+        };
+        let absent = |err: &aya::maps::MapError| match err {
+            aya::maps::MapError::KeyNotFound => true,
+            aya::maps::MapError::SyscallError(err) => {
+                err.io_error.raw_os_error() == Some(libc::ENOENT)
+            }
+            _ => false,
+        };
+        if let Err(err) = done
+            && !absent(&err)
+        {
+            tracing::warn!(map = MAP_SCOPE_TGIDS, pid, %err, "cannot change the scope filter");
+        }
+    }
+
+    /// The pids in `SCOPE_TGIDS` (a process's threads forked in scope
+    /// included), sorted.
+    pub fn in_scope(&self) -> Vec<u32> {
+        let mut pids: Vec<u32> = self.scope_tgids.keys().flatten().collect();
+        pids.sort_unstable();
+        pids
     }
 }
 

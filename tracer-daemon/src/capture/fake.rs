@@ -26,6 +26,7 @@ struct FakeState {
     procs: HashMap<u32, ProcStats>,
     attached: BTreeSet<Option<u32>>,
     switches: u64,
+    in_scope: std::collections::BTreeSet<u32>,
     next_generation: u32,
     unwind: Option<TableStore>,
     tables: FakeTables,
@@ -257,6 +258,17 @@ impl KernelMaps for FakeKernel {
     }
     fn set_switches(&mut self, bits: u64) {
         self.lock().switches = bits;
+    }
+    fn set_in_scope(&mut self, pid: u32, in_scope: bool) {
+        let mut state = self.lock();
+        if in_scope {
+            state.in_scope.insert(pid);
+        } else {
+            state.in_scope.remove(&pid);
+        }
+    }
+    fn in_scope(&self) -> Vec<u32> {
+        self.lock().in_scope.iter().copied().collect()
     }
     fn live_blocks(&self, want: Option<&HashSet<ImageId>>) -> Vec<(AllocKey, AllocInfo)> {
         let mut out: Vec<_> = self

@@ -81,6 +81,13 @@ pub trait KernelMaps: Send {
     /// Sets the programs' runtime switches (`SWITCH_*` of tracer-common).
     fn set_switches(&mut self, bits: u64);
 
+    /// Puts `pid` in or out of the processes recorded while the scope
+    /// filter (`SWITCH_SCOPE_FILTER`) is on (`SCOPE_TGIDS`).
+    fn set_in_scope(&mut self, pid: u32, in_scope: bool);
+
+    /// The pids recorded while the scope filter is on, sorted.
+    fn in_scope(&self) -> Vec<u32>;
+
     /// Every live block of the images `want` (None: of every process).
     fn live_blocks(&self, want: Option<&HashSet<ImageId>>) -> Vec<(AllocKey, AllocInfo)>;
 
@@ -184,6 +191,12 @@ impl KernelMaps for super::Capture {
     }
     fn set_switches(&mut self, bits: u64) {
         self.set_switches(bits);
+    }
+    fn set_in_scope(&mut self, pid: u32, in_scope: bool) {
+        self.set_in_scope(pid, in_scope);
+    }
+    fn in_scope(&self) -> Vec<u32> {
+        self.in_scope()
     }
     fn live_blocks(&self, want: Option<&HashSet<ImageId>>) -> Vec<(AllocKey, AllocInfo)> {
         self.live_blocks(want)

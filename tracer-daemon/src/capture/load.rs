@@ -13,8 +13,8 @@ use tracer_common::{
     GLOBAL_PAGE_SIZE, GLOBAL_PROCESS_MAX_BLOCKS, GLOBAL_PROCESS_MAX_STACKS, GLOBAL_SAMPLE_MEAN,
     GLOBAL_TRACERD_TGID, LIVE_WAYS, MAP_COUNTERS, MAP_EVENTS, MAP_EXP_TABLE, MAP_INFLIGHT,
     MAP_INFLIGHT_SLOTS, MAP_LIVE_ALLOCS, MAP_LIVE_KEYS, MAP_LIVE_VALUES, MAP_PROC_SLOTS, MAP_PROCS,
-    MAP_STACKS, MAP_SWITCHES, MAPPING_TRACEPOINT, MAX_NFRAME, MAX_WALK_FRAMES, MMAP_TRACEPOINTS,
-    STACK_WORDS, TRACEPOINTS,
+    MAP_SCOPE_TGIDS, MAP_STACKS, MAP_SWITCHES, MAPPING_TRACEPOINT, MAX_NFRAME, MAX_WALK_FRAMES,
+    MMAP_TRACEPOINTS, STACK_WORDS, TRACEPOINTS,
     unwind::{MAP_PROC_MAPS, MAP_UNWIND_PAGES, MAP_UNWIND_ROWS},
 };
 
@@ -209,6 +209,7 @@ impl Capture {
             }
         }
         let switches = take_map(&mut ebpf, MAP_SWITCHES)?;
+        let scope_tgids = take_map(&mut ebpf, MAP_SCOPE_TGIDS)?;
         let mut exp_table: aya::maps::Array<MapData, u32> = take_map(&mut ebpf, MAP_EXP_TABLE)?;
         for (i, value) in exponential_table().into_iter().enumerate() {
             exp_table
@@ -277,6 +278,7 @@ impl Capture {
             inflight_slots: inflight_slots_map,
             events_positions,
             switches,
+            scope_tgids,
             events: Some(events),
             libraries,
             targets,

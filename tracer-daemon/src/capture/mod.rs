@@ -213,6 +213,8 @@ pub struct Capture {
     /// itself was taken by the event loop; None if they could not be mapped.
     events_positions: Option<RingPositions>,
     switches: aya::maps::Array<MapData, u64>,
+    /// `SCOPE_TGIDS`: the processes recorded while the scope filter is on.
+    scope_tgids: BpfHashMap<MapData, u32, u32>,
     events: Option<RingBuf<MapData>>,
     libraries: Vec<AttachedLibrary>,
     /// Each probed object with its probe points.

@@ -1,13 +1,23 @@
 //! Scope: which processes are traced. Every process (the default), or only
-//! chosen pids, executables and cgroups. A scoped tracerd registers its
-//! probes with the kernel for the matching processes only (one perf event
-//! per probe and process), so the breakpoints exist only in their memory and
-//! every other process runs at full speed.
+//! chosen pids, executables and cgroups.
 //!
-//! Matching happens when the scope is set (a pass over `/proc`, [`apply`])
-//! and on the exec and fork events the kernel sends while scoped
-//! ([`on_exec_or_fork`]); a process whose pid is gone is detached at the
-//! next sweep ([`prune`]).
+//! - A scope of pids alone registers the probes with the kernel for those
+//!   processes only (one perf event per probe and process), so the
+//!   breakpoints exist only in their memory and every other process runs
+//!   at full speed.
+//! - A scope with executables or cgroups keeps the probes of every
+//!   process (as the default does) and has the kernel record only the
+//!   processes in `SCOPE_TGIDS` (the scope filter): such processes start
+//!   all the time, and one process's own probes take about a second of the
+//!   kernel's time to detach (each perf event waits a grace period under a
+//!   global lock), which a program started every 50 ms would outrun. A
+//!   process enters the filter before it runs (its exec is held,
+//!   `service::exec_hold`), and a child of one in scope at its fork.
+//!
+//! Matching happens when the scope is set (a pass over `/proc`, [`apply`]),
+//! at each exec held, and on the exec and fork events the kernel sends
+//! while scoped ([`on_exec_or_fork`]); a process whose pid is gone is
+//! detached, or taken out of the filter, at the next sweep ([`prune`]).
 use std::{collections::BTreeSet, path::PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -38,6 +48,15 @@ impl Scope {
     /// True when nothing is chosen: every process is traced.
     pub fn is_all(&self) -> bool {
         self.pids.is_empty() && self.exes.is_empty() && self.cgroups.is_empty()
+    }
+
+    /// True when executables or cgroups are chosen: the probes are then
+    /// attached for every process and the kernel records only the
+    /// processes in scope (the scope filter, `SCOPE_TGIDS`), since such
+    /// processes start all the time. A scope of pids alone registers the
+    /// probes for those processes only.
+    pub fn is_filtered(&self) -> bool {
+        !self.exes.is_empty() || !self.cgroups.is_empty()
     }
 
     /// Whether process `pid` matches, read from `/proc/PID/exe` and
@@ -142,7 +161,16 @@ pub fn apply(kernel: &mut dyn KernelMaps, scope: &Scope) -> Result<Vec<u32>, Str
             kernel.detach(Some(key));
         }
         kernel.set_switches(0);
+        for pid in kernel.in_scope() {
+            kernel.set_in_scope(pid, false);
+        }
         return Ok(Vec::new());
+    }
+    if scope.is_filtered() {
+        return apply_filtered(kernel, scope, &previous);
+    }
+    for pid in kernel.in_scope() {
+        kernel.set_in_scope(pid, false);
     }
     // Exec and fork events from here on, so nothing starting meanwhile
     // is missed; then one pass over /proc.
@@ -170,14 +198,61 @@ pub fn apply(kernel: &mut dyn KernelMaps, scope: &Scope) -> Result<Vec<u32>, Str
     Ok(attached)
 }
 
-/// An exec or fork seen while scoped: attach `pid` if it now matches,
-/// detach it if it no longer does (it exec'd something else). A forked
-/// thread (not a process) and tracerd itself are left alone.
+/// [`apply`] for a scope of executables or cgroups: the filter on, the
+/// matching processes in `SCOPE_TGIDS` and no others, the probes attached
+/// for every process (and no more per process). Returns the processes in
+/// scope.
+fn apply_filtered(
+    kernel: &mut dyn KernelMaps,
+    scope: &Scope,
+    previous: &[Option<u32>],
+) -> Result<Vec<u32>, String> {
+    // The filter first: from here on only the processes in the map are
+    // recorded, and every exec and fork is reported.
+    kernel.set_switches(tracer_common::SWITCH_SCOPED | tracer_common::SWITCH_SCOPE_FILTER);
+    let own = std::process::id();
+    let matching: Vec<u32> = procfs::all_pids()
+        .into_iter()
+        .filter(|&pid| pid != own && scope.matches(pid))
+        .collect();
+    for pid in kernel.in_scope() {
+        if !matching.contains(&pid) {
+            kernel.set_in_scope(pid, false);
+        }
+    }
+    for &pid in &matching {
+        kernel.set_in_scope(pid, true);
+    }
+    kernel.attach(None).map_err(|e| e.to_string())?;
+    for key in previous.iter().flatten() {
+        kernel.detach(Some(*key));
+    }
+    tracing::info!(
+        processes = matching.len(),
+        "tracing scoped: filtered in the kernel"
+    );
+    Ok(matching)
+}
+
+/// An exec or fork seen while scoped: attach `pid` (or put it in the scope
+/// filter) if it now matches, detach it (take it out) if it no longer does
+/// (it exec'd something else). A forked thread (not a process) and
+/// tracerd itself are left alone.
 pub fn on_exec_or_fork(kernel: &mut dyn KernelMaps, scope: &Scope, pid: u32, is_fork: bool) {
     if scope.is_all() || pid == std::process::id() {
         return;
     }
     if is_fork && !procfs::is_process(pid) {
+        return;
+    }
+    if scope.is_filtered() {
+        // A fork's event can come after the child's exec was held and put
+        // in: /proc may still show the parent's program then. Only an
+        // exec takes a process out.
+        let matches = scope.matches(pid);
+        if matches || !is_fork {
+            kernel.set_in_scope(pid, matches);
+        }
         return;
     }
     if scope.matches(pid) {
@@ -189,11 +264,17 @@ pub fn on_exec_or_fork(kernel: &mut dyn KernelMaps, scope: &Scope, pid: u32, is_
     }
 }
 
-/// Detaches the probes of processes that are gone.
+/// Detaches the probes of processes that are gone, and takes them out of
+/// the scope filter.
 pub fn prune(kernel: &mut dyn KernelMaps) {
     for pid in kernel.attached().into_iter().flatten() {
         if !procfs::exists(pid) {
             kernel.detach(Some(pid));
+        }
+    }
+    for pid in kernel.in_scope() {
+        if !procfs::exists(pid) {
+            kernel.set_in_scope(pid, false);
         }
     }
 }

@@ -10,8 +10,10 @@
 //! for a dynamic program, the objects its loader will map at start
 //! (`sys::ldso`, resolved in the process's root, so a container's own
 //! glibc is found), and probes each that defines an allocator. In a scoped
-//! tracerd, a process that matches is attached before it runs (its perf
-//! events follow it through the exec). The hold answers within
+//! tracerd, a process that matches is put in the kernel's scope filter
+//! (a scope of executables or cgroups), or attached (a scope of pids: its
+//! perf events follow it through the exec), before it runs; one that
+//! execs out of a filtered scope is taken out. The hold answers within
 //! [`HOLD_LIMIT`] whatever happens: work still running then goes on
 //! without the process, as it did without the hold.
 use std::collections::HashMap;
@@ -62,16 +64,39 @@ impl Service {
             return;
         }
         let scope = self.state.locks().scope().scope.clone();
-        if !scope.matches_exec(pid, key) {
+        // A program's interpreter (a shared object) says nothing of the
+        // scope: its program's open, just before, decided.
+        let matches = scope.matches_exec(pid, key);
+        let in_scope = if !scope.is_filtered() {
+            matches
+        } else if ldso::is_shared_object(file) {
+            self.filter_has(pid)
+        } else {
+            let mut held = self.state.locks().kernel();
+            held.kernel.set_in_scope(pid, matches);
+            matches
+        };
+        if !in_scope {
             return;
         }
         self.probe_before_exec(pid, file, key);
-        if !scope.is_all() {
+        if !scope.is_all() && !scope.is_filtered() {
             let mut held = self.state.locks().kernel();
             if let Err(err) = held.kernel.attach(Some(pid)) {
                 tracing::debug!(pid, %err, "could not attach to a process in scope at its exec");
             }
         }
+    }
+
+    /// Whether `pid` is in the kernel's scope filter now.
+    fn filter_has(&self, pid: u32) -> bool {
+        self.state
+            .locks()
+            .kernel()
+            .kernel
+            .in_scope()
+            .binary_search(&pid)
+            .is_ok()
     }
 
     /// Probes the allocators among `file` (object `key`) and the objects
@@ -94,12 +119,15 @@ impl Service {
         let root = ldso::Root::of_pid(pid).ok();
         let own_path = fd_path(file);
         let in_root = own_path.as_deref().and_then(|path| path_in_root(pid, path));
+        // Each object is named as /proc/PID/maps names it to tracerd: the
+        // kernel's path of the open file, from tracerd's root.
         let mut objects: Vec<(PathBuf, FileKey, Option<File>)> =
-            vec![(in_root.clone().or(own_path).unwrap_or_default(), key, None)];
+            vec![(own_path.unwrap_or_default(), key, None)];
         if let Some(root) = &root {
             for needed in ldso::needed_objects(root, file, in_root.as_deref(), MAX_NEEDED) {
                 if let Some(k) = FileKey::of_file(&needed.file) {
-                    objects.push((needed.path, k, Some(needed.file)));
+                    let path = fd_path(&needed.file).unwrap_or(needed.path);
+                    objects.push((path, k, Some(needed.file)));
                 }
             }
         }

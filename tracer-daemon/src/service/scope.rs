@@ -12,8 +12,15 @@ pub struct ScopeView {
     pub scope: Scope,
     /// True when the probes are attached for every process.
     pub all_processes: bool,
-    /// Processes with probes of their own.
+    /// Processes with probes of their own (a scope of pids alone).
     pub attached_pids: Vec<u32>,
+    /// True when the kernel records only the processes in scope, the
+    /// probes attached for every process (a scope with executables or
+    /// cgroups).
+    pub filtered: bool,
+    /// The processes the kernel records while `filtered` (`SCOPE_TGIDS`:
+    /// with the threads forked in scope that live).
+    pub filter_pids: Vec<u32>,
 }
 
 impl Service {
@@ -21,10 +28,17 @@ impl Service {
     pub fn scope(&self) -> ScopeView {
         let held = self.state.locks().kernel().scope();
         let attached = held.kernel.attached();
+        let filtered = held.scope.is_filtered();
         ScopeView {
             scope: held.scope.clone(),
-            all_processes: attached.contains(&None),
+            all_processes: attached.contains(&None) && !filtered,
             attached_pids: attached.into_iter().flatten().collect(),
+            filtered,
+            filter_pids: if filtered {
+                held.kernel.in_scope()
+            } else {
+                Vec::new()
+            },
         }
     }
 

@@ -154,6 +154,17 @@ struct Dynamic {
     rpath: Option<Vec<u8>>,
     runpath: Option<Vec<u8>>,
     interp: Option<Vec<u8>>,
+    /// `DT_SONAME` is present: a shared object (a dynamic loader opened
+    /// for exec is one), not a program.
+    has_soname: bool,
+}
+
+/// Whether `file` is an ELF shared object with a `DT_SONAME`: what the
+/// kernel opens for exec as a program's interpreter (glibc's `ld.so`,
+/// musl's `libc.so`), as opposed to a program (a position-independent
+/// program has no soname). False for what cannot be read.
+pub fn is_shared_object(file: &File) -> bool {
+    read_elf(file).is_some_and(|elf| elf.has_soname)
 }
 
 /// The shared objects a dynamic executable `exe` (an open file) needs at
@@ -458,6 +469,7 @@ fn parse_elf<'data, H: FileHeader<Endian = Endianness>, R: ReadRef<'data>>(
             Some(elf::DT_NEEDED) if out.needed.len() < MAX_NAMES => out.needed.push(value.to_vec()),
             Some(elf::DT_RPATH) => out.rpath = Some(value.to_vec()),
             Some(elf::DT_RUNPATH) => out.runpath = Some(value.to_vec()),
+            Some(elf::DT_SONAME) => out.has_soname = true,
             _ => {}
         }
     }
@@ -578,6 +590,15 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         dir
+    }
+
+    #[test]
+    fn loaders_are_shared_objects_and_programs_are_not() {
+        assert!(is_shared_object(
+            &File::open("/lib64/ld-linux-x86-64.so.2").unwrap()
+        ));
+        assert!(!is_shared_object(&File::open("/bin/ls").unwrap()));
+        assert!(!is_shared_object(&File::open("/etc/passwd").unwrap()));
     }
 
     #[test]

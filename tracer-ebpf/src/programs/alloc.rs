@@ -9,7 +9,7 @@ use aya_ebpf::{
 
 use crate::{
     calls::{self, alloc_entry, mul, page_round, realloc_entry},
-    globals::{current, page_size},
+    globals::{current_in_scope, page_size},
 };
 
 /// Argument `n` of the probed call (0 if it cannot be read).
@@ -68,7 +68,9 @@ pub fn pvalloc_enter(ctx: ProbeContext) -> u32 {
 
 #[uprobe]
 pub fn free_enter(ctx: ProbeContext) -> u32 {
-    let Some((_, tgid)) = current() else { return 0 };
+    let Some((_, tgid)) = current_in_scope() else {
+        return 0;
+    };
     calls::free(tgid, arg(&ctx, 0))
 }
 

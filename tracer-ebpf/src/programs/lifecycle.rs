@@ -8,8 +8,9 @@ use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
 use tracer_common::{ProcEventKind, ProcStats};
 
 use crate::{
-    globals::{current, scoped},
+    globals::{current, current_in_scope, filtered, scoped},
     inflight::forget_thread,
+    maps::SCOPE_TGIDS,
     procs::{end_generation, find_proc, send_event},
 };
 
@@ -31,9 +32,15 @@ pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
     }
     // SAFETY: the offset is within the record (see its format file).
     let child: i32 = unsafe { ctx.read_at(FORK_CHILD_PID_OFFSET) }.unwrap_or(0);
-    if child > 0 {
-        send_event(ProcEventKind::Fork, child as u32, 0, &ProcStats::default());
+    if child <= 0 {
+        return 0;
     }
+    // A child of a process in scope is in scope from its first
+    // instruction (a thread's id too: the exit tracepoint removes it).
+    if filtered() && current_in_scope().is_some() {
+        let _ = SCOPE_TGIDS.insert(&(child as u32), &1, 0);
+    }
+    send_event(ProcEventKind::Fork, child as u32, 0, &ProcStats::default());
     0
 }
 
@@ -48,10 +55,17 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
     };
     // A thread that dies inside a probed call leaves its state behind.
     forget_thread(id);
+    if filtered() && id as u32 != tgid {
+        // A thread's id, added at its fork; the process's goes at its end.
+        let _ = SCOPE_TGIDS.remove(&(id as u32));
+    }
     // SAFETY: the offset is within the record (see the format file).
     let group_dead: u8 = unsafe { ctx.read_at(EXIT_GROUP_DEAD_OFFSET) }.unwrap_or(0);
     if group_dead != 0 {
         end_generation(ProcEventKind::Exit, tgid);
+        if filtered() {
+            let _ = SCOPE_TGIDS.remove(&tgid);
+        }
     }
     0
 }

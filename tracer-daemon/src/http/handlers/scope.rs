@@ -7,7 +7,6 @@ use axum::{
     extract::{RawQuery, State},
     response::{IntoResponse, Response},
 };
-use serde_json::json;
 
 use crate::http::params::parse_scope;
 use crate::http::{ApiError, blocking};
@@ -25,6 +24,10 @@ pub async fn put_scope(
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     let scope = parse_scope(query.as_deref())?;
-    let pids = blocking(move || service.set_scope(scope)).await?;
-    Ok(Json(json!({"attached_pids": pids, "all_processes": pids.is_empty()})).into_response())
+    let view = blocking(move || {
+        service.set_scope(scope)?;
+        Ok::<_, ApiError>(service.scope())
+    })
+    .await?;
+    Ok(Json(view).into_response())
 }
