@@ -2,9 +2,11 @@
 //! `debootstrap --variant=minbase`, run by Debian's podman with runc, with
 //! no network. The C fixture built on the host is the container's `/prog`
 //! and runs on the container's own glibc (its root's file, another inode
-//! than the host's), which tracerd, started with no flag, finds in the
-//! process and probes; every block is then at its line with its exact
-//! size, and `GET /pid/{pid}` shows the process's pid inside the container,
+//! than the host's), which tracerd, started with no flag, finds while it
+//! holds runc's exec of `/prog` (in the container's root, through the
+//! program's `DT_NEEDED` and the root's `ld.so.cache`) and probes before
+//! `/prog` runs; every block, from its first, is then at its line with its
+//! exact size, and `GET /pid/{pid}` shows the process's pid inside the container,
 //! its cgroup and the container's id.
 //!
 //! The root is made once and kept in this test binary's scratch directory
@@ -22,7 +24,7 @@ use std::{
 use serde_json::Value;
 
 use super::allocators::{C_API, by_source, expect};
-use crate::suite::support::{Fixture, Program, Tracerd, cgroup_v2, output_ok, poll};
+use crate::suite::support::{Fixture, Program, Tracerd, cgroup_v2, output_ok};
 
 /// The suite, the variant and the mirror of the container's root.
 const SUITE: &str = "bookworm";
@@ -223,36 +225,50 @@ fn a_podman_container_on_its_own_glibc_is_traced_exactly_with_its_pid_cgroup_and
     assert_ne!(inode, on_host.ino());
     // tracerd finds it in the process and probes it (the host's glibc was
     // probed from the start: it lists that one as found in no process).
-    let (path, family) = poll(Duration::from_secs(10), Duration::from_millis(10), || {
-        found_in(&tracerd, pid).ok_or_else(|| format!("nothing probed in {pid}"))
-    });
+    // It was probed while runc's exec of /prog was held, before /prog ran:
+    // listed already when /prog says "ready".
+    let (path, family) = found_in(&tracerd, pid).expect("the container's glibc probed");
     assert_eq!((path.as_str(), family.as_str()), (CONTAINER_LIBC, "glibc"));
+    // So its first allocation, before "ready", is traced.
+    tracerd.wait_traced(pid);
+    let first = tracerd.get_ok(&format!("/pid/{pid}/statistics?group_by=lineno&limit=0"));
+    expect(
+        &prog,
+        &first["statistics"],
+        "in a podman container, at its start",
+        &[("LIB_FIRST", 1, 10)],
+    );
     fx.step("done");
     tracerd.wait_traced(pid);
     let stats = tracerd.get_ok(&format!("/pid/{pid}/statistics?group_by=lineno&limit=0"));
     let stats = &stats["statistics"];
     expect(&prog, stats, "in a podman container", C_API);
-    // And nothing else: the C API's blocks are all the process holds, all
-    // from the container's glibc. (Its first malloc and stdio's buffers,
-    // before "ready", came before tracerd probed that glibc, shortly after
-    // the exec: they are not seen.)
+    // And nothing else: the C API's blocks, the first malloc and stdio's
+    // two buffers (stdout's at "ready", stdin's at the first line read:
+    // 4096 bytes each, the pipes' block size) are all the process holds,
+    // all from the container's glibc.
     let process = tracerd.get_ok(&format!("/pid/{pid}"));
     let held = |field: &str| process[field].as_i64().expect("a number");
     // The sites of C_API: 50 + 50 + 40 + 30 + 20 blocks of 50000 + 15000 +
-    // 200000 + 19200 + 51200 bytes.
+    // 200000 + 19200 + 51200 bytes; and 10 + 4096 + 4096 bytes at start.
+    let start = (3, 10 + 2 * 4096);
     assert_eq!(
         (held("blocks"), held("current")),
-        (190, 335_400),
+        (190 + start.0, 335_400 + start.1),
         "{process}"
     );
     // Reached before the frees: the 50 freed blocks of 1000 bytes held too.
-    assert_eq!(held("peak"), 385_400, "{process}");
-    // 100 + 50 + 40 mallocs, 40 reallocs, 30 + 20 aligned; 50 frees, and
-    // the 40 blocks the reallocs moved.
-    assert_eq!((held("allocs"), held("frees")), (280, 90), "{process}");
+    assert_eq!(held("peak"), 385_400 + start.1, "{process}");
+    // 100 + 50 + 40 mallocs, 40 reallocs, 30 + 20 aligned, 3 at start; 50
+    // frees, and the 40 blocks the reallocs moved.
+    assert_eq!(
+        (held("allocs"), held("frees")),
+        (280 + start.0, 90),
+        "{process}"
+    );
     assert_eq!(
         by_source(&tracerd, pid),
-        [("glibc".to_string(), 335_400, 385_400)]
+        [("glibc".to_string(), 335_400 + start.1, 385_400 + start.1)]
     );
     // Its pid in the container is 1, its cgroup the one podman made for
     // it, whose path holds its id.

@@ -14,8 +14,13 @@ use serde_json::Value;
 use super::allocators::{expect, family_of};
 use crate::suite::support::{Program, TempDir, Tracerd, poll};
 
-/// The sites of `fixtures/starts.c`: every block it allocates, kept.
-const STARTS: &[(&str, i64, i64)] = &[("STARTS_CTOR", 3, 300), ("STARTS_MAIN", 5, 1000)];
+/// The sites of `fixtures/starts.c` at its end: the blocks it keeps (the
+/// one it frees is gone).
+const STARTS: &[(&str, i64, i64)] = &[
+    ("STARTS_CTOR", 3, 300),
+    ("STARTS_MAIN", 5, 1000),
+    ("STARTS_FREED", 0, 0),
+];
 
 /// Runs `exe` to its end (about 50 ms) and returns its pid.
 fn run(exe: &Path) -> u32 {
@@ -51,16 +56,33 @@ fn a_scoped_program_started_100_times_is_traced_from_its_first_allocation_every_
     std::os::unix::fs::symlink(dir, links.path().join("bin")).expect("symlink");
     let named = links.path().join("bin").join("starts");
     let tracerd = Tracerd::start(&["--scope-exe", named.to_str().expect("utf-8")]);
+    let scope = tracerd.get_ok("/scope");
+    assert_eq!(scope["filtered"], true, "{scope}");
+    assert_eq!(scope["all_processes"], false, "{scope}");
+    let allocs = tracerd.counter("allocs");
     let pids: Vec<u32> = (0..100).map(|_| run(&prog.exe)).collect();
+    // Another program, out of scope, allocates 1000 blocks meanwhile:
+    // none is recorded.
+    let other = Program::build("exits", &[]);
+    let mut out = Command::new(&other.exe).arg("1000").spawn().expect("spawn");
+    let out_pid = out.id();
+    assert!(out.wait().expect("wait").success());
     let mut totals = BTreeSet::new();
-    for pid in pids {
+    for &pid in &pids {
         let (stats, process) = ended(&tracerd, pid);
         expect(&prog, &stats, &format!("run of pid {pid}"), STARTS);
         totals.insert((process["allocs"].as_u64(), process["frees"].as_u64()));
     }
     // The C library's own allocations at start come first: every run
-    // counts the same.
+    // counts the same, and nothing else was recorded on the host.
     assert_eq!(totals.len(), 1, "the runs' allocs and frees: {totals:?}");
+    let per_run = totals
+        .first()
+        .and_then(|(allocs, _)| *allocs)
+        .expect("allocs");
+    assert_eq!(tracerd.counter("allocs") - allocs, 100 * per_run);
+    let (status, body) = tracerd.get(&format!("/pid/{out_pid}"));
+    assert_eq!(status, 404, "{body}");
 }
 
 #[test]
