@@ -230,6 +230,7 @@ impl ExecHolds {
             .name("exec-hold".into())
             .spawn({
                 let watch = watch.clone();
+                let service = service.clone();
                 move || {
                     for held in work {
                         if !held.answered() {
@@ -243,7 +244,7 @@ impl ExecHolds {
             .name("exec-watch".into())
             .spawn({
                 let stop = stop.clone();
-                move || read_holds(&watch, &jobs, &stop)
+                move || read_holds(&service, &watch, &jobs, &stop)
             })?;
         Ok(Self {
             stop,
@@ -261,10 +262,17 @@ impl ExecHolds {
     }
 }
 
-/// Reads held execs and hands each to the worker through `jobs`, letting
-/// it go at its `HOLD_LIMIT` if the worker has not; marks the filesystems
-/// of new mounts. Returns once `stop` is set, every exec let go.
+/// Most files whose execs are no longer held at once (ignore marks, each
+/// pinning an inode in the kernel's cache): past it, all are held again.
+const MAX_IGNORED: usize = 16_384;
+
+/// Reads held execs and lets those that need nothing go at once
+/// ([`Service::exec_needs_nothing`]: a program run before), and holds
+/// them no more until [`Service::holds_epoch`] changes; hands each
+/// other to the worker through `jobs`, letting it go at its `HOLD_LIMIT`
+/// if the worker has not; marks the filesystems of new mounts. Returns once `stop` is set, every exec let go.
 fn read_holds(
+    service: &Service,
     watch: &crate::sys::fanotify::ExecWatch,
     jobs: &std::sync::mpsc::Sender<Arc<crate::sys::fanotify::HeldExec>>,
     stop: &std::sync::atomic::AtomicBool,
@@ -272,9 +280,16 @@ fn read_holds(
     use crate::service::exec_hold::HOLD_LIMIT;
     use std::time::Instant;
     let own = std::process::id();
+    // Files no longer held (they need nothing of tracerd), and the epoch
+    // they were found in.
+    let (mut ignored, mut epoch) = (0usize, service.holds_epoch());
     let mut pending: std::collections::VecDeque<(Instant, Arc<crate::sys::fanotify::HeldExec>)> =
         std::collections::VecDeque::new();
     while !stop.load(std::sync::atomic::Ordering::Acquire) {
+        if service.holds_epoch() != epoch || ignored >= MAX_IGNORED {
+            watch.hold_all_again();
+            (ignored, epoch) = (0, service.holds_epoch());
+        }
         let now = Instant::now();
         while let Some((deadline, held)) = pending.front() {
             if held.answered() {
@@ -331,7 +346,20 @@ fn read_holds(
             }
         };
         for exec in held {
+            let known = || {
+                crate::sys::procfs::FileKey::of_file(&exec.file)
+                    .is_some_and(|key| service.exec_needs_nothing(key))
+            };
             if exec.pid == own {
+                watch.allow(&exec);
+                continue;
+            }
+            if known() {
+                // Not held again until the scope or the objects probed
+                // change, or the file is written.
+                if watch.stop_holding(&exec) {
+                    ignored += 1;
+                }
                 watch.allow(&exec);
                 continue;
             }

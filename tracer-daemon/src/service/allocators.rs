@@ -178,6 +178,8 @@ impl Service {
         if unused.is_empty() {
             return 0;
         }
+        self.holds_epoch
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         let mut held = self.state.locks().kernel();
         for key in &unused {
             if held.kernel.remove_library(*key) {

@@ -38,9 +38,9 @@ const MAX_NEEDED: usize = 128;
 /// Most programs whose objects are remembered ([`ExecObjects`]).
 const MAX_PROGRAMS: usize = 4096;
 
-/// The objects each program examined at a hold needs at start, by the
-/// program's (device, inode): a program run again finds them all known
-/// and costs a lookup.
+/// The objects each program examined at a hold runs on at start (itself
+/// included; none for a script), by the program's (device, inode): a
+/// program run again finds them all known and costs a lookup.
 #[derive(Debug, Default)]
 pub(super) struct ExecObjects {
     needs: HashMap<FileKey, Vec<FileKey>>,
@@ -61,6 +61,7 @@ impl Service {
         };
         // A script's own open is not its image: its interpreter's is.
         if is_script(file) {
+            self.remember(key, Vec::new());
             return;
         }
         let scope = self.state.locks().scope().scope.clone();
@@ -88,6 +89,47 @@ impl Service {
         }
     }
 
+    /// Whether an exec of object `key` needs nothing of tracerd, decided
+    /// without waiting for any lock (a lock held elsewhere: false): every
+    /// process is in scope, and the object and everything it needs at
+    /// start were examined at an earlier exec. The exec can go at once,
+    /// without a trip to the worker thread.
+    pub fn exec_needs_nothing(&self, key: FileKey) -> bool {
+        if !self.scope_is_all.load(std::sync::atomic::Ordering::Acquire) {
+            return false;
+        }
+        let Some(allocators) = &self.allocators else {
+            return true;
+        };
+        let Ok(memo) = self.exec_objects.try_lock() else {
+            return false;
+        };
+        let Some(needs) = memo.needs.get(&key) else {
+            return false;
+        };
+        let Ok(known) = allocators.try_lock() else {
+            return false;
+        };
+        needs.iter().all(|k| known.knows(*k))
+    }
+
+    /// Raised when the scope changes or an object stops being probed: a
+    /// program let go at once before ([`Service::exec_needs_nothing`]) may
+    /// need tracerd again.
+    pub fn holds_epoch(&self) -> u64 {
+        self.holds_epoch.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Remembers what the program `key` runs at start: `objects`, itself
+    /// included (none for a script, whose interpreter's open decides).
+    fn remember(&self, key: FileKey, objects: Vec<FileKey>) {
+        let mut memo = lock(&self.exec_objects);
+        if memo.needs.len() >= MAX_PROGRAMS {
+            memo.needs.clear();
+        }
+        memo.needs.insert(key, objects);
+    }
+
     /// Whether `pid` is in the kernel's scope filter now.
     fn filter_has(&self, pid: u32) -> bool {
         self.state
@@ -110,10 +152,7 @@ impl Service {
             keys.iter().all(|k| held.knows(*k))
         };
         let remembered = lock(&self.exec_objects).needs.get(&key).cloned();
-        if let Some(needs) = remembered
-            && known(&needs)
-            && known(&[key])
-        {
+        if remembered.is_some_and(|needs| known(&needs)) {
             return;
         }
         let root = ldso::Root::of_pid(pid).ok();
@@ -131,14 +170,7 @@ impl Service {
                 }
             }
         }
-        let keys: Vec<FileKey> = objects.iter().skip(1).map(|o| o.1).collect();
-        {
-            let mut memo = lock(&self.exec_objects);
-            if memo.needs.len() >= MAX_PROGRAMS {
-                memo.needs.clear();
-            }
-            memo.needs.insert(key, keys);
-        }
+        self.remember(key, objects.iter().map(|o| o.1).collect());
         for (path, object_key, opened) in objects {
             if self.stopping() {
                 return;

@@ -95,6 +95,13 @@ pub struct Service {
     /// The objects each program held at its exec needs at start
     /// ([`Service::exec_held`]).
     exec_objects: std::sync::Mutex<exec_hold::ExecObjects>,
+    /// Whether the scope in force is every process (read by the exec
+    /// holds' fast path without the scope's lock).
+    scope_is_all: std::sync::atomic::AtomicBool,
+    /// Raised when what an exec needs of tracerd may have changed (the
+    /// scope, an object no longer probed): the exec holds hold every
+    /// program again ([`Service::holds_epoch`]).
+    holds_epoch: std::sync::atomic::AtomicU64,
     /// Set once tracerd is stopping ([`Service::begin_stop`]): the long
     /// background passes end at their next item, so that nothing holds
     /// the service (and its probes) for long.
@@ -136,6 +143,8 @@ impl Service {
             discover_queue: std::sync::Mutex::default(),
             discover_again: std::sync::Mutex::default(),
             exec_objects: std::sync::Mutex::default(),
+            scope_is_all: std::sync::atomic::AtomicBool::new(true),
+            holds_epoch: std::sync::atomic::AtomicU64::new(0),
             drops_logged: std::sync::Mutex::default(),
             stopping: std::sync::atomic::AtomicBool::new(false),
             probe_installed: false,

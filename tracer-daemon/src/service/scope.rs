@@ -53,6 +53,10 @@ impl Service {
         let mut held = self.state.locks().kernel().scope();
         let attached = scope::apply(&mut **held.kernel, &new)
             .map_err(|reason| ServiceError::Scope { reason })?;
+        self.scope_is_all
+            .store(new.is_all(), std::sync::atomic::Ordering::Release);
+        self.holds_epoch
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         *held.scope = new;
         Ok(attached)
     }

@@ -210,6 +210,48 @@ impl ExecWatch {
         }
     }
 
+    /// Stops holding the execs of `exec`'s file (an ignore mark on its
+    /// inode, cleared by the kernel when the file is written, and by
+    /// [`ExecWatch::hold_all_again`]): a program that needs nothing of
+    /// tracerd is not held again. Returns false when the kernel refused.
+    pub fn stop_holding(&self, exec: &HeldExec) -> bool {
+        let Ok(path) = std::ffi::CString::new(format!("/proc/self/fd/{}", exec.file.as_raw_fd()))
+        else {
+            return false;
+        };
+        // SAFETY: the descriptor is this group's, the path a NUL-terminated
+        // string that lives through the call.
+        let rc = unsafe {
+            libc::fanotify_mark(
+                self.fd.as_raw_fd(),
+                libc::FAN_MARK_ADD | libc::FAN_MARK_IGNORED_MASK,
+                libc::FAN_OPEN_EXEC_PERM,
+                libc::AT_FDCWD,
+                path.as_ptr(),
+            )
+        };
+        rc == 0
+    }
+
+    /// Holds the execs of every file again ([`ExecWatch::stop_holding`]
+    /// undone: every inode mark flushed; the filesystems' marks stay).
+    pub fn hold_all_again(&self) {
+        // SAFETY: the descriptor is this group's; FAN_MARK_FLUSH takes no
+        // path.
+        let rc = unsafe {
+            libc::fanotify_mark(
+                self.fd.as_raw_fd(),
+                libc::FAN_MARK_FLUSH,
+                0,
+                libc::AT_FDCWD,
+                std::ptr::null(),
+            )
+        };
+        if rc < 0 {
+            tracing::debug!(err = %io::Error::last_os_error(), "cannot flush the exec holds' ignore marks");
+        }
+    }
+
     /// Lets `exec` go on (`FAN_ALLOW`), once: a second call does nothing.
     pub fn allow(&self, exec: &HeldExec) {
         if exec.answered.swap(true, Ordering::AcqRel) {
