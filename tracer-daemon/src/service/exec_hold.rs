@@ -49,9 +49,11 @@ pub(super) struct ExecObjects {
 impl Service {
     /// Process `pid` is held opening `file` for exec (its program, or its
     /// interpreter): probes the allocators the new image will run on that
-    /// tracerd does not probe yet and, when tracerd is scoped and the
-    /// process matches, attaches its probes for it. Nothing for tracerd
-    /// itself, a process out of scope, or once stopping.
+    /// tracerd does not probe yet and, when tracerd is scoped, puts the
+    /// process in the kernel's scope filter or takes it out (executables,
+    /// cgroups: decided at the program's open), or attaches its probes
+    /// (pids). Nothing for tracerd itself, a process out of scope, or once
+    /// stopping.
     pub fn exec_held(&self, pid: u32, file: &File) {
         if pid == std::process::id() || self.stopping() {
             return;
