@@ -1,6 +1,8 @@
 //! Facts of the operating system, no policy: readers of `/proc`
 //! ([`procfs`]), the executable files a process maps, held open
-//! ([`modules`]), raw `bpf(2)` map calls ([`bpf`]), atomic file writes
+//! ([`modules`]), raw `bpf(2)` map calls ([`bpf`]), execs held until
+//! tracerd answers ([`fanotify`]), the user on the other end of a local
+//! connection ([`peer`]), atomic file writes
 //! ([`fsync`]) and the shared objects the dynamic loader of a process's
 //! root would load for an executable ([`ldso`]). One implementation of
 //! each, for every later stage.
@@ -9,6 +11,7 @@ pub mod fanotify;
 pub mod fsync;
 pub mod ldso;
 pub mod modules;
+pub mod peer;
 pub mod procfs;
 
 /// Milliseconds since the Unix epoch of a wall-clock time (0 before it).

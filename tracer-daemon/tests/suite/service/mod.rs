@@ -7,6 +7,7 @@
 
 mod config;
 mod lifecycle;
+mod peers;
 mod security;
 mod systemd;
 
