@@ -141,11 +141,16 @@ pub async fn run(config: Config) -> Result<(), AppError> {
         request_timeout: Duration::from_secs(config.request_timeout_secs),
         max_expensive_requests: config.max_expensive_requests as usize,
     };
+    let operators = Arc::new(http::Operators::named(&config.operators_group));
+    if operators.gid.is_none() {
+        tracing::info!(group = %config.operators_group, "no such group: only root and token holders may change tracing");
+    }
     let tcp_app = http::app(
         http::api_router(service.clone()),
         metrics.clone(),
         &limits,
         token,
+        operators.clone(),
     );
     // The socket's mode (0660) is its access control: no token there.
     let unix = unix.map(|listener| {
@@ -156,6 +161,7 @@ pub async fn run(config: Config) -> Result<(), AppError> {
                 metrics.clone(),
                 &limits,
                 None,
+                operators.clone(),
             ),
         )
     });

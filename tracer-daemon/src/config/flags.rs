@@ -156,6 +156,9 @@ pub struct Flags {
     /// Hold each exec in scope until its allocators are probed (at most 500 ms): programs are traced from their first allocation.
     #[arg(long, env = "TRACERD_HOLD_EXEC")]
     pub hold_exec: Option<bool>,
+    /// Members of this group may change tracing, like root and token holders (others get 403).
+    #[arg(long, env = "TRACERD_OPERATORS_GROUP")]
+    pub operators_group: Option<String>,
     /// Log filter (tracing's EnvFilter syntax), e.g. info or tracer_daemon=debug.
     #[arg(long, env = "TRACERD_LOG")]
     pub log: Option<String>,

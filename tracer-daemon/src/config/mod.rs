@@ -208,6 +208,12 @@ pub struct Config {
     /// CAP_SYS_ADMIN; off, a program whose allocator is new to tracerd is
     /// traced from a moment after its start.
     pub hold_exec: bool,
+    /// The operators' group: besides root and holders of the token, its
+    /// members may change tracing (start, stop, clear, the scope, stored
+    /// snapshots, loaded files); everyone else's requests that change
+    /// anything get 403. The peer's user comes from the kernel
+    /// (`SO_PEERCRED`, inet_diag for loopback TCP).
+    pub operators_group: String,
     /// Log filter (tracing's EnvFilter syntax), e.g. `info` or `tracer_daemon=debug`.
     pub log: String,
     /// `/metrics`: processes labelled by pid and comm, the largest by
@@ -269,6 +275,7 @@ impl Default for Config {
             probe_installed_allocators: false,
             trace_mmap: true,
             hold_exec: true,
+            operators_group: "tracer".to_string(),
             log: "info".to_string(),
             metrics_top_processes: 20,
             metrics_call_sites: 0,

@@ -23,7 +23,7 @@ pub mod render;
 pub mod routes;
 pub mod server;
 
-pub use auth::Token;
+pub use auth::{Caller, Operators, Token};
 pub use error::ApiError;
 pub use limits::Limits;
 pub use routes::api_router;

@@ -16,7 +16,7 @@ use tokio::{
 };
 use tower_http::{limit::RequestBodyLimitLayer, timeout::TimeoutLayer};
 
-use super::auth::{Token, authenticate};
+use super::auth::{Caller, Operators, Token, authenticate, authorize};
 use super::handlers::metrics::{scrape, track_requests};
 use super::limits::{Limits, limit_expensive, validate_request};
 use super::routes::METRICS_PATH;
@@ -54,8 +54,15 @@ pub enum ServerError {
 
 /// The whole HTTP surface: `api` (the API's routes) and `/metrics`, wrapped
 /// in request counting, path validation, authentication (when `token` is
-/// given), the body limit, the timeout and the concurrency limit.
-pub fn app(api: Router, metrics: Arc<Metrics>, limits: &Limits, token: Option<Token>) -> Router {
+/// given), the operators' rule for changes (`operators`), the body limit,
+/// the timeout and the concurrency limit.
+pub fn app(
+    api: Router,
+    metrics: Arc<Metrics>,
+    limits: &Limits,
+    token: Option<Token>,
+    operators: Arc<Operators>,
+) -> Router {
     let permits = Arc::new(Semaphore::new(limits.max_expensive_requests));
     let mut router = api
         .merge(
@@ -69,7 +76,8 @@ pub fn app(api: Router, metrics: Arc<Metrics>, limits: &Limits, token: Option<To
             limits.request_timeout,
         ))
         .layer(DefaultBodyLimit::max(limits.body_limit_bytes))
-        .layer(RequestBodyLimitLayer::new(limits.body_limit_bytes));
+        .layer(RequestBodyLimitLayer::new(limits.body_limit_bytes))
+        .layer(middleware::from_fn_with_state(operators, authorize));
     if let Some(token) = token {
         router = router.layer(middleware::from_fn_with_state(token, authenticate));
     }
@@ -131,14 +139,22 @@ pub async fn serve(
     };
     let mut tasks = tokio::task::JoinSet::new();
     let (listener, app) = tcp;
-    let tcp_server = axum::serve(listener, app).with_graceful_shutdown(wait(stopped.clone()));
+    let tcp_server = axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<Caller>(),
+    )
+    .with_graceful_shutdown(wait(stopped.clone()));
     tasks.spawn(async move {
         if let Err(err) = tcp_server.await {
             tracing::error!(err = %err, "the TCP listener failed");
         }
     });
     if let Some((listener, app)) = unix {
-        let unix_server = axum::serve(listener, app).with_graceful_shutdown(wait(stopped));
+        let unix_server = axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<Caller>(),
+        )
+        .with_graceful_shutdown(wait(stopped));
         tasks.spawn(async move {
             if let Err(err) = unix_server.await {
                 tracing::error!(err = %err, "the Unix socket listener failed");
@@ -207,7 +223,13 @@ mod tests {
                 ),
             );
         let daemonless = Arc::new(Metrics::new());
-        app(api, daemonless, limits, token)
+        app(
+            api,
+            daemonless,
+            limits,
+            token,
+            Arc::new(Operators::named("tracer")),
+        )
     }
 
     fn limits() -> Limits {

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use tracer_daemon::sys::peer::{tcp_peer, unix_peer};
 
-use crate::suite::support::{TempDir, kill_if_running, poll};
+use crate::suite::support::{TempDir, Tracerd, kill_if_running, poll};
 
 /// Debian's `python3` as uid and gid 65534 with no supplementary group, running
 /// `code` (which connects, then sleeps): killed by pid when dropped.
@@ -82,4 +82,55 @@ fn a_client_of_another_user_is_known_by_its_uid_over_tcp_and_a_unix_socket() {
     assert_eq!((peer.uid, peer.gid), (65534, Some(65534)));
     // setpriv execs python3 in place: the same pid.
     assert_eq!(peer.pid, Some(pid));
+}
+
+/// `method path` to `base` as uid 65534 (over loopback TCP): the status
+/// and the body.
+fn as_nobody_request(base: &str, method: &str, path: &str) -> (u16, serde_json::Value) {
+    let code = format!(
+        "import urllib.request, urllib.error, sys\n\
+         r = urllib.request.Request('{base}{path}', method='{method}')\n\
+         try:\n    resp = urllib.request.urlopen(r); print(resp.status); print(resp.read().decode())\n\
+         except urllib.error.HTTPError as e:\n    print(e.code); print(e.read().decode())\n"
+    );
+    let out = crate::suite::support::output_ok(Command::new("setpriv").args([
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "/usr/bin/python3",
+        "-c",
+        &code,
+    ]));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (status, body) = text.split_once('\n').expect("status and body");
+    (
+        status.trim().parse().expect("a status"),
+        serde_json::from_str(body.trim()).unwrap_or(serde_json::Value::Null),
+    )
+}
+
+#[test]
+fn only_an_operator_changes_tracing_and_anyone_reads() {
+    let tracerd = Tracerd::start(&[]);
+    let hint = "operators are root, the members of group tracer and holders of tracerd's token; reading (GET) is open";
+    for (method, path) in [
+        ("POST", "/tracing/stop"),
+        ("PUT", "/scope?pid=1"),
+        ("POST", "/tracing/start"),
+        ("POST", "/pid/1/clear-traces"),
+    ] {
+        let (status, body) = as_nobody_request(&tracerd.base, method, path);
+        assert_eq!(status, 403, "{method} {path}: {body}");
+        assert_eq!(body["hint"], hint, "{method} {path}");
+    }
+    // Nothing changed; reading is open.
+    let (status, health) = as_nobody_request(&tracerd.base, "GET", "/health");
+    assert_eq!(status, 200, "{health}");
+    let scope = tracerd.get_ok("/scope");
+    assert_eq!(scope["all_processes"], true, "{scope}");
+    let tracing = tracerd.get_ok("/tracing");
+    assert_eq!(tracing["is_tracing"], true, "{tracing}");
+    // Root is an operator.
+    let (status, body) = tracerd.post("/tracing/stop");
+    assert_eq!(status, 200, "{body}");
 }
