@@ -152,7 +152,8 @@ pub async fn run(config: Config) -> Result<(), AppError> {
         token,
         operators.clone(),
     );
-    // The socket's mode (0660) is its access control: no token there.
+    // No token on the socket: the peer's credentials (SO_PEERCRED) say
+    // whether it is an operator.
     let unix = unix.map(|listener| {
         (
             listener,

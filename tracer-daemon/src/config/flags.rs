@@ -60,7 +60,7 @@ pub struct Flags {
     /// TCP address of the HTTP API (ADDR:PORT); non-loopback needs --auth-token-file.
     #[arg(long, env = "TRACERD_LISTEN")]
     pub listen: Option<SocketAddr>,
-    /// Also serve the API on this Unix socket path (mode 0660).
+    /// Also serve the API on this Unix socket path (mode 0666; only operators change anything).
     #[arg(long, env = "TRACERD_UNIX_SOCKET")]
     pub unix_socket: Option<PathBuf>,
     /// File with the bearer token TCP clients must send.

@@ -82,7 +82,8 @@ pub struct Config {
     /// TCP address of the HTTP API. A loopback address (127.0.0.1, ::1)
     /// unless `auth_token_file` is set.
     pub listen: SocketAddr,
-    /// Also serve the API on this Unix socket (created with mode 0660), if set.
+    /// Also serve the API on this Unix socket (created with mode 0666: any
+    /// local user may connect; only operators change anything), if set.
     pub unix_socket: Option<PathBuf>,
     /// File holding the bearer token that TCP clients must send
     /// (`Authorization: Bearer TOKEN`). Required for a non-loopback `listen`.

@@ -1,5 +1,5 @@
 //! Serving: the listeners (TCP, and optionally a Unix socket with mode
-//! 0660), the whole HTTP surface with its layers ([`app`]), and graceful
+//! 0666), the whole HTTP surface with its layers ([`app`]), and graceful
 //! shutdown.
 use std::{
     future::Future,
@@ -96,8 +96,9 @@ pub async fn bind_tcp(addr: std::net::SocketAddr) -> Result<TcpListener, ServerE
         .map_err(|source| ServerError::Bind { addr, source })
 }
 
-/// Creates the Unix socket at `path` with mode 0660 (owner and group may
-/// connect). A stale socket left by an earlier run is replaced; any other
+/// Creates the Unix socket at `path` with mode 0666: every local user may
+/// connect, and what each may do is decided per request from the peer's
+/// credentials (`SO_PEERCRED`: only operators change anything). A stale socket left by an earlier run is replaced; any other
 /// file there is left alone and refused.
 ///
 /// # Errors
@@ -119,8 +120,8 @@ pub fn bind_unix(path: &Path) -> Result<UnixListener, ServerError> {
         std::fs::create_dir_all(parent).map_err(|e| err(format!("creating its directory: {e}")))?;
     }
     let listener = UnixListener::bind(path).map_err(|e| err(e.to_string()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
-        .map_err(|e| err(format!("chmod 0660: {e}")))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))
+        .map_err(|e| err(format!("chmod 0666: {e}")))?;
     Ok(listener)
 }
 
@@ -450,7 +451,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn unix_socket_is_created_with_mode_0660_replacing_a_stale_one() {
+    async fn unix_socket_is_created_with_mode_0666_replacing_a_stale_one() {
         let dir = std::env::temp_dir().join(format!("tracer-sock-{}", std::process::id()));
         let path = dir.join("tracerd.sock");
         let first = bind_unix(&path).expect("must succeed");
@@ -461,7 +462,7 @@ mod tests {
             .permissions()
             .mode()
             & 0o777;
-        assert_eq!(mode, 0o660);
+        assert_eq!(mode, 0o666);
         drop(second);
         std::fs::remove_file(&path).expect("must succeed");
         std::fs::write(&path, b"not a socket").expect("must succeed");

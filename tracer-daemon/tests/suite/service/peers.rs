@@ -134,3 +134,37 @@ fn only_an_operator_changes_tracing_and_anyone_reads() {
     let (status, body) = tracerd.post("/tracing/stop");
     assert_eq!(status, 200, "{body}");
 }
+
+#[test]
+fn over_the_unix_socket_anyone_reads_and_only_an_operator_changes_tracing() {
+    let dir = TempDir::new("unix-access");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let socket = dir.path().join("api.sock");
+    let tracerd = Tracerd::start(&["--unix-socket", socket.to_str().expect("utf-8")]);
+    // A raw HTTP/1.1 request as uid 65534 over the socket: the status.
+    let request = |method: &str, path: &str| -> u16 {
+        let code = format!(
+            "import socket\ns = socket.socket(socket.AF_UNIX)\ns.connect('{}')\n\
+             s.sendall(b'{method} {path} HTTP/1.1\\r\\nHost: x\\r\\nContent-Length: 0\\r\\nConnection: close\\r\\n\\r\\n')\n\
+             print(s.recv(4096).split()[1].decode())\n",
+            socket.display()
+        );
+        let out = crate::suite::support::output_ok(Command::new("setpriv").args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "/usr/bin/python3",
+            "-c",
+            &code,
+        ]));
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse()
+            .expect("a status")
+    };
+    assert_eq!(request("GET", "/health"), 200);
+    assert_eq!(request("POST", "/tracing/stop"), 403);
+    assert_eq!(request("PUT", "/scope?pid=1"), 403);
+    let tracing = tracerd.get_ok("/tracing");
+    assert_eq!(tracing["is_tracing"], true, "{tracing}");
+}

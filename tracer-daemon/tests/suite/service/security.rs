@@ -67,7 +67,7 @@ fn a_non_loopback_listener_needs_a_token_and_then_requires_it() {
 }
 
 #[test]
-fn the_unix_socket_has_mode_0660_serves_the_api_and_is_removed_at_stop() {
+fn the_unix_socket_has_mode_0666_serves_the_api_and_is_removed_at_stop() {
     let dir = TempDir::new("unix");
     let socket = dir.path().join("run/tracerd.sock");
     let mut running = Running::start(&["--unix-socket", socket.to_str().expect("utf-8")], &[]);
@@ -75,7 +75,7 @@ fn the_unix_socket_has_mode_0660_serves_the_api_and_is_removed_at_stop() {
         .expect("socket exists")
         .permissions()
         .mode();
-    assert_eq!(mode & 0o777, 0o660);
+    assert_eq!(mode & 0o777, 0o666);
     let stream = UnixStream::connect(&socket).expect("connect");
     let (status, body) = exchange(stream, "GET", "/health", None, &[]).expect("request");
     assert_eq!(status, 200, "{body}");
