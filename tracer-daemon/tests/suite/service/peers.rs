@@ -25,20 +25,23 @@ impl Drop for Nobody {
     }
 }
 
+/// `setpriv ... python3 -c code` as uid and gid 65534, no supplementary
+/// group: the command, not started.
+fn nobody_python(code: &str) -> Command {
+    let mut command = Command::new("setpriv");
+    command.args([
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "/usr/bin/python3",
+        "-c",
+        code,
+    ]);
+    command
+}
+
 fn as_nobody(code: &str) -> Nobody {
-    Nobody(
-        Command::new("setpriv")
-            .args([
-                "--reuid=65534",
-                "--regid=65534",
-                "--clear-groups",
-                "/usr/bin/python3",
-                "-c",
-                code,
-            ])
-            .spawn()
-            .expect("setpriv"),
-    )
+    Nobody(nobody_python(code).spawn().expect("setpriv"))
 }
 
 /// `accept` of `listener`, for 10 s at most.
@@ -84,6 +87,13 @@ fn a_client_of_another_user_is_known_by_its_uid_over_tcp_and_a_unix_socket() {
     assert_eq!(peer.pid, Some(pid));
 }
 
+/// What Debian's `python3 -c code` prints, run as uid and gid 65534 with
+/// no supplementary group (it must exit 0).
+fn nobody_output(code: &str) -> String {
+    let out = crate::suite::support::output_ok(&mut nobody_python(code));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// `method path` to `base` as uid 65534 (over loopback TCP): the status
 /// and the body.
 fn as_nobody_request(base: &str, method: &str, path: &str) -> (u16, serde_json::Value) {
@@ -93,15 +103,7 @@ fn as_nobody_request(base: &str, method: &str, path: &str) -> (u16, serde_json::
          try:\n    resp = urllib.request.urlopen(r); print(resp.status); print(resp.read().decode())\n\
          except urllib.error.HTTPError as e:\n    print(e.code); print(e.read().decode())\n"
     );
-    let out = crate::suite::support::output_ok(Command::new("setpriv").args([
-        "--reuid=65534",
-        "--regid=65534",
-        "--clear-groups",
-        "/usr/bin/python3",
-        "-c",
-        &code,
-    ]));
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let text = nobody_output(&code);
     let (status, body) = text.split_once('\n').expect("status and body");
     (
         status.trim().parse().expect("a status"),
@@ -149,18 +151,7 @@ fn over_the_unix_socket_anyone_reads_and_only_an_operator_changes_tracing() {
              print(s.recv(4096).split()[1].decode())\n",
             socket.display()
         );
-        let out = crate::suite::support::output_ok(Command::new("setpriv").args([
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            "/usr/bin/python3",
-            "-c",
-            &code,
-        ]));
-        String::from_utf8_lossy(&out.stdout)
-            .trim()
-            .parse()
-            .expect("a status")
+        nobody_output(&code).trim().parse().expect("a status")
     };
     assert_eq!(request("GET", "/health"), 200);
     assert_eq!(request("POST", "/tracing/stop"), 403);
