@@ -156,18 +156,25 @@ impl ExecWatch {
     }
 
     fn mark(&self, mount_point: &str) -> io::Result<()> {
-        let path = std::ffi::CString::new(mount_point)
+        self.fanotify_mark(
+            libc::FAN_MARK_ADD | libc::FAN_MARK_FILESYSTEM,
+            libc::FAN_OPEN_EXEC_PERM,
+            Some(mount_point),
+        )
+    }
+
+    /// `fanotify_mark(2)` of this group with `flags` and `mask` on `path`
+    /// (None: no path, as `FAN_MARK_FLUSH` takes).
+    fn fanotify_mark(&self, flags: libc::c_uint, mask: u64, path: Option<&str>) -> io::Result<()> {
+        let path = path
+            .map(std::ffi::CString::new)
+            .transpose()
             .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-        // SAFETY: the descriptor is this group's, the path a NUL-terminated
-        // string that lives through the call.
+        let path_ptr = path.as_ref().map_or(std::ptr::null(), |p| p.as_ptr());
+        // SAFETY: the descriptor is this group's; the path is null or a
+        // NUL-terminated string that lives through the call.
         let rc = unsafe {
-            libc::fanotify_mark(
-                self.fd.as_raw_fd(),
-                libc::FAN_MARK_ADD | libc::FAN_MARK_FILESYSTEM,
-                libc::FAN_OPEN_EXEC_PERM,
-                libc::AT_FDCWD,
-                path.as_ptr(),
-            )
+            libc::fanotify_mark(self.fd.as_raw_fd(), flags, mask, libc::AT_FDCWD, path_ptr)
         };
         if rc < 0 {
             return Err(io::Error::last_os_error());
@@ -215,40 +222,19 @@ impl ExecWatch {
     /// [`ExecWatch::hold_all_again`]): a program that needs nothing of
     /// tracerd is not held again. Returns false when the kernel refused.
     pub fn stop_holding(&self, exec: &HeldExec) -> bool {
-        let Ok(path) = std::ffi::CString::new(format!("/proc/self/fd/{}", exec.file.as_raw_fd()))
-        else {
-            return false;
-        };
-        // SAFETY: the descriptor is this group's, the path a NUL-terminated
-        // string that lives through the call.
-        let rc = unsafe {
-            libc::fanotify_mark(
-                self.fd.as_raw_fd(),
-                libc::FAN_MARK_ADD | libc::FAN_MARK_IGNORED_MASK,
-                libc::FAN_OPEN_EXEC_PERM,
-                libc::AT_FDCWD,
-                path.as_ptr(),
-            )
-        };
-        rc == 0
+        self.fanotify_mark(
+            libc::FAN_MARK_ADD | libc::FAN_MARK_IGNORED_MASK,
+            libc::FAN_OPEN_EXEC_PERM,
+            Some(&format!("/proc/self/fd/{}", exec.file.as_raw_fd())),
+        )
+        .is_ok()
     }
 
     /// Holds the execs of every file again ([`ExecWatch::stop_holding`]
     /// undone: every inode mark flushed; the filesystems' marks stay).
     pub fn hold_all_again(&self) {
-        // SAFETY: the descriptor is this group's; FAN_MARK_FLUSH takes no
-        // path.
-        let rc = unsafe {
-            libc::fanotify_mark(
-                self.fd.as_raw_fd(),
-                libc::FAN_MARK_FLUSH,
-                0,
-                libc::AT_FDCWD,
-                std::ptr::null(),
-            )
-        };
-        if rc < 0 {
-            tracing::debug!(err = %io::Error::last_os_error(), "cannot flush the exec holds' ignore marks");
+        if let Err(err) = self.fanotify_mark(libc::FAN_MARK_FLUSH, 0, None) {
+            tracing::debug!(%err, "cannot flush the exec holds' ignore marks");
         }
     }
 
