@@ -91,6 +91,12 @@ pub struct ProcessImage {
     pub nspid: Option<u32>,
     /// Its cgroup v2 path (`/proc/PID/cgroup`) when first seen.
     pub cgroup: Option<String>,
+    /// The unprivileged user who may see it (`procfs::read_owner` when
+    /// first seen: all its uids that user's, and dumpable); None: only
+    /// operators. While it lives, `/proc/PID` must still say so
+    /// (`service::Viewer::sees_image`): a process can make itself
+    /// non-dumpable or change its uids later.
+    pub owner: Option<u32>,
     /// When tracerd saw its first allocation (wall clock).
     pub first_seen: SystemTime,
     /// Its executable mappings, captured while it lived (refreshed at
@@ -112,6 +118,7 @@ impl ProcessImage {
             exe: procfs::read_exe(pid).ok(),
             nspid: procfs::read_nspid(pid),
             cgroup: procfs::read_cgroup(pid),
+            owner: procfs::read_owner(pid),
             first_seen: SystemTime::now(),
             maps: ModuleMaps::capture(pid).ok().map(Arc::new),
             ended: None,
@@ -128,6 +135,7 @@ impl ProcessImage {
             exe: None,
             nspid: None,
             cgroup: None,
+            owner: None,
             first_seen: SystemTime::now(),
             maps: None,
             ended: None,

@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use tracer_model::{Completeness, Snapshot};
 
 use super::snapshots::{SnapshotRef, Target};
-use super::{Service, ServiceError};
+use super::{Service, ServiceError, Viewer};
 use crate::capture::ImageId;
 use crate::snapshot::AllocatorFrames;
 use crate::store::{SnapshotInfo, SnapshotKind, StoredSnapshot};
@@ -99,9 +99,14 @@ pub enum BaseSpec {
 impl Service {
     /// A stored snapshot that must be of `pid`'s current image (for
     /// `/pid/{pid}/compare`).
-    fn stored_of_image(&self, pid: u32, reference: &SnapshotRef) -> Result<Side, ServiceError> {
+    fn stored_of_image(
+        &self,
+        viewer: Viewer,
+        pid: u32,
+        reference: &SnapshotRef,
+    ) -> Result<Side, ServiceError> {
         let (image, _) = self.image_of(pid)?;
-        let (stored, _, info) = self.stored(reference)?;
+        let (stored, _, info) = self.stored(viewer, reference)?;
         if info.image != Some(image) {
             let reason = match (info.image, stored.pid) {
                 (Some(other), _) if other.pid == pid => {
@@ -127,20 +132,26 @@ impl Service {
         Ok(Side::stored(&stored, &info))
     }
 
-    /// A stored snapshot as a side, for any target.
-    fn side_of(&self, target: Target, reference: &SnapshotRef) -> Result<Side, ServiceError> {
+    /// A stored snapshot `viewer` may see as a side, for any target.
+    fn side_of(
+        &self,
+        viewer: Viewer,
+        target: Target,
+        reference: &SnapshotRef,
+    ) -> Result<Side, ServiceError> {
         match target {
-            Target::Process(pid) => self.stored_of_image(pid, reference),
+            Target::Process(pid) => self.stored_of_image(viewer, pid, reference),
             Target::System => {
-                let (stored, _, info) = self.stored(reference)?;
+                let (stored, _, info) = self.stored(viewer, reference)?;
                 Ok(Side::stored(&stored, &info))
             }
         }
     }
 
-    /// The two sides of `/pid/{pid}/compare` or `/compare`: `new` (None:
-    /// now, its machinery frames dropped or kept as `frames` says) against
-    /// the base `base` says. A default or `since` base is made only of
+    /// The two sides of `/pid/{pid}/compare` or `/compare` for `viewer`
+    /// (system-wide: the processes they may see; stored snapshots: those
+    /// they may see): `new` (None: now, its machinery frames dropped or
+    /// kept as `frames` says) against the base `base` says. A default or `since` base is made only of
     /// snapshots taken as the new side was (dropped or kept); an explicit
     /// one taken otherwise is refused.
     ///
@@ -149,15 +160,16 @@ impl Service {
     /// stopped, [`ServiceError::AllocatorFramesDiffer`].
     pub fn compare_sides(
         &self,
+        viewer: Viewer,
         target: Target,
         base: &BaseSpec,
         new: Option<&SnapshotRef>,
         frames: AllocatorFrames,
     ) -> Result<(Side, Side), ServiceError> {
         let new_side = match new {
-            Some(reference) => self.side_of(target, reference)?,
+            Some(reference) => self.side_of(viewer, target, reference)?,
             None => {
-                let now = self.snapshot_now_with(target, frames)?;
+                let now = self.snapshot_now_with(viewer, target, frames)?;
                 Side {
                     snapshot: now.snapshot,
                     info: json!({"kind": "now", "at_ms": unix_ms(now.at),
@@ -170,7 +182,7 @@ impl Service {
         let want = new_side.allocator_frames;
         let limit = new_side.snapshot.traceback_limit();
         let base_side = match (target, base) {
-            (target, BaseSpec::Snapshot(reference)) => self.side_of(target, reference)?,
+            (target, BaseSpec::Snapshot(reference)) => self.side_of(viewer, target, reference)?,
             (Target::Process(pid), BaseSpec::Default) => {
                 let (image, _) = self.image_of(pid)?;
                 let latest = {
@@ -179,9 +191,9 @@ impl Service {
                         .store
                         .of_image(image)
                         .filter(|s| {
-                            held.store
-                                .info(s.id)
-                                .is_some_and(|i| alike(i.allocator_frames, want))
+                            held.store.info(s.id).is_some_and(|i| {
+                                viewer.sees(i.owner) && alike(i.allocator_frames, want)
+                            })
                         })
                         .last()
                         .map(|s| s.id);
@@ -203,6 +215,7 @@ impl Service {
                         s.pid == 0
                             && i.kind == SnapshotKind::Taken
                             && i.image.is_none()
+                            && viewer.sees(i.owner)
                             && alike(i.allocator_frames, want)
                     })
                     .filter(|(s, _)| s.taken_at >= self.started_at)
@@ -210,7 +223,7 @@ impl Service {
                     .map(|(s, i)| Side::stored(s, i));
                 latest.unwrap_or_else(|| Side::empty(limit, unix_ms(self.started_at)))
             }
-            (target, BaseSpec::Since(ago)) => self.since_side(target, *ago, limit, want)?,
+            (target, BaseSpec::Since(ago)) => self.since_side(viewer, target, *ago, limit, want)?,
         };
         Side::check_alike(&base_side, &new_side)?;
         Ok((base_side, new_side))
@@ -218,10 +231,12 @@ impl Service {
 
     /// The state `ago` before now, from stored snapshots (automatic ones
     /// included) taken as `want` says (machinery frames dropped or kept):
-    /// per image, the latest one taken at or before then, else the empty
-    /// state when tracing of the image began.
+    /// per image (system-wide: those `viewer` may see), the latest one
+    /// taken at or before then, else the empty state when tracing of the
+    /// image began.
     fn since_side(
         &self,
+        viewer: Viewer,
         target: Target,
         ago: Duration,
         limit: u32,
@@ -239,12 +254,13 @@ impl Service {
                 let cutoff_ms = unix_ms(cutoff);
                 held.registry
                     .live()
-                    .filter(|i| held.control.of(i.id).is_tracing)
+                    .filter(|i| viewer.sees_image(i) && held.control.of(i.id).is_tracing)
                     .map(|i| (i.id, unix_ms(i.first_seen)))
                     .chain(
                         // Images alive at the cutoff that have ended since.
                         held.registry
                             .ended()
+                            .filter(|i| viewer.sees_image(i))
                             .filter(|i| i.ended.as_ref().is_some_and(|e| unix_ms(e.at) > cutoff_ms))
                             .map(|i| (i.id, unix_ms(i.first_seen))),
                     )

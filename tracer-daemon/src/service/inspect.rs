@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashSet};
 use serde::Serialize;
 use tracer_model::Trace;
 
-use super::{Service, ServiceError};
+use super::{Service, ServiceError, Viewer};
 use crate::capture::unwind::tables::UnwindUsage;
 use crate::capture::{AttachedLibrary, ImageId};
 use crate::lifecycle::blocks::raw_blocks;
@@ -128,8 +128,11 @@ impl Service {
     }
 
     /// The kernel maps' use: entries and capacity of each, live blocks per
-    /// process, and the eBPF programs' counters.
-    pub fn kernel_maps(&self) -> KernelMapsView {
+    /// process and the processes the unwinder has (those `viewer` may
+    /// see), and the eBPF programs' counters.
+    pub fn kernel_maps(&self, viewer: Viewer) -> KernelMapsView {
+        let visible = self.visible_pids(viewer);
+        let seen = |pid: &u32| visible.as_ref().is_none_or(|v| v.contains(pid));
         let held = self.state.locks().kernel();
         let maps = held
             .kernel
@@ -139,6 +142,9 @@ impl Service {
             .collect();
         let mut live_allocs_by_pid: BTreeMap<u32, u64> = BTreeMap::new();
         for (key, _) in held.kernel.live_blocks(None) {
+            if !seen(&key.tgid) {
+                continue;
+            }
             *live_allocs_by_pid.entry(key.tgid).or_default() += 1;
         }
         let counters = held
@@ -159,6 +165,7 @@ impl Service {
                     .unwind_processes()
                     .into_iter()
                     .map(|image| image.pid)
+                    .filter(seen)
                     .collect();
                 pids.sort_unstable();
                 pids
@@ -244,7 +251,7 @@ impl Service {
             .into_iter()
             .map(|(name, v)| (name.to_string(), v))
             .collect();
-        let processes = self.processes();
+        let processes = self.processes(Viewer::Operator);
         LastStop {
             stopped_at_ms: unix_ms(std::time::SystemTime::now()),
             started_at_ms: unix_ms(self.started_at),

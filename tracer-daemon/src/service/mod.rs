@@ -17,7 +17,8 @@
 //!   kernel maps, health and the last-stop record;
 //! - [`housekeeping`]: kernel events, expiry and the orphan sweep;
 //! - [`scope`]: which processes are traced;
-//! - [`exec_hold`]: execs held until their probes are in place.
+//! - [`exec_hold`]: execs held until their probes are in place;
+//! - [`access`]: who sees which processes and snapshots ([`Viewer`]).
 //!
 //! Every method blocks (map syscalls, DWARF, files): call them from
 //! blocking threads. Results are typed; errors are [`ServiceError`].
@@ -30,6 +31,7 @@ use crate::snapshot::SnapshotBuilder;
 use crate::store::{SnapshotStore, StoreError};
 use crate::symbolize::{Symbolizer, SymbolizerStats};
 
+pub mod access;
 mod allocators;
 pub mod compare;
 mod error;
@@ -43,6 +45,7 @@ mod state;
 pub mod tracing;
 mod unwind;
 
+pub use access::Viewer;
 pub use compare::{BaseSpec, Side};
 pub use error::{NotTracedWhy, ServiceError};
 pub use inspect::{Health, KernelMapsView, LastStop, MapUse, TracerMemory};

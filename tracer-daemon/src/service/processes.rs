@@ -7,7 +7,7 @@
 use serde::Serialize;
 use tracer_common::ProcStats;
 
-use super::{Service, ServiceError};
+use super::{Service, ServiceError, Viewer};
 use crate::capture::KernelMaps;
 use crate::lifecycle::{ImageState, ProcessImage, TracingControl, blocks::live_stats};
 use crate::sys::unix_ms;
@@ -28,6 +28,9 @@ pub struct ProcessView {
     pub cgroup: Option<String>,
     /// The container id in `cgroup` (a runtime's 64-hex-digit id), if any.
     pub container_id: Option<String>,
+    /// The unprivileged user who may see it (all its uids theirs and
+    /// dumpable, from `/proc/PID` when first seen); null: only operators.
+    pub owner_uid: Option<u32>,
     /// Alive, or how the image ended.
     pub state: ImageState,
     /// Unix ms of the first allocation seen.
@@ -115,6 +118,7 @@ pub(super) fn view(image: &ProcessImage, stats: ProcStats) -> ProcessView {
             .cgroup
             .as_deref()
             .and_then(crate::sys::procfs::container_id),
+        owner_uid: image.owner,
         state: image.state(),
         first_seen_ms: unix_ms(image.first_seen),
         ended_ms: image.ended.as_ref().map(|e| unix_ms(e.at)),
@@ -153,20 +157,22 @@ pub(super) fn status(
 pub type SourceBytes = (&'static str, u64, u64);
 
 impl Service {
-    /// Every traced process: live ones first by pid, then ended ones still
-    /// retained, oldest first.
-    pub fn processes(&self) -> Vec<ProcessStatus> {
+    /// Every traced process `viewer` may see: live ones first by pid, then
+    /// ended ones still retained, oldest first.
+    pub fn processes(&self, viewer: Viewer) -> Vec<ProcessStatus> {
         let held = self.state.locks().kernel().registry().control();
         let kernel = &**held.kernel;
         let mut live: Vec<ProcessStatus> = held
             .registry
             .live()
+            .filter(|image| viewer.sees_image(image))
             .map(|image| status(&held.control, image, stats_of(kernel, image)))
             .collect();
         live.sort_by_key(|s| s.view.pid);
         live.extend(
             held.registry
                 .ended()
+                .filter(|image| viewer.sees_image(image))
                 .map(|image| status(&held.control, image, stats_of(kernel, image))),
         );
         live
@@ -269,9 +275,10 @@ impl Service {
         Ok((status(&held.control, image, totals.stats), sources))
     }
 
-    /// `get_traced_memory()` summed over every live process.
-    pub fn system_memory(&self) -> SystemMemory {
-        self.processes()
+    /// `get_traced_memory()` summed over every live process `viewer` may
+    /// see.
+    pub fn system_memory(&self, viewer: Viewer) -> SystemMemory {
+        self.processes(viewer)
             .iter()
             .filter(|p| p.view.state.is_alive())
             .fold(SystemMemory::default(), |sum, p| SystemMemory {

@@ -2,7 +2,7 @@
 //! [`crate::lifecycle::scope`]).
 use serde::Serialize;
 
-use super::{Service, ServiceError};
+use super::{Service, ServiceError, Viewer};
 use crate::lifecycle::{Scope, scope};
 
 /// The scope in force and what is attached for it (`GET /scope`).
@@ -24,22 +24,30 @@ pub struct ScopeView {
 }
 
 impl Service {
-    /// The scope in force and what is attached.
-    pub fn scope(&self) -> ScopeView {
-        let held = self.state.locks().kernel().scope();
-        let attached = held.kernel.attached();
-        let filtered = held.scope.is_filtered();
-        ScopeView {
-            scope: held.scope.clone(),
-            all_processes: attached.contains(&None) && !filtered,
-            attached_pids: attached.into_iter().flatten().collect(),
-            filtered,
-            filter_pids: if filtered {
-                held.kernel.in_scope()
-            } else {
-                Vec::new()
-            },
+    /// The scope in force and what is attached; the processes listed
+    /// (attached, in the filter) are those `viewer` may see.
+    pub fn scope(&self, viewer: Viewer) -> ScopeView {
+        let mut view = {
+            let held = self.state.locks().kernel().scope();
+            let attached = held.kernel.attached();
+            let filtered = held.scope.is_filtered();
+            ScopeView {
+                scope: held.scope.clone(),
+                all_processes: attached.contains(&None) && !filtered,
+                attached_pids: attached.into_iter().flatten().collect(),
+                filtered,
+                filter_pids: if filtered {
+                    held.kernel.in_scope()
+                } else {
+                    Vec::new()
+                },
+            }
+        };
+        if !viewer.is_operator() {
+            view.attached_pids.retain(|pid| self.visible(viewer, *pid));
+            view.filter_pids.retain(|pid| self.visible(viewer, *pid));
         }
+        view
     }
 
     /// Sets which processes are traced and attaches accordingly. Returns

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use tracer_model::{Completeness, Snapshot, decode, load_tracemalloc};
 
 use super::processes::{ProcessStatus, stats_of, status};
-use super::{Service, ServiceError};
+use super::{Service, ServiceError, Viewer};
 use crate::capture::ImageId;
 use crate::lifecycle::blocks::{by_image, live_stats, raw_blocks};
 use crate::lifecycle::{ImageState, ProcessImage, RawBlock};
@@ -27,7 +27,8 @@ use crate::store::{
 pub enum Target {
     /// One process (its current image, or its last one if it ended).
     Process(u32),
-    /// Every traced process now, one domain per pid.
+    /// Every traced process now that the viewer may see, one domain per
+    /// pid.
     System,
 }
 
@@ -142,25 +143,28 @@ impl Service {
         })
     }
 
-    /// `take_snapshot()` of a target, honouring `stop()` and the traceback
-    /// limit of `start(nframe)`, with the allocation machinery's leading
-    /// frames dropped (as [`Service::snapshot_now_with`] with
-    /// [`AllocatorFrames::Drop`]).
+    /// `take_snapshot()` of a target as an operator sees it, honouring
+    /// `stop()` and the traceback limit of `start(nframe)`, with the
+    /// allocation machinery's leading frames dropped (as
+    /// [`Service::snapshot_now_with`] with [`AllocatorFrames::Drop`]).
     ///
     /// # Errors
     /// [`ServiceError::NotTraced`], [`ServiceError::TracingStopped`].
     pub fn snapshot_now(&self, target: Target) -> Result<Now, ServiceError> {
-        self.snapshot_now_with(target, AllocatorFrames::Drop)
+        self.snapshot_now_with(Viewer::Operator, target, AllocatorFrames::Drop)
     }
 
-    /// `take_snapshot()` of a target, honouring `stop()` and the traceback
-    /// limit of `start(nframe)`; `frames` says whether the allocation
+    /// `take_snapshot()` of a target for `viewer` (system-wide: the
+    /// processes they may see; a process: the caller checked
+    /// [`Service::visible`]), honouring `stop()` and the traceback limit
+    /// of `start(nframe)`; `frames` says whether the allocation
     /// machinery's leading frames are dropped or kept.
     ///
     /// # Errors
     /// [`ServiceError::NotTraced`], [`ServiceError::TracingStopped`].
     pub fn snapshot_now_with(
         &self,
+        viewer: Viewer,
         target: Target,
         frames: AllocatorFrames,
     ) -> Result<Now, ServiceError> {
@@ -196,7 +200,7 @@ impl Service {
                 if !any_tracing {
                     return Err(ServiceError::TracingStopped { pid: None });
                 }
-                let images = self.images_now(frames);
+                let images = self.images_now(viewer, frames);
                 let at = SystemTime::now();
                 let mut traces = Vec::new();
                 let mut pids = Vec::new();
@@ -224,15 +228,17 @@ impl Service {
         }
     }
 
-    /// The traces of every live, traced image, in one pass over the kernel
-    /// maps, each symbolized with its own mappings (the machinery's frames
-    /// dropped or kept as `frames` says) and cut to its traceback limit.
-    fn images_now(&self, frames: AllocatorFrames) -> Vec<ImageNow> {
+    /// The traces of every live, traced image `viewer` may see, in one pass
+    /// over the kernel maps, each symbolized with its own mappings (the
+    /// machinery's frames dropped or kept as `frames` says) and cut to its
+    /// traceback limit.
+    fn images_now(&self, viewer: Viewer, frames: AllocatorFrames) -> Vec<ImageNow> {
         let mut held = self.state.locks().kernel().registry().control();
         let control = held.control.clone();
         let ids: Vec<ImageId> = held
             .registry
             .live()
+            .filter(|i| viewer.sees_image(i))
             .map(|i| i.id)
             .filter(|id| control.of(*id).is_tracing)
             .collect();
@@ -281,14 +287,16 @@ impl Service {
             .collect()
     }
 
-    /// `take_snapshot()` of a target, stored under the next id with
-    /// `label`; `frames` (dropped or kept, recorded with it) as
+    /// `take_snapshot()` of a target for `viewer`, stored under the next id
+    /// with `label` and owned by `viewer` ([`Viewer::owner`]); `frames`
+    /// (dropped or kept, recorded with it) as
     /// [`Service::snapshot_now_with`].
     ///
     /// # Errors
     /// As [`Service::snapshot_now`]; [`StoreError`] for the label or file.
     pub fn store_now(
         &self,
+        viewer: Viewer,
         target: Target,
         label: Option<String>,
         frames: AllocatorFrames,
@@ -296,7 +304,7 @@ impl Service {
         if let Some(label) = &label {
             check_label(label)?;
         }
-        let now = self.snapshot_now_with(target, frames)?;
+        let now = self.snapshot_now_with(viewer, target, frames)?;
         let (image, start_time) = now.image.unwrap_or_default();
         let stored = StoredSnapshot {
             id: 0,
@@ -312,6 +320,7 @@ impl Service {
         info.label = label;
         info.comm = now.process.map(|p| p.view.comm);
         info.allocator_frames = Some(now.allocator_frames);
+        info.owner = viewer.owner();
         let mut held = self.state.locks().store();
         let id = held.store.add(stored, info)?;
         held.store
@@ -320,14 +329,16 @@ impl Service {
     }
 
     /// Loads a snapshot file (tracer's format, or a tracemalloc pickle when
-    /// `tracemalloc`) into the store with `label`. Nothing of the file is
-    /// executed; a refused file changes nothing.
+    /// `tracemalloc`) into the store with `label`, owned by `viewer`
+    /// ([`Viewer::owner`]). Nothing of the file is executed; a refused file
+    /// changes nothing.
     ///
     /// # Errors
     /// [`ServiceError::Dump`] / [`ServiceError::Pickle`] for a refused file,
     /// [`StoreError`] for the label or the file write.
     pub fn load_snapshot(
         &self,
+        viewer: Viewer,
         bytes: &[u8],
         tracemalloc: bool,
         label: Option<String>,
@@ -376,6 +387,7 @@ impl Service {
             .get("allocator_frames")
             .and_then(Value::as_str)
             .and_then(AllocatorFrames::parse);
+        info.owner = viewer.owner();
         let mut held = self.state.locks().store();
         let id = held.store.add(stored, info)?;
         held.store
@@ -383,36 +395,46 @@ impl Service {
             .ok_or(ServiceError::SnapshotNotFound { id })
     }
 
-    /// The id a reference names.
+    /// The id a reference names, among the snapshots `viewer` may see
+    /// (one they may not see is answered as one that does not exist).
     ///
     /// # Errors
     /// [`ServiceError::SnapshotNotFound`], [`StoreError::LabelNotFound`].
-    pub fn resolve(&self, reference: &SnapshotRef) -> Result<u64, ServiceError> {
+    pub fn resolve(&self, viewer: Viewer, reference: &SnapshotRef) -> Result<u64, ServiceError> {
         let held = self.state.locks().store();
+        let seen = |id: u64| {
+            held.store
+                .info(id)
+                .is_some_and(|info| viewer.sees(info.owner))
+        };
         match reference {
-            SnapshotRef::Id(id) => held
-                .store
-                .get(*id)
-                .map(|_| *id)
+            SnapshotRef::Id(id) => Some(*id)
+                .filter(|id| seen(*id))
                 .ok_or(ServiceError::SnapshotNotFound { id: *id }),
-            SnapshotRef::Label(label) => held.store.id_of_label(label).ok_or_else(|| {
-                StoreError::LabelNotFound {
-                    label: label.clone(),
-                }
-                .into()
-            }),
+            SnapshotRef::Label(label) => held
+                .store
+                .id_of_label(label)
+                .filter(|id| seen(*id))
+                .ok_or_else(|| {
+                    StoreError::LabelNotFound {
+                        label: label.clone(),
+                    }
+                    .into()
+                }),
         }
     }
 
-    /// A stored snapshot, its summary and what the store knows of it.
+    /// A stored snapshot `viewer` may see, its summary and what the store
+    /// knows of it.
     ///
     /// # Errors
     /// As [`Service::resolve`].
     pub fn stored(
         &self,
+        viewer: Viewer,
         reference: &SnapshotRef,
     ) -> Result<(StoredSnapshot, SnapshotSummary, SnapshotInfo), ServiceError> {
-        let id = self.resolve(reference)?;
+        let id = self.resolve(viewer, reference)?;
         let held = self.state.locks().store();
         let missing = || ServiceError::SnapshotNotFound { id };
         let stored = held.store.get(id).cloned().ok_or_else(missing)?;
@@ -421,18 +443,35 @@ impl Service {
         Ok((stored, summary, info))
     }
 
-    /// Summaries of stored snapshots, oldest first: all, or those of `pid`'s
-    /// current image.
+    /// Summaries of the stored snapshots `viewer` may see, oldest first:
+    /// all, or those of `pid`'s current image.
     ///
     /// # Errors
     /// [`ServiceError::NotTraced`] for an unknown pid.
-    pub fn list_snapshots(&self, pid: Option<u32>) -> Result<Vec<SnapshotSummary>, ServiceError> {
+    pub fn list_snapshots(
+        &self,
+        viewer: Viewer,
+        pid: Option<u32>,
+    ) -> Result<Vec<SnapshotSummary>, ServiceError> {
         match pid {
-            None => Ok(self.state.locks().store().store.summaries()),
+            None => {
+                let held = self.state.locks().store();
+                Ok(held
+                    .store
+                    .iter()
+                    .filter(|(_, info)| viewer.sees(info.owner))
+                    .filter_map(|(s, _)| held.store.summary(s.id))
+                    .collect())
+            }
             Some(pid) => {
                 let (image, _) = self.image_of(pid)?;
                 let held = self.state.locks().store();
-                let ids: Vec<u64> = held.store.of_image_all(image).map(|(s, _)| s.id).collect();
+                let ids: Vec<u64> = held
+                    .store
+                    .of_image_all(image)
+                    .filter(|(_, info)| viewer.sees(info.owner))
+                    .map(|(s, _)| s.id)
+                    .collect();
                 Ok(ids
                     .into_iter()
                     .filter_map(|id| held.store.summary(id))
@@ -451,28 +490,31 @@ impl Service {
         self.state.locks().store().store.len()
     }
 
-    /// Sets or removes a label.
+    /// Sets or removes a label of a snapshot `viewer` may see.
     ///
     /// # Errors
-    /// As [`crate::store::SnapshotStore::set_label`].
+    /// As [`Service::resolve`] and
+    /// [`crate::store::SnapshotStore::set_label`].
     pub fn label_snapshot(
         &self,
+        viewer: Viewer,
         reference: &SnapshotRef,
         label: Option<String>,
     ) -> Result<SnapshotSummary, ServiceError> {
-        let id = self.resolve(reference)?;
+        let id = self.resolve(viewer, reference)?;
         Ok(self.state.locks().store().store.set_label(id, label)?)
     }
 
-    /// Deletes a stored snapshot and its file.
+    /// Deletes a stored snapshot `viewer` may see, and its file.
     ///
     /// # Errors
-    /// As [`crate::store::SnapshotStore::remove`].
+    /// As [`Service::resolve`] and [`crate::store::SnapshotStore::remove`].
     pub fn delete_snapshot(
         &self,
+        viewer: Viewer,
         reference: &SnapshotRef,
     ) -> Result<SnapshotSummary, ServiceError> {
-        let id = self.resolve(reference)?;
+        let id = self.resolve(viewer, reference)?;
         Ok(self.state.locks().store().store.remove(id)?)
     }
 
@@ -480,7 +522,7 @@ impl Service {
     /// over the kernel maps) and drops those past `retention`. Returns how
     /// many were taken.
     pub fn auto_snapshots(&self, retention: Duration) -> usize {
-        let images = self.images_now(AllocatorFrames::Drop);
+        let images = self.images_now(Viewer::Operator, AllocatorFrames::Drop);
         let at = SystemTime::now();
         let mut held = self.state.locks().store();
         let mut taken = 0;

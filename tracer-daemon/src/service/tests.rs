@@ -96,7 +96,7 @@ fn an_exec_ends_the_image_once_and_the_next_generation_starts_empty() {
     let now = service.process(PID).expect("traced");
     assert_eq!((now.view.state, now.view.current), (ImageState::Alive, 0));
     let ended: Vec<_> = service
-        .processes()
+        .processes(Viewer::Operator)
         .into_iter()
         .map(|p| (p.view.state, p.view.current))
         .collect();
@@ -115,7 +115,7 @@ fn tracing_state_of_images_that_are_gone_is_forgotten_at_expiry() {
     service.stop_tracing(Some(PID)).expect("stopped");
     let overrides = |service: &Service| {
         service
-            .tracing_state(None)
+            .tracing_state(Viewer::Operator, None)
             .expect("system")
             .processes
             .map(|p| p.len())
@@ -158,7 +158,7 @@ fn a_scope_attaches_matching_processes_and_an_empty_one_every_process() {
         ..Scope::default()
     };
     assert_eq!(service.set_scope(scope.clone()).expect("valid"), [1]);
-    let view = service.scope();
+    let view = service.scope(Viewer::Operator);
     assert_eq!(
         (view.scope, view.all_processes, view.attached_pids),
         (scope, false, vec![1])
@@ -202,6 +202,7 @@ fn a_system_snapshot_has_one_domain_per_process_and_compares_with_tracing_start(
     assert_eq!(domains, [(PID, 100), (PID + 7, 30)]);
     let (base, new) = service
         .compare_sides(
+            Viewer::Operator,
             Target::Process(PID),
             &BaseSpec::Default,
             None,
@@ -213,6 +214,7 @@ fn a_system_snapshot_has_one_domain_per_process_and_compares_with_tracing_start(
     assert_eq!(new.snapshot.traces().len(), 1);
     let stored = service
         .store_now(
+            Viewer::Operator,
             Target::Process(PID),
             Some("before".into()),
             AllocatorFrames::Drop,
@@ -220,6 +222,7 @@ fn a_system_snapshot_has_one_domain_per_process_and_compares_with_tracing_start(
         .expect("stored");
     let (base, _) = service
         .compare_sides(
+            Viewer::Operator,
             Target::Process(PID),
             &BaseSpec::Default,
             None,
@@ -229,6 +232,7 @@ fn a_system_snapshot_has_one_domain_per_process_and_compares_with_tracing_start(
     assert_eq!(base.info["id"], stored.id);
     assert!(matches!(
         service.compare_sides(
+            Viewer::Operator,
             Target::Process(PID + 7),
             &BaseSpec::Snapshot(SnapshotRef::Label("before".into())),
             None,
@@ -245,6 +249,7 @@ fn a_compare_never_mixes_dropped_and_kept_allocator_frames() {
     kernel.alloc(PID, 0x1000, 100, &[0x40_1000]);
     let kept = service
         .store_now(
+            Viewer::Operator,
             Target::Process(PID),
             Some("kept".into()),
             AllocatorFrames::Keep,
@@ -252,13 +257,24 @@ fn a_compare_never_mixes_dropped_and_kept_allocator_frames() {
         .expect("stored");
     assert_eq!(kept.allocator_frames, Some(AllocatorFrames::Keep));
     let dropped = service
-        .store_now(Target::Process(PID), None, AllocatorFrames::Drop)
+        .store_now(
+            Viewer::Operator,
+            Target::Process(PID),
+            None,
+            AllocatorFrames::Drop,
+        )
         .expect("stored");
     assert_eq!(dropped.allocator_frames, Some(AllocatorFrames::Drop));
     // The default base is the latest snapshot taken as the new side is.
     let sides = |frames| {
         service
-            .compare_sides(Target::Process(PID), &BaseSpec::Default, None, frames)
+            .compare_sides(
+                Viewer::Operator,
+                Target::Process(PID),
+                &BaseSpec::Default,
+                None,
+                frames,
+            )
             .expect("sides")
     };
     let (base, new) = sides(AllocatorFrames::Keep);
@@ -271,6 +287,7 @@ fn a_compare_never_mixes_dropped_and_kept_allocator_frames() {
     // An explicit base taken otherwise is refused.
     let err = service
         .compare_sides(
+            Viewer::Operator,
             Target::Process(PID),
             &BaseSpec::Snapshot(SnapshotRef::Id(kept.id)),
             None,
@@ -285,6 +302,7 @@ fn a_compare_never_mixes_dropped_and_kept_allocator_frames() {
     // the kept one, not the dropped one after it.
     let (base, _) = service
         .compare_sides(
+            Viewer::Operator,
             Target::Process(PID),
             &BaseSpec::Since(Duration::ZERO),
             None,

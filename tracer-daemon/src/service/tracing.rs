@@ -13,7 +13,7 @@ use std::collections::{HashMap, HashSet};
 use serde::Serialize;
 
 use super::processes::ProcessStatus;
-use super::{Service, ServiceError};
+use super::{Service, ServiceError, Viewer};
 use crate::capture::ImageId;
 
 /// `is_tracing()` and `get_traceback_limit()` of a process image or of the
@@ -51,11 +51,17 @@ pub struct ProcessTracing {
 
 impl Service {
     /// `tracemalloc.is_tracing()` and `get_traceback_limit()`: system-wide
-    /// (None) or of `pid`'s image.
+    /// (None: with the images whose state differs that `viewer` may see)
+    /// or of `pid`'s image.
     ///
     /// # Errors
     /// [`ServiceError::NotTraced`].
-    pub fn tracing_state(&self, pid: Option<u32>) -> Result<TracingState, ServiceError> {
+    pub fn tracing_state(
+        &self,
+        viewer: Viewer,
+        pid: Option<u32>,
+    ) -> Result<TracingState, ServiceError> {
+        let visible = self.visible_pids(viewer);
         let image = pid.map(|pid| self.image_of(pid)).transpose()?;
         let control = self.state.locks().control().control.clone();
         Ok(match (pid, image) {
@@ -74,6 +80,7 @@ impl Service {
                 let system = control.system();
                 let mut overrides: Vec<ProcessTracing> = control
                     .overrides()
+                    .filter(|(image, _)| visible.as_ref().is_none_or(|v| v.contains(&image.pid)))
                     .map(|(image, t)| ProcessTracing {
                         pid: image.pid,
                         is_tracing: t.is_tracing,
@@ -147,7 +154,7 @@ impl Service {
                 self.state.locks().control().control.start_system(nframe)
             }
         };
-        let mut state = self.tracing_state(pid)?;
+        let mut state = self.tracing_state(Viewer::Operator, pid)?;
         state.started = Some(started);
         Ok(state)
     }
@@ -177,7 +184,7 @@ impl Service {
                 self.clear_images(&all);
             }
         }
-        self.tracing_state(pid)
+        self.tracing_state(Viewer::Operator, pid)
     }
 
     /// `tracemalloc.clear_traces()` of `pid`: its blocks leave the kernel

@@ -38,6 +38,7 @@ pub(super) fn meta_of(entry: &Entry) -> Value {
         "comm": entry.info.comm,
         "source_format": entry.info.source_format,
         "allocator_frames": entry.info.allocator_frames,
+        "owner_uid": entry.info.owner,
     });
     if let Some(map) = meta.as_object_mut() {
         s.completeness.insert_into(map);
@@ -105,6 +106,7 @@ pub(super) fn read_snapshot_file(path: &Path, stem: &str) -> Result<Entry, Strin
             .get("allocator_frames")
             .and_then(Value::as_str)
             .and_then(AllocatorFrames::parse),
+        owner: field("owner_uid").and_then(|u| u32::try_from(u).ok()),
     };
     Ok(Entry {
         stored,

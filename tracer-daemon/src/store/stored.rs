@@ -90,6 +90,10 @@ pub struct SnapshotInfo {
     /// frames; None when unknown (a tracemalloc file, or a file written
     /// before tracerd recorded it).
     pub allocator_frames: Option<AllocatorFrames>,
+    /// The unprivileged user (uid) who stored it, who may see, label and
+    /// delete it besides the operators; None: the operators' (taken or
+    /// loaded by one, or automatic).
+    pub owner: Option<u32>,
 }
 
 impl SnapshotInfo {
@@ -103,6 +107,7 @@ impl SnapshotInfo {
             comm: None,
             source_format: None,
             allocator_frames: None,
+            owner: None,
         }
     }
 
@@ -141,6 +146,9 @@ pub struct SnapshotSummary {
     /// `keep` when they start where the allocator was called; null when
     /// unknown (loaded from a tracemalloc file).
     pub allocator_frames: Option<AllocatorFrames>,
+    /// The uid of the unprivileged user who stored it; null: the
+    /// operators'.
+    pub owner_uid: Option<u32>,
     /// `complete`, `drops` and `drops_by_pid` (see [`Completeness`]).
     #[serde(flatten)]
     pub completeness: Completeness,
@@ -177,6 +185,7 @@ impl StoredSnapshot {
             traceback_limit: self.snapshot.traceback_limit(),
             comm: info.comm.clone(),
             allocator_frames: info.allocator_frames,
+            owner_uid: info.owner,
             completeness: self.completeness.clone(),
             this_run,
             persisted,

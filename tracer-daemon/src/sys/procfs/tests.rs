@@ -259,3 +259,34 @@ fn namespaced_pid_and_container_id() {
     assert_eq!(container_id("/user.slice/user-0.slice/session-1.scope"), None);
     assert_eq!(container_id("/"), None);
 }
+
+#[test]
+fn a_process_belongs_to_a_user_only_when_all_its_uids_are_theirs_and_it_is_dumpable() {
+    let status = |uids: &str| format!("Name:\tx\nUid:\t{uids}\nGid:\t1000\t1000\t1000\t1000\n");
+    assert_eq!(owner_of(&status("1000\t1000\t1000\t1000"), 1000), Some(1000));
+    // A setuid-root program run by user 1000: effective and saved uid 0,
+    // and /proc/PID owned by root.
+    assert_eq!(owner_of(&status("1000\t0\t0\t0"), 0), None);
+    // A program that dropped privileges but is not dumpable: /proc/PID
+    // stays root's.
+    assert_eq!(owner_of(&status("1000\t1000\t1000\t1000"), 0), None);
+    // A saved uid of another user.
+    assert_eq!(owner_of(&status("1000\t1000\t0\t1000"), 1000), None);
+    assert_eq!(owner_of(&status("0\t0\t0\t0"), 0), Some(0));
+    assert_eq!(owner_of("Name:\tx\n", 1000), None);
+    assert_eq!(owner_of(&status("1000\tx\t1000\t1000"), 1000), None);
+    // This process, read back: its uid owns it.
+    let me = own_uid();
+    assert_eq!(read_owner(std::process::id()), Some(me));
+}
+
+/// This process's uid, from `/proc/self/status`.
+fn own_uid() -> u32 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("must succeed");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("must succeed")
+}
