@@ -133,6 +133,7 @@ pub async fn run(config: Config) -> Result<(), AppError> {
             top_processes: config.metrics_top_processes as usize,
             call_sites: config.metrics_call_sites as usize,
             bpf_stats_enabled: bpf_stats.is_some(),
+            public: config.metrics_public,
         },
     );
     let metrics = Arc::new(metrics);

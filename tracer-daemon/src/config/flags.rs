@@ -159,6 +159,9 @@ pub struct Flags {
     /// Members of this group may change tracing, like root and token holders (others get 403).
     #[arg(long, env = "TRACERD_OPERATORS_GROUP")]
     pub operators_group: Option<String>,
+    /// Per-process series in /metrics for every caller, not only operators (true or false).
+    #[arg(long, env = "TRACERD_METRICS_PUBLIC")]
+    pub metrics_public: Option<bool>,
     /// Log filter (tracing's EnvFilter syntax), e.g. info or tracer_daemon=debug.
     #[arg(long, env = "TRACERD_LOG")]
     pub log: Option<String>,

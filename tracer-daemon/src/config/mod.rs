@@ -210,11 +210,18 @@ pub struct Config {
     /// traced from a moment after its start.
     pub hold_exec: bool,
     /// The operators' group: besides root and holders of the token, its
-    /// members may change tracing (start, stop, clear, the scope, stored
-    /// snapshots, loaded files); everyone else's requests that change
-    /// anything get 403. The peer's user comes from the kernel
-    /// (`SO_PEERCRED`, inet_diag for loopback TCP).
+    /// members see every process and may change tracing (start, stop,
+    /// clear, the scope, others' snapshots, loaded files). Everyone else
+    /// sees only their own processes (those they could ptrace) and the
+    /// snapshots they stored, and gets 403 for other changes. The peer's
+    /// user comes from the kernel (`SO_PEERCRED`, inet_diag for loopback
+    /// TCP).
     pub operators_group: String,
+    /// `/metrics`: give the per-process series (pid, comm, call sites) to
+    /// every caller, not only to operators. Off, others get the host's
+    /// totals (every process summed under `pid="other"`) and tracer's own
+    /// health.
+    pub metrics_public: bool,
     /// Log filter (tracing's EnvFilter syntax), e.g. `info` or `tracer_daemon=debug`.
     pub log: String,
     /// `/metrics`: processes labelled by pid and comm, the largest by
@@ -277,6 +284,7 @@ impl Default for Config {
             trace_mmap: true,
             hold_exec: true,
             operators_group: "tracer".to_string(),
+            metrics_public: false,
             log: "info".to_string(),
             metrics_top_processes: 20,
             metrics_call_sites: 0,

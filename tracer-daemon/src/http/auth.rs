@@ -3,7 +3,7 @@
 use std::{os::unix::fs::PermissionsExt as _, path::Path, sync::Arc};
 
 use axum::{
-    extract::{Request, State},
+    extract::{RawPathParams, Request, State},
     http::{HeaderValue, StatusCode, header},
     middleware::Next,
     response::{IntoResponse, Response},
@@ -12,6 +12,7 @@ use subtle::ConstantTimeEq as _;
 
 use super::ApiError;
 use super::server::ServerError;
+use crate::service::{NotTracedWhy, Service, ServiceError, Viewer};
 
 /// Fewest bytes a bearer token may have: shorter ones can be guessed.
 pub const MIN_TOKEN_BYTES: usize = 16;
@@ -82,8 +83,12 @@ impl Token {
     }
 }
 
-/// Middleware: a request without `Authorization: Bearer <token>` gets 401;
-/// one with it is an operator's ([`TokenHolder`]).
+/// Middleware: a request with `Authorization: Bearer <token>` is an
+/// operator's ([`TokenHolder`]); one without it passes only from a peer the
+/// kernel names (loopback TCP: inet_diag), whose user then decides what it
+/// may do ([`authorize`]), so that plain `curl` works on the host. A wrong
+/// token, or no token from a peer tracerd cannot identify (another host),
+/// gets 401.
 pub async fn authenticate(
     State(token): State<Token>,
     mut request: Request,
@@ -95,6 +100,13 @@ pub async fn authenticate(
         .map(HeaderValue::as_bytes);
     if token.admits(given) {
         request.extensions_mut().insert(TokenHolder);
+        return next.run(request).await;
+    }
+    let identified = request
+        .extensions()
+        .get::<axum::extract::ConnectInfo<Caller>>()
+        .is_some_and(|info| info.0.uid.is_some());
+    if given.is_none() && identified {
         return next.run(request).await;
     }
     let mut response = ApiError::new(
@@ -141,6 +153,89 @@ mod tests {
             uid: Some(65534),
             gid: Some(65534)
         }));
+    }
+
+    fn request(method: &str, uri: &str, length: Option<&str>) -> Request {
+        let mut builder = axum::http::Request::builder().method(method).uri(uri);
+        if let Some(length) = length {
+            builder = builder.header(header::CONTENT_LENGTH, length);
+        }
+        builder
+            .body(axum::body::Body::empty())
+            .expect("must succeed")
+    }
+
+    #[test]
+    fn a_user_may_change_only_what_is_theirs() {
+        for (method, uri, length, may) in [
+            ("POST", "/pid/42/snapshots?label=x", None, true),
+            ("POST", "/pid/42/reset-peak", Some("0"), true),
+            ("POST", "/snapshots", Some("0"), true),
+            ("POST", "/snapshots", None, true),
+            ("POST", "/snapshots?format=tracemalloc", Some("120"), false),
+            ("PATCH", "/snapshots/3?label=y", None, true),
+            ("DELETE", "/snapshots/mine", None, true),
+            ("DELETE", "/snapshots", None, false),
+            ("POST", "/pid/42/clear-traces", None, false),
+            ("POST", "/pid/42/tracing/stop", None, false),
+            ("POST", "/pid/42/tracing/start", None, false),
+            ("POST", "/tracing/stop", None, false),
+            ("POST", "/tracing/start", None, false),
+            ("PUT", "/scope?pid=1", None, false),
+            ("PUT", "/pid/42/snapshots", None, false),
+        ] {
+            assert_eq!(
+                users_may(&request(method, uri, length)),
+                may,
+                "{method} {uri}"
+            );
+        }
+    }
+
+    /// A router behind [`authenticate`] whose `/health` says who it was
+    /// for, with the peer `caller` as the listener would have found it.
+    async fn through_authenticate(caller: Option<Caller>, authorization: Option<&str>) -> u16 {
+        use tower::ServiceExt as _;
+        let app = axum::Router::new()
+            .route("/health", axum::routing::get(|| async { "ok" }))
+            .layer(axum::middleware::from_fn_with_state(token(), authenticate));
+        let mut request = request("GET", "/health", None);
+        if let Some(caller) = caller {
+            request
+                .extensions_mut()
+                .insert(axum::extract::ConnectInfo(caller));
+        }
+        if let Some(value) = authorization {
+            request.headers_mut().insert(
+                header::AUTHORIZATION,
+                HeaderValue::from_str(value).expect("must succeed"),
+            );
+        }
+        app.oneshot(request)
+            .await
+            .expect("must succeed")
+            .status()
+            .as_u16()
+    }
+
+    #[tokio::test]
+    async fn the_token_is_needed_only_from_a_peer_the_kernel_does_not_name() {
+        let local = Caller {
+            uid: Some(65534),
+            gid: None,
+        };
+        assert_eq!(through_authenticate(Some(local), None).await, 200);
+        assert_eq!(
+            through_authenticate(Some(local), Some("Bearer wrong-token-0123456789")).await,
+            401
+        );
+        let remote = Caller::default();
+        assert_eq!(through_authenticate(Some(remote), None).await, 401);
+        assert_eq!(through_authenticate(None, None).await, 401);
+        assert_eq!(
+            through_authenticate(Some(remote), Some("Bearer 0123456789abcdef-secret")).await,
+            200
+        );
     }
 
     #[test]
@@ -305,37 +400,126 @@ fn user_groups(uid: u32) -> Vec<u32> {
     groups
 }
 
-/// Middleware: a request that changes anything (any method but GET and
-/// HEAD) from a caller who is not an operator (root, a member of the
-/// operators' group, a holder of the token) gets 403. A request that came
-/// through no listener (no [`Caller`]: tracerd's own, and tests) passes.
+/// Middleware: decides who the request is for ([`Viewer`], put in its
+/// extensions for the handlers and the routes' gate, [`gate_pid`]), and
+/// answers 403 to a change a non-operator may not make.
+///
+/// An operator is a holder of the token, root or a member of the
+/// operators' group; a request that came through no listener (no
+/// [`Caller`]: tracerd's own, and tests) is an operator's. A peer whose uid
+/// the kernel does not tell is [`Viewer::Nobody`]. A user (neither) may
+/// read (GET, HEAD) and make the changes that touch only what is theirs
+/// ([`users_may`]); anything else gets 403 with a hint that says who may.
 pub async fn authorize(
     State(operators): State<Arc<Operators>>,
-    request: Request,
+    mut request: Request,
     next: Next,
 ) -> Response {
     use axum::extract::ConnectInfo;
     use axum::http::Method;
-    if matches!(*request.method(), Method::GET | Method::HEAD)
-        || request.extensions().get::<TokenHolder>().is_some()
-    {
-        return next.run(request).await;
-    }
     let caller = request
         .extensions()
         .get::<ConnectInfo<Caller>>()
         .map(|info| info.0);
-    match caller {
-        None => next.run(request).await,
-        Some(caller) if operators.admit(caller) => next.run(request).await,
-        Some(_) => ApiError::new(
-            StatusCode::FORBIDDEN,
-            "only an operator may change tracing, the scope or the stored snapshots",
-            format!(
-                "operators are root, the members of group {} and holders of tracerd's token; reading (GET) is open",
-                operators.group
-            ),
-        )
+    let viewer = if request.extensions().get::<TokenHolder>().is_some() {
+        Viewer::Operator
+    } else {
+        match caller {
+            None => Viewer::Operator,
+            Some(caller) if operators.admit(caller) => Viewer::Operator,
+            Some(Caller { uid: Some(uid), .. }) => Viewer::User(uid),
+            Some(Caller { uid: None, .. }) => Viewer::Nobody,
+        }
+    };
+    request.extensions_mut().insert(viewer);
+    if viewer.is_operator()
+        || matches!(*request.method(), Method::GET | Method::HEAD)
+        || users_may(&request)
+    {
+        return next.run(request).await;
+    }
+    ApiError::new(
+        StatusCode::FORBIDDEN,
+        "only an operator may do this: change tracing or the scope, clear traces, reset the peak of another user's process, load a file, or change another user's snapshot",
+        format!(
+            "operators are root, the members of group {} and holders of tracerd's token; anyone may read (GET) their own processes and take snapshots of them, reset their peaks, and label or delete the snapshots they stored",
+            operators.group
+        ),
+    )
+    .into_response()
+}
+
+/// The changes an unprivileged user may ask for, each on what is theirs
+/// (the routes check whose it is, and answer 404 for what is not):
+/// `POST /pid/{pid}/snapshots` and `POST /pid/{pid}/reset-peak` of their
+/// processes, `POST /snapshots` with no body (a snapshot of their
+/// processes; a body loads a file: operators only), `PATCH` and `DELETE
+/// /snapshots/{id}` of their snapshots.
+fn users_may(request: &Request) -> bool {
+    use axum::http::Method;
+    let segments: Vec<&str> = request.uri().path().trim_matches('/').split('/').collect();
+    let method = request.method();
+    match segments.as_slice() {
+        ["pid", _, "snapshots" | "reset-peak"] => method == Method::POST,
+        ["snapshots"] => method == Method::POST && !has_body(request),
+        ["snapshots", _] => matches!(*method, Method::PATCH | Method::DELETE),
+        _ => false,
+    }
+}
+
+/// Whether a request announces a body: a `Content-Length` other than 0,
+/// or any `Transfer-Encoding`.
+fn has_body(request: &Request) -> bool {
+    let headers = request.headers();
+    headers.contains_key(header::TRANSFER_ENCODING)
+        || headers
+            .get(header::CONTENT_LENGTH)
+            .is_some_and(|v| v.as_bytes() != b"0")
+}
+
+/// The [`Viewer`] [`authorize`] decided; an operator for a request that
+/// did not pass through it (tracerd's own router in tests).
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Viewer {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        Ok(parts
+            .extensions
+            .get::<Viewer>()
+            .copied()
+            .unwrap_or(Viewer::Operator))
+    }
+}
+
+/// Route middleware of every `/pid/{pid}` route: a process the viewer may
+/// not see ([`Service::visible`]) is answered exactly as a pid no process
+/// has (404, "no such process"), before the route does anything. A pid
+/// that does not parse is left to the route (its 400).
+pub async fn gate_pid(
+    State(service): State<Arc<Service>>,
+    viewer: Viewer,
+    params: RawPathParams,
+    request: Request,
+    next: Next,
+) -> Response {
+    let pid = params
+        .iter()
+        .find(|(name, _)| *name == "pid")
+        .and_then(|(_, raw)| super::params::parse_pid(raw).ok());
+    let Some(pid) = pid.filter(|_| !viewer.is_operator()) else {
+        return next.run(request).await;
+    };
+    let visible = super::blocking(move || Ok::<_, ApiError>(service.visible(viewer, pid))).await;
+    match visible {
+        Ok(true) => next.run(request).await,
+        Ok(false) => ApiError::from(ServiceError::NotTraced {
+            pid,
+            why: NotTracedWhy::NoProcess,
+        })
         .into_response(),
+        Err(err) => err.into_response(),
     }
 }

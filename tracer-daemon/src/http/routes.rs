@@ -11,6 +11,7 @@ use axum::{
 };
 
 use super::ApiError;
+use super::auth::gate_pid;
 use super::handlers::{scope, snapshots, status, tracing, views};
 use crate::service::Service;
 
@@ -256,13 +257,23 @@ pub fn cost_of(path: &str) -> Cost {
         .map_or(Cheap, |r| r.cost)
 }
 
-/// The API's router over a service: every route of [`ROUTES`], and a JSON
-/// 404 or 405 that lists them.
+/// The API's router over a service: every route of [`ROUTES`] (those of
+/// a process behind [`gate_pid`]: a process the caller may not see does
+/// not exist for them), and a JSON 404 or 405 that lists them.
 pub fn api_router(service: Arc<Service>) -> Router {
     ROUTES
         .iter()
         .fold(Router::new(), |router, route| {
-            router.route(route.path, (route.handlers)())
+            let handlers = (route.handlers)();
+            let handlers = if route.path.starts_with("/pid/{pid}") {
+                handlers.route_layer(axum::middleware::from_fn_with_state(
+                    service.clone(),
+                    gate_pid,
+                ))
+            } else {
+                handlers
+            };
+            router.route(route.path, handlers)
         })
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)

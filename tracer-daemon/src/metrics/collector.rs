@@ -187,7 +187,7 @@ impl Collector for ServiceCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
         let views: Vec<ProcessView> = self
             .service
-            .processes()
+            .processes(crate::service::Viewer::Operator)
             .into_iter()
             .map(|status| status.view)
             .collect();

@@ -12,6 +12,10 @@
 //!   latency ([`Metrics::observe`], fed by the HTTP layer's
 //!   `track_requests`).
 //!
+//! Per-process series name processes (pid, comm, call sites): a scrape
+//! that is not an operator's gets them only with `metrics_public`; else
+//! every process is summed under `pid="other"` ([`Metrics::encode`]).
+//!
 //! `docs/metrics.md` lists every metric; a test checks that list against
 //! what a scrape shows.
 use std::{fmt, sync::Arc, time::Duration};
@@ -41,6 +45,9 @@ pub struct MetricsOptions {
     pub call_sites: usize,
     /// Whether `BPF_ENABLE_STATS` is on (the fd is held by the caller).
     pub bpf_stats_enabled: bool,
+    /// Whether every caller gets the per-process series
+    /// (`metrics_public`), not only operators.
+    pub public: bool,
 }
 
 /// Labels of `tracer_api_requests_total`.
@@ -64,7 +71,13 @@ pub struct RouteLabels {
 
 /// The registry and the metrics kept as events happen.
 pub struct Metrics {
+    /// Everything, per process: what operators scrape.
     registry: Registry,
+    /// The same with no process named (every process under `other`, no
+    /// call sites): what others scrape unless `metrics_public`.
+    hosts: Registry,
+    /// Whether others get `registry` too (`metrics_public`).
+    public: bool,
     requests: Family<RequestLabels, Counter>,
     durations: Family<RouteLabels, Histogram>,
 }
@@ -85,23 +98,28 @@ impl Metrics {
     /// The API request metrics alone; [`Metrics::collect_service`] adds
     /// everything read from the service.
     pub fn new() -> Self {
-        let mut registry = Registry::default();
         let requests = Family::<RequestLabels, Counter>::default();
-        registry.register(
-            "tracer_api_requests",
-            "HTTP API requests answered, by route template, method and status",
-            requests.clone(),
-        );
         let durations = Family::<RouteLabels, Histogram>::new_with_constructor(|| {
             Histogram::new([0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0])
         });
-        registry.register(
-            "tracer_api_request_duration_seconds",
-            "Time from request to response head, by route template, in seconds",
-            durations.clone(),
-        );
+        let [registry, hosts] = [(); 2].map(|()| {
+            let mut registry = Registry::default();
+            registry.register(
+                "tracer_api_requests",
+                "HTTP API requests answered, by route template, method and status",
+                requests.clone(),
+            );
+            registry.register(
+                "tracer_api_request_duration_seconds",
+                "Time from request to response head, by route template, in seconds",
+                durations.clone(),
+            );
+            registry
+        });
         Self {
             registry,
+            hosts,
+            public: false,
             requests,
             durations,
         }
@@ -109,8 +127,19 @@ impl Metrics {
 
     /// Adds the metrics read from `service` at each scrape.
     pub fn collect_service(&mut self, service: Arc<Service>, options: MetricsOptions) {
+        self.public = options.public;
         self.registry
-            .register_collector(Box::new(collector::ServiceCollector::new(service, options)));
+            .register_collector(Box::new(collector::ServiceCollector::new(
+                service.clone(),
+                options,
+            )));
+        let hosts = MetricsOptions {
+            top_processes: 0,
+            call_sites: 0,
+            ..options
+        };
+        self.hosts
+            .register_collector(Box::new(collector::ServiceCollector::new(service, hosts)));
     }
 
     /// Counts one answered request.
@@ -129,14 +158,22 @@ impl Metrics {
             .observe(elapsed.as_secs_f64());
     }
 
-    /// Every metric in the OpenMetrics text format. Blocks (reads kernel
-    /// maps): call it from `spawn_blocking`.
+    /// Every metric in the OpenMetrics text format, as `operator` (an
+    /// operator's scrape, or any with `metrics_public`) gets them: with
+    /// the per-process series; else with every process summed under
+    /// `pid="other"` and no call sites. Blocks (reads kernel maps): call it
+    /// from `spawn_blocking`.
     ///
     /// # Errors
     /// Only if formatting into a String fails, which it does not.
-    pub fn encode(&self) -> Result<String, fmt::Error> {
+    pub fn encode(&self, operator: bool) -> Result<String, fmt::Error> {
+        let registry = if operator || self.public {
+            &self.registry
+        } else {
+            &self.hosts
+        };
         let mut out = String::with_capacity(16 * 1024);
-        prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
+        prometheus_client::encoding::text::encode(&mut out, registry)?;
         Ok(out)
     }
 }

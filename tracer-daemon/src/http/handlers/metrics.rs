@@ -11,12 +11,14 @@ use axum::{
 
 use crate::http::{ApiError, blocking};
 use crate::metrics::{CONTENT_TYPE, Metrics};
+use crate::service::Viewer;
 
-/// `GET /metrics`: every metric (reads the service: blocks, so off the
-/// async threads).
-pub async fn scrape(State(metrics): State<Arc<Metrics>>) -> Response {
+/// `GET /metrics`: every metric, the per-process series for operators (or
+/// anyone with `metrics_public`) only (reads the service: blocks, so off
+/// the async threads).
+pub async fn scrape(State(metrics): State<Arc<Metrics>>, viewer: Viewer) -> Response {
     let encoded = blocking(move || {
-        metrics.encode().map_err(|_| {
+        metrics.encode(viewer.is_operator()).map_err(|_| {
             ApiError::new(
                 axum::http::StatusCode::INTERNAL_SERVER_ERROR,
                 "encoding the metrics failed",

@@ -10,11 +10,14 @@ use axum::{
 
 use crate::http::params::parse_scope;
 use crate::http::{ApiError, blocking};
-use crate::service::Service;
+use crate::service::{Service, Viewer};
 
 /// `GET /scope`: the scope and what is attached for it.
-pub async fn get_scope(State(service): State<Arc<Service>>) -> Result<Response, ApiError> {
-    let view = blocking(move || Ok::<_, ApiError>(service.scope())).await?;
+pub async fn get_scope(
+    State(service): State<Arc<Service>>,
+    viewer: Viewer,
+) -> Result<Response, ApiError> {
+    let view = blocking(move || Ok::<_, ApiError>(service.scope(viewer))).await?;
     Ok(Json(view).into_response())
 }
 
@@ -26,7 +29,7 @@ pub async fn put_scope(
     let scope = parse_scope(query.as_deref())?;
     let view = blocking(move || {
         service.set_scope(scope)?;
-        Ok::<_, ApiError>(service.scope())
+        Ok::<_, ApiError>(service.scope(Viewer::Operator))
     })
     .await?;
     Ok(Json(view).into_response())

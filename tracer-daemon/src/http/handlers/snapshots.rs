@@ -19,7 +19,7 @@ use crate::http::params::{
 };
 use crate::http::render::object;
 use crate::http::{ApiError, blocking};
-use crate::service::{Service, Target};
+use crate::service::{Service, Target, Viewer};
 
 /// Largest snapshot file accepted by `POST /snapshots`, in bytes.
 pub const MAX_UPLOAD_BYTES: usize = 1 << 30;
@@ -41,6 +41,7 @@ fn file_format(params: &Params) -> Result<bool, ApiError> {
 /// stored with how it treated the allocation machinery's frames.
 pub async fn pid_take_snapshot(
     State(service): State<Arc<Service>>,
+    viewer: Viewer,
     Path(pid): Path<String>,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
@@ -48,19 +49,21 @@ pub async fn pid_take_snapshot(
     let params = Params::parse(query.as_deref(), &["label", ALLOCATOR_FRAMES])?;
     let label = params.label()?.flatten();
     let frames = params.allocator_frames()?;
-    let summary = blocking(move || service.store_now(Target::Process(pid), label, frames)).await?;
+    let summary =
+        blocking(move || service.store_now(viewer, Target::Process(pid), label, frames)).await?;
     Ok((StatusCode::CREATED, Json(summary)).into_response())
 }
 
 /// `GET /pid/{pid}/snapshots`: the stored snapshots of its current image.
 pub async fn pid_snapshots(
     State(service): State<Arc<Service>>,
+    viewer: Viewer,
     Path(pid): Path<String>,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     let pid = parse_pid(&pid)?;
     Params::parse(query.as_deref(), &[])?;
-    let list = blocking(move || service.list_snapshots(Some(pid))).await?;
+    let list = blocking(move || service.list_snapshots(viewer, Some(pid))).await?;
     Ok(Json(json!({ "pid": pid, "snapshots": list })).into_response())
 }
 
@@ -68,6 +71,7 @@ pub async fn pid_snapshots(
 /// were refused at start.
 pub async fn list_snapshots(
     State(service): State<Arc<Service>>,
+    viewer: Viewer,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     let params = Params::parse(query.as_deref(), &["pid", "kind"])?;
@@ -83,8 +87,15 @@ pub async fn list_snapshots(
         }
     };
     let (list, unreadable) = blocking(move || {
-        let list = service.list_snapshots(None)?;
-        Ok::<_, ApiError>((list, service.unreadable_snapshots()))
+        let list = service.list_snapshots(viewer, None)?;
+        // The refused files are the operators' to see (paths in tracerd's
+        // state directory).
+        let unreadable = if viewer.is_operator() {
+            service.unreadable_snapshots()
+        } else {
+            Vec::new()
+        };
+        Ok::<_, ApiError>((list, unreadable))
     })
     .await?;
     let list: Vec<_> = list
@@ -100,6 +111,7 @@ pub async fn list_snapshots(
 /// (`format=tracer`, the default, or `tracemalloc`).
 pub async fn post_snapshots(
     State(service): State<Arc<Service>>,
+    viewer: Viewer,
     RawQuery(query): RawQuery,
     body: Bytes,
 ) -> Result<Response, ApiError> {
@@ -114,13 +126,13 @@ pub async fn post_snapshots(
                 "send the snapshot file as the body to load it; an empty body takes a system-wide snapshot",
             ));
         }
-        blocking(move || service.store_now(Target::System, label, frames)).await?
+        blocking(move || service.store_now(viewer, Target::System, label, frames)).await?
     } else if params.get(ALLOCATOR_FRAMES).is_some() {
         return Err(stored_allocator_frames(
             "a loaded file keeps what it records (send an empty body to take a snapshot)",
         ));
     } else {
-        blocking(move || service.load_snapshot(&body, tracemalloc, label)).await?
+        blocking(move || service.load_snapshot(viewer, &body, tracemalloc, label)).await?
     };
     Ok((StatusCode::CREATED, Json(summary)).into_response())
 }
@@ -128,25 +140,27 @@ pub async fn post_snapshots(
 /// `GET /snapshots/{id}`: one stored snapshot's summary.
 pub async fn snapshot_summary(
     State(service): State<Arc<Service>>,
+    viewer: Viewer,
     Path(id): Path<String>,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     let reference = parse_ref("id", &id)?;
     refuse_allocator_frames(query.as_deref())?;
     Params::parse(query.as_deref(), &[])?;
-    let (_, summary, _) = blocking(move || service.stored(&reference)).await?;
+    let (_, summary, _) = blocking(move || service.stored(viewer, &reference)).await?;
     Ok(Json(summary).into_response())
 }
 
 /// `DELETE /snapshots/{id}`.
 pub async fn delete_snapshot(
     State(service): State<Arc<Service>>,
+    viewer: Viewer,
     Path(id): Path<String>,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     let reference = parse_ref("id", &id)?;
     Params::parse(query.as_deref(), &[])?;
-    let summary = blocking(move || service.delete_snapshot(&reference)).await?;
+    let summary = blocking(move || service.delete_snapshot(viewer, &reference)).await?;
     Ok(Json(json!({"deleted": summary})).into_response())
 }
 
@@ -154,6 +168,7 @@ pub async fn delete_snapshot(
 /// label.
 pub async fn label_snapshot(
     State(service): State<Arc<Service>>,
+    viewer: Viewer,
     Path(id): Path<String>,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
@@ -165,7 +180,7 @@ pub async fn label_snapshot(
             "PATCH /snapshots/{id}?label=NAME sets a label; label= (empty) removes it",
         )
     })?;
-    let summary = blocking(move || service.label_snapshot(&reference, label)).await?;
+    let summary = blocking(move || service.label_snapshot(viewer, &reference, label)).await?;
     Ok(Json(summary).into_response())
 }
 
@@ -173,6 +188,7 @@ pub async fn label_snapshot(
 /// format or a tracemalloc pickle.
 pub async fn snapshot_dump(
     State(service): State<Arc<Service>>,
+    viewer: Viewer,
     Path(id): Path<String>,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
@@ -181,7 +197,7 @@ pub async fn snapshot_dump(
     let params = Params::parse(query.as_deref(), &["format"])?;
     let tracemalloc = file_format(&params)?;
     let (bytes, name) = blocking(move || {
-        let (stored, summary, _) = service.stored(&reference)?;
+        let (stored, summary, _) = service.stored(viewer, &reference)?;
         let bytes = if tracemalloc {
             dump_tracemalloc(&stored.snapshot)
         } else {

@@ -11,7 +11,7 @@ use axum::{
 use serde_json::json;
 
 use crate::http::{ApiError, blocking, params::Params, params::parse_pid};
-use crate::service::Service;
+use crate::service::{Service, Viewer};
 
 /// `GET /health`: readiness, what is probed.
 pub async fn health(State(service): State<Arc<Service>>) -> Result<Response, ApiError> {
@@ -23,16 +23,20 @@ pub async fn health(State(service): State<Arc<Service>>) -> Result<Response, Api
 /// tracemalloc reports it and its tracing state.
 pub async fn processes(
     State(service): State<Arc<Service>>,
+    viewer: Viewer,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     Params::parse(query.as_deref(), &[])?;
-    let list = blocking(move || Ok::<_, ApiError>(service.processes())).await?;
+    let list = blocking(move || Ok::<_, ApiError>(service.processes(viewer))).await?;
     Ok(Json(json!({ "processes": list })).into_response())
 }
 
 /// `GET /maps`: the kernel maps' use and the programs' counters.
-pub async fn kernel_maps(State(service): State<Arc<Service>>) -> Result<Response, ApiError> {
-    let maps = blocking(move || Ok::<_, ApiError>(service.kernel_maps())).await?;
+pub async fn kernel_maps(
+    State(service): State<Arc<Service>>,
+    viewer: Viewer,
+) -> Result<Response, ApiError> {
+    let maps = blocking(move || Ok::<_, ApiError>(service.kernel_maps(viewer))).await?;
     Ok(Json(maps).into_response())
 }
 
@@ -74,10 +78,11 @@ pub async fn pid_traced_memory(
 /// `GET /traced-memory`: `get_traced_memory()` summed over live processes.
 pub async fn system_traced_memory(
     State(service): State<Arc<Service>>,
+    viewer: Viewer,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     Params::parse(query.as_deref(), &[])?;
-    let memory = blocking(move || Ok::<_, ApiError>(service.system_memory())).await?;
+    let memory = blocking(move || Ok::<_, ApiError>(service.system_memory(viewer))).await?;
     Ok(Json(memory).into_response())
 }
 

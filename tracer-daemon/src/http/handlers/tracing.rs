@@ -14,7 +14,7 @@ use tracer_model::LineCache;
 use crate::http::params::{ALLOCATOR_FRAMES, Params, TEXT, nframe_param, parse_address, parse_pid};
 use crate::http::render::text_response;
 use crate::http::{ApiError, blocking};
-use crate::service::Service;
+use crate::service::{Service, Viewer};
 
 /// `GET /pid/{pid}/tracing`.
 pub async fn pid_tracing(
@@ -24,17 +24,18 @@ pub async fn pid_tracing(
 ) -> Result<Response, ApiError> {
     let pid = parse_pid(&pid)?;
     Params::parse(query.as_deref(), &[])?;
-    let state = blocking(move || service.tracing_state(Some(pid))).await?;
+    let state = blocking(move || service.tracing_state(Viewer::Operator, Some(pid))).await?;
     Ok(Json(state).into_response())
 }
 
 /// `GET /tracing`.
 pub async fn system_tracing(
     State(service): State<Arc<Service>>,
+    viewer: Viewer,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     Params::parse(query.as_deref(), &[])?;
-    let state = blocking(move || service.tracing_state(None)).await?;
+    let state = blocking(move || service.tracing_state(viewer, None)).await?;
     Ok(Json(state).into_response())
 }
 

@@ -19,7 +19,7 @@ use crate::http::render::{
     compare_response, object, statistics_response, stats_query, traces_response, with_common,
 };
 use crate::http::{ApiError, blocking};
-use crate::service::{Service, Side, Target};
+use crate::service::{Service, Side, Target, Viewer};
 
 /// Parameters of the statistics routes besides the text options and filters.
 const STATISTICS: [&str; 3] = ["group_by", "cumulative", "limit"];
@@ -53,6 +53,7 @@ fn compare_frames(
 /// `GET /pid/{pid}/statistics`.
 pub async fn pid_statistics(
     State(service): State<Arc<Service>>,
+    viewer: Viewer,
     Path(pid): Path<String>,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
@@ -61,7 +62,7 @@ pub async fn pid_statistics(
     let query = stats_query(&params)?;
     let frames = params.allocator_frames()?;
     blocking(move || {
-        let now = service.snapshot_now_with(Target::Process(pid), frames)?;
+        let now = service.snapshot_now_with(viewer, Target::Process(pid), frames)?;
         statistics_response(
             &now.snapshot,
             &now.completeness,
@@ -76,13 +77,14 @@ pub async fn pid_statistics(
 /// `GET /statistics`: every traced process now.
 pub async fn system_statistics(
     State(service): State<Arc<Service>>,
+    viewer: Viewer,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     let params = Params::parse(query.as_deref(), &of_now(&STATISTICS))?;
     let query = stats_query(&params)?;
     let frames = params.allocator_frames()?;
     blocking(move || {
-        let now = service.snapshot_now_with(Target::System, frames)?;
+        let now = service.snapshot_now_with(viewer, Target::System, frames)?;
         let head = object(
             json!({"pids": now.pids, "current": now.traced_memory.0, "peak": now.traced_memory.1,
                    "allocator_frames": now.allocator_frames}),
@@ -95,6 +97,7 @@ pub async fn system_statistics(
 /// `GET /snapshots/{id}/statistics`.
 pub async fn snapshot_statistics(
     State(service): State<Arc<Service>>,
+    viewer: Viewer,
     Path(id): Path<String>,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
@@ -103,7 +106,7 @@ pub async fn snapshot_statistics(
     let params = Params::parse(query.as_deref(), &with_common(&STATISTICS))?;
     let query = stats_query(&params)?;
     blocking(move || {
-        let (stored, summary, _) = service.stored(&reference)?;
+        let (stored, summary, _) = service.stored(viewer, &reference)?;
         statistics_response(
             &stored.snapshot,
             &stored.completeness,
@@ -117,6 +120,7 @@ pub async fn snapshot_statistics(
 /// `GET /pid/{pid}/compare`.
 pub async fn pid_compare(
     State(service): State<Arc<Service>>,
+    viewer: Viewer,
     Path(pid): Path<String>,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
@@ -127,7 +131,7 @@ pub async fn pid_compare(
     let frames = compare_frames(&params, new.as_ref())?;
     blocking(move || {
         let (base, new) =
-            service.compare_sides(Target::Process(pid), &base, new.as_ref(), frames)?;
+            service.compare_sides(viewer, Target::Process(pid), &base, new.as_ref(), frames)?;
         compare_response(&base, &new, &query, object(json!({"pid": pid})))
     })
     .await
@@ -136,6 +140,7 @@ pub async fn pid_compare(
 /// `GET /compare`: every traced process.
 pub async fn system_compare(
     State(service): State<Arc<Service>>,
+    viewer: Viewer,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     let params = Params::parse(query.as_deref(), &of_now(&COMPARE))?;
@@ -143,7 +148,8 @@ pub async fn system_compare(
     let (base, new) = compare_specs(&params)?;
     let frames = compare_frames(&params, new.as_ref())?;
     blocking(move || {
-        let (base, new) = service.compare_sides(Target::System, &base, new.as_ref(), frames)?;
+        let (base, new) =
+            service.compare_sides(viewer, Target::System, &base, new.as_ref(), frames)?;
         compare_response(&base, &new, &query, serde_json::Map::new())
     })
     .await
@@ -152,6 +158,7 @@ pub async fn system_compare(
 /// `GET /snapshots/{id}/compare?base=`: any two stored snapshots.
 pub async fn snapshot_compare(
     State(service): State<Arc<Service>>,
+    viewer: Viewer,
     Path(id): Path<String>,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
@@ -169,8 +176,8 @@ pub async fn snapshot_compare(
         )
     })?;
     blocking(move || {
-        let (new_stored, _, new_info) = service.stored(&new)?;
-        let (base_stored, _, base_info) = service.stored(&base)?;
+        let (new_stored, _, new_info) = service.stored(viewer, &new)?;
+        let (base_stored, _, base_info) = service.stored(viewer, &base)?;
         let (base, new) = (
             Side::stored(&base_stored, &base_info),
             Side::stored(&new_stored, &new_info),
@@ -184,6 +191,7 @@ pub async fn snapshot_compare(
 /// `GET /pid/{pid}/traces`.
 pub async fn pid_traces(
     State(service): State<Arc<Service>>,
+    viewer: Viewer,
     Path(pid): Path<String>,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
@@ -192,7 +200,7 @@ pub async fn pid_traces(
     params.text_options(params.text()?)?;
     let frames = params.allocator_frames()?;
     blocking(move || {
-        let now = service.snapshot_now_with(Target::Process(pid), frames)?;
+        let now = service.snapshot_now_with(viewer, Target::Process(pid), frames)?;
         traces_response(
             &now.snapshot,
             &now.completeness,
@@ -206,13 +214,14 @@ pub async fn pid_traces(
 /// `GET /traces`: every traced process.
 pub async fn system_traces(
     State(service): State<Arc<Service>>,
+    viewer: Viewer,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     let params = Params::parse(query.as_deref(), &of_now(&TRACES))?;
     params.text_options(params.text()?)?;
     let frames = params.allocator_frames()?;
     blocking(move || {
-        let now = service.snapshot_now_with(Target::System, frames)?;
+        let now = service.snapshot_now_with(viewer, Target::System, frames)?;
         traces_response(
             &now.snapshot,
             &now.completeness,
@@ -226,6 +235,7 @@ pub async fn system_traces(
 /// `GET /snapshots/{id}/traces`.
 pub async fn snapshot_traces(
     State(service): State<Arc<Service>>,
+    viewer: Viewer,
     Path(id): Path<String>,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
@@ -234,7 +244,7 @@ pub async fn snapshot_traces(
     let params = Params::parse(query.as_deref(), &with_common(&TRACES))?;
     params.text_options(params.text()?)?;
     blocking(move || {
-        let (stored, summary, _) = service.stored(&reference)?;
+        let (stored, summary, _) = service.stored(viewer, &reference)?;
         traces_response(
             &stored.snapshot,
             &stored.completeness,

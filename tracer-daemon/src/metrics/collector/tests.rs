@@ -1,6 +1,7 @@
 //! Tests of `collector`.
 use super::*;
 use crate::metrics::Metrics;
+use crate::service::Viewer;
 use crate::service::tests::{PID, service, start};
 use crate::service::{ServiceError, Target};
 
@@ -11,6 +12,7 @@ fn view(pid: u32, comm: &str, current: u64) -> ProcessView {
         exe: None,
         nspid: None,
         cgroup: None,
+        owner_uid: None,
         container_id: None,
         state: crate::lifecycle::ImageState::Alive,
         first_seen_ms: 0,
@@ -99,9 +101,10 @@ fn metric(service: &Arc<Service>, name: &str, pid: u32) -> Option<u64> {
             top_processes: 10,
             call_sites: 0,
             bpf_stats_enabled: false,
+            public: false,
         },
     );
-    let text = metrics.encode().expect("encodes");
+    let text = metrics.encode(true).expect("encodes");
     let prefix = format!("{name}{{pid=\"{pid}\",");
     text.lines()
         .find(|l| l.starts_with(&prefix))
@@ -130,7 +133,7 @@ fn the_api_and_metrics_show_the_same_numbers_after_clear_traces_and_stop() {
         (0, 0, 0)
     );
     kernel.alloc(PID, 0x9000, 50, &[0x40_1000]);
-    let listed = service.processes();
+    let listed = service.processes(Viewer::Operator);
     assert_eq!(listed.len(), 1);
     assert_eq!(
         (
@@ -146,7 +149,7 @@ fn the_api_and_metrics_show_the_same_numbers_after_clear_traces_and_stop() {
     );
     assert_eq!(metric(&service, "tracer_process_peak_bytes", PID), Some(50));
     assert_eq!(metric(&service, "tracer_process_live_blocks", PID), Some(1));
-    assert_eq!(service.system_memory().current, 50);
+    assert_eq!(service.system_memory(Viewer::Operator).current, 50);
 
     let state = service.stop_tracing(Some(PID)).expect("stopped");
     assert!(!state.is_tracing);
