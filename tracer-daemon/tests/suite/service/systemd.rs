@@ -168,3 +168,66 @@ fn ready_is_notified_only_after_the_probes_are_attached() {
         "{seen:?}"
     );
 }
+
+/// `systemd-analyze security --offline=true` of the unit (ExecStart
+/// pointed at the built binary): the overall exposure it prints.
+fn unit_exposure() -> f64 {
+    let dir = TempDir::new("unit-security");
+    let unit = std::fs::read_to_string(workspace_file("deploy/tracerd.service")).expect("unit");
+    let path = dir.path().join("tracerd.service");
+    std::fs::write(&path, unit.replace("/usr/local/bin/tracerd", TRACERD)).expect("write unit");
+    let out = Command::new("systemd-analyze")
+        .args(["security", "--offline=true", "--no-pager"])
+        .arg(&path)
+        .output()
+        .expect("systemd-analyze");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find_map(|l| l.split_once("Overall exposure level for tracerd.service: "))
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no overall exposure in: {text}"))
+}
+
+#[test]
+fn the_units_exposure_stays_at_2_8_or_better() {
+    let exposure = unit_exposure();
+    assert!(exposure <= 2.8, "exposure {exposure}");
+}
+
+#[test]
+fn systemd_sysusers_creates_the_operators_group_the_unit_names() {
+    let unit = std::fs::read_to_string(workspace_file("deploy/tracerd.service")).expect("unit");
+    assert!(
+        unit.contains("\nExecStartPre=+-/usr/bin/systemd-sysusers tracer.conf\n"),
+        "the unit creates the group before each start"
+    );
+    // The group the configuration names by default, created by the
+    // sysusers.d file the unit runs, in a root of its own.
+    let root = TempDir::new("sysusers");
+    std::fs::create_dir(root.path().join("etc")).expect("etc");
+    let out = Command::new("systemd-sysusers")
+        .arg(format!("--root={}", root.path().display()))
+        .arg(workspace_file("deploy/tracer.sysusers.conf"))
+        .output()
+        .expect("systemd-sysusers");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let group = std::fs::read_to_string(root.path().join("etc/group")).expect("group");
+    let line = group
+        .lines()
+        .find(|l| l.starts_with("tracer:"))
+        .unwrap_or_else(|| panic!("no tracer group in {group}"));
+    let gid: u32 = line
+        .split(':')
+        .nth(2)
+        .and_then(|g| g.parse().ok())
+        .expect("gid");
+    // A system group (below the first user's gid, 1000 on Debian).
+    assert!(gid < 1000, "{line}");
+    let config = tracer_daemon::config::Config::default();
+    assert_eq!(config.operators_group, "tracer");
+}
