@@ -5,6 +5,7 @@
 //! These talk raw HTTP/1.1 (tokens, unix sockets, oversized bodies), so they
 //! run tracerd as `Running` rather than `support::Tracerd`.
 
+mod access;
 mod config;
 mod lifecycle;
 mod peers;

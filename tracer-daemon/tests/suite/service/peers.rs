@@ -114,7 +114,7 @@ fn as_nobody_request(base: &str, method: &str, path: &str) -> (u16, serde_json::
 #[test]
 fn only_an_operator_changes_tracing_and_anyone_reads() {
     let tracerd = Tracerd::start(&[]);
-    let hint = "operators are root, the members of group tracer and holders of tracerd's token; reading (GET) is open";
+    let hint = "operators are root, the members of group tracer and holders of tracerd's token; anyone may read (GET) their own processes and take snapshots of them, reset their peaks, and label or delete the snapshots they stored";
     for (method, path) in [
         ("POST", "/tracing/stop"),
         ("PUT", "/scope?pid=1"),
