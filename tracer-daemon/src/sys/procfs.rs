@@ -388,28 +388,32 @@ pub fn nspid_of(status: &str) -> Option<u32> {
 /// The user who may look into process `pid` as the kernel's ptrace rule
 /// would let them: its real, effective and saved uids (`Uid:` of
 /// `/proc/PID/status`) are one user's, and it is dumpable (the kernel then
-/// gives `/proc/PID` that user as owner; a setuid or setgid program, or one
-/// that made itself non-dumpable, has `/proc/PID` owned by root). None when
-/// no unprivileged user may (those, or a process that is gone): operators
-/// only.
+/// gives the files of `/proc/PID` that user as owner; a setuid or setgid
+/// program, or one that made itself non-dumpable, has them owned by root —
+/// not the directory `/proc/PID` itself, which keeps the effective uid).
+/// None when no unprivileged user may (those, or a process that is gone):
+/// operators only.
 pub fn read_owner(pid: u32) -> Option<u32> {
+    use std::io::Read as _;
     use std::os::unix::fs::MetadataExt as _;
-    let status = std::fs::read_to_string(proc_path(pid, "status")).ok()?;
-    let dir_uid = std::fs::metadata(proc_path(pid, "")).ok()?.uid();
-    owner_of(&status, dir_uid)
+    let mut file = std::fs::File::open(proc_path(pid, "status")).ok()?;
+    let file_uid = file.metadata().ok()?.uid();
+    let mut status = String::new();
+    file.read_to_string(&mut status).ok()?;
+    owner_of(&status, file_uid)
 }
 
-/// [`read_owner`] from a `/proc/PID/status` text and the uid that owns
-/// `/proc/PID`: the uid when the `Uid:` line's real, effective and saved
-/// ids are all it, else None.
-pub fn owner_of(status: &str, dir_uid: u32) -> Option<u32> {
+/// [`read_owner`] from a `/proc/PID/status` text and the uid that owns that
+/// file: the uid when the `Uid:` line's real, effective and saved ids are
+/// all it, else None.
+pub fn owner_of(status: &str, file_uid: u32) -> Option<u32> {
     let mut ids = status
         .lines()
         .find_map(|l| l.strip_prefix("Uid:"))?
         .split_whitespace()
         .map(|v| v.parse::<u32>().ok());
     let (real, effective, saved) = (ids.next()??, ids.next()??, ids.next()??);
-    (real == dir_uid && effective == dir_uid && saved == dir_uid).then_some(dir_uid)
+    (real == file_uid && effective == file_uid && saved == file_uid).then_some(file_uid)
 }
 
 /// The container id in a cgroup v2 path, as container runtimes name their
@@ -524,3 +528,8 @@ pub fn bpf_maps_of_self() -> Vec<BpfMapInfo> {
     maps.sort_by_key(|m| m.id);
     maps
 }
+
+#[cfg(test)]
+// CONTRIBUTING.md: tests may unwrap.
+#[allow(clippy::unwrap_used)]
+mod tests;

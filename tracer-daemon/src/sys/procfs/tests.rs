@@ -241,7 +241,6 @@ fn missing_process_is_reported_gone() {
     assert!(err.to_string().contains("/proc/4294967295/maps"), "{err}");
 }
 
-
 #[test]
 fn namespaced_pid_and_container_id() {
     assert_eq!(nspid_of("Name:\tx\nNSpid:\t4242\t7\t1\n"), Some(1));
@@ -256,19 +255,25 @@ fn namespaced_pid_and_container_id() {
     ] {
         assert_eq!(container_id(&path).as_deref(), Some(id.as_str()), "{path}");
     }
-    assert_eq!(container_id("/user.slice/user-0.slice/session-1.scope"), None);
+    assert_eq!(
+        container_id("/user.slice/user-0.slice/session-1.scope"),
+        None
+    );
     assert_eq!(container_id("/"), None);
 }
 
 #[test]
 fn a_process_belongs_to_a_user_only_when_all_its_uids_are_theirs_and_it_is_dumpable() {
     let status = |uids: &str| format!("Name:\tx\nUid:\t{uids}\nGid:\t1000\t1000\t1000\t1000\n");
-    assert_eq!(owner_of(&status("1000\t1000\t1000\t1000"), 1000), Some(1000));
+    assert_eq!(
+        owner_of(&status("1000\t1000\t1000\t1000"), 1000),
+        Some(1000)
+    );
     // A setuid-root program run by user 1000: effective and saved uid 0,
-    // and /proc/PID owned by root.
+    // and /proc/PID/status owned by root.
     assert_eq!(owner_of(&status("1000\t0\t0\t0"), 0), None);
-    // A program that dropped privileges but is not dumpable: /proc/PID
-    // stays root's.
+    // A program that dropped privileges but is not dumpable: the files of
+    // /proc/PID stay root's.
     assert_eq!(owner_of(&status("1000\t1000\t1000\t1000"), 0), None);
     // A saved uid of another user.
     assert_eq!(owner_of(&status("1000\t1000\t0\t1000"), 1000), None);
