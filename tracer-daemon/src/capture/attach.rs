@@ -285,6 +285,11 @@ impl Capture {
         pids.sort_unstable();
         pids
     }
+
+    /// Whether `pid` is in `SCOPE_TGIDS` (one lookup).
+    pub fn is_in_scope(&self, pid: u32) -> bool {
+        self.scope_tgids.get(&pid, 0).is_ok()
+    }
 }
 
 /// Threads that detach links at once: each detach waits for a grace

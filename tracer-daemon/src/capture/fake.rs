@@ -270,6 +270,9 @@ impl KernelMaps for FakeKernel {
     fn in_scope(&self) -> Vec<u32> {
         self.lock().in_scope.iter().copied().collect()
     }
+    fn is_in_scope(&self, pid: u32) -> bool {
+        self.lock().in_scope.contains(&pid)
+    }
     fn live_blocks(&self, want: Option<&HashSet<ImageId>>) -> Vec<(AllocKey, AllocInfo)> {
         let mut out: Vec<_> = self
             .lock()

@@ -88,6 +88,10 @@ pub trait KernelMaps: Send {
     /// The pids recorded while the scope filter is on, sorted.
     fn in_scope(&self) -> Vec<u32>;
 
+    /// Whether the kernel records `pid` while the scope filter is on (one
+    /// lookup of `SCOPE_TGIDS`).
+    fn is_in_scope(&self, pid: u32) -> bool;
+
     /// Every live block of the images `want` (None: of every process).
     fn live_blocks(&self, want: Option<&HashSet<ImageId>>) -> Vec<(AllocKey, AllocInfo)>;
 
@@ -197,6 +201,9 @@ impl KernelMaps for super::Capture {
     }
     fn in_scope(&self) -> Vec<u32> {
         self.in_scope()
+    }
+    fn is_in_scope(&self, pid: u32) -> bool {
+        self.is_in_scope(pid)
     }
     fn live_blocks(&self, want: Option<&HashSet<ImageId>>) -> Vec<(AllocKey, AllocInfo)> {
         self.live_blocks(want)

@@ -138,9 +138,7 @@ impl Service {
             .locks()
             .kernel()
             .kernel
-            .in_scope()
-            .binary_search(&pid)
-            .is_ok()
+            .is_in_scope(pid)
     }
 
     /// Probes the allocators among `file` (object `key`) and the objects
