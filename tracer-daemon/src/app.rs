@@ -150,11 +150,12 @@ pub async fn run(config: Config) -> Result<(), AppError> {
         http::api_router(service.clone()),
         metrics.clone(),
         &limits,
-        token,
+        token.clone(),
         operators.clone(),
     );
-    // No token on the socket: the peer's credentials (SO_PEERCRED) say
-    // whether it is an operator.
+    // On the socket every peer is named by the kernel (SO_PEERCRED), so the
+    // token is never required there; sent, it makes its holder an operator
+    // as on TCP.
     let unix = unix.map(|listener| {
         (
             listener,
@@ -162,7 +163,7 @@ pub async fn run(config: Config) -> Result<(), AppError> {
                 http::api_router(service.clone()),
                 metrics.clone(),
                 &limits,
-                None,
+                token,
                 operators.clone(),
             ),
         )
