@@ -29,7 +29,8 @@ use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user, generated::bpf_loop},
 };
 use tracer_common::{
-    Counter, MAX_WALK_FRAMES, ProcStats, STACK_CUT, STACK_ID_NONE, STACK_WORDS,
+    Counter, MAX_WALK_FRAMES, ProcStats, STACK_CHECK_SEED, STACK_ID_NONE, STACK_WORDS,
+    stack_check_frame, stack_check_word,
     unwind::{
         MAX_PROC_MAPPINGS, ProcMappings, SIGFRAME_RBP, UNWIND_CFA_RBP, UNWIND_CFA_RSP, UNWIND_END,
         UNWIND_FILE_NONE, UNWIND_PAGE_SHIFT, UNWIND_PLT, UNWIND_SIGNAL, UNWIND_UNKNOWN, UnwindPage,
@@ -117,7 +118,7 @@ pub(crate) fn stack_id(regs: UserRegs, tgid: u32, gen_: u32, stats: *mut ProcSta
         w.exact = 0;
         w.cut = 0;
         w.id = 0xcbf2_9ce4_8422_2325;
-        w.check = 0x9e37_79b9_7f4a_7c15;
+        w.check = STACK_CHECK_SEED;
         w.last_mapping = 0;
     }
     match PROC_MAPS.get_ptr(tgid) {
@@ -129,7 +130,7 @@ pub(crate) fn stack_id(regs: UserRegs, tgid: u32, gen_: u32, stats: *mut ProcSta
         }
     }
     // SAFETY: as above (the walk wrote it; read once here).
-    let (walked, cut, mut id, mut check) =
+    let (walked, cut, mut id, check) =
         unsafe { ((*walk).n, (*walk).cut != 0, (*walk).id, (*walk).check) };
     if walked == 0 || walked > MAX_WALK_FRAMES as u64 {
         return drop_stack();
@@ -140,17 +141,11 @@ pub(crate) fn stack_id(regs: UserRegs, tgid: u32, gen_: u32, stats: *mut ProcSta
     }
     let head = walked | ((cut as u64) << 32);
     id = (id ^ head).wrapping_mul(0x0000_0100_0000_01b3);
-    check = (check ^ head).wrapping_mul(0xff51_afd7_ed55_8ccd);
     id ^= id >> 31;
-    check ^= check >> 33;
     if id == STACK_ID_NONE {
         id = STACK_ID_NONE - 1;
     }
-    let check = if cut {
-        check | STACK_CUT
-    } else {
-        check & !STACK_CUT
-    };
+    let check = stack_check_word(check, walked, cut);
     // Claim the scratch back: another task's walk on this CPU meanwhile
     // left its own id or check in the first word, and our frames are gone.
     if compare_exchange(&raw mut words[0], owner, check) != owner {
@@ -331,7 +326,7 @@ fn read_user_words(addr: u64, walk: *mut Walk) -> bool {
 #[inline(always)]
 fn hash_frame(walk: &mut Walk, ip: u64) {
     walk.id = (walk.id ^ ip).wrapping_mul(0x0000_0100_0000_01b3);
-    walk.check = (walk.check ^ ip.rotate_left(29)).wrapping_mul(0xff51_afd7_ed55_8ccd);
+    walk.check = stack_check_frame(walk.check, ip);
 }
 
 /// What each [`unwind_step`] gets, on the program's stack: pointers only,
