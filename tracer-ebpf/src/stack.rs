@@ -226,23 +226,30 @@ pub(crate) struct Walk {
     /// The two words [`read_user_words`] read last.
     read: [u64; 2],
     /// This CPU's cache of `UNWIND_PAGES`, kept from walk to walk: 64
-    /// slots of (`file << 32 | page`, `first | count << 32`), a key's slot
-    /// by its hash ([`page_slot`]); a key of 0 is an empty slot. A page
-    /// found here skips the hash lookup ([`find_row`]).
+    /// slots of (check, `first | count << 32`) for the key `file << 32 |
+    /// page`, a key's slot by its hash ([`page_slot`]). A page found here
+    /// skips the hash lookup ([`find_row`]).
     ///
     /// Valid across walks because a file's table id is never reused
     /// (tracerd numbers tables from 1 up): the rows of a table tracerd
-    /// dropped are looked up by no process's mappings any more. A slot is
-    /// written key 0, value, key: a walk that preempts the writer sees the
-    /// old entry, an empty slot or the new entry, never half of one; and a
-    /// walk preempted between its two reads is dropped by the claim of
-    /// `STACK_SCRATCH`, which the writer's walk took first (module doc).
+    /// dropped are looked up by no process's mappings any more.
+    ///
+    /// Self-validating, because another task's walk on this CPU can write
+    /// the same slot between our two stores, or our two reads (and the
+    /// cache outlives the walk, so the claim of `STACK_SCRATCH` does not
+    /// cover it): the check is the key mixed with the value
+    /// ([`slot_check`]), and an entry is used only when the check read
+    /// agrees with the value read and the key looked up. A check and a
+    /// value of two different entries agree for the check's key only when
+    /// the two values are equal (and then the value is right for it), and
+    /// for any other key by a chance of 2^-64: a torn entry is a miss, not
+    /// another key's value.
     pages: [u64; 2 * PAGE_SLOTS],
-    /// This CPU's cache of rows by return address: 128 slots of (`file <<
-    /// 32 | offset`, the row as a u64), kept from walk to walk and written
-    /// as [`Walk::pages`] is (and valid for the same reasons). The same
-    /// call sites return again and again: a row found here skips the page
-    /// and the search of its rows.
+    /// This CPU's cache of rows by return address: 128 slots of (check,
+    /// the row as a u64) for the key `file << 32 | offset`, kept from walk
+    /// to walk, checked as [`Walk::pages`] is (and valid for the same
+    /// reasons). The same call sites return again and again: a row found
+    /// here skips the page and the search of its rows.
     rows: [u64; 2 * ROW_SLOTS],
 }
 
@@ -259,15 +266,19 @@ fn cached_row(walk: &mut Walk, file: u32, offset: u64) -> UnwindRow {
     }
     let packed = (u64::from(file) << 32) | offset;
     let slot = ((packed.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 57) as usize & (ROW_SLOTS - 1)) * 2;
-    let (key_at, value_at) = (
+    let (check_at, value_at) = (
         &raw mut walk.rows[slot & (2 * ROW_SLOTS - 1)],
         &raw mut walk.rows[(slot + 1) & (2 * ROW_SLOTS - 1)],
     );
-    // SAFETY: words of this CPU's WALK_SCRATCH value; volatile, in the
-    // order the protocol of `Walk::pages` needs.
-    let mut value = unsafe { core::ptr::read_volatile(value_at) };
-    // SAFETY: as above.
-    if unsafe { core::ptr::read_volatile(key_at) } != packed {
+    // SAFETY: words of this CPU's WALK_SCRATCH value; volatile, each read
+    // once (the protocol of `Walk::pages`).
+    let (check, mut value) = unsafe {
+        (
+            core::ptr::read_volatile(check_at),
+            core::ptr::read_volatile(value_at),
+        )
+    };
+    if check != slot_check(packed, value) {
         let row = find_row(walk, file, offset);
         value = u64::from(row.pc)
             | (u64::from(row.kind) << 16)
@@ -275,9 +286,8 @@ fn cached_row(walk: &mut Walk, file: u32, offset: u64) -> UnwindRow {
             | (u64::from(row.cfa_offset as u32) << 32);
         // SAFETY: as above.
         unsafe {
-            core::ptr::write_volatile(key_at, 0);
             core::ptr::write_volatile(value_at, value);
-            core::ptr::write_volatile(key_at, packed);
+            core::ptr::write_volatile(check_at, slot_check(packed, value));
         }
     }
     UnwindRow {
@@ -295,6 +305,18 @@ const PAGE_SLOTS: usize = 64;
 #[inline(always)]
 fn page_slot(packed: u64) -> usize {
     (packed.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 58) as usize & (PAGE_SLOTS - 1)
+}
+
+/// The check word of a cache slot ([`Walk::pages`], [`Walk::rows`]) that
+/// holds `value` for `key`: the key xor a bijective mix of the value
+/// (xor-shift, multiply by an odd constant, xor-shift: each step is a
+/// bijection, so two values mix alike only when they are equal). An
+/// all-zero slot holds key 0 (table 0, `UNWIND_FILE_NONE`), which is never
+/// looked up.
+#[inline(always)]
+fn slot_check(key: u64, value: u64) -> u64 {
+    let mixed = (value ^ (value >> 31)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    key ^ mixed ^ (mixed >> 29)
 }
 
 /// Reads the two words of user memory at `addr` into `walk.read`; false
@@ -508,15 +530,19 @@ fn find_row(walk: &mut Walk, file: u32, offset: u64) -> UnwindRow {
     };
     let packed = (u64::from(key.file) << 32) | u64::from(key.page);
     let slot = page_slot(packed) * 2;
-    let (key_at, value_at) = (
+    let (check_at, value_at) = (
         &raw mut walk.pages[slot & (2 * PAGE_SLOTS - 1)],
         &raw mut walk.pages[(slot + 1) & (2 * PAGE_SLOTS - 1)],
     );
-    // SAFETY: words of this CPU's WALK_SCRATCH value; volatile, in the
-    // order the protocol of `Walk::pages` needs.
-    let mut value = unsafe { core::ptr::read_volatile(value_at) };
-    // SAFETY: as above.
-    if unsafe { core::ptr::read_volatile(key_at) } != packed {
+    // SAFETY: words of this CPU's WALK_SCRATCH value; volatile, each read
+    // once (the protocol of `Walk::pages`).
+    let (check, mut value) = unsafe {
+        (
+            core::ptr::read_volatile(check_at),
+            core::ptr::read_volatile(value_at),
+        )
+    };
+    if check != slot_check(packed, value) {
         // SAFETY: a value of UNWIND_PAGES, copied out at once.
         let Some(page) = (unsafe { UNWIND_PAGES.get(&key) }).copied() else {
             return UnwindRow::default();
@@ -524,9 +550,8 @@ fn find_row(walk: &mut Walk, file: u32, offset: u64) -> UnwindRow {
         value = u64::from(page.first) | (u64::from(page.count) << 32);
         // SAFETY: as above.
         unsafe {
-            core::ptr::write_volatile(key_at, 0);
             core::ptr::write_volatile(value_at, value);
-            core::ptr::write_volatile(key_at, packed);
+            core::ptr::write_volatile(check_at, slot_check(packed, value));
         }
     }
     let page = UnwindPage {
