@@ -135,8 +135,8 @@ pub(crate) static MMAP_REGIONS: HashMap<u32, MmapRegions> =
 /// MMAP_REGIONS entry is copied from (too large for a program's stack).
 #[map]
 pub(crate) static MMAP_EMPTY: Array<MmapRegions> = Array::with_max_entries(1, 0);
-/// Per CPU, `Counter` → how often it happened. Written by `counters`;
-/// summed by tracerd.
+/// Per CPU, `Counter` → how often it happened. Added to atomically by
+/// `counters`; summed by tracerd.
 #[map]
 pub(crate) static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTER_SLOTS, 0);
 
