@@ -14,13 +14,31 @@
 //!
 //! Preemption. A uprobe program runs with migration disabled, not
 //! preemption disabled, so another task on the same CPU can run its own
-//! walk into this CPU's `STACK_SCRATCH` (the frames) and `WALK_SCRATCH`
-//! (the registers and counts) in the middle of ours. The first word of
-//! `STACK_SCRATCH` holds the walking thread's id while it walks. The walk claims the
-//! scratch back with one compare-and-exchange of that word (thread id →
-//! check hash) before it stores the frames, and reads the word again after
-//! the insert: if another task took the scratch meanwhile, the stack is
-//! dropped (`drop_stack_preempted`), and removed again if it was inserted.
+//! walk on this CPU's per-CPU maps in the middle of ours. What each keeps:
+//!
+//! - `STACK_SCRATCH` (the frames) and `WALK_SCRATCH` (the registers and
+//!   counts of one walk): the first word of `STACK_SCRATCH` holds the
+//!   walking thread's id while it walks, written before the rest. The walk
+//!   claims the scratch back with one compare-and-exchange of that word
+//!   (thread id → check hash) before it stores the frames, and reads the
+//!   word again after the insert: if another task took the scratch
+//!   meanwhile, the stack is dropped (`drop_stack_preempted`), and removed
+//!   again if it was inserted. tracerd reads a stack only when its check
+//!   hash is that of its frames (`tracer_common::stack_check_word`), so a
+//!   copy torn by a preemption is never shown, even in the moment before
+//!   its removal.
+//! - The page and row caches of `WALK_SCRATCH` ([`Walk::pages`],
+//!   [`Walk::rows`]), kept from walk to walk: each slot is a value and a
+//!   check that mixes its key with the value; a slot whose two words
+//!   another task wrote between ours is a miss.
+//! - `STACK_CACHE` (id, check, epoch), written and read as three words, left
+//!   as it is: a hit returns the walk's own id, never the entry's. A torn
+//!   entry mixes the words of two stacks, and is a hit only for a stack
+//!   whose id is the one stack's and check the other's, two independent
+//!   64-bit hashes (a chance of 2^-64, the stacks themselves included); or
+//!   it pairs a stack with a newer epoch than its own, a hit for a stack
+//!   tracerd may have just collected, whose block keeps its call site, as
+//!   when tracerd collects a stack between a walk and its block's insert.
 
 use core::ffi::c_void;
 
