@@ -179,6 +179,35 @@ const _: () = assert!(size_of::<ProcMappings>() == 8 + 32 * MAX_PROC_MAPPINGS);
 /// the outermost frame; the check hash is the other 63 bits.
 pub const STACK_CUT: u64 = 1 << 63;
 
+/// The check hash of a stack before its first frame: the start of the
+/// hash the first word of a [`MAP_STACKS`] value holds, independent of the
+/// stack's id (its key). The programs hash each frame as they walk it;
+/// tracerd hashes the frames it reads again, and takes a stack whose first
+/// word is not its hash as not stored (a copy torn by a preemption).
+pub const STACK_CHECK_SEED: u64 = 0x9e37_79b9_7f4a_7c15;
+
+/// The check hash `check` followed by frame `ip`.
+#[inline(always)]
+#[must_use]
+pub const fn stack_check_frame(check: u64, ip: u64) -> u64 {
+    (check ^ ip.rotate_left(29)).wrapping_mul(0xff51_afd7_ed55_8ccd)
+}
+
+/// The first word of a [`MAP_STACKS`] value: the check hash `check` of its
+/// `walked` frames, finished, with [`STACK_CUT`] when the walk was cut.
+#[inline(always)]
+#[must_use]
+pub const fn stack_check_word(check: u64, walked: u64, cut: bool) -> u64 {
+    let head = walked | ((cut as u64) << 32);
+    let mut check = (check ^ head).wrapping_mul(0xff51_afd7_ed55_8ccd);
+    check ^= check >> 33;
+    if cut {
+        check | STACK_CUT
+    } else {
+        check & !STACK_CUT
+    }
+}
+
 // SAFETY: integers only, with explicit padding; no invalid bit patterns.
 #[cfg(feature = "user")]
 unsafe impl aya::Pod for UnwindRow {}

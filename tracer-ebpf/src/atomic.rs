@@ -3,7 +3,8 @@
 //! The BPF target has no `Atomic*` types and aya-build compiles for the
 //! generic (v1) CPU, where LLVM refuses to use the result of an atomic add;
 //! the kernel itself runs the v3 atomic instructions (BPF_FETCH,
-//! BPF_CMPXCHG, since 5.12), so they are written here in BPF assembly.
+//! BPF_CMPXCHG, BPF_XCHG, since 5.12), so they are written here in BPF
+//! assembly.
 //!
 //! Contract: `p` points into a map value, 8-byte aligned, alive while the
 //! program runs, and every concurrent writer of `*p` uses these functions
@@ -33,4 +34,15 @@ pub(crate) fn compare_exchange(p: *mut u64, expected: u64, new: u64) -> u64 {
              inout("r0") seen);
     }
     seen
+}
+
+/// Atomically sets `*p` to `v`; returns the value before.
+#[inline(always)]
+pub(crate) fn exchange(p: *mut u64, v: u64) -> u64 {
+    let mut v = v;
+    // SAFETY: as for fetch_add.
+    unsafe {
+        asm!("{v} = xchg_64({p} + 0, {v})", p = in(reg) p, v = inout(reg) v);
+    }
+    v
 }

@@ -32,7 +32,9 @@ pub(crate) const EEXIST: i32 = 17;
 pub(crate) static EXP_TABLE: Array<u32> = Array::with_max_entries(EXP_TABLE_LEN, 0);
 
 /// Sampling, per CPU, slot 0 → bytes left until the next sampled
-/// allocation. Read and written by `sample` only.
+/// allocation (below 0 while the task that sampled refills it). Changed by
+/// `sample` only, by atomic adds and exchanges (tasks on one CPU preempt
+/// each other).
 #[map]
 pub(crate) static SAMPLE_LEFT: PerCpuArray<i64> = PerCpuArray::with_max_entries(1, 0);
 
@@ -135,8 +137,8 @@ pub(crate) static MMAP_REGIONS: HashMap<u32, MmapRegions> =
 /// MMAP_REGIONS entry is copied from (too large for a program's stack).
 #[map]
 pub(crate) static MMAP_EMPTY: Array<MmapRegions> = Array::with_max_entries(1, 0);
-/// Per CPU, `Counter` → how often it happened. Written by `counters`;
-/// summed by tracerd.
+/// Per CPU, `Counter` → how often it happened. Added to atomically by
+/// `counters`; summed by tracerd.
 #[map]
 pub(crate) static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTER_SLOTS, 0);
 

@@ -14,13 +14,31 @@
 //!
 //! Preemption. A uprobe program runs with migration disabled, not
 //! preemption disabled, so another task on the same CPU can run its own
-//! walk into this CPU's `STACK_SCRATCH` (the frames) and `WALK_SCRATCH`
-//! (the registers and counts) in the middle of ours. The first word of
-//! `STACK_SCRATCH` holds the walking thread's id while it walks. The walk claims the
-//! scratch back with one compare-and-exchange of that word (thread id →
-//! check hash) before it stores the frames, and reads the word again after
-//! the insert: if another task took the scratch meanwhile, the stack is
-//! dropped (`drop_stack_preempted`), and removed again if it was inserted.
+//! walk on this CPU's per-CPU maps in the middle of ours. What each keeps:
+//!
+//! - `STACK_SCRATCH` (the frames) and `WALK_SCRATCH` (the registers and
+//!   counts of one walk): the first word of `STACK_SCRATCH` holds the
+//!   walking thread's id while it walks, written before the rest. The walk
+//!   claims the scratch back with one compare-and-exchange of that word
+//!   (thread id → check hash) before it stores the frames, and reads the
+//!   word again after the insert: if another task took the scratch
+//!   meanwhile, the stack is dropped (`drop_stack_preempted`), and removed
+//!   again if it was inserted. tracerd reads a stack only when its check
+//!   hash is that of its frames (`tracer_common::stack_check_word`), so a
+//!   copy torn by a preemption is never shown, even in the moment before
+//!   its removal.
+//! - The page and row caches of `WALK_SCRATCH` ([`Walk::pages`],
+//!   [`Walk::rows`]), kept from walk to walk: each slot is a value and a
+//!   check that mixes its key with the value; a slot whose two words
+//!   another task wrote between ours is a miss.
+//! - `STACK_CACHE` (id, check, epoch), written and read as three words, left
+//!   as it is: a hit returns the walk's own id, never the entry's. A torn
+//!   entry mixes the words of two stacks, and is a hit only for a stack
+//!   whose id is the one stack's and check the other's, two independent
+//!   64-bit hashes (a chance of 2^-64, the stacks themselves included); or
+//!   it pairs a stack with a newer epoch than its own, a hit for a stack
+//!   tracerd may have just collected, whose block keeps its call site, as
+//!   when tracerd collects a stack between a walk and its block's insert.
 
 use core::ffi::c_void;
 
@@ -29,7 +47,8 @@ use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user, generated::bpf_loop},
 };
 use tracer_common::{
-    Counter, MAX_WALK_FRAMES, ProcStats, STACK_CUT, STACK_ID_NONE, STACK_WORDS,
+    Counter, MAX_WALK_FRAMES, ProcStats, STACK_CHECK_SEED, STACK_ID_NONE, STACK_WORDS,
+    stack_check_frame, stack_check_word,
     unwind::{
         MAX_PROC_MAPPINGS, ProcMappings, SIGFRAME_RBP, UNWIND_CFA_RBP, UNWIND_CFA_RSP, UNWIND_END,
         UNWIND_FILE_NONE, UNWIND_PAGE_SHIFT, UNWIND_PLT, UNWIND_SIGNAL, UNWIND_UNKNOWN, UnwindPage,
@@ -117,7 +136,7 @@ pub(crate) fn stack_id(regs: UserRegs, tgid: u32, gen_: u32, stats: *mut ProcSta
         w.exact = 0;
         w.cut = 0;
         w.id = 0xcbf2_9ce4_8422_2325;
-        w.check = 0x9e37_79b9_7f4a_7c15;
+        w.check = STACK_CHECK_SEED;
         w.last_mapping = 0;
     }
     match PROC_MAPS.get_ptr(tgid) {
@@ -129,7 +148,7 @@ pub(crate) fn stack_id(regs: UserRegs, tgid: u32, gen_: u32, stats: *mut ProcSta
         }
     }
     // SAFETY: as above (the walk wrote it; read once here).
-    let (walked, cut, mut id, mut check) =
+    let (walked, cut, mut id, check) =
         unsafe { ((*walk).n, (*walk).cut != 0, (*walk).id, (*walk).check) };
     if walked == 0 || walked > MAX_WALK_FRAMES as u64 {
         return drop_stack();
@@ -140,17 +159,11 @@ pub(crate) fn stack_id(regs: UserRegs, tgid: u32, gen_: u32, stats: *mut ProcSta
     }
     let head = walked | ((cut as u64) << 32);
     id = (id ^ head).wrapping_mul(0x0000_0100_0000_01b3);
-    check = (check ^ head).wrapping_mul(0xff51_afd7_ed55_8ccd);
     id ^= id >> 31;
-    check ^= check >> 33;
     if id == STACK_ID_NONE {
         id = STACK_ID_NONE - 1;
     }
-    let check = if cut {
-        check | STACK_CUT
-    } else {
-        check & !STACK_CUT
-    };
+    let check = stack_check_word(check, walked, cut);
     // Claim the scratch back: another task's walk on this CPU meanwhile
     // left its own id or check in the first word, and our frames are gone.
     if compare_exchange(&raw mut words[0], owner, check) != owner {
@@ -231,23 +244,30 @@ pub(crate) struct Walk {
     /// The two words [`read_user_words`] read last.
     read: [u64; 2],
     /// This CPU's cache of `UNWIND_PAGES`, kept from walk to walk: 64
-    /// slots of (`file << 32 | page`, `first | count << 32`), a key's slot
-    /// by its hash ([`page_slot`]); a key of 0 is an empty slot. A page
-    /// found here skips the hash lookup ([`find_row`]).
+    /// slots of (check, `first | count << 32`) for the key `file << 32 |
+    /// page`, a key's slot by its hash ([`page_slot`]). A page found here
+    /// skips the hash lookup ([`find_row`]).
     ///
     /// Valid across walks because a file's table id is never reused
     /// (tracerd numbers tables from 1 up): the rows of a table tracerd
-    /// dropped are looked up by no process's mappings any more. A slot is
-    /// written key 0, value, key: a walk that preempts the writer sees the
-    /// old entry, an empty slot or the new entry, never half of one; and a
-    /// walk preempted between its two reads is dropped by the claim of
-    /// `STACK_SCRATCH`, which the writer's walk took first (module doc).
+    /// dropped are looked up by no process's mappings any more.
+    ///
+    /// Self-validating, because another task's walk on this CPU can write
+    /// the same slot between our two stores, or our two reads (and the
+    /// cache outlives the walk, so the claim of `STACK_SCRATCH` does not
+    /// cover it): the check is the key mixed with the value
+    /// ([`slot_check`]), and an entry is used only when the check read
+    /// agrees with the value read and the key looked up. A check and a
+    /// value of two different entries agree for the check's key only when
+    /// the two values are equal (and then the value is right for it), and
+    /// for any other key by a chance of 2^-64: a torn entry is a miss, not
+    /// another key's value.
     pages: [u64; 2 * PAGE_SLOTS],
-    /// This CPU's cache of rows by return address: 128 slots of (`file <<
-    /// 32 | offset`, the row as a u64), kept from walk to walk and written
-    /// as [`Walk::pages`] is (and valid for the same reasons). The same
-    /// call sites return again and again: a row found here skips the page
-    /// and the search of its rows.
+    /// This CPU's cache of rows by return address: 128 slots of (check,
+    /// the row as a u64) for the key `file << 32 | offset`, kept from walk
+    /// to walk, checked as [`Walk::pages`] is (and valid for the same
+    /// reasons). The same call sites return again and again: a row found
+    /// here skips the page and the search of its rows.
     rows: [u64; 2 * ROW_SLOTS],
 }
 
@@ -264,15 +284,19 @@ fn cached_row(walk: &mut Walk, file: u32, offset: u64) -> UnwindRow {
     }
     let packed = (u64::from(file) << 32) | offset;
     let slot = ((packed.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 57) as usize & (ROW_SLOTS - 1)) * 2;
-    let (key_at, value_at) = (
+    let (check_at, value_at) = (
         &raw mut walk.rows[slot & (2 * ROW_SLOTS - 1)],
         &raw mut walk.rows[(slot + 1) & (2 * ROW_SLOTS - 1)],
     );
-    // SAFETY: words of this CPU's WALK_SCRATCH value; volatile, in the
-    // order the protocol of `Walk::pages` needs.
-    let mut value = unsafe { core::ptr::read_volatile(value_at) };
-    // SAFETY: as above.
-    if unsafe { core::ptr::read_volatile(key_at) } != packed {
+    // SAFETY: words of this CPU's WALK_SCRATCH value; volatile, each read
+    // once (the protocol of `Walk::pages`).
+    let (check, mut value) = unsafe {
+        (
+            core::ptr::read_volatile(check_at),
+            core::ptr::read_volatile(value_at),
+        )
+    };
+    if check != slot_check(packed, value) {
         let row = find_row(walk, file, offset);
         value = u64::from(row.pc)
             | (u64::from(row.kind) << 16)
@@ -280,9 +304,8 @@ fn cached_row(walk: &mut Walk, file: u32, offset: u64) -> UnwindRow {
             | (u64::from(row.cfa_offset as u32) << 32);
         // SAFETY: as above.
         unsafe {
-            core::ptr::write_volatile(key_at, 0);
             core::ptr::write_volatile(value_at, value);
-            core::ptr::write_volatile(key_at, packed);
+            core::ptr::write_volatile(check_at, slot_check(packed, value));
         }
     }
     UnwindRow {
@@ -300,6 +323,18 @@ const PAGE_SLOTS: usize = 64;
 #[inline(always)]
 fn page_slot(packed: u64) -> usize {
     (packed.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 58) as usize & (PAGE_SLOTS - 1)
+}
+
+/// The check word of a cache slot ([`Walk::pages`], [`Walk::rows`]) that
+/// holds `value` for `key`: the key xor a bijective mix of the value
+/// (xor-shift, multiply by an odd constant, xor-shift: each step is a
+/// bijection, so two values mix alike only when they are equal). An
+/// all-zero slot holds key 0 (table 0, `UNWIND_FILE_NONE`), which is never
+/// looked up.
+#[inline(always)]
+fn slot_check(key: u64, value: u64) -> u64 {
+    let mixed = (value ^ (value >> 31)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    key ^ mixed ^ (mixed >> 29)
 }
 
 /// Reads the two words of user memory at `addr` into `walk.read`; false
@@ -331,7 +366,7 @@ fn read_user_words(addr: u64, walk: *mut Walk) -> bool {
 #[inline(always)]
 fn hash_frame(walk: &mut Walk, ip: u64) {
     walk.id = (walk.id ^ ip).wrapping_mul(0x0000_0100_0000_01b3);
-    walk.check = (walk.check ^ ip.rotate_left(29)).wrapping_mul(0xff51_afd7_ed55_8ccd);
+    walk.check = stack_check_frame(walk.check, ip);
 }
 
 /// What each [`unwind_step`] gets, on the program's stack: pointers only,
@@ -513,15 +548,19 @@ fn find_row(walk: &mut Walk, file: u32, offset: u64) -> UnwindRow {
     };
     let packed = (u64::from(key.file) << 32) | u64::from(key.page);
     let slot = page_slot(packed) * 2;
-    let (key_at, value_at) = (
+    let (check_at, value_at) = (
         &raw mut walk.pages[slot & (2 * PAGE_SLOTS - 1)],
         &raw mut walk.pages[(slot + 1) & (2 * PAGE_SLOTS - 1)],
     );
-    // SAFETY: words of this CPU's WALK_SCRATCH value; volatile, in the
-    // order the protocol of `Walk::pages` needs.
-    let mut value = unsafe { core::ptr::read_volatile(value_at) };
-    // SAFETY: as above.
-    if unsafe { core::ptr::read_volatile(key_at) } != packed {
+    // SAFETY: words of this CPU's WALK_SCRATCH value; volatile, each read
+    // once (the protocol of `Walk::pages`).
+    let (check, mut value) = unsafe {
+        (
+            core::ptr::read_volatile(check_at),
+            core::ptr::read_volatile(value_at),
+        )
+    };
+    if check != slot_check(packed, value) {
         // SAFETY: a value of UNWIND_PAGES, copied out at once.
         let Some(page) = (unsafe { UNWIND_PAGES.get(&key) }).copied() else {
             return UnwindRow::default();
@@ -529,9 +568,8 @@ fn find_row(walk: &mut Walk, file: u32, offset: u64) -> UnwindRow {
         value = u64::from(page.first) | (u64::from(page.count) << 32);
         // SAFETY: as above.
         unsafe {
-            core::ptr::write_volatile(key_at, 0);
             core::ptr::write_volatile(value_at, value);
-            core::ptr::write_volatile(key_at, packed);
+            core::ptr::write_volatile(check_at, slot_check(packed, value));
         }
     }
     let page = UnwindPage {

@@ -3,7 +3,9 @@
 //! its last stack when stacks are collected.
 use std::os::fd::AsFd as _;
 
-use tracer_common::{MAP_SWITCHES, STACK_CUT};
+use tracer_common::{
+    MAP_STACKS, MAP_SWITCHES, STACK_CHECK_SEED, STACK_CUT, stack_check_frame, stack_check_word,
+};
 
 /// The last word of a stack whose walk was cut: never a return address.
 pub const STACK_CUT_MARK: u64 = 0;
@@ -11,21 +13,35 @@ pub const STACK_CUT_MARK: u64 = 0;
 use super::Capture;
 use crate::sys::bpf as bpf_sys;
 
+/// Whether `check`, the first word of a `STACKS` value, is the check hash
+/// of `frames`, the value's frames: false for a value a program copied
+/// from its per-CPU scratch while another task's walk on the same CPU
+/// overwrote it (preemption), in the moment before the program removes it.
+pub fn stack_intact(check: u64, frames: &[u64]) -> bool {
+    let cut = check & STACK_CUT != 0;
+    let hash = frames
+        .iter()
+        .fold(STACK_CHECK_SEED, |hash, &ip| stack_check_frame(hash, ip));
+    stack_check_word(hash, frames.len() as u64, cut) == check
+}
+
 impl Capture {
     /// The return addresses of stack `id` (frame 0 first: the call site in
     /// the allocator's caller), from `STACKS`, followed by
     /// [`STACK_CUT_MARK`] when the walk was cut (it could not reach the
-    /// outermost frame); None if it is not there.
+    /// outermost frame); None if it is not there, or if its first word is
+    /// not the check hash of its frames ([`stack_intact`]).
     pub fn stack(&self, id: u64) -> Option<Vec<u64>> {
         let mut value = vec![0u64; 1 + self.config.walk_frames as usize];
         let fd = self.stacks.fd().as_fd();
         bpf_sys::lookup(fd, &id, &mut value).ok()?;
-        let cut = value[0] & STACK_CUT != 0;
-        let mut frames: Vec<u64> = value
-            .into_iter()
-            .skip(1)
-            .take_while(|&ip| ip != 0)
-            .collect();
+        let (&check, rest) = value.split_first()?;
+        let cut = check & STACK_CUT != 0;
+        let mut frames: Vec<u64> = rest.iter().copied().take_while(|&ip| ip != 0).collect();
+        if !stack_intact(check, &frames) {
+            tracing::debug!(map = MAP_STACKS, id, "stack whose check is not its frames'");
+            return None;
+        }
         if cut {
             frames.push(STACK_CUT_MARK);
         }
@@ -60,5 +76,32 @@ impl Capture {
     /// Stacks now in `STACKS` (one syscall per stack).
     pub fn stacks_stored(&self) -> u64 {
         bpf_sys::count_keys::<u64>(self.stacks.fd().as_fd())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The first word the programs store for `frames`.
+    fn word(frames: &[u64], cut: bool) -> u64 {
+        let hash = frames
+            .iter()
+            .fold(STACK_CHECK_SEED, |hash, &ip| stack_check_frame(hash, ip));
+        stack_check_word(hash, frames.len() as u64, cut)
+    }
+
+    #[test]
+    fn a_stack_is_intact_only_with_the_check_of_its_own_frames() {
+        let frames = [0x40_1136, 0x40_1180, 0x7f00_0002_9d90];
+        assert!(stack_intact(word(&frames, false), &frames));
+        assert!(stack_intact(word(&frames, true), &frames));
+        // Another walk's frame in the middle, a frame missing, one more.
+        let torn = [0x40_1136, 0x40_11a4, 0x7f00_0002_9d90];
+        assert!(!stack_intact(word(&frames, false), &torn));
+        assert!(!stack_intact(word(&frames, false), &frames[..2]));
+        assert!(!stack_intact(word(&frames[..2], false), &frames));
+        // The cut bit is part of the check.
+        assert!(!stack_intact(word(&frames, false) | STACK_CUT, &frames));
     }
 }

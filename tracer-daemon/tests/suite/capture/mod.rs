@@ -9,6 +9,7 @@ mod container;
 mod daemon;
 mod lifecycle;
 mod mappings;
+mod preemption;
 mod rust_allocators;
 mod sampling;
 mod stacks;
