@@ -8,7 +8,8 @@
 use std::path::PathBuf;
 
 use aya::programs::{
-    UProbe,
+    TracePoint, UProbe,
+    trace_point::TracePointLink,
     uprobe::{UProbeAttachPoint, UProbeLink, UProbeLinkId, UProbeScope},
 };
 use tracer_common::{MAP_SCOPE_TGIDS, MAP_SWITCHES};
@@ -53,8 +54,12 @@ impl Capture {
     ///
     /// # Errors
     /// [`CaptureError::Attach`] (e.g. the process is gone); nothing of this
-    /// attach stays attached then.
+    /// attach stays attached then. [`CaptureError::Stopping`] once tracerd
+    /// is stopping.
     pub fn attach(&mut self, pid: Option<u32>) -> Result<(), CaptureError> {
+        if self.detached || self.stopping.is_raised() {
+            return Err(CaptureError::Stopping);
+        }
         let done: Vec<FileKey> = self
             .links
             .get(&pid)
@@ -153,6 +158,8 @@ impl Capture {
     /// # Errors
     /// [`CaptureError::Attach`] when the system-wide probes cannot be
     /// attached; nothing of the object stays probed then.
+    /// [`CaptureError::Stopping`] once the probes were taken out
+    /// ([`Capture::take_probes`]).
     pub fn add_library(
         &mut self,
         library: AttachedLibrary,
@@ -160,6 +167,9 @@ impl Capture {
         file: Option<std::fs::File>,
         points: Vec<ProbePoint>,
     ) -> Result<(), CaptureError> {
+        if self.detached {
+            return Err(CaptureError::Stopping);
+        }
         let key = library.key;
         if self.targets.iter().any(|t| t.key == key) {
             return Ok(());
@@ -232,13 +242,27 @@ impl Capture {
         owned
     }
 
-    /// Detaches every probe, their grace periods overlapping, and returns
-    /// when all are detached (at drop: otherwise each program would detach
-    /// its links one after another at about 0.1 s each).
-    pub(super) fn detach_everything(&mut self) {
+    /// Takes every probe out of its program, the allocator probes and the
+    /// tracepoints: the [`Detached`] they are handed in detaches them when
+    /// [`Detached::finish`]ed (or dropped), without this `Capture` (or any
+    /// lock around it) held meanwhile. Nothing is attached afterwards: the
+    /// start of a stop, and the drop.
+    pub fn take_probes(&mut self) -> Detached {
+        self.detached = true;
         let all: Vec<Link> = self.links.drain().flat_map(|(_, links)| links).collect();
-        let owned = self.take_links(all);
-        detach_all(owned);
+        let uprobes = self.take_links(all);
+        let mut tracepoints = Vec::new();
+        for (name, link) in std::mem::take(&mut self.tracepoint_links) {
+            if let Ok(program) = program_mut::<TracePoint>(&mut self.ebpf, name)
+                && let Ok(link) = program.take_link(link)
+            {
+                tracepoints.push(link);
+            }
+        }
+        Detached {
+            uprobes,
+            tracepoints,
+        }
     }
 
     /// What is attached: None for system-wide, else the pids.
@@ -287,8 +311,39 @@ impl Capture {
     }
 }
 
+/// Probes taken out of their programs ([`Capture::take_probes`]): dropping
+/// them detaches them. Each costs the kernel grace periods of its own
+/// (about 0.09 s here: a perf event's uprobe or tracepoint is unregistered
+/// under the kernel's `event_mutex`, so that they go one after another
+/// whatever the threads: 48 probes take 4.2 s). That is why a stop starts
+/// with them, before its grace period.
+#[derive(Default)]
+pub struct Detached {
+    uprobes: Vec<UProbeLink>,
+    tracepoints: Vec<TracePointLink>,
+}
+
+impl Detached {
+    /// The probes held.
+    pub fn len(&self) -> usize {
+        self.uprobes.len() + self.tracepoints.len()
+    }
+
+    /// Whether it holds none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Detaches them all; returns when all are gone.
+    pub fn finish(self) {
+        detach_all(self.uprobes);
+        drop(self.tracepoints);
+    }
+}
+
 /// Threads that detach links at once: each detach waits for a grace
-/// period, and waits of concurrent detaches overlap.
+/// period, and waits of concurrent detaches overlap where the kernel lets
+/// them (not for perf events: see [`Detached`]).
 const DETACH_THREADS: usize = 16;
 
 /// Drops `links` on up to [`DETACH_THREADS`] threads and returns when all

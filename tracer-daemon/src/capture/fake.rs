@@ -25,6 +25,10 @@ struct FakeState {
     stacks: HashMap<u64, Vec<u64>>,
     procs: HashMap<u32, ProcStats>,
     attached: BTreeSet<Option<u32>>,
+    /// tracerd's stop, as handed by `stop_with`.
+    stopping: super::Stopping,
+    /// Set by `take_probes`: nothing is attached after it.
+    probes_taken: bool,
     switches: u64,
     in_scope: std::collections::BTreeSet<u32>,
     next_generation: u32,
@@ -241,11 +245,24 @@ impl KernelMaps for FakeKernel {
         &[]
     }
     fn attach(&mut self, pid: Option<u32>) -> Result<(), CaptureError> {
-        self.lock().attached.insert(pid);
+        let mut state = self.lock();
+        if state.stopping.is_raised() || state.probes_taken {
+            return Err(CaptureError::Stopping);
+        }
+        state.attached.insert(pid);
         Ok(())
     }
     fn detach(&mut self, pid: Option<u32>) {
         self.lock().attached.remove(&pid);
+    }
+    fn take_probes(&mut self) -> super::Detached {
+        let mut state = self.lock();
+        state.attached.clear();
+        state.probes_taken = true;
+        super::Detached::default()
+    }
+    fn stop_with(&mut self, stopping: super::Stopping) {
+        self.lock().stopping = stopping;
     }
     fn add_library(&mut self, _found: super::probes::Found) -> Result<(), CaptureError> {
         Ok(())
@@ -271,8 +288,12 @@ impl KernelMaps for FakeKernel {
         self.lock().in_scope.iter().copied().collect()
     }
     fn live_blocks(&self, want: Option<&HashSet<ImageId>>) -> Vec<(AllocKey, AllocInfo)> {
-        let mut out: Vec<_> = self
-            .lock()
+        let state = self.lock();
+        // Stopping: the pass ends before its first block.
+        if state.stopping.is_raised() {
+            return Vec::new();
+        }
+        let mut out: Vec<_> = state
             .blocks
             .iter()
             .map(|(&(pid, addr), info)| (key(pid, addr), *info))
