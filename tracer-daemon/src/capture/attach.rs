@@ -5,12 +5,14 @@
 //! Detaching a uprobe costs the kernel a grace period (about 0.1 s here):
 //! links leave on their own threads ([`detach_all`]), so that their grace
 //! periods overlap and no lock waits for them.
+use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use aya::programs::{
     TracePoint, UProbe,
     trace_point::TracePointLink,
-    uprobe::{UProbeAttachPoint, UProbeLink, UProbeLinkId, UProbeScope},
+    uprobe::{UProbeAttachPoint, UProbeLink, UProbeScope},
 };
 use tracer_common::{MAP_SCOPE_TGIDS, MAP_SWITCHES};
 
@@ -40,8 +42,71 @@ pub(super) struct Target {
     pub(super) family: Family,
 }
 
-/// One attached probe: the object, the program, the link.
-pub(super) type Link = (FileKey, &'static str, UProbeLinkId);
+/// One attached probe: the object, and its ticket in the [`ProbeLinks`]
+/// that own the links.
+pub(super) type Link = (FileKey, u64);
+
+/// The attached probes' links, owned apart from the programs and behind a
+/// lock of their own, so that a stop takes them out at its signal without
+/// waiting for the kernel lock, which requests in flight may hold for
+/// seconds. Dropping a link detaches it.
+#[derive(Default)]
+pub struct OwnedLinks {
+    uprobes: HashMap<u64, UProbeLink>,
+    tracepoints: Vec<TracePointLink>,
+    next_ticket: u64,
+    /// Set once everything was taken out ([`OwnedLinks::take_all`]): a
+    /// link handed in afterwards is refused (and detached).
+    closed: bool,
+}
+
+impl std::fmt::Debug for OwnedLinks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OwnedLinks")
+            .field("uprobes", &self.uprobes.len())
+            .field("tracepoints", &self.tracepoints.len())
+            .field("closed", &self.closed)
+            .finish()
+    }
+}
+
+/// [`OwnedLinks`], shared by the `Capture` and whoever stops tracerd.
+pub type ProbeLinks = Arc<Mutex<OwnedLinks>>;
+
+impl OwnedLinks {
+    /// Takes every link out (see [`Detached`]) and refuses any later one.
+    pub fn take_all(&mut self) -> Detached {
+        self.closed = true;
+        Detached {
+            uprobes: self.uprobes.drain().map(|(_, link)| link).collect(),
+            tracepoints: std::mem::take(&mut self.tracepoints),
+        }
+    }
+
+    /// Whether [`OwnedLinks::take_all`] was called.
+    pub fn is_closed(&self) -> bool {
+        self.closed
+    }
+
+    /// Keeps `link`; its ticket, or None (the link dropped, so detached)
+    /// once closed.
+    fn keep(&mut self, link: UProbeLink) -> Option<u64> {
+        if self.closed {
+            return None;
+        }
+        self.next_ticket += 1;
+        self.uprobes.insert(self.next_ticket, link);
+        Some(self.next_ticket)
+    }
+}
+
+/// Locks the links (a panic while they were held leaves them usable:
+/// every change is one insert or removal).
+pub fn lock_links(links: &ProbeLinks) -> MutexGuard<'_, OwnedLinks> {
+    links
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 impl Capture {
     /// Attaches the probes of every probed object for every process (`pid`
@@ -57,7 +122,7 @@ impl Capture {
     /// attach stays attached then. [`CaptureError::Stopping`] once tracerd
     /// is stopping.
     pub fn attach(&mut self, pid: Option<u32>) -> Result<(), CaptureError> {
-        if self.detached || self.stopping.is_raised() {
+        if lock_links(&self.owned_links).is_closed() || self.stopping.is_raised() {
             return Err(CaptureError::Stopping);
         }
         let done: Vec<FileKey> = self
@@ -108,9 +173,15 @@ impl Capture {
                     (spec.entry, point.entry)
                 };
                 let name = self.programs.program_for(name, exit_pass);
-                // Loaded by load_programs already.
+                // Loaded by load_programs already. The link is taken out of
+                // the program at once: the shared ProbeLinks own it.
                 let link = program_mut::<UProbe>(&mut self.ebpf, name).and_then(|program| {
-                    program
+                    let attached = |source| CaptureError::Attach {
+                        program: name.into(),
+                        target: format!("{}:{}", path.display(), spec.symbol),
+                        source: Box::new(source),
+                    };
+                    let id = program
                         .attach(
                             UProbeAttachPoint {
                                 location: offset.into(),
@@ -119,13 +190,13 @@ impl Capture {
                             &path,
                             scope,
                         )
-                        .map_err(|source| CaptureError::Attach {
-                            program: name.into(),
-                            target: format!("{}:{}", path.display(), spec.symbol),
-                            source: Box::new(source),
-                        })
+                        .map_err(attached)?;
+                    program.take_link(id).map_err(attached)
                 })?;
-                links.push((key, name, link));
+                let ticket = lock_links(&self.owned_links)
+                    .keep(link)
+                    .ok_or(CaptureError::Stopping)?;
+                links.push((key, ticket));
             }
         }
         Ok(())
@@ -167,7 +238,7 @@ impl Capture {
         file: Option<std::fs::File>,
         points: Vec<ProbePoint>,
     ) -> Result<(), CaptureError> {
-        if self.detached {
+        if lock_links(&self.owned_links).is_closed() {
             return Err(CaptureError::Stopping);
         }
         let key = library.key;
@@ -228,41 +299,44 @@ impl Capture {
         }
     }
 
-    /// The owned links of `links`, out of their programs (dropping one
-    /// detaches it).
+    /// The owned links of `links`, out of the [`ProbeLinks`] (dropping
+    /// one detaches it); none of those taken out already.
     fn take_links(&mut self, links: Vec<Link>) -> Vec<UProbeLink> {
-        let mut owned = Vec::with_capacity(links.len());
-        for (_, name, link) in links {
-            if let Ok(program) = program_mut::<UProbe>(&mut self.ebpf, name)
+        let mut owned = lock_links(&self.owned_links);
+        links
+            .into_iter()
+            .filter_map(|(_, ticket)| owned.uprobes.remove(&ticket))
+            .collect()
+    }
+
+    /// The probes' links, shared: whoever stops tracerd takes them out
+    /// with [`OwnedLinks::take_all`] without this `Capture`.
+    pub fn probe_links(&self) -> ProbeLinks {
+        self.owned_links.clone()
+    }
+
+    /// Hands the tracepoints' links to the [`ProbeLinks`] (at load).
+    pub(super) fn own_tracepoints(
+        &mut self,
+        links: Vec<(&'static str, aya::programs::trace_point::TracePointLinkId)>,
+    ) {
+        let mut owned = Vec::new();
+        for (name, link) in links {
+            if let Ok(program) = program_mut::<TracePoint>(&mut self.ebpf, name)
                 && let Ok(link) = program.take_link(link)
             {
                 owned.push(link);
             }
         }
-        owned
+        lock_links(&self.owned_links).tracepoints = owned;
     }
 
-    /// Takes every probe out of its program, the allocator probes and the
-    /// tracepoints: the [`Detached`] they are handed in detaches them when
-    /// [`Detached::finish`]ed (or dropped), without this `Capture` (or any
-    /// lock around it) held meanwhile. Nothing is attached afterwards: the
-    /// start of a stop, and the drop.
+    /// Takes every probe out, the allocator probes and the tracepoints:
+    /// the [`Detached`] they are handed in detaches them when
+    /// [`Detached::finish`]ed (or dropped). Nothing is attached afterwards.
     pub fn take_probes(&mut self) -> Detached {
-        self.detached = true;
-        let all: Vec<Link> = self.links.drain().flat_map(|(_, links)| links).collect();
-        let uprobes = self.take_links(all);
-        let mut tracepoints = Vec::new();
-        for (name, link) in std::mem::take(&mut self.tracepoint_links) {
-            if let Ok(program) = program_mut::<TracePoint>(&mut self.ebpf, name)
-                && let Ok(link) = program.take_link(link)
-            {
-                tracepoints.push(link);
-            }
-        }
-        Detached {
-            uprobes,
-            tracepoints,
-        }
+        self.links.clear();
+        lock_links(&self.owned_links).take_all()
     }
 
     /// What is attached: None for system-wide, else the pids.

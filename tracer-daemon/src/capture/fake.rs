@@ -27,8 +27,9 @@ struct FakeState {
     attached: BTreeSet<Option<u32>>,
     /// tracerd's stop, as handed by `stop_with`.
     stopping: super::Stopping,
-    /// Set by `take_probes`: nothing is attached after it.
-    probes_taken: bool,
+    /// The probes' links (none: nothing is really attached); once taken
+    /// out, nothing is attached.
+    links: super::ProbeLinks,
     switches: u64,
     in_scope: std::collections::BTreeSet<u32>,
     next_generation: u32,
@@ -246,7 +247,7 @@ impl KernelMaps for FakeKernel {
     }
     fn attach(&mut self, pid: Option<u32>) -> Result<(), CaptureError> {
         let mut state = self.lock();
-        if state.stopping.is_raised() || state.probes_taken {
+        if state.stopping.is_raised() || super::attach::lock_links(&state.links).is_closed() {
             return Err(CaptureError::Stopping);
         }
         state.attached.insert(pid);
@@ -255,11 +256,8 @@ impl KernelMaps for FakeKernel {
     fn detach(&mut self, pid: Option<u32>) {
         self.lock().attached.remove(&pid);
     }
-    fn take_probes(&mut self) -> super::Detached {
-        let mut state = self.lock();
-        state.attached.clear();
-        state.probes_taken = true;
-        super::Detached::default()
+    fn probe_links(&self) -> super::ProbeLinks {
+        self.lock().links.clone()
     }
     fn stop_with(&mut self, stopping: super::Stopping) {
         self.lock().stopping = stopping;

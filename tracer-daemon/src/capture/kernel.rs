@@ -15,7 +15,7 @@ use tracer_common::{AllocInfo, AllocKey, ProcStats, ProcTotals};
 
 use super::unwind::FileTable;
 use super::unwind::tables::{TableError, UnwindUsage};
-use super::{AttachedLibrary, CaptureConfig, CaptureError, Detached};
+use super::{AttachedLibrary, CaptureConfig, CaptureError, ProbeLinks};
 use crate::sys::procfs::FileKey;
 use tracer_common::ProcMapping;
 
@@ -89,11 +89,11 @@ pub trait KernelMaps: Send {
     /// Detaches what [`KernelMaps::attach`] attached for `pid`.
     fn detach(&mut self, pid: Option<u32>);
 
-    /// Takes every probe out (allocator probes, system-wide and per
-    /// process, and tracepoints): they are detached when the [`Detached`]
-    /// is finished, which the caller does without holding this kernel
-    /// side. Nothing is attached again after it: the first step of a stop.
-    fn take_probes(&mut self) -> Detached;
+    /// The probes' links (allocator probes, system-wide and per process,
+    /// and tracepoints), behind a lock of their own: a stop takes them all
+    /// out ([`super::OwnedLinks::take_all`]) without this kernel side's
+    /// lock, and nothing is attached after that.
+    fn probe_links(&self) -> ProbeLinks;
 
     /// Hands the kernel side tracerd's stop: once it is raised,
     /// [`KernelMaps::live_blocks`] ends early with what it read so far.
@@ -216,8 +216,8 @@ impl KernelMaps for super::Capture {
     fn detach(&mut self, pid: Option<u32>) {
         self.detach(pid);
     }
-    fn take_probes(&mut self) -> Detached {
-        self.take_probes()
+    fn probe_links(&self) -> ProbeLinks {
+        self.probe_links()
     }
     fn stop_with(&mut self, stopping: Stopping) {
         self.stopping = stopping;

@@ -286,8 +286,7 @@ impl Capture {
             targets,
             programs,
             links: HashMap::new(),
-            tracepoint_links,
-            detached: false,
+            owned_links: super::ProbeLinks::default(),
             stopping: super::Stopping::default(),
             config: CaptureConfig {
                 nframe,
@@ -312,6 +311,7 @@ impl Capture {
             ),
             unwind_maps,
         };
+        capture.own_tracepoints(tracepoint_links);
         if capture.config.system_wide {
             capture.attach(None)?;
         }

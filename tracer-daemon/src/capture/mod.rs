@@ -38,7 +38,7 @@ pub mod stacks;
 pub mod unwind;
 pub mod usage;
 
-pub use attach::Detached;
+pub use attach::{Detached, OwnedLinks, ProbeLinks};
 pub use kernel::{ImageId, KernelMaps, Stopping};
 pub use probes::{AttachedLibrary, ProbePoint};
 
@@ -226,11 +226,9 @@ pub struct Capture {
     programs: Programs,
     /// Attached uprobe links: None for system-wide, Some(pid) per process.
     links: HashMap<Option<u32>, Vec<attach::Link>>,
-    /// The tracepoint programs' links, by program.
-    tracepoint_links: Vec<(&'static str, aya::programs::trace_point::TracePointLinkId)>,
-    /// Set once every probe was taken out ([`Capture::take_probes`]):
-    /// nothing is attached after that.
-    detached: bool,
+    /// The links themselves (uprobes and tracepoints), owned apart from
+    /// the programs behind a lock of their own; closed once taken out.
+    owned_links: attach::ProbeLinks,
     config: CaptureConfig,
     /// tracerd's stop: long reads end early once it is raised, and
     /// nothing is attached after it.

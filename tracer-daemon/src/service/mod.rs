@@ -108,6 +108,9 @@ pub struct Service {
     /// the builder share it), so that nothing holds the service's locks
     /// (and its probes) for long.
     stopping: crate::capture::Stopping,
+    /// The probes' links, which [`Service::detach_probes`] takes out
+    /// without the kernel lock.
+    probe_links: crate::capture::ProbeLinks,
     /// The drops last logged of each live image, and when
     /// ([`Service::log_drops`]).
     drops_logged: std::sync::Mutex<
@@ -128,6 +131,7 @@ impl Service {
     ) -> Self {
         let stopping = crate::capture::Stopping::default();
         kernel.stop_with(stopping.clone());
+        let probe_links = kernel.probe_links();
         let nframe = kernel.config().nframe;
         let sample_interval = kernel.config().sample_interval;
         let pinned: Vec<_> = kernel.libraries().iter().map(|l| l.key).collect();
@@ -151,6 +155,7 @@ impl Service {
             holds_epoch: std::sync::atomic::AtomicU64::new(0),
             drops_logged: std::sync::Mutex::default(),
             stopping: stopping.clone(),
+            probe_links,
             probe_installed: false,
             builder: SnapshotBuilder {
                 symbolizer: Symbolizer::new(),
@@ -192,13 +197,14 @@ impl Service {
 
     /// Detaches every probe (allocator probes and tracepoints) and returns
     /// how many there were: the first step of a stop, taken at the signal.
-    /// The kernel lock is held only to take them out: detaching costs the
-    /// kernel about 0.09 s a probe, one after another, and the requests of
-    /// the grace period go on reading the maps meanwhile (what they show
-    /// is then the state at the signal). Nothing is attached afterwards;
-    /// a second call finds nothing to detach.
+    /// No lock of the service is taken (the links have one of their own,
+    /// [`crate::capture::ProbeLinks`]): detaching costs the kernel about
+    /// 0.09 s a probe, one after another, and the requests of the grace
+    /// period go on reading the maps meanwhile (what they show is then the
+    /// state at the signal). Nothing is attached afterwards; a second call
+    /// finds nothing to detach.
     pub fn detach_probes(&self) -> usize {
-        let detached = self.state.locks().kernel().kernel.take_probes();
+        let detached = crate::capture::attach::lock_links(&self.probe_links).take_all();
         let probes = detached.len();
         detached.finish();
         probes
