@@ -2,9 +2,12 @@
 //! process or one process at a time (a scoped tracerd); objects found
 //! while tracing added and removed; the programs' runtime switches.
 //!
-//! Detaching a uprobe costs the kernel a grace period (about 0.1 s here):
-//! links leave on their own threads ([`detach_all`]), so that their grace
-//! periods overlap and no lock waits for them.
+//! Detaching a uprobe costs the kernel grace periods (about 0.09 s here,
+//! one probe after another: the kernel unregisters perf events' probes in
+//! turn under its `event_mutex`): links leave on their own threads
+//! ([`detach_all`]) so that no lock waits for them, and are owned apart
+//! from the programs ([`ProbeLinks`]) so that a stop takes them all at its
+//! signal without waiting for the kernel lock.
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
