@@ -246,14 +246,17 @@ pub async fn run(config: Config) -> Result<(), AppError> {
     detach_probes(&service, deadline).await;
     // Dropping the last reference drops the Capture: every map freed. A
     // request cut at the end of the grace period may still hold one for a
-    // moment (rendering what it will never send); its maps then go when
-    // the process exits, which costs the kernel no grace period.
+    // moment (rendering what it will never send), as does a detaching
+    // past its deadline; the maps then go when the process exits, which
+    // costs the kernel no grace period.
     match Arc::try_unwrap(service) {
         Ok(service) => {
             drop(service);
             tracing::info!("maps freed");
         }
-        Err(_) => tracing::info!("a request cut still holds the service: its maps go at exit"),
+        Err(_) => tracing::info!(
+            "the service is still held (a request cut, or probes still detaching): its maps go at exit"
+        ),
     }
     drop(bpf_stats);
     Ok(())
