@@ -47,8 +47,9 @@ fn daemon(flags: &Flags) -> anyhow::Result<()> {
         .build()
         .context("starting the tokio runtime")?;
     let result = runtime.block_on(tracer_daemon::app::run(config));
-    // Blocking work still running (a long snapshot) must not hold the stop:
-    // whatever it holds is released by the kernel at exit.
-    runtime.shutdown_timeout(Duration::from_millis(500));
+    // Blocking work still running (a request cut, rendering what it will
+    // never send) must not hold the stop: whatever it holds is released by
+    // the kernel at exit, and no probe is left to it.
+    runtime.shutdown_timeout(Duration::from_millis(200));
     Ok(result?)
 }

@@ -2,14 +2,20 @@
 //! process or one process at a time (a scoped tracerd); objects found
 //! while tracing added and removed; the programs' runtime switches.
 //!
-//! Detaching a uprobe costs the kernel a grace period (about 0.1 s here):
-//! links leave on their own threads ([`detach_all`]), so that their grace
-//! periods overlap and no lock waits for them.
+//! Detaching a uprobe costs the kernel grace periods (about 0.09 s here,
+//! one probe after another: the kernel unregisters perf events' probes in
+//! turn under its `event_mutex`): links leave on their own threads
+//! ([`detach_all`]) so that no lock waits for them, and are owned apart
+//! from the programs ([`ProbeLinks`]) so that a stop takes them all at its
+//! signal without waiting for the kernel lock.
+use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use aya::programs::{
-    UProbe,
-    uprobe::{UProbeAttachPoint, UProbeLink, UProbeLinkId, UProbeScope},
+    TracePoint, UProbe,
+    trace_point::TracePointLink,
+    uprobe::{UProbeAttachPoint, UProbeLink, UProbeScope},
 };
 use tracer_common::{MAP_SCOPE_TGIDS, MAP_SWITCHES};
 
@@ -39,8 +45,71 @@ pub(super) struct Target {
     pub(super) family: Family,
 }
 
-/// One attached probe: the object, the program, the link.
-pub(super) type Link = (FileKey, &'static str, UProbeLinkId);
+/// One attached probe: the object, and its ticket in the [`ProbeLinks`]
+/// that own the links.
+pub(super) type Link = (FileKey, u64);
+
+/// The attached probes' links, owned apart from the programs and behind a
+/// lock of their own, so that a stop takes them out at its signal without
+/// waiting for the kernel lock, which requests in flight may hold for
+/// seconds. Dropping a link detaches it.
+#[derive(Default)]
+pub struct OwnedLinks {
+    uprobes: HashMap<u64, UProbeLink>,
+    tracepoints: Vec<TracePointLink>,
+    next_ticket: u64,
+    /// Set once everything was taken out ([`OwnedLinks::take_all`]): a
+    /// link handed in afterwards is refused (and detached).
+    closed: bool,
+}
+
+impl std::fmt::Debug for OwnedLinks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OwnedLinks")
+            .field("uprobes", &self.uprobes.len())
+            .field("tracepoints", &self.tracepoints.len())
+            .field("closed", &self.closed)
+            .finish()
+    }
+}
+
+/// [`OwnedLinks`], shared by the `Capture` and whoever stops tracerd.
+pub type ProbeLinks = Arc<Mutex<OwnedLinks>>;
+
+impl OwnedLinks {
+    /// Takes every link out (see [`Detached`]) and refuses any later one.
+    pub fn take_all(&mut self) -> Detached {
+        self.closed = true;
+        Detached {
+            uprobes: self.uprobes.drain().map(|(_, link)| link).collect(),
+            tracepoints: std::mem::take(&mut self.tracepoints),
+        }
+    }
+
+    /// Whether [`OwnedLinks::take_all`] was called.
+    pub fn is_closed(&self) -> bool {
+        self.closed
+    }
+
+    /// Keeps `link`; its ticket, or None (the link dropped, so detached)
+    /// once closed.
+    fn keep(&mut self, link: UProbeLink) -> Option<u64> {
+        if self.closed {
+            return None;
+        }
+        self.next_ticket += 1;
+        self.uprobes.insert(self.next_ticket, link);
+        Some(self.next_ticket)
+    }
+}
+
+/// Locks the links (a panic while they were held leaves them usable:
+/// every change is one insert or removal).
+pub fn lock_links(links: &ProbeLinks) -> MutexGuard<'_, OwnedLinks> {
+    links
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 impl Capture {
     /// Attaches the probes of every probed object for every process (`pid`
@@ -53,8 +122,12 @@ impl Capture {
     ///
     /// # Errors
     /// [`CaptureError::Attach`] (e.g. the process is gone); nothing of this
-    /// attach stays attached then.
+    /// attach stays attached then. [`CaptureError::Stopping`] once tracerd
+    /// is stopping.
     pub fn attach(&mut self, pid: Option<u32>) -> Result<(), CaptureError> {
+        if lock_links(&self.owned_links).is_closed() || self.stopping.is_raised() {
+            return Err(CaptureError::Stopping);
+        }
         let done: Vec<FileKey> = self
             .links
             .get(&pid)
@@ -103,9 +176,15 @@ impl Capture {
                     (spec.entry, point.entry)
                 };
                 let name = self.programs.program_for(name, exit_pass);
-                // Loaded by load_programs already.
+                // Loaded by load_programs already. The link is taken out of
+                // the program at once: the shared ProbeLinks own it.
                 let link = program_mut::<UProbe>(&mut self.ebpf, name).and_then(|program| {
-                    program
+                    let attached = |source| CaptureError::Attach {
+                        program: name.into(),
+                        target: format!("{}:{}", path.display(), spec.symbol),
+                        source: Box::new(source),
+                    };
+                    let id = program
                         .attach(
                             UProbeAttachPoint {
                                 location: offset.into(),
@@ -114,13 +193,13 @@ impl Capture {
                             &path,
                             scope,
                         )
-                        .map_err(|source| CaptureError::Attach {
-                            program: name.into(),
-                            target: format!("{}:{}", path.display(), spec.symbol),
-                            source: Box::new(source),
-                        })
+                        .map_err(attached)?;
+                    program.take_link(id).map_err(attached)
                 })?;
-                links.push((key, name, link));
+                let ticket = lock_links(&self.owned_links)
+                    .keep(link)
+                    .ok_or(CaptureError::Stopping)?;
+                links.push((key, ticket));
             }
         }
         Ok(())
@@ -153,6 +232,8 @@ impl Capture {
     /// # Errors
     /// [`CaptureError::Attach`] when the system-wide probes cannot be
     /// attached; nothing of the object stays probed then.
+    /// [`CaptureError::Stopping`] once the probes were taken out
+    /// ([`Capture::take_probes`]).
     pub fn add_library(
         &mut self,
         library: AttachedLibrary,
@@ -160,6 +241,9 @@ impl Capture {
         file: Option<std::fs::File>,
         points: Vec<ProbePoint>,
     ) -> Result<(), CaptureError> {
+        if lock_links(&self.owned_links).is_closed() {
+            return Err(CaptureError::Stopping);
+        }
         let key = library.key;
         if self.targets.iter().any(|t| t.key == key) {
             return Ok(());
@@ -218,27 +302,44 @@ impl Capture {
         }
     }
 
-    /// The owned links of `links`, out of their programs (dropping one
-    /// detaches it).
+    /// The owned links of `links`, out of the [`ProbeLinks`] (dropping
+    /// one detaches it); none of those taken out already.
     fn take_links(&mut self, links: Vec<Link>) -> Vec<UProbeLink> {
-        let mut owned = Vec::with_capacity(links.len());
-        for (_, name, link) in links {
-            if let Ok(program) = program_mut::<UProbe>(&mut self.ebpf, name)
+        let mut owned = lock_links(&self.owned_links);
+        links
+            .into_iter()
+            .filter_map(|(_, ticket)| owned.uprobes.remove(&ticket))
+            .collect()
+    }
+
+    /// The probes' links, shared: whoever stops tracerd takes them out
+    /// with [`OwnedLinks::take_all`] without this `Capture`.
+    pub fn probe_links(&self) -> ProbeLinks {
+        self.owned_links.clone()
+    }
+
+    /// Hands the tracepoints' links to the [`ProbeLinks`] (at load).
+    pub(super) fn own_tracepoints(
+        &mut self,
+        links: Vec<(&'static str, aya::programs::trace_point::TracePointLinkId)>,
+    ) {
+        let mut owned = Vec::new();
+        for (name, link) in links {
+            if let Ok(program) = program_mut::<TracePoint>(&mut self.ebpf, name)
                 && let Ok(link) = program.take_link(link)
             {
                 owned.push(link);
             }
         }
-        owned
+        lock_links(&self.owned_links).tracepoints = owned;
     }
 
-    /// Detaches every probe, their grace periods overlapping, and returns
-    /// when all are detached (at drop: otherwise each program would detach
-    /// its links one after another at about 0.1 s each).
-    pub(super) fn detach_everything(&mut self) {
-        let all: Vec<Link> = self.links.drain().flat_map(|(_, links)| links).collect();
-        let owned = self.take_links(all);
-        detach_all(owned);
+    /// Takes every probe out, the allocator probes and the tracepoints:
+    /// the [`Detached`] they are handed in detaches them when
+    /// [`Detached::finish`]ed (or dropped). Nothing is attached afterwards.
+    pub fn take_probes(&mut self) -> Detached {
+        self.links.clear();
+        lock_links(&self.owned_links).take_all()
     }
 
     /// What is attached: None for system-wide, else the pids.
@@ -292,8 +393,39 @@ impl Capture {
     }
 }
 
+/// Probes taken out of their programs ([`Capture::take_probes`]): dropping
+/// them detaches them. Each costs the kernel grace periods of its own
+/// (about 0.09 s here: a perf event's uprobe or tracepoint is unregistered
+/// under the kernel's `event_mutex`, so that they go one after another
+/// whatever the threads: 48 probes take 4.2 s). That is why a stop starts
+/// with them, before its grace period.
+#[derive(Default)]
+pub struct Detached {
+    uprobes: Vec<UProbeLink>,
+    tracepoints: Vec<TracePointLink>,
+}
+
+impl Detached {
+    /// The probes held.
+    pub fn len(&self) -> usize {
+        self.uprobes.len() + self.tracepoints.len()
+    }
+
+    /// Whether it holds none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Detaches them all; returns when all are gone.
+    pub fn finish(self) {
+        detach_all(self.uprobes);
+        drop(self.tracepoints);
+    }
+}
+
 /// Threads that detach links at once: each detach waits for a grace
-/// period, and waits of concurrent detaches overlap.
+/// period, and waits of concurrent detaches overlap where the kernel lets
+/// them (not for perf events: see [`Detached`]).
 const DETACH_THREADS: usize = 16;
 
 /// Drops `links` on up to [`DETACH_THREADS`] threads and returns when all

@@ -25,6 +25,11 @@ struct FakeState {
     stacks: HashMap<u64, Vec<u64>>,
     procs: HashMap<u32, ProcStats>,
     attached: BTreeSet<Option<u32>>,
+    /// tracerd's stop, as handed by `stop_with`.
+    stopping: super::Stopping,
+    /// The probes' links (none: nothing is really attached); once taken
+    /// out, nothing is attached.
+    links: super::ProbeLinks,
     switches: u64,
     in_scope: std::collections::BTreeSet<u32>,
     next_generation: u32,
@@ -241,11 +246,21 @@ impl KernelMaps for FakeKernel {
         &[]
     }
     fn attach(&mut self, pid: Option<u32>) -> Result<(), CaptureError> {
-        self.lock().attached.insert(pid);
+        let mut state = self.lock();
+        if state.stopping.is_raised() || super::attach::lock_links(&state.links).is_closed() {
+            return Err(CaptureError::Stopping);
+        }
+        state.attached.insert(pid);
         Ok(())
     }
     fn detach(&mut self, pid: Option<u32>) {
         self.lock().attached.remove(&pid);
+    }
+    fn probe_links(&self) -> super::ProbeLinks {
+        self.lock().links.clone()
+    }
+    fn stop_with(&mut self, stopping: super::Stopping) {
+        self.lock().stopping = stopping;
     }
     fn add_library(&mut self, _found: super::probes::Found) -> Result<(), CaptureError> {
         Ok(())
@@ -274,8 +289,12 @@ impl KernelMaps for FakeKernel {
         self.lock().in_scope.contains(&pid)
     }
     fn live_blocks(&self, want: Option<&HashSet<ImageId>>) -> Vec<(AllocKey, AllocInfo)> {
-        let mut out: Vec<_> = self
-            .lock()
+        let state = self.lock();
+        // Stopping: the pass ends before its first block.
+        if state.stopping.is_raised() {
+            return Vec::new();
+        }
+        let mut out: Vec<_> = state
             .blocks
             .iter()
             .map(|(&(pid, addr), info)| (key(pid, addr), *info))

@@ -13,7 +13,10 @@ impl Capture {
     /// progress): one batch read of the array, thousands of slots a syscall.
     pub(super) fn inflight_slots_in_use(&self) -> u64 {
         let mut used = 0u64;
-        let mut count = |_: &u32, slot: &InflightSlot| used += u64::from(slot.owner != 0);
+        let mut count = |_: &u32, slot: &InflightSlot| {
+            used += u64::from(slot.owner != 0);
+            std::ops::ControlFlow::Continue(())
+        };
         if bpf_sys::lookup_batch(self.inflight_slots.fd().as_fd(), &mut count).is_err() {
             tracing::debug!(
                 map = MAP_INFLIGHT_SLOTS,

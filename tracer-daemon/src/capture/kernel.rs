@@ -6,6 +6,8 @@
 //! each image (a process from its first allocation to its exec or exit) a
 //! generation, and tag every block and every per-process total with it.
 use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use serde::Serialize;
@@ -13,7 +15,7 @@ use tracer_common::{AllocInfo, AllocKey, ProcStats, ProcTotals};
 
 use super::unwind::FileTable;
 use super::unwind::tables::{TableError, UnwindUsage};
-use super::{AttachedLibrary, CaptureConfig, CaptureError};
+use super::{AttachedLibrary, CaptureConfig, CaptureError, ProbeLinks};
 use crate::sys::procfs::FileKey;
 use tracer_common::ProcMapping;
 
@@ -43,6 +45,28 @@ impl ImageId {
     }
 }
 
+/// tracerd's stop as the long passes see it: raised once (SIGTERM or
+/// SIGINT, when the API's grace period is over) and never lowered. Clones
+/// share it. Once it is raised, reads of the kernel maps and snapshot
+/// builds end at their next batch, and what they return then is partial:
+/// their callers answer that tracerd is stopping instead of using it, so
+/// that no lock of the service (and no probe) is held for long.
+#[derive(Clone, Debug, Default)]
+pub struct Stopping(Arc<AtomicBool>);
+
+impl Stopping {
+    /// Raises it, for every clone.
+    pub fn raise(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+
+    /// Whether it was raised.
+    #[must_use]
+    pub fn is_raised(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
 /// A reading of every kernel map's use: (map name, entries, capacity).
 pub type MapUsage = Vec<(&'static str, u64, u64)>;
 
@@ -64,6 +88,16 @@ pub trait KernelMaps: Send {
 
     /// Detaches what [`KernelMaps::attach`] attached for `pid`.
     fn detach(&mut self, pid: Option<u32>);
+
+    /// The probes' links (allocator probes, system-wide and per process,
+    /// and tracepoints), behind a lock of their own: a stop takes them all
+    /// out ([`super::OwnedLinks::take_all`]) without this kernel side's
+    /// lock, and nothing is attached after that.
+    fn probe_links(&self) -> ProbeLinks;
+
+    /// Hands the kernel side tracerd's stop: once it is raised,
+    /// [`KernelMaps::live_blocks`] ends early with what it read so far.
+    fn stop_with(&mut self, stopping: Stopping);
 
     /// Probes one more object, found in a process (see
     /// `Capture::add_library`).
@@ -92,7 +126,9 @@ pub trait KernelMaps: Send {
     /// lookup of `SCOPE_TGIDS`).
     fn is_in_scope(&self, pid: u32) -> bool;
 
-    /// Every live block of the images `want` (None: of every process).
+    /// Every live block of the images `want` (None: of every process);
+    /// only some of them once the stop given to [`KernelMaps::stop_with`]
+    /// is raised.
     fn live_blocks(&self, want: Option<&HashSet<ImageId>>) -> Vec<(AllocKey, AllocInfo)>;
 
     /// Removes the given blocks; returns how many were there to remove.
@@ -183,6 +219,12 @@ impl KernelMaps for super::Capture {
     }
     fn detach(&mut self, pid: Option<u32>) {
         self.detach(pid);
+    }
+    fn probe_links(&self) -> ProbeLinks {
+        self.probe_links()
+    }
+    fn stop_with(&mut self, stopping: Stopping) {
+        self.stopping = stopping;
     }
     fn add_library(&mut self, found: super::probes::Found) -> Result<(), CaptureError> {
         self.add_library(found.library, found.path, found.file, found.probes.points)

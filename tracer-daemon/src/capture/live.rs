@@ -1,5 +1,5 @@
 //! Live blocks: read and removed from the fast table and `LIVE_ALLOCS`.
-use std::{collections::HashSet, os::fd::AsFd as _};
+use std::{collections::HashSet, ops::ControlFlow, os::fd::AsFd as _};
 
 use tracer_common::{AllocInfo, AllocKey};
 
@@ -10,12 +10,21 @@ use crate::sys::bpf as bpf_sys;
 impl Capture {
     /// Every live block of the process images `want` (tgid, generation),
     /// read from the fast table (through its mapping) and `LIVE_ALLOCS`;
-    /// with `want` None, every block of every process. One pass over each.
+    /// with `want` None, every block of every process. One pass over each;
+    /// once tracerd is stopping, the pass ends at the next block and what
+    /// was read so far is returned (see [`super::Stopping`]).
     pub fn live_blocks(&self, want: Option<&HashSet<ImageId>>) -> Vec<(AllocKey, AllocInfo)> {
         let mut out = Vec::new();
-        let mut keep = |key: &AllocKey, info: &AllocInfo| match want {
-            Some(want) if !want.contains(&ImageId::of_block(key, info)) => {}
-            _ => out.push((*key, *info)),
+        let stopping = &self.stopping;
+        let mut keep = |key: &AllocKey, info: &AllocInfo| {
+            if stopping.is_raised() {
+                return ControlFlow::Break(());
+            }
+            match want {
+                Some(want) if !want.contains(&ImageId::of_block(key, info)) => {}
+                _ => out.push((*key, *info)),
+            }
+            ControlFlow::Continue(())
         };
         if let Some(table) = &self.live_table {
             table.for_each(|key, info| keep(&key, &info));
@@ -29,7 +38,9 @@ impl Capture {
         .is_err()
         {
             for (key, info) in self.live.iter().flatten() {
-                keep(&key, &info);
+                if keep(&key, &info).is_break() {
+                    break;
+                }
             }
         }
         out

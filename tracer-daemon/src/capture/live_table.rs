@@ -10,6 +10,7 @@
 //! to `LIVE_ALLOCS` and is counted in [`LiveBucket::spilled`], which
 //! whoever removes it from `LIVE_ALLOCS` decrements.
 
+use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use tracer_common::{
@@ -93,10 +94,11 @@ impl LiveTable {
         unsafe { std::ptr::read_volatile(self.values.as_ptr().cast::<AllocInfo>().add(index)) }
     }
 
-    /// Calls `f` with every block in the table. A block that changes while
-    /// it is read (freed, its way claimed again) is passed over: its key
-    /// is read before and after its value, and must be the same.
-    pub fn for_each(&self, mut f: impl FnMut(AllocKey, AllocInfo)) {
+    /// Calls `f` with every block in the table, until it breaks. A block
+    /// that changes while it is read (freed, its way claimed again) is
+    /// passed over: its key is read before and after its value, and must be
+    /// the same.
+    pub fn for_each(&self, mut f: impl FnMut(AllocKey, AllocInfo) -> ControlFlow<()>) {
         for bucket in 0..self.buckets {
             for way in 0..LIVE_WAYS {
                 let slot = self.word(bucket, Some(way));
@@ -109,7 +111,7 @@ impl LiveTable {
                     continue;
                 }
                 let (tgid, addr) = live_unpack(bucket, key, self.buckets - 1);
-                f(
+                let next = f(
                     AllocKey {
                         tgid,
                         _pad: 0,
@@ -117,6 +119,9 @@ impl LiveTable {
                     },
                     info,
                 );
+                if next.is_break() {
+                    return;
+                }
             }
         }
     }
@@ -254,11 +259,36 @@ mod tests {
         }
         assert!(want.len() > 50, "{} of 60 went in", want.len());
         let mut got = Vec::new();
-        table.for_each(|k, v| got.push((k, v)));
+        table.for_each(|k, v| {
+            got.push((k, v));
+            ControlFlow::Continue(())
+        });
         got.sort_by_key(|(k, _)| (k.tgid, k.addr));
         want.sort_by_key(|(k, _)| (k.tgid, k.addr));
         assert_eq!(got, want);
         assert_eq!(table.len(), want.len() as u64);
+    }
+
+    #[test]
+    fn a_walk_told_to_break_reads_no_further_block() {
+        let table = table(64);
+        for i in 0..20u64 {
+            assert!(insert(
+                &table,
+                block(2, 0x5555_0000_0000 + i * 48),
+                info(i + 1)
+            ));
+        }
+        let mut seen = 0;
+        table.for_each(|_, _| {
+            seen += 1;
+            if seen == 3 {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        });
+        assert_eq!(seen, 3);
     }
 
     #[test]
@@ -270,7 +300,10 @@ mod tests {
         assert_eq!(table.remove(&a), Removed::Table);
         assert_eq!(table.remove(&a), Removed::NotInTable);
         let mut got = Vec::new();
-        table.for_each(|k, v| got.push((k, v)));
+        table.for_each(|k, v| {
+            got.push((k, v));
+            ControlFlow::Continue(())
+        });
         assert_eq!(got, vec![(b, info(2))]);
         assert_eq!(table.remove(&block(100, 0x7000_0008)), Removed::NotInTable);
     }
@@ -285,7 +318,10 @@ mod tests {
             .store(LIVE_BUSY, Ordering::Release);
         table.word(bucket, None).store(2, Ordering::Release);
         let mut n = 0;
-        table.for_each(|_, _| n += 1);
+        table.for_each(|_, _| {
+            n += 1;
+            ControlFlow::Continue(())
+        });
         assert_eq!(n, 0);
         assert!(table.is_empty());
         table.spill_removed(&b);

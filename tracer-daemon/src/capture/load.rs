@@ -6,7 +6,7 @@ use std::{collections::HashMap, os::fd::AsFd as _, path::Path, process::Command}
 use aya::{
     Ebpf, EbpfLoader,
     maps::{Map, MapData, RingBuf},
-    programs::{TracePoint, UProbe},
+    programs::{TracePoint, UProbe, trace_point::TracePointLinkId},
 };
 use tracer_common::{
     FLOOR_PROGRAMS, GLOBAL_INFLIGHT_SLOT_MASK, GLOBAL_LIVE_BUCKET_MASK, GLOBAL_NFRAME,
@@ -158,24 +158,26 @@ impl Capture {
             .load(object.as_bytes())
             .map_err(|e| CaptureError::Load(e.to_string()))?;
 
+        let mut tracepoint_links = Vec::new();
         for (name, category, event) in TRACEPOINTS {
             let program: &mut TracePoint = program_mut(&mut ebpf, name)?;
             program.load().map_err(|source| CaptureError::Program {
                 program: name.into(),
                 source: Box::new(source),
             })?;
-            program
+            let link = program
                 .attach(category, event)
                 .map_err(|source| CaptureError::Attach {
                     program: name.into(),
                     target: format!("{category}:{event}"),
                     source: Box::new(source),
                 })?;
+            tracepoint_links.push((name, link));
         }
 
-        attach_mapping_tracepoint(&mut ebpf);
+        tracepoint_links.extend(attach_mapping_tracepoint(&mut ebpf));
         if config.trace_mmap && programs == Programs::Tracer {
-            attach_mmap_tracepoints(&mut ebpf);
+            tracepoint_links.extend(attach_mmap_tracepoints(&mut ebpf));
         }
 
         let libcs = find_libc(&config.libc)?;
@@ -284,6 +286,8 @@ impl Capture {
             targets,
             programs,
             links: HashMap::new(),
+            owned_links: super::ProbeLinks::default(),
+            stopping: super::Stopping::default(),
             config: CaptureConfig {
                 nframe,
                 walk_frames,
@@ -307,6 +311,7 @@ impl Capture {
             ),
             unwind_maps,
         };
+        capture.own_tracepoints(tracepoint_links);
         if capture.config.system_wide {
             capture.attach(None)?;
         }
@@ -385,45 +390,51 @@ fn bump_memlock_rlimit() {
 
 /// Attaches [`MMAP_TRACEPOINTS`] (anonymous mappings as blocks); a kernel
 /// without syscall tracepoints gets a warning, and no `mmap` source.
-fn attach_mmap_tracepoints(ebpf: &mut Ebpf) {
-    for tracepoint in MMAP_TRACEPOINTS {
-        attach_optional_tracepoint(ebpf, tracepoint, "anonymous mappings are not traced");
-    }
+fn attach_mmap_tracepoints(ebpf: &mut Ebpf) -> Vec<(&'static str, TracePointLinkId)> {
+    MMAP_TRACEPOINTS
+        .into_iter()
+        .filter_map(|tracepoint| {
+            attach_optional_tracepoint(ebpf, tracepoint, "anonymous mappings are not traced")
+        })
+        .collect()
 }
 
 /// Attaches [`MAPPING_TRACEPOINT`] (prompt news of a library mapped, for
 /// allocator discovery and the unwinder); a kernel without syscall
 /// tracepoints gets a warning, and both their periodic refresh only.
-fn attach_mapping_tracepoint(ebpf: &mut Ebpf) {
+fn attach_mapping_tracepoint(ebpf: &mut Ebpf) -> Option<(&'static str, TracePointLinkId)> {
     attach_optional_tracepoint(
         ebpf,
         MAPPING_TRACEPOINT,
         "libraries loaded later are unwound from the next refresh (within 1 s)",
-    );
+    )
 }
 
 /// Loads and attaches the tracepoint program (program, category, name)
-/// that tracerd can do without; when it cannot, logs a warning that says
-/// `without` (what is lost).
+/// that tracerd can do without, and returns its link; when it cannot,
+/// logs a warning that says `without` (what is lost).
 fn attach_optional_tracepoint(
     ebpf: &mut Ebpf,
-    (name, category, event): (&str, &str, &str),
+    (name, category, event): (&'static str, &str, &str),
     without: &str,
-) {
+) -> Option<(&'static str, TracePointLinkId)> {
     let attached = program_mut::<TracePoint>(ebpf, name).and_then(|program| {
         program
             .load()
             .map_err(|e| CaptureError::Load(e.to_string()))?;
         program
             .attach(category, event)
-            .map(|_| ())
             .map_err(|e| CaptureError::Load(e.to_string()))
     });
-    if let Err(err) = attached {
-        tracing::warn!(
-            err = %err,
-            tracepoint = %format!("{category}:{event}"),
-            "{without}"
-        );
+    match attached {
+        Ok(link) => Some((name, link)),
+        Err(err) => {
+            tracing::warn!(
+                err = %err,
+                tracepoint = %format!("{category}:{event}"),
+                "{without}"
+            );
+            None
+        }
     }
 }

@@ -38,7 +38,8 @@ pub mod stacks;
 pub mod unwind;
 pub mod usage;
 
-pub use kernel::{ImageId, KernelMaps};
+pub use attach::{Detached, OwnedLinks, ProbeLinks};
+pub use kernel::{ImageId, KernelMaps, Stopping};
 pub use probes::{AttachedLibrary, ProbePoint};
 
 use events::RingPositions;
@@ -77,6 +78,9 @@ pub enum CaptureError {
         #[source]
         source: Box<aya::programs::ProgramError>,
     },
+    /// tracerd is stopping: nothing is attached any more.
+    #[error("tracerd is stopping: no probe is attached any more")]
+    Stopping,
     /// No glibc was found to attach to.
     #[error("no glibc found (looked at {looked}); pass --libc PATH")]
     NoLibc {
@@ -222,7 +226,13 @@ pub struct Capture {
     programs: Programs,
     /// Attached uprobe links: None for system-wide, Some(pid) per process.
     links: HashMap<Option<u32>, Vec<attach::Link>>,
+    /// The links themselves (uprobes and tracepoints), owned apart from
+    /// the programs behind a lock of their own; closed once taken out.
+    owned_links: attach::ProbeLinks,
     config: CaptureConfig,
+    /// tracerd's stop: long reads end early once it is raised, and
+    /// nothing is attached after it.
+    stopping: kernel::Stopping,
     /// The unwind tables' bookkeeping; written through `unwind_maps`.
     unwind: unwind::tables::TableStore,
     /// The maps the unwind tables live in.
@@ -230,10 +240,10 @@ pub struct Capture {
 }
 
 impl Drop for Capture {
-    /// Detaches every probe at once (see [`Capture::detach_everything`])
+    /// Detaches every probe still attached (see [`Capture::take_probes`])
     /// before the programs and maps go.
     fn drop(&mut self) {
-        self.detach_everything();
+        self.take_probes().finish();
     }
 }
 

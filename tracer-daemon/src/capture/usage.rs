@@ -47,10 +47,17 @@ impl Capture {
     /// capacities as configured. Counting walks the hash maps' keys (one
     /// syscall per key); `INFLIGHT_SLOTS` counts the slots in use (a batch
     /// read of the array, 32 bytes a slot); `EVENTS` is in bytes: those
-    /// written and not yet read, of the ring's size.
+    /// written and not yet read, of the ring's size. Once tracerd is
+    /// stopping, the count of `LIVE_ALLOCS` ends early (a lower bound).
     pub fn map_usage(&self) -> Vec<(&'static str, u64, u64)> {
         let mut live_entries = 0u64;
-        let mut count = |_: &AllocKey, _: &AllocInfo| live_entries += 1;
+        let mut count = |_: &AllocKey, _: &AllocInfo| {
+            if self.stopping.is_raised() {
+                return std::ops::ControlFlow::Break(());
+            }
+            live_entries += 1;
+            std::ops::ControlFlow::Continue(())
+        };
         if bpf_sys::lookup_batch(
             aya::maps::IterableMap::map(&self.live).fd().as_fd(),
             &mut count,

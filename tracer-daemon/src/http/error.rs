@@ -149,6 +149,10 @@ impl From<ServiceError> for ApiError {
                 "any two stored snapshots compare with GET /snapshots/{id}/compare?base={id}".to_string(),
             ),
             ServiceError::Scope { .. } => (StatusCode::CONFLICT, "see tracerd's log".to_string()),
+            ServiceError::Stopping => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "ask again once tracerd is back (systemctl status tracerd)".to_string(),
+            ),
             ServiceError::AllocatorFramesDiffer { base, .. } => (
                 StatusCode::CONFLICT,
                 format!(
@@ -188,6 +192,7 @@ mod tests {
                 409,
             ),
             (ServiceError::Scope { reason: "x".into() }.into(), 409),
+            (ServiceError::Stopping.into(), 503),
             (
                 ServiceError::AllocatorFramesDiffer {
                     base: crate::snapshot::AllocatorFrames::Drop,

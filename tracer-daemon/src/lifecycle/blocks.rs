@@ -7,7 +7,7 @@ use std::{collections::HashMap, sync::Arc};
 use tracer_common::{AllocInfo, AllocKey, ProcStats, STACK_ID_NONE};
 use tracer_model::Source;
 
-use crate::capture::{ImageId, KernelMaps};
+use crate::capture::{ImageId, KernelMaps, Stopping};
 
 /// A live block as read from the kernel maps: size in bytes and its stack.
 #[derive(Clone, Debug)]
@@ -23,11 +23,18 @@ pub struct RawBlock {
 
 /// Reads the stacks of `entries` (each distinct stack id once) into blocks.
 /// A block whose stack is not stored keeps its exact call site (frame 0).
-pub fn raw_blocks(kernel: &dyn KernelMaps, entries: &[(AllocKey, AllocInfo)]) -> Vec<RawBlock> {
+/// Once `stopping` is raised, the blocks end at the next entry: only some
+/// of them are returned.
+pub fn raw_blocks(
+    kernel: &dyn KernelMaps,
+    entries: &[(AllocKey, AllocInfo)],
+    stopping: &Stopping,
+) -> Vec<RawBlock> {
     let mut stacks: HashMap<u64, Option<Arc<[u64]>>> = HashMap::new();
     let mut frame0_only: HashMap<u64, Arc<[u64]>> = HashMap::new();
     entries
         .iter()
+        .take_while(|_| !stopping.is_raised())
         .map(|(_, info)| {
             let stored = if info.stack_id == STACK_ID_NONE {
                 None

@@ -9,7 +9,7 @@ use tracer_common::{ProcEvent, ProcEventKind};
 use super::blocks::{by_image, raw_blocks};
 use super::image::{EndReason, ProcessImage};
 use super::registry::{EndEvent, Registry};
-use crate::capture::{ImageId, KernelMaps};
+use crate::capture::{ImageId, KernelMaps, Stopping};
 
 /// One decoded process event.
 #[derive(Clone, Copy, Debug)]
@@ -89,10 +89,13 @@ pub fn new_image(image: ImageId, kernel_comm: &[u8; 16]) -> ProcessImage {
 /// pass over the kernel maps and kept as its last state, then removed from
 /// the maps. One process can end twice in a batch (exec, then exit): ends
 /// are keyed by image, never by pid alone. Returns the blocks removed.
+/// Once `stopping` is raised, the blocks kept are only some of them (the
+/// maps go with tracerd a moment later).
 pub fn end_images(
     kernel: &mut dyn KernelMaps,
     registry: &mut Registry,
     ends: Vec<EndEvent>,
+    stopping: &Stopping,
 ) -> usize {
     if ends.is_empty() {
         return 0;
@@ -105,7 +108,7 @@ pub fn end_images(
     for end in ends {
         let entries = by_image.remove(&end.image).unwrap_or_default();
         keys.extend(entries.iter().map(|(k, _)| *k));
-        let blocks = raw_blocks(&*kernel, &entries);
+        let blocks = raw_blocks(&*kernel, &entries, stopping);
         tracing::debug!(pid = end.image.pid, gen = end.image.generation, blocks = blocks.len(), "image ended");
         registry.end(end, blocks);
     }

@@ -7,7 +7,7 @@ use std::collections::{HashMap, HashSet};
 use tracer_common::{AllocInfo, AllocKey, MAP_STACKS, STACK_ID_NONE};
 
 use super::registry::Registry;
-use crate::capture::{ImageId, KernelMaps};
+use crate::capture::{ImageId, KernelMaps, Stopping};
 
 /// What one scan of the kernel maps found: every live block, the stacks
 /// listed before the scan (when collection is due), and the images the
@@ -22,11 +22,15 @@ pub struct Scan {
 /// is at least half full: the ids listed *before* the scan of the live
 /// blocks that no block references. (A block stored after the scan with
 /// such a stack shows no traceback until that stack is stored again by its
-/// next allocation.)
-pub fn scan(kernel: &mut dyn KernelMaps) -> Scan {
+/// next allocation.) None, with nothing collected, when `stopping` was
+/// raised during the scan: the blocks read are then only some of them.
+pub fn scan(kernel: &mut dyn KernelMaps, stopping: &Stopping) -> Option<Scan> {
     let max_stacks = u64::from(kernel.config().max_stacks);
     let stacks_before = (kernel.stacks_stored() * 2 > max_stacks).then(|| kernel.stack_ids());
     let entries = kernel.live_blocks(None);
+    if stopping.is_raised() {
+        return None;
+    }
     if let Some(before) = stacks_before {
         let referenced: HashSet<u64> = entries.iter().map(|(_, info)| info.stack_id).collect();
         let unreferenced: Vec<u64> = before
@@ -42,7 +46,7 @@ pub fn scan(kernel: &mut dyn KernelMaps) -> Scan {
         .into_iter()
         .map(|(tgid, stats)| ImageId::new(tgid, stats.gen_))
         .collect();
-    Scan { entries, tracked }
+    Some(Scan { entries, tracked })
 }
 
 /// The distinct stored stacks the blocks of `entries` reference, by image:

@@ -118,6 +118,10 @@ pub enum ServiceError {
         /// How the new side was taken.
         new: AllocatorFrames,
     },
+    /// tracerd is stopping (SIGTERM or SIGINT, the API's grace period
+    /// over): what the request read may be partial, and is not shown.
+    #[error("tracerd is stopping: the request was cut")]
+    Stopping,
     /// A scope could not be applied (invalid, or the system-wide probes
     /// could not be attached again).
     #[error("{reason}")]

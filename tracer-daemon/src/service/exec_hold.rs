@@ -134,11 +134,7 @@ impl Service {
 
     /// Whether `pid` is in the kernel's scope filter now.
     fn filter_has(&self, pid: u32) -> bool {
-        self.state
-            .locks()
-            .kernel()
-            .kernel
-            .is_in_scope(pid)
+        self.state.locks().kernel().kernel.is_in_scope(pid)
     }
 
     /// Probes the allocators among `file` (object `key`) and the objects

@@ -94,7 +94,7 @@ impl Service {
             held.kernel
                 .remove_process_mappings(end.image.pid, end.image.generation);
         }
-        events::end_images(&mut **held.kernel, &mut held.registry, ends);
+        events::end_images(&mut **held.kernel, &mut held.registry, ends, &self.stopping);
     }
 
     /// Drops ended images past their retention (and ends live images whose
@@ -172,11 +172,13 @@ impl Service {
     /// unreferenced stacks when due, and removes the blocks of images that
     /// ended without their end being handled here (see
     /// [`crate::lifecycle::Registry::orphaned_blocks`]). Returns the number
-    /// of blocks removed.
+    /// of blocks removed: none when tracerd began to stop during the scan.
     pub fn sweep_orphans(&self) -> usize {
         let mut held = self.state.locks().kernel();
         scope::prune(&mut **held.kernel);
-        let scan = orphans::scan(&mut **held.kernel);
+        let Some(scan) = orphans::scan(&mut **held.kernel, &self.stopping) else {
+            return 0;
+        };
         let mut held = held.registry();
         let doomed = orphans::doomed(&scan, &mut held.registry);
         drop(held.registry);

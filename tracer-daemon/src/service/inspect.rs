@@ -225,7 +225,7 @@ impl Service {
         if entries.is_empty() {
             return Err(ServiceError::NoBlock { pid, address });
         }
-        let blocks = raw_blocks(kernel, &entries);
+        let blocks = raw_blocks(kernel, &entries, &self.stopping);
         let Some(image) = held.registry.get_mut(pid) else {
             drop(held);
             return Err(self.not_traced(pid));
@@ -237,6 +237,7 @@ impl Service {
             self.builder.build(pid, &blocks, maps.as_deref(), frames),
             tracing.traceback_limit,
         );
+        self.unless_stopping()?;
         snapshot
             .into_traces()
             .into_iter()

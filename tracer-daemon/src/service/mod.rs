@@ -105,10 +105,15 @@ pub struct Service {
     /// scope, an object no longer probed): the exec holds hold every
     /// program again ([`Service::holds_epoch`]).
     holds_epoch: std::sync::atomic::AtomicU64,
-    /// Set once tracerd is stopping ([`Service::begin_stop`]): the long
-    /// background passes end at their next item, so that nothing holds
-    /// the service (and its probes) for long.
-    stopping: std::sync::atomic::AtomicBool,
+    /// Raised once tracerd is stopping ([`Service::begin_stop`]): the long
+    /// background passes end at their next item, and reads of the kernel
+    /// maps and snapshot builds at their next block (the kernel side and
+    /// the builder share it), so that nothing holds the service's locks
+    /// (and its probes) for long.
+    stopping: crate::capture::Stopping,
+    /// The probes' links, which [`Service::detach_probes`] takes out
+    /// without the kernel lock.
+    probe_links: crate::capture::ProbeLinks,
     /// The drops last logged of each live image, and when
     /// ([`Service::log_drops`]).
     drops_logged: std::sync::Mutex<
@@ -123,10 +128,13 @@ impl Service {
     /// the allocation machinery's, unless asked to keep them. The store is
     /// empty until [`Service::open_store`].
     pub fn new(
-        kernel: Box<dyn KernelMaps>,
+        mut kernel: Box<dyn KernelMaps>,
         retention: Duration,
         allocator_frames: FramePatterns,
     ) -> Self {
+        let stopping = crate::capture::Stopping::default();
+        kernel.stop_with(stopping.clone());
+        let probe_links = kernel.probe_links();
         let nframe = kernel.config().nframe;
         let sample_interval = kernel.config().sample_interval;
         let pinned: Vec<_> = kernel.libraries().iter().map(|l| l.key).collect();
@@ -149,28 +157,60 @@ impl Service {
             scope_is_all: std::sync::atomic::AtomicBool::new(true),
             holds_epoch: std::sync::atomic::AtomicU64::new(0),
             drops_logged: std::sync::Mutex::default(),
-            stopping: std::sync::atomic::AtomicBool::new(false),
+            stopping: stopping.clone(),
+            probe_links,
             probe_installed: false,
             builder: SnapshotBuilder {
                 symbolizer: Symbolizer::new(),
                 nframe,
                 sample_interval,
                 allocator_frames,
+                stopping,
             },
             started_at: SystemTime::now(),
         }
     }
 
     /// Marks tracerd as stopping: the background passes (unwind tables,
-    /// allocator discovery, housekeeping) end at their next item.
+    /// allocator discovery, housekeeping) end at their next item, reads of
+    /// the kernel maps and snapshot builds at their next block, and the
+    /// requests still running answer [`ServiceError::Stopping`]; nothing
+    /// is attached any more.
     pub fn begin_stop(&self) {
-        self.stopping
-            .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.stopping.raise();
     }
 
     /// Whether [`Service::begin_stop`] was called.
     pub fn stopping(&self) -> bool {
-        self.stopping.load(std::sync::atomic::Ordering::Relaxed)
+        self.stopping.is_raised()
+    }
+
+    /// [`ServiceError::Stopping`] once [`Service::begin_stop`] was called:
+    /// what was read or built since may be partial, and is not shown.
+    ///
+    /// # Errors
+    /// [`ServiceError::Stopping`].
+    pub(crate) fn unless_stopping(&self) -> Result<(), ServiceError> {
+        if self.stopping() {
+            Err(ServiceError::Stopping)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Detaches every probe (allocator probes and tracepoints) and returns
+    /// how many there were: the first step of a stop, taken at the signal.
+    /// No lock of the service is taken (the links have one of their own,
+    /// [`crate::capture::ProbeLinks`]): detaching costs the kernel about
+    /// 0.09 s a probe, one after another, and the requests of the grace
+    /// period go on reading the maps meanwhile (what they show is then the
+    /// state at the signal). Nothing is attached afterwards; a second call
+    /// finds nothing to detach.
+    pub fn detach_probes(&self) -> usize {
+        let detached = crate::capture::attach::lock_links(&self.probe_links).take_all();
+        let probes = detached.len();
+        detached.finish();
+        probes
     }
 
     /// Opens the snapshot store in `state_dir` (its files read back; those

@@ -132,7 +132,7 @@ impl Service {
             None => {
                 image.refresh_maps();
                 let entries = kernel.live_blocks(Some(&HashSet::from([image.id])));
-                raw_blocks(kernel, &entries)
+                raw_blocks(kernel, &entries, &self.stopping)
             }
         };
         let status = status(&held.control, image, stats_of(kernel, image));
@@ -161,7 +161,8 @@ impl Service {
     /// machinery's leading frames are dropped or kept.
     ///
     /// # Errors
-    /// [`ServiceError::NotTraced`], [`ServiceError::TracingStopped`].
+    /// [`ServiceError::NotTraced`], [`ServiceError::TracingStopped`];
+    /// [`ServiceError::Stopping`] when tracerd began to stop meanwhile.
     pub fn snapshot_now_with(
         &self,
         viewer: Viewer,
@@ -180,6 +181,7 @@ impl Service {
                 let snapshot =
                     self.builder
                         .build(pid, &taken.blocks, taken.image.maps.as_deref(), frames);
+                self.unless_stopping()?;
                 let process = taken.status;
                 Ok(Now {
                     snapshot: Arc::new(truncate(snapshot, tracing.traceback_limit)),
@@ -200,7 +202,7 @@ impl Service {
                 if !any_tracing {
                     return Err(ServiceError::TracingStopped { pid: None });
                 }
-                let images = self.images_now(viewer, frames);
+                let images = self.images_now(viewer, frames)?;
                 let at = SystemTime::now();
                 let mut traces = Vec::new();
                 let mut pids = Vec::new();
@@ -232,7 +234,14 @@ impl Service {
     /// over the kernel maps, each symbolized with its own mappings (the
     /// machinery's frames dropped or kept as `frames` says) and cut to its
     /// traceback limit.
-    fn images_now(&self, viewer: Viewer, frames: AllocatorFrames) -> Vec<ImageNow> {
+    ///
+    /// # Errors
+    /// [`ServiceError::Stopping`] when tracerd began to stop meanwhile.
+    fn images_now(
+        &self,
+        viewer: Viewer,
+        frames: AllocatorFrames,
+    ) -> Result<Vec<ImageNow>, ServiceError> {
         let mut held = self.state.locks().kernel().registry().control();
         let control = held.control.clone();
         let ids: Vec<ImageId> = held
@@ -261,11 +270,14 @@ impl Service {
             .iter()
             .map(|image| {
                 let entries = by_image.remove(&image.id).unwrap_or_default();
-                (raw_blocks(kernel, &entries), live_stats(kernel, image.id))
+                (
+                    raw_blocks(kernel, &entries, &self.stopping),
+                    live_stats(kernel, image.id),
+                )
             })
             .collect();
         drop(held);
-        images
+        let images = images
             .into_iter()
             .zip(blocks)
             .map(|(image, (raw, stats))| {
@@ -284,7 +296,9 @@ impl Service {
                     drops: stats.drops,
                 }
             })
-            .collect()
+            .collect();
+        self.unless_stopping()?;
+        Ok(images)
     }
 
     /// `take_snapshot()` of a target for `viewer`, stored under the next id
@@ -520,9 +534,12 @@ impl Service {
 
     /// Takes one automatic snapshot of every traced live image (one pass
     /// over the kernel maps) and drops those past `retention`. Returns how
-    /// many were taken.
+    /// many were taken: none once tracerd is stopping (what was read may be
+    /// partial, and is never stored).
     pub fn auto_snapshots(&self, retention: Duration) -> usize {
-        let images = self.images_now(Viewer::Operator, AllocatorFrames::Drop);
+        let Ok(images) = self.images_now(Viewer::Operator, AllocatorFrames::Drop) else {
+            return 0;
+        };
         let at = SystemTime::now();
         let mut held = self.state.locks().store();
         let mut taken = 0;

@@ -312,3 +312,67 @@ fn a_compare_never_mixes_dropped_and_kept_allocator_frames() {
     assert_eq!(base.info["kind"], "snapshot");
     assert_eq!(base.info["id"], kept.id);
 }
+
+#[test]
+fn once_stopping_snapshots_answer_stopping_and_nothing_partial_is_stored() {
+    let (kernel, service) = service();
+    start(&kernel, &service, PID);
+    kernel.alloc(PID, 0x1000, 100, &[0x40_1000]);
+    kernel.alloc(PID, 0x2000, 28, &[0x40_1000]);
+    let before = service
+        .store_now(
+            Viewer::Operator,
+            Target::Process(PID),
+            None,
+            AllocatorFrames::Drop,
+        )
+        .expect("stored");
+    assert_eq!((before.traces, before.size), (2, 128));
+    service.begin_stop();
+    assert!(matches!(
+        service.snapshot_now(Target::Process(PID)),
+        Err(ServiceError::Stopping)
+    ));
+    assert!(matches!(
+        service.snapshot_now(Target::System),
+        Err(ServiceError::Stopping)
+    ));
+    assert!(matches!(
+        service.store_now(
+            Viewer::Operator,
+            Target::Process(PID),
+            None,
+            AllocatorFrames::Drop
+        ),
+        Err(ServiceError::Stopping)
+    ));
+    assert!(matches!(
+        service.object_traceback(PID, 0x1000, AllocatorFrames::Drop),
+        Err(ServiceError::NoBlock { .. } | ServiceError::Stopping)
+    ));
+    assert_eq!(service.auto_snapshots(Duration::from_secs(60)), 0);
+    assert_eq!(service.stored_count(), 1, "only the snapshot of before");
+    // The sweep removes nothing from a scan cut short.
+    kernel.lose_exit(PID);
+    assert_eq!(service.sweep_orphans(), 0);
+    assert_eq!(service.sweep_orphans(), 0);
+    assert_eq!(kernel.block_count(), 2);
+}
+
+#[test]
+fn detached_probes_stay_detached() {
+    let (kernel, service) = service();
+    assert_eq!(kernel.attached(), [None]);
+    // The fake kernel holds no real probes: none to count.
+    assert_eq!(service.detach_probes(), 0);
+    let scope = Scope {
+        pids: [1].into(),
+        ..Scope::default()
+    };
+    let _ = service.set_scope(scope);
+    assert_eq!(
+        kernel.attached(),
+        Vec::<Option<u32>>::new(),
+        "nothing is attached again"
+    );
+}

@@ -210,6 +210,10 @@ impl Service {
         let entries = held.kernel.live_blocks(Some(images));
         let mut removed: HashMap<ImageId, (u64, u64)> = HashMap::new();
         for (key, info) in entries {
+            // One syscall a block: a stop does not wait for millions.
+            if self.stopping() {
+                break;
+            }
             if held.kernel.remove_blocks(&[key]) == 1 {
                 let slot = removed.entry(ImageId::of_block(&key, &info)).or_default();
                 slot.0 = slot.0.saturating_add(info.size);

@@ -10,6 +10,7 @@ use std::{collections::HashMap, sync::Arc};
 use tracer_model::{Frame, FrameExtra, Snapshot, Source, Trace, Traceback};
 
 use super::machinery::{AllocatorFrames, Machinery};
+use crate::capture::Stopping;
 use crate::capture::stacks::STACK_CUT_MARK;
 use crate::config::FramePatterns;
 use crate::lifecycle::RawBlock;
@@ -32,6 +33,10 @@ pub struct SnapshotBuilder {
     /// The allocation machinery (`allocator_frames`): leading frames that
     /// match are dropped from every traceback a build does not keep them in.
     pub allocator_frames: FramePatterns,
+    /// tracerd's stop: a build ends at the next block once it is raised,
+    /// and its snapshot then holds only some of the blocks (its caller
+    /// answers that tracerd is stopping instead).
+    pub stopping: Stopping,
 }
 
 /// What one build shares between its tracebacks.
@@ -45,7 +50,7 @@ impl SnapshotBuilder {
     /// Turns raw blocks into a [`Snapshot`]: one symbolization per distinct
     /// stack, the machinery's leading frames dropped (unless `frames` is
     /// [`AllocatorFrames::Keep`]), tracebacks truncated to `nframe` frames,
-    /// domain = pid.
+    /// domain = pid. Partial once [`SnapshotBuilder::stopping`] is raised.
     pub fn build(
         &self,
         pid: u32,
@@ -69,6 +74,9 @@ impl SnapshotBuilder {
         }
         let mut traces = Vec::with_capacity(blocks.len());
         for block in blocks {
+            if self.stopping.is_raised() {
+                break;
+            }
             let traceback = match &block.stack {
                 None => unknown.clone(),
                 Some(stack) => tracebacks
@@ -102,6 +110,9 @@ impl SnapshotBuilder {
     ) -> Vec<Trace> {
         let mut groups: HashMap<(Option<*const u64>, Source), EstimatedGroup> = HashMap::new();
         for block in blocks {
+            if self.stopping.is_raised() {
+                break;
+            }
             let s = block.size as f64;
             // Anonymous mappings are recorded whole, never sampled.
             let p = if block.source == Source::MMAP {
@@ -126,6 +137,9 @@ impl SnapshotBuilder {
         }
         let mut traces = Vec::new();
         for ((_, source), (stack, count, bytes)) in groups {
+            if self.stopping.is_raised() {
+                break;
+            }
             let traceback = match &stack {
                 Some(stack) => Arc::new(self.traceback(stack, pass)),
                 None => Arc::new(Traceback::new(vec![Frame::unknown()], Some(1))),
@@ -440,6 +454,7 @@ mod tests {
             nframe: 16,
             sample_interval: 0,
             allocator_frames: FramePatterns::compile(&["*".to_string()]).unwrap(),
+            stopping: Stopping::default(),
         };
         let stack: Arc<[u64]> = Arc::from([0x10u64, 0x20]);
         let blocks = [RawBlock {
@@ -460,6 +475,7 @@ mod tests {
             nframe: 16,
             sample_interval: 512 * 1024,
             allocator_frames: FramePatterns::compile(&[]).unwrap(),
+            stopping: Stopping::default(),
         };
         let block = |addr: u64, source| RawBlock {
             size: 65536,

@@ -67,15 +67,15 @@ struct BatchAttr {
 }
 
 /// Calls `f` on every (key, value) of a hash map, many per syscall
-/// (BPF_MAP_LOOKUP_BATCH, Linux 5.6+). Entries changed meanwhile may be
-/// seen or not, as with any walk of a live map.
+/// (BPF_MAP_LOOKUP_BATCH, Linux 5.6+), until `f` breaks. Entries changed
+/// meanwhile may be seen or not, as with any walk of a live map.
 ///
 /// # Errors
 /// The syscall's error when the kernel refuses the batch command at
 /// once (before any entry was given to `f`): fall back to iteration.
 pub fn lookup_batch<K: Copy + Default, V: Copy + Default>(
     fd: BorrowedFd<'_>,
-    f: &mut impl FnMut(&K, &V),
+    f: &mut impl FnMut(&K, &V) -> std::ops::ControlFlow<()>,
 ) -> io::Result<()> {
     let mut chunk = 4096usize;
     let mut keys = vec![K::default(); chunk];
@@ -123,7 +123,9 @@ pub fn lookup_batch<K: Copy + Default, V: Copy + Default>(
             return Err(io::Error::new(err.kind(), err.to_string()));
         }
         for (key, value) in keys.iter().zip(&values).take(got) {
-            f(key, value);
+            if f(key, value).is_break() {
+                return Ok(());
+            }
         }
         if err.is_some() {
             return Ok(());

@@ -2,24 +2,12 @@
 //! record written, and after SIGTERM, SIGINT or SIGKILL nothing it held
 //! (program, map, link, uprobe event) is left in the kernel.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 
 use super::Running;
-use crate::suite::support::{bpf_ids, bpftool_shows};
-
-/// The uprobe events tracerd `pid` registered (aya names them `aya_{pid}_...`).
-fn our_uprobe_events(pid: u32) -> Vec<String> {
-    let events = std::fs::read_to_string("/sys/kernel/tracing/uprobe_events")
-        .or_else(|_| std::fs::read_to_string("/sys/kernel/debug/tracing/uprobe_events"))
-        .unwrap_or_default();
-    events
-        .lines()
-        .filter(|l| l.contains(&format!("aya_{pid}_")))
-        .map(str::to_string)
-        .collect()
-}
+use crate::suite::support::{bpf_ids, bpftool_shows, left_after, uprobe_events_of};
 
 /// Starts tracerd, records what it holds in the kernel, stops it with
 /// `signal`, and checks that every program, map and link is gone.
@@ -43,16 +31,12 @@ fn stop_leaves_nothing(signal: &str, expect_clean_exit: bool) {
     if expect_clean_exit {
         assert!(took < Duration::from_secs(5), "SIG{signal} took {took:?}");
     }
-    // The kernel frees programs and maps once their last reference goes,
-    // after an RCU grace period.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut left: Vec<_> = held.clone();
-    while !left.is_empty() && Instant::now() < deadline {
-        left.retain(|(kind, id)| bpftool_shows(kind, *id));
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    assert_eq!(left, Vec::new(), "left in the kernel after SIG{signal}");
-    assert_eq!(our_uprobe_events(pid), Vec::<String>::new());
+    assert_eq!(
+        left_after(&held, Duration::from_secs(10)),
+        Vec::new(),
+        "left in the kernel after SIG{signal}"
+    );
+    assert_eq!(uprobe_events_of(pid), Vec::<String>::new());
     if expect_clean_exit {
         let record: Value = serde_json::from_slice(
             &std::fs::read(running.state.path().join("last-stop.json"))

@@ -1,15 +1,18 @@
 //! tracerd as a service, through the real binary: configuration sources and
 //! their precedence, refusal of invalid values, the listeners' security,
 //! stopping on SIGTERM/SIGINT/SIGKILL with nothing left attached in the
-//! kernel, the capabilities the systemd unit grants, and the unit itself.
-//! These talk raw HTTP/1.1 (tokens, unix sockets, oversized bodies), so they
-//! run tracerd as `Running` rather than `support::Tracerd`.
+//! kernel (under load too: `stopping`), the capabilities the systemd unit
+//! grants, and the unit itself. Most talk raw HTTP/1.1 (tokens, unix
+//! sockets, oversized bodies), so they run tracerd as `Running` rather than
+//! `support::Tracerd`; `stopping` restarts tracerd on a state directory,
+//! which `support::Tracerd` does.
 
 mod access;
 mod config;
 mod lifecycle;
 mod peers;
 mod security;
+mod stopping;
 mod systemd;
 
 use std::{

@@ -1,7 +1,11 @@
 //! What a process holds in the kernel: the ids of its BPF programs, maps
-//! and links (from `/proc/PID/fdinfo`), and `bpftool`'s view of them.
+//! and links (from `/proc/PID/fdinfo`), `bpftool`'s view of them, and the
+//! uprobe events it registered.
 
-use std::process::{Command, Stdio};
+use std::{
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
 
 use serde_json::Value;
 
@@ -57,4 +61,31 @@ pub fn bpftool_shows(kind: &str, id: u32) -> bool {
 /// `bpftool -j {kind} show id {id}`, when it answers JSON.
 pub fn bpftool_json(kind: &str, id: u32) -> Option<Value> {
     serde_json::from_slice(&bpftool(kind, id, true).stdout).ok()
+}
+
+/// The uprobe events tracerd `pid` registered (aya names them
+/// `aya_{pid}_...`), from tracefs' `uprobe_events`.
+pub fn uprobe_events_of(pid: u32) -> Vec<String> {
+    let events = std::fs::read_to_string("/sys/kernel/tracing/uprobe_events")
+        .or_else(|_| std::fs::read_to_string("/sys/kernel/debug/tracing/uprobe_events"))
+        .unwrap_or_default();
+    events
+        .lines()
+        .filter(|l| l.contains(&format!("aya_{pid}_")))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Of `held` (from [`bpf_ids`] while its process ran), what `bpftool`
+/// still shows once `within` has passed, or sooner when nothing is left:
+/// the kernel frees programs, maps and links once their last reference
+/// goes, after an RCU grace period.
+pub fn left_after(held: &[(&'static str, u32)], within: Duration) -> Vec<(&'static str, u32)> {
+    let deadline = Instant::now() + within;
+    let mut left = held.to_vec();
+    while !left.is_empty() && Instant::now() < deadline {
+        left.retain(|(kind, id)| bpftool_shows(kind, *id));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    left
 }
