@@ -204,7 +204,7 @@ mod tests {
             (
                 StoreError::LabelTaken {
                     label: "a".into(),
-                    id: 1,
+                    id: Some(1),
                 }
                 .into(),
                 409,

@@ -11,6 +11,7 @@
 //! list without it.
 use super::Service;
 use crate::lifecycle::ProcessImage;
+use crate::store::{SnapshotStore, StoreError};
 
 /// Who a request is for. Decided by the HTTP layer from the peer's
 /// credentials (`SO_PEERCRED`, `NETLINK_SOCK_DIAG`) and the bearer token.
@@ -65,6 +66,20 @@ impl Viewer {
             Self::User(uid) => Some(uid),
             Self::Operator | Self::Nobody => None,
         }
+    }
+}
+
+/// A store error as `viewer` may see it: the snapshot that holds a taken
+/// label is named only to who may see that snapshot.
+pub(super) fn as_seen(viewer: Viewer, store: &SnapshotStore, err: StoreError) -> StoreError {
+    match err {
+        StoreError::LabelTaken {
+            label,
+            id: Some(id),
+        } if !store.info(id).is_some_and(|info| viewer.sees(info.owner)) => {
+            StoreError::LabelTaken { label, id: None }
+        }
+        other => other,
     }
 }
 

@@ -336,7 +336,10 @@ impl Service {
         info.allocator_frames = Some(now.allocator_frames);
         info.owner = viewer.owner();
         let mut held = self.state.locks().store();
-        let id = held.store.add(stored, info)?;
+        let id = held
+            .store
+            .add(stored, info)
+            .map_err(|err| super::access::as_seen(viewer, &held.store, err))?;
         held.store
             .summary(id)
             .ok_or(ServiceError::SnapshotNotFound { id })
@@ -403,7 +406,10 @@ impl Service {
             .and_then(AllocatorFrames::parse);
         info.owner = viewer.owner();
         let mut held = self.state.locks().store();
-        let id = held.store.add(stored, info)?;
+        let id = held
+            .store
+            .add(stored, info)
+            .map_err(|err| super::access::as_seen(viewer, &held.store, err))?;
         held.store
             .summary(id)
             .ok_or(ServiceError::SnapshotNotFound { id })
@@ -516,7 +522,9 @@ impl Service {
         label: Option<String>,
     ) -> Result<SnapshotSummary, ServiceError> {
         let id = self.resolve(viewer, reference)?;
-        Ok(self.state.locks().store().store.set_label(id, label)?)
+        let mut held = self.state.locks().store();
+        let labelled = held.store.set_label(id, label);
+        Ok(labelled.map_err(|err| super::access::as_seen(viewer, &held.store, err))?)
     }
 
     /// Deletes a stored snapshot `viewer` may see, and its file.

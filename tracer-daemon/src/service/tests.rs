@@ -13,6 +13,7 @@ use crate::capture::fake::{FakeKernel, event};
 use crate::config::FramePatterns;
 use crate::lifecycle::{ImageState, Scope};
 use crate::snapshot::AllocatorFrames;
+use crate::store::StoreError;
 
 /// Above the kernel's largest pid_max: never a real process, so nothing is
 /// read from `/proc` for it.
@@ -374,5 +375,75 @@ fn detached_probes_stay_detached() {
         kernel.attached(),
         Vec::<Option<u32>>::new(),
         "nothing is attached again"
+    );
+}
+
+#[test]
+fn a_users_snapshots_are_theirs_and_others_are_as_if_absent() {
+    let (kernel, service) = service();
+    start(&kernel, &service, PID);
+    kernel.alloc(PID, 0x1000, 100, &[0x40_1000]);
+    let user = Viewer::User(1000);
+    let operators = service
+        .store_now(
+            Viewer::Operator,
+            Target::Process(PID),
+            Some("ops".into()),
+            AllocatorFrames::Drop,
+        )
+        .expect("stored");
+    let mine = service
+        .store_now(
+            user,
+            Target::Process(PID),
+            Some("mine".into()),
+            AllocatorFrames::Drop,
+        )
+        .expect("stored");
+    assert_eq!((operators.owner_uid, mine.owner_uid), (None, Some(1000)));
+    // The user lists and reads only theirs; the operators' is absent to them.
+    let ids = |viewer| -> Vec<u64> {
+        service
+            .list_snapshots(viewer, None)
+            .expect("listed")
+            .iter()
+            .map(|s| s.id)
+            .collect()
+    };
+    assert_eq!(ids(user), vec![mine.id]);
+    assert_eq!(ids(Viewer::Operator), vec![operators.id, mine.id]);
+    assert_eq!(ids(Viewer::Nobody), Vec::<u64>::new());
+    assert!(matches!(
+        service.stored(user, &SnapshotRef::Id(operators.id)),
+        Err(ServiceError::SnapshotNotFound { id }) if id == operators.id
+    ));
+    assert!(matches!(
+        service.delete_snapshot(user, &SnapshotRef::Label("ops".into())),
+        Err(ServiceError::Store(StoreError::LabelNotFound { .. }))
+    ));
+    // A label in use is refused without naming a snapshot they cannot see.
+    let taken = service
+        .label_snapshot(user, &SnapshotRef::Id(mine.id), Some("ops".into()))
+        .expect_err("taken");
+    assert_eq!(
+        taken.to_string(),
+        "label \"ops\" is already used by another snapshot"
+    );
+    let taken = service
+        .label_snapshot(
+            Viewer::Operator,
+            &SnapshotRef::Id(mine.id),
+            Some("ops".into()),
+        )
+        .expect_err("taken");
+    assert_eq!(
+        taken.to_string(),
+        format!("label \"ops\" is already used by snapshot {}", operators.id)
+    );
+    // An operator sees, and may delete, the user's.
+    assert!(
+        service
+            .delete_snapshot(Viewer::Operator, &SnapshotRef::Id(mine.id))
+            .is_ok()
     );
 }

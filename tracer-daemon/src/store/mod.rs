@@ -72,12 +72,16 @@ pub enum StoreError {
         label: String,
     },
     /// The label is already used by another snapshot.
-    #[error("label {label:?} is already used by snapshot {id}")]
+    #[error("label {label:?} is already used by {}", match id {
+        Some(id) => format!("snapshot {id}"),
+        None => "another snapshot".to_string(),
+    })]
     LabelTaken {
         /// The label.
         label: String,
-        /// The snapshot that has it.
-        id: u64,
+        /// The snapshot that has it; None when the caller may not see it
+        /// (`service::access`).
+        id: Option<u64>,
     },
     /// The label is not a valid one.
     #[error("invalid label {label:?}: {reason}")]
@@ -269,7 +273,7 @@ impl SnapshotStore {
             if let Some(id) = self.id_of_label(label) {
                 return Err(StoreError::LabelTaken {
                     label: label.clone(),
-                    id,
+                    id: Some(id),
                 });
             }
         }
@@ -317,7 +321,7 @@ impl SnapshotStore {
             {
                 return Err(StoreError::LabelTaken {
                     label: label.clone(),
-                    id: other,
+                    id: Some(other),
                 });
             }
         }

@@ -66,7 +66,7 @@ fn labels_are_checked_unique_and_findable() {
     let other = store.insert(stored(5, 1));
     assert!(matches!(
         store.set_label(other, Some("before".into())),
-        Err(StoreError::LabelTaken { id: 1, .. })
+        Err(StoreError::LabelTaken { id: Some(1), .. })
     ));
     store.set_label(id, None).unwrap();
     assert_eq!(
