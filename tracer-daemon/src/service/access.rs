@@ -11,6 +11,7 @@
 //! list without it.
 use super::Service;
 use crate::lifecycle::ProcessImage;
+use crate::lifecycle::image::EndReason;
 use crate::store::{SnapshotStore, StoreError};
 
 /// Who a request is for. Decided by the HTTP layer from the peer's
@@ -47,14 +48,17 @@ impl Viewer {
     /// Whether this viewer sees process image `image`: its owner when first
     /// seen, and for a live image also the owner `/proc/PID` gives now (a
     /// process that made itself non-dumpable since, or changed its uids,
-    /// is no longer its user's, as for ptrace).
+    /// is no longer its user's, as for ptrace). An image that ended by an
+    /// exec is the operators' only: `/proc` may have been read after the
+    /// exec, and so tell the next image's owner (a `setpriv` or `su` that ran
+    /// as root, then exec'd a user's program).
     #[must_use]
     pub fn sees_image(self, image: &ProcessImage) -> bool {
-        match self {
-            Self::Operator => true,
+        match (self, &image.ended) {
+            (Self::Operator, _) => true,
             _ if !self.sees(image.owner) => false,
-            _ if image.ended.is_some() => true,
-            _ => crate::sys::procfs::read_owner(image.pid()) == image.owner,
+            (_, Some(ended)) => ended.reason != EndReason::Exec,
+            (_, None) => crate::sys::procfs::read_owner(image.pid()) == image.owner,
         }
     }
 
