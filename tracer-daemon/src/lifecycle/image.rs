@@ -111,14 +111,17 @@ impl ProcessImage {
     /// while the process lives.
     pub fn capture(id: ImageId) -> Self {
         let pid = id.pid;
+        let status = procfs::read_status(pid);
         Self {
             id,
             start_time: procfs::read_start_time(pid).unwrap_or(0),
             comm: procfs::read_comm(pid).unwrap_or_default(),
             exe: procfs::read_exe(pid).ok(),
-            nspid: procfs::read_nspid(pid),
+            nspid: status.as_ref().and_then(|(text, _)| procfs::nspid_of(text)),
             cgroup: procfs::read_cgroup(pid),
-            owner: procfs::read_owner(pid),
+            owner: status
+                .as_ref()
+                .and_then(|(text, uid)| procfs::owner_of(text, *uid)),
             first_seen: SystemTime::now(),
             maps: ModuleMaps::capture(pid).ok().map(Arc::new),
             ended: None,

@@ -367,14 +367,9 @@ pub fn read_cgroup(pid: u32) -> Option<String> {
     cgroup_v2_path(&text).map(str::to_string)
 }
 
-/// The process's id in its own pid namespace: the last of the `NSpid:`
-/// ids of `/proc/PID/status` (the host pid itself outside any namespace).
-pub fn read_nspid(pid: u32) -> Option<u32> {
-    let text = std::fs::read_to_string(proc_path(pid, "status")).ok()?;
-    nspid_of(&text)
-}
-
-/// The last id of the `NSpid:` line of a `/proc/PID/status` text.
+/// The process's id in its own pid namespace: the last id of the `NSpid:`
+/// line of a `/proc/PID/status` text (the host pid itself outside any
+/// namespace).
 pub fn nspid_of(status: &str) -> Option<u32> {
     status
         .lines()
@@ -394,13 +389,20 @@ pub fn nspid_of(status: &str) -> Option<u32> {
 /// None when no unprivileged user may (those, or a process that is gone):
 /// operators only.
 pub fn read_owner(pid: u32) -> Option<u32> {
+    let (status, file_uid) = read_status(pid)?;
+    owner_of(&status, file_uid)
+}
+
+/// `/proc/PID/status`: its text and the uid that owns the file (fstat of
+/// the same open file), for [`owner_of`] and [`nspid_of`] from one read.
+pub fn read_status(pid: u32) -> Option<(String, u32)> {
     use std::io::Read as _;
     use std::os::unix::fs::MetadataExt as _;
     let mut file = std::fs::File::open(proc_path(pid, "status")).ok()?;
     let file_uid = file.metadata().ok()?.uid();
     let mut status = String::new();
     file.read_to_string(&mut status).ok()?;
-    owner_of(&status, file_uid)
+    Some((status, file_uid))
 }
 
 /// [`read_owner`] from a `/proc/PID/status` text and the uid that owns that

@@ -197,6 +197,18 @@ fn as_absent(absent: (u16, Value), missing: u32, pid: u32) -> (u16, Value) {
     (absent.0, serde_json::from_str(&text).expect("json"))
 }
 
+/// An operator's answers: the first lists every one of `ours`, and every
+/// other request succeeded (200).
+fn sees_all(answers: &[(u16, Value)], ours: &[u32], who: &str) {
+    let all = pids_of(&answers[0].1, "processes");
+    for pid in ours {
+        assert!(all.contains(pid), "{who} misses {pid}");
+    }
+    for (status, body) in &answers[1..] {
+        assert_eq!(*status, 200, "{who}: {body}");
+    }
+}
+
 /// A pid no process has now.
 fn missing_pid() -> u32 {
     (3_000_000..4_000_000)
@@ -521,13 +533,7 @@ fn each_user_sees_only_the_processes_they_could_ptrace_and_operators_see_all() {
                 ),
             ],
         );
-        let all = pids_of(&answers[0].1, "processes");
-        for pid in ours {
-            assert!(all.contains(&pid), "{via:?}: token holder misses {pid}");
-        }
-        for (status, body) in &answers[1..] {
-            assert_eq!(*status, 200, "{via:?}: {body}");
-        }
+        sees_all(&answers, &ours, &format!("{via:?}: token holder"));
     }
 
     // --- A member of the operators' group (by /etc/group over TCP, where
@@ -551,13 +557,7 @@ fn each_user_sees_only_the_processes_they_could_ptrace_and_operators_see_all() {
                 ),
             ],
         );
-        let all = pids_of(&answers[0].1, "processes");
-        for pid in ours {
-            assert!(all.contains(&pid), "{via:?}: member misses {pid}");
-        }
-        for (status, body) in &answers[1..] {
-            assert_eq!(*status, 200, "{via:?}: {body}");
-        }
+        sees_all(&answers, &ours, &format!("{via:?}: member"));
     }
 
     // --- Root sees every process, and nothing was changed by the refused
