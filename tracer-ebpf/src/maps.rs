@@ -13,7 +13,7 @@ use crate::stack::Walk;
 use aya_ebpf::{
     bindings::{BPF_F_MMAPABLE, BPF_F_NO_PREALLOC},
     macros::map,
-    maps::{Array, HashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, PerCpuArray, ProgramArray, RingBuf},
 };
 use tracer_common::{
     AllocInfo, AllocKey, COUNTER_SLOTS, EVENTS_RING_BYTES, EXP_TABLE_LEN, INFLIGHT_SLOT_COUNT,
@@ -171,3 +171,13 @@ pub(crate) static STACK_CACHE: PerCpuArray<[u64; 3]> = PerCpuArray::with_max_ent
 /// `procs`; read by tracerd.
 #[map]
 pub(crate) static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_RING_BYTES, 0);
+
+/// Never filled: one empty slot that every allocator program tail-calls
+/// (the call fails and the program goes on). A program that can tail-call
+/// gets no private stack from the verifier (Linux 6.14 and later give a
+/// kprobe-type program with a frame of 64 bytes or more a per-CPU one,
+/// which another task preempting it on the same CPU would overwrite): so
+/// every frame is on the task's own kernel stack. See
+/// `crate::programs::on_task_stack`.
+#[map]
+pub(crate) static NO_PRIVATE_STACK: ProgramArray = ProgramArray::with_max_entries(1, 0);

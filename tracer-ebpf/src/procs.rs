@@ -66,19 +66,37 @@ fn new_generation() -> Option<u32> {
 }
 
 /// The totals of `tgid` and its generation, created (with a new generation,
-/// and a `New` event for userspace) at the process image's first allocation.
+/// and a `New` event for userspace) at the process image's first allocation
+/// ([`register_proc`]).
+#[inline(always)]
+pub(crate) fn proc_stats(tgid: u32) -> Option<(*mut ProcStats, u32)> {
+    if let Some(found) = find_proc(tgid) {
+        return Some(found);
+    }
+    if !register_proc(tgid) {
+        return None;
+    }
+    find_proc(tgid)
+}
+
+/// Creates the totals of `tgid`'s image (or finds that another thread of it
+/// did); false when there is no room (counted).
 ///
 /// A free slot (no owner, no spill) is claimed by one compare-and-swap of
 /// its word to the tgid and generation; its totals were zeroed when it was
 /// freed. Else the process goes to PROCS, after one compare-and-swap that
 /// counts it in the slot's spill count (so that it is looked for there, and
 /// so that the slot is not claimed meanwhile by another thread of it).
-#[inline(always)]
-pub(crate) fn proc_stats(tgid: u32) -> Option<(*mut ProcStats, u32)> {
-    if let Some(found) = find_proc(tgid) {
-        return Some(found);
-    }
-    let slot = proc_slot(tgid)?;
+///
+/// A BPF function of its own, not inlined: the zeroed totals and the event
+/// it builds take their stack in its frame, not in the frame of the
+/// allocator program that calls it, whose frame plus the unwinder's must
+/// stay within the kernel's 512 bytes (see [`crate::programs::on_task_stack`]).
+#[inline(never)]
+fn register_proc(tgid: u32) -> bool {
+    let Some(slot) = proc_slot(tgid) else {
+        return false;
+    };
     // SAFETY: a PROC_SLOTS value.
     let word_ptr = unsafe { &raw mut (*slot).word };
     let fits = u64::from(tgid) <= PROC_SLOT_OWNER_MASK;
@@ -88,19 +106,16 @@ pub(crate) fn proc_stats(tgid: u32) -> Option<(*mut ProcStats, u32)> {
         let word = unsafe { core::ptr::read_volatile(word_ptr) };
         let spill = proc_slot_spill(word);
         if proc_slot_owner(word) == tgid {
-            // SAFETY: as above.
-            return Some((
-                unsafe { &raw mut (*slot).totals.stats },
-                proc_slot_gen(word),
-            ));
+            return true;
         }
         if fits && proc_slot_owner(word) == 0 && spill == 0 {
-            let gen_ = new_generation()?;
+            let Some(gen_) = new_generation() else {
+                return false;
+            };
             let owned = u64::from(tgid) | (u64::from(gen_) << PROC_SLOT_GEN_SHIFT);
             if compare_exchange(word_ptr, word, owned) == word {
                 send_event(ProcEventKind::New, tgid, gen_, &ProcStats::default());
-                // SAFETY: as above.
-                return Some((unsafe { &raw mut (*slot).totals.stats }, gen_));
+                return true;
             }
         } else if spill < PROC_SLOT_SPILL_MAX {
             if compare_exchange(word_ptr, word, word + (1 << PROC_SLOT_SPILL_SHIFT)) == word {
@@ -112,16 +127,17 @@ pub(crate) fn proc_stats(tgid: u32) -> Option<(*mut ProcStats, u32)> {
         tries += 1;
     }
     count(Counter::DropProcsFull);
-    None
+    false
 }
 
-/// Puts `tgid` in PROCS, counted already in the spill count at `word`.
+/// Puts `tgid` in PROCS, counted already in the spill count at `word`;
+/// false when PROCS is full.
 #[inline(always)]
-fn hash_proc(tgid: u32, word: *mut u64) -> Option<(*mut ProcStats, u32)> {
+fn hash_proc(tgid: u32, word: *mut u64) -> bool {
     let unspill = || fetch_add(word, (1u64 << PROC_SLOT_SPILL_SHIFT).wrapping_neg());
     let Some(gen_) = new_generation() else {
         unspill();
-        return None;
+        return false;
     };
     let totals = ProcTotals {
         stats: ProcStats {
@@ -139,12 +155,10 @@ fn hash_proc(tgid: u32, word: *mut u64) -> Option<(*mut ProcStats, u32)> {
         Err(_) => {
             unspill();
             count(Counter::DropProcsFull);
-            return None;
+            return false;
         }
     }
-    let totals = PROCS.get_ptr_mut(tgid)?;
-    // SAFETY: a PROCS value.
-    Some(unsafe { (&raw mut (*totals).stats, (*totals).stats.gen_) })
+    true
 }
 
 /// Sends a [`ProcEvent`] of `kind` about image (`tgid`, `gen_`) with its

@@ -7,6 +7,7 @@ use aya_ebpf::{
     programs::{ProbeContext, RetProbeContext},
 };
 
+use super::on_task_stack;
 use crate::{
     calls::{self, alloc_entry, mul, page_round, realloc_entry},
     globals::{current_in_scope, page_size},
@@ -20,54 +21,64 @@ fn arg(ctx: &ProbeContext, n: usize) -> u64 {
 
 #[uprobe]
 pub fn malloc_enter(ctx: ProbeContext) -> u32 {
+    on_task_stack(&ctx);
     alloc_entry(arg(&ctx, 0), 0, false)
 }
 
 #[uprobe]
 pub fn calloc_enter(ctx: ProbeContext) -> u32 {
+    on_task_stack(&ctx);
     let (size, overflow) = mul(arg(&ctx, 0), arg(&ctx, 1));
     alloc_entry(size, 0, overflow)
 }
 
 #[uprobe]
 pub fn realloc_enter(ctx: ProbeContext) -> u32 {
+    on_task_stack(&ctx);
     realloc_entry(arg(&ctx, 1), arg(&ctx, 0), false)
 }
 
 #[uprobe]
 pub fn reallocarray_enter(ctx: ProbeContext) -> u32 {
+    on_task_stack(&ctx);
     let (size, overflow) = mul(arg(&ctx, 1), arg(&ctx, 2));
     realloc_entry(size, arg(&ctx, 0), overflow)
 }
 
 #[uprobe]
 pub fn posix_memalign_enter(ctx: ProbeContext) -> u32 {
+    on_task_stack(&ctx);
     alloc_entry(arg(&ctx, 2), arg(&ctx, 0), false)
 }
 
 #[uprobe]
 pub fn aligned_alloc_enter(ctx: ProbeContext) -> u32 {
+    on_task_stack(&ctx);
     alloc_entry(arg(&ctx, 1), 0, false)
 }
 
 #[uprobe]
 pub fn memalign_enter(ctx: ProbeContext) -> u32 {
+    on_task_stack(&ctx);
     alloc_entry(arg(&ctx, 1), 0, false)
 }
 
 #[uprobe]
 pub fn valloc_enter(ctx: ProbeContext) -> u32 {
+    on_task_stack(&ctx);
     alloc_entry(arg(&ctx, 0), 0, false)
 }
 
 #[uprobe]
 pub fn pvalloc_enter(ctx: ProbeContext) -> u32 {
+    on_task_stack(&ctx);
     let (size, overflow) = page_round(page_size(), arg(&ctx, 0));
     alloc_entry(size, 0, overflow)
 }
 
 #[uprobe]
 pub fn free_enter(ctx: ProbeContext) -> u32 {
+    on_task_stack(&ctx);
     let Some((_, tgid)) = current_in_scope() else {
         return 0;
     };
@@ -76,45 +87,54 @@ pub fn free_enter(ctx: ProbeContext) -> u32 {
 
 #[uretprobe]
 pub fn malloc_exit(ctx: RetProbeContext) -> u32 {
+    on_task_stack(&ctx);
     calls::alloc_exit(&ctx)
 }
 
 #[uretprobe]
 pub fn calloc_exit(ctx: RetProbeContext) -> u32 {
+    on_task_stack(&ctx);
     calls::alloc_exit(&ctx)
 }
 
 #[uretprobe]
 pub fn aligned_alloc_exit(ctx: RetProbeContext) -> u32 {
+    on_task_stack(&ctx);
     calls::alloc_exit(&ctx)
 }
 
 #[uretprobe]
 pub fn memalign_exit(ctx: RetProbeContext) -> u32 {
+    on_task_stack(&ctx);
     calls::alloc_exit(&ctx)
 }
 
 #[uretprobe]
 pub fn valloc_exit(ctx: RetProbeContext) -> u32 {
+    on_task_stack(&ctx);
     calls::alloc_exit(&ctx)
 }
 
 #[uretprobe]
 pub fn pvalloc_exit(ctx: RetProbeContext) -> u32 {
+    on_task_stack(&ctx);
     calls::alloc_exit(&ctx)
 }
 
 #[uretprobe]
 pub fn realloc_exit(ctx: RetProbeContext) -> u32 {
+    on_task_stack(&ctx);
     calls::realloc_exit(&ctx)
 }
 
 #[uretprobe]
 pub fn reallocarray_exit(ctx: RetProbeContext) -> u32 {
+    on_task_stack(&ctx);
     calls::realloc_exit(&ctx)
 }
 
 #[uretprobe]
 pub fn posix_memalign_exit(ctx: RetProbeContext) -> u32 {
+    on_task_stack(&ctx);
     calls::posix_memalign_exit(&ctx)
 }

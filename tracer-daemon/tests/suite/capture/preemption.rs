@@ -2,14 +2,19 @@
 //! on the host's CPUs for a minute, and no block carries a traceback its
 //! process did not have. Run with full preemption where the kernel lets
 //! the test set it (`/sys/kernel/debug/sched/preempt`, restored after);
-//! elsewhere in the kernel's own mode, which the output names.
+//! elsewhere in the kernel's own mode, which the output names. And no
+//! allocator program keeps its frame where another task could write it: the
+//! kernel's JIT images of them set up no per-CPU private stack.
 
 use std::{io::Write as _, process::Command, time::Duration};
 
 use serde_json::Value;
 
 use super::build;
-use crate::suite::support::{Fixture, Program, Tracerd, poll, u64_of};
+use crate::suite::support::{
+    Fixture, Program, Tracerd, bpf_ids, bpftool_json, jited_image, poll, private_stack_frames,
+    u64_of,
+};
 
 /// The dynamic preemption switch (PREEMPT_DYNAMIC kernels).
 const PREEMPT: &str = "/sys/kernel/debug/sched/preempt";
@@ -258,5 +263,67 @@ fn concurrent_processes_never_get_another_process_s_stack() {
     }
     for fx in &mut fixtures {
         fx.end();
+    }
+}
+
+/// The allocator programs (kprobe-type: uprobes and uretprobes) run
+/// preemptible, so none may keep its frame in a per-CPU private stack,
+/// which Linux 6.14 and later give a program of that type whose frame is
+/// 64 bytes or more: another task on the same CPU would write it. Their
+/// JIT images (read from the kernel, disassembled by objdump) must not set
+/// one up. The tracepoint programs, which run with preemption off, keep
+/// theirs: they show the check sees a private stack where there is one.
+#[test]
+fn no_allocator_program_keeps_its_frame_in_a_per_cpu_private_stack() {
+    let mut sleeper = std::process::Command::new("sleep")
+        .arg("120")
+        .spawn()
+        .expect("spawn sleep");
+    let tracerd = Tracerd::start(&["--scope-pid", &sleeper.id().to_string()]);
+    let mut uprobes = Vec::new();
+    let mut tracepoints = Vec::new();
+    for (kind, id) in bpf_ids(tracerd.pid()) {
+        if kind != "prog" {
+            continue;
+        }
+        let info = bpftool_json("prog", id).expect("bpftool prog show");
+        let name = info["name"].as_str().unwrap_or("").to_string();
+        let image = jited_image(id).unwrap_or_else(|e| panic!("JIT image of {name}: {e}"));
+        let frames = private_stack_frames(&image);
+        match info["type"].as_str() {
+            Some("kprobe") => uprobes.push((name, frames)),
+            Some("tracepoint") => tracepoints.push((name, frames)),
+            _ => {}
+        }
+    }
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
+    say(&format!(
+        "private stacks: allocator programs {uprobes:?}; tracepoints {tracepoints:?}"
+    ));
+    // Every allocator entry and return of tracer_common::PROBES.
+    assert_eq!(uprobes.len(), 19, "allocator programs: {uprobes:?}");
+    let private: Vec<_> = uprobes.iter().filter(|(_, n)| *n != 0).collect();
+    assert!(
+        private.is_empty(),
+        "allocator programs on a private stack: {private:?}"
+    );
+    // The control: on x86-64 from Linux 6.14 the JIT gives the mmap
+    // tracepoints (frames of 64 bytes or more) a private stack.
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut version = release
+        .trim()
+        .split(['.', '-'])
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (version.next().unwrap_or(0), version.next().unwrap_or(0));
+    if (major, minor) >= (6, 14) {
+        let with: Vec<_> = tracepoints.iter().filter(|(_, n)| *n != 0).collect();
+        assert!(
+            tracepoints
+                .iter()
+                .any(|(name, n)| name == "sys_exit_mmap" && *n != 0),
+            "kernel {release}: no tracepoint program has a private stack, so the check \
+             cannot see one: {tracepoints:?} ({with:?})"
+        );
     }
 }

@@ -14,7 +14,10 @@ mod tracerd;
 pub use files::{TempDir, fixture_path, fixture_text, line_of};
 pub use fixture::{Fixture, Program};
 pub use json::{sample, snapshot_ids, stat_at, u64_of};
-pub use kernel::{bpf_ids, bpftool_json, bpftool_shows, left_after, uprobe_events_of};
+pub use kernel::{
+    bpf_ids, bpftool_json, bpftool_shows, jited_image, left_after, private_stack_frames,
+    uprobe_events_of,
+};
 pub use process::{
     cgroup_v2, free_port, kill_if_running, output_ok, poll, require_root, running, stop,
 };
