@@ -380,17 +380,33 @@ fn replace_block(stats: *mut ProcStats, old: &AllocInfo, gen_: u32) {
 /// Puts `info` in LIVE_ALLOCS under `key`: Some(true) as a new entry,
 /// Some(false) in place of a live block of that address (see
 /// [`replace_block`]), None when the map is full.
+///
+/// The block in place is taken out by a delete, as a free takes it
+/// ([`take_block`]): only the thread whose delete succeeds accounts for it,
+/// and hands its place in the bucket's spill count to the new block
+/// (Some(false)). Were it overwritten in place instead, a free taking it
+/// between the failed insert and the overwrite would account for it too and
+/// give back its spill count, and the new block, counted nowhere, would
+/// never be looked for: a phantom leak.
 #[inline(always)]
 fn hash_insert(stats: *mut ProcStats, key: &AllocKey, info: &AllocInfo) -> Option<bool> {
     match LIVE_ALLOCS.insert(key, info, BPF_NOEXIST as u64) {
-        Ok(()) => Some(true),
-        Err(e) if e == -EEXIST => {
-            if let Some(old) = LIVE_ALLOCS.get_ptr(key) {
-                // SAFETY: a LIVE_ALLOCS value, copied out at once.
-                replace_block(stats, &unsafe { *old }, info.gen_);
-            }
-            LIVE_ALLOCS.insert(key, info, 0).ok().map(|()| false)
-        }
+        Ok(()) => return Some(true),
+        Err(e) if e == -EEXIST => {}
+        Err(_) => return None,
+    }
+    // SAFETY: a LIVE_ALLOCS value, copied out at once.
+    let old = LIVE_ALLOCS.get_ptr(key).map(|old| unsafe { *old });
+    let took = LIVE_ALLOCS.remove(key).is_ok();
+    if took && let Some(old) = old {
+        replace_block(stats, &old, info.gen_);
+    }
+    match LIVE_ALLOCS.insert(key, info, BPF_NOEXIST as u64) {
+        // Another thread took the old block (and its count): ours is new.
+        Ok(()) => Some(!took),
+        // Yet another block of the address got in first, or the map filled
+        // meanwhile: ours is dropped (a spill count the old block held stays,
+        // which costs a lookup, never a block).
         Err(_) => None,
     }
 }
