@@ -13,6 +13,14 @@ use crate::{
     globals::{current_in_scope, page_size},
 };
 
+/// The user stack pointer at the probed call's entry (the address of its
+/// return address).
+#[inline(always)]
+fn sp(ctx: &ProbeContext) -> u64 {
+    // SAFETY: regs points at the probe's saved registers for its duration.
+    unsafe { (*ctx.regs).rsp }
+}
+
 /// Argument `n` of the probed call (0 if it cannot be read).
 #[inline(always)]
 fn arg(ctx: &ProbeContext, n: usize) -> u64 {
@@ -22,58 +30,58 @@ fn arg(ctx: &ProbeContext, n: usize) -> u64 {
 #[uprobe]
 pub fn malloc_enter(ctx: ProbeContext) -> u32 {
     on_task_stack(&ctx);
-    alloc_entry(arg(&ctx, 0), 0, false)
+    alloc_entry(arg(&ctx, 0), 0, false, sp(&ctx))
 }
 
 #[uprobe]
 pub fn calloc_enter(ctx: ProbeContext) -> u32 {
     on_task_stack(&ctx);
     let (size, overflow) = mul(arg(&ctx, 0), arg(&ctx, 1));
-    alloc_entry(size, 0, overflow)
+    alloc_entry(size, 0, overflow, sp(&ctx))
 }
 
 #[uprobe]
 pub fn realloc_enter(ctx: ProbeContext) -> u32 {
     on_task_stack(&ctx);
-    realloc_entry(arg(&ctx, 1), arg(&ctx, 0), false)
+    realloc_entry(arg(&ctx, 1), arg(&ctx, 0), false, sp(&ctx))
 }
 
 #[uprobe]
 pub fn reallocarray_enter(ctx: ProbeContext) -> u32 {
     on_task_stack(&ctx);
     let (size, overflow) = mul(arg(&ctx, 1), arg(&ctx, 2));
-    realloc_entry(size, arg(&ctx, 0), overflow)
+    realloc_entry(size, arg(&ctx, 0), overflow, sp(&ctx))
 }
 
 #[uprobe]
 pub fn posix_memalign_enter(ctx: ProbeContext) -> u32 {
     on_task_stack(&ctx);
-    alloc_entry(arg(&ctx, 2), arg(&ctx, 0), false)
+    alloc_entry(arg(&ctx, 2), arg(&ctx, 0), false, sp(&ctx))
 }
 
 #[uprobe]
 pub fn aligned_alloc_enter(ctx: ProbeContext) -> u32 {
     on_task_stack(&ctx);
-    alloc_entry(arg(&ctx, 1), 0, false)
+    alloc_entry(arg(&ctx, 1), 0, false, sp(&ctx))
 }
 
 #[uprobe]
 pub fn memalign_enter(ctx: ProbeContext) -> u32 {
     on_task_stack(&ctx);
-    alloc_entry(arg(&ctx, 1), 0, false)
+    alloc_entry(arg(&ctx, 1), 0, false, sp(&ctx))
 }
 
 #[uprobe]
 pub fn valloc_enter(ctx: ProbeContext) -> u32 {
     on_task_stack(&ctx);
-    alloc_entry(arg(&ctx, 0), 0, false)
+    alloc_entry(arg(&ctx, 0), 0, false, sp(&ctx))
 }
 
 #[uprobe]
 pub fn pvalloc_enter(ctx: ProbeContext) -> u32 {
     on_task_stack(&ctx);
     let (size, overflow) = page_round(page_size(), arg(&ctx, 0));
-    alloc_entry(size, 0, overflow)
+    alloc_entry(size, 0, overflow, sp(&ctx))
 }
 
 #[uprobe]
