@@ -160,8 +160,9 @@ fn scoped_tracing_runs_no_program_for_processes_outside_the_scope() {
     fx.end();
 }
 
-/// A scope change that takes a process out and back removes the probes
-/// while its threads are inside malloc: those calls' returns are never
+/// A scope change that takes a process out and back (`PUT /scope?pid=`
+/// another, then its own) removes the probes while its threads are inside
+/// malloc: those calls' returns are never
 /// seen. Each thread's later calls must still be recorded, exactly: four
 /// threads churning malloc/free through scope changes, then keeping
 /// 1000 blocks of 777 bytes each at one line, show 4000 blocks there.
@@ -173,9 +174,11 @@ fn calls_in_flight_when_a_scope_change_removes_their_probes_leave_their_threads_
         .arg("120")
         .spawn()
         .expect("spawn sleep");
-    let tracerd = Tracerd::start(&[]);
-    let mut fx = Fixture::spawn_traced(&tracerd, &prog.exe, &[]);
+    let mut fx = Fixture::spawn_ready(&prog.exe, &[]);
     let pid = fx.pid();
+    // Scoped to the fixture, so that the counters are its own.
+    let tracerd = Tracerd::start(&["--scope-pid", &pid.to_string()]);
+    tracerd.wait_traced(pid);
     let stale = tracerd.counter("stale_inflight");
     // The probes leave on several threads, in no set order: a call is left
     // in flight only when its return probe goes before its entry's, so the
@@ -186,7 +189,7 @@ fn calls_in_flight_when_a_scope_change_removes_their_probes_leave_their_threads_
         let (status, body) = tracerd.put(&format!("/scope?pid={}", sleeper.id()));
         assert_eq!(status, 200, "{body}");
         std::thread::sleep(Duration::from_millis(200));
-        let (status, body) = tracerd.put("/scope");
+        let (status, body) = tracerd.put(&format!("/scope?pid={pid}"));
         assert_eq!(status, 200, "{body}");
         tracerd.wait_traced(pid);
         flips += 1;
