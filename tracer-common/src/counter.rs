@@ -76,10 +76,13 @@ pub enum Counter {
     /// was removed while it ran: a scope change): forgotten, so that the
     /// thread's next calls are not taken for calls nested in it.
     StaleInflight = 25,
+    /// Allocator calls of tracerd itself (their uprobe's trap paid, nothing
+    /// recorded): near 0, for tracerd allocates through mimalloc.
+    TracerdCalls = 26,
 }
 
 /// Number of slots in [`MAP_COUNTERS`].
-pub const COUNTER_SLOTS: u32 = 26;
+pub const COUNTER_SLOTS: u32 = 27;
 
 impl Counter {
     /// Every counter with its name, in slot order.
@@ -110,6 +113,7 @@ impl Counter {
         (Counter::MmapRegions, "mmap_regions"),
         (Counter::DropMmapRegions, "drop_mmap_regions"),
         (Counter::StaleInflight, "stale_inflight"),
+        (Counter::TracerdCalls, "tracerd_calls"),
     ];
 }
 

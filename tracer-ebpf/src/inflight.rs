@@ -25,7 +25,7 @@ use tracer_common::{Counter, INFLIGHT_OVERFLOW, INFLIGHT_UNSAMPLED, Inflight, In
 use crate::{
     atomic::{compare_exchange, fetch_add},
     counters::count,
-    globals::{current, current_in_scope, inflight_slot_mask, sample_mean},
+    globals::{current, entry_caller, inflight_slot_mask, sample_mean},
     maps::{INFLIGHT, INFLIGHT_SLOTS, INFLIGHT_SPILL},
     procs::find_proc,
     sample::take_sample,
@@ -58,7 +58,7 @@ fn add_spilled(delta: u64) {
 /// (both in-flight maps full: counted as a drop), else None.
 #[inline(always)]
 pub(crate) fn record_entry(size: u64, ptr: u64, overflow: bool, sp: u64) -> Option<u32> {
-    let (id, tgid) = current_in_scope()?;
+    let (id, tgid) = entry_caller()?;
     let mut flags = if overflow { INFLIGHT_OVERFLOW } else { 0 };
     let mean = sample_mean();
     if mean != 0 && !take_sample(size, mean) {

@@ -10,7 +10,7 @@ use aya_ebpf::{
 use super::on_task_stack;
 use crate::{
     calls::{self, alloc_entry, mul, page_round, realloc_entry},
-    globals::{current_in_scope, page_size},
+    globals::{entry_caller, page_size},
 };
 
 /// The user stack pointer at the probed call's entry (the address of its
@@ -87,7 +87,7 @@ pub fn pvalloc_enter(ctx: ProbeContext) -> u32 {
 #[uprobe]
 pub fn free_enter(ctx: ProbeContext) -> u32 {
     on_task_stack(&ctx);
-    let Some((_, tgid)) = current_in_scope() else {
+    let Some((_, tgid)) = entry_caller() else {
         return 0;
     };
     calls::free(tgid, arg(&ctx, 0))
