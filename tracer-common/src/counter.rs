@@ -72,10 +72,17 @@ pub enum Counter {
     /// already, or `MMAP_REGIONS` is full: the mapping (or the part of one
     /// that a partial `munmap` split off) is not traced.
     DropMmapRegions = 24,
+    /// A call in flight found over without its return (its return probe
+    /// was removed while it ran: a scope change): forgotten, so that the
+    /// thread's next calls are not taken for calls nested in it.
+    StaleInflight = 25,
+    /// Allocator calls of tracerd itself (their uprobe's trap paid, nothing
+    /// recorded): near 0, for tracerd allocates through mimalloc.
+    TracerdCalls = 26,
 }
 
 /// Number of slots in [`MAP_COUNTERS`].
-pub const COUNTER_SLOTS: u32 = 25;
+pub const COUNTER_SLOTS: u32 = 27;
 
 impl Counter {
     /// Every counter with its name, in slot order.
@@ -105,6 +112,8 @@ impl Counter {
         (Counter::DropStackShare, "drop_stack_share"),
         (Counter::MmapRegions, "mmap_regions"),
         (Counter::DropMmapRegions, "drop_mmap_regions"),
+        (Counter::StaleInflight, "stale_inflight"),
+        (Counter::TracerdCalls, "tracerd_calls"),
     ];
 }
 

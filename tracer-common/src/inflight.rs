@@ -26,20 +26,26 @@ pub struct Inflight {
     /// `realloc`/`reallocarray`: the old block; `posix_memalign`: the
     /// `memptr` out-pointer. 0 otherwise.
     pub ptr: u64,
-    /// Nested calls of probed functions inside this one (glibc's `realloc`
-    /// calls `malloc` itself); they are not separate allocations.
-    pub depth: u32,
+    /// The user stack pointer at the call's entry (the address of its
+    /// return address; at its return the stack pointer is 8 bytes above).
+    /// A probed call of the same thread deeper in the stack is nested in
+    /// this one (glibc's `realloc` calls `malloc` itself) and not a separate
+    /// allocation; one at or above it means this call is over and its
+    /// return was not seen (its probes were removed meanwhile).
+    pub sp: u64,
     /// [`INFLIGHT_OVERFLOW`] when `n * m` overflowed (`calloc`,
     /// `reallocarray`: the call fails), [`INFLIGHT_UNSAMPLED`] when sampling
     /// passed this call over.
     pub overflow: u32,
+    /// Padding (0).
+    pub _pad: u32,
 }
 
 /// [`Inflight::overflow`] bit: `n * m` overflowed.
 pub const INFLIGHT_OVERFLOW: u32 = 1;
 /// [`Inflight::overflow`] bit: not sampled (its block is not recorded).
 pub const INFLIGHT_UNSAMPLED: u32 = 2;
-const _: () = assert!(size_of::<Inflight>() == 24);
+const _: () = assert!(size_of::<Inflight>() == 32);
 
 /// Value of [`MAP_INFLIGHT_SLOTS`].
 #[repr(C)]
@@ -50,7 +56,7 @@ pub struct InflightSlot {
     /// Its call.
     pub call: Inflight,
 }
-const _: () = assert!(size_of::<InflightSlot>() == 32);
+const _: () = assert!(size_of::<InflightSlot>() == 40);
 
 // SAFETY: #[repr(C)], Copy, made only of integers with explicit padding, so
 // every bit pattern is valid.

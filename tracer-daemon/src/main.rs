@@ -7,6 +7,17 @@ use anyhow::Context as _;
 use clap::Parser as _;
 use tracer_daemon::config::{Cli, Command, Config, ConfigCommand, Flags};
 
+/// tracerd's allocator: mimalloc, linked in, which takes its memory from the
+/// kernel with mmap. With glibc's malloc every allocation of tracerd would
+/// trap into the kernel at the uprobes tracerd itself placed on it (the
+/// programs skip tracerd, but the trap is paid first: about half of its CPU
+/// under heavy requests). tracerd's own executable is never probed (its
+/// allocator discovery skips its own process), so nothing of this traps.
+/// The eBPF counter `tracerd_calls` counts the calls that still do (C code
+/// in libc calling malloc).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {

@@ -174,9 +174,13 @@ fn housekeeping(service: &Service, tick: u64) {
     if removed > 0 {
         tracing::info!(removed, map = MAP_LIVE_ALLOCS, "removed orphaned blocks");
     }
-    // Ended images of large processes leave big freed blocks in glibc's
-    // heap, which it keeps: give them back so tracerd's RSS follows what it
-    // holds.
+    // Ended images of large processes leave big freed blocks in the
+    // allocator's heap: give them back so tracerd's RSS follows what it
+    // holds (mimalloc's, tracerd's allocator; glibc's, for what C code in
+    // libc allocated).
+    // SAFETY: mi_collect has no preconditions; it runs on this thread's heap
+    // and frees the abandoned pages of others.
+    unsafe { libmimalloc_sys::mi_collect(true) };
     // SAFETY: malloc_trim has no preconditions.
     unsafe { libc::malloc_trim(0) };
 }

@@ -20,10 +20,11 @@ use crate::{
     live::{record_alloc, remove_block},
 };
 
-/// Entry of an allocator that returns a new block: see [`record_entry`].
+/// Entry of an allocator that returns a new block (`sp`: the user stack
+/// pointer at the entry): see [`record_entry`].
 #[inline(always)]
-pub(crate) fn alloc_entry(size: u64, ptr: u64, overflow: bool) -> u32 {
-    let _ = record_entry(size, ptr, overflow);
+pub(crate) fn alloc_entry(size: u64, ptr: u64, overflow: bool, sp: u64) -> u32 {
+    let _ = record_entry(size, ptr, overflow, sp);
     0
 }
 
@@ -33,13 +34,20 @@ pub(crate) fn alloc_entry(size: u64, ptr: u64, overflow: bool) -> u32 {
 /// untraced live block only undercounts), so keeping it would leave a
 /// phantom leak.
 #[inline(always)]
-pub(crate) fn realloc_entry(size: u64, old: u64, overflow: bool) -> u32 {
-    if let Some(tgid) = record_entry(size, old, overflow)
+pub(crate) fn realloc_entry(size: u64, old: u64, overflow: bool, sp: u64) -> u32 {
+    if let Some(tgid) = record_entry(size, old, overflow, sp)
         && old != 0
     {
         remove_block(tgid, old, false);
     }
     0
+}
+
+/// The user stack pointer at a return (8 bytes above the call's entry's).
+#[inline(always)]
+fn ret_sp(ctx: &RetProbeContext) -> u64 {
+    // SAFETY: regs points at the probe's saved registers for its duration.
+    unsafe { (*ctx.regs).rsp }
 }
 
 /// `n * m` and whether it overflowed, without 128-bit multiplication (which
@@ -79,7 +87,7 @@ pub(crate) fn free(tgid: u32, ptr: u64) -> u32 {
 /// Return of malloc, calloc, aligned_alloc, memalign, valloc, pvalloc.
 #[inline(always)]
 pub(crate) fn alloc_exit(ctx: &RetProbeContext) -> u32 {
-    let Some((tgid, inflight)) = take_inflight() else {
+    let Some((tgid, inflight)) = take_inflight(ret_sp(ctx)) else {
         return 0;
     };
     let addr: u64 = ctx.ret();
@@ -98,7 +106,7 @@ pub(crate) fn alloc_exit(ctx: &RetProbeContext) -> u32 {
 /// Return of realloc and reallocarray: see the capture table of docs/architecture.md.
 #[inline(always)]
 pub(crate) fn realloc_exit(ctx: &RetProbeContext) -> u32 {
-    let Some((tgid, inflight)) = take_inflight() else {
+    let Some((tgid, inflight)) = take_inflight(ret_sp(ctx)) else {
         return 0;
     };
     let addr: u64 = ctx.ret();
@@ -127,7 +135,7 @@ pub(crate) fn realloc_exit(ctx: &RetProbeContext) -> u32 {
 /// block, at the address it wrote to `p` (read back from the caller).
 #[inline(always)]
 pub(crate) fn posix_memalign_exit(ctx: &RetProbeContext) -> u32 {
-    let Some((tgid, inflight)) = take_inflight() else {
+    let Some((tgid, inflight)) = take_inflight(ret_sp(ctx)) else {
         return 0;
     };
     let ret: i32 = ctx.ret();

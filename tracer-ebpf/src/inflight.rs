@@ -10,9 +10,14 @@
 //! call in `INFLIGHT` (the spill), counted in `INFLIGHT_SPILL` so that no
 //! entry looks there while no thread spilled.
 //!
-//! Nesting: glibc's `realloc` calls `malloc`, and so on. A probed call made
-//! while the thread has a call in flight only raises that call's depth, so
-//! that only the outermost call is recorded.
+//! Nesting: glibc's `realloc` calls `malloc`, and so on. Only the outermost
+//! call is recorded, with the stack pointer at its entry: a probed call of
+//! the thread deeper in the stack is nested in it, and only the return 8
+//! bytes above that entry is its own. A call recorded whose thread enters
+//! or returns from a call at or above it in the stack is over, its return
+//! unseen (its return probe was removed while it ran, by a scope change or
+//! a stop): it is forgotten and counted (`stale_inflight`), so that the
+//! thread's later calls are not all taken for nested ones.
 
 use aya_ebpf::bindings::BPF_NOEXIST;
 use tracer_common::{Counter, INFLIGHT_OVERFLOW, INFLIGHT_UNSAMPLED, Inflight, InflightSlot};
@@ -20,7 +25,7 @@ use tracer_common::{Counter, INFLIGHT_OVERFLOW, INFLIGHT_UNSAMPLED, Inflight, In
 use crate::{
     atomic::{compare_exchange, fetch_add},
     counters::count,
-    globals::{current, current_in_scope, inflight_slot_mask, sample_mean},
+    globals::{current, entry_caller, inflight_slot_mask, sample_mean},
     maps::{INFLIGHT, INFLIGHT_SLOTS, INFLIGHT_SPILL},
     procs::find_proc,
     sample::take_sample,
@@ -48,12 +53,12 @@ fn add_spilled(delta: u64) {
     }
 }
 
-/// Records an allocator call's entry, for its return. Returns the tgid when
-/// the call could not be recorded (both in-flight maps full: counted as a
-/// drop), else None.
+/// Records an allocator call's entry (`sp`: the user stack pointer at it),
+/// for its return. Returns the tgid when the call could not be recorded
+/// (both in-flight maps full: counted as a drop), else None.
 #[inline(always)]
-pub(crate) fn record_entry(size: u64, ptr: u64, overflow: bool) -> Option<u32> {
-    let (id, tgid) = current_in_scope()?;
+pub(crate) fn record_entry(size: u64, ptr: u64, overflow: bool, sp: u64) -> Option<u32> {
+    let (id, tgid) = entry_caller()?;
     let mut flags = if overflow { INFLIGHT_OVERFLOW } else { 0 };
     let mean = sample_mean();
     if mean != 0 && !take_sample(size, mean) {
@@ -62,8 +67,9 @@ pub(crate) fn record_entry(size: u64, ptr: u64, overflow: bool) -> Option<u32> {
     let value = Inflight {
         size,
         ptr,
-        depth: 0,
+        sp,
         overflow: flags,
+        _pad: 0,
     };
     let slot = slot_of(id);
     if let Some(slot) = slot {
@@ -72,8 +78,7 @@ pub(crate) fn record_entry(size: u64, ptr: u64, overflow: bool) -> Option<u32> {
         let owner = unsafe { core::ptr::read_volatile(&raw const (*slot).owner) };
         if owner == id {
             // SAFETY: the slot is this thread's own.
-            unsafe { (*slot).call.depth += 1 };
-            count(Counter::Nested);
+            unsafe { nest_or_replace(&raw mut (*slot).call, &value) };
             return None;
         }
     }
@@ -83,9 +88,7 @@ pub(crate) fn record_entry(size: u64, ptr: u64, overflow: bool) -> Option<u32> {
     if spilled() != 0
         && let Some(inflight) = INFLIGHT.get_ptr_mut(id)
     {
-        // SAFETY: the entry is this thread's own.
-        unsafe { (*inflight).depth += 1 };
-        count(Counter::Nested);
+        nest_or_replace(inflight, &value);
         return None;
     }
     if let Some(slot) = slot
@@ -109,26 +112,30 @@ pub(crate) fn record_entry(size: u64, ptr: u64, overflow: bool) -> Option<u32> {
     Some(tgid)
 }
 
-/// The outermost call's entry record, consumed; None for nested calls.
+/// The entry record of the call returning now (`ret_sp`: the user stack
+/// pointer at its return), consumed; None for a nested call, or a call
+/// whose entry was not recorded.
 #[inline(always)]
-pub(crate) fn take_inflight() -> Option<(u32, Inflight)> {
+pub(crate) fn take_inflight(ret_sp: u64) -> Option<(u32, Inflight)> {
     let (id, tgid) = current()?;
+    let entry_sp = ret_sp.wrapping_sub(8);
     if let Some(slot) = slot_of(id) {
         // SAFETY: see record_entry.
         let owner = unsafe { core::ptr::read_volatile(&raw const (*slot).owner) };
         if owner == id {
             // SAFETY: the slot is this thread's own.
-            let call = unsafe {
-                if (*slot).call.depth > 0 {
-                    (*slot).call.depth -= 1;
-                    return None;
-                }
-                (*slot).call
-            };
+            let call = unsafe { (*slot).call };
+            if call.sp > entry_sp {
+                // Nested in the call recorded.
+                return None;
+            }
+            if call.sp < entry_sp {
+                count(Counter::StaleInflight);
+            }
             // Free the slot after the call was copied out.
             // SAFETY: as above; the owner field is reset by its owner only.
             unsafe { core::ptr::write_volatile(&raw mut (*slot).owner, 0) };
-            return Some((tgid, call));
+            return (call.sp == entry_sp).then_some((tgid, call));
         }
     }
     let Some(inflight) = INFLIGHT.get_ptr_mut(id) else {
@@ -136,17 +143,34 @@ pub(crate) fn take_inflight() -> Option<(u32, Inflight)> {
         return None;
     };
     // SAFETY: the entry is this thread's own; no other thread writes it.
-    let value = unsafe {
-        if (*inflight).depth > 0 {
-            (*inflight).depth -= 1;
-            return None;
-        }
-        *inflight
-    };
+    let value = unsafe { *inflight };
+    if value.sp > entry_sp {
+        return None;
+    }
+    if value.sp < entry_sp {
+        count(Counter::StaleInflight);
+    }
     if INFLIGHT.remove(id).is_ok() {
         add_spilled(u64::MAX);
     }
-    Some((tgid, value))
+    (value.sp == entry_sp).then_some((tgid, value))
+}
+
+/// A probed call `new` of a thread whose call `recorded` is in flight: nested
+/// in it when deeper in the stack (counted), else the recorded call is over
+/// and `new` takes its place. `recorded` is the thread's own record (its
+/// slot or its spill entry).
+#[inline(always)]
+fn nest_or_replace(recorded: *mut Inflight, new: &Inflight) {
+    // SAFETY: the record is this thread's own; no other thread writes it.
+    unsafe {
+        if new.sp < (*recorded).sp {
+            count(Counter::Nested);
+        } else {
+            count(Counter::StaleInflight);
+            *recorded = *new;
+        }
+    }
 }
 
 /// Whether thread `id` is inside a probed allocator call (between its

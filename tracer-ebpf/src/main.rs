@@ -17,9 +17,9 @@
 //!
 //! Nesting: glibc's `realloc` calls `malloc` for mmapped chunks,
 //! `reallocarray` calls `realloc`, the memalign family calls `malloc`. Those
-//! inner calls hit our probes too; a per-thread depth in the thread's
-//! in-flight record (`INFLIGHT_SLOTS`, or `INFLIGHT` when its slot is taken)
-//! makes the outermost call the only one recorded. An inner `free` (realloc(p, 0)) is
+//! inner calls hit our probes too; the stack pointer at the entry kept in
+//! the thread's in-flight record (`INFLIGHT_SLOTS`, or `INFLIGHT` when its
+//! slot is taken) makes the outermost call the only one recorded. An inner `free` (realloc(p, 0)) is
 //! recorded as a free: it has the same effect as the outer call.
 //!
 //! # Layout

@@ -51,8 +51,8 @@ fn configured_in_flight_table_and_ring_sizes_are_the_kernels_and_maps_and_metric
     for (map, kind, key, value, max_entries) in [
         (tracer_common::MAP_LIVE_KEYS, "array", 4, 64, 256),
         (tracer_common::MAP_LIVE_VALUES, "array", 4, 32, 1792),
-        (tracer_common::MAP_INFLIGHT, "hash", 8, 24, 1000),
-        (tracer_common::MAP_INFLIGHT_SLOTS, "array", 4, 32, 2048),
+        (tracer_common::MAP_INFLIGHT, "hash", 8, 32, 1000),
+        (tracer_common::MAP_INFLIGHT_SLOTS, "array", 4, 40, 2048),
         (tracer_common::MAP_EVENTS, "ringbuf", 0, 0, 65536),
     ] {
         assert_eq!(

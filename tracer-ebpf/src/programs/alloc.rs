@@ -10,8 +10,16 @@ use aya_ebpf::{
 use super::on_task_stack;
 use crate::{
     calls::{self, alloc_entry, mul, page_round, realloc_entry},
-    globals::{current_in_scope, page_size},
+    globals::{entry_caller, page_size},
 };
+
+/// The user stack pointer at the probed call's entry (the address of its
+/// return address).
+#[inline(always)]
+fn sp(ctx: &ProbeContext) -> u64 {
+    // SAFETY: regs points at the probe's saved registers for its duration.
+    unsafe { (*ctx.regs).rsp }
+}
 
 /// Argument `n` of the probed call (0 if it cannot be read).
 #[inline(always)]
@@ -22,64 +30,64 @@ fn arg(ctx: &ProbeContext, n: usize) -> u64 {
 #[uprobe]
 pub fn malloc_enter(ctx: ProbeContext) -> u32 {
     on_task_stack(&ctx);
-    alloc_entry(arg(&ctx, 0), 0, false)
+    alloc_entry(arg(&ctx, 0), 0, false, sp(&ctx))
 }
 
 #[uprobe]
 pub fn calloc_enter(ctx: ProbeContext) -> u32 {
     on_task_stack(&ctx);
     let (size, overflow) = mul(arg(&ctx, 0), arg(&ctx, 1));
-    alloc_entry(size, 0, overflow)
+    alloc_entry(size, 0, overflow, sp(&ctx))
 }
 
 #[uprobe]
 pub fn realloc_enter(ctx: ProbeContext) -> u32 {
     on_task_stack(&ctx);
-    realloc_entry(arg(&ctx, 1), arg(&ctx, 0), false)
+    realloc_entry(arg(&ctx, 1), arg(&ctx, 0), false, sp(&ctx))
 }
 
 #[uprobe]
 pub fn reallocarray_enter(ctx: ProbeContext) -> u32 {
     on_task_stack(&ctx);
     let (size, overflow) = mul(arg(&ctx, 1), arg(&ctx, 2));
-    realloc_entry(size, arg(&ctx, 0), overflow)
+    realloc_entry(size, arg(&ctx, 0), overflow, sp(&ctx))
 }
 
 #[uprobe]
 pub fn posix_memalign_enter(ctx: ProbeContext) -> u32 {
     on_task_stack(&ctx);
-    alloc_entry(arg(&ctx, 2), arg(&ctx, 0), false)
+    alloc_entry(arg(&ctx, 2), arg(&ctx, 0), false, sp(&ctx))
 }
 
 #[uprobe]
 pub fn aligned_alloc_enter(ctx: ProbeContext) -> u32 {
     on_task_stack(&ctx);
-    alloc_entry(arg(&ctx, 1), 0, false)
+    alloc_entry(arg(&ctx, 1), 0, false, sp(&ctx))
 }
 
 #[uprobe]
 pub fn memalign_enter(ctx: ProbeContext) -> u32 {
     on_task_stack(&ctx);
-    alloc_entry(arg(&ctx, 1), 0, false)
+    alloc_entry(arg(&ctx, 1), 0, false, sp(&ctx))
 }
 
 #[uprobe]
 pub fn valloc_enter(ctx: ProbeContext) -> u32 {
     on_task_stack(&ctx);
-    alloc_entry(arg(&ctx, 0), 0, false)
+    alloc_entry(arg(&ctx, 0), 0, false, sp(&ctx))
 }
 
 #[uprobe]
 pub fn pvalloc_enter(ctx: ProbeContext) -> u32 {
     on_task_stack(&ctx);
     let (size, overflow) = page_round(page_size(), arg(&ctx, 0));
-    alloc_entry(size, 0, overflow)
+    alloc_entry(size, 0, overflow, sp(&ctx))
 }
 
 #[uprobe]
 pub fn free_enter(ctx: ProbeContext) -> u32 {
     on_task_stack(&ctx);
-    let Some((_, tgid)) = current_in_scope() else {
+    let Some((_, tgid)) = entry_caller() else {
         return 0;
     };
     calls::free(tgid, arg(&ctx, 0))

@@ -159,3 +159,62 @@ fn scoped_tracing_runs_no_program_for_processes_outside_the_scope() {
     assert_eq!(status, 400, "{body}");
     fx.end();
 }
+
+/// A scope change that takes a process out and back (`PUT /scope?pid=`
+/// another, then its own) removes the probes while its threads are inside
+/// malloc: those calls' returns are never
+/// seen. Each thread's later calls must still be recorded, exactly: four
+/// threads churning malloc/free through scope changes, then keeping
+/// 1000 blocks of 777 bytes each at one line, show 4000 blocks there.
+#[test]
+fn calls_in_flight_when_a_scope_change_removes_their_probes_leave_their_threads_traced() {
+    let prog = build("scopeflip");
+    let line = prog.line("KEEP_SITE");
+    let mut sleeper = std::process::Command::new("sleep")
+        .arg("120")
+        .spawn()
+        .expect("spawn sleep");
+    let mut fx = Fixture::spawn_ready(&prog.exe, &[]);
+    let pid = fx.pid();
+    // Scoped to the fixture, so that the counters are its own.
+    let tracerd = Tracerd::start(&["--scope-pid", &pid.to_string()]);
+    tracerd.wait_traced(pid);
+    let stale = tracerd.counter("stale_inflight");
+    // The probes leave on several threads, in no set order: a call is left
+    // in flight only when its return probe goes before its entry's, so the
+    // scope goes out and back until some call was (at most 8 times).
+    let mut flips = 0;
+    while flips < 8 && tracerd.counter("stale_inflight") == stale {
+        std::thread::sleep(Duration::from_millis(200));
+        let (status, body) = tracerd.put(&format!("/scope?pid={}", sleeper.id()));
+        assert_eq!(status, 200, "{body}");
+        std::thread::sleep(Duration::from_millis(200));
+        let (status, body) = tracerd.put(&format!("/scope?pid={pid}"));
+        assert_eq!(status, 200, "{body}");
+        tracerd.wait_traced(pid);
+        flips += 1;
+    }
+    let nested = tracerd.counter("nested");
+    std::thread::sleep(Duration::from_millis(300));
+    // Nothing the fixture calls nests: a thread with a call stuck in flight
+    // would count every later call here.
+    let nested_after = tracerd.counter("nested") - nested;
+    fx.step("done");
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
+    let stats = tracerd.get_ok(&format!("/pid/{pid}/statistics?group_by=lineno&limit=0"));
+    let stat = stat_at(&stats["statistics"], &prog.source, line)
+        .unwrap_or_else(|| panic!("no statistic at line {line}: {stats}"));
+    let stale = tracerd.counter("stale_inflight") - stale;
+    eprintln!(
+        "scope flip: {flips} flips, {stale} stale calls in flight forgotten, \
+         {nested_after} nested calls"
+    );
+    assert_eq!(u64_of(stat, "count"), 4000, "{stat}");
+    assert_eq!(u64_of(stat, "size"), 4000 * 777, "{stat}");
+    assert!(
+        stale > 0,
+        "no call was in flight when its probes left: the test saw nothing"
+    );
+    fx.end();
+}
