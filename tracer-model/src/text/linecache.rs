@@ -18,7 +18,11 @@
 //! file is read only if any local user could read it anyway: a regular
 //! file, world-readable, in world-searchable directories (checked on its
 //! canonical path, so symlinks cannot lead elsewhere), of at most
-//! [`MAX_SOURCE_BYTES`]. Anything else has no source lines.
+//! [`MAX_SOURCE_BYTES`], and not on one of the kernel's own file systems
+//! ([`KERNEL_FS`]: `/proc`, `/sys` and the like), whose files say more to
+//! root than their permission bits let others see (`/proc/PID/maps` of
+//! another user's process, `/proc/kallsyms` with real addresses). Anything
+//! else has no source lines.
 use std::{
     collections::HashMap,
     fs::File,
@@ -73,6 +77,39 @@ fn read_lines(filename: &str) -> Vec<String> {
     split_lines(&text)
 }
 
+/// The kernel's own file systems, by `statfs` magic (linux/magic.h):
+/// procfs, sysfs, debugfs, tracefs, securityfs, cgroup v1 and v2, bpffs,
+/// devpts, configfs, efivarfs, pstore. Their files are never source.
+const KERNEL_FS: [i64; 12] = [
+    0x9fa0,
+    0x6265_6572,
+    0x6462_6720,
+    0x7472_6163,
+    0x7363_6673,
+    0x0027_e0eb,
+    0x6367_7270,
+    0xcafe_4a11,
+    0x1cd1,
+    0x6265_6570,
+    0xde5e_81e4,
+    0x6165_676c,
+];
+
+/// Whether `file` lives on one of the [`KERNEL_FS`] (or its file system
+/// cannot be told: then it is not read either).
+fn on_kernel_fs(file: &File) -> bool {
+    use std::os::fd::AsRawFd as _;
+    let mut stat = std::mem::MaybeUninit::<libc::statfs>::uninit();
+    // SAFETY: a valid descriptor and a buffer of the size fstatfs writes.
+    if unsafe { libc::fstatfs(file.as_raw_fd(), stat.as_mut_ptr()) } != 0 {
+        return true;
+    }
+    // SAFETY: fstatfs succeeded, so it filled the buffer.
+    #[allow(clippy::useless_conversion, reason = "f_type is i64 on x86-64, narrower elsewhere")]
+    let kind = i64::from(unsafe { stat.assume_init() }.f_type);
+    KERNEL_FS.contains(&kind)
+}
+
 /// Reads `path` if any local user could: see the module docs.
 fn read_public_file(path: &Path) -> Option<Vec<u8>> {
     let canonical = std::fs::canonicalize(path).ok()?;
@@ -93,7 +130,11 @@ fn read_public_file(path: &Path) -> Option<Vec<u8>> {
         .open(&canonical)
         .ok()?;
     let meta = file.metadata().ok()?;
-    if !meta.is_file() || meta.mode() & 0o004 == 0 || meta.len() > MAX_SOURCE_BYTES {
+    if !meta.is_file()
+        || meta.mode() & 0o004 == 0
+        || meta.len() > MAX_SOURCE_BYTES
+        || on_kernel_fs(&file)
+    {
         return None;
     }
     let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
@@ -252,6 +293,23 @@ fn split_lines(text: &str) -> Vec<String> {
 #[allow(clippy::unwrap_used)] // Tests may unwrap (CONTRIBUTING.md).
 mod tests {
     use super::*;
+
+    #[test]
+    fn files_of_the_kernel_s_own_file_systems_have_no_source_lines() {
+        // World-readable files that say more to root than to their reader:
+        // a process's mappings, the CPUs, the kernel's symbols.
+        let mut cache = LineCache::new();
+        for (path, line) in [
+            ("/proc/self/maps", 1),
+            ("/proc/self/status", 1),
+            ("/proc/kallsyms", 1),
+            ("/sys/devices/system/cpu/online", 1),
+        ] {
+            assert_eq!(cache.getline(path, line), "", "{path}");
+        }
+        // A world-readable file elsewhere still has its lines.
+        assert!(!cache.getline("/etc/passwd", 1).is_empty());
+    }
 
     #[test]
     fn universal_newlines_and_a_final_newline() {
