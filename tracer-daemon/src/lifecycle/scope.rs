@@ -177,7 +177,9 @@ pub fn apply(kernel: &mut dyn KernelMaps, scope: &Scope) -> Result<Vec<u32>, Str
     kernel.set_switches(tracer_common::SWITCH_SCOPED);
     let own = std::process::id();
     let mut attached = Vec::new();
-    for pid in procfs::all_pids() {
+    // Kernel threads run no allocator: a scope that matches them (a
+    // cgroup of /) attaches to the user processes only.
+    for pid in procfs::user_pids() {
         if pid == own || !scope.matches(pid) {
             continue;
         }
@@ -211,7 +213,7 @@ fn apply_filtered(
     // recorded, and every exec and fork is reported.
     kernel.set_switches(tracer_common::SWITCH_SCOPED | tracer_common::SWITCH_SCOPE_FILTER);
     let own = std::process::id();
-    let matching: Vec<u32> = procfs::all_pids()
+    let matching: Vec<u32> = procfs::user_pids()
         .into_iter()
         .filter(|&pid| pid != own && scope.matches(pid))
         .collect();

@@ -1,9 +1,11 @@
 //! Which processes are traced: the scope in force, and changing it (see
 //! [`crate::lifecycle::scope`]).
+use std::collections::HashSet;
+
 use serde::Serialize;
 
 use super::{Service, ServiceError, Viewer};
-use crate::lifecycle::{Scope, scope};
+use crate::lifecycle::{ImageId, Scope, scope};
 
 /// The scope in force and what is attached for it (`GET /scope`).
 #[derive(Clone, Debug, Serialize)]
@@ -54,18 +56,45 @@ impl Service {
     /// the processes now attached one by one (empty when every process is
     /// traced).
     ///
+    /// A process the new scope leaves out loses its traces, as
+    /// `tracemalloc.stop()` clears them: its probes are gone, so its frees
+    /// from then on are not seen, and blocks kept would become leaks that
+    /// are not there. Back in scope, it is traced afresh, its totals exact
+    /// from then on.
+    ///
     /// # Errors
     /// [`ServiceError::Scope`] when the scope is invalid or the system-wide
     /// probes cannot be attached again.
     pub fn set_scope(&self, new: Scope) -> Result<Vec<u32>, ServiceError> {
-        let mut held = self.state.locks().kernel().scope();
-        let attached = scope::apply(&mut **held.kernel, &new)
-            .map_err(|reason| ServiceError::Scope { reason })?;
-        self.scope_is_all
-            .store(new.is_all(), std::sync::atomic::Ordering::Release);
-        self.holds_epoch
-            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-        *held.scope = new;
+        let attached = {
+            let mut held = self.state.locks().kernel().scope();
+            let attached = scope::apply(&mut **held.kernel, &new)
+                .map_err(|reason| ServiceError::Scope { reason })?;
+            self.scope_is_all
+                .store(new.is_all(), std::sync::atomic::Ordering::Release);
+            self.holds_epoch
+                .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+            *held.scope = new.clone();
+            attached
+        };
+        if !new.is_all() {
+            let left: HashSet<ImageId> = {
+                let held = self.state.locks().registry();
+                held.registry
+                    .live()
+                    .filter(|image| !attached.contains(&image.id.pid) && !new.matches(image.id.pid))
+                    .map(|image| image.id)
+                    .collect()
+            };
+            let cleared = self.clear_images(&left);
+            if cleared > 0 {
+                tracing::info!(
+                    processes = left.len(),
+                    blocks = cleared,
+                    "traces of the processes out of scope cleared"
+                );
+            }
+        }
         Ok(attached)
     }
 }

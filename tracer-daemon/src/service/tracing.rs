@@ -202,7 +202,7 @@ impl Service {
     /// Removes the blocks of `images` from the kernel maps (one key at a
     /// time, so that only blocks really removed, not freed meanwhile, are
     /// counted in the offsets), and resets their kernel peak.
-    fn clear_images(&self, images: &HashSet<ImageId>) -> u64 {
+    pub(super) fn clear_images(&self, images: &HashSet<ImageId>) -> u64 {
         if images.is_empty() {
             return 0;
         }

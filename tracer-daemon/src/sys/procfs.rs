@@ -302,27 +302,54 @@ pub fn read_maps(pid: u32) -> Result<Vec<MapEntry>, ProcError> {
 
 // /proc/PID/stat, comm, exe
 
-/// Extracts field 22 (`starttime`, clock ticks since boot) from the text of
-/// `/proc/PID/stat`.
+/// Field `n` (numbered from 1, `n` > 2) of the text of `/proc/PID/stat`.
 ///
 /// Field 2 is `(comm)`, and comm may itself contain spaces and `)`; the fields after
 /// it are found from the LAST `)` of the text, which the kernel's own formatting
 /// guarantees closes comm.
-pub fn parse_stat_start_time(text: &str) -> Result<u64, ProcError> {
+fn stat_field(text: &str, n: usize, name: &'static str) -> Result<u64, ProcError> {
     let close = text.rfind(')').ok_or(ProcError::MalformedStat {
         reason: "no ')' closing the comm field",
     })?;
     let after = text.get(close + 1..).unwrap_or("");
-    // `after` starts with field 3 (state); field 22 is 19 fields later.
+    // `after` starts with field 3 (state).
     let field = after
         .split_ascii_whitespace()
-        .nth(22 - 3)
-        .ok_or(ProcError::MalformedStat {
-            reason: "fewer than 22 fields",
-        })?;
-    parse_dec(field).ok_or(ProcError::MalformedStat {
-        reason: "field 22 (starttime) is not a decimal number",
+        .nth(n - 3)
+        .ok_or(ProcError::MalformedStat { reason: name })?;
+    parse_dec(field).ok_or(ProcError::MalformedStat { reason: name })
+}
+
+/// Extracts field 22 (`starttime`, clock ticks since boot) from the text of
+/// `/proc/PID/stat` (see [`stat_field`]).
+pub fn parse_stat_start_time(text: &str) -> Result<u64, ProcError> {
+    stat_field(
+        text,
+        22,
+        "field 22 (starttime) is missing or not a decimal number",
+    )
+}
+
+/// `PF_KTHREAD` in the flags of `/proc/PID/stat` (field 9): a kernel thread.
+const PF_KTHREAD: u64 = 0x0020_0000;
+
+/// True if `pid` is a kernel thread (`PF_KTHREAD` in field 9 of
+/// `/proc/PID/stat`): it runs no user code, so it has no allocator to
+/// probe. False when it cannot be read (gone).
+pub fn is_kernel_thread(pid: u32) -> bool {
+    read_proc_file(pid, "stat").is_ok_and(|(_, bytes)| {
+        stat_field(&String::from_utf8_lossy(&bytes), 9, "field 9 (flags)")
+            .is_ok_and(|flags| flags & PF_KTHREAD != 0)
     })
+}
+
+/// Process ids of every user process now: [`all_pids`] without the kernel
+/// threads ([`is_kernel_thread`]).
+pub fn user_pids() -> Vec<u32> {
+    all_pids()
+        .into_iter()
+        .filter(|&pid| !is_kernel_thread(pid))
+        .collect()
 }
 
 /// Reads the start time of process `pid`: field 22 of `/proc/PID/stat`, in clock

@@ -105,7 +105,10 @@ fn on_kernel_fs(file: &File) -> bool {
         return true;
     }
     // SAFETY: fstatfs succeeded, so it filled the buffer.
-    #[allow(clippy::useless_conversion, reason = "f_type is i64 on x86-64, narrower elsewhere")]
+    #[allow(
+        clippy::useless_conversion,
+        reason = "f_type is i64 on x86-64, narrower elsewhere"
+    )]
     let kind = i64::from(unsafe { stat.assume_init() }.f_type);
     KERNEL_FS.contains(&kind)
 }

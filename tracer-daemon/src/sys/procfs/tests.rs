@@ -295,3 +295,14 @@ fn own_uid() -> u32 {
         .and_then(|v| v.parse().ok())
         .expect("must succeed")
 }
+
+#[test]
+fn kernel_threads_are_told_from_processes_by_their_stat_flags() {
+    // kthreadd is pid 2 in the host's pid namespace.
+    assert!(is_kernel_thread(2));
+    assert!(!is_kernel_thread(std::process::id()));
+    assert!(!is_kernel_thread(u32::MAX), "no such pid");
+    let users = user_pids();
+    assert!(users.contains(&std::process::id()));
+    assert!(!users.contains(&2));
+}

@@ -162,10 +162,12 @@ fn scoped_tracing_runs_no_program_for_processes_outside_the_scope() {
 
 /// A scope change that takes a process out and back (`PUT /scope?pid=`
 /// another, then its own) removes the probes while its threads are inside
-/// malloc: those calls' returns are never
-/// seen. Each thread's later calls must still be recorded, exactly: four
-/// threads churning malloc/free through scope changes, then keeping
-/// 1000 blocks of 777 bytes each at one line, show 4000 blocks there.
+/// malloc: those calls' returns are never seen. Each thread's later calls
+/// must still be recorded, exactly: four threads churning malloc/free
+/// through scope changes, then keeping 1000 blocks of 777 bytes each at one
+/// line, show 4000 blocks there. And leaving the scope cleared the
+/// process's traces (blocks freed while it was out would be leaks that are
+/// not there): its totals are those 4000 blocks, exactly.
 #[test]
 fn calls_in_flight_when_a_scope_change_removes_their_probes_leave_their_threads_traced() {
     let prog = build("scopeflip");
@@ -216,5 +218,42 @@ fn calls_in_flight_when_a_scope_change_removes_their_probes_leave_their_threads_
         stale > 0,
         "no call was in flight when its probes left: the test saw nothing"
     );
+    fx.end();
+}
+
+/// A scope of cgroup `/` matches every process, kernel threads included;
+/// kernel threads run no allocator, so none is put in scope.
+#[test]
+fn a_scope_of_the_root_cgroup_takes_no_kernel_thread() {
+    let prog = build("keep");
+    let tracerd = Tracerd::start(&[]);
+    let mut fx = Fixture::spawn_ready(&prog.exe, &[]);
+    let (status, body) = tracerd.put("/scope?cgroup=/");
+    assert_eq!(status, 200, "{body}");
+    let (_, scope) = tracerd.get("/scope");
+    let pids: Vec<u64> = scope["filter_pids"]
+        .as_array()
+        .expect("filter_pids")
+        .iter()
+        .filter_map(Value::as_u64)
+        .collect();
+    // kthreadd (pid 2) and every other kernel thread: PF_KTHREAD (0x200000)
+    // in the flags of /proc/PID/stat (field 9).
+    let kernel_thread = |pid: u64| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+            let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+            after
+                .split_ascii_whitespace()
+                .nth(6)
+                .and_then(|f| f.parse::<u64>().ok())
+                .is_some_and(|flags| flags & 0x0020_0000 != 0)
+        })
+    };
+    assert!(kernel_thread(2), "pid 2 is kthreadd");
+    let kernel: Vec<u64> = pids.iter().copied().filter(|&p| kernel_thread(p)).collect();
+    assert!(kernel.is_empty(), "kernel threads in scope: {kernel:?}");
+    assert!(pids.contains(&u64::from(fx.pid())), "{scope}");
+    let (status, body) = tracerd.put("/scope");
+    assert_eq!(status, 200, "{body}");
     fx.end();
 }
