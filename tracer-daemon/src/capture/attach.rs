@@ -535,10 +535,18 @@ impl Detached {
         self.len() == 0
     }
 
-    /// Detaches them all; returns when all are gone.
+    /// Detaches them all; returns when all are gone. The tracepoints,
+    /// perf events that go one after another, leave on a thread of their
+    /// own beside the uprobes' links.
     pub fn finish(self) {
-        detach_all(self.uprobes);
-        drop(self.tracepoints);
+        let Self {
+            uprobes,
+            tracepoints,
+        } = self;
+        std::thread::scope(|scope| {
+            scope.spawn(move || drop(tracepoints));
+            detach_all(uprobes);
+        });
     }
 }
 
