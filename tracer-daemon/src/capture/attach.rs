@@ -239,10 +239,11 @@ impl Capture {
     /// Detaches what [`Capture::attach`] attached for `pid` (None: the
     /// system-wide probes, which are gone when it returns: a scope change
     /// is complete when it answers). One process's probes leave on a
-    /// thread of their own: each detach waits a grace period of the kernel
-    /// (about 0.1 s here), and an exec held until its probes are attached
-    /// must not wait behind a process that ended. Detaching what is not
-    /// attached does nothing.
+    /// thread of their own: each link's detach waits for grace periods of
+    /// the kernel (about 0.07 s a uprobe_multi link, their waits
+    /// overlapping; 0.1 s a probe for perf events), and an exec held until
+    /// its probes are attached must not wait behind a process that ended.
+    /// Detaching what is not attached does nothing.
     pub fn detach(&mut self, pid: Option<u32>) {
         if let Some(links) = self.links.remove(&pid) {
             if pid.is_some() {
