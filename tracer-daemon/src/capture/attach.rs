@@ -551,10 +551,12 @@ impl Detached {
     }
 }
 
-/// Threads that detach links at once: each detach waits for a grace
-/// period, and waits of concurrent detaches overlap where the kernel lets
-/// them (uprobe_multi links; not perf events: see [`Detached`]).
-const DETACH_THREADS: usize = 16;
+/// Threads that detach links at once: closing a uprobe_multi link waits
+/// about 0.07 s for the kernel's grace periods, and closes on several
+/// threads wait at once (4 scoped processes with the installed allocators
+/// probed, 1,364 uprobes in 572 links: 0.6 s on 64 threads, 2.4 s on 16).
+/// Perf events gain nothing (see [`Detached`]).
+const DETACH_THREADS: usize = 64;
 
 /// Drops `links` on up to [`DETACH_THREADS`] threads and returns when all
 /// are detached.
