@@ -13,6 +13,8 @@ use std::{
 
 use aya_obj::generated::{bpf_func_info, bpf_insn, bpf_line_info};
 
+use super::bpf::syscall;
+
 const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_BTF_LOAD: libc::c_long = 18;
 const BPF_LINK_CREATE: libc::c_long = 28;
@@ -107,17 +109,9 @@ pub fn load_btf(raw: &[u8]) -> io::Result<OwnedFd> {
         btf_size: raw.len() as u32,
         ..BtfLoadAttr::default()
     };
-    // SAFETY: attr is a valid bpf_attr prefix; btf points at raw, of
+    // SAFETY: attr is BPF_BTF_LOAD's bpf_attr; btf points at raw, of
     // btf_size bytes; no log buffer.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_BTF_LOAD,
-            std::ptr::from_mut(&mut attr),
-            size_of::<BtfLoadAttr>() as libc::c_uint,
-        )
-    };
-    owned(fd)
+    owned(unsafe { syscall(BPF_BTF_LOAD, &mut attr) })
 }
 
 /// A program's BTF: the loaded BTF ([`load_btf`]) and the program's
@@ -191,28 +185,19 @@ pub fn load_program(
 }
 
 fn prog_load(attr: &mut ProgLoadAttr) -> io::Result<OwnedFd> {
-    // SAFETY: attr is a valid bpf_attr prefix; its insns, license,
-    // func_info, line_info and log_buf point at live buffers of the counts
-    // and sizes it gives (load_program).
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_PROG_LOAD,
-            std::ptr::from_mut(attr),
-            size_of::<ProgLoadAttr>() as libc::c_uint,
-        )
-    };
-    owned(fd)
+    // SAFETY: attr is BPF_PROG_LOAD's bpf_attr prefix; its insns,
+    // license, func_info, line_info and log_buf point at live buffers of
+    // the counts and sizes it gives (load_program).
+    owned(unsafe { syscall(BPF_PROG_LOAD, attr) })
 }
 
-/// The descriptor a syscall returned, or its error.
-fn owned(ret: libc::c_long) -> io::Result<OwnedFd> {
-    if ret < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a non-negative return of BPF_PROG_LOAD or BPF_LINK_CREATE
-    // is a new descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(ret as i32) })
+/// The descriptor a call of BPF_BTF_LOAD, BPF_PROG_LOAD or
+/// BPF_LINK_CREATE returned, or its error.
+fn owned(result: io::Result<libc::c_long>) -> io::Result<OwnedFd> {
+    let fd = i32::try_from(result?).map_err(|_| io::Error::from_raw_os_error(libc::EBADF))?;
+    // SAFETY: what these commands return is a new descriptor that nothing
+    // else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// What one uprobe_multi link attaches: program `program` at `offsets`
@@ -266,17 +251,10 @@ pub fn attach(attach: &MultiAttach<'_>) -> io::Result<OwnedFd> {
 }
 
 fn link_create(attr: &mut UprobeMultiAttr) -> io::Result<OwnedFd> {
-    // SAFETY: attr is a valid bpf_attr prefix; path is a NUL-terminated
-    // string and offsets and cookies hold cnt u64 each (their callers).
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_LINK_CREATE,
-            std::ptr::from_mut(attr),
-            size_of::<UprobeMultiAttr>() as libc::c_uint,
-        )
-    };
-    owned(fd)
+    // SAFETY: attr is BPF_LINK_CREATE's bpf_attr prefix for a
+    // uprobe_multi link; path is a NUL-terminated string and offsets and
+    // cookies hold cnt u64 each (its callers).
+    owned(unsafe { syscall(BPF_LINK_CREATE, attr) })
 }
 
 /// Whether the kernel takes uprobe_multi links for `program` (loaded by
