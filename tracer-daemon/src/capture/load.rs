@@ -22,6 +22,7 @@ use super::attach::Target;
 use super::events::{RingPositions, ring_size};
 use super::inflight::MAX_INFLIGHT_SLOTS;
 use super::live_table::{self, LiveTable};
+use super::multi::MultiPrograms;
 use super::object::{exponential_table, patch_map_value_size};
 use super::probes::{AttachedLibrary, find_libc, probe_points};
 use super::proc_slots::ProcSlots;
@@ -203,13 +204,28 @@ impl Capture {
         // every map its instructions refer to (a map taken out of it below
         // and dropped, as EXP_TABLE is, would leave a later load with a
         // closed fd); objects found later, and a scoped tracerd, attach
-        // them only later.
-        for spec in tracer_common::PROBES {
-            let exit = spec.exit.map(|name| (name, true));
-            for (name, is_exit) in std::iter::once((spec.entry, false)).chain(exit) {
-                load_uprobe(&mut ebpf, programs.program_for(name, is_exit))?;
+        // them only later. For uprobe_multi links where the kernel has
+        // them, else by aya for a perf event per probe.
+        let names: Vec<&'static str> = tracer_common::PROBES
+            .iter()
+            .flat_map(|spec| {
+                let exit = spec.exit.map(|name| programs.program_for(name, true));
+                std::iter::once(programs.program_for(spec.entry, false)).chain(exit)
+            })
+            .collect();
+        let multi = match MultiPrograms::load(object.as_bytes(), &ebpf, names.iter().copied()) {
+            Ok(multi) => Some(multi),
+            Err(reason) => {
+                tracing::warn!(
+                    %reason,
+                    "no uprobe_multi links: each probe is a perf event of its own, and a stop detaches them one after another (about 0.09 s each)"
+                );
+                for name in &names {
+                    load_uprobe(&mut ebpf, name)?;
+                }
+                None
             }
-        }
+        };
         let switches = take_map(&mut ebpf, MAP_SWITCHES)?;
         let scope_tgids = take_map(&mut ebpf, MAP_SCOPE_TGIDS)?;
         let mut exp_table: aya::maps::Array<MapData, u32> = take_map(&mut ebpf, MAP_EXP_TABLE)?;
@@ -285,6 +301,7 @@ impl Capture {
             libraries,
             targets,
             programs,
+            multi,
             links: HashMap::new(),
             owned_links: super::ProbeLinks::default(),
             stopping: super::Stopping::default(),

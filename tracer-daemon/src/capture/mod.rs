@@ -30,6 +30,7 @@ pub mod kernel;
 pub mod live;
 pub mod live_table;
 pub mod load;
+mod multi;
 pub mod object;
 pub mod probes;
 pub mod proc_slots;
@@ -74,9 +75,9 @@ pub enum CaptureError {
         program: String,
         /// Where: a library path and symbol, or a tracepoint.
         target: String,
-        /// What aya said (boxed, as above).
+        /// What aya or the kernel said (boxed, as above).
         #[source]
-        source: Box<aya::programs::ProgramError>,
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// tracerd is stopping: nothing is attached any more.
     #[error("tracerd is stopping: no probe is attached any more")]
@@ -224,6 +225,10 @@ pub struct Capture {
     /// Each probed object with its probe points.
     targets: Vec<attach::Target>,
     programs: Programs,
+    /// The uprobe programs loaded for uprobe_multi links; None where the
+    /// kernel has none (aya's programs are loaded instead, and each probe
+    /// is a perf event of its own).
+    multi: Option<multi::MultiPrograms>,
     /// Attached uprobe links: None for system-wide, Some(pid) per process.
     links: HashMap<Option<u32>, Vec<attach::Link>>,
     /// The links themselves (uprobes and tracepoints), owned apart from

@@ -32,14 +32,21 @@ impl Capture {
 
     /// Run statistics the kernel keeps for each loaded program while
     /// `BPF_ENABLE_STATS` is on (zero otherwise): (program name, total run
-    /// time, run count), from `bpf_prog_info`. Read-only.
+    /// time, run count), from `bpf_prog_info`, and for the uprobe programs
+    /// loaded for uprobe_multi links (aya's copies are then not loaded)
+    /// from their fdinfo. Read-only.
     pub fn program_stats(&self) -> Vec<(String, std::time::Duration, u64)> {
+        let multi = self
+            .multi
+            .iter()
+            .flat_map(super::multi::MultiPrograms::stats);
         self.ebpf
             .programs()
             .filter_map(|(name, program)| {
                 let info = program.info().ok()?;
                 Some((name.to_string(), info.run_time(), info.run_count()))
             })
+            .chain(multi)
             .collect()
     }
 

@@ -2,15 +2,18 @@
 //! chosen pids, executables and cgroups.
 //!
 //! - A scope of pids alone registers the probes with the kernel for those
-//!   processes only (one perf event per probe and process), so the
+//!   processes only (a uprobe_multi link per program, object and process,
+//!   or a perf event per probe and process), so the
 //!   breakpoints exist only in their memory and every other process runs
 //!   at full speed.
 //! - A scope with executables or cgroups keeps the probes of every
 //!   process (as the default does) and has the kernel record only the
 //!   processes in `SCOPE_TGIDS` (the scope filter): such processes start
-//!   all the time, and one process's own probes take about a second of the
-//!   kernel's time to detach (each perf event waits a grace period under a
-//!   global lock), which a program started every 50 ms would outrun. A
+//!   all the time, and one process's own probes took about a second of the
+//!   kernel's time to detach as perf events (each waits a grace period
+//!   under a global lock), which a program started every 50 ms would
+//!   outrun (uprobe_multi links cost less, a grace period each with their
+//!   waits overlapping, but a map update costs none). A
 //!   process enters the filter before it runs (its exec is held,
 //!   `service::exec_hold`), and a child of one in scope at its fork.
 //!

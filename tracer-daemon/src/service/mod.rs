@@ -201,10 +201,11 @@ impl Service {
     /// Detaches every probe (allocator probes and tracepoints) and returns
     /// how many there were: the first step of a stop, taken at the signal.
     /// No lock of the service is taken (the links have one of their own,
-    /// [`crate::capture::ProbeLinks`]): detaching costs the kernel about
-    /// 0.09 s a probe, one after another, and the requests of the grace
-    /// period go on reading the maps meanwhile (what they show is then the
-    /// state at the signal). Nothing is attached afterwards; a second call
+    /// [`crate::capture::ProbeLinks`]): detaching costs the kernel grace
+    /// periods (a wait per uprobe_multi link, links on several threads at
+    /// once; about 0.09 s a probe, one after another, for perf events),
+    /// and the requests of the grace period go on reading the maps
+    /// meanwhile (what they show is then the state at the signal). Nothing is attached afterwards; a second call
     /// finds nothing to detach.
     pub fn detach_probes(&self) -> usize {
         let detached = crate::capture::attach::lock_links(&self.probe_links).take_all();

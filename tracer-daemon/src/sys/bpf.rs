@@ -20,22 +20,33 @@ struct ElemAttr {
     flags: u64,
 }
 
-fn call(command: libc::c_long, attr: &mut ElemAttr) -> io::Result<()> {
-    // SAFETY: attr is a valid, initialised bpf_attr prefix whose pointers
-    // point at live buffers of the map's key and value sizes (callers).
+/// `bpf(command, attr)`, `attr`'s size given as the attribute's size: the
+/// call's non-negative result, or its error.
+///
+/// # Safety
+/// `attr` is the `union bpf_attr` prefix `command` reads, and each of its
+/// pointers points at a live buffer of the size or count it gives.
+pub(super) unsafe fn syscall<A>(command: libc::c_long, attr: &mut A) -> io::Result<libc::c_long> {
+    // SAFETY: the caller's promise.
     let ret = unsafe {
         libc::syscall(
             libc::SYS_bpf,
             command,
             std::ptr::from_mut(attr),
-            size_of::<ElemAttr>() as libc::c_uint,
+            size_of::<A>() as libc::c_uint,
         )
     };
     if ret < 0 {
         Err(io::Error::last_os_error())
     } else {
-        Ok(())
+        Ok(ret)
     }
+}
+
+fn call(command: libc::c_long, attr: &mut ElemAttr) -> io::Result<()> {
+    // SAFETY: attr is a valid, initialised bpf_attr prefix whose pointers
+    // point at live buffers of the map's key and value sizes (callers).
+    unsafe { syscall(command, attr) }.map(|_| ())
 }
 
 /// Looks `key` up into `value`, which must be exactly the map's value size.
@@ -99,15 +110,7 @@ pub fn lookup_batch<K: Copy + Default, V: Copy + Default>(
         // SAFETY: the buffers hold `count` keys and values of the map's
         // key and value sizes (K and V are the map's types); the tokens
         // are 8 bytes, more than the kernel's 4-byte hash batch token.
-        let ret = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_MAP_LOOKUP_BATCH,
-                std::ptr::from_mut(&mut attr),
-                size_of::<BatchAttr>() as libc::c_uint,
-            )
-        };
-        let err = (ret < 0).then(io::Error::last_os_error);
+        let err = unsafe { syscall(BPF_MAP_LOOKUP_BATCH, &mut attr) }.err();
         let got = (attr.count as usize).min(chunk);
         if err.as_ref().and_then(io::Error::raw_os_error) == Some(libc::ENOSPC) {
             // A bucket holds more entries than fit: retry it, larger.
@@ -153,22 +156,15 @@ pub fn delete_batch<K>(fd: BorrowedFd<'_>, keys: &[K], mut on_deleted: impl FnMu
             ..BatchAttr::default()
         };
         // SAFETY: attr.keys points at `count` keys of the map's key size.
-        let ret = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_MAP_DELETE_BATCH,
-                std::ptr::from_mut(&mut attr),
-                size_of::<BatchAttr>() as libc::c_uint,
-            )
-        };
+        let result = unsafe { syscall(BPF_MAP_DELETE_BATCH, &mut attr) };
         let done = (attr.count as usize).min(chunk);
         deleted += done;
         rest[..done].iter().for_each(&mut on_deleted);
-        if ret == 0 {
+        if result.is_ok() {
             rest = &rest[chunk..];
             continue;
         }
-        match io::Error::last_os_error().raw_os_error() {
+        match result.err().and_then(|err| err.raw_os_error()) {
             // The key at `done` is gone already: pass it over.
             Some(libc::ENOENT) => rest = rest.get(done + 1..).unwrap_or(&[]),
             // No batch command: one at a time.

@@ -3,8 +3,9 @@
 //! ([`modules`]), raw `bpf(2)` map calls ([`bpf`]), execs held until
 //! tracerd answers ([`fanotify`]), the user on the other end of a local
 //! connection ([`peer`]), atomic file writes
-//! ([`fsync`]) and the shared objects the dynamic loader of a process's
-//! root would load for an executable ([`ldso`]). One implementation of
+//! ([`fsync`]), the shared objects the dynamic loader of a process's
+//! root would load for an executable ([`ldso`]) and uprobe_multi links,
+//! which aya does not offer ([`uprobe_multi`]). One implementation of
 //! each, for every later stage.
 pub mod bpf;
 pub mod fanotify;
@@ -13,6 +14,7 @@ pub mod ldso;
 pub mod modules;
 pub mod peer;
 pub mod procfs;
+pub mod uprobe_multi;
 
 /// Milliseconds since the Unix epoch of a wall-clock time (0 before it).
 #[must_use]

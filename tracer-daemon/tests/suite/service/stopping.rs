@@ -1,10 +1,12 @@
 //! Prompt, clean stops under load (issue 13, item 6): SIGTERM during a
 //! snapshot of a process holding 4,000,000 live blocks, during 64 clients
-//! hammering the heavy routes, and during a churn of 1,000 processes a
-//! second. Each stop ends with status 0 within 5 s of the signal, with this
-//! stop's last-stop record written, no uprobe event, BPF program or link of
-//! tracerd left in the kernel, and every snapshot stored before it read
-//! back whole by the next tracerd on the same state directory.
+//! hammering the heavy routes, during a churn of 1,000 processes a second,
+//! and with hundreds of probes attached (the installed allocators probed
+//! for every process, and for each of a scope of pids). Each stop ends with
+//! status 0 within 5 s of the signal, with this stop's last-stop record
+//! written, no uprobe event, BPF program or link of tracerd left in the
+//! kernel, and every snapshot stored before it read back whole by the next
+//! tracerd on the same state directory.
 
 use std::{
     path::Path,
@@ -27,13 +29,12 @@ use crate::suite::support::{
 /// period of 3 s).
 const STOP_LIMIT: Duration = Duration::from_secs(5);
 
-/// What every tracerd here runs with. Allocator discovery is off: a stop
-/// costs the kernel about 0.09 s a probe, one after another, and the
-/// allocators the host's other processes run (a jemalloc-linked rustc
-/// adds 18 probes) must not decide these tests; glibc's 18 probes and 7
-/// tracepoints are what is detached. No automatic snapshots: the stored
-/// ones are exactly those the test takes.
-const ARGS: [&str; 4] = ["--discover-allocators", "false", "--snapshot-interval", "0"];
+/// What every tracerd here runs with, with allocator discovery on as by
+/// default: each program's probes in an object are one uprobe_multi link,
+/// so the allocators the host's other processes run (a jemalloc-linked
+/// rustc adds 18 probes) no longer decide a stop's time. No automatic
+/// snapshots: the stored ones are exactly those the test takes.
+const ARGS: [&str; 2] = ["--snapshot-interval", "0"];
 
 /// [`ARGS`] and `extra`.
 fn args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
@@ -61,7 +62,14 @@ fn store(tracerd: &Tracerd, pid: u32, label: &str) -> Kept {
 /// (`keepn`), with two snapshots of it stored: what the stop must not lose.
 fn kept_snapshots(tracerd: &Tracerd) -> (Fixture, Program, Vec<Kept>) {
     let prog = Program::build("keepn", &[]);
-    let mut keeper = Fixture::spawn_traced(tracerd, &prog.exe, &["100"]);
+    let keeper = Fixture::spawn_traced(tracerd, &prog.exe, &["100"]);
+    let kept = keep_snapshots_of(tracerd, keeper);
+    (kept.0, prog, kept.1)
+}
+
+/// Lets `keeper` (`keepn 100`, traced) allocate its blocks and stores two
+/// snapshots of it.
+fn keep_snapshots_of(tracerd: &Tracerd, mut keeper: Fixture) -> (Fixture, Vec<Kept>) {
     keeper.step("done");
     let kept = vec![
         store(tracerd, keeper.pid(), "before-stop-1"),
@@ -75,7 +83,69 @@ fn kept_snapshots(tracerd: &Tracerd) -> (Fixture, Program, Vec<Kept>) {
             k.summary
         );
     }
-    (keeper, prog, kept)
+    (keeper, kept)
+}
+
+/// The uprobes tracerd attaches for every process, or for each process of
+/// a scope of pids: at each probe point `GET /health` lists
+/// (`symbol@offset` or `symbol+skip@offset`), an entry probe and, where
+/// the symbol's programs have one, a return probe. Waits until the count
+/// holds still (the installed allocators are probed just after start).
+fn uprobes_per_process(tracerd: &Tracerd) -> usize {
+    let count = || {
+        let health = tracerd.get_ok("/health");
+        let mut uprobes = 0;
+        for library in health["libraries"].as_array().expect("libraries") {
+            for point in library["probes"].as_array().expect("probes") {
+                let point = point.as_str().expect("a probe point");
+                let symbol = point.split(['@', '+']).next().expect("a symbol");
+                let spec = tracer_common::PROBES
+                    .iter()
+                    .find(|spec| spec.symbol == symbol)
+                    .unwrap_or_else(|| panic!("{point}: not a probed symbol"));
+                uprobes += 1 + usize::from(spec.exit.is_some());
+            }
+        }
+        uprobes
+    };
+    let mut last = count();
+    poll(Duration::from_secs(30), Duration::from_millis(500), || {
+        let now = count();
+        let steady = now == last;
+        last = now;
+        if steady {
+            Ok(())
+        } else {
+            Err(format!("{now} uprobes, still growing"))
+        }
+    });
+    last
+}
+
+/// What perf events allowed: each costs about 0.09 s to detach, one after
+/// another, so a stop within 5 s held fewer than about 50 probes.
+const PERF_EVENT_PROBES: usize = 50;
+
+/// A tracerd on a state directory of its own (`name`) that also probes
+/// the installed allocators: jemalloc, tcmalloc and mimalloc (the suite's
+/// allocator fixtures link them) besides glibc and musl, hundreds of
+/// uprobes for each process it traces.
+fn with_installed_allocators(name: &str) -> (TempDir, Tracerd) {
+    let state = TempDir::new(name);
+    let tracerd = Tracerd::start_at(
+        state.path(),
+        &args(&["--probe-installed-allocators", "true"]),
+    );
+    (state, tracerd)
+}
+
+/// The BPF links tracerd holds: one per program, object and process (or
+/// all) where the kernel has uprobe_multi links, and the tracepoints'.
+fn links_held(tracerd: &Tracerd) -> usize {
+    bpf_ids(tracerd.pid())
+        .iter()
+        .filter(|(kind, _)| *kind == "link")
+        .count()
 }
 
 /// Unix time now, in ms.
@@ -305,4 +375,60 @@ fn sigterm_during_a_churn_of_1000_processes_a_second_stops_within_5s_and_loses_n
     assert!(children >= 100, "{children} churn children traced");
     let took = stop_cleanly(&mut tracerd, state.path(), &kept);
     eprintln!("churn at {rate:.0}/s, {children} children traced: stop took {took:?}");
+}
+
+#[test]
+fn sigterm_with_the_installed_allocators_probed_stops_within_5s_and_leaves_nothing() {
+    let (state, mut tracerd) = with_installed_allocators("stop-installed");
+    let (_keeper, _keepn, kept) = kept_snapshots(&tracerd);
+    let uprobes = uprobes_per_process(&tracerd);
+    assert!(
+        uprobes >= 3 * PERF_EVENT_PROBES,
+        "{uprobes} uprobes: {}",
+        tracerd.get_ok("/health")
+    );
+    // One link per program and object: far fewer links than uprobes.
+    let links = links_held(&tracerd);
+    assert!(links < uprobes, "{links} links for {uprobes} uprobes");
+    let took = stop_cleanly(&mut tracerd, state.path(), &kept);
+    eprintln!("{uprobes} uprobes in {links} links: stop took {took:?}");
+}
+
+#[test]
+fn sigterm_with_a_scope_of_pids_probed_one_by_one_stops_within_5s_and_leaves_nothing() {
+    let (state, mut tracerd) = with_installed_allocators("stop-scope-pids");
+    let prog = Program::build("keepn", &[]);
+    let fixtures: Vec<Fixture> = (0..4)
+        .map(|_| Fixture::spawn_ready(&prog.exe, &["100"]))
+        .collect();
+    let pids: Vec<u32> = fixtures.iter().map(Fixture::pid).collect();
+    let uprobes = uprobes_per_process(&tracerd);
+    // A scope of pids alone: every probe is registered for each process of
+    // it (its own links, with its pid), none for the others.
+    let query: Vec<String> = pids.iter().map(|pid| format!("pid={pid}")).collect();
+    let (status, body) = tracerd.put(&format!("/scope?{}", query.join("&")));
+    assert_eq!(status, 200, "{body}");
+    let mut attached: Vec<u64> = body["attached_pids"]
+        .as_array()
+        .expect("attached_pids")
+        .iter()
+        .filter_map(Value::as_u64)
+        .collect();
+    attached.sort_unstable();
+    let mut expected: Vec<u64> = pids.iter().map(|pid| u64::from(*pid)).collect();
+    expected.sort_unstable();
+    assert_eq!(attached, expected, "{body}");
+    let total = uprobes * pids.len();
+    assert!(total >= 12 * PERF_EVENT_PROBES, "{total} uprobes");
+    let mut fixtures = fixtures.into_iter();
+    let keeper = fixtures.next().expect("a fixture");
+    tracerd.wait_traced(keeper.pid());
+    let (_keeper, kept) = keep_snapshots_of(&tracerd, keeper);
+    let links = links_held(&tracerd);
+    assert!(links < total, "{links} links for {total} uprobes");
+    let took = stop_cleanly(&mut tracerd, state.path(), &kept);
+    eprintln!(
+        "{} processes, {total} uprobes in {links} links: stop took {took:?}",
+        pids.len()
+    );
 }

@@ -1,0 +1,147 @@
+//! The uprobe programs loaded a second way, for uprobe_multi links
+//! (Linux 6.6+): one link per program and object carries all that
+//! object's probes of the program, and closing it unregisters them all
+//! with one wait for the kernel's grace periods, not under the lock that
+//! perf events' uprobes are unregistered under one after another. A stop
+//! detaching hundreds of probes then takes a fraction of a second.
+//!
+//! The kernel takes such a link only for a program loaded with the
+//! expected attach type `BPF_TRACE_UPROBE_MULTI`, which aya 0.14 cannot
+//! set. So the same ELF object aya loaded is parsed again with `aya-obj`
+//! (aya's own parser), its instructions relocated against the maps aya
+//! created (the same kernel maps, so the global data set at load and
+//! every map tracerd reads are the ones these programs use), and each
+//! uprobe program loaded by [`crate::sys::uprobe_multi`].
+use std::{
+    collections::{HashMap, HashSet},
+    os::fd::{AsFd, AsRawFd as _, BorrowedFd, OwnedFd},
+    time::Duration,
+};
+
+use aya::{
+    Ebpf,
+    maps::{Map, MapData},
+};
+
+use crate::sys::uprobe_multi::{self, ProgramBtf};
+
+/// The uprobe programs loaded for uprobe_multi links, by name.
+#[derive(Debug)]
+pub(super) struct MultiPrograms {
+    programs: HashMap<&'static str, OwnedFd>,
+}
+
+impl MultiPrograms {
+    /// Loads the programs `names` of the ELF object `object` (exactly the
+    /// bytes `ebpf` was loaded from) for uprobe_multi links, their map
+    /// references relocated to the maps of `ebpf` (all of them still in
+    /// it), and checks that the kernel takes such links.
+    ///
+    /// # Errors
+    /// Why not, in words: the kernel has no uprobe_multi links (before
+    /// 6.6, or before its pid filter was fixed), the object does not parse
+    /// or relocate, a map is missing from `ebpf`, or the verifier refused a
+    /// program (its log's end).
+    pub(super) fn load(
+        object: &[u8],
+        ebpf: &Ebpf,
+        names: impl IntoIterator<Item = &'static str>,
+    ) -> Result<Self, String> {
+        let mut obj = aya_obj::Object::parse(object).map_err(|e| format!("parsing: {e}"))?;
+        // The object's BTF, fixed up as aya fixes it (aya's copy is not
+        // reachable): the verifier wants the programs' function records.
+        let btf = match aya::features().btf() {
+            Some(features) => obj
+                .fixup_and_sanitize_btf(features)
+                .map_err(|e| format!("fixing up BTF: {e}"))?
+                .map(|btf| uprobe_multi::load_btf(&btf.to_bytes()))
+                .transpose()
+                .map_err(|e| format!("loading BTF: {e}"))?,
+            None => None,
+        };
+        if obj.has_btf_relocations() {
+            let btf = aya_obj::btf::Btf::from_sys_fs()
+                .map_err(|e| format!("reading the kernel's BTF: {e}"))?;
+            obj.relocate_btf(&btf)
+                .map_err(|e| format!("relocating BTF: {e}"))?;
+        }
+        let maps = std::mem::take(&mut obj.maps);
+        let mut with_fds = Vec::new();
+        for (name, map) in &maps {
+            let fd = ebpf
+                .map(name)
+                .and_then(map_data)
+                .ok_or_else(|| format!("map {name} is not in the loaded object"))?;
+            with_fds.push((name.as_str(), fd.fd().as_fd().as_raw_fd(), map));
+        }
+        let text_sections: HashSet<usize> =
+            obj.functions.keys().map(|(section, _)| *section).collect();
+        obj.relocate_maps(with_fds.into_iter(), &text_sections)
+            .map_err(|e| format!("relocating maps: {e}"))?;
+        obj.relocate_calls(&text_sections)
+            .map_err(|e| format!("relocating calls: {e}"))?;
+        obj.sanitize_functions(aya::features());
+        let mut programs = HashMap::new();
+        for name in names {
+            if programs.contains_key(name) {
+                continue;
+            }
+            let program = obj
+                .programs
+                .get(name)
+                .ok_or_else(|| format!("program {name} is not in the object"))?;
+            let function = obj
+                .functions
+                .get(&program.function_key())
+                .ok_or_else(|| format!("program {name} has no code"))?;
+            let btf = btf.as_ref().map(|btf| ProgramBtf {
+                btf: btf.as_fd(),
+                func_info: &function.func_info.func_info,
+                line_info: &function.line_info.line_info,
+            });
+            let fd = uprobe_multi::load_program(
+                name,
+                &function.instructions,
+                &program.license,
+                btf.as_ref(),
+            )
+            .map_err(|e| format!("loading {name}: {e}"))?;
+            if programs.is_empty() && !uprobe_multi::supported(fd.as_fd()) {
+                return Err("this kernel has no uprobe_multi links filtered by process (Linux 6.10, or a stable kernel with the fix)".into());
+            }
+            programs.insert(name, fd);
+        }
+        Ok(Self { programs })
+    }
+
+    /// Program `name`, if loaded.
+    pub(super) fn program(&self, name: &str) -> Option<BorrowedFd<'_>> {
+        self.programs.get(name).map(AsFd::as_fd)
+    }
+
+    /// (name, total run time, runs) of each program while
+    /// `BPF_ENABLE_STATS` is on (zeros otherwise).
+    pub(super) fn stats(&self) -> impl Iterator<Item = (String, Duration, u64)> + '_ {
+        self.programs.iter().map(|(name, fd)| {
+            let (ns, runs) = uprobe_multi::run_stats(fd.as_fd());
+            ((*name).to_string(), Duration::from_nanos(ns), runs)
+        })
+    }
+}
+
+/// The map of `map`, for the kinds tracer's object has (an unexpected
+/// kind is None, and the load says which map).
+fn map_data(map: &Map) -> Option<&MapData> {
+    match map {
+        Map::Array(data)
+        | Map::HashMap(data)
+        | Map::LruHashMap(data)
+        | Map::PerCpuArray(data)
+        | Map::PerCpuHashMap(data)
+        | Map::PerCpuLruHashMap(data)
+        | Map::RingBuf(data)
+        | Map::StackTraceMap(data)
+        | Map::Unsupported(data) => Some(data),
+        _ => None,
+    }
+}
