@@ -139,6 +139,7 @@ fn map_data(map: &Map) -> Option<&MapData> {
         | Map::PerCpuArray(data)
         | Map::PerCpuHashMap(data)
         | Map::PerCpuLruHashMap(data)
+        | Map::ProgramArray(data)
         | Map::RingBuf(data)
         | Map::StackTraceMap(data)
         | Map::Unsupported(data) => Some(data),
