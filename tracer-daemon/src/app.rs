@@ -87,9 +87,11 @@ pub async fn run(config: Config) -> Result<(), AppError> {
         .as_deref()
         .map(http::bind_unix)
         .transpose()?;
-    std::fs::create_dir_all(&config.state_dir).map_err(|source| AppError::StateDir {
-        path: config.state_dir.clone(),
-        source,
+    crate::sys::fsync::create_private_dir(&config.state_dir).map_err(|source| {
+        AppError::StateDir {
+            path: config.state_dir.clone(),
+            source,
+        }
     })?;
     // Held open for tracerd's life: the kernel keeps BPF run-time statistics
     // only while some process holds a BPF_ENABLE_STATS fd.
