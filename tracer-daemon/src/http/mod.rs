@@ -23,6 +23,9 @@ pub mod render;
 pub mod routes;
 pub mod server;
 
+#[cfg(test)]
+mod tests;
+
 pub use auth::{Caller, Operators, Token};
 pub use error::ApiError;
 pub use limits::Limits;

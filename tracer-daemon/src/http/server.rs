@@ -17,6 +17,7 @@ use tokio::{
 use tower_http::{limit::RequestBodyLimitLayer, timeout::TimeoutLayer};
 
 use super::auth::{Caller, Operators, Token, authenticate, authorize};
+use super::error::{ErrorHints, json_errors};
 use super::handlers::metrics::{scrape, track_requests};
 use super::limits::{Limits, limit_expensive, validate_request};
 use super::routes::METRICS_PATH;
@@ -53,9 +54,10 @@ pub enum ServerError {
 }
 
 /// The whole HTTP surface: `api` (the API's routes) and `/metrics`, wrapped
-/// in request counting, path validation, authentication (when `token` is
-/// given), the operators' rule for changes (`operators`), the body limit,
-/// the timeout and the concurrency limit.
+/// in request counting, the JSON shape of every error ([`json_errors`]),
+/// path validation, authentication (when `token` is given), the
+/// operators' rule for changes (`operators`), the body limit, the timeout
+/// and the concurrency limit.
 pub fn app(
     api: Router,
     metrics: Arc<Metrics>,
@@ -81,8 +83,13 @@ pub fn app(
     if let Some(token) = token {
         router = router.layer(middleware::from_fn_with_state(token, authenticate));
     }
+    let hints = Arc::new(ErrorHints {
+        body_limit_bytes: limits.body_limit_bytes,
+        request_timeout: limits.request_timeout,
+    });
     router
         .layer(middleware::from_fn(validate_request))
+        .layer(middleware::from_fn_with_state(hints, json_errors))
         .layer(middleware::from_fn_with_state(metrics, track_requests))
 }
 
@@ -317,14 +324,24 @@ mod tests {
             ..limits()
         };
         let app = slow_app(&limits, None, gate, Arc::new(AtomicUsize::new(0)));
-        let got = status(
-            &app,
-            Request::get("/pid/1/statistics")
-                .body(Body::empty())
-                .expect("must succeed"),
-        )
-        .await;
-        assert_eq!(got, StatusCode::SERVICE_UNAVAILABLE);
+        let response = app
+            .oneshot(
+                Request::get("/pid/1/statistics")
+                    .body(Body::empty())
+                    .expect("must succeed"),
+            )
+            .await
+            .expect("must succeed");
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let body = axum::body::to_bytes(response.into_body(), 4096)
+            .await
+            .expect("body");
+        let body: serde_json::Value = serde_json::from_slice(&body).expect("a JSON error");
+        assert_eq!(body["error"], "service unavailable");
+        assert_eq!(
+            body["hint"],
+            "the request took longer than 0.05 s (request_timeout_secs): ask for less (limit=, filters) or retry"
+        );
     }
 
     #[tokio::test]

@@ -106,6 +106,19 @@ impl From<WriteError> for StoreError {
     }
 }
 
+/// A write to the state directory that failed, logged (as an error, with
+/// the file: a full disk must show in the log, not only in one client's
+/// answer) and turned into [`StoreError::Io`].
+fn failed_write(err: WriteError) -> StoreError {
+    tracing::error!(
+        target = %err.path.display(),
+        action = err.action,
+        err = %err.source,
+        "cannot write to the state directory: the snapshot is not stored"
+    );
+    err.into()
+}
+
 fn io<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> StoreError + 'a {
     move |source| StoreError::Io {
         action,
@@ -228,7 +241,8 @@ impl SnapshotStore {
             && id > self.reserved
         {
             let reserved = self.next_id + ID_BLOCK;
-            write_atomically(&dir.join("next-id"), format!("{reserved}\n").as_bytes())?;
+            write_atomically(&dir.join("next-id"), format!("{reserved}\n").as_bytes())
+                .map_err(failed_write)?;
             self.reserved = reserved;
         }
         self.next_id = id;
@@ -304,7 +318,7 @@ impl SnapshotStore {
     fn persist(&self, entry: &mut Entry) -> Result<(), StoreError> {
         if let Some(dir) = &self.dir {
             let bytes = encode(&entry.stored.snapshot, &meta_of(entry));
-            write_atomically(&file_of(dir, entry.stored.id), &bytes)?;
+            write_atomically(&file_of(dir, entry.stored.id), &bytes).map_err(failed_write)?;
             entry.persisted = true;
         }
         Ok(())
