@@ -287,31 +287,25 @@ pub struct Caller {
     pub gid: Option<u32>,
 }
 
-impl
-    axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, tokio::net::TcpListener>>
-    for Caller
-{
-    fn connect_info(stream: axum::serve::IncomingStream<'_, tokio::net::TcpListener>) -> Self {
-        let remote = *stream.remote_addr();
-        let uid = stream
-            .io()
-            .local_addr()
-            .ok()
-            .filter(|_| remote.ip().is_loopback())
-            .and_then(|local| crate::sys::peer::tcp_peer(local, remote).ok())
+impl Caller {
+    /// The peer of a TCP connection from `remote` to `local`: its user
+    /// when it is on this host (loopback, inet_diag), else nobody known.
+    /// Blocks for a netlink query.
+    pub fn of_tcp(local: std::net::SocketAddr, remote: std::net::SocketAddr) -> Self {
+        let uid = remote
+            .ip()
+            .is_loopback()
+            .then(|| crate::sys::peer::tcp_peer(local, remote).ok())
+            .flatten()
             .map(|peer| peer.uid);
         Self { uid, gid: None }
     }
-}
 
-impl
-    axum::extract::connect_info::Connected<
-        axum::serve::IncomingStream<'_, tokio::net::UnixListener>,
-    > for Caller
-{
-    fn connect_info(stream: axum::serve::IncomingStream<'_, tokio::net::UnixListener>) -> Self {
+    /// The peer of a Unix socket connection (`SO_PEERCRED`): its user and
+    /// group.
+    pub fn of_unix(stream: &tokio::net::UnixStream) -> Self {
         use std::os::fd::AsRawFd as _;
-        match crate::sys::peer::unix_peer(stream.io().as_raw_fd()) {
+        match crate::sys::peer::unix_peer(stream.as_raw_fd()) {
             Ok(peer) => Self {
                 uid: Some(peer.uid),
                 gid: peer.gid,

@@ -86,6 +86,9 @@ pub struct ErrorHints {
     pub body_limit_bytes: usize,
     /// `request_timeout_secs`: the time a request may take.
     pub request_timeout: Duration,
+    /// `request_read_timeout_secs`: the longest pause while a request
+    /// body arrives.
+    pub request_read_timeout: Duration,
 }
 
 /// Longest text of a foreign error body that is kept as the error message;
@@ -144,6 +147,10 @@ fn hint_for(status: StatusCode, hints: &ErrorHints) -> String {
             "request bodies are at most {} bytes (body_limit_bytes; POST /snapshots takes a file of up to {} bytes)",
             hints.body_limit_bytes,
             super::handlers::snapshots::MAX_UPLOAD_BYTES,
+        ),
+        StatusCode::REQUEST_TIMEOUT => format!(
+            "send the request body without a pause of {} s or more (request_read_timeout_secs)",
+            hints.request_read_timeout.as_secs_f64()
         ),
         StatusCode::SERVICE_UNAVAILABLE => format!(
             "the request took longer than {} s (request_timeout_secs): ask for less (limit=, filters) or retry",

@@ -22,6 +22,7 @@ fn limits() -> Limits {
     Limits {
         body_limit_bytes: 1024,
         request_timeout: Duration::from_secs(30),
+        request_read_timeout: Duration::from_secs(10),
         max_expensive_requests: 2,
     }
 }
@@ -30,13 +31,18 @@ fn limits() -> Limits {
 /// beside it (extractors no route of the API uses yet), behind every layer
 /// tracerd puts around it.
 fn surface(extra: Router<Arc<crate::service::Service>>) -> Router {
+    surface_with(extra, &limits())
+}
+
+/// [`surface`] with other limits.
+fn surface_with(extra: Router<Arc<crate::service::Service>>, limits: &Limits) -> Router {
     let (kernel, service) = service();
     start(&kernel, &service, PID);
     let api = api_router(service.clone()).merge(extra.with_state(service));
     app(
         api,
         Arc::new(Metrics::new()),
-        &limits(),
+        limits,
         None,
         Arc::new(Operators::named("tracer")),
     )
@@ -239,5 +245,49 @@ async fn every_error_is_the_apis_json_whoever_made_it() {
             .unwrap_or_default()
             .starts_with("Invalid UTF-8 in `pid`"),
         "axum's own words stay the error: {body}"
+    );
+}
+
+/// A request body that sends `first` and then nothing more, ever.
+struct Stalled(Option<&'static [u8]>);
+
+impl hyper::body::Body for Stalled {
+    type Data = axum::body::Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        match self.0.take() {
+            Some(first) => std::task::Poll::Ready(Some(Ok(hyper::body::Frame::data(
+                axum::body::Bytes::from_static(first),
+            )))),
+            None => std::task::Poll::Pending,
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_body_that_stops_arriving_is_a_408_once_it_paused_request_read_timeout() {
+    let limits = Limits {
+        request_read_timeout: Duration::from_millis(200),
+        ..limits()
+    };
+    let app = surface_with(Router::new(), &limits);
+    let started = std::time::Instant::now();
+    let stalled = Request::builder()
+        .method("POST")
+        .uri("/snapshots")
+        .header(header::CONTENT_LENGTH, "100")
+        .body(Body::new(Stalled(Some(b"0123456789"))))
+        .expect("request");
+    let (status, _, body) = call(&app, stalled).await;
+    let took = started.elapsed();
+    assert_eq!(status, StatusCode::REQUEST_TIMEOUT, "{body}");
+    assert_eq!(body["error"], "the request body stopped arriving");
+    assert!(
+        took >= Duration::from_millis(200) && took < Duration::from_secs(5),
+        "{took:?}"
     );
 }
