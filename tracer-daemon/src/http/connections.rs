@@ -411,9 +411,19 @@ mod tests {
 
     use super::*;
 
-    /// `/health` (answers at once) served on a free loopback port with
-    /// `limits`; returns the address and the stop.
-    async fn served(limits: Connections) -> (std::net::SocketAddr, watch::Sender<bool>) {
+    /// `/health` (answers at once) served on a free loopback port, with
+    /// `max_connections` and the header and idle timeouts; returns the
+    /// address and the stop.
+    async fn served(
+        max_connections: usize,
+        header_timeout: Duration,
+        idle_timeout: Duration,
+    ) -> (std::net::SocketAddr, watch::Sender<bool>) {
+        let limits = Connections {
+            max_connections,
+            header_timeout,
+            idle_timeout,
+        };
         let listener = TcpListener::bind(("127.0.0.1", 0)).await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let app = Router::new().route("/health", get(|| async { "ok" }));
@@ -466,12 +476,8 @@ mod tests {
     #[tokio::test]
     async fn silent_connections_close_after_the_idle_timeout_and_partial_heads_after_the_header_timeout()
      {
-        let limits = Connections {
-            max_connections: 16,
-            header_timeout: Duration::from_millis(300),
-            idle_timeout: Duration::from_millis(1200),
-        };
-        let (addr, _stop) = served(limits).await;
+        let (addr, _stop) =
+            served(16, Duration::from_millis(300), Duration::from_millis(1200)).await;
         let start = Instant::now();
         let mut silent = TcpStream::connect(addr).await.expect("connect");
         let mut partial = TcpStream::connect(addr).await.expect("connect");
@@ -517,12 +523,7 @@ mod tests {
 
     #[tokio::test]
     async fn past_the_maximum_new_connections_wait_and_the_open_ones_are_served() {
-        let limits = Connections {
-            max_connections: 2,
-            header_timeout: Duration::from_secs(10),
-            idle_timeout: Duration::from_secs(60),
-        };
-        let (addr, _stop) = served(limits).await;
+        let (addr, _stop) = served(2, Duration::from_secs(10), Duration::from_secs(60)).await;
         let mut first = TcpStream::connect(addr).await.expect("connect");
         let mut second = TcpStream::connect(addr).await.expect("connect");
         first.write_all(HEALTH).await.expect("write");
@@ -549,12 +550,7 @@ mod tests {
 
     #[tokio::test]
     async fn at_the_stop_idle_connections_close_and_no_new_one_is_taken() {
-        let limits = Connections {
-            max_connections: 16,
-            header_timeout: Duration::from_secs(10),
-            idle_timeout: Duration::from_secs(60),
-        };
-        let (addr, stop) = served(limits).await;
+        let (addr, stop) = served(16, Duration::from_secs(10), Duration::from_secs(60)).await;
         let mut idle = TcpStream::connect(addr).await.expect("connect");
         idle.write_all(HEALTH).await.expect("write");
         assert!(answer(&mut idle).await.starts_with("HTTP/1.1 200"));
