@@ -290,7 +290,7 @@ pub struct Caller {
 impl Caller {
     /// The peer of a TCP connection from `remote` to `local`: its user
     /// when it is on this host (loopback, inet_diag), else nobody known.
-    /// Blocks for a netlink query.
+    /// One netlink query, answered at once.
     pub fn of_tcp(local: std::net::SocketAddr, remote: std::net::SocketAddr) -> Self {
         let uid = remote
             .ip()

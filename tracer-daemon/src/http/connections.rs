@@ -220,8 +220,10 @@ pub trait Listener: Send + 'static {
     type Io: AsyncRead + AsyncWrite + Unpin + Send + 'static;
     /// Waits for the next connection.
     fn accept(&self) -> impl Future<Output = io::Result<Self::Io>> + Send;
-    /// Who is on the other end of `io`, from the kernel.
-    fn caller(io: &Self::Io) -> impl Future<Output = Caller> + Send;
+    /// Who is on the other end of `io`, from the kernel: a query answered
+    /// at once (`SO_PEERCRED`; inet_diag over netlink for loopback TCP, as
+    /// axum's connect info did), made on the connection's own task.
+    fn caller(io: &Self::Io) -> Caller;
 }
 
 impl Listener for TcpListener {
@@ -234,17 +236,10 @@ impl Listener for TcpListener {
         Ok(stream)
     }
 
-    fn caller(io: &Self::Io) -> impl Future<Output = Caller> + Send {
-        let ends = io.local_addr().ok().zip(io.peer_addr().ok());
-        async move {
-            let Some((local, remote)) = ends else {
-                return Caller::default();
-            };
-            // A netlink query (inet_diag for loopback): off the async
-            // threads.
-            tokio::task::spawn_blocking(move || Caller::of_tcp(local, remote))
-                .await
-                .unwrap_or_default()
+    fn caller(io: &Self::Io) -> Caller {
+        match (io.local_addr(), io.peer_addr()) {
+            (Ok(local), Ok(remote)) => Caller::of_tcp(local, remote),
+            _ => Caller::default(),
         }
     }
 }
@@ -256,9 +251,8 @@ impl Listener for UnixListener {
         UnixListener::accept(self).await.map(|(stream, _)| stream)
     }
 
-    fn caller(io: &Self::Io) -> impl Future<Output = Caller> + Send {
-        // SO_PEERCRED: one getsockopt, answered at once.
-        std::future::ready(Caller::of_unix(io))
+    fn caller(io: &Self::Io) -> Caller {
+        Caller::of_unix(io)
     }
 }
 
@@ -351,7 +345,7 @@ async fn serve_connection<L: Listener>(
     mut stop: watch::Receiver<bool>,
     _permit: OwnedSemaphorePermit,
 ) {
-    let caller = L::caller(&io).await;
+    let caller = L::caller(&io);
     let phase = Arc::new(Phase::new());
     let service = {
         let phase = phase.clone();
