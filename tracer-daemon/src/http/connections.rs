@@ -557,4 +557,41 @@ mod tests {
             "the listener is closed"
         );
     }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_burst_of_a_thousand_connections_waits_in_the_backlog_rather_than_being_dropped() {
+        // 1000 client sockets and 1000 served ones in this process.
+        crate::sys::raise_open_files(4096).expect("getrlimit");
+        let listener = crate::http::bind_tcp(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let app = Router::new().route("/health", get(|| async { "ok" }));
+        let (_stop, stopped) = watch::channel(false);
+        let limits = Connections {
+            max_connections: 4096,
+            header_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+        };
+        tokio::spawn(serve_listener(
+            listener,
+            app,
+            Arc::new(limits),
+            stopped,
+            "test",
+        ));
+        let took = tokio::task::spawn_blocking(move || {
+            let start = Instant::now();
+            let open: Vec<std::net::TcpStream> = (0..1000)
+                .map(|_| std::net::TcpStream::connect(addr).expect("connect"))
+                .collect();
+            let took = start.elapsed();
+            drop(open);
+            took
+        })
+        .await
+        .expect("connects");
+        // A SYN the kernel dropped is sent again only a second later.
+        assert!(took < Duration::from_millis(900), "{took:?}");
+    }
 }

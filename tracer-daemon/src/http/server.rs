@@ -11,7 +11,7 @@ use std::{
 
 use axum::{Router, extract::DefaultBodyLimit, http::StatusCode, middleware, routing::get};
 use tokio::{
-    net::{TcpListener, UnixListener},
+    net::{TcpListener, TcpSocket, UnixListener, UnixSocket},
     sync::{Semaphore, watch},
 };
 use tower_http::{
@@ -119,14 +119,29 @@ fn check_open_files(connections: usize) {
     }
 }
 
-/// Binds the TCP listener.
+/// Connections the kernel holds for a listener until tracerd accepts them
+/// (capped by `net.core.somaxconn`). tokio's default, 128, drops the SYNs
+/// of a burst beyond it, and their clients retry only a second later: a
+/// thousand connections at once took 4 s to open. With this, a burst
+/// waits in the kernel instead.
+pub const LISTEN_BACKLOG: u32 = 4096;
+
+/// Binds the TCP listener, with a backlog of [`LISTEN_BACKLOG`].
 ///
 /// # Errors
 /// [`ServerError::Bind`].
 pub async fn bind_tcp(addr: std::net::SocketAddr) -> Result<TcpListener, ServerError> {
-    TcpListener::bind(addr)
-        .await
-        .map_err(|source| ServerError::Bind { addr, source })
+    let bind = || {
+        let socket = if addr.is_ipv4() {
+            TcpSocket::new_v4()
+        } else {
+            TcpSocket::new_v6()
+        }?;
+        socket.set_reuseaddr(true)?;
+        socket.bind(addr)?;
+        socket.listen(LISTEN_BACKLOG)
+    };
+    bind().map_err(|source| ServerError::Bind { addr, source })
 }
 
 /// Creates the Unix socket at `path` with mode 0666: every local user may
@@ -152,7 +167,12 @@ pub fn bind_unix(path: &Path) -> Result<UnixListener, ServerError> {
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent).map_err(|e| err(format!("creating its directory: {e}")))?;
     }
-    let listener = UnixListener::bind(path).map_err(|e| err(e.to_string()))?;
+    let listener = UnixSocket::new_stream()
+        .and_then(|socket| {
+            socket.bind(path)?;
+            socket.listen(LISTEN_BACKLOG)
+        })
+        .map_err(|e| err(e.to_string()))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))
         .map_err(|e| err(format!("chmod 0666: {e}")))?;
     Ok(listener)
