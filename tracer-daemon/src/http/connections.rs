@@ -220,10 +220,28 @@ pub trait Listener: Send + 'static {
     type Io: AsyncRead + AsyncWrite + Unpin + Send + 'static;
     /// Waits for the next connection.
     fn accept(&self) -> impl Future<Output = io::Result<Self::Io>> + Send;
-    /// Who is on the other end of `io`, from the kernel: a query answered
-    /// at once (`SO_PEERCRED`; inet_diag over netlink for loopback TCP, as
-    /// axum's connect info did), made on the connection's own task.
-    fn caller(io: &Self::Io) -> Caller;
+    /// How to tell who is on the other end of `io`, from the kernel.
+    fn peer(io: &Self::Io) -> Peer;
+}
+
+/// Who is on the other end of a connection, or how to find out.
+#[derive(Clone, Copy, Debug)]
+pub enum Peer {
+    /// Known at once (`SO_PEERCRED` on the Unix socket).
+    Known(Caller),
+    /// A TCP connection from the second address to the first: its user is
+    /// looked up (inet_diag over netlink, for loopback) at its first
+    /// request, so that a connection that never sends one costs no query.
+    Tcp(std::net::SocketAddr, std::net::SocketAddr),
+}
+
+impl Peer {
+    fn caller(self) -> Caller {
+        match self {
+            Self::Known(caller) => caller,
+            Self::Tcp(local, remote) => Caller::of_tcp(local, remote),
+        }
+    }
 }
 
 impl Listener for TcpListener {
@@ -236,10 +254,10 @@ impl Listener for TcpListener {
         Ok(stream)
     }
 
-    fn caller(io: &Self::Io) -> Caller {
+    fn peer(io: &Self::Io) -> Peer {
         match (io.local_addr(), io.peer_addr()) {
-            (Ok(local), Ok(remote)) => Caller::of_tcp(local, remote),
-            _ => Caller::default(),
+            (Ok(local), Ok(remote)) => Peer::Tcp(local, remote),
+            _ => Peer::Known(Caller::default()),
         }
     }
 }
@@ -251,8 +269,8 @@ impl Listener for UnixListener {
         UnixListener::accept(self).await.map(|(stream, _)| stream)
     }
 
-    fn caller(io: &Self::Io) -> Caller {
-        Caller::of_unix(io)
+    fn peer(io: &Self::Io) -> Peer {
+        Peer::Known(Caller::of_unix(io))
     }
 }
 
@@ -345,12 +363,14 @@ async fn serve_connection<L: Listener>(
     mut stop: watch::Receiver<bool>,
     _permit: OwnedSemaphorePermit,
 ) {
-    let caller = L::caller(&io);
+    let peer = L::peer(&io);
+    let caller = Arc::new(std::sync::OnceLock::new());
     let phase = Arc::new(Phase::new());
     let service = {
         let phase = phase.clone();
         service_fn(move |mut request: hyper::Request<Incoming>| {
             phase.request();
+            let caller = *caller.get_or_init(|| peer.caller());
             request.extensions_mut().insert(ConnectInfo(caller));
             let phase = phase.clone();
             let app = app.clone();
@@ -559,7 +579,8 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_burst_of_a_thousand_connections_waits_in_the_backlog_rather_than_being_dropped() {
+    async fn a_burst_of_a_thousand_connections_waits_in_the_backlog_and_health_answers_beside_them()
+    {
         // 1000 client sockets and 1000 served ones in this process.
         crate::sys::raise_open_files(4096).expect("getrlimit");
         let listener = crate::http::bind_tcp(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
@@ -580,18 +601,38 @@ mod tests {
             stopped,
             "test",
         ));
-        let took = tokio::task::spawn_blocking(move || {
+        let (took, health) = tokio::task::spawn_blocking(move || {
+            use std::io::{Read as _, Write as _};
             let start = Instant::now();
             let open: Vec<std::net::TcpStream> = (0..1000)
-                .map(|_| std::net::TcpStream::connect(addr).expect("connect"))
+                .map(|i| {
+                    let mut stream = std::net::TcpStream::connect(addr).expect("connect");
+                    if i % 2 == 1 {
+                        stream
+                            .write_all(b"GET /health HTTP/1.1\r\nX-Slow: ")
+                            .expect("write");
+                    }
+                    stream
+                })
                 .collect();
             let took = start.elapsed();
+            // At once, beside them: /health.
+            let start = Instant::now();
+            let mut stream = std::net::TcpStream::connect(addr).expect("connect");
+            stream
+                .write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                .expect("write");
+            let mut answer = String::new();
+            stream.read_to_string(&mut answer).expect("read");
+            assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+            let health = start.elapsed();
             drop(open);
-            took
+            (took, health)
         })
         .await
         .expect("connects");
         // A SYN the kernel dropped is sent again only a second later.
         assert!(took < Duration::from_millis(900), "{took:?}");
+        assert!(health < Duration::from_millis(100), "{health:?}");
     }
 }
