@@ -438,7 +438,9 @@ mod tests {
             header_timeout,
             idle_timeout,
         };
-        let listener = TcpListener::bind(("127.0.0.1", 0)).await.expect("bind");
+        let listener = crate::http::bind_tcp(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
+            .await
+            .expect("bind");
         let addr = listener.local_addr().expect("addr");
         let app = Router::new().route("/health", get(|| async { "ok" }));
         let (stop, stopped) = watch::channel(false);
@@ -583,24 +585,7 @@ mod tests {
     {
         // 1000 client sockets and 1000 served ones in this process.
         crate::sys::raise_open_files(4096).expect("getrlimit");
-        let listener = crate::http::bind_tcp(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
-            .await
-            .expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let app = Router::new().route("/health", get(|| async { "ok" }));
-        let (_stop, stopped) = watch::channel(false);
-        let limits = Connections {
-            max_connections: 4096,
-            header_timeout: Duration::from_secs(10),
-            idle_timeout: Duration::from_secs(60),
-        };
-        tokio::spawn(serve_listener(
-            listener,
-            app,
-            Arc::new(limits),
-            stopped,
-            "test",
-        ));
+        let (addr, _stop) = served(4096, Duration::from_secs(10), Duration::from_secs(60)).await;
         let (took, health) = tokio::task::spawn_blocking(move || {
             use std::io::{Read as _, Write as _};
             let start = Instant::now();
