@@ -91,9 +91,11 @@ pub async fn run(config: Config) -> Result<(), AppError> {
         .as_deref()
         .map(http::bind_unix)
         .transpose()?;
-    std::fs::create_dir_all(&config.state_dir).map_err(|source| AppError::StateDir {
-        path: config.state_dir.clone(),
-        source,
+    crate::sys::fsync::create_private_dir(&config.state_dir).map_err(|source| {
+        AppError::StateDir {
+            path: config.state_dir.clone(),
+            source,
+        }
     })?;
     // Held open for tracerd's life: the kernel keeps BPF run-time statistics
     // only while some process holds a BPF_ENABLE_STATS fd.
@@ -154,7 +156,13 @@ pub async fn run(config: Config) -> Result<(), AppError> {
     let limits = Limits {
         body_limit_bytes: usize::try_from(config.body_limit_bytes).unwrap_or(usize::MAX),
         request_timeout: Duration::from_secs(config.request_timeout_secs),
+        request_read_timeout: Duration::from_secs(config.request_read_timeout_secs),
         max_expensive_requests: config.max_expensive_requests as usize,
+    };
+    let connections = http::Connections {
+        max_connections: config.max_connections as usize,
+        header_timeout: Duration::from_secs(config.header_timeout_secs),
+        idle_timeout: Duration::from_secs(config.idle_timeout_secs),
     };
     let operators = Arc::new(http::Operators::named(&config.operators_group));
     if operators.gid.is_none() {
@@ -222,7 +230,7 @@ pub async fn run(config: Config) -> Result<(), AppError> {
             let _ = signalled.send(());
         }
     };
-    let drained = http::serve((tcp, tcp_app), unix, shutdown, grace).await;
+    let drained = http::serve((tcp, tcp_app), unix, connections, shutdown, grace).await;
     let deadline = signalled_at.get().copied().unwrap_or_else(Instant::now) + DETACH_DEADLINE;
     notify(&[sd_notify::NotifyState::Stopping]);
     tracing::info!(drained, "stopping: API closed");

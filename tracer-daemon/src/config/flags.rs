@@ -186,4 +186,16 @@ pub struct Flags {
     /// Seconds the API gets to finish its requests after SIGTERM/SIGINT.
     #[arg(long, env = "TRACERD_SHUTDOWN_GRACE_SECS")]
     pub shutdown_grace_secs: Option<u64>,
+    /// Seconds a request body may pause before the request is answered 408.
+    #[arg(long, env = "TRACERD_REQUEST_READ_TIMEOUT_SECS")]
+    pub request_read_timeout_secs: Option<u64>,
+    /// Seconds from a request's first byte to the end of its headers; then the connection is closed.
+    #[arg(long, env = "TRACERD_HEADER_TIMEOUT_SECS")]
+    pub header_timeout_secs: Option<u64>,
+    /// Seconds a connection may sit with no request in progress and no byte moved; then it is closed.
+    #[arg(long, env = "TRACERD_IDLE_TIMEOUT_SECS")]
+    pub idle_timeout_secs: Option<u64>,
+    /// Connections open at once per listener (TCP, Unix socket); more wait to be accepted.
+    #[arg(long, env = "TRACERD_MAX_CONNECTIONS")]
+    pub max_connections: Option<u32>,
 }

@@ -248,6 +248,21 @@ pub struct Config {
     /// Seconds the API gets to finish its requests after SIGTERM/SIGINT
     /// before they are cut.
     pub shutdown_grace_secs: u64,
+    /// Seconds a request body may pause (no byte arriving) before the
+    /// request is answered 408.
+    pub request_read_timeout_secs: u64,
+    /// Seconds from a request's first byte to the end of its head (request
+    /// line and headers); past it the connection is closed.
+    pub header_timeout_secs: u64,
+    /// Seconds a connection may stay open with no request in progress and
+    /// no byte received or sent (a new one before its first request, a
+    /// kept-alive one between requests, one whose client does not read its
+    /// answer); past it the connection is closed.
+    pub idle_timeout_secs: u64,
+    /// Connections open at once on each listener (TCP, the Unix socket);
+    /// more wait in the kernel's backlog until one closes. Each is a file
+    /// descriptor: the systemd unit's `LimitNOFILE` is above twice this.
+    pub max_connections: u32,
 }
 
 impl Default for Config {
@@ -294,6 +309,10 @@ impl Default for Config {
             body_limit_bytes: 64 * 1024 * 1024,
             max_expensive_requests: 2,
             shutdown_grace_secs: 3,
+            request_read_timeout_secs: 10,
+            header_timeout_secs: 10,
+            idle_timeout_secs: 60,
+            max_connections: 4096,
         }
     }
 }

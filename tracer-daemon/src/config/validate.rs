@@ -173,6 +173,34 @@ impl Config {
             4,
             "0..=4 (stop within 5 s)",
         )?;
+        range(
+            "request_read_timeout_secs",
+            self.request_read_timeout_secs,
+            1,
+            3600,
+            "1..=3600",
+        )?;
+        range(
+            "header_timeout_secs",
+            self.header_timeout_secs,
+            1,
+            3600,
+            "1..=3600",
+        )?;
+        range(
+            "idle_timeout_secs",
+            self.idle_timeout_secs,
+            1,
+            86_400,
+            "1..=86400",
+        )?;
+        range(
+            "max_connections",
+            self.max_connections.into(),
+            1,
+            1 << 20,
+            "1..=1048576 (per listener; each is a file descriptor)",
+        )?;
         if !self.listen.ip().is_loopback() && self.auth_token_file.is_none() {
             return Err(ConfigError::Invalid {
                 field: "listen",

@@ -17,6 +17,10 @@ use crate::service::{NotTracedWhy, Service, ServiceError, Viewer};
 /// Fewest bytes a bearer token may have: shorter ones can be guessed.
 pub const MIN_TOKEN_BYTES: usize = 16;
 
+/// The authentication scheme of a token (`Authorization: Bearer TOKEN`),
+/// compared without regard to case.
+const BEARER: &[u8] = b"Bearer";
+
 /// A bearer token, read from a file.
 #[derive(Clone)]
 pub struct Token(Arc<[u8]>);
@@ -70,15 +74,21 @@ impl Token {
         Ok(Self(Arc::from(token)))
     }
 
-    /// True if the `Authorization` header value is `Bearer <this token>`,
+    /// True if the `Authorization` header value is `Bearer <this token>`:
+    /// the scheme in any case (`Bearer`, `bearer`, `BEARER`: RFC 7235
+    /// makes it case-insensitive), one or more spaces, then the token,
     /// compared in constant time (no timing tells how much matched).
     pub fn admits(&self, authorization: Option<&[u8]>) -> bool {
         let Some(value) = authorization else {
             return false;
         };
-        let Some(given) = value.strip_prefix(b"Bearer ") else {
+        let Some((scheme, rest)) = value.split_at_checked(BEARER.len()) else {
             return false;
         };
+        if !scheme.eq_ignore_ascii_case(BEARER) || rest.first() != Some(&b' ') {
+            return false;
+        }
+        let given = rest.trim_ascii_start();
         bool::from(given.ct_eq(&self.0))
     }
 }
@@ -239,12 +249,23 @@ mod tests {
     }
 
     #[test]
-    fn token_needs_exact_bearer_match() {
+    fn the_bearer_scheme_is_case_insensitive_and_the_token_exact() {
         let t = token();
         assert!(t.admits(Some(b"Bearer 0123456789abcdef-secret")));
         assert!(!t.admits(Some(b"Bearer 0123456789abcdef-secreT")));
         assert!(!t.admits(Some(b"Bearer 0123456789abcdef-secret2")));
-        assert!(!t.admits(Some(b"bearer 0123456789abcdef-secret")));
+        // The scheme is case-insensitive (RFC 7235, section 2.1), the
+        // token is not.
+        for scheme in ["Bearer", "bearer", "BEARER", "bEaReR"] {
+            let value = format!("{scheme} 0123456789abcdef-secret");
+            assert!(t.admits(Some(value.as_bytes())), "{value}");
+        }
+        assert!(t.admits(Some(b"Bearer   0123456789abcdef-secret")));
+        assert!(!t.admits(Some(b"Bearer0123456789abcdef-secret")));
+        assert!(!t.admits(Some(b"Basic 0123456789abcdef-secret")));
+        assert!(!t.admits(Some(b"Bearer 0123456789ABCDEF-SECRET")));
+        assert!(!t.admits(Some(b"Bearer")));
+        assert!(!t.admits(Some(b"Bear")));
         assert!(!t.admits(Some(b"0123456789abcdef-secret")));
         assert!(!t.admits(None));
         assert_eq!(
@@ -266,31 +287,25 @@ pub struct Caller {
     pub gid: Option<u32>,
 }
 
-impl
-    axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, tokio::net::TcpListener>>
-    for Caller
-{
-    fn connect_info(stream: axum::serve::IncomingStream<'_, tokio::net::TcpListener>) -> Self {
-        let remote = *stream.remote_addr();
-        let uid = stream
-            .io()
-            .local_addr()
-            .ok()
-            .filter(|_| remote.ip().is_loopback())
-            .and_then(|local| crate::sys::peer::tcp_peer(local, remote).ok())
+impl Caller {
+    /// The peer of a TCP connection from `remote` to `local`: its user
+    /// when it is on this host (loopback, inet_diag), else nobody known.
+    /// One netlink query, answered at once.
+    pub fn of_tcp(local: std::net::SocketAddr, remote: std::net::SocketAddr) -> Self {
+        let uid = remote
+            .ip()
+            .is_loopback()
+            .then(|| crate::sys::peer::tcp_peer(local, remote).ok())
+            .flatten()
             .map(|peer| peer.uid);
         Self { uid, gid: None }
     }
-}
 
-impl
-    axum::extract::connect_info::Connected<
-        axum::serve::IncomingStream<'_, tokio::net::UnixListener>,
-    > for Caller
-{
-    fn connect_info(stream: axum::serve::IncomingStream<'_, tokio::net::UnixListener>) -> Self {
+    /// The peer of a Unix socket connection (`SO_PEERCRED`): its user and
+    /// group.
+    pub fn of_unix(stream: &tokio::net::UnixStream) -> Self {
         use std::os::fd::AsRawFd as _;
-        match crate::sys::peer::unix_peer(stream.io().as_raw_fd()) {
+        match crate::sys::peer::unix_peer(stream.as_raw_fd()) {
             Ok(peer) => Self {
                 uid: Some(peer.uid),
                 gid: peer.gid,

@@ -3,10 +3,20 @@
 //! naming what is valid. Bodies are JSON `{"error": ..., "hint": ...}`: 400
 //! for a bad parameter or file, 404 for an unknown pid, snapshot, label,
 //! address or route, 409 for a state conflict (tracing stopped, a process
-//! that ended, a snapshot of another target, a label in use).
+//! that ended, a snapshot of another target, a label in use), 507 when the
+//! state directory's filesystem is full.
+//!
+//! Every other error response, whoever made it (axum's own rejections of a
+//! path, query or body it cannot extract, tower-http's 413 and 503), is
+//! given the same JSON shape on its way out by [`json_errors`], keeping
+//! its status and headers.
+use std::time::Duration;
+
 use axum::{
     Json,
-    http::StatusCode,
+    extract::{Request, State, rejection::BytesRejection},
+    http::{StatusCode, header},
+    middleware::Next,
     response::{IntoResponse, Response},
 };
 use serde_json::json;
@@ -14,6 +24,11 @@ use tracer_model::ModelError;
 
 use crate::service::ServiceError;
 use crate::store::StoreError;
+
+/// Marks a response whose body is already an [`ApiError`]'s JSON (a
+/// response extension), so that [`json_errors`] leaves it alone.
+#[derive(Clone, Copy, Debug)]
+struct JsonErrorBody;
 
 /// An error response: status, message, and a hint naming what is valid.
 #[derive(Debug)]
@@ -53,11 +68,133 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (
+        let mut response = (
             self.status,
             Json(json!({"error": self.error, "hint": self.hint})),
         )
-            .into_response()
+            .into_response();
+        response.extensions_mut().insert(JsonErrorBody);
+        response
+    }
+}
+
+/// What [`json_errors`] says in the hints of the errors it reshapes: the
+/// limits in force.
+#[derive(Clone, Debug)]
+pub struct ErrorHints {
+    /// `body_limit_bytes`: the largest request body, in bytes.
+    pub body_limit_bytes: usize,
+    /// `request_timeout_secs`: the time a request may take.
+    pub request_timeout: Duration,
+    /// `request_read_timeout_secs`: the longest pause while a request
+    /// body arrives.
+    pub request_read_timeout: Duration,
+}
+
+/// Longest text of a foreign error body that is kept as the error message;
+/// axum's rejections are one line.
+const FOREIGN_BODY_BYTES: usize = 1024;
+
+/// Middleware: an error response (4xx or 5xx) whose body is not an
+/// [`ApiError`]'s (axum's rejections of a path, query, JSON or body, a
+/// 404 or 405 outside the API's router, tower-http's 413 and request
+/// timeout 503) gets the API's JSON body `{"error", "hint"}`: the error is
+/// its own text when it had one (else the status's reason), the hint says
+/// what is valid. Status and headers (`Allow`, `Retry-After`, ...) are
+/// kept.
+pub async fn json_errors(
+    State(hints): State<std::sync::Arc<ErrorHints>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let response = next.run(request).await;
+    let status = response.status();
+    if !(status.is_client_error() || status.is_server_error())
+        || response.extensions().get::<JsonErrorBody>().is_some()
+    {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    let text = axum::body::to_bytes(body, FOREIGN_BODY_BYTES)
+        .await
+        .ok()
+        .and_then(|bytes| String::from_utf8(bytes.to_vec()).ok())
+        .map(|text| text.trim().to_string())
+        .filter(|text| !text.is_empty());
+    let error = text.unwrap_or_else(|| {
+        status
+            .canonical_reason()
+            .unwrap_or("error")
+            .to_ascii_lowercase()
+    });
+    let reshaped = ApiError::new(status, error, hint_for(status, &hints)).into_response();
+    let (fresh, body) = reshaped.into_parts();
+    parts.headers.remove(header::CONTENT_LENGTH);
+    if let Some(kind) = fresh.headers.get(header::CONTENT_TYPE) {
+        parts.headers.insert(header::CONTENT_TYPE, kind.clone());
+    }
+    parts.extensions.insert(JsonErrorBody);
+    Response::from_parts(parts, body)
+}
+
+/// The hint of an error response that came without one, by status.
+fn hint_for(status: StatusCode, hints: &ErrorHints) -> String {
+    match status {
+        StatusCode::NOT_FOUND | StatusCode::METHOD_NOT_ALLOWED => {
+            super::routes::route_list().to_string()
+        }
+        StatusCode::PAYLOAD_TOO_LARGE => format!(
+            "request bodies are at most {} bytes (body_limit_bytes; POST /snapshots takes a file of up to {} bytes)",
+            hints.body_limit_bytes,
+            super::handlers::snapshots::MAX_UPLOAD_BYTES,
+        ),
+        StatusCode::REQUEST_TIMEOUT => format!(
+            "send the request body without a pause of {} s or more (request_read_timeout_secs)",
+            hints.request_read_timeout.as_secs_f64()
+        ),
+        StatusCode::SERVICE_UNAVAILABLE => format!(
+            "the request took longer than {} s (request_timeout_secs): ask for less (limit=, filters) or retry",
+            hints.request_timeout.as_secs_f64()
+        ),
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => {
+            "send the body a route takes (docs/api.md): a snapshot file to POST /snapshots, no body elsewhere".into()
+        }
+        s if s.is_server_error() => "see tracerd's log".into(),
+        _ => "paths are like /pid/1234/statistics, parameters as docs/api.md lists them; GET /health answers when tracerd is up".into(),
+    }
+}
+
+impl From<BytesRejection> for ApiError {
+    /// A request body that could not be read: 413 past the body limit,
+    /// 408 when it paused longer than `request_read_timeout_secs`, else
+    /// 400.
+    fn from(rejection: BytesRejection) -> Self {
+        let timed_out = {
+            let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&rejection);
+            let mut found = false;
+            while let Some(err) = cause {
+                if err.is::<tower_http::timeout::TimeoutError>() {
+                    found = true;
+                    break;
+                }
+                cause = err.source();
+            }
+            found
+        };
+        if timed_out {
+            return Self::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "the request body stopped arriving",
+                "send the request body without pausing longer than request_read_timeout_secs",
+            );
+        }
+        let status = rejection.status();
+        let hint = if status == StatusCode::PAYLOAD_TOO_LARGE {
+            "the body is larger than the route takes (body_limit_bytes; POST /snapshots takes files up to 1 GiB)"
+        } else {
+            "the request body could not be read; send it whole, with a correct Content-Length or chunked encoding"
+        };
+        Self::new(status, rejection.body_text(), hint)
     }
 }
 
@@ -90,6 +227,10 @@ impl From<StoreError> for ApiError {
                 StatusCode::BAD_REQUEST,
                 "a label is 1 to 64 of A-Z a-z 0-9 . _ : - and not all digits",
             ),
+            StoreError::Io { source, .. } if is_full(source) => (
+                StatusCode::INSUFFICIENT_STORAGE,
+                "the filesystem of tracerd's state directory (state_dir) is full: free space there, or delete stored snapshots (DELETE /snapshots/{id}); the snapshot was not stored",
+            ),
             StoreError::Io { .. } => (
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "tracerd could not write its state directory; see its log and the disk",
@@ -97,6 +238,15 @@ impl From<StoreError> for ApiError {
         };
         Self::new(status, err.to_string(), hint)
     }
+}
+
+/// Whether a write failed for want of space: the filesystem is full
+/// (ENOSPC) or the user's quota is (EDQUOT).
+fn is_full(err: &std::io::Error) -> bool {
+    matches!(
+        err.kind(),
+        std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+    )
 }
 
 impl From<ServiceError> for ApiError {
@@ -210,6 +360,33 @@ mod tests {
                 409,
             ),
             (StoreError::LabelNotFound { label: "a".into() }.into(), 404),
+            (
+                StoreError::Io {
+                    action: "writing",
+                    path: "/var/lib/tracer/snapshots/.1.tsnap.7.tmp".into(),
+                    source: std::io::Error::from_raw_os_error(libc::ENOSPC),
+                }
+                .into(),
+                507,
+            ),
+            (
+                StoreError::Io {
+                    action: "writing",
+                    path: "/var/lib/tracer/snapshots/.1.tsnap.7.tmp".into(),
+                    source: std::io::Error::from_raw_os_error(libc::EDQUOT),
+                }
+                .into(),
+                507,
+            ),
+            (
+                StoreError::Io {
+                    action: "writing",
+                    path: "/var/lib/tracer/snapshots/.1.tsnap.7.tmp".into(),
+                    source: std::io::Error::from_raw_os_error(libc::EIO),
+                }
+                .into(),
+                500,
+            ),
             (ModelError::CumulativeTraceback.into(), 400),
             (
                 ServiceError::Model(ModelError::CumulativeTraceback).into(),

@@ -1,5 +1,6 @@
 //! Limits around every route: request body size (413), a per-request
-//! timeout (503), a concurrency limit on expensive routes (429), and the
+//! timeout (503), a pause in a request body (408), a concurrency limit on
+//! expensive routes (429), and the
 //! validation of every request's path before any route sees it (400).
 use std::{sync::Arc, time::Duration};
 
@@ -21,6 +22,8 @@ pub struct Limits {
     pub body_limit_bytes: usize,
     /// Time a request may take (503 beyond).
     pub request_timeout: Duration,
+    /// Longest pause while a request body arrives (408 beyond).
+    pub request_read_timeout: Duration,
     /// Expensive requests served at once (429 beyond).
     pub max_expensive_requests: usize,
 }

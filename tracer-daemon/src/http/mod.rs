@@ -7,7 +7,8 @@
 //! - [`params`]: query and path parsing (400s that name the valid values).
 //! - [`render`]: JSON and tracemalloc's text.
 //! - [`error`]: every error to its status, in one place.
-//! - [`server`], [`limits`], [`auth`]: listeners, limits, bearer tokens.
+//! - [`server`], [`connections`], [`limits`], [`auth`]: listeners and
+//!   their connections, limits, bearer tokens.
 //!
 //! Statistics, compare and traces routes exist per process
 //! (`/pid/{pid}/...`), system-wide (`/statistics`, every traced process, one
@@ -15,6 +16,7 @@
 //! take the filters of `Snapshot.filter_traces()`. The table of routes with
 //! every parameter is `docs/api.md`.
 pub mod auth;
+pub mod connections;
 pub mod error;
 pub mod handlers;
 pub mod limits;
@@ -23,7 +25,11 @@ pub mod render;
 pub mod routes;
 pub mod server;
 
+#[cfg(test)]
+mod tests;
+
 pub use auth::{Caller, Operators, Token};
+pub use connections::Connections;
 pub use error::ApiError;
 pub use limits::Limits;
 pub use routes::api_router;

@@ -57,9 +57,14 @@ impl Params {
         let mut map: HashMap<String, Vec<String>> = HashMap::new();
         for (name, value) in form_urlencoded::parse(raw.unwrap_or("").as_bytes()) {
             if !allowed.contains(&name.as_ref()) {
+                let valid = if allowed.is_empty() {
+                    "none (this route takes no query parameters)".to_string()
+                } else {
+                    allowed.join(", ")
+                };
                 return Err(ApiError::bad(
                     format!("unknown parameter {name:?}"),
-                    format!("valid parameters: {}", allowed.join(", ")),
+                    format!("valid parameters: {valid}"),
                 ));
             }
             let values = map.entry(name.to_string()).or_default();
@@ -350,18 +355,29 @@ fn parse_filter(name: &str, value: &str) -> Result<(String, Option<u32>, Option<
     Ok((rest.to_string(), lineno, domain))
 }
 
-/// A positive pid from a path segment.
+/// A pid from a path segment or a parameter, written as the kernel writes
+/// it: `[1-9][0-9]*`, at most 4294967295. `+1`, `01`, `0` and anything
+/// else are refused, so that one process has one spelling.
 ///
 /// # Errors
 /// 400 naming the valid form.
 pub fn parse_pid(raw: &str) -> Result<u32, ApiError> {
-    match raw.parse::<u32>() {
-        Ok(pid) if pid > 0 => Ok(pid),
-        _ => Err(ApiError::bad(
+    pid_of(raw).ok_or_else(|| {
+        ApiError::bad(
             format!("invalid pid {raw:?}"),
-            "pid is a positive integer, e.g. /pid/1234; GET /processes lists them",
-        )),
+            "pid is a positive integer without sign or leading zeros (1 to 4294967295), e.g. /pid/1234; GET /processes lists them",
+        )
+    })
+}
+
+/// `raw` as a pid: `[1-9][0-9]*` within u32.
+fn pid_of(raw: &str) -> Option<u32> {
+    let mut bytes = raw.bytes();
+    let first = bytes.next()?;
+    if !(b'1'..=b'9').contains(&first) || !bytes.all(|b| b.is_ascii_digit()) {
+        return None;
     }
+    raw.parse::<u32>().ok()
 }
 
 /// A snapshot reference from a path or parameter: an id (digits) or a
@@ -485,17 +501,9 @@ pub fn parse_scope(query: Option<&str>) -> Result<Scope, ApiError> {
     let mut scope = Scope::default();
     for (name, value) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
         match name.as_ref() {
-            "pid" => match value.parse::<u32>() {
-                Ok(pid) if pid > 0 => {
-                    scope.pids.insert(pid);
-                }
-                _ => {
-                    return Err(bad(
-                        format!("invalid pid {value:?}"),
-                        "pid is a positive integer",
-                    ));
-                }
-            },
+            "pid" => {
+                scope.pids.insert(parse_pid(&value)?);
+            }
             "exe" => {
                 scope.exes.insert(PathBuf::from(value.as_ref()));
             }

@@ -11,12 +11,17 @@ use std::{
 
 use axum::{Router, extract::DefaultBodyLimit, http::StatusCode, middleware, routing::get};
 use tokio::{
-    net::{TcpListener, UnixListener},
+    net::{TcpListener, TcpSocket, UnixListener, UnixSocket},
     sync::{Semaphore, watch},
 };
-use tower_http::{limit::RequestBodyLimitLayer, timeout::TimeoutLayer};
+use tower_http::{
+    limit::RequestBodyLimitLayer,
+    timeout::{RequestBodyTimeoutLayer, TimeoutLayer},
+};
 
-use super::auth::{Caller, Operators, Token, authenticate, authorize};
+use super::auth::{Operators, Token, authenticate, authorize};
+use super::connections::{Connections, serve_listener};
+use super::error::{ErrorHints, json_errors};
 use super::handlers::metrics::{scrape, track_requests};
 use super::limits::{Limits, limit_expensive, validate_request};
 use super::routes::METRICS_PATH;
@@ -53,9 +58,10 @@ pub enum ServerError {
 }
 
 /// The whole HTTP surface: `api` (the API's routes) and `/metrics`, wrapped
-/// in request counting, path validation, authentication (when `token` is
-/// given), the operators' rule for changes (`operators`), the body limit,
-/// the timeout and the concurrency limit.
+/// in request counting, the JSON shape of every error ([`json_errors`]),
+/// path validation, authentication (when `token` is given), the
+/// operators' rule for changes (`operators`), the body limit, the timeout
+/// and the request body's read timeout (408) and the concurrency limit.
 pub fn app(
     api: Router,
     metrics: Arc<Metrics>,
@@ -77,23 +83,65 @@ pub fn app(
         ))
         .layer(DefaultBodyLimit::max(limits.body_limit_bytes))
         .layer(RequestBodyLimitLayer::new(limits.body_limit_bytes))
+        .layer(RequestBodyTimeoutLayer::new(limits.request_read_timeout))
         .layer(middleware::from_fn_with_state(operators, authorize));
     if let Some(token) = token {
         router = router.layer(middleware::from_fn_with_state(token, authenticate));
     }
+    let hints = Arc::new(ErrorHints {
+        body_limit_bytes: limits.body_limit_bytes,
+        request_timeout: limits.request_timeout,
+        request_read_timeout: limits.request_read_timeout,
+    });
     router
         .layer(middleware::from_fn(validate_request))
+        .layer(middleware::from_fn_with_state(hints, json_errors))
         .layer(middleware::from_fn_with_state(metrics, track_requests))
 }
 
-/// Binds the TCP listener.
+/// File descriptors tracerd needs besides its connections: probes (a perf
+/// event each), maps, programs, the files it reads.
+const OTHER_FILES: usize = 2048;
+
+/// Makes room for `connections` open at once (raising the soft limit of
+/// open files if it can), and warns when there is not: past the limit,
+/// accepting pauses until a connection closes.
+fn check_open_files(connections: usize) {
+    let wanted = connections.saturating_add(OTHER_FILES);
+    match crate::sys::raise_open_files(u64::try_from(wanted).unwrap_or(u64::MAX)) {
+        Ok(limit) if limit >= wanted as u64 => {}
+        Ok(limit) => tracing::warn!(
+            limit,
+            wanted,
+            "the open files limit is below max_connections on every listener and tracerd's own files: raise LimitNOFILE (ulimit -n) or lower max_connections"
+        ),
+        Err(err) => tracing::debug!(err = %err, "cannot read the open files limit"),
+    }
+}
+
+/// Connections the kernel holds for a listener until tracerd accepts them
+/// (capped by `net.core.somaxconn`). tokio's default, 128, drops the SYNs
+/// of a burst beyond it, and their clients retry only a second later: a
+/// thousand connections at once took 4 s to open. With this, a burst
+/// waits in the kernel instead.
+pub const LISTEN_BACKLOG: u32 = 4096;
+
+/// Binds the TCP listener, with a backlog of [`LISTEN_BACKLOG`].
 ///
 /// # Errors
 /// [`ServerError::Bind`].
 pub async fn bind_tcp(addr: std::net::SocketAddr) -> Result<TcpListener, ServerError> {
-    TcpListener::bind(addr)
-        .await
-        .map_err(|source| ServerError::Bind { addr, source })
+    let bind = || {
+        let socket = if addr.is_ipv4() {
+            TcpSocket::new_v4()
+        } else {
+            TcpSocket::new_v6()
+        }?;
+        socket.set_reuseaddr(true)?;
+        socket.bind(addr)?;
+        socket.listen(LISTEN_BACKLOG)
+    };
+    bind().map_err(|source| ServerError::Bind { addr, source })
 }
 
 /// Creates the Unix socket at `path` with mode 0666: every local user may
@@ -119,48 +167,44 @@ pub fn bind_unix(path: &Path) -> Result<UnixListener, ServerError> {
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent).map_err(|e| err(format!("creating its directory: {e}")))?;
     }
-    let listener = UnixListener::bind(path).map_err(|e| err(e.to_string()))?;
+    let listener = UnixSocket::new_stream()
+        .and_then(|socket| {
+            socket.bind(path)?;
+            socket.listen(LISTEN_BACKLOG)
+        })
+        .map_err(|e| err(e.to_string()))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))
         .map_err(|e| err(format!("chmod 0666: {e}")))?;
     Ok(listener)
 }
 
-/// Serves `tcp` (and `unix`) until `shutdown` completes, then stops taking
-/// connections and gives the requests in flight `grace` to finish before
-/// cutting them. Returns whether every request finished in time.
+/// Serves `tcp` (and `unix`) until `shutdown` completes, each listener
+/// within `connections` (its own count of open connections, the idle and
+/// header timeouts: [`super::connections`]), then stops taking connections
+/// and gives the requests in flight `grace` to finish before cutting them.
+/// Returns whether every request finished in time.
 pub async fn serve(
     tcp: (TcpListener, Router),
     unix: Option<(UnixListener, Router)>,
+    connections: Connections,
     shutdown: impl Future<Output = ()>,
     grace: Duration,
 ) -> bool {
     let (stop, stopped) = watch::channel(false);
-    let wait = |mut rx: watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|stop| *stop).await;
-    };
+    let listeners = if unix.is_some() { 2 } else { 1 };
+    check_open_files(listeners * connections.max_connections);
+    let connections = Arc::new(connections);
     let mut tasks = tokio::task::JoinSet::new();
     let (listener, app) = tcp;
-    let tcp_server = axum::serve(
+    tasks.spawn(serve_listener(
         listener,
-        app.into_make_service_with_connect_info::<Caller>(),
-    )
-    .with_graceful_shutdown(wait(stopped.clone()));
-    tasks.spawn(async move {
-        if let Err(err) = tcp_server.await {
-            tracing::error!(err = %err, "the TCP listener failed");
-        }
-    });
+        app,
+        connections.clone(),
+        stopped.clone(),
+        "tcp",
+    ));
     if let Some((listener, app)) = unix {
-        let unix_server = axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<Caller>(),
-        )
-        .with_graceful_shutdown(wait(stopped));
-        tasks.spawn(async move {
-            if let Err(err) = unix_server.await {
-                tracing::error!(err = %err, "the Unix socket listener failed");
-            }
-        });
+        tasks.spawn(serve_listener(listener, app, connections, stopped, "unix"));
     }
     tokio::select! {
         () = shutdown => {}
@@ -237,6 +281,7 @@ mod tests {
         Limits {
             body_limit_bytes: 1024,
             request_timeout: Duration::from_secs(30),
+            request_read_timeout: Duration::from_secs(10),
             max_expensive_requests: 1,
         }
     }
@@ -317,14 +362,24 @@ mod tests {
             ..limits()
         };
         let app = slow_app(&limits, None, gate, Arc::new(AtomicUsize::new(0)));
-        let got = status(
-            &app,
-            Request::get("/pid/1/statistics")
-                .body(Body::empty())
-                .expect("must succeed"),
-        )
-        .await;
-        assert_eq!(got, StatusCode::SERVICE_UNAVAILABLE);
+        let response = app
+            .oneshot(
+                Request::get("/pid/1/statistics")
+                    .body(Body::empty())
+                    .expect("must succeed"),
+            )
+            .await
+            .expect("must succeed");
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let body = axum::body::to_bytes(response.into_body(), 4096)
+            .await
+            .expect("body");
+        let body: serde_json::Value = serde_json::from_slice(&body).expect("a JSON error");
+        assert_eq!(body["error"], "service unavailable");
+        assert_eq!(
+            body["hint"],
+            "the request took longer than 0.05 s (request_timeout_secs): ask for less (limit=, filters) or retry"
+        );
     }
 
     #[tokio::test]
@@ -413,9 +468,15 @@ mod tests {
             .expect("bind");
         let addr = listener.local_addr().expect("addr");
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let connections = Connections {
+            max_connections: 16,
+            header_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+        };
         let server = tokio::spawn(serve(
             (listener, app),
             None,
+            connections,
             async move {
                 let _ = stopped.await;
             },

@@ -2,7 +2,6 @@
 //! the store's metadata in its header, and `next-id`, the reservation of
 //! ids. Reading is strict: a file that does not decode is refused whole.
 use std::{
-    fs,
     path::{Path, PathBuf},
     sync::Arc,
     time::{Duration, SystemTime},
@@ -14,6 +13,7 @@ use tracer_model::{Completeness, decode};
 use super::Entry;
 use super::stored::{SnapshotInfo, SnapshotKind, StoredSnapshot, check_label};
 use crate::snapshot::AllocatorFrames;
+use crate::sys::fsync::read_regular;
 use crate::sys::unix_ms;
 
 /// File name suffix of a stored snapshot.
@@ -47,7 +47,7 @@ pub(super) fn meta_of(entry: &Entry) -> Value {
 }
 
 pub(super) fn read_snapshot_file(path: &Path, stem: &str) -> Result<Entry, String> {
-    let bytes = fs::read(path).map_err(|e| format!("cannot read it: {e}"))?;
+    let bytes = read_regular(path).map_err(|e| format!("cannot read it: {e}"))?;
     let decoded = decode(&bytes).map_err(|e| e.to_string())?;
     let meta = &decoded.meta;
     let field = |name: &str| meta.get(name).and_then(Value::as_u64);
@@ -116,9 +116,13 @@ pub(super) fn read_snapshot_file(path: &Path, stem: &str) -> Result<Entry, Strin
     })
 }
 
+/// The id reservation in `path` (0 when there is none or it is not a
+/// regular file holding a number: the ids of the files present still
+/// count, see `SnapshotStore::open`).
 pub(super) fn read_next_id(path: &Path) -> u64 {
-    fs::read_to_string(path)
+    read_regular(path)
         .ok()
+        .and_then(|bytes| String::from_utf8(bytes).ok())
         .and_then(|t| t.trim().parse().ok())
         .unwrap_or(0)
 }

@@ -8,8 +8,11 @@
 //! rename over the final name, fsync of the directory. So after any crash
 //! (SIGKILL, power loss) each file is either the whole old version or the
 //! whole new one. At start every file is read back; a file that does not
-//! decode is reported (see [`SnapshotStore::unreadable`]) and left where it
-//! is, and the others load normally.
+//! decode, or is not a regular file (a FIFO would block the read forever),
+//! is reported (see [`SnapshotStore::unreadable`]), logged and left where
+//! it is, its id stays reserved, and the others load normally. The
+//! directory is created 0700 and its files 0600
+//! ([`crate::sys::fsync`]).
 //!
 //! Automatic snapshots (kind `auto`, taken every interval of every traced
 //! process) stay in memory for their retention: after a restart the kernel's
@@ -30,7 +33,7 @@ use serde::Serialize;
 use tracer_model::encode;
 
 use crate::capture::ImageId;
-use crate::sys::fsync::{WriteError, sync_dir, write_atomically};
+use crate::sys::fsync::{WriteError, create_private_dir, sync_dir, write_atomically};
 
 mod files;
 mod stored;
@@ -103,6 +106,19 @@ impl From<WriteError> for StoreError {
     }
 }
 
+/// A write to the state directory that failed, logged (as an error, with
+/// the file: a full disk must show in the log, not only in one client's
+/// answer) and turned into [`StoreError::Io`].
+fn failed_write(err: WriteError) -> StoreError {
+    tracing::error!(
+        target = %err.path.display(),
+        action = err.action,
+        err = %err.source,
+        "cannot write to the state directory: the snapshot is not stored"
+    );
+    err.into()
+}
+
 fn io<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> StoreError + 'a {
     move |source| StoreError::Io {
         action,
@@ -158,7 +174,7 @@ impl SnapshotStore {
     /// the id file cannot be written.
     pub fn open(state_dir: &Path) -> Result<Self, StoreError> {
         let dir = state_dir.join("snapshots");
-        fs::create_dir_all(&dir).map_err(io("creating", &dir))?;
+        create_private_dir(&dir).map_err(io("creating", &dir))?;
         let mut store = Self {
             dir: Some(dir.clone()),
             ..Self::default()
@@ -181,6 +197,12 @@ impl SnapshotStore {
             let Some(stem) = name.strip_suffix(&format!(".{SNAPSHOT_SUFFIX}")) else {
                 continue;
             };
+            // The id its name claims stays reserved whether or not the file
+            // reads back: a refused file is left for inspection, and a new
+            // snapshot must never be written over it.
+            if let Ok(id) = stem.parse::<u64>() {
+                max_id = max_id.max(id);
+            }
             match read_snapshot_file(&path, stem) {
                 Ok(entry) => {
                     max_id = max_id.max(entry.stored.id);
@@ -219,7 +241,8 @@ impl SnapshotStore {
             && id > self.reserved
         {
             let reserved = self.next_id + ID_BLOCK;
-            write_atomically(&dir.join("next-id"), format!("{reserved}\n").as_bytes())?;
+            write_atomically(&dir.join("next-id"), format!("{reserved}\n").as_bytes())
+                .map_err(failed_write)?;
             self.reserved = reserved;
         }
         self.next_id = id;
@@ -295,7 +318,7 @@ impl SnapshotStore {
     fn persist(&self, entry: &mut Entry) -> Result<(), StoreError> {
         if let Some(dir) = &self.dir {
             let bytes = encode(&entry.stored.snapshot, &meta_of(entry));
-            write_atomically(&file_of(dir, entry.stored.id), &bytes)?;
+            write_atomically(&file_of(dir, entry.stored.id), &bytes).map_err(failed_write)?;
             entry.persisted = true;
         }
         Ok(())

@@ -293,3 +293,93 @@ fn how_allocator_frames_were_treated_survives_a_reopen() {
     assert_eq!(store.summary(unknown).unwrap().allocator_frames, None);
     let _ = fs::remove_dir_all(&dir);
 }
+
+/// Stores a taken snapshot of pid 5; returns its id.
+fn take(store: &mut SnapshotStore) -> u64 {
+    store
+        .add(stored(5, 1), SnapshotInfo::new(SnapshotKind::Taken, None))
+        .unwrap()
+}
+
+/// `SnapshotStore::open` on `dir` in a thread: fails the test, rather than
+/// hanging it, if the open does not return within 10 s.
+fn open_within_10s(dir: &Path) -> SnapshotStore {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let dir = dir.to_path_buf();
+    std::thread::spawn(move || {
+        let _ = tx.send(SnapshotStore::open(&dir));
+    });
+    rx.recv_timeout(Duration::from_secs(10))
+        .expect("the store opened within 10 s")
+        .unwrap()
+}
+
+#[test]
+fn a_fifo_named_as_a_snapshot_is_refused_without_blocking_and_its_id_stays_reserved() {
+    let dir = temp_dir("fifo");
+    let mut store = SnapshotStore::open(&dir).unwrap();
+    take(&mut store);
+    drop(store);
+    let fifo = dir.join("snapshots/7.tsnap");
+    let name = std::ffi::CString::new(fifo.clone().into_os_string().into_encoded_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path that lives for the call.
+    assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o600) }, 0);
+    // A FIFO in place of the id reservation must not block either.
+    fs::remove_file(dir.join("snapshots/next-id")).unwrap();
+    let next = std::ffi::CString::new(
+        dir.join("snapshots/next-id")
+            .into_os_string()
+            .into_encoded_bytes(),
+    )
+    .unwrap();
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::mkfifo(next.as_ptr(), 0o600) }, 0);
+
+    let mut store = open_within_10s(&dir);
+    let ids: Vec<u64> = store.summaries().iter().map(|s| s.id).collect();
+    assert_eq!(ids, [1]);
+    assert_eq!(
+        store.unreadable(),
+        [Unreadable {
+            path: fifo.clone(),
+            error: "cannot read it: not a regular file (a FIFO)".into(),
+        }]
+    );
+    let _ = fs::remove_file(dir.join("snapshots/next-id"));
+    let id = take(&mut store);
+    assert_eq!(id, 8, "the FIFO's id 7 is not handed out again");
+    let _ = fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_refused_files_id_is_never_handed_out_so_the_file_is_never_overwritten() {
+    let dir = temp_dir("refused-id");
+    let mut store = SnapshotStore::open(&dir).unwrap();
+    take(&mut store);
+    drop(store);
+    // A file tracerd cannot read (from a newer version, or damaged), and
+    // no reservation that covers its id (lost with a disk, or restored
+    // from a backup taken before it).
+    let refused = dir.join("snapshots/2.tsnap");
+    fs::write(&refused, b"not a snapshot").unwrap();
+    fs::remove_file(dir.join("snapshots/next-id")).unwrap();
+    let mut store = SnapshotStore::open(&dir).unwrap();
+    assert_eq!(store.unreadable().len(), 1);
+    let id = take(&mut store);
+    assert_eq!(id, 3);
+    assert_eq!(fs::read(&refused).unwrap(), b"not a snapshot");
+    let _ = fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_snapshot_directory_is_0700_and_its_files_0600() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = temp_dir("modes");
+    let mut store = SnapshotStore::open(&dir).unwrap();
+    let id = take(&mut store);
+    let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&dir.join("snapshots")), 0o700);
+    assert_eq!(mode(&dir.join(format!("snapshots/{id}.tsnap"))), 0o600);
+    assert_eq!(mode(&dir.join("snapshots/next-id")), 0o600);
+    let _ = fs::remove_dir_all(&dir);
+}

@@ -3,11 +3,23 @@
 //! temporary file in the same directory, which is fsynced, renamed over the
 //! final name, and the directory fsynced: after any crash (SIGKILL, power
 //! loss) the file is either the whole old version or the whole new one.
+//!
+//! tracerd's state is its own: files are created 0600 and directories 0700
+//! whatever the umask (under systemd the unit's `UMask=0077` gives the
+//! same), and a file is read back only if it is a regular one
+//! ([`read_regular`]): a FIFO or device in the state directory must not
+//! hang the start.
 use std::{
-    fs::{self, File},
-    io::Write as _,
+    fs::{self, File, OpenOptions},
+    io::{Read as _, Write as _},
+    os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _},
     path::{Path, PathBuf},
 };
+
+/// Mode of every file tracerd creates in its state directory.
+pub const FILE_MODE: u32 = 0o600;
+/// Mode of every directory tracerd creates for its state.
+pub const DIR_MODE: u32 = 0o700;
 
 /// A step of an atomic write that failed.
 #[derive(Debug, thiserror::Error)]
@@ -43,7 +55,13 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), WriteError> {
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
     let temp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
     let result = (|| {
-        let mut file = File::create(&temp).map_err(step("creating", &temp))?;
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(FILE_MODE)
+            .open(&temp)
+            .map_err(step("creating", &temp))?;
         file.write_all(bytes).map_err(step("writing", &temp))?;
         file.sync_all().map_err(step("syncing", &temp))?;
         drop(file);
@@ -64,6 +82,69 @@ pub fn sync_dir(dir: &Path) -> Result<(), WriteError> {
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(step("syncing", dir))
+}
+
+/// Creates `dir` and any missing parent with mode [`DIR_MODE`] (less the
+/// umask); an existing directory is left as it is.
+///
+/// # Errors
+/// What the OS said.
+pub fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(DIR_MODE)
+        .create(dir)
+}
+
+/// Reads the whole of `path` if it is a regular file. It is opened without
+/// blocking and without following a symbolic link, and its type is checked
+/// on the open file: a FIFO, socket, device or link is refused with
+/// [`std::io::ErrorKind::InvalidInput`] before anything is read from it.
+///
+/// # Errors
+/// What the OS said, or InvalidInput naming the file's type.
+pub fn read_regular(path: &Path) -> std::io::Result<Vec<u8>> {
+    let mut file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|e| {
+            if e.raw_os_error() == Some(libc::ELOOP) {
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    "a symbolic link, not a regular file",
+                )
+            } else {
+                e
+            }
+        })?;
+    let kind = file.metadata()?.file_type();
+    if !kind.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("not a regular file (a {})", type_name(kind)),
+        ));
+    }
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
+fn type_name(kind: fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt as _;
+    if kind.is_fifo() {
+        "FIFO"
+    } else if kind.is_socket() {
+        "socket"
+    } else if kind.is_char_device() {
+        "character device"
+    } else if kind.is_block_device() {
+        "block device"
+    } else if kind.is_dir() {
+        "directory"
+    } else {
+        "special file"
+    }
 }
 
 #[cfg(test)]
@@ -88,6 +169,57 @@ mod tests {
         assert_eq!(names, vec![std::ffi::OsString::from("record.json")]);
         let err = write_atomically(&dir.join("missing/x"), b"x").unwrap_err();
         assert_eq!(err.action, "creating");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn mode(path: &Path) -> u32 {
+        use std::os::unix::fs::PermissionsExt as _;
+        fs::metadata(path).unwrap().permissions().mode() & 0o777
+    }
+
+    #[test]
+    fn state_is_created_0700_and_0600_whatever_the_umask() {
+        let dir = std::env::temp_dir().join(format!("tracer-private-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        // SAFETY: umask only changes this process's file creation mask: a
+        // shell's usual 022, under which files came out 0644 and 0755.
+        let old = unsafe { libc::umask(0o022) };
+        let made = create_private_dir(&dir.join("state/snapshots"));
+        let written = made.and_then(|()| {
+            write_atomically(&dir.join("state/record.json"), b"{}").map_err(|e| e.source)
+        });
+        // SAFETY: as above, restoring the mask.
+        unsafe { libc::umask(old) };
+        written.unwrap();
+        assert_eq!(mode(&dir.join("state")), 0o700);
+        assert_eq!(mode(&dir.join("state/snapshots")), 0o700);
+        assert_eq!(mode(&dir.join("state/record.json")), 0o600);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn only_regular_files_are_read_and_a_fifo_does_not_block() {
+        let dir = std::env::temp_dir().join(format!("tracer-regular-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("plain"), b"bytes").unwrap();
+        assert_eq!(read_regular(&dir.join("plain")).unwrap(), b"bytes");
+        let fifo =
+            std::ffi::CString::new(dir.join("fifo").into_os_string().into_encoded_bytes()).unwrap();
+        // SAFETY: a NUL-terminated path that lives for the call.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        let err = read_regular(&dir.join("fifo")).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+        assert_eq!(err.to_string(), "not a regular file (a FIFO)");
+        std::os::unix::fs::symlink(dir.join("plain"), dir.join("link")).unwrap();
+        assert_eq!(
+            read_regular(&dir.join("link")).unwrap_err().to_string(),
+            "a symbolic link, not a regular file"
+        );
+        assert_eq!(
+            read_regular(&dir).unwrap_err().to_string(),
+            "not a regular file (a directory)"
+        );
         fs::remove_dir_all(&dir).unwrap();
     }
 }

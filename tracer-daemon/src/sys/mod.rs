@@ -23,3 +23,35 @@ pub fn unix_ms(at: std::time::SystemTime) -> u64 {
         .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
         .unwrap_or(0)
 }
+
+/// Raises this process's soft limit of open files (`RLIMIT_NOFILE`)
+/// towards `wanted`, as far as its hard limit allows; returns the soft
+/// limit in force afterwards. Under systemd the unit's `LimitNOFILE` sets
+/// it (and its seccomp filter refuses `setrlimit`: then the limit is
+/// simply kept); a shell's usual 1024 is raised here.
+///
+/// # Errors
+/// What `getrlimit` said.
+pub fn raise_open_files(wanted: u64) -> std::io::Result<u64> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: a valid rlimit struct, written by the call.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut limit) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if limit.rlim_cur >= wanted {
+        return Ok(limit.rlim_cur);
+    }
+    let raised = libc::rlimit {
+        rlim_cur: wanted.min(limit.rlim_max),
+        rlim_max: limit.rlim_max,
+    };
+    // SAFETY: a valid rlimit struct for the call's duration.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raw const raised) } == 0 {
+        Ok(raised.rlim_cur)
+    } else {
+        Ok(limit.rlim_cur)
+    }
+}

@@ -3,20 +3,27 @@
 use std::{sync::Arc, time::Instant};
 
 use axum::{
-    extract::{MatchedPath, Request, State},
+    extract::{MatchedPath, RawQuery, Request, State},
     http::{HeaderValue, header},
     middleware::Next,
     response::{IntoResponse, Response},
 };
 
-use crate::http::{ApiError, blocking};
+use crate::http::{ApiError, blocking, params::Params};
 use crate::metrics::{CONTENT_TYPE, Metrics};
 use crate::service::Viewer;
 
 /// `GET /metrics`: every metric, the per-process series for operators (or
 /// anyone with `metrics_public`) only (reads the service: blocks, so off
 /// the async threads).
-pub async fn scrape(State(metrics): State<Arc<Metrics>>, viewer: Viewer) -> Response {
+pub async fn scrape(
+    State(metrics): State<Arc<Metrics>>,
+    viewer: Viewer,
+    RawQuery(query): RawQuery,
+) -> Response {
+    if let Err(err) = Params::parse(query.as_deref(), &[]) {
+        return err.into_response();
+    }
     let encoded = blocking(move || {
         metrics.encode(viewer.is_operator()).map_err(|_| {
             ApiError::new(

@@ -8,7 +8,7 @@ use axum::{
     response::{IntoResponse, Response},
 };
 
-use crate::http::params::parse_scope;
+use crate::http::params::{Params, parse_scope};
 use crate::http::{ApiError, blocking};
 use crate::service::{Service, Viewer};
 
@@ -16,7 +16,9 @@ use crate::service::{Service, Viewer};
 pub async fn get_scope(
     State(service): State<Arc<Service>>,
     viewer: Viewer,
+    RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
+    Params::parse(query.as_deref(), &[])?;
     let view = blocking(move || Ok::<_, ApiError>(service.scope(viewer))).await?;
     Ok(Json(view).into_response())
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use axum::{
     Json,
     body::Bytes,
-    extract::{Path, RawQuery, State},
+    extract::{Path, RawQuery, State, rejection::BytesRejection},
     http::{HeaderValue, StatusCode, header},
     response::{IntoResponse, Response},
 };
@@ -113,8 +113,10 @@ pub async fn post_snapshots(
     State(service): State<Arc<Service>>,
     viewer: Viewer,
     RawQuery(query): RawQuery,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
+    // Its own error (413, 408, 400) rather than axum's text.
+    let body = body?;
     let params = Params::parse(query.as_deref(), &["label", "format", ALLOCATOR_FRAMES])?;
     let label = params.label()?.flatten();
     let tracemalloc = file_format(&params)?;

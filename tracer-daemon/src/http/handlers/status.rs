@@ -14,7 +14,11 @@ use crate::http::{ApiError, blocking, params::Params, params::parse_pid};
 use crate::service::{Service, Viewer};
 
 /// `GET /health`: readiness, what is probed.
-pub async fn health(State(service): State<Arc<Service>>) -> Result<Response, ApiError> {
+pub async fn health(
+    State(service): State<Arc<Service>>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    Params::parse(query.as_deref(), &[])?;
     let health = blocking(move || Ok::<_, ApiError>(service.health())).await?;
     Ok(Json(health).into_response())
 }
@@ -35,7 +39,9 @@ pub async fn processes(
 pub async fn kernel_maps(
     State(service): State<Arc<Service>>,
     viewer: Viewer,
+    RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
+    Params::parse(query.as_deref(), &[])?;
     let maps = blocking(move || Ok::<_, ApiError>(service.kernel_maps(viewer))).await?;
     Ok(Json(maps).into_response())
 }
@@ -44,8 +50,10 @@ pub async fn kernel_maps(
 pub async fn process(
     State(service): State<Arc<Service>>,
     Path(pid): Path<String>,
+    RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     let pid = parse_pid(&pid)?;
+    Params::parse(query.as_deref(), &[])?;
     let status = blocking(move || service.process(pid)).await?;
     Ok(Json(status.view).into_response())
 }
@@ -56,8 +64,10 @@ pub async fn process(
 pub async fn pid_traced_memory(
     State(service): State<Arc<Service>>,
     Path(pid): Path<String>,
+    RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     let pid = parse_pid(&pid)?;
+    Params::parse(query.as_deref(), &[])?;
     let (status, sources) = blocking(move || service.process_with_sources(pid)).await?;
     let view = status.view;
     let by_source: serde_json::Map<String, serde_json::Value> = sources

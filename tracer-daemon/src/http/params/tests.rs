@@ -158,6 +158,26 @@ fn pid_must_be_positive() {
         parse_pid("abc").unwrap_err().status,
         StatusCode::BAD_REQUEST
     );
+    assert_eq!(parse_pid("4294967295").unwrap(), u32::MAX);
+    for bad in [
+        "+1",
+        "01",
+        "00",
+        "-1",
+        " 1",
+        "1 ",
+        "4294967296",
+        "",
+        "1e3",
+        "0x10",
+    ] {
+        let err = parse_pid(bad).unwrap_err();
+        assert_eq!(err.status, StatusCode::BAD_REQUEST, "{bad:?}");
+        assert_eq!(err.error, format!("invalid pid {bad:?}"));
+    }
+    for bad in ["pid=%2B1", "pid=01"] {
+        assert!(parse_scope(Some(bad)).is_err(), "{bad}");
+    }
 }
 
 #[test]
@@ -173,9 +193,11 @@ fn scope_queries_parse_and_refuse_bad_values() {
         "{}",
         err.hint
     );
-    assert_eq!(
-        parse_scope(Some("pid=-1")).unwrap_err().hint,
-        "pid is a positive integer"
+    assert!(
+        parse_scope(Some("pid=-1"))
+            .unwrap_err()
+            .hint
+            .starts_with("pid is a positive integer")
     );
     assert!(parse_scope(Some("exe=relative")).is_err());
 }

@@ -9,10 +9,12 @@
 
 mod access;
 mod config;
+mod connections;
 mod lifecycle;
 mod peers;
 mod security;
 mod stopping;
+mod storage;
 mod systemd;
 
 use std::{

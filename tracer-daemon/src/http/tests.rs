@@ -1,0 +1,293 @@
+//! The whole HTTP surface over a fake kernel (no root, no eBPF): every
+//! error is the API's JSON `{"error", "hint"}`, whoever made it (a handler,
+//! axum's rejections, tower-http's limits), and routes without parameters
+//! refuse unknown ones.
+use std::{collections::HashMap, sync::Arc, time::Duration};
+
+use axum::{
+    Json, Router,
+    body::Body,
+    extract::{Query, Request},
+    http::{HeaderMap, StatusCode, header},
+    routing::{get, post},
+};
+use serde_json::Value;
+use tower::ServiceExt as _;
+
+use super::{Limits, Operators, api_router, app};
+use crate::metrics::Metrics;
+use crate::service::tests::{PID, service, start};
+
+fn limits() -> Limits {
+    Limits {
+        body_limit_bytes: 1024,
+        request_timeout: Duration::from_secs(30),
+        request_read_timeout: Duration::from_secs(10),
+        max_expensive_requests: 2,
+    }
+}
+
+/// The API of a fake kernel that traces [`PID`], with `extra` routes
+/// beside it (extractors no route of the API uses yet), behind every layer
+/// tracerd puts around it.
+fn surface(extra: Router<Arc<crate::service::Service>>) -> Router {
+    surface_with(extra, &limits())
+}
+
+/// [`surface`] with other limits.
+fn surface_with(extra: Router<Arc<crate::service::Service>>, limits: &Limits) -> Router {
+    let (kernel, service) = service();
+    start(&kernel, &service, PID);
+    let api = api_router(service.clone()).merge(extra.with_state(service));
+    app(
+        api,
+        Arc::new(Metrics::new()),
+        limits,
+        None,
+        Arc::new(Operators::named("tracer")),
+    )
+}
+
+/// Sends a request; returns its status, headers and, for an error, its
+/// body, which must be JSON (the test fails with the body otherwise).
+async fn call(app: &Router, request: Request) -> (StatusCode, HeaderMap, Value) {
+    let what = format!("{} {}", request.method(), request.uri());
+    let response = app.clone().oneshot(request).await.expect("infallible");
+    let (parts, body) = response.into_parts();
+    let bytes = axum::body::to_bytes(body, 1 << 20).await.expect("body");
+    if parts.status.is_success() {
+        return (parts.status, parts.headers, Value::Null);
+    }
+    let value = serde_json::from_slice(&bytes).unwrap_or_else(|_| {
+        panic!(
+            "{what}: {} with a body that is not JSON: {:?}",
+            parts.status,
+            String::from_utf8_lossy(&bytes)
+        )
+    });
+    (parts.status, parts.headers, value)
+}
+
+fn request(method: &str, uri: &str, body: Body) -> Request {
+    Request::builder()
+        .method(method)
+        .uri(uri)
+        .body(body)
+        .expect("request")
+}
+
+/// Asserts the API's error shape: `error` and `hint`, both non-empty
+/// strings, and nothing else.
+fn assert_error_shape(what: &str, body: &Value) {
+    let object = body.as_object().expect("an object");
+    assert_eq!(object.len(), 2, "{what}: {body}");
+    for field in ["error", "hint"] {
+        assert!(
+            !body[field].as_str().unwrap_or_default().is_empty(),
+            "{what}: no {field}: {body}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn routes_without_parameters_refuse_unknown_ones() {
+    let app = surface(Router::new());
+    for path in [
+        "/health".to_string(),
+        "/maps".into(),
+        "/metrics".into(),
+        "/scope".into(),
+        format!("/pid/{PID}"),
+        format!("/pid/{PID}/traced-memory"),
+    ] {
+        let (status, _, body) = call(&app, request("GET", &path, Body::empty())).await;
+        assert_eq!(status, StatusCode::OK, "{path}: {body}");
+        let with = format!("{path}?verbose=1");
+        let (status, _, body) = call(&app, request("GET", &with, Body::empty())).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{with}: {body}");
+        assert_eq!(body["error"], "unknown parameter \"verbose\"", "{with}");
+        assert_eq!(
+            body["hint"], "valid parameters: none (this route takes no query parameters)",
+            "{with}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_pid_is_digits_without_sign_or_leading_zero() {
+    let app = surface(Router::new());
+    let (status, _, _) = call(&app, request("GET", &format!("/pid/{PID}"), Body::empty())).await;
+    assert_eq!(status, StatusCode::OK);
+    for pid in [
+        "+1",
+        "01",
+        &format!("0{PID}"),
+        &format!("+{PID}"),
+        "4294967296",
+    ] {
+        for path in [format!("/pid/{pid}"), format!("/pid/{pid}/statistics")] {
+            let (status, _, body) = call(&app, request("GET", &path, Body::empty())).await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{path}: {body}");
+            assert_eq!(body["error"], format!("invalid pid {pid:?}"), "{path}");
+        }
+    }
+    let (status, _, body) = call(&app, request("PUT", "/scope?pid=01", Body::empty())).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let (status, _, body) = call(&app, request("GET", "/snapshots?pid=%2B1", Body::empty())).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+}
+
+/// Every kind of error axum or tower-http answers on its own comes back in
+/// the API's shape, with its status and the headers that go with it.
+#[tokio::test]
+async fn every_error_is_the_apis_json_whoever_made_it() {
+    let extra = Router::new()
+        .route(
+            "/test/json",
+            post(|Json(value): Json<Value>| async move { Json(value) }),
+        )
+        .route(
+            "/test/query",
+            get(|Query(q): Query<HashMap<String, u32>>| async move { format!("{q:?}") }),
+        );
+    let app = surface(extra);
+    let json = |uri: &str, kind: Option<&str>, body: &'static str| {
+        let mut builder = Request::builder().method("POST").uri(uri);
+        if let Some(kind) = kind {
+            builder = builder.header(header::CONTENT_TYPE, kind);
+        }
+        builder.body(Body::from(body)).expect("request")
+    };
+    let cases: Vec<(&str, Request, StatusCode, &str)> = vec![
+        (
+            "unknown route",
+            request("GET", "/nowhere", Body::empty()),
+            StatusCode::NOT_FOUND,
+            "GET /health",
+        ),
+        (
+            "method of another route",
+            request("DELETE", "/health", Body::empty()),
+            StatusCode::METHOD_NOT_ALLOWED,
+            "GET /health",
+        ),
+        (
+            "method on /metrics",
+            request("POST", "/metrics", Body::empty()),
+            StatusCode::METHOD_NOT_ALLOWED,
+            "GET /metrics",
+        ),
+        (
+            "path that is not UTF-8",
+            request("GET", "/pid/%FF/traced-memory", Body::empty()),
+            StatusCode::BAD_REQUEST,
+            "paths are like /pid/1234/statistics",
+        ),
+        (
+            "snapshot id that is not UTF-8",
+            request("GET", "/snapshots/%C3%28", Body::empty()),
+            StatusCode::BAD_REQUEST,
+            "paths are like /pid/1234/statistics",
+        ),
+        (
+            "query extractor",
+            request("GET", "/test/query?n=x", Body::empty()),
+            StatusCode::BAD_REQUEST,
+            "parameters as docs/api.md lists them",
+        ),
+        (
+            "JSON without its content type",
+            json("/test/json", None, "{}"),
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "send the body a route takes",
+        ),
+        (
+            "JSON that does not parse",
+            json("/test/json", Some("application/json"), "{"),
+            StatusCode::BAD_REQUEST,
+            "parameters as docs/api.md lists them",
+        ),
+        (
+            "body over the limit, announced",
+            Request::builder()
+                .method("POST")
+                .uri("/snapshots")
+                .header(header::CONTENT_LENGTH, "2048")
+                .body(Body::from(vec![b'x'; 2048]))
+                .expect("request"),
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "request bodies are at most 1024 bytes (body_limit_bytes",
+        ),
+        (
+            "body over the limit, streamed",
+            // No Content-Length: the limit is found while reading.
+            request("POST", "/snapshots", Body::from(vec![b'x'; 2048])),
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_limit_bytes",
+        ),
+    ];
+    for (what, request, status, hint) in cases {
+        let (got, _, body) = call(&app, request).await;
+        assert_eq!(got, status, "{what}: {body}");
+        assert_error_shape(what, &body);
+        let text = body["hint"].as_str().unwrap_or_default();
+        assert!(text.contains(hint), "{what}: hint {text:?} lacks {hint:?}");
+    }
+    let (_, headers, body) = call(&app, request("GET", "/pid/%FF", Body::empty())).await;
+    assert_eq!(
+        headers.get(header::CONTENT_TYPE).map(|v| v.as_bytes()),
+        Some(&b"application/json"[..]),
+        "{body}"
+    );
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("Invalid UTF-8 in `pid`"),
+        "axum's own words stay the error: {body}"
+    );
+}
+
+/// A request body that sends `first` and then nothing more, ever.
+struct Stalled(Option<&'static [u8]>);
+
+impl hyper::body::Body for Stalled {
+    type Data = axum::body::Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        match self.0.take() {
+            Some(first) => std::task::Poll::Ready(Some(Ok(hyper::body::Frame::data(
+                axum::body::Bytes::from_static(first),
+            )))),
+            None => std::task::Poll::Pending,
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_body_that_stops_arriving_is_a_408_once_it_paused_request_read_timeout() {
+    let limits = Limits {
+        request_read_timeout: Duration::from_millis(200),
+        ..limits()
+    };
+    let app = surface_with(Router::new(), &limits);
+    let started = std::time::Instant::now();
+    let stalled = Request::builder()
+        .method("POST")
+        .uri("/snapshots")
+        .header(header::CONTENT_LENGTH, "100")
+        .body(Body::new(Stalled(Some(b"0123456789"))))
+        .expect("request");
+    let (status, _, body) = call(&app, stalled).await;
+    let took = started.elapsed();
+    assert_eq!(status, StatusCode::REQUEST_TIMEOUT, "{body}");
+    assert_eq!(body["error"], "the request body stopped arriving");
+    assert!(
+        took >= Duration::from_millis(200) && took < Duration::from_secs(5),
+        "{took:?}"
+    );
+}
