@@ -32,7 +32,7 @@ use crate::config::{Config, ConfigError, FramePatterns};
 use crate::http::{self, Limits, ServerError, Token};
 use crate::lifecycle::Scope;
 use crate::metrics::{Metrics, MetricsOptions};
-use crate::service::{AutoPolicy, Service, ServiceError};
+use crate::service::{AutoPolicy, LastStop, Service, ServiceError};
 use crate::store::StoreError;
 use crate::sys::fsync::{WriteError, write_atomically};
 use crate::tasks;
@@ -350,13 +350,21 @@ fn capture_config(config: &Config, system_wide: bool) -> CaptureConfig {
 /// traced at the end, from the service. Requests cut at the end of the
 /// grace period give up the service's locks at their next block (the stop
 /// is raised before): the record gets one second, never more, so the stop
-/// stays within 5 s.
+/// stays within 5 s. Past it, the stop is recorded all the same, without
+/// what needed the service (`complete: false`): a stop is never left
+/// unrecorded.
 async fn record_stop(service: &Arc<Service>, state_dir: &std::path::Path, drained: bool) {
+    let path = state_dir.join(LAST_STOP_FILE);
+    let gave_up = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let record = tokio::task::spawn_blocking({
         let service = service.clone();
-        let path = state_dir.join(LAST_STOP_FILE);
+        let path = path.clone();
+        let gave_up = gave_up.clone();
         move || -> Result<(), WriteError> {
             let record = service.last_stop(drained);
+            if gave_up.load(std::sync::atomic::Ordering::Acquire) {
+                return Ok(());
+            }
             let bytes = serde_json::to_vec_pretty(&record).unwrap_or_default();
             write_atomically(&path, &bytes)
         }
@@ -366,7 +374,19 @@ async fn record_stop(service: &Arc<Service>, state_dir: &std::path::Path, draine
         Ok(Ok(Err(err))) => {
             tracing::warn!(err = %err, "cannot record the stop in the state directory")
         }
-        Ok(Err(_)) | Err(_) => tracing::warn!("the stop record did not finish within 1 s: skipped"),
+        Ok(Err(_)) | Err(_) => {
+            gave_up.store(true, std::sync::atomic::Ordering::Release);
+            let record = LastStop::without_service(service.started_at(), drained);
+            let bytes = serde_json::to_vec_pretty(&record).unwrap_or_default();
+            match write_atomically(&path, &bytes) {
+                Ok(()) => tracing::warn!(
+                    "the stop's counters and processes were not read within 1 s: recorded without them"
+                ),
+                Err(err) => {
+                    tracing::warn!(err = %err, "cannot record the stop in the state directory")
+                }
+            }
+        }
     }
 }
 
@@ -395,5 +415,49 @@ pub fn notify(state: &[sd_notify::NotifyState<'_>]) {
     }
     if let Err(err) = sd_notify::notify(false, state) {
         tracing::warn!(err = %err, "cannot notify systemd");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::capture::fake::FakeKernel;
+
+    /// A stop whose service stays locked past the record's second is
+    /// recorded all the same, without what needs the service, in about 1 s.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stop_is_recorded_even_while_the_service_stays_locked() {
+        let service = Arc::new(Service::new(
+            Box::new(FakeKernel::new(16)),
+            Duration::from_secs(60),
+            FramePatterns::default(),
+        ));
+        let dir = std::env::temp_dir().join(format!("tracer-last-stop-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let holder = service.hold_kernel_lock(Duration::from_secs(3));
+        let started = std::time::Instant::now();
+        record_stop(&service, &dir, false).await;
+        let took = started.elapsed();
+        let record: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(dir.join(LAST_STOP_FILE)).expect("last-stop.json written"),
+        )
+        .expect("JSON");
+        let _ = holder.join();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(took < Duration::from_millis(1500), "took {took:?}");
+        assert_eq!(record["complete"], false, "{record}");
+        assert_eq!(record["drained"], false, "{record}");
+        assert!(record["stopped_at_ms"].as_u64().is_some(), "{record}");
+
+        // Unlocked, the record is whole.
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        record_stop(&service, &dir, true).await;
+        let record: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(dir.join(LAST_STOP_FILE)).expect("last-stop.json written"),
+        )
+        .expect("JSON");
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(record["complete"], true, "{record}");
+        assert!(record["counters"].is_object(), "{record}");
     }
 }

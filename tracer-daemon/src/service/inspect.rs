@@ -91,6 +91,27 @@ pub struct LastStop {
     pub processes_alive: usize,
     /// Processes whose data was incomplete (events lost).
     pub processes_incomplete: usize,
+    /// False when the stop was recorded without the service (its locks
+    /// were held past the record's budget): `counters` is empty and the
+    /// process counts are 0.
+    pub complete: bool,
+}
+
+impl LastStop {
+    /// The record of a stop at `now` without what needs the service: when
+    /// tracing began (`started_at`) and whether the API drained.
+    #[must_use]
+    pub fn without_service(started_at: std::time::SystemTime, drained: bool) -> Self {
+        Self {
+            stopped_at_ms: unix_ms(std::time::SystemTime::now()),
+            started_at_ms: unix_ms(started_at),
+            drained,
+            counters: BTreeMap::new(),
+            processes_alive: 0,
+            processes_incomplete: 0,
+            complete: false,
+        }
+    }
 }
 
 impl Service {
@@ -260,6 +281,7 @@ impl Service {
             counters,
             processes_alive: processes.iter().filter(|p| p.view.state.is_alive()).count(),
             processes_incomplete: processes.iter().filter(|p| !p.view.complete).count(),
+            complete: true,
         }
     }
 }

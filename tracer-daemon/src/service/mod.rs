@@ -243,6 +243,24 @@ impl Service {
         self.started_at
     }
 
+    /// Holds the kernel lock on a thread of its own for `hold`, as a
+    /// request stuck in a long read would (tests of the stop).
+    #[cfg(test)]
+    pub(crate) fn hold_kernel_lock(
+        self: &std::sync::Arc<Self>,
+        hold: Duration,
+    ) -> std::thread::JoinHandle<()> {
+        let service = self.clone();
+        let (held, taken) = std::sync::mpsc::channel();
+        let handle = std::thread::spawn(move || {
+            let _kernel = service.state.locks().kernel();
+            let _ = held.send(());
+            std::thread::sleep(hold);
+        });
+        let _ = taken.recv();
+        handle
+    }
+
     /// The symbolizer's counters.
     pub fn symbolizer_stats(&self) -> SymbolizerStats {
         self.builder.symbolizer.stats()
