@@ -73,8 +73,12 @@ pub enum Counter {
     /// that a partial `munmap` split off) is not traced.
     DropMmapRegions = 24,
     /// A call in flight found over without its return (its return probe
-    /// was removed while it ran: a scope change): forgotten, so that the
-    /// thread's next calls are not taken for calls nested in it.
+    /// was removed while it ran: a scope change), or one that jumped to
+    /// another probed function at the same stack pointer (a tail call:
+    /// `reallocarray` to `realloc`, whose return then records the block
+    /// and the outer return finds nothing: `exit_without_entry`): the
+    /// record is replaced, so that the thread's next calls are not taken
+    /// for calls nested in it.
     StaleInflight = 25,
     /// Allocator calls of tracerd itself (their uprobe's trap paid, nothing
     /// recorded): near 0, for tracerd allocates through mimalloc.

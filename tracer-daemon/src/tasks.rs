@@ -82,6 +82,11 @@ pub async fn events_and_housekeeping(
 /// A batch of kernel events with its new images read already.
 type ReadBatch = (Vec<ProcEvent>, Vec<Option<crate::lifecycle::ProcessImage>>);
 
+/// Most events [`handle_batches`] applies in one call (about 100 bytes
+/// each): a backlog after a burst of short-lived programs is worked off in
+/// a few passes over the kernel maps, not one per batch read.
+const MAX_EVENTS_HANDLED_AT_ONCE: usize = 1 << 16;
+
 /// Applies the batches in order ([`Service::handle_read_events`]), then
 /// wakes discovery and the unwinder. Runs until the reader ends.
 async fn handle_batches(
@@ -90,7 +95,15 @@ async fn handle_batches(
     discovery_wake: Arc<tokio::sync::Notify>,
     unwind_wake: Arc<tokio::sync::Notify>,
 ) {
-    while let Some((batch, read)) = received.recv().await {
+    while let Some((mut batch, mut read)) = received.recv().await {
+        // The batches that queued meanwhile go with it: one pass over the
+        // kernel maps for all their ended images.
+        while batch.len() < MAX_EVENTS_HANDLED_AT_ONCE
+            && let Ok((more, more_read)) = received.try_recv()
+        {
+            batch.extend(more);
+            read.extend(more_read);
+        }
         let service = service.clone();
         let _ = tokio::task::spawn_blocking(move || service.handle_read_events(&batch, read)).await;
         discovery_wake.notify_one();

@@ -2,9 +2,9 @@
 //! [`ProcEventKind`]'s `TryFrom<u32>` and applied: a new image is read from `/proc` while it
 //! lives; ended images have their blocks collected in one pass over the
 //! kernel maps, kept as their last state, and removed from the maps.
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
-use tracer_common::{ProcEvent, ProcEventKind};
+use tracer_common::{AllocInfo, AllocKey, ProcEvent, ProcEventKind};
 
 use super::blocks::{by_image, raw_blocks};
 use super::image::{EndReason, ProcessImage};
@@ -85,6 +85,19 @@ pub fn new_image(image: ImageId, kernel_comm: &[u8; 16]) -> ProcessImage {
     read
 }
 
+/// The live blocks of `images` in the kernel maps, by image: one pass over
+/// the maps for every image that ends in a batch of events (see
+/// [`end_images_from`]).
+pub fn blocks_of(
+    kernel: &dyn KernelMaps,
+    images: &HashSet<ImageId>,
+) -> HashMap<ImageId, Vec<(AllocKey, AllocInfo)>> {
+    if images.is_empty() {
+        return HashMap::new();
+    }
+    by_image(kernel.live_blocks(Some(images)))
+}
+
 /// Ends `ends` in the registry: each ended image's blocks are read in one
 /// pass over the kernel maps and kept as its last state, then removed from
 /// the maps. One process can end twice in a batch (exec, then exit): ends
@@ -97,28 +110,42 @@ pub fn end_images(
     ends: Vec<EndEvent>,
     stopping: &Stopping,
 ) -> usize {
+    let want: HashSet<ImageId> = ends.iter().map(|e| e.image).collect();
+    let mut blocks = blocks_of(kernel, &want);
+    end_images_from(kernel, registry, ends, &mut blocks, stopping)
+}
+
+/// [`end_images`] with the blocks read already ([`blocks_of`] of these
+/// images and maybe others, taken out as used): a batch of events reads the
+/// maps once for all its ends, however many times its new images make it
+/// apply the ends before them. An image's blocks do not change once it
+/// ended: no call of it runs after its exit or exec.
+pub fn end_images_from(
+    kernel: &mut dyn KernelMaps,
+    registry: &mut Registry,
+    ends: Vec<EndEvent>,
+    blocks: &mut HashMap<ImageId, Vec<(AllocKey, AllocInfo)>>,
+    stopping: &Stopping,
+) -> usize {
     if ends.is_empty() {
         return 0;
     }
-    let want: HashSet<ImageId> = ends.iter().map(|e| e.image).collect();
     let started = std::time::Instant::now();
-    let mut by_image = by_image(kernel.live_blocks(Some(&want)));
-    let scanned = started.elapsed();
+    let images = ends.len();
     let mut keys = Vec::new();
     for end in ends {
-        let entries = by_image.remove(&end.image).unwrap_or_default();
+        let entries = blocks.remove(&end.image).unwrap_or_default();
         keys.extend(entries.iter().map(|(k, _)| *k));
-        let blocks = raw_blocks(&*kernel, &entries, stopping);
-        tracing::debug!(pid = end.image.pid, gen = end.image.generation, blocks = blocks.len(), "image ended");
-        registry.end(end, blocks);
+        let kept = raw_blocks(&*kernel, &entries, stopping);
+        tracing::debug!(pid = end.image.pid, gen = end.image.generation, blocks = kept.len(), "image ended");
+        registry.end(end, kept);
     }
     let collected = started.elapsed();
     let removed = kernel.remove_blocks(&keys);
     tracing::debug!(
-        images = want.len(),
+        images,
         removed,
-        scan_ms = scanned.as_millis() as u64,
-        collect_ms = (collected - scanned).as_millis() as u64,
+        collect_ms = collected.as_millis() as u64,
         remove_ms = (started.elapsed() - collected).as_millis() as u64,
         "ended images removed from the kernel maps"
     );
