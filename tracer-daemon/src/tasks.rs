@@ -175,6 +175,8 @@ fn housekeeping(service: &Service, tick: u64) {
         return;
     }
     service.expire();
+    // Images whose start event the full ring lost, from the kernel's totals.
+    service.reconcile_lost_images();
     service.discover_again();
     // Libraries dlopen'd since an image was seen get their unwind tables.
     service.refresh_unwind();

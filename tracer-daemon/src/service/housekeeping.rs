@@ -120,6 +120,49 @@ impl Service {
         );
     }
 
+    /// Registers the images the kernel tracks (its process totals:
+    /// `PROC_SLOTS`, `PROCS`) that the registry does not know, once the
+    /// event ring lost events (`drop_events` rose since the last call):
+    /// their `New` event was among them. Each is read from `/proc` as a new
+    /// image is; a lost end is found by the registry's own check (a live
+    /// image whose process is gone). Returns how many were added.
+    pub fn reconcile_lost_images(&self) -> usize {
+        use std::sync::atomic::Ordering;
+        let dropped = self
+            .counters()
+            .into_iter()
+            .find_map(|(name, value)| (name == "drop_events").then_some(value))
+            .unwrap_or(0);
+        if self.events_dropped_seen.swap(dropped, Ordering::AcqRel) == dropped {
+            return 0;
+        }
+        let tracked = self.state.locks().kernel().kernel.all_proc_stats();
+        let unknown: Vec<ImageId> = {
+            let held = self.state.locks().registry();
+            tracked
+                .iter()
+                .map(|(tgid, stats)| ImageId::new(*tgid, stats.gen_))
+                .filter(|image| !held.registry.knows(*image))
+                .collect()
+        };
+        for &image in &unknown {
+            let read = events::new_image(image, &[0; 16]);
+            let maps = read.maps.clone();
+            self.state.locks().registry().registry.add(read);
+            if let Some(maps) = maps {
+                self.queue_unwind(image, maps);
+            }
+        }
+        if !unknown.is_empty() {
+            tracing::warn!(
+                images = unknown.len(),
+                events_lost = dropped,
+                "the event ring overflowed: images found in the kernel's totals and registered"
+            );
+        }
+        unknown.len()
+    }
+
     /// Drops ended images past their retention (and ends live images whose
     /// process is gone without an end event), then forgets the tracing
     /// state of images the registry no longer knows.

@@ -105,6 +105,9 @@ pub struct Service {
     /// scope, an object no longer probed): the exec holds hold every
     /// program again ([`Service::holds_epoch`]).
     holds_epoch: std::sync::atomic::AtomicU64,
+    /// `drop_events` (the kernel's count of events the full ring lost)
+    /// when [`Service::reconcile_lost_images`] last looked.
+    events_dropped_seen: std::sync::atomic::AtomicU64,
     /// Raised once tracerd is stopping ([`Service::begin_stop`]): the long
     /// background passes end at their next item, and reads of the kernel
     /// maps and snapshot builds at their next block (the kernel side and
@@ -156,6 +159,7 @@ impl Service {
             exec_objects: std::sync::Mutex::default(),
             scope_is_all: std::sync::atomic::AtomicBool::new(true),
             holds_epoch: std::sync::atomic::AtomicU64::new(0),
+            events_dropped_seen: std::sync::atomic::AtomicU64::new(0),
             drops_logged: std::sync::Mutex::default(),
             stopping: stopping.clone(),
             probe_links,

@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::build;
-use crate::suite::support::{Fixture, Tracerd, poll, stat_at, u64_of};
+use crate::suite::support::{Fixture, Program, Tracerd, poll, stat_at, u64_of};
 
 /// Entries of `pid` in the kernel's live-block map, from GET /maps.
 fn kernel_blocks(tracerd: &Tracerd, pid: u32) -> u64 {
@@ -308,4 +308,51 @@ fn a_churn_of_3000_short_lived_programs_lists_every_one() {
         listed_after.elapsed()
     );
     assert_eq!(tracerd.counter("drop_events"), 0);
+}
+
+/// With an event ring of one page (about 30 events), 300 programs that
+/// make their first allocation at once (started before tracerd, then let go
+/// together) overflow it: the images whose start event was lost are found
+/// in the kernel's totals and listed all the same, alive, with their
+/// command.
+#[test]
+fn images_whose_start_the_full_ring_lost_are_listed_from_the_kernel_s_totals() {
+    const PROGRAMS: usize = 300;
+    let prog = Program::build("keepn", &[]);
+    let mut fixtures: Vec<Fixture> = (0..PROGRAMS)
+        .map(|_| Fixture::spawn(&prog.exe, &["1"]))
+        .collect();
+    for fx in &mut fixtures {
+        fx.expect_line("ready");
+    }
+    let tracerd = Tracerd::start(&["--events-ring-bytes", "4096"]);
+    for fx in &mut fixtures {
+        fx.go();
+    }
+    for fx in &mut fixtures {
+        fx.expect_line("done");
+    }
+    let pids: Vec<u64> = fixtures.iter().map(|fx| u64::from(fx.pid())).collect();
+    poll(Duration::from_secs(15), Duration::from_millis(250), || {
+        let list = tracerd.get_ok("/processes");
+        let listed: std::collections::HashSet<u64> = list["processes"]
+            .as_array()
+            .expect("processes")
+            .iter()
+            .filter(|p| p["comm"] == "keepn" && p["state"] == "alive")
+            .filter_map(|p| p["pid"].as_u64())
+            .collect();
+        let missing = pids.iter().filter(|pid| !listed.contains(pid)).count();
+        if missing == 0 {
+            Ok(())
+        } else {
+            Err(format!("{missing} of {PROGRAMS} programs not listed"))
+        }
+    });
+    let lost = tracerd.counter("drop_events");
+    eprintln!("full ring: {lost} events lost, all {PROGRAMS} programs listed");
+    assert!(lost > 0, "the ring never overflowed: the test saw nothing");
+    for fx in &mut fixtures {
+        assert!(fx.finish().success());
+    }
 }
