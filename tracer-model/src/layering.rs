@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 /// Top-level modules by layer, lowest first.
 const LAYERS: [&[&str]; 8] = [
-    &["text", "hash"],
+    &["text", "hash", "interrupt"],
     &["error", "completeness"],
     &["trace"],
     &["statistic"],

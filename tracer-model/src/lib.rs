@@ -16,7 +16,8 @@
 //! below (the unit test in `layering.rs` checks it):
 //!
 //! - `text/` (`format`: `_format_size`, `repr()`, `int / int`;
-//!   `linecache`) and `hash` (the model's hasher);
+//!   `linecache`), `hash` (the model's hasher) and `interrupt` (checks
+//!   that stop long work);
 //! - `error` ([`ModelError`]) and `completeness` ([`Completeness`]);
 //! - `trace` ([`Frame`], [`Traceback`], [`Trace`]);
 //! - `statistic` ([`GroupBy`], [`Statistic`], [`StatisticDiff`], their
@@ -68,6 +69,7 @@ mod engine;
 mod error;
 mod filter;
 mod hash;
+pub mod interrupt;
 #[cfg(test)]
 mod layering;
 mod snapshot;
