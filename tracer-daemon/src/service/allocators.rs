@@ -69,7 +69,7 @@ impl Service {
                 continue;
             };
             let (family, points) = (found.probes.family, found.probes.points.len());
-            match self.state.locks().kernel().kernel.add_library(found) {
+            match self.probe_library(found) {
                 Ok(()) => {
                     probed += 1;
                     tracing::info!(object = %path.display(), family = family.name(), points, "probing an installed allocator");
@@ -149,7 +149,7 @@ impl Service {
                 };
                 let (path, family) = (found.library.path.clone(), found.probes.family);
                 let points = found.probes.points.len();
-                let added = self.state.locks().kernel().kernel.add_library(found);
+                let added = self.probe_library(found);
                 match &added {
                     Ok(()) => {
                         probed += 1;
@@ -186,6 +186,31 @@ impl Service {
                 tracing::info!(dev = ?key.dev, inode = key.inode, "no process maps an allocator any more: no longer probed");
             }
         }
+        self.publish_libraries(held.kernel.libraries());
         unused.len()
+    }
+
+    /// Probes a library found by discovery (the kernel lock held for the
+    /// attach alone) and publishes the new list for `/health`.
+    ///
+    /// # Errors
+    /// [`crate::capture::CaptureError::Attach`]; nothing stays attached.
+    pub(super) fn probe_library(
+        &self,
+        found: crate::capture::probes::Found,
+    ) -> Result<(), crate::capture::CaptureError> {
+        let mut held = self.state.locks().kernel();
+        let added = held.kernel.add_library(found);
+        self.publish_libraries(held.kernel.libraries());
+        added
+    }
+
+    /// Replaces the list `/health` shows (called with the kernel lock
+    /// held, so that publications follow the kernel's order).
+    fn publish_libraries(&self, libraries: &[crate::capture::AttachedLibrary]) {
+        *self
+            .libraries
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = libraries.to_vec();
     }
 }

@@ -181,7 +181,7 @@ impl Service {
             };
             let family = found.probes.family;
             let points = found.probes.points.len();
-            let added = self.state.locks().kernel().kernel.add_library(found);
+            let added = self.probe_library(found);
             match &added {
                 Ok(()) => {
                     tracing::info!(pid, object = %path.display(), family = family.name(), points, "probing an allocator before its process runs");

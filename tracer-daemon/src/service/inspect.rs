@@ -117,7 +117,11 @@ impl LastStop {
 impl Service {
     /// Readiness and what is probed.
     pub fn health(&self) -> Health {
-        let libraries = self.state.locks().kernel().kernel.libraries().to_vec();
+        let libraries = self
+            .libraries
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
         Health {
             status: "ready",
             nframe: self.nframe(),

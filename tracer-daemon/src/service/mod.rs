@@ -117,6 +117,12 @@ pub struct Service {
     /// The probes' links, which [`Service::detach_probes`] takes out
     /// without the kernel lock.
     probe_links: crate::capture::ProbeLinks,
+    /// The libraries probed, as `/health` shows them: a copy published
+    /// under the kernel lock whenever the list changes
+    /// ([`Service::probe_library`], [`Service::drop_unused_allocators`]),
+    /// so that `/health` never waits on the kernel lock (a wide scope
+    /// change holds it for seconds).
+    libraries: std::sync::RwLock<Vec<crate::capture::AttachedLibrary>>,
     /// The drops last logged of each live image, and when
     /// ([`Service::log_drops`]).
     drops_logged: std::sync::Mutex<
@@ -141,6 +147,7 @@ impl Service {
         let nframe = kernel.config().nframe;
         let sample_interval = kernel.config().sample_interval;
         let pinned: Vec<_> = kernel.libraries().iter().map(|l| l.key).collect();
+        let libraries = std::sync::RwLock::new(kernel.libraries().to_vec());
         Self {
             state: State::new(
                 kernel,
@@ -161,6 +168,7 @@ impl Service {
             holds_epoch: std::sync::atomic::AtomicU64::new(0),
             events_dropped_seen: std::sync::atomic::AtomicU64::new(0),
             drops_logged: std::sync::Mutex::default(),
+            libraries,
             stopping: stopping.clone(),
             probe_links,
             probe_installed: false,

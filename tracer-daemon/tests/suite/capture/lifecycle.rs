@@ -258,6 +258,70 @@ fn a_scope_of_the_root_cgroup_takes_no_kernel_thread() {
     fx.end();
 }
 
+/// A wide scope change (300 processes given by pid, each its own probes,
+/// then every process again) takes seconds, and `/health` answers
+/// throughout, each time within 250 ms (it read the probed libraries under
+/// the kernel lock, which the change holds: 1.1 to 2.9 s answers before).
+#[test]
+fn a_wide_scope_change_takes_seconds_and_never_blocks_health() {
+    let tracerd = Tracerd::start(&[]);
+    let mut sleepers: Vec<std::process::Child> = (0..300)
+        .map(|_| {
+            std::process::Command::new("sleep")
+                .arg("300")
+                .spawn()
+                .expect("spawn sleep")
+        })
+        .collect();
+    let pids: Vec<String> = sleepers.iter().map(|c| format!("pid={}", c.id())).collect();
+    let wide = format!("/scope?{}", pids.join("&"));
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let (took, health) = std::thread::scope(|s| {
+        let poller = s.spawn(|| {
+            let mut answers = Vec::new();
+            while !done.load(std::sync::atomic::Ordering::Acquire) {
+                let start = std::time::Instant::now();
+                let (status, _) = tracerd.get("/health");
+                answers.push((status, start.elapsed()));
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            answers
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        let start = std::time::Instant::now();
+        let (status, body) = tracerd.put(&wide);
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(
+            body["attached_pids"].as_array().map(Vec::len),
+            Some(300),
+            "{body}"
+        );
+        let (status, body) = tracerd.put("/scope");
+        assert_eq!(status, 200, "{body}");
+        let took = start.elapsed();
+        done.store(true, std::sync::atomic::Ordering::Release);
+        (took, poller.join().expect("health poller"))
+    });
+    for sleeper in &mut sleepers {
+        let _ = sleeper.kill();
+        let _ = sleeper.wait();
+    }
+    assert!(
+        took < Duration::from_secs(30),
+        "the scope changes took {took:?}"
+    );
+    let slow: Vec<_> = health
+        .iter()
+        .filter(|(status, t)| *status != 200 || *t > Duration::from_millis(250))
+        .collect();
+    assert!(
+        slow.is_empty(),
+        "/health during scope changes of {took:?}: {slow:?} of {} answers",
+        health.len()
+    );
+    assert!(health.len() >= 10, "{} answers in {took:?}", health.len());
+}
+
 /// A churn of 3,000 short-lived programs, 30 at a time (each lives about
 /// 50 ms and allocates 41 blocks): every one is in `/processes`, ended by
 /// its exit, within seconds of the last one's end, and no event was lost.
