@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use tracer_common::{ProcMapping, UNWIND_FILE_NONE};
 
-use crate::capture::unwind::{FileTable, compile::compile};
+use crate::capture::unwind::{FileTable, compile::compile_file};
 use crate::capture::{ImageId, KernelMaps};
 use crate::sys::modules::{Module, ModuleMaps};
 use crate::sys::procfs::FileKey;
@@ -60,9 +60,9 @@ pub fn compile_missing(modules: &[Arc<Module>]) -> Vec<Compiled> {
         .map(|module| {
             let table = match module.fd_path() {
                 None => Err(format!("{}: not open", module.path())),
-                Some(path) => match std::fs::read(&path) {
+                Some(path) => match std::fs::File::open(&path) {
                     Err(e) => Err(format!("{}: {e}", module.path())),
-                    Ok(bytes) => compile(&bytes).map_err(|e| format!("{}: {e}", module.path())),
+                    Ok(file) => compile_file(file).map_err(|e| format!("{}: {e}", module.path())),
                 },
             };
             if let Err(why) = &table {

@@ -5,7 +5,7 @@
 //! against the file's length.
 use gimli::BaseAddresses;
 use object::{
-    CompressionFormat, Endianness, Object as _, ObjectSection as _, elf,
+    CompressionFormat, Endianness, Object as _, ObjectSection as _, ReadRef, elf,
     read::elf::{ElfFile64, FileHeader as _, ProgramHeader as _},
 };
 
@@ -107,10 +107,13 @@ impl<'a> ElfInfo<'a> {
     /// read; [`CompileError::Machine`] for anything but 64-bit
     /// little-endian x86-64; [`CompileError::Section`] when the CFI section
     /// lies outside the file or is compressed.
-    pub(super) fn parse(data: &'a [u8]) -> Result<Self, CompileError> {
+    /// Parses the file `data`: its whole bytes, or a reader of the file
+    /// that reads only the ranges asked for (`object::ReadCache`: headers,
+    /// the section names and the CFI section).
+    pub(super) fn parse<R: ReadRef<'a>>(data: R) -> Result<Self, CompileError> {
         let ident = data
-            .get(..6)
-            .ok_or_else(|| CompileError::Elf("shorter than an ELF ident".into()))?;
+            .read_bytes_at(0, 6)
+            .map_err(|()| CompileError::Elf("shorter than an ELF ident".into()))?;
         if ident.get(..4) != Some(&elf::ELFMAG[..]) {
             return Err(CompileError::Elf("no ELF magic".into()));
         }
@@ -124,8 +127,8 @@ impl<'a> ElfInfo<'a> {
                 what: format!("ELF data encoding {}", ident.get(5).copied().unwrap_or(0)),
             });
         }
-        let file =
-            ElfFile64::<Endianness>::parse(data).map_err(|e| CompileError::Elf(e.to_string()))?;
+        let file = ElfFile64::<Endianness, R>::parse(data)
+            .map_err(|e| CompileError::Elf(e.to_string()))?;
         let endian = file.endian();
         let machine = file.elf_header().e_machine(endian);
         if machine != elf::EM_X86_64 {
@@ -133,7 +136,9 @@ impl<'a> ElfInfo<'a> {
                 what: format!("e_machine {machine:#x}"),
             });
         }
-        let file_len = data.len() as u64;
+        let file_len = data
+            .len()
+            .map_err(|()| CompileError::Elf("the file's length cannot be read".into()))?;
         let segments = Segments::new(
             file.elf_program_headers()
                 .iter()

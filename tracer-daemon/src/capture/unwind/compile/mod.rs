@@ -106,6 +106,22 @@ pub enum CompileError {
 /// file, when its CFI section cannot be read or its entries cannot be
 /// framed, or when the table would exceed [`MAX_FILE_ROWS`].
 pub fn compile(elf: &[u8]) -> Result<FileTable, CompileError> {
+    compile_from(elf)
+}
+
+/// [`compile`] of the file `file` reads: only its headers, section names
+/// and CFI section are read (through an `object::ReadCache`), so that a
+/// large file (a debug build of hundreds of MiB) costs its CFI section's
+/// size in memory, not its own.
+///
+/// # Errors
+/// As [`compile`].
+pub fn compile_file(file: std::fs::File) -> Result<FileTable, CompileError> {
+    let cache = object::ReadCache::new(file);
+    compile_from(&cache)
+}
+
+fn compile_from<'a, R: object::ReadRef<'a>>(elf: R) -> Result<FileTable, CompileError> {
     let file = elf::ElfInfo::parse(elf)?;
     let mut stats = TableStats::default();
     let Some(section) = file.cfi else {

@@ -144,3 +144,79 @@ fn random_cfi_programs_never_panic() {
     }
     assert!(compiled > 300, "{compiled} of 3000 compiled");
 }
+
+/// A reader of a file that counts the bytes read through it.
+struct Counting {
+    file: std::fs::File,
+    read: std::rc::Rc<std::cell::Cell<u64>>,
+}
+
+impl std::io::Read for Counting {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.file.read(buf)?;
+        self.read.set(self.read.get() + n as u64);
+        Ok(n)
+    }
+}
+
+impl std::io::Seek for Counting {
+    fn seek(&mut self, pos: std::io::SeekFrom) -> std::io::Result<u64> {
+        self.file.seek(pos)
+    }
+}
+
+/// Compiled from a reader of the file, a table is the one its whole bytes
+/// give, and only the headers, section names and CFI section are read: for
+/// this test binary (a debug build of hundreds of MiB, the kind tracerd
+/// read whole at every new program of a busy build host, 1 GiB peaks) and
+/// for libc.
+#[test]
+fn a_file_read_through_a_cache_compiles_the_same_table_from_a_fraction_of_its_bytes() {
+    for path in [
+        std::env::current_exe().unwrap(),
+        std::path::PathBuf::from("/usr/lib/x86_64-linux-gnu/libc.so.6"),
+    ] {
+        let whole = std::fs::read(&path).unwrap();
+        let read = std::rc::Rc::new(std::cell::Cell::new(0));
+        let cache = object::ReadCache::new(Counting {
+            file: std::fs::File::open(&path).unwrap(),
+            read: read.clone(),
+        });
+        let from_cache = super::super::compile_from(&cache).unwrap();
+        assert_eq!(from_cache, compile(&whole).unwrap(), "{}", path.display());
+        assert!(from_cache.rows() > 1000, "{}", path.display());
+        let file = std::fs::File::open(&path).unwrap();
+        assert_eq!(super::super::compile_file(file).unwrap(), from_cache);
+        // Read: the ELF, program and section headers, the section names,
+        // the symbol tables (object reads them at parse) and the CFI.
+        let elf = object::read::elf::ElfFile64::<object::Endianness>::parse(&*whole).unwrap();
+        use object::{Object as _, ObjectSection as _};
+        let needed: u64 = [
+            ".eh_frame",
+            ".shstrtab",
+            ".symtab",
+            ".strtab",
+            ".dynsym",
+            ".dynstr",
+        ]
+        .iter()
+        .filter_map(|name| elf.section_by_name(name))
+        .map(|s| s.size())
+        .sum();
+        let headers = 64 + 56 * 32 + 64 * elf.sections().count() as u64;
+        eprintln!(
+            "{}: {} of {} bytes read",
+            path.display(),
+            read.get(),
+            whole.len()
+        );
+        assert!(
+            read.get() <= needed + headers + 64 * 1024,
+            "{}: {} bytes read of {} for {} bytes of sections",
+            path.display(),
+            read.get(),
+            whole.len(),
+            needed
+        );
+    }
+}
