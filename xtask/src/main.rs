@@ -12,6 +12,8 @@
 //! - `bench`, `bench-model` ([`bench`]): overhead against the reference
 //!   tools, the snapshot engine against CPython; `--baseline REV` adds
 //!   another revision's build, measured in the same run.
+//! - `hostile` ([`hostile`]): a hostile local user's attacks, bounded;
+//!   also the last pass of `test`.
 //! - `fuzz`, `load`, `soak` ([`fuzz`], [`load`], [`soak`]): the long runs,
 //!   kept out of `test`.
 //!
@@ -23,6 +25,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod fuzz;
+mod hostile;
 mod load;
 mod run;
 mod setup;
@@ -59,6 +62,11 @@ enum Task {
     /// Load test: 64 loopback clients on statistics, compare and metrics for
     /// 60 s while a churning workload is traced; p50/p99, zero 5xx.
     Load(load::LoadArgs),
+    /// Hostile use: the attacks of a local user (idle and slow connections,
+    /// malformed requests and files, pickle bombs, abandoned large answers,
+    /// many clients, wide scope changes) on a fresh tracerd each, with
+    /// bounds on its memory and on `/health`; run by `test` too.
+    Hostile(hostile::HostileArgs),
     /// Soak: 10 minutes of short-lived processes; tracerd's memory and map
     /// entries before and after.
     Soak(soak::SoakArgs),
@@ -80,6 +88,7 @@ fn main() -> ExitCode {
         Task::Fuzz(args) => fuzz::task(&args),
         Task::Load(args) => load::task(&args),
         Task::Soak(args) => soak::task(&args),
+        Task::Hostile(args) => hostile::task(&args),
         Task::Test { args } => test::run(&args),
     };
     match result {

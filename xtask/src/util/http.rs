@@ -31,6 +31,11 @@ impl Client {
         Self { addr, timeout }
     }
 
+    /// tracerd's address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
     pub fn get(&self, path: &str) -> std::io::Result<Response> {
         self.request("GET", path)
     }
