@@ -282,7 +282,9 @@ pub struct ObjectProbes {
     pub points: Vec<ProbePoint>,
 }
 
-/// Reads the allocator entry points `data` (a whole ELF file) defines, in
+/// Reads the allocator entry points `data` (an ELF file: its whole bytes,
+/// or an `object::ReadCache` of it, which reads only the headers, symbol
+/// tables and the probed functions' first bytes) defines, in
 /// its dynamic symbol table (`.dynsym`) and its full one (`.symtab`, which a
 /// static binary with symbols keeps), and places their probes
 /// (see [`tracer_common::PROBES`] for which, and the rules there): each
@@ -296,7 +298,7 @@ pub struct ObjectProbes {
 /// # Errors
 /// A message when `data` is not an ELF file `object` can read, or a probed
 /// function is in no section with file data.
-pub fn object_probes(data: &[u8]) -> Result<Option<ObjectProbes>, String> {
+pub fn object_probes<'a, R: object::ReadRef<'a>>(data: R) -> Result<Option<ObjectProbes>, String> {
     static WANTED: std::sync::LazyLock<HashSet<&'static str>> = std::sync::LazyLock::new(|| {
         PROBES
             .iter()
@@ -346,9 +348,9 @@ pub fn object_probes(data: &[u8]) -> Result<Option<ObjectProbes>, String> {
             .file_range()
             .ok_or_else(|| "text section without data".to_string())?;
         let function = address - section.address() + file_start;
-        let code = usize::try_from(function)
-            .ok()
-            .and_then(|start| data.get(start..start.saturating_add(32).min(data.len())))
+        let len = data.len().unwrap_or(0);
+        let code = data
+            .read_bytes_at(function, 32.min(len.saturating_sub(function)))
             .unwrap_or(&[]);
         let entry = function + entry_skip(spec.symbol, code, address);
         let exit = function + compare_skip(code, address);
@@ -373,7 +375,7 @@ pub fn probe_points(path: &Path) -> Result<ObjectProbes, CaptureError> {
         reason,
     };
     let data = fs::read(path).map_err(|e| err(e.to_string()))?;
-    let probes = object_probes(&data)
+    let probes = object_probes(data.as_slice())
         .map_err(err)?
         .ok_or_else(|| err("no symbol malloc and free".into()))?;
     for needed in ["malloc", "free"] {
@@ -577,7 +579,12 @@ mod tests {
                 // Installed by `cargo xtask setup`; a unit test run without it checks the rest.
                 continue;
             };
-            let probes = object_probes(&data).expect(&path).expect(&path);
+            let probes = object_probes(data.as_slice()).expect(&path).expect(&path);
+            // Read through a cache of the file (as discovery reads), the
+            // same probes, at the same offsets, with the same skips.
+            let cache = object::ReadCache::new(fs::File::open(&path).expect(&path));
+            let cached = object_probes(&cache).expect(&path).expect(&path);
+            assert_eq!(format!("{cached:?}"), format!("{probes:?}"), "{path}");
             assert_eq!(probes.family, family, "{path}");
             let names: Vec<_> = probes.points.iter().map(|p| p.spec.symbol).collect();
             // An alias is probed under its first name in PROBES
@@ -593,8 +600,12 @@ mod tests {
             );
         }
         let stdcxx = fs::read(format!("{lib}/libstdc++.so.6")).expect("g++ is installed");
-        assert!(object_probes(&stdcxx).expect("libstdc++ reads").is_none());
-        assert!(object_probes(b"not an ELF file").is_err());
+        assert!(
+            object_probes(stdcxx.as_slice())
+                .expect("libstdc++ reads")
+                .is_none()
+        );
+        assert!(object_probes(&b"not an ELF file"[..]).is_err());
     }
 
     /// An object is of a family by any of that family's own probed

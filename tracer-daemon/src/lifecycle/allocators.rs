@@ -12,7 +12,6 @@
 use std::{
     collections::{BTreeSet, HashMap},
     os::fd::AsRawFd as _,
-    os::unix::fs::FileExt as _,
     path::{Path, PathBuf},
     time::{Duration, Instant},
 };
@@ -104,25 +103,28 @@ impl Allocators {
         if len > MAX_OBJECT_BYTES {
             return None;
         }
-        let mut data = vec![0; usize::try_from(len).ok()?];
-        if let Err(err) = file.read_exact_at(&mut data, 0) {
-            tracing::debug!(pid, object = %path.display(), %err, "cannot read an object for its allocator symbols");
-            return None;
-        }
+        let reader = match file.try_clone() {
+            Ok(reader) => object::ReadCache::new(reader),
+            Err(err) => {
+                tracing::debug!(pid, object = %path.display(), %err, "cannot read an object for its allocator symbols");
+                return None;
+            }
+        };
         let held = file.try_clone().ok()?;
         let through = PathBuf::from(format!("/proc/self/fd/{}", held.as_raw_fd()));
-        found(&data, path, key, Some(pid), through, Some(held))
+        found(&reader, path, key, Some(pid), through, Some(held))
     }
 
     /// Reads the symbols of the file at `path` (a library installed on the
     /// host, probed through that path): Some when it defines an allocator.
     pub fn examine_file(path: &Path) -> Option<Found> {
         let key = FileKey::of_path(path)?;
-        let data = std::fs::read(path).ok()?;
-        if data.len() as u64 > MAX_OBJECT_BYTES {
+        let file = std::fs::File::open(path).ok()?;
+        if file.metadata().ok()?.len() > MAX_OBJECT_BYTES {
             return None;
         }
-        found(&data, path, key, None, path.to_path_buf(), None)
+        let reader = object::ReadCache::new(file);
+        found(&reader, path, key, None, path.to_path_buf(), None)
     }
 
     /// Whether `key` was examined already.
@@ -178,8 +180,8 @@ impl Allocators {
 /// What probing object `key` (its bytes `data`, shown as `path`, found in
 /// process `pid`) takes, through `through` (held open by `file`): None
 /// when it defines no allocator or is not an ELF object tracer reads.
-fn found(
-    data: &[u8],
+fn found<'a, R: object::ReadRef<'a>>(
+    data: R,
     path: &Path,
     key: FileKey,
     pid: Option<u32>,
