@@ -169,9 +169,9 @@ pub fn suite(args: &HostileArgs) -> anyhow::Result<()> {
         args.rss_bound_mib
     );
     println!(
-        "| attack | answers by status | peak RSS MiB | /health answers | slowest /health ms | took s | result |"
+        "| attack | answers by status | start's peak RSS MiB | attack's peak RSS MiB | /health answers | slowest /health ms | took s | result |"
     );
-    println!("|---|---|---:|---:|---:|---:|---|");
+    println!("|---|---|---:|---:|---:|---:|---:|---|");
     let mut failed = Vec::new();
     for attack in ATTACKS {
         if !args.only.is_empty() && !args.only.iter().any(|o| attack.name.contains(o.as_str())) {
