@@ -153,6 +153,12 @@ const ATTACKS: &[Attack] = &[
         run: abandoned_traces,
     },
     Attack {
+        name: "snapshot-flood",
+        flags: &[],
+        health_ms: None,
+        run: snapshot_flood,
+    },
+    Attack {
         name: "wide-scope",
         flags: &[],
         health_ms: None,
@@ -832,6 +838,34 @@ fn abandoned_traces(ctx: &Ctx) -> anyhow::Result<Outcome> {
         bail!("statistics after the abandoned requests: {status}");
     }
     outcome.note = format!("RSS {rss_mib} MiB 10 s after 10 abandoned limit=0 traces");
+    Ok(outcome)
+}
+
+/// 300 snapshots stored of a 50,000-block process, one after another:
+/// each 201, or 507 once the store's quotas are full (never a 5xx), and
+/// tracerd's memory bounded: stored snapshots do not sit whole in RAM.
+fn snapshot_flood(ctx: &Ctx) -> anyhow::Result<Outcome> {
+    let holder = holder(ctx, 50_000)?;
+    let pid = holder.pid();
+    let mut outcome = Outcome::default();
+    for _ in 0..300 {
+        let (status, raw) = request(
+            ctx.addr(),
+            "POST",
+            &format!("/pid/{pid}/snapshots"),
+            &[],
+            Duration::from_secs(60),
+        )?;
+        outcome.count(status);
+        if status != 201 && status != 507 {
+            bail!(
+                "POST snapshots: {status}: {}",
+                String::from_utf8_lossy(body_of(&raw))
+            );
+        }
+    }
+    let rss_mib = status_kib(ctx.daemon.pid(), "VmRSS:") / 1024;
+    outcome.note = format!("RSS {rss_mib} MiB after 300 snapshots of 50,000 blocks");
     Ok(outcome)
 }
 
