@@ -6,7 +6,9 @@
 //!    tracer-common, xtask), then the daemon's unit tests and its two
 //!    test binaries that need no root (`layering`, `symbolize`);
 //! 2. tests that need root, serially, in the daemon's one integration
-//!    binary: they attach probes host-wide and share the kernel's state.
+//!    binary: they attach probes host-wide and share the kernel's state;
+//! 3. the hostile suite ([`crate::hostile`]) against a release tracerd
+//!    (built first), unless arguments were given (a filter names tests).
 //!
 //! Arguments after `--` (e.g. a test-name filter) go to every test binary
 //! of every pass. Each pass prints one summary line: what ran, whether it
@@ -18,7 +20,10 @@ use anyhow::bail;
 
 use crate::{
     setup::setup,
-    util::cmd::{cargo, display, is_root},
+    util::{
+        cmd::{cargo, display, is_root},
+        daemon::BUILD_TRACERD,
+    },
 };
 
 /// One pass: cargo commands run one after the other.
@@ -142,6 +147,23 @@ pub fn run(extra: &[OsString]) -> anyhow::Result<()> {
             "xtask test: {}: {}: {} in {:.0} s",
             pass.name,
             ran.join("; "),
+            if outcome.is_ok() { "passed" } else { "FAILED" },
+            start.elapsed().as_secs_f64()
+        );
+        eprintln!("{summary}");
+        failed |= outcome.is_err();
+        summaries.push(summary);
+    }
+    if extra.is_empty() {
+        let start = Instant::now();
+        let outcome = cargo(&BUILD_TRACERD)
+            .and_then(|()| crate::hostile::suite(&crate::hostile::HostileArgs::default()));
+        if let Err(err) = &outcome {
+            eprintln!("xtask: {err:#}");
+        }
+        let summary = format!(
+            "xtask test: pass 3 (hostile): cargo {}; xtask hostile: {} in {:.0} s",
+            display(&BUILD_TRACERD),
             if outcome.is_ok() { "passed" } else { "FAILED" },
             start.elapsed().as_secs_f64()
         );
