@@ -434,7 +434,9 @@ impl SnapshotStore {
                 });
             }
         }
-        let id = self.allocate_id()?;
+        // The id it will have; allocated (reserved on disk) only once it
+        // fits the quotas, so that a refused snapshot takes no id.
+        let id = self.next_id + 1;
         let (mut head, snapshot) = stored.split();
         head.id = id;
         let shape = Shape::of(&snapshot);
@@ -466,6 +468,15 @@ impl SnapshotStore {
             *self.refused.entry(entry.info.kind.as_str()).or_default() += 1;
             self.forget_unused_interners();
         })?;
+        let allocated = self.allocate_id()?;
+        if allocated != id {
+            // Never: nothing else allocates while the store is borrowed.
+            return Err(StoreError::Io {
+                action: "allocating an id for",
+                path: self.dir.clone().unwrap_or_default(),
+                source: std::io::Error::other(format!("id {allocated}, expected {id}")),
+            });
+        }
         if let Some(bytes) = file {
             self.write(id, &bytes)?;
             entry.persisted = self.dir.is_some();

@@ -568,6 +568,9 @@ fn a_full_count_evicts_the_oldest_automatic_snapshots_then_refuses() {
     );
     assert_eq!(stats.evicted, 4);
     assert!(store.interners.is_empty(), "no automatic snapshot is left");
+    // The refused snapshots took no id.
+    store.set_quotas(quotas(5, u64::MAX));
+    assert_eq!(take(&mut store), t4 + 1);
 }
 
 #[test]
@@ -690,4 +693,94 @@ fn err_text(need: u64, held: u64) -> String {
     format!(
         "snapshot quota reached: max_snapshot_bytes_per_owner is 1024 bytes, the snapshots of uid 1001 hold {held} bytes, and this snapshot takes {need} bytes"
     )
+}
+
+/// tracerd's resident memory now, in bytes.
+fn rss() -> u64 {
+    crate::sys::procfs::self_rss().unwrap()
+}
+
+/// A process's snapshot of `blocks` live blocks over `sites` tracebacks of
+/// 8 frames and `sizes` size classes, built anew (fresh `Arc`s) as each
+/// automatic snapshot is.
+fn big_snapshot(blocks: usize, sites: usize, sizes: u64) -> StoredSnapshot {
+    let tbs: Vec<Arc<Traceback>> = (0..sites)
+        .map(|i| {
+            let frames = (0..8)
+                .map(|d| Frame::new(format!("src/file{}.c", (i + d) % 97), (i * 8 + d) as u32))
+                .collect();
+            Arc::new(Traceback::new(frames, Some(8)))
+        })
+        .collect();
+    let traces = (0..blocks)
+        .map(|i| Trace {
+            source: tracer_model::Source(1),
+            domain: 5,
+            size: 16 * (1 + (i as u64 * 7919) % sizes),
+            traceback: Arc::clone(&tbs[(i * 31) % sites]),
+        })
+        .collect();
+    StoredSnapshot {
+        snapshot: Arc::new(Snapshot::new(traces, 16)),
+        ..stored(5, 1)
+    }
+}
+
+/// RSS of 60 automatic snapshots of one process of 1 M live blocks, kept
+/// whole (as before) and compact, one case per run (`RSS_CASE` =
+/// `SITES,SIZES,whole|compact`: RSS does not shrink after a case). Run
+/// with `RSS_CASE=2000,256,compact cargo test -p tracer-daemon --lib --
+/// --ignored --nocapture rss_of_60`.
+#[test]
+#[ignore = "a measurement: takes minutes and prints RSS"]
+fn rss_of_60_automatic_snapshots_of_a_million_blocks() {
+    let case = std::env::var("RSS_CASE").unwrap_or_else(|_| "2000,256,compact".into());
+    let parts: Vec<&str> = case.split(',').collect();
+    let (sites, sizes): (usize, u64) = (parts[0].parse().unwrap(), parts[1].parse().unwrap());
+    let compact = parts[2] == "compact";
+    {
+        {
+            let mut store = SnapshotStore::default();
+            let before = rss();
+            for _ in 0..60 {
+                let snapshot = big_snapshot(1_000_000, sites, sizes);
+                let (kind, image) = if compact {
+                    (SnapshotKind::Auto, Some(ImageId::new(5, 1)))
+                } else {
+                    (SnapshotKind::Taken, None)
+                };
+                if compact {
+                    store.add(snapshot, SnapshotInfo::new(kind, image)).unwrap();
+                } else {
+                    // As the store kept automatic snapshots before: whole.
+                    let (mut head, snapshot) = snapshot.split();
+                    store.next_id += 1;
+                    head.id = store.next_id;
+                    store.entries.insert(
+                        head.id,
+                        Entry {
+                            head,
+                            shape: Shape::of(&snapshot),
+                            body: Body::Whole(snapshot),
+                            info: SnapshotInfo::new(SnapshotKind::Auto, image),
+                            persisted: false,
+                            this_run: true,
+                            bytes: 0,
+                        },
+                    );
+                }
+            }
+            let held = rss().saturating_sub(before);
+            let bytes: u64 = store.summaries().iter().map(|s| s.bytes).sum();
+            let decoded = store.get(60).unwrap();
+            assert_eq!(decoded.snapshot.traces().len(), 1_000_000);
+            println!(
+                "sites={sites} sizes={sizes} {}: RSS +{} MiB for 60 snapshots ({} MiB counted)",
+                if compact { "compact" } else { "whole" },
+                held >> 20,
+                bytes >> 20
+            );
+            drop(store);
+        }
+    }
 }
