@@ -417,8 +417,11 @@ fn add_auto(store: &mut SnapshotStore, traces: usize) -> Result<u64, StoreError>
     )
 }
 
+/// A trace as a sortable tuple: domain, size, source, frames, total_nframe.
+type TraceKey = (u32, u64, u8, Vec<String>, Option<u32>);
+
 /// The traces as sortable tuples (a snapshot's traces are in no order).
-fn sorted(snapshot: &Snapshot) -> Vec<(u32, u64, u8, Vec<String>, Option<u32>)> {
+fn sorted(snapshot: &Snapshot) -> Vec<TraceKey> {
     let mut out: Vec<_> = snapshot
         .traces()
         .iter()
