@@ -140,7 +140,15 @@ pub async fn run(config: Config) -> Result<(), AppError> {
             "scoped: probes registered per process"
         );
     }
-    service.open_store(&config.state_dir)?;
+    service.open_store(
+        &config.state_dir,
+        crate::store::Quotas {
+            snapshots: config.max_snapshots,
+            bytes: config.max_snapshot_bytes,
+            snapshots_per_owner: config.max_snapshots_per_owner,
+            bytes_per_owner: config.max_snapshot_bytes_per_owner,
+        },
+    )?;
 
     let mut metrics = Metrics::new();
     metrics.collect_service(

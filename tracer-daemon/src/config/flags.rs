@@ -101,6 +101,18 @@ pub struct Flags {
     /// Seconds an automatic snapshot is kept.
     #[arg(long, env = "TRACERD_SNAPSHOT_RETENTION")]
     pub snapshot_retention: Option<u64>,
+    /// Snapshots stored at most, automatic ones included (full: oldest automatic evicted, else 507).
+    #[arg(long, env = "TRACERD_MAX_SNAPSHOTS")]
+    pub max_snapshots: Option<u64>,
+    /// Bytes of stored snapshots at most (files' sizes; automatic ones: their compact form).
+    #[arg(long, env = "TRACERD_MAX_SNAPSHOT_BYTES")]
+    pub max_snapshot_bytes: Option<u64>,
+    /// Snapshots one unprivileged user stores at most (beyond: 507).
+    #[arg(long, env = "TRACERD_MAX_SNAPSHOTS_PER_OWNER")]
+    pub max_snapshots_per_owner: Option<u64>,
+    /// Bytes of the snapshots one unprivileged user stores at most (beyond: 507).
+    #[arg(long, env = "TRACERD_MAX_SNAPSHOT_BYTES_PER_OWNER")]
+    pub max_snapshot_bytes_per_owner: Option<u64>,
     /// Capacity of the kernel's live-block map in blocks, all processes together.
     #[arg(long, env = "TRACERD_MAX_LIVE_BLOCKS")]
     pub max_live_blocks: Option<u32>,

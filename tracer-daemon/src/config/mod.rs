@@ -134,6 +134,23 @@ pub struct Config {
     /// Seconds an automatic snapshot is kept (the longest `since=` that
     /// finds one).
     pub snapshot_retention: u64,
+    /// Snapshots the store holds at most, of every kind (automatic ones
+    /// included), 1 to 10,000,000. When full, a new snapshot evicts the
+    /// oldest unlabelled automatic ones; if that is not enough, a `POST`
+    /// is answered 507 naming this setting.
+    pub max_snapshots: u64,
+    /// Bytes the stored snapshots take at most, together, 1024 to 2^50: a
+    /// snapshot kept in the state directory counts its file's size, an
+    /// automatic one its compact form in memory. Full: as `max_snapshots`.
+    pub max_snapshot_bytes: u64,
+    /// Snapshots one unprivileged user (uid) stores at most, 1 to
+    /// 10,000,000: a `POST` beyond it is answered 507 (nothing of others is
+    /// evicted for it). The operators' and automatic snapshots count in the
+    /// totals only.
+    pub max_snapshots_per_owner: u64,
+    /// Bytes of the snapshots one unprivileged user stores at most, 1024 to
+    /// 2^50, counted as `max_snapshot_bytes` counts them.
+    pub max_snapshot_bytes_per_owner: u64,
     /// Capacity of the kernel's live-block map (`LIVE_ALLOCS`) in blocks,
     /// all processes together.
     pub max_live_blocks: u32,
@@ -282,6 +299,10 @@ impl Default for Config {
             exited_retention: 600,
             snapshot_interval: 60,
             snapshot_retention: 3600,
+            max_snapshots: 10_000,
+            max_snapshot_bytes: 1 << 30,
+            max_snapshots_per_owner: 100,
+            max_snapshot_bytes_per_owner: 128 << 20,
             max_live_blocks: 4 * 1024 * 1024,
             live_table_blocks: 7 << 16,
             process_share: 50,

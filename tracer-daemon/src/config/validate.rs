@@ -131,6 +131,27 @@ impl Config {
             30 * 86_400,
             "0..=2592000 (seconds)",
         )?;
+        for (field, value) in [
+            ("max_snapshots", self.max_snapshots),
+            ("max_snapshots_per_owner", self.max_snapshots_per_owner),
+        ] {
+            range(field, value, 1, 10_000_000, "1..=10000000 (snapshots)")?;
+        }
+        for (field, value) in [
+            ("max_snapshot_bytes", self.max_snapshot_bytes),
+            (
+                "max_snapshot_bytes_per_owner",
+                self.max_snapshot_bytes_per_owner,
+            ),
+        ] {
+            range(
+                field,
+                value,
+                1024,
+                1 << 50,
+                "1024..=1125899906842624 (bytes)",
+            )?;
+        }
         range(
             "metrics_top_processes",
             self.metrics_top_processes.into(),

@@ -4,7 +4,7 @@
 //! for a bad parameter or file, 404 for an unknown pid, snapshot, label,
 //! address or route, 409 for a state conflict (tracing stopped, a process
 //! that ended, a snapshot of another target, a label in use), 507 when the
-//! state directory's filesystem is full.
+//! state directory's filesystem is full or a snapshot quota is.
 //!
 //! Every other error response, whoever made it (axum's own rejections of a
 //! path, query or body it cannot extract, tower-http's 413 and 503), is
@@ -217,25 +217,36 @@ impl From<StoreError> for ApiError {
         let (status, hint) = match &err {
             StoreError::NotFound { .. } | StoreError::LabelNotFound { .. } => (
                 StatusCode::NOT_FOUND,
-                "GET /snapshots lists the stored snapshots and their labels",
+                "GET /snapshots lists the stored snapshots and their labels".into(),
             ),
             StoreError::LabelTaken { .. } => (
                 StatusCode::CONFLICT,
-                "choose another label, or remove it from the other snapshot with PATCH /snapshots/{id}?label=",
+                "choose another label, or remove it from the other snapshot with PATCH /snapshots/{id}?label=".into(),
             ),
             StoreError::InvalidLabel { .. } => (
                 StatusCode::BAD_REQUEST,
-                "a label is 1 to 64 of A-Z a-z 0-9 . _ : - and not all digits",
+                "a label is 1 to 64 of A-Z a-z 0-9 . _ : - and not all digits".into(),
+            ),
+            StoreError::QuotaFull { quota, .. } => (
+                StatusCode::INSUFFICIENT_STORAGE,
+                format!(
+                    "delete stored snapshots (GET /snapshots lists them with their bytes, DELETE /snapshots/{{id}} removes one), or raise {} ({}, {}); the snapshot was not stored",
+                    quota.setting(),
+                    quota.flag(),
+                    quota.env()
+                )
+                .into(),
             ),
             StoreError::Io { source, .. } if is_full(source) => (
                 StatusCode::INSUFFICIENT_STORAGE,
-                "the filesystem of tracerd's state directory (state_dir) is full: free space there, or delete stored snapshots (DELETE /snapshots/{id}); the snapshot was not stored",
+                "the filesystem of tracerd's state directory (state_dir) is full: free space there, or delete stored snapshots (DELETE /snapshots/{id}); the snapshot was not stored".into(),
             ),
             StoreError::Io { .. } => (
                 StatusCode::INTERNAL_SERVER_ERROR,
-                "tracerd could not write its state directory; see its log and the disk",
+                "tracerd could not write its state directory; see its log and the disk".into(),
             ),
         };
+        let hint: std::borrow::Cow<'static, str> = hint;
         Self::new(status, err.to_string(), hint)
     }
 }
@@ -360,6 +371,17 @@ mod tests {
                 409,
             ),
             (StoreError::LabelNotFound { label: "a".into() }.into(), 404),
+            (
+                StoreError::QuotaFull {
+                    quota: crate::store::Quota::Bytes,
+                    limit: 1,
+                    held: 0,
+                    need: 2,
+                    owner: None,
+                }
+                .into(),
+                507,
+            ),
             (
                 StoreError::Io {
                     action: "writing",

@@ -498,12 +498,63 @@ impl ServiceCollector {
             "Addresses that needed DWARF lookups (cache misses)",
             &[(Vec::new(), sym.cache_misses)],
         )?;
+        let (store, state_dir_bytes) = self.service.store_stats();
         gauge(
             encoder,
             "tracer_snapshot_store_snapshots",
-            "Snapshots kept in the snapshot store",
-            &[(Vec::new(), signed(self.service.stored_count() as u64))],
+            "Snapshots kept in the snapshot store, by kind (taken, auto, loaded)",
+            &store
+                .by_kind
+                .iter()
+                .map(|(kind, count, _)| (vec![("kind", kind.as_str())], signed(*count)))
+                .collect::<Vec<_>>(),
         )?;
+        gauge(
+            encoder,
+            "tracer_snapshot_store_bytes",
+            "Bytes the stored snapshots count against max_snapshot_bytes, by kind: files' sizes in the state directory, automatic snapshots' compact form in memory",
+            &store
+                .by_kind
+                .iter()
+                .map(|(kind, _, bytes)| (vec![("kind", kind.as_str())], signed(*bytes)))
+                .collect::<Vec<_>>(),
+        )?;
+        gauge(
+            encoder,
+            "tracer_snapshot_store_quota",
+            "The snapshot store's quotas, by setting (snapshots, or bytes)",
+            &[
+                crate::store::Quota::Snapshots,
+                crate::store::Quota::Bytes,
+                crate::store::Quota::SnapshotsPerOwner,
+                crate::store::Quota::BytesPerOwner,
+            ]
+            .map(|q| (vec![("setting", q.setting())], signed(q.of(&store.quotas)))),
+        )?;
+        counter(
+            encoder,
+            "tracer_snapshot_store_evictions",
+            "Automatic snapshots evicted, oldest first, to make room under the snapshot quotas",
+            &[(Vec::new(), store.evicted)],
+        )?;
+        counter(
+            encoder,
+            "tracer_snapshot_store_refused",
+            "Snapshots not stored because a quota was full, by kind (a POST answered 507, or an automatic snapshot skipped)",
+            &store
+                .refused
+                .iter()
+                .map(|(kind, count)| (vec![("kind", kind.as_str())], *count))
+                .collect::<Vec<_>>(),
+        )?;
+        if let Some(bytes) = state_dir_bytes {
+            gauge(
+                encoder,
+                "tracer_state_dir_bytes",
+                "Bytes of the regular files under the state directory (state_dir), walked at the scrape",
+                &[(Vec::new(), signed(bytes))],
+            )?;
+        }
         gauge(
             encoder,
             "process_resident_memory_bytes",

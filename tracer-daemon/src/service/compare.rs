@@ -198,7 +198,7 @@ impl Service {
                         .last()
                         .map(|s| s.id);
                     latest.and_then(|id| {
-                        Some(Side::stored(held.store.get(id)?, held.store.info(id)?))
+                        Some(Side::stored(&held.store.get(id)?, held.store.info(id)?))
                     })
                 };
                 match latest {
@@ -220,7 +220,7 @@ impl Service {
                     })
                     .filter(|(s, _)| s.taken_at >= self.started_at)
                     .last()
-                    .map(|(s, i)| Side::stored(s, i));
+                    .and_then(|(s, i)| Some(Side::stored(&held.store.get(s.id)?, i)));
                 latest.unwrap_or_else(|| Side::empty(limit, unix_ms(self.started_at)))
             }
             (target, BaseSpec::Since(ago)) => self.since_side(viewer, target, *ago, limit, want)?,
@@ -268,7 +268,7 @@ impl Service {
             }
         };
         let held = self.state.locks().store();
-        let mut traces = Vec::new();
+        let mut loaders = Vec::new();
         let mut parts = Vec::new();
         let mut completeness = Completeness::complete();
         for (image, first_seen_ms) in images {
@@ -279,17 +279,24 @@ impl Service {
                 .last();
             match found {
                 Some((stored, info)) => {
-                    traces.extend(stored.snapshot.traces().iter().cloned());
                     completeness.merge(&stored.completeness);
                     parts.push(
                         json!({"pid": image.pid, "kind": "snapshot", "id": stored.id,
                         "snapshot_kind": info.kind, "taken_at_ms": unix_ms(stored.taken_at)}),
                     );
+                    loaders.extend(held.store.loader(stored.id));
                 }
                 None => parts.push(
                     json!({"pid": image.pid, "kind": "tracing_start", "at_ms": first_seen_ms}),
                 ),
             }
+        }
+        drop(held);
+        // Automatic snapshots are kept compactly: decoded here, without
+        // the store's lock.
+        let mut traces = Vec::new();
+        for loader in loaders {
+            traces.extend(loader.load().snapshot.traces().iter().cloned());
         }
         let info = match (target, parts.as_slice()) {
             (Target::Process(_), [part]) => {

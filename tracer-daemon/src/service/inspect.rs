@@ -206,11 +206,7 @@ impl Service {
         let daemon_rss = procfs::self_rss().unwrap_or(0);
         let unwind = self.state.locks().kernel().kernel.unwind_usage();
         let held = self.state.locks().store();
-        let stored_traces = held
-            .store
-            .iter()
-            .map(|(s, _)| s.snapshot.traces().len())
-            .sum();
+        let stored_traces = held.store.summaries().iter().map(|s| s.traces).sum();
         TracerMemory {
             kernel_maps,
             daemon_rss,

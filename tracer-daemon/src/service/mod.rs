@@ -227,12 +227,33 @@ impl Service {
     }
 
     /// Opens the snapshot store in `state_dir` (its files read back; those
-    /// that do not decode are logged and left where they are).
+    /// that do not decode are logged and left where they are), with
+    /// `quotas`. Snapshots read back beyond the quotas stay (and are
+    /// logged): new ones are refused until there is room.
     ///
     /// # Errors
     /// [`StoreError::Io`] if the state directory cannot be used.
-    pub fn open_store(&self, state_dir: &std::path::Path) -> Result<(), StoreError> {
-        let store = SnapshotStore::open(state_dir)?;
+    pub fn open_store(
+        &self,
+        state_dir: &std::path::Path,
+        quotas: crate::store::Quotas,
+    ) -> Result<(), StoreError> {
+        let mut store = SnapshotStore::open(state_dir)?;
+        store.set_quotas(quotas);
+        let stats = store.stats();
+        let (count, bytes) = stats
+            .by_kind
+            .iter()
+            .fold((0u64, 0u64), |(c, b), (_, n, s)| (c + n, b + s));
+        if count > quotas.snapshots || bytes > quotas.bytes {
+            ::tracing::warn!(
+                count,
+                bytes,
+                max_snapshots = quotas.snapshots,
+                max_snapshot_bytes = quotas.bytes,
+                "the stored snapshots read back exceed the quotas: new snapshots are refused until some are deleted (DELETE /snapshots/{{id}})"
+            );
+        }
         for bad in store.unreadable() {
             ::tracing::error!(target = %bad.path.display(), err = %bad.error, "stored snapshot not loaded");
         }

@@ -457,10 +457,12 @@ impl Service {
         let id = self.resolve(viewer, reference)?;
         let held = self.state.locks().store();
         let missing = || ServiceError::SnapshotNotFound { id };
-        let stored = held.store.get(id).cloned().ok_or_else(missing)?;
+        let loader = held.store.loader(id).ok_or_else(missing)?;
         let summary = held.store.summary(id).ok_or_else(missing)?;
         let info = held.store.info(id).cloned().ok_or_else(missing)?;
-        Ok((stored, summary, info))
+        drop(held);
+        // An automatic snapshot is decoded here, without the store's lock.
+        Ok((loader.load(), summary, info))
     }
 
     /// Summaries of the stored snapshots `viewer` may see, oldest first:
@@ -510,6 +512,20 @@ impl Service {
         self.state.locks().store().store.len()
     }
 
+    /// The store's counts and bytes per kind, evictions and refusals, and
+    /// the size in bytes of the state directory's files (None without a
+    /// state directory). The directory is walked without the store's lock.
+    pub fn store_stats(&self) -> (crate::store::StoreStats, Option<u64>) {
+        let (stats, dir) = {
+            let held = self.state.locks().store();
+            (
+                held.store.stats(),
+                held.store.state_dir().map(std::path::Path::to_path_buf),
+            )
+        };
+        (stats, dir.map(|dir| crate::store::dir_bytes(&dir)))
+    }
+
     /// Sets or removes a label of a snapshot `viewer` may see.
     ///
     /// # Errors
@@ -551,6 +567,7 @@ impl Service {
         let at = SystemTime::now();
         let mut held = self.state.locks().store();
         let mut taken = 0;
+        let (mut refused, mut last_refusal) = (0usize, None);
         for image in images {
             let stored = StoredSnapshot {
                 id: 0,
@@ -567,10 +584,18 @@ impl Service {
             info.allocator_frames = Some(AllocatorFrames::Drop);
             match held.store.add(stored, info) {
                 Ok(_) => taken += 1,
+                Err(err @ StoreError::QuotaFull { .. }) => {
+                    refused += 1;
+                    last_refusal = Some(err);
+                }
                 Err(err) => {
                     ::tracing::warn!(pid = image.id.pid, err = %err, "automatic snapshot not stored")
                 }
             }
+        }
+        if let Some(err) = last_refusal {
+            // One line per pass, not one per process.
+            ::tracing::warn!(refused, err = %err, "automatic snapshots not stored: the snapshots users stored fill the quotas");
         }
         let expired = held.store.expire_auto(at, retention);
         ::tracing::debug!(taken, expired, "automatic snapshots");

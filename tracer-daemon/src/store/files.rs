@@ -10,8 +10,8 @@ use std::{
 use serde_json::{Value, json};
 use tracer_model::{Completeness, decode};
 
-use super::Entry;
-use super::stored::{SnapshotInfo, SnapshotKind, StoredSnapshot, check_label};
+use super::stored::{Shape, SnapshotHead, SnapshotInfo, SnapshotKind, check_label};
+use super::{Body, Entry};
 use crate::snapshot::AllocatorFrames;
 use crate::sys::fsync::read_regular;
 use crate::sys::unix_ms;
@@ -25,7 +25,7 @@ pub(super) fn file_of(dir: &Path, id: u64) -> PathBuf {
 
 /// The metadata kept in a snapshot file's header.
 pub(super) fn meta_of(entry: &Entry) -> Value {
-    let s = &entry.stored;
+    let s = &entry.head;
     let mut meta = json!({
         "id": s.id,
         "pid": s.pid,
@@ -81,7 +81,7 @@ pub(super) fn read_snapshot_file(path: &Path, stem: &str) -> Result<Entry, Strin
         Some("tracer") => Some("tracer"),
         _ => None,
     };
-    let stored = StoredSnapshot {
+    let head = SnapshotHead {
         id,
         pid: field("pid")
             .and_then(|p| u32::try_from(p).ok())
@@ -93,7 +93,6 @@ pub(super) fn read_snapshot_file(path: &Path, stem: &str) -> Result<Entry, Strin
         taken_at: SystemTime::UNIX_EPOCH + Duration::from_millis(field("taken_at_ms").unwrap_or(0)),
         traced_memory: (traced_at(0), traced_at(1)),
         completeness: Completeness::from_meta(meta),
-        snapshot: Arc::new(decoded.snapshot),
     };
     let info = SnapshotInfo {
         kind,
@@ -109,10 +108,13 @@ pub(super) fn read_snapshot_file(path: &Path, stem: &str) -> Result<Entry, Strin
         owner: field("owner_uid").and_then(|u| u32::try_from(u).ok()),
     };
     Ok(Entry {
-        stored,
+        head,
+        shape: Shape::of(&decoded.snapshot),
+        body: Body::Whole(Arc::new(decoded.snapshot)),
         info,
         persisted: true,
         this_run: false,
+        bytes: bytes.len() as u64,
     })
 }
 
@@ -125,4 +127,29 @@ pub(super) fn read_next_id(path: &Path) -> u64 {
         .and_then(|bytes| String::from_utf8(bytes).ok())
         .and_then(|t| t.trim().parse().ok())
         .unwrap_or(0)
+}
+
+/// Bytes of the regular files under `dir`, its subdirectories included
+/// (symbolic links are not followed; a file or directory that cannot be
+/// read counts 0): the size of tracerd's state directory. Sizes are the
+/// files' lengths (`st_size`), not the blocks they take.
+pub fn dir_bytes(dir: &Path) -> u64 {
+    let mut total = 0u64;
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        let Ok(listing) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in listing.flatten() {
+            let Ok(meta) = entry.metadata() else {
+                continue;
+            };
+            if meta.is_dir() {
+                pending.push(entry.path());
+            } else if meta.is_file() {
+                total = total.saturating_add(meta.len());
+            }
+        }
+    }
+    total
 }

@@ -16,34 +16,51 @@
 //!
 //! Automatic snapshots (kind `auto`, taken every interval of every traced
 //! process) stay in memory for their retention: after a restart the kernel's
-//! live blocks start over, so they would compare against nothing. Labelling
+//! live blocks start over, so they would compare against nothing. They are
+//! kept compactly ([`compact`]): traces grouped, tracebacks shared by the
+//! automatic snapshots of one process image, decoded on use. Labelling
 //! one keeps it (it becomes a file like the others).
+//!
+//! Quotas ([`Quotas`]) bound how many snapshots the store holds, and how
+//! many bytes, in total and per owner. A new automatic snapshot, or one a
+//! user stores, that would exceed a total first evicts the oldest
+//! unlabelled automatic snapshots (counted, see [`StoreStats`]); when that
+//! is not enough (or a per-owner quota is full: automatic snapshots are
+//! nobody's) it is refused with [`StoreError::QuotaFull`]. Snapshots a user
+//! stored are never evicted.
 //!
 //! Ids are unique for the life of the state directory, restarts included:
 //! they are handed out from blocks reserved in `<state_dir>/snapshots/next-id`
 //! before use, so even a SIGKILL never lets an id be given twice.
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, HashMap, HashSet},
     fs,
     path::{Path, PathBuf},
     time::{Duration, SystemTime},
 };
 
 use serde::Serialize;
-use tracer_model::encode;
+use std::sync::Arc;
+use tracer_model::{Snapshot, encode};
 
 use crate::capture::ImageId;
 use crate::sys::fsync::{WriteError, create_private_dir, sync_dir, write_atomically};
 
+mod compact;
 mod files;
+mod quota;
 mod stored;
 
-pub use files::SNAPSHOT_SUFFIX;
+pub use files::{SNAPSHOT_SUFFIX, dir_bytes};
+pub use quota::{Quota, Quotas};
 pub use stored::{
-    MAX_LABEL_LEN, SnapshotInfo, SnapshotKind, SnapshotSummary, StoredSnapshot, check_label,
+    MAX_LABEL_LEN, SnapshotHead, SnapshotInfo, SnapshotKind, SnapshotSummary, StoredSnapshot,
+    check_label,
 };
 
+use compact::{Compact, Interner};
 use files::{file_of, meta_of, read_next_id, read_snapshot_file};
+use stored::Shape;
 
 /// How many ids are reserved on disk at a time.
 const ID_BLOCK: u64 = 1024;
@@ -85,6 +102,22 @@ pub enum StoreError {
         /// The snapshot that has it; None when the caller may not see it
         /// (`service::access`).
         id: Option<u64>,
+    },
+    /// Storing the snapshot would exceed a quota, even with every
+    /// automatic snapshot it may evict gone; nothing was stored or evicted.
+    #[error("{}", quota::describe(*quota, *limit, *held, *need, *owner))]
+    QuotaFull {
+        /// The quota.
+        quota: Quota,
+        /// Its value (snapshots, or bytes).
+        limit: u64,
+        /// What is held that counts against it and is never evicted
+        /// automatically (snapshots, or bytes).
+        held: u64,
+        /// What the snapshot needs (1 snapshot, or its bytes).
+        need: u64,
+        /// For a per-owner quota, the owner (uid).
+        owner: Option<u32>,
     },
     /// The label is not a valid one.
     #[error("invalid label {label:?}: {reason}")]
@@ -136,21 +169,97 @@ pub struct Unreadable {
     pub error: String,
 }
 
+/// The traces of an entry: whole, or compact (automatic snapshots).
+#[derive(Clone, Debug)]
+enum Body {
+    Whole(Arc<Snapshot>),
+    Compact(Compact),
+}
+
+impl Body {
+    fn snapshot(&self) -> Arc<Snapshot> {
+        match self {
+            Body::Whole(snapshot) => Arc::clone(snapshot),
+            Body::Compact(compact) => Arc::new(compact.decode()),
+        }
+    }
+}
+
 /// One entry of the store.
 #[derive(Clone, Debug)]
 struct Entry {
-    stored: StoredSnapshot,
+    head: SnapshotHead,
+    body: Body,
+    shape: Shape,
     info: SnapshotInfo,
     persisted: bool,
     this_run: bool,
+    /// What it counts against the quotas: its file's size when persisted,
+    /// else its compact form's bytes (or, without a state directory, what
+    /// its file would take).
+    bytes: u64,
 }
 
 impl Entry {
     fn summary(&self) -> SnapshotSummary {
-        self.stored
-            .summary_with(&self.info, self.persisted, self.this_run)
+        self.head.summary_with(
+            &self.info,
+            self.shape,
+            self.persisted,
+            self.this_run,
+            self.bytes,
+        )
+    }
+
+    /// An unlabelled automatic snapshot: the only kind evicted or expired.
+    fn evictable(&self) -> bool {
+        self.info.kind == SnapshotKind::Auto && self.info.label.is_none()
     }
 }
+
+/// A stored snapshot taken out of the store to be decoded without its
+/// lock ([`SnapshotStore::loader`]); cheap to make (a few `Arc`s).
+#[derive(Clone, Debug)]
+pub struct Loader {
+    head: SnapshotHead,
+    body: Body,
+}
+
+impl Loader {
+    /// The snapshot, decoded if it is kept compactly (O(traces)).
+    #[must_use]
+    pub fn load(self) -> StoredSnapshot {
+        let snapshot = self.body.snapshot();
+        self.head.with(snapshot)
+    }
+
+    /// Its head.
+    #[must_use]
+    pub fn head(&self) -> &SnapshotHead {
+        &self.head
+    }
+}
+
+/// Counts and bytes of the store, for `/metrics`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    /// Per kind (`taken`, `auto`, `loaded`): snapshots held and their bytes
+    /// (as [`SnapshotSummary::bytes`]).
+    pub by_kind: Vec<(SnapshotKind, u64, u64)>,
+    /// Automatic snapshots evicted to make room under the quotas since
+    /// start.
+    pub evicted: u64,
+    /// Snapshots refused by a quota since start, per kind.
+    pub refused: Vec<(SnapshotKind, u64)>,
+    /// The quotas in force.
+    pub quotas: Quotas,
+}
+
+const KINDS: [SnapshotKind; 3] = [
+    SnapshotKind::Taken,
+    SnapshotKind::Auto,
+    SnapshotKind::Loaded,
+];
 
 /// The store: snapshots by id, and their files when it has a directory.
 #[derive(Debug, Default)]
@@ -161,6 +270,11 @@ pub struct SnapshotStore {
     entries: BTreeMap<u64, Entry>,
     dir: Option<PathBuf>,
     unreadable: Vec<Unreadable>,
+    quotas: Quotas,
+    /// The tracebacks of each image's automatic snapshots.
+    interners: HashMap<ImageId, Interner>,
+    evicted: u64,
+    refused: BTreeMap<&'static str, u64>,
 }
 
 impl SnapshotStore {
@@ -205,7 +319,7 @@ impl SnapshotStore {
             }
             match read_snapshot_file(&path, stem) {
                 Ok(entry) => {
-                    max_id = max_id.max(entry.stored.id);
+                    max_id = max_id.max(entry.head.id);
                     if let Some(label) = &entry.info.label
                         && let Some(other) = store.id_of_label(label)
                     {
@@ -215,7 +329,7 @@ impl SnapshotStore {
                         });
                         continue;
                     }
-                    store.entries.insert(entry.stored.id, entry);
+                    store.entries.insert(entry.head.id, entry);
                 }
                 Err(error) => {
                     tracing::warn!(target = %path.display(), err = %error, "stored snapshot refused");
@@ -229,9 +343,27 @@ impl SnapshotStore {
         Ok(store)
     }
 
+    /// Sets the quotas. Snapshots held beyond them stay (a user's are
+    /// never removed automatically); new ones are refused until there is
+    /// room.
+    pub fn set_quotas(&mut self, quotas: Quotas) {
+        self.quotas = quotas;
+    }
+
+    /// The quotas in force.
+    pub fn quotas(&self) -> Quotas {
+        self.quotas
+    }
+
     /// Files of the state directory that were refused at open, with why.
     pub fn unreadable(&self) -> &[Unreadable] {
         &self.unreadable
+    }
+
+    /// The state directory (the parent of its `snapshots` directory), if
+    /// the store has one.
+    pub fn state_dir(&self) -> Option<&Path> {
+        self.dir.as_deref().and_then(Path::parent)
     }
 
     /// The next id, reserving a new block on disk first when needed.
@@ -264,14 +396,18 @@ impl SnapshotStore {
                 tracing::warn!(err = %err, "snapshot kept in memory only");
                 let id = self.next_id + 1;
                 self.next_id = id;
-                let stored = StoredSnapshot { id, ..stored };
+                let (mut head, snapshot) = stored.split();
+                head.id = id;
                 self.entries.insert(
                     id,
                     Entry {
-                        stored,
+                        head,
+                        shape: Shape::of(&snapshot),
+                        body: Body::Whole(snapshot),
                         info,
                         persisted: false,
                         this_run: true,
+                        bytes: 0,
                     },
                 );
                 id
@@ -280,17 +416,15 @@ impl SnapshotStore {
     }
 
     /// Stores a snapshot under the next id with `info`; it is written to the
-    /// state directory unless it is an unlabelled automatic one.
+    /// state directory unless it is an unlabelled automatic one, which is
+    /// kept compactly in memory. Automatic snapshots are evicted, oldest
+    /// first, when the quotas need it.
     ///
     /// # Errors
     /// [`StoreError::LabelTaken`] / [`StoreError::InvalidLabel`] for its
-    /// label, [`StoreError::Io`] if its file cannot be written (nothing is
-    /// stored then).
-    pub fn add(
-        &mut self,
-        mut stored: StoredSnapshot,
-        info: SnapshotInfo,
-    ) -> Result<u64, StoreError> {
+    /// label, [`StoreError::QuotaFull`], [`StoreError::Io`] if its file
+    /// cannot be written (nothing is stored or evicted then).
+    pub fn add(&mut self, stored: StoredSnapshot, info: SnapshotInfo) -> Result<u64, StoreError> {
         if let Some(label) = &info.label {
             check_label(label)?;
             if let Some(id) = self.id_of_label(label) {
@@ -300,38 +434,179 @@ impl SnapshotStore {
                 });
             }
         }
-        let id = self.allocate_id()?;
-        stored.id = id;
+        // The id it will have; allocated (reserved on disk) only once it
+        // fits the quotas, so that a refused snapshot takes no id.
+        let id = self.next_id + 1;
+        let (mut head, snapshot) = stored.split();
+        head.id = id;
+        let shape = Shape::of(&snapshot);
+        let body = if info.kind == SnapshotKind::Auto {
+            let interner = match info.image {
+                Some(image) => self.interners.entry(image).or_default(),
+                None => &mut Interner::default(),
+            };
+            Body::Compact(Compact::new(&snapshot, interner))
+        } else {
+            Body::Whole(snapshot)
+        };
         let mut entry = Entry {
-            stored,
+            head,
+            body,
+            shape,
             info,
             persisted: false,
             this_run: true,
+            bytes: 0,
         };
-        if entry.info.kept_on_disk() {
-            self.persist(&mut entry)?;
+        let file = entry.info.kept_on_disk().then(|| encoded(&entry));
+        entry.bytes = match (&file, &entry.body) {
+            (Some(bytes), _) => bytes.len() as u64,
+            (None, Body::Compact(compact)) => compact.bytes(),
+            (None, Body::Whole(_)) => 0,
+        };
+        let evict = self.room_for(&entry, None).inspect_err(|_| {
+            *self.refused.entry(entry.info.kind.as_str()).or_default() += 1;
+            self.forget_unused_interners();
+        })?;
+        let allocated = self.allocate_id()?;
+        if allocated != id {
+            // Never: nothing else allocates while the store is borrowed.
+            return Err(StoreError::Io {
+                action: "allocating an id for",
+                path: self.dir.clone().unwrap_or_default(),
+                source: std::io::Error::other(format!("id {allocated}, expected {id}")),
+            });
         }
+        if let Some(bytes) = file {
+            self.write(id, &bytes)?;
+            entry.persisted = self.dir.is_some();
+        }
+        self.evict(&evict);
         self.entries.insert(id, entry);
         Ok(id)
     }
 
-    fn persist(&self, entry: &mut Entry) -> Result<(), StoreError> {
+    /// The ids of the automatic snapshots to evict, oldest first, so that
+    /// `entry` fits the quotas (replacing the entry `replacing`, if any).
+    ///
+    /// # Errors
+    /// [`StoreError::QuotaFull`]: the first quota it does not fit even with
+    /// every automatic snapshot other than itself evicted.
+    fn room_for(&self, entry: &Entry, replacing: Option<u64>) -> Result<Vec<u64>, StoreError> {
+        let quotas = self.quotas;
+        let full = |quota: Quota, held: u64, need: u64, owner: Option<u32>| StoreError::QuotaFull {
+            quota,
+            limit: quota.of(&quotas),
+            held,
+            need,
+            owner,
+        };
+        let others = || {
+            self.entries
+                .values()
+                .filter(move |e| Some(e.head.id) != replacing)
+        };
+        if let Some(uid) = entry.info.owner {
+            let (count, bytes) = others()
+                .filter(|e| e.info.owner == Some(uid))
+                .fold((0u64, 0u64), |(c, b), e| (c + 1, b.saturating_add(e.bytes)));
+            if count + 1 > quotas.snapshots_per_owner {
+                return Err(full(Quota::SnapshotsPerOwner, count, 1, Some(uid)));
+            }
+            if bytes.saturating_add(entry.bytes) > quotas.bytes_per_owner {
+                return Err(full(Quota::BytesPerOwner, bytes, entry.bytes, Some(uid)));
+            }
+        }
+        let (mut count, mut bytes) = others().fold((1u64, entry.bytes), |(c, b), e| {
+            (c + 1, b.saturating_add(e.bytes))
+        });
+        let mut evict = Vec::new();
+        for victim in others().filter(|e| e.evictable()) {
+            if count <= quotas.snapshots && bytes <= quotas.bytes {
+                break;
+            }
+            evict.push(victim.head.id);
+            count -= 1;
+            bytes = bytes.saturating_sub(victim.bytes);
+        }
+        if count > quotas.snapshots {
+            return Err(full(Quota::Snapshots, count - 1, 1, None));
+        }
+        if bytes > quotas.bytes {
+            return Err(full(
+                Quota::Bytes,
+                bytes.saturating_sub(entry.bytes),
+                entry.bytes,
+                None,
+            ));
+        }
+        Ok(evict)
+    }
+
+    /// Drops the automatic snapshots `ids` (their files too, if any: an
+    /// unlabelled automatic snapshot read back from an earlier run),
+    /// counted as evictions.
+    fn evict(&mut self, ids: &[u64]) {
+        for id in ids {
+            if let Some(entry) = self.entries.remove(id) {
+                self.evicted += 1;
+                tracing::debug!(
+                    id,
+                    pid = entry.head.pid,
+                    bytes = entry.bytes,
+                    "automatic snapshot evicted for the quotas"
+                );
+                self.remove_file_of(&entry);
+            }
+        }
+        if !ids.is_empty() {
+            self.forget_unused_interners();
+        }
+    }
+
+    /// Removes the file of a dropped entry, if it has one (best effort:
+    /// logged on failure).
+    fn remove_file_of(&self, entry: &Entry) {
+        if entry.persisted
+            && let Some(dir) = &self.dir
+        {
+            let path = file_of(dir, entry.head.id);
+            if let Err(err) = fs::remove_file(&path)
+                && err.kind() != std::io::ErrorKind::NotFound
+            {
+                tracing::warn!(target = %path.display(), %err, "cannot remove the file of a dropped snapshot");
+            }
+        }
+    }
+
+    /// Drops the interners of images that have no compact snapshot left.
+    fn forget_unused_interners(&mut self) {
+        let used: HashSet<ImageId> = self
+            .entries
+            .values()
+            .filter(|e| matches!(e.body, Body::Compact(_)))
+            .filter_map(|e| e.info.image)
+            .collect();
+        self.interners.retain(|image, _| used.contains(image));
+    }
+
+    /// Writes the file of snapshot `id` (when the store has a directory).
+    fn write(&self, id: u64, bytes: &[u8]) -> Result<(), StoreError> {
         if let Some(dir) = &self.dir {
-            let bytes = encode(&entry.stored.snapshot, &meta_of(entry));
-            write_atomically(&file_of(dir, entry.stored.id), &bytes).map_err(failed_write)?;
-            entry.persisted = true;
+            write_atomically(&file_of(dir, id), bytes).map_err(failed_write)?;
         }
         Ok(())
     }
 
     /// Sets (or with None removes) the label of snapshot `id`. Labelling an
     /// automatic snapshot keeps it: it is written to the state directory and
-    /// no longer expires.
+    /// no longer expires nor is evicted; removing the label of an automatic
+    /// snapshot removes its file, and it expires again.
     ///
     /// # Errors
     /// [`StoreError::NotFound`], [`StoreError::InvalidLabel`],
-    /// [`StoreError::LabelTaken`], [`StoreError::Io`] (the label is then
-    /// unchanged).
+    /// [`StoreError::LabelTaken`], [`StoreError::QuotaFull`] (its file
+    /// would not fit), [`StoreError::Io`] (the label is then unchanged).
     pub fn set_label(
         &mut self,
         id: u64,
@@ -354,9 +629,23 @@ impl SnapshotStore {
             .cloned()
             .ok_or(StoreError::NotFound { id })?;
         entry.info.label = label;
+        let mut evict = Vec::new();
         if entry.info.kept_on_disk() {
-            self.persist(&mut entry)?;
+            let bytes = encoded(&entry);
+            entry.bytes = bytes.len() as u64;
+            evict = self.room_for(&entry, Some(id)).inspect_err(|_| {
+                *self.refused.entry(entry.info.kind.as_str()).or_default() += 1;
+            })?;
+            self.write(id, &bytes)?;
+            entry.persisted = self.dir.is_some();
+        } else if let Body::Compact(compact) = &entry.body {
+            // An automatic snapshot no longer labelled: back to memory.
+            let bytes = compact.bytes();
+            self.remove_file_of(&entry);
+            entry.persisted = false;
+            entry.bytes = bytes;
         }
+        self.evict(&evict);
         let summary = entry.summary();
         self.entries.insert(id, entry);
         Ok(summary)
@@ -383,6 +672,7 @@ impl SnapshotStore {
             .entries
             .remove(&id)
             .ok_or(StoreError::NotFound { id })?;
+        self.forget_unused_interners();
         entry.persisted = false;
         Ok(entry.summary())
     }
@@ -390,13 +680,23 @@ impl SnapshotStore {
     /// Drops automatic snapshots (unlabelled) taken more than `retention`
     /// before `now`; returns how many.
     pub fn expire_auto(&mut self, now: SystemTime, retention: Duration) -> usize {
-        let before = self.entries.len();
-        self.entries.retain(|_, e| {
-            e.info.kind != SnapshotKind::Auto
-                || e.info.label.is_some()
-                || now.duration_since(e.stored.taken_at).unwrap_or_default() <= retention
-        });
-        before - self.entries.len()
+        let expired: Vec<u64> = self
+            .entries
+            .values()
+            .filter(|e| {
+                e.evictable() && now.duration_since(e.head.taken_at).unwrap_or_default() > retention
+            })
+            .map(|e| e.head.id)
+            .collect();
+        for id in &expired {
+            if let Some(entry) = self.entries.remove(id) {
+                self.remove_file_of(&entry);
+            }
+        }
+        if !expired.is_empty() {
+            self.forget_unused_interners();
+        }
+        expired.len()
     }
 
     /// Number of stored snapshots.
@@ -409,9 +709,47 @@ impl SnapshotStore {
         self.entries.is_empty()
     }
 
-    /// The snapshot `id`.
-    pub fn get(&self, id: u64) -> Option<&StoredSnapshot> {
-        self.entries.get(&id).map(|e| &e.stored)
+    /// Counts and bytes per kind, evictions and refusals.
+    pub fn stats(&self) -> StoreStats {
+        let by_kind = KINDS
+            .iter()
+            .map(|kind| {
+                let (count, bytes) = self
+                    .entries
+                    .values()
+                    .filter(|e| e.info.kind == *kind)
+                    .fold((0u64, 0u64), |(c, b), e| (c + 1, b.saturating_add(e.bytes)));
+                (*kind, count, bytes)
+            })
+            .collect();
+        let refused = KINDS
+            .iter()
+            .map(|kind| (*kind, self.refused.get(kind.as_str()).copied().unwrap_or(0)))
+            .collect();
+        StoreStats {
+            by_kind,
+            evicted: self.evicted,
+            refused,
+            quotas: self.quotas,
+        }
+    }
+
+    /// Snapshot `id`, to be decoded without the store's lock.
+    pub fn loader(&self, id: u64) -> Option<Loader> {
+        self.entries.get(&id).map(|e| Loader {
+            head: e.head.clone(),
+            body: e.body.clone(),
+        })
+    }
+
+    /// Snapshot `id`, decoded now if it is kept compactly.
+    pub fn get(&self, id: u64) -> Option<StoredSnapshot> {
+        self.loader(id).map(Loader::load)
+    }
+
+    /// The head of snapshot `id`.
+    pub fn head(&self, id: u64) -> Option<&SnapshotHead> {
+        self.entries.get(&id).map(|e| &e.head)
     }
 
     /// What the store knows of snapshot `id`.
@@ -429,12 +767,12 @@ impl SnapshotStore {
         self.entries
             .values()
             .find(|e| e.info.label.as_deref() == Some(label))
-            .map(|e| e.stored.id)
+            .map(|e| e.head.id)
     }
 
-    /// Every snapshot, oldest first, with its info.
-    pub fn iter(&self) -> impl Iterator<Item = (&StoredSnapshot, &SnapshotInfo)> {
-        self.entries.values().map(|e| (&e.stored, &e.info))
+    /// Every snapshot's head, oldest first, with its info.
+    pub fn iter(&self) -> impl Iterator<Item = (&SnapshotHead, &SnapshotInfo)> {
+        self.entries.values().map(|e| (&e.head, &e.info))
     }
 
     /// Summaries of every snapshot, oldest first.
@@ -446,7 +784,7 @@ impl SnapshotStore {
     /// oldest first (automatic ones excluded: they are used through
     /// `since=` or by id). The generation, not the start time, tells images
     /// apart: exec keeps the start time.
-    pub fn of_image(&self, image: ImageId) -> impl Iterator<Item = &StoredSnapshot> {
+    pub fn of_image(&self, image: ImageId) -> impl Iterator<Item = &SnapshotHead> {
         self.of_image_all(image)
             .filter(|(_, info)| info.kind != SnapshotKind::Auto)
             .map(|(s, _)| s)
@@ -457,10 +795,15 @@ impl SnapshotStore {
     pub fn of_image_all(
         &self,
         image: ImageId,
-    ) -> impl Iterator<Item = (&StoredSnapshot, &SnapshotInfo)> {
+    ) -> impl Iterator<Item = (&SnapshotHead, &SnapshotInfo)> {
         self.iter()
             .filter(move |(_, info)| info.image == Some(image))
     }
+}
+
+/// The file of `entry`: tracer's dump format with the store's metadata.
+fn encoded(entry: &Entry) -> Vec<u8> {
+    encode(&entry.body.snapshot(), &meta_of(entry))
 }
 
 #[cfg(test)]

@@ -158,15 +158,102 @@ pub struct SnapshotSummary {
     pub this_run: bool,
     /// True if it is kept in the state directory.
     pub persisted: bool,
+    /// Bytes it counts against the store's quotas (`max_snapshot_bytes`):
+    /// its file's size when `persisted`, else the bytes of its compact form
+    /// in memory (an automatic snapshot's grouped traces and a pointer per
+    /// distinct traceback; the tracebacks are shared with the process's
+    /// other automatic snapshots and not counted).
+    pub bytes: u64,
+}
+
+/// Everything the store keeps of a snapshot but its traces: what lists,
+/// summaries and lookups by image need without decoding it.
+#[derive(Clone, Debug)]
+pub struct SnapshotHead {
+    /// As [`StoredSnapshot::id`].
+    pub id: u64,
+    /// As [`StoredSnapshot::pid`].
+    pub pid: u32,
+    /// As [`StoredSnapshot::start_time`].
+    pub start_time: u64,
+    /// As [`StoredSnapshot::gen_`].
+    pub gen_: u32,
+    /// As [`StoredSnapshot::taken_at`].
+    pub taken_at: SystemTime,
+    /// As [`StoredSnapshot::traced_memory`].
+    pub traced_memory: (u64, u64),
+    /// As [`StoredSnapshot::completeness`].
+    pub completeness: Completeness,
+}
+
+/// What a summary shows of a snapshot's traces, counted once when it is
+/// stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Shape {
+    /// Number of traces.
+    pub traces: usize,
+    /// Sum of their sizes in bytes.
+    pub size: u64,
+    /// Its traceback limit.
+    pub traceback_limit: u32,
+}
+
+impl Shape {
+    pub(super) fn of(snapshot: &Snapshot) -> Self {
+        Self {
+            traces: snapshot.traces().len(),
+            size: snapshot
+                .traces()
+                .iter()
+                .fold(0u64, |acc, t| acc.saturating_add(t.size)),
+            traceback_limit: snapshot.traceback_limit(),
+        }
+    }
 }
 
 impl StoredSnapshot {
+    /// Its head and its traces.
+    #[must_use]
+    pub fn split(self) -> (SnapshotHead, Arc<Snapshot>) {
+        (
+            SnapshotHead {
+                id: self.id,
+                pid: self.pid,
+                start_time: self.start_time,
+                gen_: self.gen_,
+                taken_at: self.taken_at,
+                traced_memory: self.traced_memory,
+                completeness: self.completeness,
+            },
+            self.snapshot,
+        )
+    }
+}
+
+impl SnapshotHead {
+    /// The stored snapshot of this head and `snapshot`.
+    #[must_use]
+    pub fn with(self, snapshot: Arc<Snapshot>) -> StoredSnapshot {
+        StoredSnapshot {
+            id: self.id,
+            pid: self.pid,
+            start_time: self.start_time,
+            gen_: self.gen_,
+            taken_at: self.taken_at,
+            traced_memory: self.traced_memory,
+            completeness: self.completeness,
+            snapshot,
+        }
+    }
+
     /// The API's view of it, with what the store knows of it.
     pub(super) fn summary_with(
         &self,
         info: &SnapshotInfo,
+        shape: Shape,
         persisted: bool,
         this_run: bool,
+        bytes: u64,
     ) -> SnapshotSummary {
         SnapshotSummary {
             id: self.id,
@@ -174,21 +261,18 @@ impl StoredSnapshot {
             kind: info.kind,
             label: info.label.clone(),
             taken_at_ms: unix_ms(self.taken_at),
-            traces: self.snapshot.traces().len(),
-            size: self
-                .snapshot
-                .traces()
-                .iter()
-                .fold(0u64, |acc, t| acc.saturating_add(t.size)),
+            traces: shape.traces,
+            size: shape.size,
             current: self.traced_memory.0,
             peak: self.traced_memory.1,
-            traceback_limit: self.snapshot.traceback_limit(),
+            traceback_limit: shape.traceback_limit,
             comm: info.comm.clone(),
             allocator_frames: info.allocator_frames,
             owner_uid: info.owner,
             completeness: self.completeness.clone(),
             this_run,
             persisted,
+            bytes,
         }
     }
 }

@@ -383,3 +383,407 @@ fn the_snapshot_directory_is_0700_and_its_files_0600() {
     assert_eq!(mode(&dir.join("snapshots/next-id")), 0o600);
     let _ = fs::remove_dir_all(&dir);
 }
+
+/// An automatic snapshot of image (5, 1) with `traces` traces over three
+/// tracebacks built anew (equal to those of any other call, in distinct
+/// `Arc`s, as each build of the daemon makes them), sizes 16 and 32.
+fn auto_snapshot(traces: usize) -> StoredSnapshot {
+    let tbs: Vec<Arc<Traceback>> = (0..3)
+        .map(|i| {
+            Arc::new(Traceback::new(
+                vec![Frame::new("a.c", 10 + i), Frame::new("main.c", 1)],
+                Some(2),
+            ))
+        })
+        .collect();
+    let traces = (0..traces)
+        .map(|i| Trace {
+            source: tracer_model::Source(1),
+            domain: 5,
+            size: if i % 2 == 0 { 16 } else { 32 },
+            traceback: Arc::clone(&tbs[i % 3]),
+        })
+        .collect();
+    StoredSnapshot {
+        snapshot: Arc::new(Snapshot::new(traces, 16)),
+        ..stored(5, 1)
+    }
+}
+
+fn add_auto(store: &mut SnapshotStore, traces: usize) -> Result<u64, StoreError> {
+    store.add(
+        auto_snapshot(traces),
+        SnapshotInfo::new(SnapshotKind::Auto, Some(ImageId::new(5, 1))),
+    )
+}
+
+/// A trace as a sortable tuple: domain, size, source, frames, total_nframe.
+type TraceKey = (u32, u64, u8, Vec<String>, Option<u32>);
+
+/// The traces as sortable tuples (a snapshot's traces are in no order).
+fn sorted(snapshot: &Snapshot) -> Vec<TraceKey> {
+    let mut out: Vec<_> = snapshot
+        .traces()
+        .iter()
+        .map(|t| {
+            (
+                t.domain,
+                t.size,
+                t.source.0,
+                t.traceback.frames().iter().map(|f| f.to_string()).collect(),
+                t.traceback.total_nframe(),
+            )
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn automatic_snapshots_are_compact_and_share_their_tracebacks() {
+    let mut store = SnapshotStore::default();
+    let a = add_auto(&mut store, 1000).unwrap();
+    let b = add_auto(&mut store, 1000).unwrap();
+    let (one, two) = (store.get(a).unwrap(), store.get(b).unwrap());
+    assert_eq!(sorted(&one.snapshot), sorted(&auto_snapshot(1000).snapshot));
+    assert_eq!(one.snapshot.traceback_limit(), 16);
+    // 1000 traces are 6 groups (3 tracebacks x 2 sizes, as i % 6 runs):
+    // 5 one-byte varints each (count 166 or 167 takes two), and 3
+    // pointers.
+    let summary = store.summary(a).unwrap();
+    assert_eq!((summary.traces, summary.size), (1000, 500 * 16 + 500 * 32));
+    assert_eq!(summary.bytes, 6 * 6 + 3 * 8);
+    assert!(!summary.persisted);
+    // The second snapshot's tracebacks are the first one's.
+    let first = |s: &StoredSnapshot, i: usize| Arc::clone(&s.snapshot.traces()[i].traceback);
+    assert!(Arc::ptr_eq(&first(&one, 0), &first(&two, 0)));
+    assert_eq!(store.interners.get(&ImageId::new(5, 1)).unwrap().len(), 3);
+    // Frames that differ only in what symbolization knows beyond
+    // file:line are not merged.
+    let with_address = |address| {
+        Arc::new(Traceback::new(
+            vec![Frame::new("a.c", 10).with_extra(tracer_model::FrameExtra {
+                address: Some(address),
+                ..Default::default()
+            })],
+            Some(1),
+        ))
+    };
+    let traces = [0x10, 0x20]
+        .map(|address| Trace {
+            source: tracer_model::Source::UNKNOWN,
+            domain: 5,
+            size: 8,
+            traceback: with_address(address),
+        })
+        .to_vec();
+    let id = store
+        .add(
+            StoredSnapshot {
+                snapshot: Arc::new(Snapshot::new(traces, 16)),
+                ..stored(5, 1)
+            },
+            SnapshotInfo::new(SnapshotKind::Auto, Some(ImageId::new(5, 1))),
+        )
+        .unwrap();
+    let addresses: Vec<Option<u64>> = store
+        .get(id)
+        .unwrap()
+        .snapshot
+        .traces()
+        .iter()
+        .map(|t| {
+            t.traceback.frames()[0]
+                .extra
+                .as_ref()
+                .and_then(|e| e.address)
+        })
+        .collect();
+    assert_eq!(addresses, [Some(0x10), Some(0x20)]);
+    // Once the image's automatic snapshots are gone, so are its tracebacks.
+    for id in [a, b, id] {
+        store.remove(id).unwrap();
+    }
+    assert!(store.interners.is_empty());
+}
+
+fn quotas(snapshots: u64, bytes: u64) -> Quotas {
+    Quotas {
+        snapshots,
+        bytes,
+        ..Quotas::UNLIMITED
+    }
+}
+
+#[test]
+fn a_full_count_evicts_the_oldest_automatic_snapshots_then_refuses() {
+    let mut store = SnapshotStore::default();
+    store.set_quotas(quotas(4, u64::MAX));
+    let a1 = add_auto(&mut store, 10).unwrap();
+    let a2 = add_auto(&mut store, 10).unwrap();
+    let t1 = take(&mut store);
+    let a3 = add_auto(&mut store, 10).unwrap();
+    let ids = |store: &SnapshotStore| store.iter().map(|(h, _)| h.id).collect::<Vec<_>>();
+    assert_eq!(ids(&store), [a1, a2, t1, a3]);
+    let t2 = take(&mut store);
+    assert_eq!(ids(&store), [a2, t1, a3, t2], "a1, the oldest, went");
+    // A new automatic snapshot evicts the oldest automatic one too.
+    let a4 = add_auto(&mut store, 10).unwrap();
+    assert_eq!(ids(&store), [t1, a3, t2, a4]);
+    let t3 = take(&mut store);
+    let t4 = take(&mut store);
+    assert_eq!(ids(&store), [t1, t2, t3, t4]);
+    assert_eq!(store.stats().evicted, 4);
+    // Only users' snapshots left: nothing to evict, and none is.
+    let err = store
+        .add(stored(5, 1), SnapshotInfo::new(SnapshotKind::Taken, None))
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "snapshot quota reached: max_snapshots is 4, and the snapshots that are never evicted automatically (taken, loaded, labelled) number 4"
+    );
+    assert!(matches!(
+        err,
+        StoreError::QuotaFull {
+            quota: Quota::Snapshots,
+            limit: 4,
+            held: 4,
+            need: 1,
+            owner: None
+        }
+    ));
+    assert!(matches!(
+        add_auto(&mut store, 10),
+        Err(StoreError::QuotaFull {
+            quota: Quota::Snapshots,
+            ..
+        })
+    ));
+    assert_eq!(ids(&store), [t1, t2, t3, t4]);
+    let stats = store.stats();
+    assert_eq!(
+        stats.refused,
+        [
+            (SnapshotKind::Taken, 1),
+            (SnapshotKind::Auto, 1),
+            (SnapshotKind::Loaded, 0)
+        ]
+    );
+    assert_eq!(stats.evicted, 4);
+    assert!(store.interners.is_empty(), "no automatic snapshot is left");
+    // The refused snapshots took no id.
+    store.set_quotas(quotas(5, u64::MAX));
+    assert_eq!(take(&mut store), t4 + 1);
+}
+
+#[test]
+fn a_full_byte_quota_evicts_as_few_automatic_snapshots_as_it_needs() {
+    let dir = temp_dir("quota-bytes");
+    let mut store = SnapshotStore::open(&dir).unwrap();
+    let t1 = take(&mut store);
+    let file = store.summary(t1).unwrap().bytes;
+    assert_eq!(
+        file,
+        fs::metadata(dir.join(format!("snapshots/{t1}.tsnap")))
+            .unwrap()
+            .len()
+    );
+    let a1 = add_auto(&mut store, 1000).unwrap();
+    let a2 = add_auto(&mut store, 1000).unwrap();
+    let a3 = add_auto(&mut store, 1000).unwrap();
+    let auto = store.summary(a1).unwrap().bytes;
+    assert_eq!(auto, 60);
+    // Room for the taken one, the three automatic ones and 10 bytes: a
+    // second taken one (same size as the first) needs two evicted.
+    store.set_quotas(quotas(u64::MAX, 2 * file + auto + 10));
+    let t2 = take(&mut store);
+    let ids: Vec<u64> = store.iter().map(|(h, _)| h.id).collect();
+    assert_eq!(ids, [t1, a3, t2]);
+    assert!(store.get(a1).is_none() && store.get(a2).is_none());
+    let stats = store.stats();
+    assert_eq!(stats.evicted, 2);
+    assert_eq!(
+        stats.by_kind,
+        [
+            (SnapshotKind::Taken, 2, 2 * file),
+            (SnapshotKind::Auto, 1, auto),
+            (SnapshotKind::Loaded, 0, 0)
+        ]
+    );
+    // Labelling a3 writes its file: that does not fit, and a3 is not
+    // evicted for itself.
+    let err = store.set_label(a3, Some("keep".into())).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StoreError::QuotaFull {
+                quota: Quota::Bytes,
+                held,
+                owner: None,
+                ..
+            } if held == 2 * file
+        ),
+        "{err}"
+    );
+    assert_eq!(store.info(a3).unwrap().label, None);
+    assert!(!dir.join(format!("snapshots/{a3}.tsnap")).exists());
+    let _ = fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn per_owner_quotas_refuse_without_evicting_anything() {
+    let mut store = SnapshotStore::default();
+    store.set_quotas(Quotas {
+        snapshots_per_owner: 2,
+        ..Quotas::UNLIMITED
+    });
+    let user = |uid| {
+        let mut info = SnapshotInfo::new(SnapshotKind::Taken, None);
+        info.owner = Some(uid);
+        info
+    };
+    let a1 = add_auto(&mut store, 10).unwrap();
+    store.add(stored(5, 1), user(1000)).unwrap();
+    store.add(stored(5, 1), user(1000)).unwrap();
+    let err = store.add(stored(5, 1), user(1000)).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "snapshot quota reached: max_snapshots_per_owner is 2, and the snapshots of uid 1000 number 2"
+    );
+    // Another user, and the operators, are not held back.
+    store.add(stored(5, 1), user(1001)).unwrap();
+    take(&mut store);
+    assert!(store.get(a1).is_some(), "nothing was evicted");
+    assert_eq!(store.len(), 5);
+
+    store.set_quotas(Quotas {
+        bytes_per_owner: 1024,
+        ..Quotas::UNLIMITED
+    });
+    let bytes = store
+        .summaries()
+        .iter()
+        .filter(|s| s.owner_uid == Some(1001))
+        .map(|s| s.bytes)
+        .sum::<u64>();
+    let mut big = user(1001);
+    big.label = Some("big".into());
+    let err = store.add(auto_snapshot(1000), big).unwrap_err();
+    let need = match err {
+        StoreError::QuotaFull {
+            quota: Quota::BytesPerOwner,
+            limit: 1024,
+            held,
+            need,
+            owner: Some(1001),
+        } if held == bytes => need,
+        other => panic!("{other}"),
+    };
+    assert_eq!(
+        err_text(need, bytes),
+        store
+            .add(auto_snapshot(1000), {
+                let mut again = user(1001);
+                again.label = Some("big".into());
+                again
+            })
+            .unwrap_err()
+            .to_string()
+    );
+}
+
+fn err_text(need: u64, held: u64) -> String {
+    format!(
+        "snapshot quota reached: max_snapshot_bytes_per_owner is 1024 bytes, the snapshots of uid 1001 hold {held} bytes, and this snapshot takes {need} bytes"
+    )
+}
+
+/// tracerd's resident memory now, in bytes.
+fn rss() -> u64 {
+    crate::sys::procfs::self_rss().unwrap()
+}
+
+/// A process's snapshot of `blocks` live blocks over `sites` tracebacks of
+/// 8 frames and `sizes` size classes, built anew (fresh `Arc`s) as each
+/// automatic snapshot is.
+fn big_snapshot(blocks: usize, sites: usize, sizes: u64) -> StoredSnapshot {
+    let tbs: Vec<Arc<Traceback>> = (0..sites)
+        .map(|i| {
+            let frames = (0..8)
+                .map(|d| Frame::new(format!("src/file{}.c", (i + d) % 97), (i * 8 + d) as u32))
+                .collect();
+            Arc::new(Traceback::new(frames, Some(8)))
+        })
+        .collect();
+    let traces = (0..blocks)
+        .map(|i| Trace {
+            source: tracer_model::Source(1),
+            domain: 5,
+            size: 16 * (1 + (i as u64 * 7919) % sizes),
+            traceback: Arc::clone(&tbs[(i * 31) % sites]),
+        })
+        .collect();
+    StoredSnapshot {
+        snapshot: Arc::new(Snapshot::new(traces, 16)),
+        ..stored(5, 1)
+    }
+}
+
+/// RSS of 60 automatic snapshots of one process of 1 M live blocks, kept
+/// whole (as before) and compact, one case per run (`RSS_CASE` =
+/// `SITES,SIZES,whole|compact`: RSS does not shrink after a case). Run
+/// with `RSS_CASE=2000,256,compact cargo test -p tracer-daemon --lib --
+/// --ignored --nocapture rss_of_60`.
+#[test]
+#[ignore = "a measurement: takes minutes and prints RSS"]
+fn rss_of_60_automatic_snapshots_of_a_million_blocks() {
+    let case = std::env::var("RSS_CASE").unwrap_or_else(|_| "2000,256,compact".into());
+    let parts: Vec<&str> = case.split(',').collect();
+    let (sites, sizes): (usize, u64) = (parts[0].parse().unwrap(), parts[1].parse().unwrap());
+    let compact = parts[2] == "compact";
+    {
+        {
+            let mut store = SnapshotStore::default();
+            let before = rss();
+            for _ in 0..60 {
+                let snapshot = big_snapshot(1_000_000, sites, sizes);
+                let (kind, image) = if compact {
+                    (SnapshotKind::Auto, Some(ImageId::new(5, 1)))
+                } else {
+                    (SnapshotKind::Taken, None)
+                };
+                if compact {
+                    store.add(snapshot, SnapshotInfo::new(kind, image)).unwrap();
+                } else {
+                    // As the store kept automatic snapshots before: whole.
+                    let (mut head, snapshot) = snapshot.split();
+                    store.next_id += 1;
+                    head.id = store.next_id;
+                    store.entries.insert(
+                        head.id,
+                        Entry {
+                            head,
+                            shape: Shape::of(&snapshot),
+                            body: Body::Whole(snapshot),
+                            info: SnapshotInfo::new(SnapshotKind::Auto, image),
+                            persisted: false,
+                            this_run: true,
+                            bytes: 0,
+                        },
+                    );
+                }
+            }
+            let held = rss().saturating_sub(before);
+            let bytes: u64 = store.summaries().iter().map(|s| s.bytes).sum();
+            let decoded = store.get(60).unwrap();
+            assert_eq!(decoded.snapshot.traces().len(), 1_000_000);
+            println!(
+                "sites={sites} sizes={sizes} {}: RSS +{} MiB for 60 snapshots ({} MiB counted)",
+                if compact { "compact" } else { "whole" },
+                held >> 20,
+                bytes >> 20
+            );
+            drop(store);
+        }
+    }
+}

@@ -97,13 +97,21 @@ fn metrics_give_each_process_the_values_of_the_api() {
     );
     assert!(sample(&text, "process_resident_memory_bytes", &[]).expect("rss") > 1_000_000.0);
     assert_eq!(
-        sample(&text, "tracer_snapshot_store_snapshots", &[]),
+        sample(
+            &text,
+            "tracer_snapshot_store_snapshots",
+            &[("kind", "taken")]
+        ),
         Some(0.0)
     );
     let (status, _) = tracerd.post(&format!("/pid/{pid}/snapshots"));
     assert_eq!(status, 201);
     assert_eq!(
-        sample(&scrape(&tracerd), "tracer_snapshot_store_snapshots", &[]),
+        sample(
+            &scrape(&tracerd),
+            "tracer_snapshot_store_snapshots",
+            &[("kind", "taken")]
+        ),
         Some(1.0)
     );
     fx.end();

@@ -7,6 +7,7 @@ mod capture;
 mod faults;
 mod metrics;
 mod persistence;
+mod quota;
 mod service;
 mod support;
 mod unwind;
