@@ -362,12 +362,15 @@ pub async fn blocking<T: Send + 'static, E: Into<ApiError> + Send + 'static>(
     }
 }
 
+/// The headers of a streamed answer's head.
+pub type Headers = Vec<(HeaderName, HeaderValue)>;
+
 /// Where a streamed answer is written: an [`std::io::Write`] that hands
 /// the connection a chunk of [`CHUNK_BYTES`] at a time. The head (200 and
 /// `headers`) goes with [`Sink::begin`]; before it, the work may still
 /// fail with any status.
 pub struct Sink {
-    head: Option<oneshot::Sender<Result<Vec<(HeaderName, HeaderValue)>, ApiError>>>,
+    head: Option<oneshot::Sender<Result<Headers, ApiError>>>,
     chunks: mpsc::Sender<Result<Bytes, std::io::Error>>,
     buffer: Vec<u8>,
     state: Arc<WorkState>,
@@ -377,7 +380,7 @@ pub struct Sink {
 impl Sink {
     /// Sends the head: status 200 with `headers`. Only the first call
     /// counts.
-    pub fn begin(&mut self, headers: Vec<(HeaderName, HeaderValue)>) {
+    pub fn begin(&mut self, headers: Headers) {
         if let Some(head) = self.head.take() {
             // A dropped receiver: the request's future is gone, which the
             // next chunk finds out.
