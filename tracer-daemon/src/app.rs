@@ -166,6 +166,7 @@ pub async fn run(config: Config) -> Result<(), AppError> {
         request_timeout: Duration::from_secs(config.request_timeout_secs),
         request_read_timeout: Duration::from_secs(config.request_read_timeout_secs),
         max_expensive_requests: config.max_expensive_requests as usize,
+        request_memory_budget: config.request_memory_budget,
     };
     let connections = http::Connections {
         max_connections: config.max_connections as usize,

@@ -33,3 +33,10 @@ pub mod store;
 pub mod symbolize;
 pub mod sys;
 pub mod tasks;
+
+/// The lib's tests run on the allocator tracerd runs on (its `main`):
+/// counted per thread, so that memory budgets are tested as they work.
+#[cfg(test)]
+#[global_allocator]
+static ALLOCATOR: sys::alloc::Counting<std::alloc::System> =
+    sys::alloc::Counting(std::alloc::System);

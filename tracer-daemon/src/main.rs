@@ -14,9 +14,11 @@ use tracer_daemon::config::{Cli, Command, Config, ConfigCommand, Flags};
 /// under heavy requests). tracerd's own executable is never probed (its
 /// allocator discovery skips its own process), so nothing of this traps.
 /// The eBPF counter `tracerd_calls` counts the calls that still do (C code
-/// in libc calling malloc).
+/// in libc calling malloc). Each thread's net bytes are counted
+/// ([`tracer_daemon::sys::alloc`]): a request's memory budget.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: tracer_daemon::sys::alloc::Counting<mimalloc::MiMalloc> =
+    tracer_daemon::sys::alloc::Counting(mimalloc::MiMalloc);
 
 fn main() -> ExitCode {
     let cli = Cli::parse();

@@ -195,6 +195,9 @@ pub struct Flags {
     /// Expensive requests served at once; more are answered 429.
     #[arg(long, env = "TRACERD_MAX_EXPENSIVE_REQUESTS")]
     pub max_expensive_requests: Option<u32>,
+    /// Bytes the work of one request may hold; beyond it the request is answered 413.
+    #[arg(long, env = "TRACERD_REQUEST_MEMORY_BUDGET")]
+    pub request_memory_budget: Option<u64>,
     /// Seconds the API gets to finish its requests after SIGTERM/SIGINT.
     #[arg(long, env = "TRACERD_SHUTDOWN_GRACE_SECS")]
     pub shutdown_grace_secs: Option<u64>,

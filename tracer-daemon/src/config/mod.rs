@@ -262,6 +262,14 @@ pub struct Config {
     /// on one lock, so more than about the number of cores only queues (a
     /// load test with 64 clients: 2 gives p99 0.8 s, 8 gives p99 24 s).
     pub max_expensive_requests: u32,
+    /// Bytes the work of one request may hold at once (what it allocated
+    /// and has not freed: the snapshot it builds, the groups it makes, the
+    /// answer it holds); a request past it stops and is answered 413 with
+    /// a hint to ask for less (`limit`/`offset`, filters, `format=`). With
+    /// `max_expensive_requests`, it bounds what requests add to tracerd's
+    /// memory. Streamed answers (traces) hold a few chunks of 64 KiB
+    /// whatever their length.
+    pub request_memory_budget: u64,
     /// Seconds the API gets to finish its requests after SIGTERM/SIGINT
     /// before they are cut.
     pub shutdown_grace_secs: u64,
@@ -329,6 +337,7 @@ impl Default for Config {
             request_timeout_secs: 30,
             body_limit_bytes: 64 * 1024 * 1024,
             max_expensive_requests: 2,
+            request_memory_budget: 1 << 30,
             shutdown_grace_secs: 3,
             request_read_timeout_secs: 10,
             header_timeout_secs: 10,

@@ -188,6 +188,13 @@ impl Config {
             "1..=1024",
         )?;
         range(
+            "request_memory_budget",
+            self.request_memory_budget,
+            1 << 20,
+            1 << 40,
+            "1048576..=1099511627776 (bytes)",
+        )?;
+        range(
             "shutdown_grace_secs",
             self.shutdown_grace_secs,
             0,

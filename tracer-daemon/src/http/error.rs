@@ -314,6 +314,12 @@ impl From<ServiceError> for ApiError {
                 StatusCode::SERVICE_UNAVAILABLE,
                 "ask again once tracerd is back (systemctl status tracerd)".to_string(),
             ),
+            // The request's work answers with its reason instead (see
+            // http::work); this is what a work stopped outside one gets.
+            ServiceError::Interrupted(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "ask for less: limit= and offset=, filters, format=".to_string(),
+            ),
             ServiceError::AllocatorFramesDiffer { base, .. } => (
                 StatusCode::CONFLICT,
                 format!(

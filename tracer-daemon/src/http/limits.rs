@@ -1,19 +1,17 @@
 //! Limits around every route: request body size (413), a per-request
 //! timeout (503), a pause in a request body (408), a concurrency limit on
-//! expensive routes (429), and the
+//! expensive routes (429, see [`super::work::admit`]), a memory budget of
+//! each request's work (413, see [`super::work`]), and the
 //! validation of every request's path before any route sees it (400).
-use std::{sync::Arc, time::Duration};
+use std::time::Duration;
 
 use axum::{
-    extract::{MatchedPath, Request, State},
-    http::{HeaderValue, StatusCode, header},
+    extract::Request,
     middleware::Next,
     response::{IntoResponse, Response},
 };
-use tokio::sync::Semaphore;
 
 use super::ApiError;
-use super::routes::{Cost, cost_of};
 
 /// The limits put around every route.
 #[derive(Clone, Debug)]
@@ -24,39 +22,11 @@ pub struct Limits {
     pub request_timeout: Duration,
     /// Longest pause while a request body arrives (408 beyond).
     pub request_read_timeout: Duration,
-    /// Expensive requests served at once (429 beyond).
+    /// Expensive requests whose work runs at once (429 beyond).
     pub max_expensive_requests: usize,
-}
-
-/// Middleware: an expensive route (see [`Cost`]) beyond
-/// `max_expensive_requests` at once gets 429.
-pub async fn limit_expensive(
-    State(permits): State<Arc<Semaphore>>,
-    request: Request,
-    next: Next,
-) -> Response {
-    let expensive = request
-        .extensions()
-        .get::<MatchedPath>()
-        .is_some_and(|p| cost_of(p.as_str()) == Cost::Expensive);
-    if !expensive {
-        return next.run(request).await;
-    }
-    match permits.clone().try_acquire_owned() {
-        Ok(_permit) => next.run(request).await,
-        Err(_) => {
-            let mut response = ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                "too many expensive requests at once",
-                "statistics, compare, snapshot and trace requests share max_expensive_requests; retry in a moment",
-            )
-            .into_response();
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-            response
-        }
-    }
+    /// Bytes the work of one request may hold (`request_memory_budget`;
+    /// 413 beyond).
+    pub request_memory_budget: u64,
 }
 
 /// Longest request path accepted, in bytes.

@@ -9,6 +9,9 @@
 //! - [`error`]: every error to its status, in one place.
 //! - [`server`], [`connections`], [`limits`], [`auth`]: listeners and
 //!   their connections, limits, bearer tokens.
+//! - [`work`]: every route's blocking work, holding its permit, stopped
+//!   when nobody waits for it or past its memory budget, and the answers
+//!   streamed as they are written.
 //!
 //! Statistics, compare and traces routes exist per process
 //! (`/pid/{pid}/...`), system-wide (`/statistics`, every traced process, one
@@ -24,6 +27,7 @@ pub mod params;
 pub mod render;
 pub mod routes;
 pub mod server;
+pub mod work;
 
 #[cfg(test)]
 mod tests;
@@ -34,17 +38,4 @@ pub use error::ApiError;
 pub use limits::Limits;
 pub use routes::api_router;
 pub use server::{ServerError, app, bind_tcp, bind_unix, serve};
-
-/// Runs blocking service work off the async threads; its error becomes an
-/// [`ApiError`], a panic a 500.
-///
-/// # Errors
-/// The work's error, or a 500 if it panicked.
-pub async fn blocking<T: Send + 'static, E: Into<ApiError> + Send + 'static>(
-    work: impl FnOnce() -> Result<T, E> + Send + 'static,
-) -> Result<T, ApiError> {
-    match tokio::task::spawn_blocking(work).await {
-        Ok(result) => result.map_err(Into::into),
-        Err(err) => Err(ApiError::internal(err)),
-    }
-}
+pub use work::{blocking, streamed};

@@ -2,9 +2,11 @@
 //! `Traceback.format()` lines and source when asked) or JSON with the query
 //! and the data's completeness. The statistics, compare and traces answers
 //! of every target (a process, the system, a stored snapshot) are made here.
+use std::io::Write as _;
+
 use axum::{
     Json,
-    http::{HeaderValue, header},
+    http::{HeaderName, HeaderValue, header},
     response::{IntoResponse, Response},
 };
 use serde::Serialize;
@@ -16,7 +18,8 @@ use tracer_model::{
 
 use super::error::ApiError;
 use super::params::{FILTERS, Params, TEXT};
-use crate::service::Side;
+use super::work::Sink;
+use crate::service::{ServiceError, Side};
 
 /// How text output shows tracebacks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -269,13 +272,22 @@ pub fn compare_response(
 }
 
 /// The traces of `snapshot` (filtered), `offset`/`limit` paged, as JSON
-/// (with its completeness) or text (`str(Trace)` per line).
-pub fn traces_response(
+/// (with its completeness) or text (`str(Trace)` per line), written into
+/// `sink` trace by trace: the answer holds a chunk at a time whatever the
+/// number of traces. The JSON is what `Json(head + {"traces": [...]})`
+/// would be, byte for byte: `head`'s keys in their order, `traces` at its
+/// place among them, each trace `{...Trace, "text": str(trace)}`.
+///
+/// # Errors
+/// 400 for a bad parameter (before anything is written); the sink's error
+/// (nobody reads, the budget) once writing.
+pub fn write_traces(
+    sink: &mut Sink,
     snapshot: &Snapshot,
     completeness: &Completeness,
     params: &Params,
     mut head: serde_json::Map<String, Value>,
-) -> Result<Response, ApiError> {
+) -> Result<(), ApiError> {
     let text = params.text()?;
     let options = params.text_options(text)?;
     let filters = params.filters()?;
@@ -286,6 +298,7 @@ pub fn traces_response(
     )?;
     let limit = params.limit()?;
     let filtered = snapshot.filter_traces(&filters);
+    tracer_model::interrupt::check().map_err(ServiceError::from)?;
     let total = filtered.traces().len();
     let end = if limit == 0 {
         total
@@ -293,25 +306,83 @@ pub fn traces_response(
         offset.saturating_add(limit).min(total)
     };
     let page = filtered.traces().get(offset.min(total)..end).unwrap_or(&[]);
-    if text {
-        let lines = options.all_lines(page, |t| &t.traceback);
-        return Ok(text_response(&lines, &completeness_headers(completeness)));
+    let written = if text {
+        let mut headers = vec![(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        )];
+        for (name, value) in completeness_headers(completeness) {
+            if let Ok(value) = HeaderValue::from_str(&value) {
+                headers.push((HeaderName::from_static(name), value));
+            }
+        }
+        sink.begin(headers);
+        write_text_lines(sink, &options, page)
+    } else {
+        head.insert("filters".into(), filters_json(params));
+        head.insert("offset".into(), json!(offset));
+        head.insert("limit".into(), json!(limit));
+        head.insert("total".into(), json!(total));
+        head.insert("traceback_limit".into(), json!(filtered.traceback_limit()));
+        completeness.insert_into(&mut head);
+        // Its place among the keys, as the map orders them.
+        head.insert("traces".into(), Value::Null);
+        sink.begin(vec![(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )]);
+        write_json_traces(sink, &head, page)
+    };
+    written.map_err(|err| ApiError::internal(format!("writing the answer: {err}")))
+}
+
+/// `str(trace)` per line, with its traceback's lines if asked.
+fn write_text_lines(sink: &mut Sink, options: &TextOptions, page: &[Trace]) -> std::io::Result<()> {
+    let mut cache = LineCache::new();
+    let mut lines = Vec::new();
+    for trace in page {
+        options.lines(trace.to_string(), &trace.traceback, &mut cache, &mut lines);
+        for line in lines.drain(..) {
+            sink.write_all(line.as_bytes())?;
+            sink.write_all(b"\n")?;
+        }
     }
-    let out: Vec<_> = page
-        .iter()
-        .map(|t| TraceOut {
-            trace: t,
-            text: t.to_string(),
-        })
-        .collect();
-    head.insert("filters".into(), filters_json(params));
-    head.insert("offset".into(), json!(offset));
-    head.insert("limit".into(), json!(limit));
-    head.insert("total".into(), json!(total));
-    head.insert("traceback_limit".into(), json!(filtered.traceback_limit()));
-    completeness.insert_into(&mut head);
-    head.insert("traces".into(), json!(out));
-    Ok(Json(Value::Object(head)).into_response())
+    Ok(())
+}
+
+/// `head` as compact JSON, its `traces` key's value the `page`'s traces.
+fn write_json_traces(
+    sink: &mut Sink,
+    head: &serde_json::Map<String, Value>,
+    page: &[Trace],
+) -> std::io::Result<()> {
+    sink.write_all(b"{")?;
+    for (at, (key, value)) in head.iter().enumerate() {
+        if at > 0 {
+            sink.write_all(b",")?;
+        }
+        serde_json::to_writer(&mut *sink, key)?;
+        sink.write_all(b":")?;
+        if key != "traces" {
+            serde_json::to_writer(&mut *sink, value)?;
+            continue;
+        }
+        sink.write_all(b"[")?;
+        for (i, trace) in page.iter().enumerate() {
+            if i > 0 {
+                sink.write_all(b",")?;
+            }
+            let out = TraceOut {
+                trace,
+                text: trace.to_string(),
+            };
+            // Through a Value, as the whole answer was: its keys sorted
+            // as the map sorts them.
+            serde_json::to_writer(&mut *sink, &serde_json::to_value(&out)?)?;
+        }
+        sink.write_all(b"]")?;
+    }
+    sink.write_all(b"}")
 }
 
 pub fn object(pairs: Value) -> serde_json::Map<String, Value> {

@@ -23,8 +23,9 @@ use super::auth::{Operators, Token, authenticate, authorize};
 use super::connections::{Connections, serve_listener};
 use super::error::{ErrorHints, json_errors};
 use super::handlers::metrics::{scrape, track_requests};
-use super::limits::{Limits, limit_expensive, validate_request};
+use super::limits::{Limits, validate_request};
 use super::routes::METRICS_PATH;
+use super::work::{Admissions, admit};
 use crate::metrics::Metrics;
 
 /// Errors of setting up the listeners.
@@ -69,14 +70,19 @@ pub fn app(
     token: Option<Token>,
     operators: Arc<Operators>,
 ) -> Router {
-    let permits = Arc::new(Semaphore::new(limits.max_expensive_requests));
+    let admissions = Arc::new(Admissions {
+        permits: Arc::new(Semaphore::new(limits.max_expensive_requests)),
+        budget: limits.request_memory_budget,
+        stall: limits.request_timeout,
+        metrics: metrics.clone(),
+    });
     let mut router = api
         .merge(
             Router::new()
                 .route(METRICS_PATH, get(scrape))
                 .with_state(metrics.clone()),
         )
-        .layer(middleware::from_fn_with_state(permits, limit_expensive))
+        .layer(middleware::from_fn_with_state(admissions, admit))
         .layer(TimeoutLayer::with_status_code(
             StatusCode::SERVICE_UNAVAILABLE,
             limits.request_timeout,
@@ -283,6 +289,7 @@ mod tests {
             request_timeout: Duration::from_secs(30),
             request_read_timeout: Duration::from_secs(10),
             max_expensive_requests: 1,
+            request_memory_budget: 0,
         }
     }
 

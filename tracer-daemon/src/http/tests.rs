@@ -24,6 +24,7 @@ fn limits() -> Limits {
         request_timeout: Duration::from_secs(30),
         request_read_timeout: Duration::from_secs(10),
         max_expensive_requests: 2,
+        request_memory_budget: 0,
     }
 }
 
@@ -290,4 +291,58 @@ async fn a_body_that_stops_arriving_is_a_408_once_it_paused_request_read_timeout
         took >= Duration::from_millis(200) && took < Duration::from_secs(5),
         "{took:?}"
     );
+}
+
+#[tokio::test]
+async fn traces_are_streamed_as_the_compact_json_of_their_map_and_as_text_lines() {
+    let (kernel, service) = crate::service::tests::service();
+    start(&kernel, &service, PID);
+    for (at, size) in [(0x1000, 100), (0x2000, 28), (0x3000, 7)] {
+        kernel.alloc(PID, at, size, &[0x40_1000]);
+    }
+    let app = app(
+        api_router(service),
+        Arc::new(Metrics::new()),
+        &limits(),
+        None,
+        Arc::new(Operators::named("tracer")),
+    );
+    let get = |uri: String| {
+        let app = app.clone();
+        async move {
+            let response = app
+                .oneshot(request("GET", &uri, Body::empty()))
+                .await
+                .expect("infallible");
+            let headers = response.headers().clone();
+            let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
+                .await
+                .expect("body");
+            (headers, bytes)
+        }
+    };
+    let (headers, body) = get(format!("/pid/{PID}/traces?limit=0")).await;
+    assert_eq!(headers[header::CONTENT_TYPE], "application/json");
+    let value: Value = serde_json::from_slice(&body).expect("json");
+    // Written piece by piece, it is what Json(value) would have sent.
+    assert_eq!(serde_json::to_vec(&value).expect("json"), body.to_vec());
+    let sizes: Vec<_> = value["traces"]
+        .as_array()
+        .expect("traces")
+        .iter()
+        .map(|t| t["size"].as_u64())
+        .collect();
+    let mut sorted = sizes.clone();
+    sorted.sort_unstable();
+    assert_eq!(sorted, [Some(7), Some(28), Some(100)], "{value}");
+    assert_eq!(
+        (value["total"].as_u64(), value["limit"].as_u64()),
+        (Some(3), Some(0))
+    );
+    let (headers, body) = get(format!("/pid/{PID}/traces?offset=1&limit=1&format=text")).await;
+    assert_eq!(headers[header::CONTENT_TYPE], "text/plain; charset=utf-8");
+    assert_eq!(headers["x-tracer-complete"], "true");
+    let text = String::from_utf8(body.to_vec()).expect("utf-8");
+    assert_eq!(text.lines().count(), 1, "{text}");
+    assert!(text.ends_with(" B\n"), "{text}");
 }

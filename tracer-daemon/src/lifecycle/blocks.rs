@@ -23,8 +23,9 @@ pub struct RawBlock {
 
 /// Reads the stacks of `entries` (each distinct stack id once) into blocks.
 /// A block whose stack is not stored keeps its exact call site (frame 0).
-/// Once `stopping` is raised, the blocks end at the next entry: only some
-/// of them are returned.
+/// Once `stopping` is raised, or the thread's interrupt check says to stop
+/// ([`tracer_model::interrupt`]), the blocks end at the next entry: only
+/// some of them are returned.
 pub fn raw_blocks(
     kernel: &dyn KernelMaps,
     entries: &[(AllocKey, AllocInfo)],
@@ -34,8 +35,11 @@ pub fn raw_blocks(
     let mut frame0_only: HashMap<u64, Arc<[u64]>> = HashMap::new();
     entries
         .iter()
-        .take_while(|_| !stopping.is_raised())
-        .map(|(_, info)| {
+        .enumerate()
+        .take_while(|(step, _)| {
+            !stopping.is_raised() && tracer_model::interrupt::check_every(*step).is_ok()
+        })
+        .map(|(_, (_, info))| {
             let stored = if info.stack_id == STACK_ID_NONE {
                 None
             } else {

@@ -69,6 +69,14 @@ pub struct RouteLabels {
     pub route: String,
 }
 
+/// Labels of `tracer_requests_cancelled_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CancelLabels {
+    /// Why the work stopped: `abandoned` (nobody waits for the answer:
+    /// the client left or the request timed out) or `memory_budget`.
+    pub reason: &'static str,
+}
+
 /// The registry and the metrics kept as events happen.
 pub struct Metrics {
     /// Everything, per process: what operators scrape.
@@ -80,6 +88,7 @@ pub struct Metrics {
     public: bool,
     requests: Family<RequestLabels, Counter>,
     durations: Family<RouteLabels, Histogram>,
+    cancelled: Family<CancelLabels, Counter>,
 }
 
 impl fmt::Debug for Metrics {
@@ -102,6 +111,7 @@ impl Metrics {
         let durations = Family::<RouteLabels, Histogram>::new_with_constructor(|| {
             Histogram::new([0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0])
         });
+        let cancelled = Family::<CancelLabels, Counter>::default();
         let [registry, hosts] = [(); 2].map(|()| {
             let mut registry = Registry::default();
             registry.register(
@@ -114,6 +124,11 @@ impl Metrics {
                 "Time from request to response head, by route template, in seconds",
                 durations.clone(),
             );
+            registry.register(
+                "tracer_requests_cancelled",
+                "Requests whose work stopped before its end, by reason: abandoned (the client left or the request timed out) or memory_budget (answered 413)",
+                cancelled.clone(),
+            );
             registry
         });
         Self {
@@ -122,7 +137,14 @@ impl Metrics {
             public: false,
             requests,
             durations,
+            cancelled,
         }
+    }
+
+    /// Counts one request whose work stopped early, by `reason` (see
+    /// [`CancelLabels`]).
+    pub fn cancelled(&self, reason: &'static str) {
+        self.cancelled.get_or_create(&CancelLabels { reason }).inc();
     }
 
     /// Adds the metrics read from `service` at each scrape.

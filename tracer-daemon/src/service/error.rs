@@ -122,6 +122,11 @@ pub enum ServiceError {
     /// over): what the request read may be partial, and is not shown.
     #[error("tracerd is stopping: the request was cut")]
     Stopping,
+    /// The request's work was stopped by the interrupt check installed on
+    /// its thread (nobody waits for it, or it went past its memory
+    /// budget): what it read is partial, and is not shown.
+    #[error("{0}")]
+    Interrupted(#[from] tracer_model::interrupt::Interrupted),
     /// A scope could not be applied (invalid, or the system-wide probes
     /// could not be attached again).
     #[error("{reason}")]

@@ -197,15 +197,21 @@ impl Service {
         self.stopping.is_raised()
     }
 
-    /// [`ServiceError::Stopping`] once [`Service::begin_stop`] was called:
-    /// what was read or built since may be partial, and is not shown.
+    /// [`ServiceError::Stopping`] once [`Service::begin_stop`] was called,
+    /// [`ServiceError::Interrupted`] once the thread's interrupt check said
+    /// to stop: what was read or built since may be partial, and is not
+    /// shown.
     ///
     /// # Errors
-    /// [`ServiceError::Stopping`].
+    /// [`ServiceError::Stopping`], [`ServiceError::Interrupted`].
     pub(crate) fn unless_stopping(&self) -> Result<(), ServiceError> {
         if self.stopping() {
             Err(ServiceError::Stopping)
         } else {
+            // A build stops early when the request's interrupt check says
+            // so (as it does when tracerd stops): its partial snapshot is
+            // never shown.
+            tracer_model::interrupt::check()?;
             Ok(())
         }
     }

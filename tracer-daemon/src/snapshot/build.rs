@@ -7,7 +7,7 @@
 //! [`SnapshotBuilder::build`]).
 use std::{collections::HashMap, sync::Arc};
 
-use tracer_model::{Frame, FrameExtra, Snapshot, Source, Trace, Traceback};
+use tracer_model::{Frame, FrameExtra, Snapshot, Source, Trace, Traceback, interrupt};
 
 use super::machinery::{AllocatorFrames, Machinery};
 use crate::capture::Stopping;
@@ -35,7 +35,10 @@ pub struct SnapshotBuilder {
     pub allocator_frames: FramePatterns,
     /// tracerd's stop: a build ends at the next block once it is raised,
     /// and its snapshot then holds only some of the blocks (its caller
-    /// answers that tracerd is stopping instead).
+    /// answers that tracerd is stopping instead). A build also ends early
+    /// when the thread's interrupt check ([`tracer_model::interrupt`]:
+    /// the request's) says to stop, which its caller finds out the same
+    /// way (`Service::unless_stopping`).
     pub stopping: Stopping,
 }
 
@@ -73,8 +76,8 @@ impl SnapshotBuilder {
             );
         }
         let mut traces = Vec::with_capacity(blocks.len());
-        for block in blocks {
-            if self.stopping.is_raised() {
+        for (step, block) in blocks.iter().enumerate() {
+            if self.stopping.is_raised() || interrupt::check_every(step).is_err() {
                 break;
             }
             let traceback = match &block.stack {
@@ -109,8 +112,8 @@ impl SnapshotBuilder {
         mean: u64,
     ) -> Vec<Trace> {
         let mut groups: HashMap<(Option<*const u64>, Source), EstimatedGroup> = HashMap::new();
-        for block in blocks {
-            if self.stopping.is_raised() {
+        for (step, block) in blocks.iter().enumerate() {
+            if self.stopping.is_raised() || interrupt::check_every(step).is_err() {
                 break;
             }
             let s = block.size as f64;
@@ -136,8 +139,8 @@ impl SnapshotBuilder {
             entry.2 += bytes;
         }
         let mut traces = Vec::new();
-        for ((_, source), (stack, count, bytes)) in groups {
-            if self.stopping.is_raised() {
+        for (step, ((_, source), (stack, count, bytes))) in groups.into_iter().enumerate() {
+            if self.stopping.is_raised() || interrupt::check_every(step).is_err() {
                 break;
             }
             let traceback = match &stack {

@@ -5,8 +5,10 @@
 //! connection ([`peer`]), atomic file writes
 //! ([`fsync`]), the shared objects the dynamic loader of a process's
 //! root would load for an executable ([`ldso`]) and uprobe_multi links,
-//! which aya does not offer ([`uprobe_multi`]). One implementation of
+//! which aya does not offer ([`uprobe_multi`]), and a global allocator
+//! that counts each thread's bytes ([`alloc`]). One implementation of
 //! each, for every later stage.
+pub mod alloc;
 pub mod bpf;
 pub mod fanotify;
 pub mod fsync;

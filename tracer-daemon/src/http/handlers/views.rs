@@ -16,9 +16,9 @@ use crate::http::params::{
     stored_allocator_frames,
 };
 use crate::http::render::{
-    compare_response, object, statistics_response, stats_query, traces_response, with_common,
+    compare_response, object, statistics_response, stats_query, with_common, write_traces,
 };
-use crate::http::{ApiError, blocking};
+use crate::http::{ApiError, blocking, streamed};
 use crate::service::{Service, Side, Target, Viewer};
 
 /// Parameters of the statistics routes besides the text options and filters.
@@ -199,9 +199,10 @@ pub async fn pid_traces(
     let params = Params::parse(query.as_deref(), &of_now(&TRACES))?;
     params.text_options(params.text()?)?;
     let frames = params.allocator_frames()?;
-    blocking(move || {
+    streamed(move |sink| {
         let now = service.snapshot_now_with(viewer, Target::Process(pid), frames)?;
-        traces_response(
+        write_traces(
+            sink,
             &now.snapshot,
             &now.completeness,
             &params,
@@ -220,9 +221,10 @@ pub async fn system_traces(
     let params = Params::parse(query.as_deref(), &of_now(&TRACES))?;
     params.text_options(params.text()?)?;
     let frames = params.allocator_frames()?;
-    blocking(move || {
+    streamed(move |sink| {
         let now = service.snapshot_now_with(viewer, Target::System, frames)?;
-        traces_response(
+        write_traces(
+            sink,
             &now.snapshot,
             &now.completeness,
             &params,
@@ -243,9 +245,10 @@ pub async fn snapshot_traces(
     refuse_allocator_frames(query.as_deref())?;
     let params = Params::parse(query.as_deref(), &with_common(&TRACES))?;
     params.text_options(params.text()?)?;
-    blocking(move || {
+    streamed(move |sink| {
         let (stored, summary, _) = service.stored(viewer, &reference)?;
-        traces_response(
+        write_traces(
+            sink,
             &stored.snapshot,
             &stored.completeness,
             &params,
