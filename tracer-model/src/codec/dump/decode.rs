@@ -145,7 +145,7 @@ fn header_sources(header: &Value) -> Result<Vec<Source>, DumpError> {
 /// whose decoding would take more memory than
 /// [`LOAD_BYTES_PER_INPUT_BYTE`](crate::LOAD_BYTES_PER_INPUT_BYTE) bytes
 /// per byte of it plus [`LOAD_BASE_BYTES`](crate::LOAD_BASE_BYTES)
-/// (see [`crate::codec::budget`]); its time is linear in its size.
+/// (see `tracer-model/src/codec/budget.rs`); its time is linear in its size.
 ///
 /// # Errors
 /// [`DumpError`] saying what is wrong and where;

@@ -23,7 +23,7 @@ use crate::trace::{Frame, Trace, Traceback};
 /// Memory is bounded by
 /// [`LOAD_BYTES_PER_INPUT_BYTE`](crate::LOAD_BYTES_PER_INPUT_BYTE) bytes
 /// per byte of `bytes` plus [`LOAD_BASE_BYTES`](crate::LOAD_BASE_BYTES)
-/// and time is linear in its length ([`crate::codec::budget`]): the
+/// and time is linear in its length (`tracer-model/src/codec/budget.rs`): the
 /// values the opcodes store and every frame, traceback and trace the
 /// conversion makes are charged before they are made.
 ///

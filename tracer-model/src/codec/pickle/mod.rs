@@ -13,7 +13,7 @@
 //! with an error naming the opcode and its offset. Memory use is bounded by
 //! [`LOAD_BYTES_PER_INPUT_BYTE`](crate::LOAD_BYTES_PER_INPUT_BYTE) bytes
 //! per byte of the input plus [`LOAD_BASE_BYTES`](crate::LOAD_BASE_BYTES),
-//! and time is linear in its size (see [`crate::codec::budget`]).
+//! and time is linear in its size (see `tracer-model/src/codec/budget.rs`).
 //!
 //! [`dump_tracemalloc`] writes a protocol-4 pickle that Python's
 //! `tracemalloc.Snapshot.load()` reads into an equal snapshot (file names,
