@@ -77,6 +77,7 @@ mod statistic;
 mod text;
 mod trace;
 
+pub use codec::budget::{LOAD_BASE_BYTES, LOAD_BYTES_PER_INPUT_BYTE, OverBudget};
 pub use codec::dump::{
     DUMP_MAGIC, DUMP_OLDEST_VERSION, DUMP_VERSION, Decoded, DumpError, crc32, decode, encode,
 };

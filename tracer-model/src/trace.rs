@@ -212,6 +212,16 @@ impl Traceback {
         Traceback::from_shared(frames, total_nframe)
     }
 
+    /// The same frames (shared, with their hash: no pass over them) with
+    /// `total_nframe`.
+    #[must_use]
+    pub(crate) fn with_total_nframe(&self, total_nframe: Option<u32>) -> Self {
+        Traceback {
+            total_nframe,
+            ..self.clone()
+        }
+    }
+
     /// The traceback of one frame, as `statistics()` makes for the
     /// `lineno` and `filename` groups (no `total_nframe`).
     #[must_use]

@@ -20,7 +20,8 @@ use axum::{
     response::{IntoResponse, Response},
 };
 use serde_json::json;
-use tracer_model::ModelError;
+use tracer_model::interrupt::Interrupted;
+use tracer_model::{DumpError, ModelError, PickleError};
 
 use crate::service::ServiceError;
 use crate::store::StoreError;
@@ -260,6 +261,19 @@ fn is_full(err: &std::io::Error) -> bool {
     )
 }
 
+/// The hint of a file refused for what loading it would cost.
+const OVER_BUDGET_HINT: &str = "tracerd loads a file only if it takes at most 24 bytes of memory per byte of the file plus 64 MiB (files from GET /snapshots/{id}/dump and from Python's Snapshot.dump() take 7 to 21); this one expands, as a traceback repeating one frame or pickle opcodes that copy values do";
+
+/// A 503 for model work that the thread's interrupt check stopped (the
+/// client left, or the request went past its budget).
+fn interrupted(stop: &Interrupted) -> ApiError {
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!("the request was interrupted: {}", stop.reason),
+        "nothing was changed; ask again",
+    )
+}
+
 impl From<ServiceError> for ApiError {
     fn from(err: ServiceError) -> Self {
         let (status, hint) = match &err {
@@ -277,6 +291,15 @@ impl From<ServiceError> for ApiError {
             ServiceError::SnapshotNotFound { .. } => (
                 StatusCode::NOT_FOUND,
                 "GET /snapshots lists the stored snapshots".to_string(),
+            ),
+            ServiceError::Dump(DumpError::Interrupted(stop))
+            | ServiceError::Pickle(PickleError::Interrupted(stop)) => {
+                return interrupted(stop);
+            }
+            ServiceError::Dump(DumpError::OverBudget(_))
+            | ServiceError::Pickle(PickleError::OverBudget(_)) => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                OVER_BUDGET_HINT.to_string(),
             ),
             ServiceError::Dump(_) => (
                 StatusCode::BAD_REQUEST,
@@ -334,6 +357,40 @@ impl From<ServiceError> for ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_file_past_the_load_bound_is_a_413_and_an_interrupted_load_a_503() {
+        let over = tracer_model::OverBudget {
+            input: 10,
+            limit: 67_109_104,
+            at: "traceback 0 of the tracebacks section (9 frames)".into(),
+        };
+        let err: ApiError = ServiceError::Dump(DumpError::OverBudget(over.clone())).into();
+        assert_eq!(err.status, StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(
+            err.error,
+            "tracer snapshot refused: loading this 10-byte file would take more than 67109104 bytes of memory (at most 24 bytes per byte of the file plus 64 MiB); it went past that at traceback 0 of the tracebacks section (9 frames)"
+        );
+        assert_eq!(err.hint, OVER_BUDGET_HINT);
+        let err: ApiError = ServiceError::Pickle(PickleError::OverBudget(over)).into();
+        assert_eq!(err.status, StatusCode::PAYLOAD_TOO_LARGE);
+        assert!(
+            err.error.starts_with("tracemalloc pickle refused: "),
+            "{}",
+            err.error
+        );
+        let stop = Interrupted {
+            reason: "the client left".into(),
+        };
+        for err in [
+            ServiceError::Dump(DumpError::Interrupted(stop.clone())),
+            ServiceError::Pickle(PickleError::Interrupted(stop.clone())),
+        ] {
+            let err: ApiError = err.into();
+            assert_eq!(err.status, StatusCode::SERVICE_UNAVAILABLE);
+            assert_eq!(err.error, "the request was interrupted: the client left");
+        }
+    }
 
     #[test]
     fn every_error_maps_to_its_status() {

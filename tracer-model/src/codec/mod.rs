@@ -3,6 +3,7 @@
 //! (`pickle`). Both decoders share file names across the snapshots they
 //! read (`intern`), as snapshots of one process share them.
 
+pub(crate) mod budget;
 pub(crate) mod dump;
 mod intern;
 pub(crate) mod pickle;

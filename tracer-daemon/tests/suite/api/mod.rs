@@ -5,6 +5,7 @@
 //! tracemalloc files), start/stop/clear/reset, object tracebacks, source
 //! lines, tracer memory, and every bad parameter.
 
+mod bounds;
 mod cancel;
 mod dump;
 mod errors;

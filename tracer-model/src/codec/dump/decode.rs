@@ -8,6 +8,7 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use super::{DUMP_MAGIC, DUMP_OLDEST_VERSION, DUMP_VERSION, Decoded, DumpError, crc32};
+use crate::codec::budget::{Budget, cost};
 use crate::codec::intern::intern;
 use crate::engine::index::FrameHints;
 use crate::snapshot::Snapshot;
@@ -140,11 +141,23 @@ fn header_sources(header: &Value) -> Result<Vec<Source>, DumpError> {
 /// Decodes a file of a version from [`DUMP_OLDEST_VERSION`] to
 /// [`DUMP_VERSION`]. Refuses (never panics on) anything that is not one:
 /// wrong magic, other versions, bad checksum, bad header, indices out of
-/// range, invalid UTF-8, values out of range, trailing bytes.
+/// range, invalid UTF-8, values out of range, trailing bytes, and a file
+/// whose decoding would take more memory than
+/// [`LOAD_BYTES_PER_INPUT_BYTE`](crate::LOAD_BYTES_PER_INPUT_BYTE) bytes
+/// per byte of it plus [`LOAD_BASE_BYTES`](crate::LOAD_BASE_BYTES)
+/// (see `tracer-model/src/codec/budget.rs`); its time is linear in its size.
 ///
 /// # Errors
-/// [`DumpError`] saying what is wrong and where.
+/// [`DumpError`] saying what is wrong and where;
+/// [`DumpError::OverBudget`] past the memory bound;
+/// [`DumpError::Interrupted`] when the thread's interrupt check
+/// ([`crate::interrupt`]) says to stop.
 pub fn decode(bytes: &[u8]) -> Result<Decoded, DumpError> {
+    decode_with(bytes, &mut Budget::for_input(bytes.len()))
+}
+
+/// [`decode`], charging what it materialises to `budget`.
+pub(crate) fn decode_with(bytes: &[u8], budget: &mut Budget) -> Result<Decoded, DumpError> {
     if bytes.len() < 18 {
         if !bytes.is_empty() && !bytes.starts_with(&DUMP_MAGIC[..bytes.len().min(8)]) {
             return Err(DumpError::BadMagic {
@@ -174,6 +187,9 @@ pub fn decode(bytes: &[u8]) -> Result<Decoded, DumpError> {
         .ok_or_else(|| DumpError::Header {
             reason: format!("its length {header_len} goes past the end of the file"),
         })?;
+    budget.charge_n(header_bytes.len(), cost::HEADER_BYTE, || {
+        format!("its {}-byte header", header_bytes.len())
+    })?;
     let header: Value = serde_json::from_slice(header_bytes).map_err(|e| DumpError::Header {
         reason: format!("not JSON: {e}"),
     })?;
@@ -205,10 +221,17 @@ pub fn decode(bytes: &[u8]) -> Result<Decoded, DumpError> {
 
     let n = count(&header, "strings")?;
     r.check_count(n, 1)?;
+    budget.charge_n(n, size_of::<Arc<str>>() as u64, || {
+        format!("its {n} strings")
+    })?;
     let mut strings: Vec<Arc<str>> = Vec::with_capacity(n);
     for _ in 0..n {
+        budget.tick()?;
         let len = r.varint()?;
         let raw = r.slice(len)?;
+        budget.charge((raw.len() as u64).saturating_mul(2) + cost::STRING, || {
+            format!("string {} of the strings section", strings.len())
+        })?;
         let text = std::str::from_utf8(raw)
             .map_err(|e| r.fail(format!("string {} is not UTF-8: {e}", strings.len())))?;
         strings.push(intern(text));
@@ -217,8 +240,10 @@ pub fn decode(bytes: &[u8]) -> Result<Decoded, DumpError> {
     r.section = "frames";
     let n = count(&header, "frames")?;
     r.check_count(n, 3)?;
+    budget.charge_n(n, cost::FRAME, || format!("its {n} frames"))?;
     let mut frames: Vec<Frame> = Vec::with_capacity(n);
     for _ in 0..n {
+        budget.tick()?;
         let filename = strings
             .get(r.index("filename string", strings.len())?)
             .cloned()
@@ -247,6 +272,11 @@ pub fn decode(bytes: &[u8]) -> Result<Decoded, DumpError> {
         } else {
             None
         };
+        if flags != 0 {
+            budget.charge(cost::FRAME_EXTRA, || {
+                format!("frame {} of the frames section", frames.len())
+            })?;
+        }
         let extra = (flags != 0).then(|| {
             Arc::new(FrameExtra {
                 function,
@@ -264,6 +294,7 @@ pub fn decode(bytes: &[u8]) -> Result<Decoded, DumpError> {
     r.section = "tracebacks";
     let n = count(&header, "tracebacks")?;
     r.check_count(n, 2)?;
+    budget.charge_n(n, cost::TRACEBACK, || format!("its {n} tracebacks"))?;
     let mut tracebacks: Vec<Arc<Traceback>> = Vec::with_capacity(n);
     // The file's frame numbers, for the snapshot's index.
     let mut hints = FrameHints {
@@ -284,24 +315,45 @@ pub fn decode(bytes: &[u8]) -> Result<Decoded, DumpError> {
         }
         let depth = usize::try_from(depth).unwrap_or(usize::MAX);
         r.check_count(depth, 1)?;
-        let mut list = Vec::with_capacity(depth);
+        // Every frame of it is a copy of a table frame: charged before
+        // anything is allocated (the numbers' vector by its growth).
+        budget.charge_n(depth, cost::FRAME_REF, || {
+            format!(
+                "traceback {} of the tracebacks section ({depth} frames)",
+                tracebacks.len()
+            )
+        })?;
+        budget.grow(&mut hints.ids, depth, || {
+            format!("traceback {} of the tracebacks section", tracebacks.len())
+        })?;
         for _ in 0..depth {
+            budget.tick()?;
             let i = r.index("frame", frames.len())?;
-            if let Some(frame) = frames.get(i) {
-                list.push(frame.clone());
-                hints.ids.push(u32::try_from(i).unwrap_or(u32::MAX));
-            }
+            hints.ids.push(u32::try_from(i).unwrap_or(u32::MAX));
         }
+        let numbers = hints.ids.get(start..).unwrap_or(&[]);
+        // Collected from an exact-size iterator: one allocation, no copy.
+        let list: Arc<[Frame]> = numbers
+            .iter()
+            .map(|&i| {
+                frames
+                    .get(i as usize)
+                    .cloned()
+                    .unwrap_or_else(Frame::unknown)
+            })
+            .collect();
         hints.spans.push((start, hints.ids.len()));
-        tracebacks.push(Arc::new(Traceback::new(list, total_nframe)));
+        tracebacks.push(Arc::new(Traceback::from_frames(list, total_nframe)));
     }
 
     r.section = "traces";
     let n = count(&header, "traces")?;
     r.check_count(n, if version >= 2 { 4 } else { 3 })?;
+    budget.charge_n(n, cost::TRACE, || format!("its {n} traces"))?;
     let mut traces = Vec::with_capacity(n);
     let mut ids = Vec::with_capacity(n);
     for _ in 0..n {
+        budget.tick()?;
         let domain = r.u32("domain")?;
         let size = r.varint()?;
         let i = r.index("traceback", tracebacks.len())?;

@@ -39,9 +39,13 @@ mod tests;
 
 use serde_json::Value;
 
+use crate::codec::budget::OverBudget;
+use crate::interrupt::Interrupted;
 use crate::snapshot::Snapshot;
 
 pub use decode::decode;
+#[cfg(test)]
+use decode::decode_with;
 pub use encode::encode;
 
 /// The first 8 bytes of every file.
@@ -107,6 +111,18 @@ pub enum DumpError {
         /// What is wrong.
         reason: String,
     },
+    /// Loading the file would take more memory than
+    /// [`LOAD_BYTES_PER_INPUT_BYTE`](crate::LOAD_BYTES_PER_INPUT_BYTE)
+    /// bytes per byte of it plus
+    /// [`LOAD_BASE_BYTES`](crate::LOAD_BASE_BYTES): a count or repetition
+    /// that expands in memory (say a traceback of millions of references
+    /// to one frame). Nothing of it is kept.
+    #[error("tracer snapshot refused: {0}")]
+    OverBudget(#[from] OverBudget),
+    /// The thread's interrupt check ([`crate::interrupt`]) stopped the
+    /// decoding.
+    #[error(transparent)]
+    Interrupted(#[from] Interrupted),
 }
 
 /// A decoded file: the snapshot and the header's `meta` object.

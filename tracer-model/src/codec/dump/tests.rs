@@ -297,3 +297,108 @@ fn a_source_index_past_the_header_list_is_refused() {
     let err = decode(&snapshot_bytes).expect_err("refused");
     assert!(err.to_string().contains("source"), "{err}");
 }
+
+/// A version-1 file of one string, one frame, one traceback of `depth`
+/// references to that frame, and one trace of it: what a crafted file
+/// repeats to expand.
+fn one_frame_repeated(depth: usize) -> Vec<u8> {
+    let header = json!({"format": "tracer-snapshot", "version": 1, "traceback_limit": 1,
+        "counts": {"strings": 1, "frames": 1, "tracebacks": 1, "traces": 1}});
+    let mut body = vec![1, b'a', 0, 3, 0, 0];
+    let mut d = depth as u64;
+    while d >= 0x80 {
+        body.push((d as u8) | 0x80);
+        d >>= 7;
+    }
+    body.push(d as u8);
+    body.extend(std::iter::repeat_n(0u8, depth));
+    body.extend_from_slice(&[7, 100, 0]);
+    file(&header, &body)
+}
+
+use crate::codec::budget::{Budget, LOAD_BASE_BYTES, cost};
+use crate::interrupt::{CheckGuard, Interrupted};
+
+#[test]
+fn every_frame_reference_is_charged() {
+    let charged = |bytes: &[u8]| {
+        let mut budget = Budget::with_limit(bytes.len(), u64::MAX);
+        decode_with(bytes, &mut budget).unwrap();
+        budget.used()
+    };
+    let one = one_frame_repeated(1000);
+    let two = one_frame_repeated(2000);
+    assert_eq!(
+        decode(&two).unwrap().snapshot.traces()[0]
+            .traceback
+            .frames()
+            .len(),
+        2000
+    );
+    // A frame copy and the index's numbers, and the loader's number.
+    assert_eq!(charged(&two) - charged(&one), 1000 * (cost::FRAME_REF + 4));
+    // The whole file: header, string, frame, traceback, trace.
+    let header_len = u32::from_le_bytes([one[10], one[11], one[12], one[13]]) as u64;
+    assert_eq!(
+        charged(&one),
+        header_len * cost::HEADER_BYTE
+            + 16
+            + (2 + cost::STRING)
+            + cost::FRAME
+            + cost::TRACEBACK
+            + 1000 * (cost::FRAME_REF + 4)
+            + cost::TRACE
+    );
+}
+
+#[test]
+fn a_traceback_that_expands_past_the_bound_is_refused_before_it_is_built() {
+    // 4 MB of references to one frame: 52 bytes each, past 24 a byte
+    // plus 64 MiB.
+    let bytes = one_frame_repeated(4_000_000);
+    let limit = 24 * bytes.len() as u64 + LOAD_BASE_BYTES;
+    assert_eq!(
+        decode(&bytes).unwrap_err().to_string(),
+        format!(
+            "tracer snapshot refused: loading this {}-byte file would take more than {limit} bytes of memory (at most 24 bytes per byte of the file plus 64 MiB); it went past that at traceback 0 of the tracebacks section (4000000 frames)",
+            bytes.len()
+        )
+    );
+    // Refused before anything of the traceback was charged or made: what
+    // was kept is the header, string and frame.
+    let mut budget = Budget::for_input(bytes.len());
+    decode_with(&bytes, &mut budget).unwrap_err();
+    let header_len = u32::from_le_bytes([bytes[10], bytes[11], bytes[12], bytes[13]]) as u64;
+    assert_eq!(
+        budget.used(),
+        header_len * cost::HEADER_BYTE + 16 + (2 + cost::STRING) + cost::FRAME + cost::TRACEBACK
+    );
+    // Within the bound, the same shape loads.
+    let fits = one_frame_repeated(1_000_000);
+    assert_eq!(
+        decode(&fits).unwrap().snapshot.traces()[0]
+            .traceback
+            .frames()
+            .len(),
+        1_000_000
+    );
+}
+
+#[test]
+fn an_interrupt_check_stops_the_decoding() {
+    fn stop() -> Result<(), Interrupted> {
+        Err(Interrupted {
+            reason: "the request went past its memory budget".into(),
+        })
+    }
+    let small = encode(&sample(), &json!({}));
+    let big = one_frame_repeated(10_000);
+    let _guard = CheckGuard::install(stop);
+    assert_eq!(decode(&small).unwrap().snapshot, sample());
+    assert_eq!(
+        decode(&big).unwrap_err(),
+        DumpError::Interrupted(Interrupted {
+            reason: "the request went past its memory budget".into()
+        })
+    );
+}

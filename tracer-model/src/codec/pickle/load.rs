@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use super::value::{Class, Heap, Value};
 use super::{PickleError, shape, vm};
+use crate::codec::budget::{Budget, cost};
 use crate::engine::index::FrameHints;
 use crate::hash::FxHashMap;
 use crate::snapshot::Snapshot;
@@ -19,18 +20,37 @@ use crate::trace::{Frame, Trace, Traceback};
 /// Equal tracebacks share one `Arc` (whether the pickle memoized them as
 /// one tuple or not), as the model's grouping prefers.
 ///
+/// Memory is bounded by
+/// [`LOAD_BYTES_PER_INPUT_BYTE`](crate::LOAD_BYTES_PER_INPUT_BYTE) bytes
+/// per byte of `bytes` plus [`LOAD_BASE_BYTES`](crate::LOAD_BASE_BYTES)
+/// and time is linear in its length (`tracer-model/src/codec/budget.rs`): the
+/// values the opcodes store and every frame, traceback and trace the
+/// conversion makes are charged before they are made.
+///
 /// # Errors
 /// [`PickleError::Malformed`] for a pickle this parser does not read
 /// (naming the opcode and offset); [`PickleError::Shape`] when the values
 /// are not a tracemalloc snapshot or do not fit the model (e.g. a size of
-/// 2**64 or more, a negative domain, an empty traceback).
+/// 2**64 or more, a negative domain, an empty traceback);
+/// [`PickleError::OverBudget`] past the memory bound;
+/// [`PickleError::Interrupted`] when the thread's interrupt check
+/// ([`crate::interrupt`]) says to stop.
 pub fn load_tracemalloc(bytes: &[u8]) -> Result<Snapshot, PickleError> {
-    let (root, heap) = vm::run(bytes)?;
+    load_with(bytes, &mut Budget::for_input(bytes.len()))
+}
+
+/// [`load_tracemalloc`], charging what it materialises to `budget`.
+pub(crate) fn load_with(bytes: &[u8], budget: &mut Budget) -> Result<Snapshot, PickleError> {
+    let (root, heap) = vm::run(bytes, budget)?;
     let mut converter = Converter {
+        budget,
         heap: &heap,
         names: FxHashMap::default(),
         frames: FxHashMap::default(),
+        by_text: FxHashMap::default(),
+        table: Vec::new(),
         frame_lists: FxHashMap::default(),
+        lists_by_content: HashMap::new(),
         tracebacks: FxHashMap::default(),
         by_content: HashMap::new(),
         interned: Vec::new(),
@@ -46,18 +66,30 @@ pub fn load_tracemalloc(bytes: &[u8]) -> Result<Snapshot, PickleError> {
 /// A traceback's shared `Arc` and its index in order of first appearance.
 type Interned = (Arc<Traceback>, u32);
 
-/// A traceback tuple's frames, and where their numbers are in the hints.
-type FrameList = (Arc<[Frame]>, (usize, usize));
+/// A traceback tuple's frames (as a traceback with no `total_nframe`,
+/// its hash computed once), and where their numbers are in the hints.
+type FrameList = (Traceback, (usize, usize));
 
 /// Builds the model's snapshot from the parsed values.
-struct Converter<'h> {
+struct Converter<'h, 'b> {
+    /// What the snapshot may still take.
+    budget: &'b mut Budget,
     heap: &'h Heap,
     names: FxHashMap<u32, Arc<str>>,
-    /// Each frame tuple: its frame and number (the index's hint).
-    frames: FxHashMap<u32, (Frame, u32)>,
+    /// Each frame tuple: its number (the index's hint).
+    frames: FxHashMap<u32, u32>,
+    /// Each distinct frame (the address of its interned file name, and
+    /// its line): its number. Python writes a tuple per frame of each
+    /// traceback, so most tuples are equal to one seen before.
+    by_text: FxHashMap<(usize, u32), u32>,
+    /// The frames by number.
+    table: Vec<Frame>,
     /// Each traceback tuple: its frames and where their numbers are in
     /// `hints.ids`.
     frame_lists: FxHashMap<u32, FrameList>,
+    /// Equal frame lists from separate tuples share one array, so that
+    /// tracebacks compare by address.
+    lists_by_content: HashMap<Traceback, FrameList>,
     /// The frame numbers of each distinct `Arc`, for the snapshot's index.
     hints: FrameHints,
     /// Each traceback tuple (with its total_nframe): its `Arc` and interned
@@ -133,19 +165,22 @@ impl std::fmt::Display for At {
 }
 
 fn int_in<T: TryFrom<i128>>(
+    heap: &Heap,
     value: Value,
     what: impl std::fmt::Display,
     range: &str,
 ) -> Result<T, PickleError> {
+    if let Some(v) = heap.int(value) {
+        return T::try_from(v)
+            .map_err(|_| shape(format!("{what} {v} is out of range (must be {range})")));
+    }
     match value {
-        Value::Int(v) => T::try_from(v)
-            .map_err(|_| shape(format!("{what} {v} is out of range (must be {range})"))),
         Value::BigInt => Err(shape(format!("{what} is out of range (must be {range})"))),
         other => Err(shape(format!("{what} is a {}, not an int", other.kind()))),
     }
 }
 
-impl Converter<'_> {
+impl Converter<'_, '_> {
     fn object_state(&self, value: Value, class: Class, what: &str) -> Result<u32, PickleError> {
         let Value::Object(index) = value else {
             return Err(shape(format!(
@@ -195,29 +230,46 @@ impl Converter<'_> {
         Ok(name)
     }
 
-    /// The frame of a `(filename, lineno)` tuple, and its number.
-    fn frame(&mut self, value: Value, at: At) -> Result<(Frame, u32), PickleError> {
+    /// The number of the frame of a `(filename, lineno)` tuple (its frame
+    /// is in `table`).
+    fn frame(&mut self, value: Value, at: At) -> Result<u32, PickleError> {
         let Value::Tuple(index) = value else {
             return Err(shape(format!(
                 "{at} is a {}, not a (filename, lineno) tuple",
                 value.kind()
             )));
         };
-        if let Some((frame, number)) = self.frames.get(&index) {
-            return Ok((frame.clone(), *number));
+        if let Some(&number) = self.frames.get(&index) {
+            return Ok(number);
         }
         let &[filename, lineno] = self.heap.tuple(index) else {
             return Err(shape(format!("{at} is not a (filename, lineno) pair")));
         };
         let frame = Frame {
             filename: self.name(filename, at)?,
-            lineno: int_in(lineno, at.field("lineno"), "0 to 4294967295")?,
+            lineno: int_in(self.heap, lineno, at.field("lineno"), "0 to 4294967295")?,
             extra: None,
         };
-        let number = u32::try_from(self.frames.len()).unwrap_or(u32::MAX);
-        self.frames.insert(index, (frame.clone(), number));
-        self.hints.count = self.frames.len();
-        Ok((frame, number))
+        let key = (
+            Arc::as_ptr(&frame.filename).cast::<u8>() as usize,
+            frame.lineno,
+        );
+        if let Some(&number) = self.by_text.get(&key) {
+            self.budget.charge(cost::FRAME_TUPLE, || {
+                format!("{at} (frame tuple {})", self.frames.len())
+            })?;
+            self.frames.insert(index, number);
+            return Ok(number);
+        }
+        self.budget.charge(cost::FRAME + cost::FRAME_TUPLE, || {
+            format!("{at} (frame {})", self.table.len())
+        })?;
+        let number = u32::try_from(self.table.len()).unwrap_or(u32::MAX);
+        self.frames.insert(index, number);
+        self.by_text.insert(key, number);
+        self.table.push(frame);
+        self.hints.count = self.table.len();
+        Ok(number)
     }
 
     fn traceback(
@@ -235,29 +287,16 @@ impl Converter<'_> {
         if let Some((tb, id)) = self.tracebacks.get(&(index, total_nframe)) {
             return Ok((Arc::clone(tb), *id));
         }
-        let (frames, span) = match self.frame_lists.get(&index) {
-            Some((frames, span)) => (Arc::clone(frames), *span),
+        let (list, span) = match self.frame_lists.get(&index) {
+            Some((list, span)) => (list.clone(), *span),
             None => {
-                let items = self.heap.tuple(index);
-                if items.is_empty() {
-                    return Err(shape(format!(
-                        "{at}: the traceback has no frame (tracemalloc records at least one)"
-                    )));
-                }
-                let mut frames = Vec::with_capacity(items.len());
-                let start = self.hints.ids.len();
-                for (i, &item) in items.iter().enumerate() {
-                    let (frame, number) = self.frame(item, at.frame(i))?;
-                    frames.push(frame);
-                    self.hints.ids.push(number);
-                }
-                let span = (start, self.hints.ids.len());
-                let frames: Arc<[Frame]> = Arc::from(frames);
-                self.frame_lists.insert(index, (Arc::clone(&frames), span));
-                (frames, span)
+                let (list, span) = self.frame_list(index, at)?;
+                self.frame_lists.insert(index, (list.clone(), span));
+                (list, span)
             }
         };
-        let fresh = Arc::new(Traceback::from_frames(frames, total_nframe));
+        // Shares the frames and their hash: no pass over them.
+        let fresh = Arc::new(list.with_total_nframe(total_nframe));
         let next = u32::try_from(self.interned.len()).unwrap_or(u32::MAX);
         let (traceback, id) = {
             let (traceback, id) = self
@@ -267,6 +306,12 @@ impl Converter<'_> {
             (Arc::clone(traceback), *id)
         };
         if id == next {
+            // A new traceback: the index copies its frame numbers.
+            let depth = traceback.frames().len();
+            self.budget.charge(
+                cost::TRACEBACK + (depth as u64).saturating_mul(cost::SHARED_FRAME_REF),
+                || format!("{at} (traceback {next}, {depth} frames)"),
+            )?;
             self.interned.push(Arc::clone(&traceback));
             self.hints.spans.push(span);
         }
@@ -275,13 +320,60 @@ impl Converter<'_> {
         Ok((traceback, id))
     }
 
+    /// The frames of traceback tuple `index` (charged before they are
+    /// made), shared with an equal list made before.
+    fn frame_list(&mut self, index: u32, at: At) -> Result<FrameList, PickleError> {
+        let items = self.heap.tuple(index);
+        if items.is_empty() {
+            return Err(shape(format!(
+                "{at}: the traceback has no frame (tracemalloc records at least one)"
+            )));
+        }
+        let depth = items.len();
+        self.budget.charge(
+            cost::TRACEBACK + (depth as u64).saturating_mul(cost::FRAME_REF),
+            || format!("{at} (a traceback of {depth} frames)"),
+        )?;
+        let start = self.hints.ids.len();
+        self.budget
+            .grow(&mut self.hints.ids, depth, || format!("{at}"))?;
+        for (i, &item) in items.iter().enumerate() {
+            self.budget.tick()?;
+            let number = self.frame(item, at.frame(i))?;
+            self.hints.ids.push(number);
+        }
+        // Collected from an exact-size iterator: one allocation, no copy.
+        let frames: Arc<[Frame]> = self
+            .hints
+            .ids
+            .get(start..)
+            .unwrap_or(&[])
+            .iter()
+            .map(|&n| {
+                self.table
+                    .get(n as usize)
+                    .cloned()
+                    .unwrap_or_else(Frame::unknown)
+            })
+            .collect();
+        let list = Traceback::from_frames(frames, None);
+        if let Some(equal) = self.lists_by_content.get(&list) {
+            // Its numbers are those of the equal list.
+            self.hints.ids.truncate(start);
+            return Ok(equal.clone());
+        }
+        let made = (list, (start, self.hints.ids.len()));
+        self.lists_by_content.insert(made.0.clone(), made.clone());
+        Ok(made)
+    }
+
     fn snapshot(&mut self, root: Value) -> Result<Parts, PickleError> {
         let state = self.object_state(root, Class::Snapshot, "the pickled object")?;
         let limit = self
             .heap
             .dict_get(state, "traceback_limit")
             .ok_or_else(|| shape("Snapshot has no traceback_limit"))?;
-        let traceback_limit: u32 = int_in(limit, "traceback_limit", "0 to 4294967295")?;
+        let traceback_limit: u32 = int_in(self.heap, limit, "traceback_limit", "0 to 4294967295")?;
         let traces = self
             .heap
             .dict_get(state, "traces")
@@ -301,9 +393,13 @@ impl Converter<'_> {
                 )));
             }
         };
-        let mut out = Vec::with_capacity(items.len());
-        let mut ids = Vec::with_capacity(items.len());
+        let count = items.len();
+        self.budget
+            .charge_n(count, cost::TRACE, || format!("its {count} traces"))?;
+        let mut out = Vec::with_capacity(count);
+        let mut ids = Vec::with_capacity(count);
         for (n, &item) in items.iter().enumerate() {
+            self.budget.tick()?;
             let Value::Tuple(t) = item else {
                 return Err(shape(format!(
                     "trace {n} is a {}, not a tuple",
@@ -322,13 +418,18 @@ impl Converter<'_> {
             let at = At::trace(n);
             let total_nframe = match total {
                 Value::None => None,
-                v => Some(int_in(v, at.field("total_nframe"), "0 to 4294967295")?),
+                v => Some(int_in(
+                    self.heap,
+                    v,
+                    at.field("total_nframe"),
+                    "0 to 4294967295",
+                )?),
             };
             let (traceback, id) = self.traceback(traceback, total_nframe, at)?;
             out.push(Trace {
                 source: crate::trace::Source::UNKNOWN,
-                domain: int_in(domain, at.field("domain"), "0 to 4294967295")?,
-                size: int_in(size, at.field("size"), "0 to 2**64-1")?,
+                domain: int_in(self.heap, domain, at.field("domain"), "0 to 4294967295")?,
+                size: int_in(self.heap, size, at.field("size"), "0 to 2**64-1")?,
                 traceback,
             });
             ids.push(id);

@@ -11,7 +11,9 @@
 //! records of their state. Anything else (other globals, `REDUCE`,
 //! extension codes, persistent ids, protocol 0/1 text opcodes) is refused
 //! with an error naming the opcode and its offset. Memory use is bounded by
-//! a small multiple of the input size.
+//! [`LOAD_BYTES_PER_INPUT_BYTE`](crate::LOAD_BYTES_PER_INPUT_BYTE) bytes
+//! per byte of the input plus [`LOAD_BASE_BYTES`](crate::LOAD_BASE_BYTES),
+//! and time is linear in its size (see `tracer-model/src/codec/budget.rs`).
 //!
 //! [`dump_tracemalloc`] writes a protocol-4 pickle that Python's
 //! `tracemalloc.Snapshot.load()` reads into an equal snapshot (file names,
@@ -28,8 +30,13 @@ mod tests;
 mod value;
 mod vm;
 
+use crate::codec::budget::OverBudget;
+use crate::interrupt::Interrupted;
+
 pub use dump::dump_tracemalloc;
 pub use load::load_tracemalloc;
+#[cfg(test)]
+use load::load_with;
 
 /// Why a pickle was refused.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -49,6 +56,18 @@ pub enum PickleError {
         /// What is wrong, with the path of the value.
         reason: String,
     },
+    /// Loading the pickle would take more memory than
+    /// [`LOAD_BYTES_PER_INPUT_BYTE`](crate::LOAD_BYTES_PER_INPUT_BYTE)
+    /// bytes per byte of it plus
+    /// [`LOAD_BASE_BYTES`](crate::LOAD_BASE_BYTES): opcodes that replicate
+    /// values (`DUP`, `MEMOIZE`, `GET`) or tracebacks that expand into more
+    /// frames than the file could describe. Nothing of it is kept.
+    #[error("tracemalloc pickle refused: {0}")]
+    OverBudget(#[from] OverBudget),
+    /// The thread's interrupt check ([`crate::interrupt`]) stopped the
+    /// loading.
+    #[error(transparent)]
+    Interrupted(#[from] Interrupted),
 }
 
 fn shape(reason: impl Into<String>) -> PickleError {

@@ -156,3 +156,149 @@ fn truncations_and_random_bytes_are_refused_cleanly() {
             .contains("the input ends inside an opcode")
     );
 }
+
+/// A tracemalloc snapshot pickle whose `_traces` list gets one trace
+/// tuple `(1, 100, (("a.c", 3),))` and then `body` (opcodes that replicate
+/// it) inside the APPENDS mark.
+fn replicating(body: &[u8]) -> (Vec<u8>, usize) {
+    let mut out = b"\x80\x04ctracemalloc\nSnapshot\n)\x81}(\x8c\x06tracesctracemalloc\n_Traces\n)\x81}\x8c\x07_traces](K\x01Kd\x8c\x03a.cK\x03\x86\x85\x87".to_vec();
+    let body_at = out.len();
+    out.extend_from_slice(body);
+    out.extend_from_slice(b"esb\x8c\x0ftraceback_limitK\x05ub.");
+    (out, body_at)
+}
+
+/// What loading `bytes` charges, with no limit.
+fn charged(bytes: &[u8]) -> u64 {
+    let mut budget = Budget::with_limit(bytes.len(), u64::MAX);
+    load_with(bytes, &mut budget).expect("loads");
+    budget.used()
+}
+
+use crate::codec::budget::{Budget, LOAD_BASE_BYTES, cost};
+use crate::interrupt::{CheckGuard, Interrupted};
+
+#[test]
+fn replicating_opcodes_are_charged_per_copy() {
+    let value = 16; // size_of::<Value>()
+    // DUP: a stack slot, a list slot, a trace.
+    let (one, _) = replicating(&b"2".repeat(1000));
+    let (two, _) = replicating(&b"2".repeat(2000));
+    assert_eq!(load_tracemalloc(&two).unwrap().traces().len(), 2001);
+    assert_eq!(
+        charged(&two) - charged(&one),
+        1000 * (2 * value + cost::TRACE)
+    );
+    // MEMOIZE: a memo slot.
+    let (one, _) = replicating(&b"\x94".repeat(1000));
+    let (two, _) = replicating(&b"\x94".repeat(2000));
+    assert_eq!(charged(&two) - charged(&one), 1000 * value);
+    // BINGET: a stack slot, a list slot, a trace.
+    let (one, _) = replicating(&[b"\x94".as_slice(), &b"h\x00".repeat(1000)].concat());
+    let (two, _) = replicating(&[b"\x94".as_slice(), &b"h\x00".repeat(2000)].concat());
+    assert_eq!(
+        charged(&two) - charged(&one),
+        1000 * (2 * value + cost::TRACE)
+    );
+}
+
+#[test]
+fn a_replicating_opcode_past_the_budget_is_refused_as_it_runs() {
+    for (opcode, name, width) in [(b"2".as_slice(), "DUP", 1), (b"\x94", "MEMOIZE", 1)] {
+        let (bytes, body_at) = replicating(&opcode.repeat(100_000));
+        let limit = 200_000;
+        let mut budget = Budget::with_limit(bytes.len(), limit);
+        let err = load_with(&bytes, &mut budget).unwrap_err();
+        let PickleError::OverBudget(over) = &err else {
+            panic!("{err}");
+        };
+        // Refused at the copy that went past: one value short of the limit.
+        let at: usize = over
+            .at
+            .strip_prefix("byte ")
+            .and_then(|rest| rest.strip_suffix(&format!(" (opcode {name})")))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{}", over.at));
+        assert!((body_at..body_at + 100_000 * width).contains(&at), "{at}");
+        assert!(limit - budget.used() < 16, "{}", budget.used());
+        assert_eq!(over.limit, limit);
+    }
+}
+
+#[test]
+fn a_dup_bomb_is_refused_within_the_bound() {
+    // 4 MB of DUP: 64 bytes a copy, past 24 a byte plus 64 MiB.
+    let (bytes, _) = replicating(&b"2".repeat(4_000_000));
+    let limit = 24 * bytes.len() as u64 + LOAD_BASE_BYTES;
+    assert_eq!(
+        load_tracemalloc(&bytes).unwrap_err().to_string(),
+        format!(
+            "tracemalloc pickle refused: loading this {}-byte file would take more than {limit} bytes of memory (at most 24 bytes per byte of the file plus 64 MiB); it went past that at its 4000001 traces",
+            bytes.len()
+        )
+    );
+    let mut budget = Budget::for_input(bytes.len());
+    load_with(&bytes, &mut budget).unwrap_err();
+    // The stack and the list were charged (64 MB each), not the traces.
+    assert!(budget.used() <= limit);
+    assert!(budget.used() >= 2 * 16 * 4_000_000);
+}
+
+#[test]
+fn one_deep_traceback_under_many_totals_costs_its_frames_once_per_total() {
+    // One traceback tuple of `depth` frames (all one frame, by DUP) and
+    // `n` traces of it, each with its own total_nframe: each trace is a
+    // new traceback sharing the frames (charged for the index's copy of
+    // their numbers), and nothing walks the frames again.
+    let pickle = |depth: usize, n: u32| {
+        let mut body = b"0(\x8c\x03a.cK\x03\x86".to_vec();
+        body.extend(b"2".repeat(depth - 1));
+        body.extend_from_slice(b"t\x94");
+        body.push(b'0');
+        for total in 0..n {
+            body.extend_from_slice(b"(K\x01Kdh\x00J");
+            body.extend_from_slice(&total.to_le_bytes());
+            body.push(b't');
+        }
+        replicating(&body).0
+    };
+    let per_trace = |depth: usize| charged(&pickle(depth, 20)) - charged(&pickle(depth, 10));
+    let tuple = 4 * 16 + 8; // four tuple slots and the tuple's entry
+    let stack = 0; // the stack is no deeper
+    assert_eq!(
+        per_trace(1000),
+        10 * (tuple + stack + 16 + cost::TRACE + cost::TRACEBACK + 1000 * cost::SHARED_FRAME_REF)
+    );
+    // A 2 MB pickle of a 2-million-frame tuple is refused at its first
+    // traceback, before any frame is made.
+    let bytes = pickle(2_000_000, 1000);
+    let err = load_tracemalloc(&bytes).unwrap_err().to_string();
+    assert!(
+        err.ends_with("it went past that at trace 0 (a traceback of 2000000 frames)"),
+        "{err}"
+    );
+}
+
+#[test]
+fn an_interrupt_check_stops_the_loading() {
+    fn stop() -> Result<(), Interrupted> {
+        Err(Interrupted {
+            reason: "the client left".into(),
+        })
+    }
+    let (small, _) = replicating(b"");
+    let (big, _) = replicating(&b"2".repeat(10_000));
+    let _guard = CheckGuard::install(stop);
+    // Fewer steps than one check: loads.
+    assert_eq!(load_tracemalloc(&small).unwrap().traces().len(), 1);
+    assert_eq!(
+        load_tracemalloc(&big).unwrap_err(),
+        PickleError::Interrupted(Interrupted {
+            reason: "the client left".into()
+        })
+    );
+    assert_eq!(
+        load_tracemalloc(&big).unwrap_err().to_string(),
+        "interrupted: the client left"
+    );
+}

@@ -23,13 +23,18 @@ impl Class {
 }
 
 /// A value on the pickle machine's stack: scalars inline, containers as
-/// indices into the parser's arenas (so values are `Copy` and a memo
-/// reference costs nothing).
+/// indices into the parser's arenas (so values are `Copy`, 16 bytes, and
+/// a memo reference costs nothing).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Value {
     None,
     Bool(bool),
-    Int(i128),
+    Int(i64),
+    /// An int above `i64::MAX` that fits in 64 bits (a size may be one).
+    UInt(u64),
+    /// An int that fits in neither but in 128 bits: its index in
+    /// [`Heap::wide`] (kept for the error that names it).
+    Wide(u32),
     /// An int that does not fit in 128 bits.
     BigInt,
     Str(u32),
@@ -41,11 +46,20 @@ pub(super) enum Value {
 }
 
 impl Value {
+    /// The value of the int `v` if it fits in 64 bits (signed or not).
+    pub(super) fn int(v: i128) -> Option<Self> {
+        if let Ok(v) = i64::try_from(v) {
+            Some(Value::Int(v))
+        } else {
+            u64::try_from(v).ok().map(Value::UInt)
+        }
+    }
+
     pub(super) fn kind(self) -> &'static str {
         match self {
             Value::None => "None",
             Value::Bool(_) => "bool",
-            Value::Int(_) | Value::BigInt => "int",
+            Value::Int(_) | Value::UInt(_) | Value::Wide(_) | Value::BigInt => "int",
             Value::Str(_) => "str",
             Value::Tuple(_) => "tuple",
             Value::List(_) => "list",
@@ -72,6 +86,8 @@ pub(super) struct Heap {
     pub(super) lists: Vec<Vec<Value>>,
     pub(super) dicts: Vec<Vec<(Value, Value)>>,
     pub(super) objects: Vec<Object>,
+    /// Ints of 65 to 128 bits.
+    pub(super) wide: Vec<i128>,
 }
 
 impl Heap {
@@ -82,6 +98,16 @@ impl Heap {
                 .get(start as usize..start as usize + len as usize)
                 .unwrap_or(&[]),
             None => &[],
+        }
+    }
+
+    /// The int `value` holds, if it is one of at most 128 bits.
+    pub(super) fn int(&self, value: Value) -> Option<i128> {
+        match value {
+            Value::Int(v) => Some(i128::from(v)),
+            Value::UInt(v) => Some(i128::from(v)),
+            Value::Wide(i) => self.wide.get(i as usize).copied(),
+            _ => None,
         }
     }
 

@@ -8,12 +8,16 @@ use std::sync::Arc;
 
 use super::PickleError;
 use super::value::{Class, Heap, Object, Value, arena_index};
+use crate::codec::budget::{Budget, OverBudget, cost};
 use crate::codec::intern::intern;
 
 /// Runs the pickle `bytes` up to its STOP: the value left on the stack and
 /// the objects made. Refuses input that does not start with PROTO or that
-/// goes on after STOP.
-pub(super) fn run(bytes: &[u8]) -> Result<(Value, Heap), PickleError> {
+/// goes on after STOP. Every value stored (on the stack, in the memo, a
+/// list, a tuple or a dict) is charged to `budget` by the capacity its
+/// vector grows to, before it grows: `DUP`, `MEMOIZE` and `GET` are
+/// checked as they run. Each opcode is a step of the interrupt check.
+pub(super) fn run(bytes: &[u8], budget: &mut Budget) -> Result<(Value, Heap), PickleError> {
     if bytes.first() != Some(&0x80) {
         return Err(PickleError::Malformed {
             offset: 0,
@@ -29,6 +33,9 @@ pub(super) fn run(bytes: &[u8]) -> Result<(Value, Heap), PickleError> {
         memo: Vec::new(),
         heap: Heap::default(),
         interned: HashMap::new(),
+        budget,
+        stack_high: 0,
+        marks_high: 0,
     };
     let root = machine.run()?;
     if machine.at != bytes.len() {
@@ -41,7 +48,7 @@ pub(super) fn run(bytes: &[u8]) -> Result<(Value, Heap), PickleError> {
 }
 
 /// The pickle virtual machine, restricted to data.
-struct Machine<'a> {
+struct Machine<'a, 'b> {
     input: &'a [u8],
     at: usize,
     /// Offset of the opcode being run, for errors.
@@ -52,9 +59,28 @@ struct Machine<'a> {
     heap: Heap,
     /// Equal strings share one `Arc` (file names repeat a lot).
     interned: HashMap<Arc<str>, u32>,
+    /// What the values stored may still take.
+    budget: &'b mut Budget,
+    /// The highest depth the stack reached (all of it charged).
+    stack_high: usize,
+    /// The most MARKs open at once (all of them charged).
+    marks_high: usize,
 }
 
-impl<'a> Machine<'a> {
+/// Where the machine is, for [`OverBudget`]: the opcode's offset and name.
+fn here(input: &[u8], op_at: usize) -> String {
+    let op = input.get(op_at).copied().unwrap_or(0);
+    format!("byte {op_at} (opcode {})", opcode_name(op))
+}
+
+impl<'a> Machine<'a, '_> {
+    /// Charges `count` items of `each` bytes at the current opcode.
+    fn charge_n(&mut self, count: usize, each: usize) -> Result<(), OverBudget> {
+        let (input, op_at) = (self.input, self.op_at);
+        self.budget
+            .charge_n(count, each as u64, || here(input, op_at))
+    }
+
     fn err(&self, reason: impl Into<String>) -> PickleError {
         PickleError::Malformed {
             offset: self.op_at,
@@ -106,8 +132,8 @@ impl<'a> Machine<'a> {
         })
     }
 
-    /// Pops everything above the last MARK, and the mark.
-    fn pop_mark(&mut self) -> Result<Vec<Value>, PickleError> {
+    /// Pops the last MARK: the items above it are `stack[mark..]`.
+    fn pop_mark(&mut self) -> Result<usize, PickleError> {
         let mark = self
             .marks
             .pop()
@@ -115,11 +141,32 @@ impl<'a> Machine<'a> {
         if mark > self.stack.len() {
             return Err(self.err("MARK above the stack"));
         }
-        Ok(self.stack.split_off(mark))
+        Ok(mark)
     }
 
-    fn push(&mut self, value: Value) {
+    /// The value just below a popped MARK at `mark` (the list or dict that
+    /// APPENDS or SETITEMS add to), which must be above the MARK before.
+    fn below(&self, mark: usize) -> Result<Value, PickleError> {
+        let floor = self.marks.last().copied().unwrap_or(0);
+        match mark.checked_sub(1) {
+            Some(i) if i >= floor => self
+                .stack
+                .get(i)
+                .copied()
+                .ok_or_else(|| self.err("the stack is empty")),
+            _ => Err(self.err("the stack is empty")),
+        }
+    }
+
+    /// Pushes `value`. The stack is charged by its highest depth (its
+    /// slots are reused after pops).
+    fn push(&mut self, value: Value) -> Result<(), PickleError> {
+        if self.stack.len() >= self.stack_high {
+            self.charge_n(1, size_of::<Value>())?;
+            self.stack_high = self.stack.len() + 1;
+        }
         self.stack.push(value);
+        Ok(())
     }
 
     fn string(&mut self, bytes: &[u8]) -> Result<Value, PickleError> {
@@ -131,19 +178,33 @@ impl<'a> Machine<'a> {
             return Ok(Value::Str(index));
         }
         let index = arena_index(self.heap.strings.len(), self.op_at)?;
+        self.charge_n(1, 2 * text.len() + cost::STRING as usize)?;
+        let (input, op_at) = (self.input, self.op_at);
+        self.budget
+            .grow(&mut self.heap.strings, 1, || here(input, op_at))?;
         let shared: Arc<str> = intern(text);
         self.heap.strings.push(Arc::clone(&shared));
         self.interned.insert(shared, index);
         Ok(Value::Str(index))
     }
 
-    fn tuple(&mut self, items: &[Value]) -> Result<Value, PickleError> {
+    /// Replaces `stack[from..]` by the tuple of those items.
+    fn tuple_from(&mut self, from: usize) -> Result<(), PickleError> {
+        let items = self.stack.get(from..).unwrap_or(&[]);
         let index = arena_index(self.heap.tuples.len(), self.op_at)?;
         let start = arena_index(self.heap.tuple_items.len(), self.op_at)?;
         let len = arena_index(items.len(), self.op_at)?;
+        let (input, op_at) = (self.input, self.op_at);
+        self.budget
+            .grow(&mut self.heap.tuple_items, items.len(), || {
+                here(input, op_at)
+            })?;
+        self.budget
+            .grow(&mut self.heap.tuples, 1, || here(input, op_at))?;
         self.heap.tuple_items.extend_from_slice(items);
         self.heap.tuples.push((start, len));
-        Ok(Value::Tuple(index))
+        self.stack.truncate(from);
+        self.push(Value::Tuple(index))
     }
 
     fn tuple_n(&mut self, n: usize) -> Result<(), PickleError> {
@@ -151,10 +212,7 @@ impl<'a> Machine<'a> {
         if self.stack.len() < floor + n {
             return Err(self.err(format!("TUPLE{n} needs {n} items on the stack")));
         }
-        let items = self.stack.split_off(self.stack.len() - n);
-        let tuple = self.tuple(&items)?;
-        self.push(tuple);
-        Ok(())
+        self.tuple_from(self.stack.len() - n)
     }
 
     fn global(&mut self, module: &[u8], name: &[u8]) -> Result<Value, PickleError> {
@@ -177,6 +235,8 @@ impl<'a> Machine<'a> {
                 *slot = value;
             }
         } else if index == self.memo.len() {
+            let (input, op_at) = (self.input, self.op_at);
+            self.budget.grow(&mut self.memo, 1, || here(input, op_at))?;
             self.memo.push(value);
         } else {
             return Err(self.err(format!(
@@ -192,28 +252,37 @@ impl<'a> Machine<'a> {
             .ok()
             .and_then(|i| self.memo.get(i).copied())
             .ok_or_else(|| self.err(format!("memo index {index} was never stored")))?;
-        self.push(value);
-        Ok(())
+        self.push(value)
     }
 
-    fn long(&mut self, bytes: &[u8]) -> Value {
+    fn long(&mut self, bytes: &[u8]) -> Result<Value, PickleError> {
         if bytes.is_empty() {
-            return Value::Int(0);
+            return Ok(Value::Int(0));
         }
         if bytes.len() > 16 {
-            return Value::BigInt;
+            return Ok(Value::BigInt);
         }
         let negative = bytes.last().is_some_and(|&b| b & 0x80 != 0);
         let mut buf = if negative { [0xffu8; 16] } else { [0u8; 16] };
         if let Some(dst) = buf.get_mut(..bytes.len()) {
             dst.copy_from_slice(bytes);
         }
-        Value::Int(i128::from_le_bytes(buf))
+        let v = i128::from_le_bytes(buf);
+        if let Some(value) = Value::int(v) {
+            return Ok(value);
+        }
+        let index = arena_index(self.heap.wide.len(), self.op_at)?;
+        let (input, op_at) = (self.input, self.op_at);
+        self.budget
+            .grow(&mut self.heap.wide, 1, || here(input, op_at))?;
+        self.heap.wide.push(v);
+        Ok(Value::Wide(index))
     }
 
     /// Runs the opcodes up to STOP; returns the value left on the stack.
     fn run(&mut self) -> Result<Value, PickleError> {
         loop {
+            self.budget.tick()?;
             self.op_at = self.at;
             let op = *self
                 .input
@@ -242,42 +311,52 @@ impl<'a> Machine<'a> {
                     }
                     return Ok(value);
                 }
-                b'(' => self.marks.push(self.stack.len()),
+                b'(' => {
+                    // MARK
+                    if self.marks.len() >= self.marks_high {
+                        self.charge_n(1, size_of::<usize>())?;
+                        self.marks_high = self.marks.len() + 1;
+                    }
+                    self.marks.push(self.stack.len());
+                }
                 b'0' => {
                     // POP
                     self.pop()?;
                 }
                 b'1' => {
                     // POP_MARK
-                    self.pop_mark()?;
+                    let mark = self.pop_mark()?;
+                    self.stack.truncate(mark);
                 }
                 b'2' => {
                     // DUP
                     let top = *self.top_mut()?;
-                    self.push(top);
+                    self.push(top)?;
                 }
-                b'N' => self.push(Value::None),
-                0x88 => self.push(Value::Bool(true)),
-                0x89 => self.push(Value::Bool(false)),
+                b'N' => self.push(Value::None)?,
+                0x88 => self.push(Value::Bool(true))?,
+                0x89 => self.push(Value::Bool(false))?,
                 b'J' => {
                     // BININT: signed 32-bit
                     let v = self.le(4)? as u32 as i32;
-                    self.push(Value::Int(i128::from(v)));
+                    self.push(Value::Int(i64::from(v)))?;
                 }
                 b'K' => {
+                    // BININT1
                     let v = self.le(1)?;
-                    self.push(Value::Int(i128::from(v)));
+                    self.push(Value::Int(v as i64))?;
                 }
                 b'M' => {
+                    // BININT2
                     let v = self.le(2)?;
-                    self.push(Value::Int(i128::from(v)));
+                    self.push(Value::Int(v as i64))?;
                 }
                 0x8a => {
                     // LONG1
                     let n = self.le(1)? as usize;
                     let bytes = self.take(n)?;
-                    let v = self.long(bytes);
-                    self.push(v);
+                    let v = self.long(bytes)?;
+                    self.push(v)?;
                 }
                 0x8b => {
                     // LONG4
@@ -285,99 +364,109 @@ impl<'a> Machine<'a> {
                     let n =
                         usize::try_from(n).map_err(|_| self.err("LONG4 with a negative length"))?;
                     let bytes = self.take(n)?;
-                    let v = self.long(bytes);
-                    self.push(v);
+                    let v = self.long(bytes)?;
+                    self.push(v)?;
                 }
                 0x8c => {
                     // SHORT_BINUNICODE
                     let n = self.le(1)? as usize;
                     let bytes = self.take(n)?;
                     let v = self.string(bytes)?;
-                    self.push(v);
+                    self.push(v)?;
                 }
                 b'X' => {
                     // BINUNICODE
                     let n = self.le(4)? as usize;
                     let bytes = self.take(n)?;
                     let v = self.string(bytes)?;
-                    self.push(v);
+                    self.push(v)?;
                 }
                 0x8d => {
                     // BINUNICODE8
                     let n = usize::try_from(self.le(8)?).unwrap_or(usize::MAX);
                     let bytes = self.take(n)?;
                     let v = self.string(bytes)?;
-                    self.push(v);
+                    self.push(v)?;
                 }
-                b')' => {
-                    let v = self.tuple(&[])?;
-                    self.push(v);
-                }
+                b')' => self.tuple_from(self.stack.len())?,
                 0x85 => self.tuple_n(1)?,
                 0x86 => self.tuple_n(2)?,
                 0x87 => self.tuple_n(3)?,
                 b't' => {
-                    let items = self.pop_mark()?;
-                    let v = self.tuple(&items)?;
-                    self.push(v);
+                    let mark = self.pop_mark()?;
+                    self.tuple_from(mark)?;
                 }
                 b']' => {
                     let index = arena_index(self.heap.lists.len(), self.op_at)?;
+                    self.grow_lists()?;
                     self.heap.lists.push(Vec::new());
-                    self.push(Value::List(index));
+                    self.push(Value::List(index))?;
                 }
                 b'l' => {
                     // LIST
-                    let items = self.pop_mark()?;
+                    let mark = self.pop_mark()?;
+                    self.charge_n(self.stack.len() - mark, size_of::<Value>())?;
+                    let items = self.stack.split_off(mark);
                     let index = arena_index(self.heap.lists.len(), self.op_at)?;
+                    self.grow_lists()?;
                     self.heap.lists.push(items);
-                    self.push(Value::List(index));
+                    self.push(Value::List(index))?;
                 }
                 b'a' => {
                     // APPEND
                     let item = self.pop()?;
                     let list = *self.top_mut()?;
-                    self.list_mut(list)?.push(item);
+                    self.list_mut(list, 1)?.push(item);
                 }
                 b'e' => {
                     // APPENDS
-                    let items = self.pop_mark()?;
-                    let list = *self.top_mut()?;
-                    self.list_mut(list)?.extend(items);
+                    let mark = self.pop_mark()?;
+                    let list = self.below(mark)?;
+                    let added = self.stack.len() - mark;
+                    self.list_mut(list, added)?;
+                    if let Value::List(i) = list
+                        && let Some(items) = self.heap.lists.get_mut(i as usize)
+                    {
+                        items.extend(self.stack.drain(mark..));
+                    }
                 }
                 b'}' => {
                     let index = arena_index(self.heap.dicts.len(), self.op_at)?;
+                    self.grow_dicts()?;
                     self.heap.dicts.push(Vec::new());
-                    self.push(Value::Dict(index));
+                    self.push(Value::Dict(index))?;
                 }
                 b'd' => {
                     // DICT
-                    let items = self.pop_mark()?;
-                    let pairs = self.pairs(&items)?;
+                    let mark = self.pop_mark()?;
+                    self.charge_n((self.stack.len() - mark) / 2, size_of::<(Value, Value)>())?;
+                    let pairs = self.pairs(mark)?;
                     let index = arena_index(self.heap.dicts.len(), self.op_at)?;
+                    self.grow_dicts()?;
                     self.heap.dicts.push(pairs);
-                    self.push(Value::Dict(index));
+                    self.push(Value::Dict(index))?;
                 }
                 b's' => {
                     // SETITEM
                     let value = self.pop()?;
                     let key = self.pop()?;
                     let dict = *self.top_mut()?;
-                    self.dict_mut(dict)?.push((key, value));
+                    self.dict_mut(dict, 1)?.push((key, value));
                 }
                 b'u' => {
                     // SETITEMS
-                    let items = self.pop_mark()?;
-                    let pairs = self.pairs(&items)?;
-                    let dict = *self.top_mut()?;
-                    self.dict_mut(dict)?.extend(pairs);
+                    let mark = self.pop_mark()?;
+                    let dict = self.below(mark)?;
+                    self.dict_mut(dict, (self.stack.len() - mark) / 2)?;
+                    let pairs = self.pairs(mark)?;
+                    self.dict_mut(dict, 0)?.extend(pairs);
                 }
                 b'c' => {
                     // GLOBAL "module\nname\n"
                     let module = self.line()?;
                     let name = self.line()?;
                     let v = self.global(module, name)?;
-                    self.push(v);
+                    self.push(v)?;
                 }
                 0x93 => {
                     // STACK_GLOBAL
@@ -389,7 +478,7 @@ impl<'a> Machine<'a> {
                     let module = self.heap.str(m).cloned().unwrap_or_else(|| Arc::from(""));
                     let name = self.heap.str(n).cloned().unwrap_or_else(|| Arc::from(""));
                     let v = self.global(module.as_bytes(), name.as_bytes())?;
-                    self.push(v);
+                    self.push(v)?;
                 }
                 0x81 => {
                     // NEWOBJ: cls.__new__(cls, *args); only for our classes
@@ -403,8 +492,11 @@ impl<'a> Machine<'a> {
                         return Err(self.err(format!("NEWOBJ of {} with arguments", class.name())));
                     }
                     let index = arena_index(self.heap.objects.len(), self.op_at)?;
+                    let (input, op_at) = (self.input, self.op_at);
+                    self.budget
+                        .grow(&mut self.heap.objects, 1, || here(input, op_at))?;
                     self.heap.objects.push(Object { class, state: None });
-                    self.push(Value::Object(index));
+                    self.push(Value::Object(index))?;
                 }
                 b'b' => {
                     // BUILD: record the state; nothing is called.
@@ -468,49 +560,120 @@ impl<'a> Machine<'a> {
         Ok(line)
     }
 
-    fn pairs(&self, items: &[Value]) -> Result<Vec<(Value, Value)>, PickleError> {
+    /// Takes `stack[mark..]` as key, value pairs (charged by the caller:
+    /// DICT keeps them, SETITEMS moves them into a dict it grew).
+    fn pairs(&mut self, mark: usize) -> Result<Vec<(Value, Value)>, PickleError> {
+        let items = self.stack.get(mark..).unwrap_or(&[]);
         if !items.len().is_multiple_of(2) {
             return Err(self.err("an odd number of items for a dict"));
         }
-        Ok(items.chunks_exact(2).map(|p| (p[0], p[1])).collect())
+        let pairs = items.chunks_exact(2).map(|p| (p[0], p[1])).collect();
+        self.stack.truncate(mark);
+        Ok(pairs)
     }
 
-    fn list_mut(&mut self, list: Value) -> Result<&mut Vec<Value>, PickleError> {
-        let offset = self.op_at;
+    /// Makes room for one more list, charged.
+    fn grow_lists(&mut self) -> Result<(), OverBudget> {
+        let (input, op_at) = (self.input, self.op_at);
+        self.budget
+            .grow(&mut self.heap.lists, 1, || here(input, op_at))
+    }
+
+    /// Makes room for one more dict, charged.
+    fn grow_dicts(&mut self) -> Result<(), OverBudget> {
+        let (input, op_at) = (self.input, self.op_at);
+        self.budget
+            .grow(&mut self.heap.dicts, 1, || here(input, op_at))
+    }
+
+    /// The list `list`, with room (charged) for `additional` more items.
+    fn list_mut(&mut self, list: Value, additional: usize) -> Result<&mut Vec<Value>, PickleError> {
+        let (input, offset) = (self.input, self.op_at);
         let fail = |kind: &str| PickleError::Malformed {
             offset,
             reason: format!("APPEND to a {kind}"),
         };
-        match list {
+        let items = match list {
             Value::List(i) => self
                 .heap
                 .lists
                 .get_mut(i as usize)
-                .ok_or_else(|| fail("list")),
-            other => Err(fail(other.kind())),
-        }
+                .ok_or_else(|| fail("list"))?,
+            other => return Err(fail(other.kind())),
+        };
+        self.budget
+            .grow(items, additional, || here(input, offset))?;
+        Ok(items)
     }
 
-    fn dict_mut(&mut self, dict: Value) -> Result<&mut Vec<(Value, Value)>, PickleError> {
-        let offset = self.op_at;
+    /// The dict `dict`, with room (charged) for `additional` more pairs.
+    fn dict_mut(
+        &mut self,
+        dict: Value,
+        additional: usize,
+    ) -> Result<&mut Vec<(Value, Value)>, PickleError> {
+        let (input, offset) = (self.input, self.op_at);
         let fail = |kind: &str| PickleError::Malformed {
             offset,
             reason: format!("SETITEM on a {kind}"),
         };
-        match dict {
+        let pairs = match dict {
             Value::Dict(i) => self
                 .heap
                 .dicts
                 .get_mut(i as usize)
-                .ok_or_else(|| fail("dict")),
-            other => Err(fail(other.kind())),
-        }
+                .ok_or_else(|| fail("dict"))?,
+            other => return Err(fail(other.kind())),
+        };
+        self.budget
+            .grow(pairs, additional, || here(input, offset))?;
+        Ok(pairs)
     }
 }
 
 /// pickletools' name of an opcode, for errors.
 fn opcode_name(op: u8) -> &'static str {
     match op {
+        0x80 => "PROTO",
+        0x95 => "FRAME",
+        b'.' => "STOP",
+        b'(' => "MARK",
+        b'0' => "POP",
+        b'1' => "POP_MARK",
+        b'2' => "DUP",
+        b'N' => "NONE",
+        0x88 => "NEWTRUE",
+        0x89 => "NEWFALSE",
+        b'J' => "BININT",
+        b'K' => "BININT1",
+        b'M' => "BININT2",
+        0x8a => "LONG1",
+        0x8b => "LONG4",
+        0x8c => "SHORT_BINUNICODE",
+        b'X' => "BINUNICODE",
+        0x8d => "BINUNICODE8",
+        b')' => "EMPTY_TUPLE",
+        0x85 => "TUPLE1",
+        0x86 => "TUPLE2",
+        0x87 => "TUPLE3",
+        b't' => "TUPLE",
+        b']' => "EMPTY_LIST",
+        b'l' => "LIST",
+        b'a' => "APPEND",
+        b'e' => "APPENDS",
+        b'}' => "EMPTY_DICT",
+        b'd' => "DICT",
+        b's' => "SETITEM",
+        b'u' => "SETITEMS",
+        b'c' => "GLOBAL",
+        0x93 => "STACK_GLOBAL",
+        0x81 => "NEWOBJ",
+        b'b' => "BUILD",
+        0x94 => "MEMOIZE",
+        b'q' => "BINPUT",
+        b'r' => "LONG_BINPUT",
+        b'h' => "BINGET",
+        b'j' => "LONG_BINGET",
         b'R' => "REDUCE",
         b'P' => "PERSID",
         b'Q' => "BINPERSID",
