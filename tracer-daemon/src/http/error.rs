@@ -224,6 +224,13 @@ impl From<StoreError> for ApiError {
                 StatusCode::CONFLICT,
                 "choose another label, or remove it from the other snapshot with PATCH /snapshots/{id}?label=".into(),
             ),
+            StoreError::FileGone { id, .. } | StoreError::FileChanged { id, .. } => (
+                StatusCode::CONFLICT,
+                format!(
+                    "tracerd keeps a stored snapshot in its file and reads it on use: put the file back as tracerd wrote it, or drop the snapshot with DELETE /snapshots/{id} (a restart of tracerd reads the state directory anew)"
+                )
+                .into(),
+            ),
             StoreError::InvalidLabel { .. } => (
                 StatusCode::BAD_REQUEST,
                 "a label is 1 to 64 of A-Z a-z 0-9 . _ : - and not all digits".into(),
@@ -244,7 +251,7 @@ impl From<StoreError> for ApiError {
             ),
             StoreError::Io { .. } => (
                 StatusCode::INTERNAL_SERVER_ERROR,
-                "tracerd could not write its state directory; see its log and the disk".into(),
+                "tracerd could not use its state directory; see its log and the disk".into(),
             ),
         };
         let hint: std::borrow::Cow<'static, str> = hint;
@@ -434,6 +441,23 @@ mod tests {
                 409,
             ),
             (StoreError::LabelNotFound { label: "a".into() }.into(), 404),
+            (
+                StoreError::FileGone {
+                    id: 3,
+                    path: "/var/lib/tracer/snapshots/3.tsnap".into(),
+                }
+                .into(),
+                409,
+            ),
+            (
+                StoreError::FileChanged {
+                    id: 3,
+                    path: "/var/lib/tracer/snapshots/3.tsnap".into(),
+                    reason: "its bytes were modified".into(),
+                }
+                .into(),
+                409,
+            ),
             (
                 StoreError::QuotaFull {
                     quota: crate::store::Quota::Bytes,

@@ -197,12 +197,12 @@ impl Service {
                         })
                         .last()
                         .map(|s| s.id);
-                    latest.and_then(|id| {
-                        Some(Side::stored(&held.store.get(id)?, held.store.info(id)?))
-                    })
+                    latest
+                        .and_then(|id| Some((held.store.loader(id)?, held.store.info(id)?.clone())))
                 };
+                // Decoded (if compact or on disk) without the store's lock.
                 match latest {
-                    Some(side) => side,
+                    Some((loader, info)) => Side::stored(&loader.load()?, &info),
                     None => Side::empty(limit, self.process(pid)?.view.first_seen_ms),
                 }
             }
@@ -220,8 +220,12 @@ impl Service {
                     })
                     .filter(|(s, _)| s.taken_at >= self.started_at)
                     .last()
-                    .and_then(|(s, i)| Some(Side::stored(&held.store.get(s.id)?, i)));
-                latest.unwrap_or_else(|| Side::empty(limit, unix_ms(self.started_at)))
+                    .and_then(|(s, i)| Some((held.store.loader(s.id)?, i.clone())));
+                drop(held);
+                match latest {
+                    Some((loader, info)) => Side::stored(&loader.load()?, &info),
+                    None => Side::empty(limit, unix_ms(self.started_at)),
+                }
             }
             (target, BaseSpec::Since(ago)) => self.since_side(viewer, target, *ago, limit, want)?,
         };
@@ -292,11 +296,11 @@ impl Service {
             }
         }
         drop(held);
-        // Automatic snapshots are kept compactly: decoded here, without
-        // the store's lock.
+        // Automatic snapshots are kept compactly, labelled ones in their
+        // files: decoded here, without the store's lock.
         let mut traces = Vec::new();
         for loader in loaders {
-            traces.extend(loader.load().snapshot.traces().iter().cloned());
+            traces.extend(loader.load()?.snapshot.traces().iter().cloned());
         }
         let info = match (target, parts.as_slice()) {
             (Target::Process(_), [part]) => {

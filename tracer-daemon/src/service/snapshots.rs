@@ -448,7 +448,10 @@ impl Service {
     /// knows of it.
     ///
     /// # Errors
-    /// As [`Service::resolve`].
+    /// As [`Service::resolve`]; for a snapshot kept in its file,
+    /// [`StoreError::FileGone`], [`StoreError::FileChanged`] or
+    /// [`StoreError::Io`] when the file was removed, changed or cannot be
+    /// read.
     pub fn stored(
         &self,
         viewer: Viewer,
@@ -461,8 +464,9 @@ impl Service {
         let summary = held.store.summary(id).ok_or_else(missing)?;
         let info = held.store.info(id).cloned().ok_or_else(missing)?;
         drop(held);
-        // An automatic snapshot is decoded here, without the store's lock.
-        Ok((loader.load(), summary, info))
+        // An automatic snapshot, or one kept in its file, is decoded here,
+        // without the store's lock.
+        Ok((loader.load()?, summary, info))
     }
 
     /// Summaries of the stored snapshots `viewer` may see, oldest first:

@@ -2,18 +2,19 @@
 //! the store's metadata in its header, and `next-id`, the reservation of
 //! ids. Reading is strict: a file that does not decode is refused whole.
 use std::{
+    io::Read as _,
     path::{Path, PathBuf},
-    sync::Arc,
     time::{Duration, SystemTime},
 };
 
 use serde_json::{Value, json};
 use tracer_model::{Completeness, decode};
 
+use super::disk::{FileCheck, OnDisk};
 use super::stored::{Shape, SnapshotHead, SnapshotInfo, SnapshotKind, check_label};
 use super::{Body, Entry};
 use crate::snapshot::AllocatorFrames;
-use crate::sys::fsync::read_regular;
+use crate::sys::fsync::{open_regular, read_regular};
 use crate::sys::unix_ms;
 
 /// File name suffix of a stored snapshot.
@@ -46,8 +47,18 @@ pub(super) fn meta_of(entry: &Entry) -> Value {
     meta
 }
 
+/// The entry of the snapshot file `path` (named `<stem>.tsnap`), kept on
+/// disk: the file is read and decoded whole once, to check it and count
+/// what its summary shows, and its traces are dropped.
+///
+/// # Errors
+/// Why it is refused: it cannot be read, does not decode, or its header
+/// is not the store's.
 pub(super) fn read_snapshot_file(path: &Path, stem: &str) -> Result<Entry, String> {
-    let bytes = read_regular(path).map_err(|e| format!("cannot read it: {e}"))?;
+    let cannot = |e: std::io::Error| format!("cannot read it: {e}");
+    let (mut file, file_meta) = open_regular(path).map_err(cannot)?;
+    let mut bytes = Vec::with_capacity(usize::try_from(file_meta.len()).unwrap_or(0));
+    file.read_to_end(&mut bytes).map_err(cannot)?;
     let decoded = decode(&bytes).map_err(|e| e.to_string())?;
     let meta = &decoded.meta;
     let field = |name: &str| meta.get(name).and_then(Value::as_u64);
@@ -107,10 +118,11 @@ pub(super) fn read_snapshot_file(path: &Path, stem: &str) -> Result<Entry, Strin
             .and_then(AllocatorFrames::parse),
         owner: field("owner_uid").and_then(|u| u32::try_from(u).ok()),
     };
+    let check = FileCheck::new(&file_meta, &bytes);
     Ok(Entry {
         head,
         shape: Shape::of(&decoded.snapshot),
-        body: Body::Whole(Arc::new(decoded.snapshot)),
+        body: Body::OnDisk(OnDisk::new(id, path.to_path_buf(), check)),
         info,
         persisted: true,
         this_run: false,

@@ -14,6 +14,17 @@
 //! directory is created 0700 and its files 0600
 //! ([`crate::sys::fsync`]).
 //!
+//! A snapshot that has a file is not kept in memory: the store keeps its
+//! head and what its summary shows (counted when it was stored, or when
+//! its file was read at start), and decodes its file each time it is used
+//! ([`Loader::load`], without the store's lock), its traces in the file's
+//! order. The last [`CACHE_SNAPSHOTS`] (4) snapshots decoded, at most
+//! [`CACHE_BYTES`] (128 MiB, estimated), stay decoded in a cache, so
+//! repeated statistics and compares on one snapshot decode it once. A
+//! file removed behind tracerd's back is then [`StoreError::FileGone`],
+//! one replaced or modified [`StoreError::FileChanged`] ([`disk`]).
+//! Without a state directory every snapshot is kept whole in memory.
+//!
 //! Automatic snapshots (kind `auto`, taken every interval of every traced
 //! process) stay in memory for their retention: after a restart the kernel's
 //! live blocks start over, so they would compare against nothing. They are
@@ -47,10 +58,12 @@ use crate::capture::ImageId;
 use crate::sys::fsync::{WriteError, create_private_dir, sync_dir, write_atomically};
 
 mod compact;
+mod disk;
 mod files;
 mod quota;
 mod stored;
 
+pub use disk::{CACHE_BYTES, CACHE_SNAPSHOTS, Cache, heap_estimate};
 pub use files::{SNAPSHOT_SUFFIX, dir_bytes};
 pub use quota::{Quota, Quotas};
 pub use stored::{
@@ -59,6 +72,7 @@ pub use stored::{
 };
 
 use compact::{Compact, Interner};
+use disk::{OnDisk, check_written};
 use files::{file_of, meta_of, read_next_id, read_snapshot_file};
 use stored::Shape;
 
@@ -119,6 +133,30 @@ pub enum StoreError {
         /// For a per-owner quota, the owner (uid).
         owner: Option<u32>,
     },
+    /// The file of a stored snapshot no longer exists: it was removed
+    /// behind tracerd's back.
+    #[error(
+        "the file of snapshot {id}, {}, was removed behind tracerd's back: its traces are gone",
+        path.display()
+    )]
+    FileGone {
+        /// The snapshot.
+        id: u64,
+        /// Its file.
+        path: PathBuf,
+    },
+    /// The file of a stored snapshot is no longer the one tracerd wrote
+    /// (or read at start): it was replaced or modified behind its back;
+    /// it is not used.
+    #[error("the file of snapshot {id}, {}, changed behind tracerd's back: {reason}", path.display())]
+    FileChanged {
+        /// The snapshot.
+        id: u64,
+        /// Its file.
+        path: PathBuf,
+        /// What differs.
+        reason: String,
+    },
     /// The label is not a valid one.
     #[error("invalid label {label:?}: {reason}")]
     InvalidLabel {
@@ -169,18 +207,26 @@ pub struct Unreadable {
     pub error: String,
 }
 
-/// The traces of an entry: whole, or compact (automatic snapshots).
+/// The traces of an entry: whole (without a state directory), compact
+/// (automatic snapshots), or in its file.
 #[derive(Clone, Debug)]
 enum Body {
     Whole(Arc<Snapshot>),
     Compact(Compact),
+    OnDisk(OnDisk),
 }
 
 impl Body {
-    fn snapshot(&self) -> Arc<Snapshot> {
+    /// The traces: decoded if compact, from `cache` or decoded from the
+    /// file if on disk.
+    ///
+    /// # Errors
+    /// As [`OnDisk::load`].
+    fn snapshot(&self, cache: &Cache) -> Result<Arc<Snapshot>, StoreError> {
         match self {
-            Body::Whole(snapshot) => Arc::clone(snapshot),
-            Body::Compact(compact) => Arc::new(compact.decode()),
+            Body::Whole(snapshot) => Ok(Arc::clone(snapshot)),
+            Body::Compact(compact) => Ok(Arc::new(compact.decode())),
+            Body::OnDisk(on_disk) => on_disk.load(cache),
         }
     }
 }
@@ -223,14 +269,20 @@ impl Entry {
 pub struct Loader {
     head: SnapshotHead,
     body: Body,
+    cache: Arc<Cache>,
 }
 
 impl Loader {
-    /// The snapshot, decoded if it is kept compactly (O(traces)).
-    #[must_use]
-    pub fn load(self) -> StoredSnapshot {
-        let snapshot = self.body.snapshot();
-        self.head.with(snapshot)
+    /// The snapshot, decoded if it is kept compactly or in its file
+    /// (O(traces); a file's decoding is cached, see [`Cache`]).
+    ///
+    /// # Errors
+    /// For a snapshot kept in its file: [`StoreError::FileGone`] if the
+    /// file was removed, [`StoreError::FileChanged`] if it was replaced or
+    /// modified, [`StoreError::Io`] if it cannot be read.
+    pub fn load(self) -> Result<StoredSnapshot, StoreError> {
+        let snapshot = self.body.snapshot(&self.cache)?;
+        Ok(self.head.with(snapshot))
     }
 
     /// Its head.
@@ -275,6 +327,8 @@ pub struct SnapshotStore {
     interners: HashMap<ImageId, Interner>,
     evicted: u64,
     refused: BTreeMap<&'static str, u64>,
+    /// The snapshots last decoded from their files.
+    cache: Arc<Cache>,
 }
 
 impl SnapshotStore {
@@ -317,6 +371,8 @@ impl SnapshotStore {
             if let Ok(id) = stem.parse::<u64>() {
                 max_id = max_id.max(id);
             }
+            // Read whole once, to check it and count its summary; its
+            // traces are dropped and read again when it is used.
             match read_snapshot_file(&path, stem) {
                 Ok(entry) => {
                     max_id = max_id.max(entry.head.id);
@@ -447,7 +503,7 @@ impl SnapshotStore {
             };
             Body::Compact(Compact::new(&snapshot, interner))
         } else {
-            Body::Whole(snapshot)
+            Body::Whole(Arc::clone(&snapshot))
         };
         let mut entry = Entry {
             head,
@@ -458,11 +514,14 @@ impl SnapshotStore {
             this_run: true,
             bytes: 0,
         };
-        let file = entry.info.kept_on_disk().then(|| encoded(&entry));
+        let file = entry
+            .info
+            .kept_on_disk()
+            .then(|| encode(&snapshot, &meta_of(&entry)));
         entry.bytes = match (&file, &entry.body) {
             (Some(bytes), _) => bytes.len() as u64,
             (None, Body::Compact(compact)) => compact.bytes(),
-            (None, Body::Whole(_)) => 0,
+            (None, Body::Whole(_) | Body::OnDisk(_)) => 0,
         };
         let evict = self.room_for(&entry, None).inspect_err(|_| {
             *self.refused.entry(entry.info.kind.as_str()).or_default() += 1;
@@ -478,12 +537,62 @@ impl SnapshotStore {
             });
         }
         if let Some(bytes) = file {
-            self.write(id, &bytes)?;
-            entry.persisted = self.dir.is_some();
+            self.persist(&mut entry, &snapshot, &bytes)?;
         }
         self.evict(&evict);
         self.entries.insert(id, entry);
         Ok(id)
+    }
+
+    /// Writes the file of `entry` (when the store has a directory), its
+    /// traces `snapshot` encoded as `bytes`, and marks it persisted. A
+    /// snapshot kept whole is then kept in its file only (and cached, as
+    /// the most recently used); the check of one kept on disk is updated
+    /// under its lock, so that no loader mistakes the rewrite for a change
+    /// behind tracerd's back.
+    ///
+    /// # Errors
+    /// [`StoreError::Io`] if the file cannot be written (logged; the old
+    /// file, if any, is unchanged).
+    fn persist(
+        &self,
+        entry: &mut Entry,
+        snapshot: &Arc<Snapshot>,
+        bytes: &[u8],
+    ) -> Result<(), StoreError> {
+        let Some(dir) = &self.dir else {
+            return Ok(());
+        };
+        let id = entry.head.id;
+        let path = file_of(dir, id);
+        let checked = match &entry.body {
+            Body::OnDisk(on_disk) => {
+                let mut check = on_disk.lock();
+                write_atomically(&path, bytes).map_err(failed_write)?;
+                check_written(&path, bytes).map(|new| *check = new)
+            }
+            Body::Whole(_) => {
+                write_atomically(&path, bytes).map_err(failed_write)?;
+                check_written(&path, bytes).map(|check| {
+                    self.cache.put(id, snapshot);
+                    entry.body = Body::OnDisk(OnDisk::new(id, path.clone(), check));
+                })
+            }
+            Body::Compact(_) => {
+                // A labelled automatic snapshot: its compact form is small,
+                // and it goes back to memory if its label is removed.
+                write_atomically(&path, bytes).map_err(failed_write)?;
+                Ok(())
+            }
+        };
+        if let Err(err) = checked {
+            // Written, but its metadata cannot be read (never seen): kept
+            // in memory, which never goes wrong.
+            tracing::warn!(target = %path.display(), %err, "snapshot kept in memory beside its file");
+            entry.body = Body::Whole(Arc::clone(snapshot));
+        }
+        entry.persisted = true;
+        Ok(())
     }
 
     /// The ids of the automatic snapshots to evict, oldest first, so that
@@ -549,6 +658,7 @@ impl SnapshotStore {
     fn evict(&mut self, ids: &[u64]) {
         for id in ids {
             if let Some(entry) = self.entries.remove(id) {
+                self.cache.forget(*id);
                 self.evicted += 1;
                 tracing::debug!(
                     id,
@@ -590,14 +700,6 @@ impl SnapshotStore {
         self.interners.retain(|image, _| used.contains(image));
     }
 
-    /// Writes the file of snapshot `id` (when the store has a directory).
-    fn write(&self, id: u64, bytes: &[u8]) -> Result<(), StoreError> {
-        if let Some(dir) = &self.dir {
-            write_atomically(&file_of(dir, id), bytes).map_err(failed_write)?;
-        }
-        Ok(())
-    }
-
     /// Sets (or with None removes) the label of snapshot `id`. Labelling an
     /// automatic snapshot keeps it: it is written to the state directory and
     /// no longer expires nor is evicted; removing the label of an automatic
@@ -606,7 +708,9 @@ impl SnapshotStore {
     /// # Errors
     /// [`StoreError::NotFound`], [`StoreError::InvalidLabel`],
     /// [`StoreError::LabelTaken`], [`StoreError::QuotaFull`] (its file
-    /// would not fit), [`StoreError::Io`] (the label is then unchanged).
+    /// would not fit), [`StoreError::Io`], and for a snapshot kept in its
+    /// file [`StoreError::FileGone`] / [`StoreError::FileChanged`] (the
+    /// label is then unchanged).
     pub fn set_label(
         &mut self,
         id: u64,
@@ -631,19 +735,31 @@ impl SnapshotStore {
         entry.info.label = label;
         let mut evict = Vec::new();
         if entry.info.kept_on_disk() {
-            let bytes = encoded(&entry);
+            let snapshot = entry.body.snapshot(&self.cache)?;
+            let bytes = encode(&snapshot, &meta_of(&entry));
             entry.bytes = bytes.len() as u64;
             evict = self.room_for(&entry, Some(id)).inspect_err(|_| {
                 *self.refused.entry(entry.info.kind.as_str()).or_default() += 1;
             })?;
-            self.write(id, &bytes)?;
-            entry.persisted = self.dir.is_some();
-        } else if let Body::Compact(compact) = &entry.body {
-            // An automatic snapshot no longer labelled: back to memory.
-            let bytes = compact.bytes();
+            self.persist(&mut entry, &snapshot, &bytes)?;
+        } else if entry.info.kind == SnapshotKind::Auto {
+            // An automatic snapshot no longer labelled: back to memory,
+            // compact (one read back from an earlier run's file is
+            // compacted now), and it expires again.
+            if !matches!(entry.body, Body::Compact(_)) {
+                let snapshot = entry.body.snapshot(&self.cache)?;
+                let interner = match entry.info.image {
+                    Some(image) => self.interners.entry(image).or_default(),
+                    None => &mut Interner::default(),
+                };
+                entry.body = Body::Compact(Compact::new(&snapshot, interner));
+            }
+            if let Body::Compact(compact) = &entry.body {
+                entry.bytes = compact.bytes();
+            }
             self.remove_file_of(&entry);
+            self.cache.forget(id);
             entry.persisted = false;
-            entry.bytes = bytes;
         }
         self.evict(&evict);
         let summary = entry.summary();
@@ -672,6 +788,7 @@ impl SnapshotStore {
             .entries
             .remove(&id)
             .ok_or(StoreError::NotFound { id })?;
+        self.cache.forget(id);
         self.forget_unused_interners();
         entry.persisted = false;
         Ok(entry.summary())
@@ -690,6 +807,7 @@ impl SnapshotStore {
             .collect();
         for id in &expired {
             if let Some(entry) = self.entries.remove(id) {
+                self.cache.forget(*id);
                 self.remove_file_of(&entry);
             }
         }
@@ -739,12 +857,22 @@ impl SnapshotStore {
         self.entries.get(&id).map(|e| Loader {
             head: e.head.clone(),
             body: e.body.clone(),
+            cache: Arc::clone(&self.cache),
         })
     }
 
-    /// Snapshot `id`, decoded now if it is kept compactly.
-    pub fn get(&self, id: u64) -> Option<StoredSnapshot> {
-        self.loader(id).map(Loader::load)
+    /// Snapshot `id`, decoded now if it is kept compactly or in its file
+    /// (prefer [`SnapshotStore::loader`] under a lock).
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`], and as [`Loader::load`].
+    pub fn get(&self, id: u64) -> Result<StoredSnapshot, StoreError> {
+        self.loader(id).ok_or(StoreError::NotFound { id })?.load()
+    }
+
+    /// The cache of snapshots decoded from their files.
+    pub fn cache(&self) -> &Cache {
+        &self.cache
     }
 
     /// The head of snapshot `id`.
@@ -799,11 +927,6 @@ impl SnapshotStore {
         self.iter()
             .filter(move |(_, info)| info.image == Some(image))
     }
-}
-
-/// The file of `entry`: tracer's dump format with the store's metadata.
-fn encoded(entry: &Entry) -> Vec<u8> {
-    encode(&entry.body.snapshot(), &meta_of(entry))
 }
 
 #[cfg(test)]

@@ -263,8 +263,8 @@ fn automatic_snapshots_expire_unless_labelled() {
         + Duration::from_millis(1_700_000_000_123)
         + Duration::from_secs(601);
     assert_eq!(store.expire_auto(later, Duration::from_secs(600)), 1);
-    assert!(store.get(old).is_none());
-    assert!(store.get(kept).is_some());
+    assert!(store.get(old).is_err());
+    assert!(store.get(kept).is_ok());
     let _ = fs::remove_dir_all(&dir);
 }
 
@@ -599,7 +599,7 @@ fn a_full_byte_quota_evicts_as_few_automatic_snapshots_as_it_needs() {
     let t2 = take(&mut store);
     let ids: Vec<u64> = store.iter().map(|(h, _)| h.id).collect();
     assert_eq!(ids, [t1, a3, t2]);
-    assert!(store.get(a1).is_none() && store.get(a2).is_none());
+    assert!(store.get(a1).is_err() && store.get(a2).is_err());
     let stats = store.stats();
     assert_eq!(stats.evicted, 2);
     assert_eq!(
@@ -653,7 +653,7 @@ fn per_owner_quotas_refuse_without_evicting_anything() {
     // Another user, and the operators, are not held back.
     store.add(stored(5, 1), user(1001)).unwrap();
     take(&mut store);
-    assert!(store.get(a1).is_some(), "nothing was evicted");
+    assert!(store.get(a1).is_ok(), "nothing was evicted");
     assert_eq!(store.len(), 5);
 
     store.set_quotas(Quotas {
@@ -786,4 +786,221 @@ fn rss_of_60_automatic_snapshots_of_a_million_blocks() {
             drop(store);
         }
     }
+}
+
+/// A taken snapshot of pid 5 whose traces are in no sorted order: sizes
+/// 500, 100, 300, 200, each over its own traceback.
+fn unordered() -> StoredSnapshot {
+    let traces = [500, 100, 300, 200]
+        .iter()
+        .enumerate()
+        .map(|(i, &size)| Trace {
+            source: tracer_model::Source(1),
+            domain: 5,
+            size,
+            traceback: Arc::new(Traceback::new(
+                vec![Frame::new(format!("f{i}.c"), 7), Frame::new("main.c", 1)],
+                Some(2),
+            )),
+        })
+        .collect();
+    StoredSnapshot {
+        snapshot: Arc::new(Snapshot::new(traces, 16)),
+        ..stored(5, 1)
+    }
+}
+
+fn sizes(stored: &StoredSnapshot) -> Vec<u64> {
+    stored.snapshot.traces().iter().map(|t| t.size).collect()
+}
+
+fn on_disk(store: &SnapshotStore, id: u64) -> bool {
+    matches!(store.entries[&id].body, Body::OnDisk(_))
+}
+
+#[test]
+fn a_snapshot_with_a_file_is_kept_in_it_and_loads_back_equal_in_its_order() {
+    let dir = temp_dir("ondisk");
+    let mut store = SnapshotStore::open(&dir).unwrap();
+    let id = store
+        .add(unordered(), SnapshotInfo::new(SnapshotKind::Taken, None))
+        .unwrap();
+    assert!(on_disk(&store, id), "kept in its file, not whole");
+    assert_eq!(store.cache().contents().0, vec![id], "cached as just used");
+    let loaded = store.get(id).unwrap();
+    assert_eq!(loaded.snapshot, unordered().snapshot);
+    assert_eq!(sizes(&loaded), vec![500, 100, 300, 200]);
+    drop(store);
+
+    // At start: read once to check it and count its summary, not cached.
+    let store = SnapshotStore::open(&dir).unwrap();
+    assert!(store.unreadable().is_empty());
+    assert!(on_disk(&store, id));
+    assert_eq!(store.cache().contents(), (vec![], 0));
+    let summary = store.summary(id).unwrap();
+    assert_eq!(
+        (summary.traces, summary.size, summary.traceback_limit),
+        (4, 1100, 16)
+    );
+    assert_eq!(
+        summary.bytes,
+        fs::metadata(dir.join(format!("snapshots/{id}.tsnap")))
+            .unwrap()
+            .len()
+    );
+    let loaded = store.loader(id).unwrap().load().unwrap();
+    assert_eq!(loaded.snapshot, unordered().snapshot);
+    assert_eq!(sizes(&loaded), vec![500, 100, 300, 200]);
+    assert_eq!(
+        (loaded.id, loaded.pid, loaded.traced_memory),
+        (id, 5, (300, 400))
+    );
+    assert_eq!(store.cache().contents().0, vec![id]);
+    let _ = fs::remove_dir_all(&dir);
+
+    // Without a state directory: whole in memory.
+    let mut store = SnapshotStore::default();
+    let id = store
+        .add(unordered(), SnapshotInfo::new(SnapshotKind::Taken, None))
+        .unwrap();
+    assert!(matches!(store.entries[&id].body, Body::Whole(_)));
+    assert_eq!(sizes(&store.get(id).unwrap()), vec![500, 100, 300, 200]);
+}
+
+#[test]
+fn the_cache_holds_at_most_its_bound_least_recently_used_out_first() {
+    let dir = temp_dir("cache");
+    let mut store = SnapshotStore::open(&dir).unwrap();
+    let ids: Vec<u64> = (0..6).map(|_| take(&mut store)).collect();
+    assert_eq!(ids, vec![1, 2, 3, 4, 5, 6]);
+    let one = heap_estimate(&stored(5, 1).snapshot);
+    assert_eq!(
+        store.cache().contents(),
+        (vec![3, 4, 5, 6], 4 * one),
+        "CACHE_SNAPSHOTS = 4"
+    );
+    store.get(1).unwrap();
+    store.get(4).unwrap();
+    assert_eq!(store.cache().contents().0, vec![5, 6, 1, 4]);
+    store.remove(6).unwrap();
+    assert_eq!(store.cache().contents().0, vec![5, 1, 4]);
+
+    // The byte bound: two snapshots' worth holds two.
+    store.cache = Arc::new(Cache::new(10, 2 * one));
+    for id in 1..=5 {
+        store.get(id).unwrap();
+    }
+    assert_eq!(store.cache().contents(), (vec![4, 5], 2 * one));
+    // One larger than the bound is never cached, and still loads.
+    store.cache = Arc::new(Cache::new(10, one - 1));
+    assert_eq!(store.get(2).unwrap().snapshot, stored(5, 1).snapshot);
+    assert_eq!(store.cache().contents(), (vec![], 0));
+    let _ = fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_file_removed_or_changed_behind_the_stores_back_is_an_error_not_its_traces() {
+    let dir = temp_dir("behind");
+    let mut store = SnapshotStore::open(&dir).unwrap();
+    let a = take(&mut store);
+    let b = store
+        .add(unordered(), SnapshotInfo::new(SnapshotKind::Taken, None))
+        .unwrap();
+    let c = take(&mut store);
+    let path = |id: u64| dir.join(format!("snapshots/{id}.tsnap"));
+
+    // Removed, though it is cached.
+    assert!(store.cache().contents().0.contains(&a));
+    fs::remove_file(path(a)).unwrap();
+    let err = store.get(a).unwrap_err();
+    assert!(matches!(err, StoreError::FileGone { id, .. } if id == a));
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "the file of snapshot {a}, {}, was removed behind tracerd's back: its traces are gone",
+            path(a).display()
+        )
+    );
+    assert!(matches!(
+        store.set_label(a, Some("x".into())),
+        Err(StoreError::FileGone { .. })
+    ));
+    assert_eq!(store.summary(a).unwrap().label, None, "label unchanged");
+    assert_eq!(store.remove(a).unwrap().id, a, "it can still be deleted");
+    assert!(matches!(store.get(a), Err(StoreError::NotFound { id }) if id == a));
+
+    // Replaced by another file (another snapshot's: another length).
+    fs::copy(path(c), path(b)).unwrap();
+    let err = store.get(b).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "the file of snapshot {b}, {}, changed behind tracerd's back: it was replaced or modified (its inode, length or modification time differ)",
+            path(b).display()
+        )
+    );
+
+    // Modified in place, its length and modification time kept: the hash
+    // of its bytes tells (it is read: not cached).
+    let mut bytes = fs::read(path(c)).unwrap();
+    let mtime = fs::metadata(path(c)).unwrap().modified().unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    fs::write(path(c), &bytes).unwrap();
+    fs::File::options()
+        .write(true)
+        .open(path(c))
+        .unwrap()
+        .set_modified(mtime)
+        .unwrap();
+    store.cache().forget(c);
+    let err = store.get(c).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "the file of snapshot {c}, {}, changed behind tracerd's back: its bytes were modified",
+            path(c).display()
+        )
+    );
+    let _ = fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_new_label_rewrites_the_file_and_an_earlier_loader_still_loads() {
+    let dir = temp_dir("relabel");
+    let mut store = SnapshotStore::open(&dir).unwrap();
+    let id = store
+        .add(unordered(), SnapshotInfo::new(SnapshotKind::Taken, None))
+        .unwrap();
+    let loader = store.loader(id).unwrap();
+    store.set_label(id, Some("after".into())).unwrap();
+    store.cache().forget(id);
+    assert_eq!(sizes(&loader.load().unwrap()), vec![500, 100, 300, 200]);
+    drop(store);
+    let store = SnapshotStore::open(&dir).unwrap();
+    assert_eq!(store.id_of_label("after"), Some(id));
+    let _ = fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn an_earlier_runs_automatic_snapshot_unlabelled_goes_back_to_memory_compact() {
+    let dir = temp_dir("unlabel");
+    let mut store = SnapshotStore::open(&dir).unwrap();
+    let id = add_auto(&mut store, 30).unwrap();
+    store.set_label(id, Some("keep".into())).unwrap();
+    drop(store);
+    let mut store = SnapshotStore::open(&dir).unwrap();
+    assert!(on_disk(&store, id));
+    let summary = store.set_label(id, None).unwrap();
+    assert!(matches!(store.entries[&id].body, Body::Compact(_)));
+    assert!(!summary.persisted);
+    assert!(!dir.join(format!("snapshots/{id}.tsnap")).exists());
+    assert_eq!(
+        sorted(&store.get(id).unwrap().snapshot),
+        sorted(&auto_snapshot(30).snapshot)
+    );
+    drop(store);
+    let store = SnapshotStore::open(&dir).unwrap();
+    assert!(store.is_empty(), "it no longer comes back");
+    let _ = fs::remove_dir_all(&dir);
 }

@@ -104,7 +104,22 @@ pub fn create_private_dir(dir: &Path) -> std::io::Result<()> {
 /// # Errors
 /// What the OS said, or InvalidInput naming the file's type.
 pub fn read_regular(path: &Path) -> std::io::Result<Vec<u8>> {
-    let mut file = OpenOptions::new()
+    let (mut file, meta) = open_regular(path)?;
+    let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
+    file.read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
+/// Opens `path` for reading if it is a regular file, as [`read_regular`]
+/// does (without blocking, without following a symbolic link, its type
+/// checked on the open file), and returns it with its metadata, read from
+/// the open file (so they are the metadata of the file that will be read).
+///
+/// # Errors
+/// What the OS said (NotFound when there is no such file), or InvalidInput
+/// naming the file's type.
+pub fn open_regular(path: &Path) -> std::io::Result<(File, fs::Metadata)> {
+    let file = OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
         .open(path)
@@ -118,16 +133,15 @@ pub fn read_regular(path: &Path) -> std::io::Result<Vec<u8>> {
                 e
             }
         })?;
-    let kind = file.metadata()?.file_type();
+    let meta = file.metadata()?;
+    let kind = meta.file_type();
     if !kind.is_file() {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
             format!("not a regular file (a {})", type_name(kind)),
         ));
     }
-    let mut bytes = Vec::new();
-    file.read_to_end(&mut bytes)?;
-    Ok(bytes)
+    Ok((file, meta))
 }
 
 fn type_name(kind: fs::FileType) -> &'static str {

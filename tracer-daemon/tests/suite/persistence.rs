@@ -145,3 +145,50 @@ fn snapshots_survive_sigkill_and_a_corrupt_file_loses_nothing_else() {
     assert!(victim.exists(), "a refused file stays for inspection");
     tracerd.terminate();
 }
+
+#[test]
+fn a_snapshot_file_removed_or_changed_under_tracerd_is_a_409_naming_it() {
+    let state = TempDir::new("persist-behind");
+    let mut tracerd = Tracerd::start_at(state.path(), &[]);
+    let (status, a) = tracerd.send(Method::POST, "/snapshots?label=a", None);
+    assert_eq!(status, 201, "{a}");
+    let (status, b) = tracerd.send(Method::POST, "/snapshots?label=b", None);
+    assert_eq!(status, 201, "{b}");
+    let (a, b) = (a["id"].as_u64().expect("id"), b["id"].as_u64().expect("id"));
+    let file = |id: u64| state.path().join(format!("snapshots/{id}.tsnap"));
+
+    std::fs::remove_file(file(a)).expect("remove");
+    let (status, body) = tracerd.get(&format!("/snapshots/{a}/statistics"));
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(
+        body["error"],
+        format!(
+            "the file of snapshot {a}, {}, was removed behind tracerd's back: its traces are gone",
+            file(a).display()
+        )
+    );
+    assert_eq!(
+        body["hint"],
+        format!(
+            "tracerd keeps a stored snapshot in its file and reads it on use: put the file back as tracerd wrote it, or drop the snapshot with DELETE /snapshots/{a} (a restart of tracerd reads the state directory anew)"
+        )
+    );
+
+    let mut bytes = std::fs::read(file(b)).expect("read");
+    bytes.push(0);
+    std::fs::write(file(b), bytes).expect("append");
+    let (status, body) = tracerd.get(&format!("/snapshots/{b}/traces"));
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(
+        body["error"],
+        format!(
+            "the file of snapshot {b}, {}, changed behind tracerd's back: it was replaced or modified (its inode, length or modification time differ)",
+            file(b).display()
+        )
+    );
+
+    assert_eq!(tracerd.send(Method::DELETE, "/snapshots/a", None).0, 200);
+    assert_eq!(tracerd.get(&format!("/snapshots/{a}")).0, 404);
+    assert_eq!(tracerd.get("/health").0, 200, "no panic");
+    tracerd.terminate();
+}
