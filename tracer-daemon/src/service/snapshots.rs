@@ -469,6 +469,25 @@ impl Service {
         Ok((loader.load()?, summary, info))
     }
 
+    /// The summary of the stored snapshot `reference` names (what the store
+    /// keeps in RAM: no file is read, no snapshot decoded).
+    ///
+    /// # Errors
+    /// As [`Service::resolve`]; [`ServiceError::SnapshotNotFound`].
+    pub fn stored_summary(
+        &self,
+        viewer: Viewer,
+        reference: &SnapshotRef,
+    ) -> Result<SnapshotSummary, ServiceError> {
+        let id = self.resolve(viewer, reference)?;
+        self.state
+            .locks()
+            .store()
+            .store
+            .summary(id)
+            .ok_or(ServiceError::SnapshotNotFound { id })
+    }
+
     /// Summaries of the stored snapshots `viewer` may see, oldest first:
     /// all, or those of `pid`'s current image.
     ///

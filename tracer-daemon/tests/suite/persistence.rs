@@ -187,6 +187,13 @@ fn a_snapshot_file_removed_or_changed_under_tracerd_is_a_409_naming_it() {
         )
     );
 
+    // Its summary is what tracerd keeps in RAM: shown without the file.
+    let (status, summary) = tracerd.get(&format!("/snapshots/{a}"));
+    assert_eq!(status, 200, "{summary}");
+    assert_eq!(
+        (summary["id"].as_u64(), summary["label"].as_str()),
+        (Some(a), Some("a"))
+    );
     assert_eq!(tracerd.send(Method::DELETE, "/snapshots/a", None).0, 200);
     assert_eq!(tracerd.get(&format!("/snapshots/{a}")).0, 404);
     assert_eq!(tracerd.get("/health").0, 200, "no panic");

@@ -149,7 +149,7 @@ pub async fn snapshot_summary(
     let reference = parse_ref("id", &id)?;
     refuse_allocator_frames(query.as_deref())?;
     Params::parse(query.as_deref(), &[])?;
-    let (_, summary, _) = blocking(move || service.stored(viewer, &reference)).await?;
+    let summary = blocking(move || service.stored_summary(viewer, &reference)).await?;
     Ok(Json(summary).into_response())
 }
 
