@@ -39,7 +39,8 @@ use crate::{
         cc::compile_c,
         child::Running,
         cmd::cargo,
-        daemon::{BUILD_TRACERD, Daemon},
+        daemon::{BUILD_TRACERD, Daemon, status_kib},
+        http::Client,
         paths::{TempDir, workspace_root},
     },
 };
@@ -91,12 +92,10 @@ impl Outcome {
     }
 }
 
-/// One attack: a name, tracerd's extra flags, the bound on `/health`
-/// answers (ms; `None`: the suite's), and the attack itself.
+/// One attack: a name, tracerd's extra flags, and the attack itself.
 struct Attack {
     name: &'static str,
     flags: &'static [&'static str],
-    health_ms: Option<u64>,
     run: fn(&Ctx) -> anyhow::Result<Outcome>,
 }
 
@@ -116,55 +115,46 @@ const ATTACKS: &[Attack] = &[
     Attack {
         name: "idle-connections",
         flags: &[],
-        health_ms: None,
         run: idle_connections,
     },
     Attack {
         name: "slow-headers",
         flags: &["--header-timeout-secs", "2"],
-        health_ms: None,
         run: slow_headers,
     },
     Attack {
         name: "malformed-requests",
         flags: &[],
-        health_ms: None,
         run: malformed_requests,
     },
     Attack {
         name: "pickle-bombs",
         flags: &[],
-        health_ms: None,
         run: pickle_bombs,
     },
     Attack {
         name: "proc-source",
         flags: &[],
-        health_ms: None,
         run: proc_source,
     },
     Attack {
         name: "many-clients",
         flags: &[],
-        health_ms: None,
         run: many_clients,
     },
     Attack {
         name: "abandoned-traces",
         flags: &[],
-        health_ms: None,
         run: abandoned_traces,
     },
     Attack {
         name: "snapshot-flood",
         flags: &[],
-        health_ms: None,
         run: snapshot_flood,
     },
     Attack {
         name: "wide-scope",
         flags: &[],
-        health_ms: None,
         run: wide_scope,
     },
 ];
@@ -225,7 +215,7 @@ fn run_attack(
     let health = watcher.stop();
     let peak_mib = status_kib(daemon.pid(), "VmHWM:") / 1024;
     let stopped = daemon.stop();
-    let health_bound = Duration::from_millis(attack.health_ms.unwrap_or(args.health_bound_ms));
+    let health_bound = Duration::from_millis(args.health_bound_ms);
     let slowest = health.iter().map(|h| h.1).max().unwrap_or_default();
     let mut problems = Vec::new();
     let outcome = match result {
@@ -328,18 +318,6 @@ fn documented_statuses(root: &Path) -> anyhow::Result<Vec<u16>> {
     Ok(statuses)
 }
 
-/// A field of `/proc/PID/status` in KiB (0 if unknown).
-fn status_kib(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix(field))
-                .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
-        })
-        .unwrap_or(0)
-}
-
 /// Asks `/health` every 50 ms on a thread of its own (status 0: no answer
 /// within 10 s).
 struct HealthWatch {
@@ -373,8 +351,8 @@ impl HealthWatch {
     }
 }
 
-/// One request on a fresh connection with `body`; the status and the
-/// whole response's bytes.
+/// One request on a fresh connection with `body`, answered within
+/// `timeout`: the status and the body's bytes.
 fn request(
     addr: SocketAddr,
     method: &str,
@@ -382,22 +360,7 @@ fn request(
     body: &[u8],
     timeout: Duration,
 ) -> std::io::Result<(u16, Vec<u8>)> {
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
-    stream.set_read_timeout(Some(timeout))?;
-    stream.set_write_timeout(Some(timeout))?;
-    write!(
-        stream,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    )?;
-    stream.write_all(body)?;
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw)?;
-    let status = std::str::from_utf8(raw.get(9..12).unwrap_or_default())
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidData, "no status"))?;
-    Ok((status, raw))
+    Client::new(addr, timeout).send(method, path, body)
 }
 
 /// A C program that keeps `argv[1]` live blocks of 64 to 4159 bytes from
@@ -589,13 +552,13 @@ fn malformed_requests(ctx: &Ctx) -> anyhow::Result<Outcome> {
     // snapshot, a pickle that would run code.
     let (status, raw) = request(ctx.addr(), "POST", &format!("/pid/{pid}/snapshots"), &[], t)?;
     outcome.count(status);
-    let id = serde_json::from_slice::<serde_json::Value>(body_of(&raw))
+    let id = serde_json::from_slice::<serde_json::Value>(&raw[..])
         .ok()
         .and_then(|v| v["id"].as_u64())
         .with_context(|| format!("POST snapshots: {status}"))?;
     let (status, raw) = request(ctx.addr(), "GET", &format!("/snapshots/{id}/dump"), &[], t)?;
     outcome.count(status);
-    let dump = body_of(&raw).to_vec();
+    let dump = &raw[..].to_vec();
     let mut seed = 0x2545_f491_4f6c_dd1du64;
     let mut next = move || {
         seed ^= seed << 13;
@@ -628,7 +591,7 @@ fn malformed_requests(ctx: &Ctx) -> anyhow::Result<Outcome> {
         if status != 400 {
             bail!(
                 "POST /snapshots of a file {name}: {status}: {}",
-                String::from_utf8_lossy(body_of(&raw))
+                String::from_utf8_lossy(&raw[..])
             );
         }
     }
@@ -643,19 +606,11 @@ fn malformed_requests(ctx: &Ctx) -> anyhow::Result<Outcome> {
     if status != 400 {
         bail!(
             "a pickle calling os.system: {status}: {}",
-            String::from_utf8_lossy(body_of(&raw))
+            String::from_utf8_lossy(&raw[..])
         );
     }
     outcome.note = format!("{} requests, {} files", gets.len() + 3, files.len() + 1);
     Ok(outcome)
-}
-
-/// The body of a raw HTTP response (after the head; not de-chunked).
-fn body_of(raw: &[u8]) -> &[u8] {
-    raw.windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .and_then(|at| raw.get(at + 4..))
-        .unwrap_or_default()
 }
 
 /// Pickles of 16 MB whose opcodes replicate: a stack of 16 M `DUP`s of
@@ -701,7 +656,7 @@ fn pickle_bombs(ctx: &Ctx) -> anyhow::Result<Outcome> {
         if status != 400 && status != 413 {
             bail!(
                 "the {name} pickle: {status}: {}",
-                String::from_utf8_lossy(body_of(&raw))
+                String::from_utf8_lossy(&raw[..])
             );
         }
         if start.elapsed() > Duration::from_secs(30) {
@@ -745,7 +700,7 @@ fn proc_source(ctx: &Ctx) -> anyhow::Result<Outcome> {
         t,
     )?;
     outcome.count(status);
-    let id = serde_json::from_slice::<serde_json::Value>(body_of(&raw))
+    let id = serde_json::from_slice::<serde_json::Value>(&raw[..])
         .ok()
         .and_then(|v| v["id"].as_u64())
         .with_context(|| format!("loading the pickle: {status}"))?;
@@ -757,7 +712,7 @@ fn proc_source(ctx: &Ctx) -> anyhow::Result<Outcome> {
         t,
     )?;
     outcome.count(status);
-    let text = String::from_utf8_lossy(body_of(&raw)).into_owned();
+    let text = String::from_utf8_lossy(&raw[..]).into_owned();
     if status != 200 || !text.contains("File \"/proc/kallsyms\", line 1") {
         bail!("statistics with source: {status}: {text}");
     }
@@ -891,7 +846,7 @@ fn snapshot_flood(ctx: &Ctx) -> anyhow::Result<Outcome> {
         if status != 201 && status != 507 {
             bail!(
                 "POST snapshots: {status}: {}",
-                String::from_utf8_lossy(body_of(&raw))
+                String::from_utf8_lossy(&raw[..])
             );
         }
     }
@@ -917,10 +872,7 @@ fn wide_scope(ctx: &Ctx) -> anyhow::Result<Outcome> {
         let (status, raw) = request(ctx.addr(), "PUT", &path, &[], Duration::from_secs(60))?;
         outcome.count(status);
         if status != 200 {
-            bail!(
-                "PUT scope: {status}: {}",
-                String::from_utf8_lossy(body_of(&raw))
-            );
+            bail!("PUT scope: {status}: {}", String::from_utf8_lossy(&raw[..]));
         }
         if start.elapsed() > Duration::from_secs(30) {
             bail!("a scope change took {:?}", start.elapsed());

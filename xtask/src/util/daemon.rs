@@ -86,14 +86,7 @@ impl Daemon {
 
     /// Resident memory of tracerd now, in KiB (0 if unknown).
     pub fn rss_kib(&self) -> u64 {
-        std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
-            .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find_map(|l| l.strip_prefix("VmRSS:"))
-                    .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
-            })
-            .unwrap_or(0)
+        status_kib(self.pid(), "VmRSS:")
     }
 
     /// SIGTERM; fails unless tracerd exits cleanly. Returns how long it
@@ -105,4 +98,17 @@ impl Daemon {
         }
         Ok(took)
     }
+}
+
+/// A field of `/proc/PID/status` given in kB (`VmRSS:`, `VmHWM:`), in KiB
+/// (0 if unknown).
+pub fn status_kib(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix(field))
+                .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
 }

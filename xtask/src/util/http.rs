@@ -50,21 +50,44 @@ impl Client {
 
     /// `METHOD PATH` with an empty body.
     pub fn request(&self, method: &str, path: &str) -> std::io::Result<Response> {
+        let (status, body) = self.send(method, path, &[])?;
+        Ok(Response {
+            status,
+            body: String::from_utf8_lossy(&body).into_owned(),
+        })
+    }
+
+    /// `METHOD PATH` with `body`; the status and the body's bytes
+    /// (de-chunked).
+    pub fn send(&self, method: &str, path: &str, body: &[u8]) -> std::io::Result<(u16, Vec<u8>)> {
         let mut stream = TcpStream::connect_timeout(&self.addr, CONNECT_TIMEOUT)?;
         stream.set_read_timeout(Some(self.timeout))?;
+        stream.set_write_timeout(Some(self.timeout))?;
         write!(
             stream,
-            "{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
-            self.addr
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            self.addr,
+            body.len()
         )?;
+        stream.write_all(body)?;
         let mut raw = Vec::new();
         stream.read_to_end(&mut raw)?;
-        parse(&raw)
+        parse_bytes(&raw)
     }
 }
 
 /// Parses a whole HTTP/1.1 response.
+#[cfg(test)]
 fn parse(raw: &[u8]) -> std::io::Result<Response> {
+    let (status, body) = parse_bytes(raw)?;
+    Ok(Response {
+        status,
+        body: String::from_utf8_lossy(&body).into_owned(),
+    })
+}
+
+/// The status and the body's bytes of a whole HTTP/1.1 response.
+fn parse_bytes(raw: &[u8]) -> std::io::Result<(u16, Vec<u8>)> {
     let bad = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string());
     let split = raw
         .windows(4)
@@ -89,10 +112,7 @@ fn parse(raw: &[u8]) -> std::io::Result<Response> {
     } else {
         body.to_vec()
     };
-    Ok(Response {
-        status,
-        body: String::from_utf8_lossy(&body).into_owned(),
-    })
+    Ok((status, body))
 }
 
 /// The payload of a chunked body (`SIZE[;ext]\r\nDATA\r\n` ... `0\r\n\r\n`).
