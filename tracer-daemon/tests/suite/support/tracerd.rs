@@ -163,16 +163,25 @@ impl Tracerd {
         stop(&mut self.child, "TERM", Duration::from_secs(20))
     }
 
-    /// Waits until tracerd lists `pid` (its `New` event was handled).
+    /// Waits until tracerd lists `pid` (its `New` event was handled) with
+    /// the image it runs now: while the process lives, the `exe` tracerd
+    /// gives is its `/proc/PID/exe`. Before an exec's event is handled,
+    /// `/pid/PID` still answers for the image before it (chroot's, runc's),
+    /// which a query for the pid will not mean once it is.
     pub fn wait_traced(&self, pid: u32) {
-        poll(
-            Duration::from_secs(10),
-            Duration::from_millis(20),
-            || match self.get(&format!("/pid/{pid}")).0 {
-                200 => Ok(()),
-                _ => Err(format!("pid {pid} not traced")),
-            },
-        );
+        poll(Duration::from_secs(10), Duration::from_millis(20), || {
+            let runs = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
+            match self.get(&format!("/pid/{pid}")) {
+                (200, body) => match (runs, body["exe"].as_str()) {
+                    (Some(runs), Some(exe)) if runs.as_os_str() != exe => Err(format!(
+                        "pid {pid} traced as {exe}, runs {}",
+                        runs.display()
+                    )),
+                    _ => Ok(()),
+                },
+                (status, body) => Err(format!("pid {pid} not traced: {status} {body}")),
+            }
+        });
     }
 }
 
