@@ -530,6 +530,79 @@ impl fmt::Display for Trace {
     }
 }
 
+/// The live blocks of one traceback in one domain from one source, as
+/// totals: `count` blocks together `size` bytes (requested sizes). A
+/// snapshot made of these ([`Snapshot::from_totals`](crate::Snapshot::from_totals))
+/// answers `statistics()`, `compare_to()` and `filter_traces()` exactly as
+/// one holding `count` traces of `traceback`, `domain` and `source` whose
+/// sizes sum to `size`. Where they come from: the kernel's totals per
+/// (image, stack) of a live process, or [`Snapshot::traceback_totals`](crate::Snapshot::traceback_totals).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct TracebackTotals {
+    /// Stack of the blocks. Groups with equal stacks should share one
+    /// `Arc`, as traces should.
+    pub traceback: Arc<Traceback>,
+    /// Address space of the blocks: the pid of the traced process.
+    pub domain: u32,
+    /// Where the blocks came from.
+    pub source: Source,
+    /// Number of live blocks.
+    pub count: u64,
+    /// Their requested sizes summed, in bytes.
+    pub size: u64,
+}
+
+/// What the engine reads of a snapshot's items, whether traces (one block
+/// each) or [`TracebackTotals`] (`count` blocks).
+pub(crate) trait Block {
+    /// The stack of the item's blocks.
+    fn traceback(&self) -> &Arc<Traceback>;
+    /// The domain (pid) of the item's blocks.
+    fn domain(&self) -> u32;
+    /// The source of the item's blocks.
+    fn source(&self) -> Source;
+    /// Bytes and blocks of the item: `(size, count)`.
+    fn size_count(&self) -> (u64, u64);
+}
+
+impl Block for Trace {
+    #[inline]
+    fn traceback(&self) -> &Arc<Traceback> {
+        &self.traceback
+    }
+    #[inline]
+    fn domain(&self) -> u32 {
+        self.domain
+    }
+    #[inline]
+    fn source(&self) -> Source {
+        self.source
+    }
+    #[inline]
+    fn size_count(&self) -> (u64, u64) {
+        (self.size, 1)
+    }
+}
+
+impl Block for TracebackTotals {
+    #[inline]
+    fn traceback(&self) -> &Arc<Traceback> {
+        &self.traceback
+    }
+    #[inline]
+    fn domain(&self) -> u32 {
+        self.domain
+    }
+    #[inline]
+    fn source(&self) -> Source {
+        self.source
+    }
+    #[inline]
+    fn size_count(&self) -> (u64, u64) {
+        (self.size, self.count)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,7 +6,8 @@
 //! file in tracemalloc's sort order, so grouping is additions into dense
 //! arrays:
 //! 1. stage 1 sums size and count per distinct `Arc<Traceback>` (one pass
-//!    over the traces), then per traceback;
+//!    over the traces, once, when the snapshot is indexed), then per
+//!    traceback;
 //! 2. stage 2 adds each traceback's totals to its most recent frame, or
 //!    to every frame (each occurrence) under `cumulative`, and frames'
 //!    totals to their files (both stages: `totals`);
@@ -31,7 +32,7 @@ use crate::engine::parallel::{join, threads_for};
 use crate::engine::table::{AHEAD, prefetch};
 use crate::engine::totals::{Totals, difference, group_totals};
 use crate::statistic::{GroupBy, Statistic, StatisticDiff};
-use crate::trace::{Trace, Traceback};
+use crate::trace::Traceback;
 
 /// The statistic's traceback for group `id` of `index` under a
 /// tracemalloc grouping, from the index's tables (see [`Index`]):
@@ -108,13 +109,8 @@ fn take_traceback(
 /// `Snapshot.statistics()` for `filename`, `lineno` and `traceback`,
 /// sorted: the groups of the index with their totals, biggest first by
 /// size, count, then group id (tracemalloc's traceback order).
-pub(crate) fn statistics(
-    index: &Index,
-    traces: &[Trace],
-    group_by: GroupBy,
-    cumulative: bool,
-) -> Vec<Statistic> {
-    let totals = group_totals(index, traces, group_by, cumulative);
+pub(crate) fn statistics(index: &Index, group_by: GroupBy, cumulative: bool) -> Vec<Statistic> {
+    let totals = group_totals(index, group_by, cumulative);
     let n = totals.len();
     let key = |id: usize| {
         let t = totals.get(id).filter(|t| t.count > 0)?;
@@ -149,13 +145,13 @@ pub(crate) fn statistics(
 /// position of its key in the merged key order (tracemalloc's traceback
 /// order).
 pub(crate) fn compare_to(
-    (new, new_traces): (&Index, &[Trace]),
-    (old, old_traces): (&Index, &[Trace]),
+    new: &Index,
+    old: &Index,
     group_by: GroupBy,
     cumulative: bool,
 ) -> Vec<StatisticDiff> {
-    let now = group_totals(new, new_traces, group_by, cumulative);
-    let before = group_totals(old, old_traces, group_by, cumulative);
+    let now = group_totals(new, group_by, cumulative);
+    let before = group_totals(old, group_by, cumulative);
     let matched = matched_groups(new, old, group_by);
     let get = |totals: &[Totals], id: u32| totals.get(id as usize).copied().unwrap_or_default();
     let totals = |position: usize| {

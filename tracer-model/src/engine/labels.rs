@@ -14,22 +14,17 @@ use std::collections::hash_map::Entry;
 use std::hash::Hash;
 use std::sync::Arc;
 
-use crate::engine::index::Interned;
+use crate::engine::index::Index;
 use crate::engine::parallel::{in_parallel, sort_parallel, threads_for};
-use crate::engine::totals::{Totals, arc_totals, difference};
+use crate::engine::totals::{Totals, difference};
 use crate::hash::FxHashMap;
 use crate::statistic::{GroupBy, Statistic, StatisticDiff, diff_order, statistic_order};
-use crate::trace::{Frame, FrameExtra, Trace, Traceback, UNKNOWN_FILENAME};
+use crate::trace::{Frame, FrameExtra, Traceback, UNKNOWN_FILENAME};
 
 /// `Snapshot.statistics()` for `function` and `module`, sorted by
 /// [`statistic_order`] (the label breaking ties).
-pub(crate) fn statistics(
-    interned: &Interned,
-    traces: &[Trace],
-    group_by: GroupBy,
-    cumulative: bool,
-) -> Vec<Statistic> {
-    let distinct = distinct_tracebacks(interned, traces);
+pub(crate) fn statistics(index: &Index, group_by: GroupBy, cumulative: bool) -> Vec<Statistic> {
+    let distinct = distinct_tracebacks(index);
     let statistics = group_labels(&distinct, group_by, cumulative).label_statistics();
     sort_parallel(statistics, statistic_order)
 }
@@ -38,13 +33,13 @@ pub(crate) fn statistics(
 /// either snapshot (groups only in `old` with size and count 0), sorted by
 /// [`diff_order`] (the label breaking ties).
 pub(crate) fn compare_to(
-    (new, new_traces): (&Interned, &[Trace]),
-    (old, old_traces): (&Interned, &[Trace]),
+    new: &Index,
+    old: &Index,
     group_by: GroupBy,
     cumulative: bool,
 ) -> Vec<StatisticDiff> {
-    let new_distinct = distinct_tracebacks(new, new_traces);
-    let old_distinct = distinct_tracebacks(old, old_traces);
+    let new_distinct = distinct_tracebacks(new);
+    let old_distinct = distinct_tracebacks(old);
     let new_groups = group_labels(&new_distinct, group_by, cumulative);
     let old_groups = group_labels(&old_distinct, group_by, cumulative);
     let diffs = new_groups.label_compare_to(&old_groups);
@@ -58,15 +53,16 @@ struct Distinct<'a> {
     totals: Totals,
 }
 
-/// Stage 1 for the label groupings: the totals of each arc, with the arc.
-/// Equal tracebacks in different `Arc`s stay apart (their frames' extras
-/// may differ).
-fn distinct_tracebacks<'a>(interned: &'a Interned, traces: &[Trace]) -> Vec<Distinct<'a>> {
-    interned
+/// Stage 1 for the label groupings: the totals of each arc (the index's),
+/// with the arc. Equal tracebacks in different `Arc`s stay apart (their
+/// frames' extras may differ).
+fn distinct_tracebacks(index: &Index) -> Vec<Distinct<'_>> {
+    index
+        .interned
         .tracebacks
         .iter()
-        .zip(arc_totals(interned, traces))
-        .map(|(traceback, totals)| Distinct { traceback, totals })
+        .zip(&index.arc_totals)
+        .map(|(traceback, &totals)| Distinct { traceback, totals })
         .collect()
 }
 
@@ -356,12 +352,13 @@ impl<'a> LabelGroups<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::index::Index;
+    use crate::engine::index::Interned;
     use crate::engine::totals::group_totals;
     use crate::testing::trace;
+    use crate::trace::Trace;
 
     fn index_of(traces: &[Trace]) -> Index {
-        Index::build(Interned::of(traces), None)
+        Index::of(traces)
     }
 
     #[test]
@@ -379,7 +376,8 @@ mod tests {
         ];
         let interned = Interned::of(&traces);
         assert_eq!(interned.ids(), [0, 1, 1, 0, 2, 1]);
-        let distinct = distinct_tracebacks(&interned, &traces);
+        let index = index_of(&traces);
+        let distinct = distinct_tracebacks(&index);
         let seen: Vec<(*const Traceback, Totals)> = distinct
             .iter()
             .map(|d| (Arc::as_ptr(d.traceback), d.totals))
@@ -395,9 +393,8 @@ mod tests {
         );
         // By traceback, equal frames in separate arcs are one group, in
         // traceback order (a.c before b.c).
-        let index = index_of(&traces);
         assert_eq!(
-            group_totals(&index, &traces, GroupBy::Traceback, false),
+            group_totals(&index, GroupBy::Traceback, false),
             [totals(54, 4), totals(9, 2)]
         );
     }

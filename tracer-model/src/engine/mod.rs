@@ -11,9 +11,13 @@
 //! - `parallel` (threads for large snapshots) and `table` (a prefetching
 //!   hash table for the index's hot loops) serve the others.
 //!
+//! - [`cells`]: a snapshot's traces aggregated per (traceback, domain,
+//!   source), on which filters decide.
+//!
 //! Everything here takes the traces and their index and returns
 //! `statistic` values; nothing here knows `Snapshot`.
 
+pub(crate) mod cells;
 pub(crate) mod group;
 pub(crate) mod index;
 pub(crate) mod labels;
@@ -22,4 +26,4 @@ mod keys;
 mod merge;
 mod parallel;
 mod table;
-mod totals;
+pub(crate) mod totals;

@@ -5,12 +5,12 @@
 use crate::engine::index::{Index, Interned};
 use crate::engine::parallel::{in_parallel, threads_for};
 use crate::statistic::GroupBy;
-use crate::trace::Trace;
+use crate::trace::Block;
 
 /// Bytes and blocks of one group. Sums saturate instead of wrapping (no
 /// real process holds 2^64 bytes).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(super) struct Totals {
+pub(crate) struct Totals {
     /// Sum of block sizes, in bytes.
     pub size: u64,
     /// Number of blocks (frame occurrences under `cumulative`).
@@ -18,25 +18,25 @@ pub(super) struct Totals {
 }
 
 impl Totals {
-    pub(super) fn add(&mut self, other: Totals) {
+    pub(crate) fn add(&mut self, other: Totals) {
         self.size = self.size.saturating_add(other.size);
         self.count = self.count.saturating_add(other.count);
     }
 }
 
-/// Stage 1: the size and count of the traces of each arc (distinct
+/// Stage 1: the size and count of the blocks of each arc (distinct
 /// `Arc<Traceback>`), in order of first appearance: a dense sum, no table.
-/// Large snapshots are summed in two halves on two threads.
-pub(super) fn arc_totals(interned: &Interned, traces: &[Trace]) -> Vec<Totals> {
+/// Large snapshots are summed in two halves on two threads. Computed once,
+/// when a snapshot is indexed (the index keeps it): every grouping starts
+/// from it, so that a call costs O(distinct tracebacks), not O(traces).
+pub(crate) fn arc_totals<B: Block + Sync>(interned: &Interned, traces: &[B]) -> Vec<Totals> {
     let n = interned.tracebacks.len();
-    let sum = |traces: &[Trace], ids: &[u32]| {
+    let sum = |traces: &[B], ids: &[u32]| {
         let mut totals = vec![Totals::default(); n];
         for (trace, &id) in traces.iter().zip(ids) {
             if let Some(slot) = totals.get_mut(id as usize) {
-                slot.add(Totals {
-                    size: trace.size,
-                    count: 1,
-                });
+                let (size, count) = trace.size_count();
+                slot.add(Totals { size, count });
             }
         }
         totals
@@ -76,11 +76,11 @@ pub(super) fn difference(now: u64, before: u64) -> i64 {
 }
 
 /// Stage 1 for tracemalloc's groupings: the totals of each traceback of
-/// `index` (by frames, numbered in traceback order).
-fn traceback_totals(index: &Index, traces: &[Trace]) -> Vec<Totals> {
-    let arcs = arc_totals(&index.interned, traces);
+/// `index` (by frames, numbered in traceback order), from the index's arc
+/// totals.
+fn traceback_totals(index: &Index) -> Vec<Totals> {
     let mut totals = vec![Totals::default(); index.tracebacks()];
-    for (arc, &tb) in arcs.iter().zip(&index.arc_tb) {
+    for (arc, &tb) in index.arc_totals.iter().zip(&index.arc_tb) {
         if let Some(slot) = totals.get_mut(tb as usize) {
             slot.add(*arc);
         }
@@ -146,13 +146,8 @@ fn file_totals(index: &Index, frame_totals: &[Totals]) -> Vec<Totals> {
 /// The totals of every group of `index` for a tracemalloc grouping, by
 /// group id: traceback, frame or file ids, which follow tracemalloc's
 /// order of the group keys.
-pub(super) fn group_totals(
-    index: &Index,
-    traces: &[Trace],
-    group_by: GroupBy,
-    cumulative: bool,
-) -> Vec<Totals> {
-    let tb_totals = traceback_totals(index, traces);
+pub(super) fn group_totals(index: &Index, group_by: GroupBy, cumulative: bool) -> Vec<Totals> {
+    let tb_totals = traceback_totals(index);
     match group_by {
         GroupBy::Traceback => tb_totals,
         GroupBy::Filename => file_totals(index, &frame_totals(index, &tb_totals, cumulative)),
@@ -166,10 +161,10 @@ mod tests {
 
     use super::*;
     use crate::testing::trace;
-    use crate::trace::{Frame, Traceback};
+    use crate::trace::{Frame, Trace, Traceback};
 
     fn index_of(traces: &[Trace]) -> Index {
-        Index::build(Interned::of(traces), None)
+        Index::of(traces)
     }
 
     #[test]
@@ -190,15 +185,15 @@ mod tests {
         let index = index_of(&traces);
         assert_eq!(index.frames(), 2);
         assert_eq!(
-            group_totals(&index, &traces, GroupBy::Lineno, true),
+            group_totals(&index, GroupBy::Lineno, true),
             [Totals { size: 20, count: 2 }, Totals { size: 15, count: 2 }]
         );
         assert_eq!(
-            group_totals(&index, &traces, GroupBy::Lineno, false),
+            group_totals(&index, GroupBy::Lineno, false),
             [Totals { size: 10, count: 1 }, Totals { size: 5, count: 1 }]
         );
         assert_eq!(
-            group_totals(&index, &traces, GroupBy::Filename, false),
+            group_totals(&index, GroupBy::Filename, false),
             [Totals { size: 15, count: 2 }]
         );
     }

@@ -25,7 +25,7 @@ mod tests;
 
 use crate::engine::index::Interned;
 use crate::hash::FxHashMap;
-use crate::trace::{Frame, Source, Trace, Traceback};
+use crate::trace::{Block, Frame, Source, Traceback};
 
 pub use fnmatch::Pattern;
 
@@ -202,11 +202,17 @@ impl NameCache {
     }
 }
 
-/// `Snapshot.filter_traces(filters)`'s verdicts: one flag per trace of
-/// `traces` (interned as `interned`), true for a trace that matches at
-/// least one inclusive filter (if there is any) and that no exclusive
-/// filter excludes. `filters` is not empty (no filters keep everything).
-pub(crate) fn kept(filters: &[TraceFilter], traces: &[Trace], interned: &Interned) -> Vec<bool> {
+/// `Snapshot.filter_traces(filters)`'s verdicts: one flag per item of
+/// `traces` (traces, or the totals of the traces of one traceback, domain
+/// and source: filters decide alike on all of them), interned as
+/// `interned`, true for an item that matches at least one inclusive
+/// filter (if there is any) and that no exclusive filter excludes.
+/// `filters` is not empty (no filters keep everything).
+pub(crate) fn kept<B: Block>(
+    filters: &[TraceFilter],
+    traces: &[B],
+    interned: &Interned,
+) -> Vec<bool> {
     // The pattern filters, each with its slot in a traceback's verdicts.
     let patterns: Vec<&Filter> = filters
         .iter()
@@ -241,15 +247,15 @@ pub(crate) fn kept(filters: &[TraceFilter], traces: &[Trace], interned: &Interne
         let tb_verdicts = slot.get_or_insert_with(|| {
             patterns
                 .iter()
-                .map(|f| f.traceback_verdict(&trace.traceback, &mut names))
+                .map(|f| f.traceback_verdict(trace.traceback(), &mut names))
                 .collect()
         });
         let matches = |check: &Check| -> bool {
             match *check {
-                Check::Domain(d) => (trace.domain == d.domain) == d.inclusive,
-                Check::Source(s) => (trace.source == s.source) == s.inclusive,
+                Check::Domain(d) => (trace.domain() == d.domain) == d.inclusive,
+                Check::Source(s) => (trace.source() == s.source) == s.inclusive,
                 Check::Pattern(slot) => match (patterns.get(slot), tb_verdicts.get(slot)) {
-                    (Some(filter), Some(&verdict)) => filter.verdict(verdict, trace.domain),
+                    (Some(filter), Some(&verdict)) => filter.verdict(verdict, trace.domain()),
                     _ => false,
                 },
             }

@@ -116,6 +116,7 @@ pub fn task(args: &BenchArgs) -> anyhow::Result<()> {
     // overhead part needed.
     model::task(&model::BenchModelArgs {
         traces: args.model_traces,
+        distinct: model::DEFAULT_DISTINCT.to_vec(),
         runs: u32::try_from(args.rounds).unwrap_or(u32::MAX),
         python: std::env::var("TRACER_PYTHON").unwrap_or_else(|_| "python3".into()),
         out: PathBuf::from("target/bench-model"),

@@ -1,11 +1,14 @@
 //! `cargo xtask bench-model`: the snapshot engine against CPython 3.11's
 //! tracemalloc, side by side on the same data.
 //!
-//! 1. Python generates two snapshots (new and old) of `--traces` traces
-//!    with deep tracebacks (16 to 32 frames from 80,000 distinct
-//!    `file:line` frames, 200,000 distinct tracebacks shared the way
-//!    `take_snapshot()` shares them) and writes them with
-//!    `tracemalloc.Snapshot.dump()`.
+//! 1. For each data shape (`--distinct`: by default 200,000 distinct
+//!    tracebacks, most traces of a traceback of their own, and 1,000, a
+//!    loop allocating at a handful of places as real programs do), Python
+//!    generates two snapshots (new and old) of `--traces` traces with deep
+//!    tracebacks (16 to 32 frames from 80,000 distinct `file:line`
+//!    frames, the distinct tracebacks shared the way `take_snapshot()`
+//!    shares them) and writes them with `tracemalloc.Snapshot.dump()`.
+//!    Steps 2 to 4 run per shape, and one table reports both.
 //! 2. CPython loads both files and times `statistics()` and `compare_to()`
 //!    for `filename`, `lineno` (each with and without `cumulative`) and
 //!    `traceback`, once each, the cyclic GC off while timing (its best
@@ -20,9 +23,10 @@
 //!    both sides is compared: the table is only printed if they are equal.
 //!    (The baseline's lines are compared too, and a difference is noted.)
 //!
-//! Prints a markdown table (CPython seconds, tracer milliseconds, ratio;
-//! with a baseline its milliseconds and new/baseline) and writes it with
-//! the raw timings to `target/bench-model/`.
+//! Prints one markdown table, a row per operation and shape (CPython
+//! seconds, tracer milliseconds, ratio; with a baseline its milliseconds,
+//! its ratio and new/baseline), and writes it with the raw timings to
+//! `target/bench-model/` (each shape's files in `distinct-N/`).
 use std::{
     fs,
     path::{Path, PathBuf},
@@ -39,12 +43,20 @@ use crate::util::{
     tracers,
 };
 
+/// The data shapes measured by default: distinct tracebacks among the
+/// traces.
+pub const DEFAULT_DISTINCT: [u64; 2] = [200_000, 1_000];
+
 /// Options of `cargo xtask bench-model`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchModelArgs {
     /// Traces in the new snapshot (the old one has about as many).
     #[arg(long, default_value_t = 1_000_000)]
     pub traces: u64,
+    /// Distinct tracebacks of each data shape measured, comma-separated
+    /// (at most as many occur among the traces).
+    #[arg(long, value_delimiter = ',', default_values_t = DEFAULT_DISTINCT)]
+    pub distinct: Vec<u64>,
     /// Runs of each tracer operation (the median is reported).
     #[arg(long, default_value_t = 5)]
     pub runs: u32,
@@ -66,16 +78,17 @@ pub struct BenchModelArgs {
     pub baseline: Option<String>,
 }
 
-/// Writes `new.pickle` and `old.pickle`: argv = N, out dir.
+/// Writes `new.pickle` and `old.pickle`: argv = N, out dir, distinct
+/// tracebacks.
 const GENERATE: &str = r#"
 import random, sys, tracemalloc
-n, out = int(sys.argv[1]), sys.argv[2]
+n, out, distinct = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 random.seed(20261121)
 files = ["/srv/app/src/mod%03d/file%04d.c" % (i // 40, i) for i in range(2000)]
 frames = [(f, line) for f in files for line in range(1, 41)]
 limit = 32
 tracebacks = []
-for _ in range(200_000):
+for _ in range(distinct):
     depth = random.randint(16, limit)
     tracebacks.append((tuple(random.choice(frames) for _ in range(depth)), depth + random.randint(0, 8)))
 weights = [1.0 / (i + 1) ** 0.6 for i in range(len(tracebacks))]
@@ -223,53 +236,50 @@ fn operation_label(name: &str) -> String {
         + ")"
 }
 
-/// Runs the benchmark; `example` is the built `bench_model` binary, and
-/// `baseline` the baseline's, if any.
-fn run(
-    root: &Path,
+/// The measurements of one data shape.
+struct Shape {
+    /// Distinct tracebacks asked of the generator.
+    distinct: u64,
+    /// Bytes of the new and old dump files.
+    bytes: (u64, u64),
+    /// tracer's timings, the baseline's (if any), CPython's.
+    ours: Vec<(String, f64)>,
+    base: Option<Vec<(String, f64)>>,
+    theirs: Vec<(String, f64)>,
+    /// Where the result lines are.
+    out: PathBuf,
+}
+
+/// Generates the dump files of one shape under `out` and times tracer (and
+/// the baseline) and CPython on them.
+fn measure(
+    args: &BenchModelArgs,
     example: &Path,
     baseline: Option<&(Baseline, PathBuf)>,
-    args: &BenchModelArgs,
-) -> anyhow::Result<()> {
-    let others = tracers::running();
-    if !others.is_empty() && !args.force {
-        bail!(
-            "tracers are running ({}): their allocator probes would slow the measured \
-             code; wait for them to end, or pass --force",
-            others.join(", ")
-        );
-    }
-    let out = if args.out.is_absolute() {
-        args.out.clone()
-    } else {
-        root.join(&args.out)
-    };
-    fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    out: &Path,
+    distinct: u64,
+) -> anyhow::Result<Shape> {
+    fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let out_str = out.to_str().context("the output directory is not UTF-8")?;
     let (new, old) = (out.join("new.pickle"), out.join("old.pickle"));
     eprintln!(
-        "bench-model: generating {} traces with {}",
+        "bench-model: generating {} traces over {distinct} distinct tracebacks with {}",
         args.traces, args.python
     );
     stdout_of(
-        Command::new(&args.python).args(["-c", GENERATE, &args.traces.to_string(), out_str]),
+        Command::new(&args.python).args([
+            "-c",
+            GENERATE,
+            &args.traces.to_string(),
+            out_str,
+            &distinct.to_string(),
+        ]),
         "the generator",
     )?;
-    let version = stdout_of(
-        Command::new(&args.python).args(["-c", "import sys; print(sys.version.split()[0])"]),
-        "python --version",
-    )?;
-    if !version.starts_with("3.11") {
-        bail!(
-            "the reference is CPython 3.11; {} is {}",
-            args.python,
-            version.trim()
-        );
-    }
     let (new_s, old_s) = (new.to_str().context("path")?, old.to_str().context("path")?);
     let mut sides = vec![Side {
         example,
-        out: out.clone(),
+        out: out.to_path_buf(),
     }];
     if let Some((baseline, example)) = baseline {
         sides.push(Side {
@@ -287,12 +297,64 @@ fn run(
     let mut timed = time_sides(&sides, new_s, old_s, args.runs)?.into_iter();
     let ours = timed.next().unwrap_or_default();
     let base = timed.next();
-    eprintln!("bench-model: CPython {} (minutes)", version.trim());
+    eprintln!("bench-model: CPython (minutes)");
     let theirs = stdout_of(
         Command::new(&args.python).args(["-c", TIME, new_s, old_s, out_str]),
         "CPython",
     )?;
-    let theirs = timings(&theirs);
+    Ok(Shape {
+        distinct,
+        bytes: (
+            fs::metadata(&new).map(|m| m.len()).unwrap_or(0),
+            fs::metadata(&old).map(|m| m.len()).unwrap_or(0),
+        ),
+        ours,
+        base,
+        theirs: timings(&theirs),
+        out: out.to_path_buf(),
+    })
+}
+
+/// Runs the benchmark; `example` is the built `bench_model` binary, and
+/// `baseline` the baseline's, if any.
+fn run(
+    root: &Path,
+    example: &Path,
+    baseline: Option<&(Baseline, PathBuf)>,
+    args: &BenchModelArgs,
+) -> anyhow::Result<()> {
+    let others = tracers::running();
+    if !others.is_empty() && !args.force {
+        bail!(
+            "tracers are running ({}): their allocator probes would slow the measured \
+             code; wait for them to end, or pass --force",
+            others.join(", ")
+        );
+    }
+    if args.distinct.is_empty() {
+        bail!("--distinct names no data shape");
+    }
+    let out = if args.out.is_absolute() {
+        args.out.clone()
+    } else {
+        root.join(&args.out)
+    };
+    let version = stdout_of(
+        Command::new(&args.python).args(["-c", "import sys; print(sys.version.split()[0])"]),
+        "python --version",
+    )?;
+    if !version.starts_with("3.11") {
+        bail!(
+            "the reference is CPython 3.11; {} is {}",
+            args.python,
+            version.trim()
+        );
+    }
+    let mut shapes = Vec::with_capacity(args.distinct.len());
+    for &distinct in &args.distinct {
+        let dir = out.join(format!("distinct-{distinct}"));
+        shapes.push(measure(args, example, baseline, &dir, distinct)?);
+    }
 
     let mut table = String::new();
     let method = match baseline {
@@ -304,77 +366,113 @@ fn run(
         None => format!("tracer: median of {} runs", args.runs),
     };
     table.push_str(&format!(
-        "{} traces (new), {} bytes and {} bytes of tracemalloc dump files; CPython {}; {method}\n\n",
+        "{} traces (new) per data shape; CPython {}; {method}\n\n",
         args.traces,
-        fs::metadata(&new).map(|m| m.len()).unwrap_or(0),
-        fs::metadata(&old).map(|m| m.len()).unwrap_or(0),
         version.trim(),
     ));
+    for shape in &shapes {
+        table.push_str(&format!(
+            "- {} distinct tracebacks: {} bytes and {} bytes of tracemalloc dump files\n",
+            shape.distinct, shape.bytes.0, shape.bytes.1
+        ));
+    }
+    table.push('\n');
     match baseline {
         Some((b, _)) => table.push_str(&format!(
-            "| operation | CPython 3.11 | tracer | baseline {} | ratio | new/baseline | results equal |\n\
-             |---|---:|---:|---:|---:|---:|---|\n",
+            "| operation | distinct tracebacks | CPython 3.11 | tracer | baseline {} | ratio | baseline ratio | new/baseline | results equal |\n\
+             |---|---:|---:|---:|---:|---:|---:|---:|---|\n",
             b.short
         )),
         None => table.push_str(
-            "| operation | CPython 3.11 | tracer | ratio | results equal |\n|---|---:|---:|---:|---|\n",
+            "| operation | distinct tracebacks | CPython 3.11 | tracer | ratio | results equal |\n\
+             |---|---:|---:|---:|---:|---|\n",
         ),
     }
-    let mut worst = f64::INFINITY;
+    let mut worst = vec![f64::INFINITY; shapes.len()];
     let mut against_baseline = Vec::new();
-    for (name, cpython) in &theirs {
-        let Some((_, tracer)) = ours.iter().find(|(n, _)| n == name) else {
-            bail!("tracer did not time {name}");
-        };
-        let a = fs::read(out.join(format!("cpython-{name}.txt")))?;
-        let b = fs::read(out.join(format!("tracer-{name}.txt")))?;
-        let lines = a.iter().filter(|&&c| c == b'\n').count();
-        if a != b {
-            bail!(
-                "{name}: tracer's {} differs from CPython's {}",
-                out.join(format!("tracer-{name}.txt")).display(),
-                out.join(format!("cpython-{name}.txt")).display()
-            );
-        }
-        let ratio = cpython / tracer.max(1e-9);
-        worst = worst.min(ratio);
-        let label = operation_label(name);
-        match (&base, sides.get(1)) {
-            (Some(base), Some(side)) => {
-                let Some((_, theirs)) = base.iter().find(|(n, _)| n == name) else {
-                    bail!("the baseline did not time {name}");
-                };
-                let same = fs::read(side.out.join(format!("tracer-{name}.txt")))
-                    .is_ok_and(|lines| lines == a);
-                let change = tracer / theirs.max(1e-9);
-                against_baseline.push(change);
-                table.push_str(&format!(
-                    "| `{label}` | {cpython:.2} s | {:.1} ms | {:.1} ms | {ratio:.0}x | {change:.2} | yes ({lines} lines){} |\n",
-                    tracer * 1000.0,
-                    theirs * 1000.0,
-                    if same { "" } else { "; the baseline's differ" }
-                ));
+    let names: Vec<String> = shapes
+        .first()
+        .map(|s| s.theirs.iter().map(|(n, _)| n.clone()).collect())
+        .unwrap_or_default();
+    for name in &names {
+        for (k, shape) in shapes.iter().enumerate() {
+            let Some((_, cpython)) = shape.theirs.iter().find(|(n, _)| n == name) else {
+                bail!("CPython did not time {name} ({} distinct)", shape.distinct);
+            };
+            let Some((_, tracer)) = shape.ours.iter().find(|(n, _)| n == name) else {
+                bail!("tracer did not time {name}");
+            };
+            let cpython_file = shape.out.join(format!("cpython-{name}.txt"));
+            let tracer_file = shape.out.join(format!("tracer-{name}.txt"));
+            let a = fs::read(&cpython_file)?;
+            let b = fs::read(&tracer_file)?;
+            let lines = a.iter().filter(|&&c| c == b'\n').count();
+            if a != b {
+                bail!(
+                    "{name}: tracer's {} differs from CPython's {}",
+                    tracer_file.display(),
+                    cpython_file.display()
+                );
             }
-            _ => table.push_str(&format!(
-                "| `{label}` | {cpython:.2} s | {:.1} ms | {ratio:.0}x | yes ({lines} lines) |\n",
-                tracer * 1000.0,
-            )),
+            let ratio = cpython / tracer.max(1e-9);
+            if let Some(w) = worst.get_mut(k) {
+                *w = w.min(ratio);
+            }
+            let label = operation_label(name);
+            let distinct = shape.distinct;
+            match (&shape.base, baseline) {
+                (Some(base), Some((b, _))) => {
+                    let Some((_, theirs)) = base.iter().find(|(n, _)| n == name) else {
+                        bail!("the baseline did not time {name}");
+                    };
+                    let same = fs::read(
+                        shape
+                            .out
+                            .join(format!("baseline-{}", b.short))
+                            .join(format!("tracer-{name}.txt")),
+                    )
+                    .is_ok_and(|lines| lines == a);
+                    let change = tracer / theirs.max(1e-9);
+                    against_baseline.push(change);
+                    table.push_str(&format!(
+                        "| `{label}` | {distinct} | {cpython:.2} s | {:.1} ms | {:.1} ms | {ratio:.0}x | {:.0}x | {change:.2} | yes ({lines} lines){} |\n",
+                        tracer * 1000.0,
+                        theirs * 1000.0,
+                        cpython / theirs.max(1e-9),
+                        if same { "" } else { "; the baseline's differ" }
+                    ));
+                }
+                _ => table.push_str(&format!(
+                    "| `{label}` | {distinct} | {cpython:.2} s | {:.1} ms | {ratio:.0}x | yes ({lines} lines) |\n",
+                    tracer * 1000.0,
+                )),
+            }
         }
     }
-    if let Some((_, load)) = ours.iter().find(|(n, _)| n == "load") {
+    table.push('\n');
+    for shape in &shapes {
+        if let Some((_, load)) = shape.ours.iter().find(|(n, _)| n == "load") {
+            table.push_str(&format!(
+                "{} distinct tracebacks: tracer loaded both dump files (pickle parsing, no execution) in {load:.2} s",
+                shape.distinct
+            ));
+            match shape
+                .base
+                .as_ref()
+                .and_then(|b| b.iter().find(|(n, _)| n == "load"))
+            {
+                Some((_, theirs)) => table.push_str(&format!("; the baseline in {theirs:.2} s.\n")),
+                None => table.push_str(".\n"),
+            }
+        }
+    }
+    table.push('\n');
+    for (shape, worst) in shapes.iter().zip(&worst) {
         table.push_str(&format!(
-            "\ntracer loaded both dump files (pickle parsing, no execution) in {:.2} s",
-            load
+            "Slowest ratio, {} distinct tracebacks: {worst:.0}x.\n",
+            shape.distinct
         ));
-        match base
-            .as_ref()
-            .and_then(|b| b.iter().find(|(n, _)| n == "load"))
-        {
-            Some((_, theirs)) => table.push_str(&format!("; the baseline in {theirs:.2} s.\n")),
-            None => table.push_str(".\n"),
-        }
     }
-    table.push_str(&format!("\nSlowest ratio: {worst:.0}x.\n"));
     if !against_baseline.is_empty() {
         let n = against_baseline.len() as f64;
         let geomean = (against_baseline.iter().map(|r| r.ln()).sum::<f64>() / n).exp();
@@ -389,11 +487,25 @@ fn run(
     }
     println!("{table}");
     fs::write(out.join("report.md"), &table)?;
-    let mut raw = serde_json::json!({"cpython": theirs, "tracer": ours, "traces": args.traces, "runs": args.runs});
-    if let (Some((b, _)), Some(base)) = (baseline, &base) {
-        raw["baseline"] = serde_json::json!({"rev": b.rev, "commit": b.commit, "timings": base});
-    }
-    fs::write(out.join("report.json"), raw.to_string())?;
+    let raw: Vec<serde_json::Value> = shapes
+        .iter()
+        .map(|shape| {
+            let mut raw = serde_json::json!({
+                "distinct": shape.distinct,
+                "cpython": shape.theirs,
+                "tracer": shape.ours,
+            });
+            if let (Some((b, _)), Some(base)) = (baseline, &shape.base) {
+                raw["baseline"] =
+                    serde_json::json!({"rev": b.rev, "commit": b.commit, "timings": base});
+            }
+            raw
+        })
+        .collect();
+    fs::write(
+        out.join("report.json"),
+        serde_json::json!({"traces": args.traces, "runs": args.runs, "shapes": raw}).to_string(),
+    )?;
     Ok(())
 }
 

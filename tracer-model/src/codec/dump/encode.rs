@@ -46,6 +46,8 @@ impl<'a> Strings<'a> {
 /// [`DUMP_VERSION`].
 #[must_use]
 pub fn encode(snapshot: &Snapshot, meta: &Value) -> Vec<u8> {
+    // A snapshot of totals as equivalent traces (`Snapshot::from_totals`).
+    let traces = snapshot.dump_traces();
     let mut strings = Strings::default();
     let mut frames_body = Vec::new();
     let mut frame_count = 0u64;
@@ -56,8 +58,8 @@ pub fn encode(snapshot: &Snapshot, meta: &Value) -> Vec<u8> {
     // Keyed by frame ids, so frames equal in file:line but not in their
     // extras (function, module, address) stay apart.
     let mut by_content: HashMap<(Vec<u64>, Option<u32>), u64> = HashMap::new();
-    let mut traces_body = Vec::with_capacity(snapshot.traces.len() * 4);
-    for trace in &snapshot.traces {
+    let mut traces_body = Vec::with_capacity(traces.len() * 4);
+    for trace in traces.iter() {
         let traceback: &Traceback = &trace.traceback;
         let pointer = Arc::as_ptr(&trace.traceback);
         let index = if let Some(&i) = by_pointer.get(&pointer) {
@@ -131,7 +133,7 @@ pub fn encode(snapshot: &Snapshot, meta: &Value) -> Vec<u8> {
             "strings": strings.list.len(),
             "frames": frame_count,
             "tracebacks": traceback_count,
-            "traces": snapshot.traces.len(),
+            "traces": traces.len(),
         },
         "sources": Source::all(),
         "layout": LAYOUT,

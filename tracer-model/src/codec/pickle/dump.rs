@@ -73,8 +73,10 @@ impl Writer {
 /// written once and referenced through the memo.
 #[must_use]
 pub fn dump_tracemalloc(snapshot: &Snapshot) -> Vec<u8> {
+    // A snapshot of totals as equivalent traces (`Snapshot::from_totals`).
+    let traces = snapshot.dump_traces();
     let mut w = Writer {
-        out: Vec::with_capacity(64 + snapshot.traces.len() * 16),
+        out: Vec::with_capacity(64 + traces.len() * 16),
         memo_len: 0,
     };
     w.out.extend_from_slice(&[0x80, 4]);
@@ -109,7 +111,7 @@ pub fn dump_tracemalloc(snapshot: &Snapshot) -> Vec<u8> {
     let mut frames: HashMap<(&str, u32), u32> = HashMap::new();
     let mut tracebacks: FxHashMap<*const Traceback, u32> = FxHashMap::default();
     let mut by_content: HashMap<&Traceback, u32> = HashMap::new();
-    for batch in snapshot.traces.chunks(1000) {
+    for batch in traces.chunks(1000) {
         w.out.push(b'(');
         for trace in batch {
             w.out.push(b'(');

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use crate::engine::index::NONE;
 use crate::engine::table::{AHEAD, Table};
-use crate::trace::{Trace, Traceback};
+use crate::trace::{Block, Traceback};
 
 /// The distinct `Arc<Traceback>`s of a snapshot's traces, in order of
 /// first appearance, and each trace's index into them: tracebacks interned
@@ -22,14 +22,14 @@ pub(crate) struct Interned {
 }
 
 impl Interned {
-    /// Interns `traces` by the address of their tracebacks: one table access
-    /// per trace (none within a run of traces sharing one `Arc`), prefetched
-    /// [`AHEAD`] traces in advance.
-    pub(crate) fn of(traces: &[Trace]) -> Self {
+    /// Interns `traces` (or any items of a snapshot) by the address of
+    /// their tracebacks: one table access per item (none within a run of
+    /// items sharing one `Arc`), prefetched [`AHEAD`] items in advance.
+    pub(crate) fn of<B: Block>(traces: &[B]) -> Self {
         let mut table: Table<usize, u32> = Table::with_capacity((traces.len() / 4).min(1 << 20));
         let mut tracebacks: Vec<Arc<Traceback>> = Vec::new();
         let mut ids = Vec::with_capacity(traces.len());
-        let address = |trace: &Trace| Arc::as_ptr(&trace.traceback) as usize;
+        let address = |trace: &B| Arc::as_ptr(trace.traceback()) as usize;
         let mut last: Option<(usize, u32)> = None;
         for (position, trace) in traces.iter().enumerate() {
             if let Some(ahead) = traces.get(position + AHEAD) {
@@ -42,7 +42,7 @@ impl Interned {
                     let next = u32::try_from(tracebacks.len()).unwrap_or(NONE);
                     let (id, new) = table.get_or_insert(key, || next);
                     if new {
-                        tracebacks.push(Arc::clone(&trace.traceback));
+                        tracebacks.push(Arc::clone(trace.traceback()));
                     }
                     *id
                 }
@@ -56,8 +56,8 @@ impl Interned {
     /// The interning a loader computed, if it is one: an index per trace,
     /// each naming the very `Arc` of that trace, indices numbered in order
     /// of first appearance, every traceback used.
-    pub(crate) fn checked(
-        traces: &[Trace],
+    pub(crate) fn checked<B: Block>(
+        traces: &[B],
         tracebacks: Vec<Arc<Traceback>>,
         ids: Vec<u32>,
     ) -> Option<Self> {
@@ -67,7 +67,7 @@ impl Interned {
         let mut next = 0usize;
         for (trace, &id) in traces.iter().zip(&ids) {
             let id = id as usize;
-            if !Arc::ptr_eq(tracebacks.get(id)?, &trace.traceback) || id > next {
+            if !Arc::ptr_eq(tracebacks.get(id)?, trace.traceback()) || id > next {
                 return None;
             }
             if id == next {

@@ -29,9 +29,11 @@ mod interned;
 mod tests;
 mod tracebacks;
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
+use crate::engine::cells::Cells;
 use crate::engine::table::{AHEAD, prefetch};
+use crate::engine::totals::Totals;
 use crate::trace::{Frame, Traceback};
 
 pub(crate) use first_pass::FrameHints;
@@ -49,6 +51,14 @@ pub(crate) const NONE: u32 = u32::MAX;
 pub(crate) struct Index {
     /// The arcs and each trace's arc.
     pub(crate) interned: Interned,
+    /// Per arc: the bytes and blocks of its items (stage 1 of every
+    /// grouping, summed once when the snapshot is made; empty until the
+    /// snapshot sets it).
+    pub(crate) arc_totals: Vec<Totals>,
+    /// A snapshot of traces, aggregated per (arc, domain, source): made
+    /// the first time a filter needs it, so that filters decide per
+    /// distinct traceback and domain rather than per trace.
+    pub(crate) cells: OnceLock<Cells>,
     /// Per arc: its traceback id.
     pub(super) arc_tb: Vec<u32>,
     /// Per traceback: its statistic's traceback, the frames of the first
@@ -117,6 +127,14 @@ fn ranks_by<K: Ord>(n: usize, key: impl Fn(u32) -> K) -> (Vec<u32>, Vec<u32>) {
 }
 
 impl Index {
+    /// The index of `items` with their totals (tests).
+    #[cfg(test)]
+    pub(crate) fn of<B: crate::trace::Block + Sync>(items: &[B]) -> Self {
+        let mut index = Index::build(Interned::of(items), None);
+        index.arc_totals = crate::engine::totals::arc_totals(&index.interned, items);
+        index
+    }
+
     /// How many distinct tracebacks (by frames).
     pub(super) fn tracebacks(&self) -> usize {
         self.tb_top.len()
@@ -325,6 +343,8 @@ impl Index {
         let file_hash: Vec<u64> = file_frames.iter().map(Traceback::one_frame_hash).collect();
         Index {
             interned,
+            arc_totals: Vec::new(),
+            cells: OnceLock::new(),
             arc_tb,
             tb_views,
             tb_start,
