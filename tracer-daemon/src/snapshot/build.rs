@@ -23,6 +23,11 @@ use crate::sys::modules::ModuleMaps;
 /// and bytes.
 type EstimatedGroup = (Option<Arc<[u64]>>, f64, f64);
 
+/// The blocks of one stack of an image, from the kernel's totals per
+/// stack: its return addresses (frame 0 first; None: unknown), source,
+/// blocks and bytes.
+pub type StackGroup = (Option<Arc<[u64]>>, Source, u64, u64);
+
 /// Builds snapshots of traced processes; one per daemon.
 pub struct SnapshotBuilder {
     /// Turns return addresses into frames (its caches are shared by every
@@ -109,7 +114,7 @@ impl SnapshotBuilder {
     pub fn build_totals(
         &self,
         pid: u32,
-        groups: &[(Option<Arc<[u64]>>, Source, u64, u64)],
+        groups: &[StackGroup],
         maps: Option<&ModuleMaps>,
         frames: AllocatorFrames,
         limit: u32,
