@@ -83,10 +83,14 @@ pub enum Counter {
     /// Allocator calls of tracerd itself (their uprobe's trap paid, nothing
     /// recorded): near 0, for tracerd allocates through mimalloc.
     TracerdCalls = 26,
+    /// A block's key could not be put in `STACK_TOTALS` (the map was
+    /// full): its image's totals per stack are not exact from then on
+    /// (`ProcTotals::stack_totals_lost`), and tracerd reads its blocks.
+    StackTotalsRefused = 27,
 }
 
 /// Number of slots in [`MAP_COUNTERS`].
-pub const COUNTER_SLOTS: u32 = 27;
+pub const COUNTER_SLOTS: u32 = 28;
 
 impl Counter {
     /// Every counter with its name, in slot order.
@@ -118,6 +122,7 @@ impl Counter {
         (Counter::DropMmapRegions, "drop_mmap_regions"),
         (Counter::StaleInflight, "stale_inflight"),
         (Counter::TracerdCalls, "tracerd_calls"),
+        (Counter::StackTotalsRefused, "stack_totals_refused"),
     ];
 }
 

@@ -17,6 +17,8 @@
 //! - [`live_table`]: the fast live-block table ([`LiveBucket`], [`live_key`]);
 //! - [`procs`]: per-process totals ([`ProcStats`]) and their direct-mapped
 //!   slots ([`ProcSlot`] and its word);
+//! - [`stack_totals`]: totals per (image, stack) ([`StackTotalsKey`],
+//!   [`StackTotals`]);
 //! - [`inflight`]: allocator calls between entry and return;
 //! - [`event`]: the process lifecycle events of the ring buffer;
 //! - [`counter`]: the slots of the per-CPU counters;
@@ -31,6 +33,7 @@ pub mod live_table;
 pub mod maps;
 pub mod probes;
 pub mod procs;
+pub mod stack_totals;
 pub mod unwind;
 
 pub use alloc::*;
@@ -41,4 +44,5 @@ pub use live_table::*;
 pub use maps::*;
 pub use probes::*;
 pub use procs::*;
+pub use stack_totals::*;
 pub use unwind::*;

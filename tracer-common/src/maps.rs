@@ -15,7 +15,7 @@
 use crate::{
     AllocInfo, AllocKey, Counter, INFLIGHT_SLOT_COUNT, Inflight, InflightSlot, LIVE_WAYS,
     LiveBucket, PROC_SLOT_COUNT, ProcEvent, ProcEventKind, ProcSlot, ProcStats, ProcTotals,
-    live_key, proc_slot_index,
+    StackTotals, StackTotalsKey, live_key, proc_slot_index,
 };
 
 /// Live blocks: [`AllocKey`] → [`AllocInfo`]. One entry per live block of
@@ -66,6 +66,11 @@ pub const MAX_NFRAME: u32 = 64;
 /// (`operator new`, `alloc::raw_vec`, `g_malloc`, ...) that tracerd drops
 /// before it counts frames against nframe.
 pub const MAX_WALK_FRAMES: u32 = 96;
+
+/// Totals per (process image, stack): [`StackTotalsKey`] → [`StackTotals`],
+/// kept by the programs in step with the live maps (see
+/// [`stack_totals`](crate::stack_totals)).
+pub const MAP_STACK_TOTALS: &str = "STACK_TOTALS";
 
 /// Per-process totals: tgid → [`ProcTotals`].
 pub const MAP_PROCS: &str = "PROCS";

@@ -39,7 +39,7 @@ pub struct ProcSlot {
     /// The owner's totals.
     pub totals: ProcTotals,
 }
-const _: () = assert!(size_of::<ProcSlot>() == 208);
+const _: () = assert!(size_of::<ProcSlot>() == 216);
 
 /// Bytes of one source's blocks in a process image.
 #[repr(C)]
@@ -68,8 +68,11 @@ pub struct ProcTotals {
     /// distinct stacks its live blocks reference (so that collected stacks
     /// leave it). Compared with `GLOBAL_PROCESS_MAX_STACKS`.
     pub stacks: u64,
+    /// Blocks of this image whose key could not be put in `STACK_TOTALS`
+    /// (the map was full): while 0, its entries there are exact.
+    pub stack_totals_lost: u64,
 }
-const _: () = assert!(size_of::<ProcTotals>() == 200);
+const _: () = assert!(size_of::<ProcTotals>() == 208);
 
 /// The slot of [`MAP_PROC_SLOTS`] for `tgid`.
 pub const fn proc_slot_index(tgid: u32) -> u32 {

@@ -5,7 +5,7 @@
 use std::{sync::Arc, time::Duration};
 
 use tokio::io::unix::AsyncFd;
-use tracer_common::{MAP_EVENTS, MAP_LIVE_ALLOCS, ProcEvent};
+use tracer_common::{MAP_EVENTS, MAP_LIVE_ALLOCS, MAP_STACK_TOTALS, ProcEvent};
 
 use crate::service::{AutoPolicy, Service};
 
@@ -188,6 +188,14 @@ fn housekeeping(service: &Service, tick: u64) {
     let removed = service.sweep_orphans();
     if removed > 0 {
         tracing::info!(removed, map = MAP_LIVE_ALLOCS, "removed orphaned blocks");
+    }
+    let removed = service.sweep_stack_totals();
+    if removed > 0 {
+        tracing::debug!(
+            removed,
+            map = MAP_STACK_TOTALS,
+            "removed totals of ended images"
+        );
     }
     // Ended images of large processes leave big freed blocks in the
     // allocator's heap: give them back so tracerd's RSS follows what it

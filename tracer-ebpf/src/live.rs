@@ -1,7 +1,11 @@
 //! Live blocks: insert ([`record_alloc`], [`record_block`]), find
 //! ([`find_block`]) and remove ([`remove_block`], [`take_block`]) a block of a process in the fast table (`LIVE_KEYS` +
 //! `LIVE_VALUES`) or its spill (`LIVE_ALLOCS`), with the process's totals
-//! kept in step.
+//! and its totals per stack (`STACK_TOTALS`) kept in step: the thread that
+//! puts a block in the maps adds it to its stack's totals
+//! ([`record_block`], `mmap`'s pieces), the one that takes it out
+//! subtracts it ([`remove_block`], `mmap`'s cut, or a replacement in
+//! [`insert_block`]).
 //!
 //! Protocol of the fast table (see `tracer_common::live_table`): a key slot
 //! goes from `LIVE_EMPTY` to `LIVE_BUSY` by compare-and-swap, the value is
@@ -19,15 +23,16 @@ use aya_ebpf::{
     programs::RetProbeContext,
 };
 use tracer_common::{
-    AllocInfo, AllocKey, Counter, LIVE_BUSY, LIVE_EMPTY, LIVE_WAYS, LiveBucket, ProcStats, live_key,
+    AllocInfo, AllocKey, Counter, LIVE_BUSY, LIVE_EMPTY, LIVE_WAYS, LiveBucket, ProcStats,
+    STACK_TOTALS_KEY_OFFSET, StackTotalsKey, live_key,
 };
 
 use crate::{
     atomic::{compare_exchange, fetch_add},
     counters::count,
     globals::{live_bucket_mask, process_max_blocks},
-    maps::{EEXIST, LIVE_ALLOCS, LIVE_KEYS, LIVE_VALUES},
-    procs::{add_block, find_proc, proc_stats, sub_block},
+    maps::{EEXIST, LIVE_ALLOCS, LIVE_KEYS, LIVE_VALUES, STACK_TOTALS, STACK_TOTALS_ZERO},
+    procs::{add_block, find_proc, proc_stats, stack_totals_lost_counter, sub_block},
     stack::{UserRegs, stack_id},
 };
 
@@ -69,7 +74,9 @@ fn find_way(bucket: *mut LiveBucket, key: u64) -> u32 {
 
 /// Removes the live block `ptr` of `tgid`; a pointer that is not a live block
 /// of the current image is counted as an unknown free when `count_unknown`.
-#[inline(always)]
+/// A BPF function of its own, so that its locals stay out of the frame of
+/// `realloc`'s program, which also walks a stack (see [`store_block`]).
+#[inline(never)]
 pub(crate) fn remove_block(tgid: u32, ptr: u64, count_unknown: bool) {
     // The generation is defined on every path (0 when not found): the
     // verifier refuses a stack slot that LLVM leaves unwritten on some.
@@ -78,6 +85,7 @@ pub(crate) fn remove_block(tgid: u32, ptr: u64, count_unknown: bool) {
         None => (None, 0),
     };
     if let Some((stats, info)) = take_block(tgid, ptr, (stats, gen_), count_unknown) {
+        uncount_in_stack(&raw const info);
         sub_block(stats, info.size, info.source);
         count(Counter::Frees);
     }
@@ -255,8 +263,22 @@ pub(crate) fn record_block(
         gen_,
         source,
     };
-    if insert_block(stats, tgid, addr, &info) {
-        add_block(stats, size, source);
+    store_block(stats, tgid, addr, &raw const info)
+}
+
+/// Puts the new block `info` of `tgid` at `addr` in the live maps and
+/// counts it (the process's totals, its stack's totals); false when both
+/// maps are full (counted as a drop). A BPF function of its own: the live
+/// maps' insertion and the stack's totals take their locals in its frame,
+/// not in the frame of the program that walked the stack (which shares
+/// the 512-byte limit with the walk's callback).
+#[inline(never)]
+fn store_block(stats: *mut ProcStats, tgid: u32, addr: u64, info: *const AllocInfo) -> bool {
+    // SAFETY: info points at the caller's whole AllocInfo.
+    let info = unsafe { &*info };
+    if insert_block(stats, tgid, addr, info) {
+        count_in_stack(stats, info);
+        add_block(stats, info.size, info.source);
         count(Counter::Allocs);
         true
     } else {
@@ -299,6 +321,98 @@ pub(crate) fn insert_block(stats: *mut ProcStats, tgid: u32, addr: u64, info: &A
         fetch_add(counter, u64::MAX);
     }
     inserted.is_some()
+}
+
+/// The [`StackTotalsKey`] of block `info`: the tail of its own value (see
+/// [`STACK_TOTALS_KEY_OFFSET`]), so that no stack space goes to a key.
+#[inline(always)]
+fn stack_key(info: *const AllocInfo) -> *const StackTotalsKey {
+    // SAFETY: the key's layout is the tail of AllocInfo's (pinned in
+    // tracer-common); info points at a whole AllocInfo.
+    unsafe {
+        info.cast::<u8>()
+            .add(STACK_TOTALS_KEY_OFFSET)
+            .cast::<StackTotalsKey>()
+    }
+}
+
+/// Adds block `info` of the image `stats` to its stack's totals: a new key
+/// is put in at 0 (from `STACK_TOTALS_ZERO`, no stack space for a value)
+/// and added to like any other; a key the full map refuses is counted
+/// ([`Counter::StackTotalsRefused`] and the image's `stack_totals_lost`).
+#[inline(always)]
+fn count_in_stack(stats: *mut ProcStats, info: *const AllocInfo) {
+    let key = stack_key(info);
+    // SAFETY: info points at a whole AllocInfo.
+    let size = unsafe { (*info).size };
+    // SAFETY: key points into info (above).
+    if add_to_stack(unsafe { &*key }, size) {
+        return;
+    }
+    if let Some(zero) = STACK_TOTALS_ZERO.get(0) {
+        // SAFETY: as above.
+        let key = unsafe { &*key };
+        match STACK_TOTALS.insert(key, zero, BPF_NOEXIST as u64) {
+            // Another thread may have put the key in meanwhile: either way
+            // it is there now.
+            Ok(()) => {
+                if add_to_stack(key, size) {
+                    return;
+                }
+            }
+            Err(e) if e == -EEXIST && add_to_stack(key, size) => return,
+            Err(_) => {}
+        }
+    }
+    count(Counter::StackTotalsRefused);
+    fetch_add(stack_totals_lost_counter(stats), 1);
+}
+
+/// Adds one block of `size` bytes to the totals of `key`; false when the
+/// key is not in the map.
+#[inline(always)]
+fn add_to_stack(key: &StackTotalsKey, size: u64) -> bool {
+    let Some(totals) = STACK_TOTALS.get_ptr_mut(key) else {
+        return false;
+    };
+    // SAFETY: a STACK_TOTALS value; its fields change only atomically.
+    unsafe {
+        fetch_add(&raw mut (*totals).count, 1);
+        fetch_add(&raw mut (*totals).size, size);
+    }
+    true
+}
+
+/// [`count_in_stack`] as a BPF function of its own, for the programs
+/// that put blocks in several places (`mmap`'s partial unmaps): the
+/// verifier then follows its branches once per call, not once per path
+/// through the caller. (The allocator programs inline it: a call costs
+/// their frame the registers it spills.)
+#[inline(never)]
+pub(crate) fn count_in_stack_fn(stats: *mut ProcStats, info: *const AllocInfo) {
+    count_in_stack(stats, info);
+}
+
+/// [`uncount_in_stack`] as a BPF function of its own (see
+/// [`count_in_stack_fn`]).
+#[inline(never)]
+pub(crate) fn uncount_in_stack_fn(info: *const AllocInfo) {
+    uncount_in_stack(info);
+}
+
+/// Takes block `info`, just taken out of the live maps, out of its stack's
+/// totals (nothing when its key is not there: its image counted it lost).
+#[inline(always)]
+pub(crate) fn uncount_in_stack(info: *const AllocInfo) {
+    // SAFETY: key points into info, a whole AllocInfo (see stack_key).
+    let (key, size) = unsafe { (&*stack_key(info), (*info).size) };
+    if let Some(totals) = STACK_TOTALS.get_ptr_mut(key) {
+        // SAFETY: as in add_to_stack.
+        unsafe {
+            fetch_add(&raw mut (*totals).count, u64::MAX);
+            fetch_add(&raw mut (*totals).size, size.wrapping_neg());
+        }
+    }
 }
 
 /// Puts `info` under `key` in the fast table (a live block of that key is
@@ -373,6 +487,7 @@ fn table_insert(
 fn replace_block(stats: *mut ProcStats, old: &AllocInfo, gen_: u32) {
     if old.gen_ == gen_ {
         sub_block(stats, old.size, old.source);
+        uncount_in_stack_fn(old);
         count(Counter::Overwrites);
     }
 }

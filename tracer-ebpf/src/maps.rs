@@ -18,7 +18,8 @@ use aya_ebpf::{
 use tracer_common::{
     AllocInfo, AllocKey, COUNTER_SLOTS, EVENTS_RING_BYTES, EXP_TABLE_LEN, INFLIGHT_SLOT_COUNT,
     Inflight, InflightSlot, LIVE_BUCKET_COUNT, LIVE_WAYS, LiveBucket, MMAP_PROCS, MmapRegions,
-    PROC_SLOT_COUNT, ProcSlot, ProcTotals, STACK_WORDS,
+    PROC_SLOT_COUNT, ProcSlot, ProcTotals, STACK_TOTALS_ENTRIES, STACK_WORDS, StackTotals,
+    StackTotalsKey,
     unwind::{self, ProcMappings, UnwindPage, UnwindPageKey, UnwindRow},
 };
 
@@ -82,6 +83,19 @@ pub(crate) static INFLIGHT_SPILL: Array<u64> = Array::with_max_entries(1, 0);
 #[map]
 pub(crate) static STACKS: HashMap<u64, [u64; STACK_WORDS]> =
     HashMap::with_max_entries(1 << 16, BPF_F_NO_PREALLOC);
+
+/// Totals per (image, stack): key → live blocks and bytes, kept in step
+/// with the live maps by `live` (never deleted by a program); read by
+/// tracerd for statistics of a live image, and cleaned (ended images).
+#[map]
+pub(crate) static STACK_TOTALS: HashMap<StackTotalsKey, StackTotals> =
+    HashMap::with_max_entries(STACK_TOTALS_ENTRIES, BPF_F_NO_PREALLOC);
+
+/// Slot 0: a zero [`StackTotals`], the value a new STACK_TOTALS key is
+/// put in with (so that the programs need no stack space for one). Never
+/// written.
+#[map]
+pub(crate) static STACK_TOTALS_ZERO: Array<StackTotals> = Array::with_max_entries(1, 0);
 
 /// Per CPU, slot 0 → the stack being walked (same layout as a STACKS
 /// value). Used by `stack` only.

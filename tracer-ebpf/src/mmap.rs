@@ -44,7 +44,9 @@ use crate::{
     counters::count,
     globals::{current_in_scope, page_size},
     inflight::in_call,
-    live::{find_block, insert_block, record_block, take_block},
+    live::{
+        count_in_stack_fn, find_block, insert_block, record_block, take_block, uncount_in_stack_fn,
+    },
     maps::{EEXIST, MMAP_EMPTY, MMAP_REGIONS},
     procs::{find_proc, unmap_bytes},
     stack::{UserRegs, has_mappings},
@@ -363,6 +365,7 @@ fn cut(state: &mut Unmap, at: u64, slot: Option<*mut u64>) {
     else {
         return;
     };
+    uncount_in_stack_fn(&raw const block);
     let block_end = at.wrapping_add(block.size);
     let mut kept = 0;
     let mut pieces = 0;
@@ -372,6 +375,7 @@ fn cut(state: &mut Unmap, at: u64, slot: Option<*mut u64>) {
             ..block
         };
         if insert_block(stats, state.tgid, at, &left) {
+            count_in_stack_fn(stats, &raw const left);
             kept += left.size;
             pieces += 1;
         } else {
@@ -388,6 +392,7 @@ fn cut(state: &mut Unmap, at: u64, slot: Option<*mut u64>) {
         };
         if claim_slot(state.regions, state.end) {
             if insert_block(stats, state.tgid, state.end, &right) {
+                count_in_stack_fn(stats, &raw const right);
                 kept += right.size;
                 pieces += 1;
             } else {

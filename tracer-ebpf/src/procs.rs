@@ -208,6 +208,15 @@ pub(crate) fn stacks_counter(stats: *mut ProcStats) -> *mut u64 {
     unsafe { &raw mut (*stats.cast::<ProcTotals>()).stacks }
 }
 
+/// The counter of blocks whose `STACK_TOTALS` key could not be inserted
+/// ([`ProcTotals::stack_totals_lost`]) of the process whose totals are
+/// `stats`.
+#[inline(always)]
+pub(crate) fn stack_totals_lost_counter(stats: *mut ProcStats) -> *mut u64 {
+    // SAFETY: as in source_totals: stats is the first field of a ProcTotals.
+    unsafe { &raw mut (*stats.cast::<ProcTotals>()).stack_totals_lost }
+}
+
 /// Raises the peak at `peak` to `now` if it is below: a bounded
 /// compare-and-swap (the verifier rejects unbounded loops).
 #[inline(always)]

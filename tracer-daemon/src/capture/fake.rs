@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tracer_common::{
     AllocInfo, AllocKey, ProcEvent, ProcEventKind, ProcStats, ProcTotals, STACK_ID_NONE,
-    SourceTotals,
+    SourceTotals, StackTotals, StackTotalsKey,
 };
 
 use super::kernel::MapUsage;
@@ -24,6 +24,9 @@ struct FakeState {
     blocks: HashMap<(u32, u64), AllocInfo>,
     stacks: HashMap<u64, Vec<u64>>,
     procs: HashMap<u32, ProcStats>,
+    /// `STACK_TOTALS`, kept as the programs keep it: in step with
+    /// `blocks` through alloc and free, not through `remove_blocks`.
+    stack_totals: HashMap<StackTotalsKey, StackTotals>,
     attached: BTreeSet<Option<u32>>,
     /// tracerd's stop, as handed by `stop_with`.
     stopping: super::Stopping,
@@ -35,6 +38,16 @@ struct FakeState {
     next_generation: u32,
     unwind: Option<TableStore>,
     tables: FakeTables,
+}
+
+impl FakeState {
+    /// Takes block `info` out of its stack's totals.
+    fn uncount_in_stack(&mut self, info: &AllocInfo) {
+        if let Some(totals) = self.stack_totals.get_mut(&StackTotalsKey::of(info)) {
+            totals.count = totals.count.saturating_sub(1);
+            totals.size = totals.size.saturating_sub(info.size);
+        }
+    }
 }
 
 /// The unwind maps in memory.
@@ -163,7 +176,15 @@ impl FakeKernel {
             gen_: stats.gen_,
             source: FAKE_SOURCE,
         };
-        state.blocks.insert((pid, addr), info);
+        if let Some(old) = state.blocks.insert((pid, addr), info) {
+            state.uncount_in_stack(&old);
+        }
+        let totals = state
+            .stack_totals
+            .entry(StackTotalsKey::of(&info))
+            .or_default();
+        totals.count += 1;
+        totals.size += size;
     }
 
     /// A free of `addr` by `pid`.
@@ -179,6 +200,9 @@ impl FakeKernel {
                 }
                 None => stats.unknown_frees += 1,
             }
+        }
+        if let Some(info) = removed {
+            state.uncount_in_stack(&info);
         }
     }
 
@@ -309,6 +333,29 @@ impl KernelMaps for FakeKernel {
             .filter(|k| state.blocks.remove(&(k.tgid, k.addr)).is_some())
             .count()
     }
+    fn stack_totals(
+        &self,
+        generations: Option<&HashSet<u32>>,
+    ) -> Vec<(StackTotalsKey, StackTotals)> {
+        let state = self.lock();
+        if state.stopping.is_raised() {
+            return Vec::new();
+        }
+        let mut out: Vec<_> = state
+            .stack_totals
+            .iter()
+            .filter(|(key, _)| generations.is_none_or(|want| want.contains(&key.gen_)))
+            .map(|(key, totals)| (*key, *totals))
+            .collect();
+        out.sort_by_key(|(key, _)| *key);
+        out
+    }
+    fn remove_stack_totals(&mut self, keys: &[StackTotalsKey]) -> usize {
+        let mut state = self.lock();
+        keys.iter()
+            .filter(|key| state.stack_totals.remove(key).is_some())
+            .count()
+    }
     fn stack(&self, id: u64) -> Option<Vec<u64>> {
         self.lock().stacks.get(&id).cloned()
     }
@@ -341,6 +388,7 @@ impl KernelMaps for FakeKernel {
             stats,
             sources,
             stacks: 0,
+            stack_totals_lost: 0,
         })
     }
     fn all_proc_stats(&self) -> Vec<(u32, ProcStats)> {

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use serde::Serialize;
-use tracer_common::{AllocInfo, AllocKey, ProcStats, ProcTotals};
+use tracer_common::{AllocInfo, AllocKey, ProcStats, ProcTotals, StackTotals, StackTotalsKey};
 
 use super::unwind::FileTable;
 use super::unwind::tables::{TableError, UnwindUsage};
@@ -134,6 +134,18 @@ pub trait KernelMaps: Send {
     /// Removes the given blocks; returns how many were there to remove.
     fn remove_blocks(&mut self, keys: &[AllocKey]) -> usize;
 
+    /// The totals per stack (`STACK_TOTALS`) of the images whose
+    /// generation is in `generations` (None: of every image); only some of
+    /// them once the stop given to [`KernelMaps::stop_with`] is raised.
+    fn stack_totals(
+        &self,
+        generations: Option<&HashSet<u32>>,
+    ) -> Vec<(StackTotalsKey, StackTotals)>;
+
+    /// Removes totals per stack (of ended images); returns how many were
+    /// there to remove.
+    fn remove_stack_totals(&mut self, keys: &[StackTotalsKey]) -> usize;
+
     /// The return addresses of stack `id`, frame 0 first.
     fn stack(&self, id: u64) -> Option<Vec<u64>>;
 
@@ -252,6 +264,15 @@ impl KernelMaps for super::Capture {
     }
     fn remove_blocks(&mut self, keys: &[AllocKey]) -> usize {
         self.remove_blocks(keys)
+    }
+    fn stack_totals(
+        &self,
+        generations: Option<&HashSet<u32>>,
+    ) -> Vec<(StackTotalsKey, StackTotals)> {
+        self.stack_totals(generations)
+    }
+    fn remove_stack_totals(&mut self, keys: &[StackTotalsKey]) -> usize {
+        self.remove_stack_totals(keys)
     }
     fn stack(&self, id: u64) -> Option<Vec<u64>> {
         self.stack(id)

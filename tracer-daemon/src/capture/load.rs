@@ -13,8 +13,8 @@ use tracer_common::{
     GLOBAL_PAGE_SIZE, GLOBAL_PROCESS_MAX_BLOCKS, GLOBAL_PROCESS_MAX_STACKS, GLOBAL_SAMPLE_MEAN,
     GLOBAL_TRACERD_TGID, LIVE_WAYS, MAP_COUNTERS, MAP_EVENTS, MAP_EXP_TABLE, MAP_INFLIGHT,
     MAP_INFLIGHT_SLOTS, MAP_LIVE_ALLOCS, MAP_LIVE_KEYS, MAP_LIVE_VALUES, MAP_PROC_SLOTS, MAP_PROCS,
-    MAP_SCOPE_TGIDS, MAP_STACKS, MAP_SWITCHES, MAPPING_TRACEPOINT, MAX_NFRAME, MAX_WALK_FRAMES,
-    MMAP_TRACEPOINTS, STACK_WORDS, TRACEPOINTS,
+    MAP_SCOPE_TGIDS, MAP_STACK_TOTALS, MAP_STACKS, MAP_SWITCHES, MAPPING_TRACEPOINT, MAX_NFRAME,
+    MAX_WALK_FRAMES, MMAP_TRACEPOINTS, STACK_WORDS, TRACEPOINTS,
     unwind::{MAP_PROC_MAPS, MAP_UNWIND_PAGES, MAP_UNWIND_ROWS},
 };
 
@@ -149,6 +149,7 @@ impl Capture {
             .map_max_entries(MAP_LIVE_KEYS, live_buckets.max(1))
             .map_max_entries(MAP_LIVE_VALUES, live_buckets.max(1) * LIVE_WAYS)
             .map_max_entries(MAP_STACKS, config.max_stacks)
+            .map_max_entries(MAP_STACK_TOTALS, config.stack_totals_entries())
             .map_max_entries(MAP_PROCS, config.max_procs)
             .map_max_entries(MAP_INFLIGHT, config.max_inflight)
             .map_max_entries(MAP_INFLIGHT_SLOTS, inflight_slots)
@@ -261,6 +262,7 @@ impl Capture {
             }
         };
         let procs = take_map(&mut ebpf, MAP_PROCS)?;
+        let stack_totals = take_map(&mut ebpf, MAP_STACK_TOTALS)?;
         let proc_slots_map = take_array(&mut ebpf, MAP_PROC_SLOTS)?;
         let proc_slots =
             ProcSlots::map(proc_slots_map.fd().as_fd()).map_err(|e| CaptureError::Map {
@@ -289,6 +291,7 @@ impl Capture {
             _live_table_maps: (live_keys, live_values),
             stacks,
             procs,
+            stack_totals,
             proc_slots,
             _proc_slots_map: proc_slots_map,
             counters,

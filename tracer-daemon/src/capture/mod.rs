@@ -19,7 +19,7 @@ use aya::{
     Ebpf,
     maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
 };
-use tracer_common::{AllocInfo, AllocKey, ProcTotals};
+use tracer_common::{AllocInfo, AllocKey, ProcTotals, StackTotals, StackTotalsKey};
 
 pub mod attach;
 pub mod events;
@@ -35,6 +35,7 @@ pub mod object;
 pub mod probes;
 pub mod proc_slots;
 pub mod procs;
+pub mod stack_totals;
 pub mod stacks;
 pub mod unwind;
 pub mod usage;
@@ -189,6 +190,12 @@ impl CaptureConfig {
         }
         (u64::from(self.max_stacks) * u64::from(share) / 100).max(1)
     }
+
+    /// Entries of `STACK_TOTALS`: twice `max_stacks`, for an image keeps
+    /// the entries of stacks collected since (at 0 blocks) until it ends.
+    pub fn stack_totals_entries(&self) -> u32 {
+        self.max_stacks.saturating_mul(2).max(1)
+    }
 }
 
 /// The loaded eBPF programs, their links, and handles to their maps.
@@ -206,6 +213,8 @@ pub struct Capture {
     /// map syscalls rather than a typed aya map.
     stacks: MapData,
     procs: BpfHashMap<MapData, u32, ProcTotals>,
+    /// `STACK_TOTALS`: live blocks and bytes per (image, stack).
+    stack_totals: BpfHashMap<MapData, StackTotalsKey, StackTotals>,
     /// `PROC_SLOTS`, mapped; the map itself is kept open beside it.
     proc_slots: ProcSlots,
     _proc_slots_map: MapData,

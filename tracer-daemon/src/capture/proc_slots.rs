@@ -23,6 +23,8 @@ const SLOT_WORDS: usize = size_of::<ProcSlot>() / 8;
 const SOURCES: usize = 1 + size_of::<ProcStats>() / 8;
 /// Word of [`ProcTotals::stacks`] within a slot.
 const STACKS: usize = SOURCES + 2 * SOURCE_COUNT;
+/// Word of [`ProcTotals::stack_totals_lost`] within a slot.
+const STACK_TOTALS_LOST: usize = STACKS + 1;
 /// Word of [`ProcStats::current`] within a slot (after the slot word and
 /// `gen_`/`_pad`).
 const CURRENT: usize = 2;
@@ -103,6 +105,7 @@ impl ProcSlots {
             stats,
             sources: self.sources(index),
             stacks: self.word(index, STACKS).load(Ordering::Relaxed),
+            stack_totals_lost: self.word(index, STACK_TOTALS_LOST).load(Ordering::Relaxed),
         })
     }
 
@@ -180,5 +183,9 @@ mod tests {
         assert_eq!(word_of(&raw const slot.totals.sources[0].current), SOURCES);
         assert_eq!(word_of(&raw const slot.totals.sources[7].peak), 24);
         assert_eq!(word_of(&raw const slot.totals.stacks), STACKS);
+        assert_eq!(
+            word_of(&raw const slot.totals.stack_totals_lost),
+            STACK_TOTALS_LOST
+        );
     }
 }

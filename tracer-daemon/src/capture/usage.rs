@@ -4,8 +4,8 @@ use std::os::fd::AsFd as _;
 
 use tracer_common::{
     AllocInfo, AllocKey, COUNTER_SLOTS, Counter, MAP_COUNTERS, MAP_EVENTS, MAP_INFLIGHT,
-    MAP_INFLIGHT_SLOTS, MAP_LIVE_ALLOCS, MAP_LIVE_KEYS, MAP_PROC_SLOTS, MAP_PROCS, MAP_STACKS,
-    PROC_SLOT_COUNT,
+    MAP_INFLIGHT_SLOTS, MAP_LIVE_ALLOCS, MAP_LIVE_KEYS, MAP_PROC_SLOTS, MAP_PROCS,
+    MAP_STACK_TOTALS, MAP_STACKS, PROC_SLOT_COUNT, StackTotalsKey,
 };
 
 use super::Capture;
@@ -89,6 +89,13 @@ impl Capture {
                 MAP_STACKS,
                 bpf_sys::count_keys::<u64>(self.stacks.fd().as_fd()),
                 u64::from(self.config.max_stacks),
+            ),
+            (
+                MAP_STACK_TOTALS,
+                bpf_sys::count_keys::<StackTotalsKey>(
+                    aya::maps::IterableMap::map(&self.stack_totals).fd().as_fd(),
+                ),
+                u64::from(self.config.stack_totals_entries()),
             ),
             (
                 MAP_PROC_SLOTS,

@@ -213,7 +213,7 @@ pub fn statistics_response(
         })
         .collect();
     insert_query(&mut head, query, total);
-    head.insert("traces".into(), json!(filtered.traces().len()));
+    head.insert("traces".into(), json!(filtered.blocks()));
     head.insert("traceback_limit".into(), json!(filtered.traceback_limit()));
     completeness.insert_into(&mut head);
     head.insert("statistics".into(), json!(out));

@@ -15,10 +15,12 @@
 //! State of images that are gone is forgotten by [`TracingControl::retain`]
 //! at each housekeeping pass.
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use serde::Serialize;
 
 use crate::capture::ImageId;
+use tracer_common::StackTotalsKey;
 
 /// Tracing state of one image, or the system-wide default.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -48,6 +50,9 @@ pub struct TracingControl {
     /// Images whose state differs from the system-wide one.
     images: HashMap<ImageId, Tracing>,
     offsets: HashMap<ImageId, Offset>,
+    /// The same blocks by their key of `STACK_TOTALS` (the kernel's totals
+    /// per stack still count them), shared by clones.
+    stack_offsets: HashMap<ImageId, Arc<HashMap<StackTotalsKey, Offset>>>,
 }
 
 impl TracingControl {
@@ -62,6 +67,7 @@ impl TracingControl {
             },
             images: HashMap::new(),
             offsets: HashMap::new(),
+            stack_offsets: HashMap::new(),
         }
     }
 
@@ -151,6 +157,23 @@ impl TracingControl {
         offset.blocks = offset.blocks.saturating_add(blocks);
     }
 
+    /// Records a block of `bytes` removed from the live maps for `image`
+    /// by its key of `STACK_TOTALS` (besides [`TracingControl::add_offset`]
+    /// of the image's whole).
+    pub fn add_stack_offset(&mut self, image: ImageId, key: StackTotalsKey, bytes: u64) {
+        let map = Arc::make_mut(self.stack_offsets.entry(image).or_default());
+        let offset = map.entry(key).or_default();
+        offset.bytes = offset.bytes.saturating_add(bytes);
+        offset.blocks = offset.blocks.saturating_add(1);
+    }
+
+    /// What was removed behind the kernel's back for `image`, by key of
+    /// `STACK_TOTALS`.
+    #[must_use]
+    pub fn stack_offsets(&self, image: ImageId) -> Option<Arc<HashMap<StackTotalsKey, Offset>>> {
+        self.stack_offsets.get(&image).cloned()
+    }
+
     /// What was removed behind the kernel's back for `image`.
     #[must_use]
     pub fn offset(&self, image: ImageId) -> Offset {
@@ -178,6 +201,7 @@ impl TracingControl {
     pub fn retain(&mut self, mut keep: impl FnMut(ImageId) -> bool) {
         self.images.retain(|k, _| keep(*k));
         self.offsets.retain(|k, _| keep(*k));
+        self.stack_offsets.retain(|k, _| keep(*k));
     }
 }
 

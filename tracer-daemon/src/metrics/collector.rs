@@ -323,7 +323,11 @@ impl ServiceCollector {
         let mut rows: Vec<SiteRow> = Vec::new();
         for (index, view) in top.iter().enumerate() {
             // As the API answers: nothing while its tracing is stopped.
-            let Ok(now) = self.service.snapshot_now(Target::Process(view.pid)) else {
+            let Ok(now) = self.service.grouped_now(
+                crate::service::Viewer::Operator,
+                Target::Process(view.pid),
+                crate::snapshot::AllocatorFrames::Drop,
+            ) else {
                 continue;
             };
             let Ok(stats) = now.snapshot.statistics(GroupBy::Lineno, false) else {

@@ -169,7 +169,7 @@ impl Service {
         let new_side = match new {
             Some(reference) => self.side_of(viewer, target, reference)?,
             None => {
-                let now = self.snapshot_now_with(viewer, target, frames)?;
+                let now = self.grouped_now(viewer, target, frames)?;
                 Side {
                     snapshot: now.snapshot,
                     info: json!({"kind": "now", "at_ms": unix_ms(now.at),

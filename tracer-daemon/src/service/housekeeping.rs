@@ -250,4 +250,30 @@ impl Service {
         drop(held.registry);
         held.kernel.remove_blocks(&doomed)
     }
+
+    /// Removes the kernel's totals per stack (`STACK_TOTALS`) of images it
+    /// no longer tracks (their generation is in neither `PROC_SLOTS` nor
+    /// `PROCS`: they exec'd or exited, and no program writes them again).
+    /// The entries are read before the tracked generations, so that an
+    /// image that started meanwhile is tracked already when its entries
+    /// are seen. Returns how many were removed.
+    pub fn sweep_stack_totals(&self) -> usize {
+        let mut held = self.state.locks().kernel();
+        let entries = held.kernel.stack_totals(None);
+        if entries.is_empty() || self.stopping.is_raised() {
+            return 0;
+        }
+        let tracked: HashSet<u32> = held
+            .kernel
+            .all_proc_stats()
+            .iter()
+            .map(|(_, stats)| stats.gen_)
+            .collect();
+        let ended: Vec<_> = entries
+            .into_iter()
+            .filter(|(key, _)| !tracked.contains(&key.gen_))
+            .map(|(key, _)| key)
+            .collect();
+        held.kernel.remove_stack_totals(&ended)
+    }
 }

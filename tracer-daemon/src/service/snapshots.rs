@@ -143,6 +143,107 @@ impl Service {
         })
     }
 
+    /// The view of `pid` now for statistics and `compare_to()`: a snapshot
+    /// of totals made from the kernel's totals per stack of its live image
+    /// (`STACK_TOTALS`, minus what `clear_traces()` removed), which costs
+    /// its distinct stacks rather than its blocks; the snapshot of its
+    /// blocks ([`Service::snapshot_now_with`]) where those totals cannot
+    /// serve: an image that ended, sampling on, a stack totals entry lost
+    /// (the map was full), or a system-wide target. Its `traces()` is empty
+    /// for a snapshot of totals: callers that need the blocks take
+    /// [`Service::snapshot_now_with`].
+    ///
+    /// # Errors
+    /// As [`Service::snapshot_now_with`].
+    pub fn grouped_now(
+        &self,
+        viewer: Viewer,
+        target: Target,
+        frames: AllocatorFrames,
+    ) -> Result<Now, ServiceError> {
+        if let Target::Process(pid) = target
+            && let Some(now) = self.totals_now(pid, frames)?
+        {
+            return Ok(now);
+        }
+        self.snapshot_now_with(viewer, target, frames)
+    }
+
+    /// [`Service::grouped_now`] of a process from the kernel's totals per
+    /// stack; None where they cannot serve.
+    fn totals_now(&self, pid: u32, frames: AllocatorFrames) -> Result<Option<Now>, ServiceError> {
+        if self.builder.sample_interval != 0 {
+            return Ok(None);
+        }
+        let mut held = self.state.locks().kernel().registry().control();
+        let kernel = &**held.kernel;
+        let Some(image) = held.registry.get_mut(pid) else {
+            return Ok(None);
+        };
+        let tracing = held.control.of(image.id);
+        if image.ended.is_some() || !tracing.is_tracing {
+            return Ok(None);
+        }
+        let exact = kernel.proc_totals(pid).is_some_and(|totals| {
+            totals.stats.gen_ == image.id.generation && totals.stack_totals_lost == 0
+        });
+        if !exact {
+            return Ok(None);
+        }
+        image.refresh_maps();
+        let entries = kernel.stack_totals(Some(&HashSet::from([image.id.generation])));
+        let offsets = held.control.stack_offsets(image.id);
+        let mut stacks: std::collections::HashMap<u64, Option<Arc<[u64]>>> =
+            std::collections::HashMap::new();
+        let mut groups = Vec::with_capacity(entries.len());
+        for (key, totals) in entries {
+            let (mut count, mut size) = (totals.count, totals.size);
+            if let Some(offset) = offsets.as_ref().and_then(|o| o.get(&key)) {
+                count = count.saturating_sub(offset.blocks);
+                size = size.saturating_sub(offset.bytes);
+            }
+            if count == 0 {
+                continue;
+            }
+            let stack = if key.stack_id == tracer_common::STACK_ID_NONE {
+                (key.frame0 != 0).then(|| Arc::from([key.frame0]))
+            } else {
+                stacks
+                    .entry(key.stack_id)
+                    .or_insert_with(|| kernel.stack(key.stack_id).map(Arc::from))
+                    .clone()
+            };
+            groups.push((
+                stack,
+                tracer_model::Source::from_code(key.source),
+                count,
+                size,
+            ));
+        }
+        let status = status(&held.control, image, stats_of(kernel, image));
+        let image = image.clone();
+        drop(held);
+        let at = SystemTime::now();
+        let snapshot = self.builder.build_totals(
+            pid,
+            &groups,
+            image.maps.as_deref(),
+            frames,
+            tracing.traceback_limit,
+        );
+        self.unless_stopping()?;
+        Ok(Some(Now {
+            snapshot: Arc::new(snapshot),
+            traced_memory: (status.view.current, status.view.peak),
+            completeness: Completeness::of_process(pid, status.view.drops),
+            process: Some(status),
+            image: Some((image.id, image.start_time)),
+            pids: vec![pid],
+            allocator_frames: frames,
+            at,
+        }))
+    }
+
     /// `take_snapshot()` of a target as an operator sees it, honouring
     /// `stop()` and the traceback limit of `start(nframe)`, with the
     /// allocation machinery's leading frames dropped (as

@@ -15,6 +15,7 @@ use serde::Serialize;
 use super::processes::ProcessStatus;
 use super::{Service, ServiceError, Viewer};
 use crate::capture::ImageId;
+use tracer_common::StackTotalsKey;
 
 /// `is_tracing()` and `get_traceback_limit()` of a process image or of the
 /// whole host, as the API shows them.
@@ -215,9 +216,12 @@ impl Service {
                 break;
             }
             if held.kernel.remove_blocks(&[key]) == 1 {
-                let slot = removed.entry(ImageId::of_block(&key, &info)).or_default();
+                let image = ImageId::of_block(&key, &info);
+                let slot = removed.entry(image).or_default();
                 slot.0 = slot.0.saturating_add(info.size);
                 slot.1 += 1;
+                held.control
+                    .add_stack_offset(image, StackTotalsKey::of(&info), info.size);
             }
         }
         for image in images {

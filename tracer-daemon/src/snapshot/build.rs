@@ -7,7 +7,9 @@
 //! [`SnapshotBuilder::build`]).
 use std::{collections::HashMap, sync::Arc};
 
-use tracer_model::{Frame, FrameExtra, Snapshot, Source, Trace, Traceback, interrupt};
+use tracer_model::{
+    Frame, FrameExtra, Snapshot, Source, Trace, Traceback, TracebackTotals, interrupt,
+};
 
 use super::machinery::{AllocatorFrames, Machinery};
 use crate::capture::Stopping;
@@ -20,6 +22,11 @@ use crate::sys::modules::ModuleMaps;
 /// A traceback's sampled blocks of one source: its stack, estimated count
 /// and bytes.
 type EstimatedGroup = (Option<Arc<[u64]>>, f64, f64);
+
+/// The blocks of one stack of an image, from the kernel's totals per
+/// stack: its return addresses (frame 0 first; None: unknown), source,
+/// blocks and bytes.
+pub type StackGroup = (Option<Arc<[u64]>>, Source, u64, u64);
 
 /// Builds snapshots of traced processes; one per daemon.
 pub struct SnapshotBuilder {
@@ -95,6 +102,56 @@ impl SnapshotBuilder {
             });
         }
         Snapshot::new(traces, self.nframe)
+    }
+
+    /// Turns the kernel's totals per stack of one image into a snapshot of
+    /// totals ([`Snapshot::from_totals`]): each distinct stack symbolized
+    /// once as [`SnapshotBuilder::build`] does, then cut to `limit` frames.
+    /// `groups` are (stack: return addresses, frame 0 first, or None for
+    /// an unknown one; source; blocks; bytes). Exact builds only (a sampled
+    /// build needs each block's size): callers check `sample_interval`.
+    /// Partial once [`SnapshotBuilder::stopping`] is raised.
+    pub fn build_totals(
+        &self,
+        pid: u32,
+        groups: &[StackGroup],
+        maps: Option<&ModuleMaps>,
+        frames: AllocatorFrames,
+        limit: u32,
+    ) -> Snapshot {
+        let mut pass = Pass {
+            maps,
+            machinery: (frames == AllocatorFrames::Drop)
+                .then(|| Machinery::new(&self.allocator_frames)),
+        };
+        let mut tracebacks: HashMap<*const u64, Arc<Traceback>> = HashMap::new();
+        let unknown = Arc::new(Traceback::new(vec![Frame::unknown()], Some(1)));
+        let mut out = Vec::with_capacity(groups.len());
+        for (step, (stack, source, count, size)) in groups.iter().enumerate() {
+            if self.stopping.is_raised() || interrupt::check_every(step).is_err() {
+                break;
+            }
+            let traceback = match stack {
+                None => unknown.clone(),
+                Some(stack) => tracebacks
+                    .entry(stack.as_ptr())
+                    .or_insert_with(|| {
+                        super::truncate::cut_traceback(
+                            &Arc::new(self.traceback(stack, &mut pass)),
+                            limit,
+                        )
+                    })
+                    .clone(),
+            };
+            out.push(TracebackTotals {
+                traceback,
+                domain: pid,
+                source: *source,
+                count: *count,
+                size: *size,
+            });
+        }
+        Snapshot::from_totals(out, limit)
     }
 
     /// Sampled blocks to traces with unbiased estimates. A block of `s`

@@ -26,16 +26,10 @@ pub fn truncate(snapshot: Snapshot, limit: u32) -> Snapshot {
             let traceback = if t.traceback.frames().len() <= limit_usize {
                 t.traceback
             } else {
-                Arc::clone(cut.entry(Arc::as_ptr(&t.traceback)).or_insert_with(|| {
-                    let frames = t
-                        .traceback
-                        .frames()
-                        .iter()
-                        .take(limit_usize)
-                        .cloned()
-                        .collect();
-                    Arc::new(Traceback::new(frames, t.traceback.total_nframe()))
-                }))
+                Arc::clone(
+                    cut.entry(Arc::as_ptr(&t.traceback))
+                        .or_insert_with(|| cut_traceback(&t.traceback, limit)),
+                )
             };
             Trace {
                 source: t.source,
@@ -46,6 +40,20 @@ pub fn truncate(snapshot: Snapshot, limit: u32) -> Snapshot {
         })
         .collect();
     Snapshot::new(traces, limit)
+}
+
+/// `traceback` cut to its first `limit` frames, its `total_nframe` kept.
+pub fn cut_traceback(traceback: &Arc<Traceback>, limit: u32) -> Arc<Traceback> {
+    if traceback.frames().len() <= limit as usize {
+        return Arc::clone(traceback);
+    }
+    let frames = traceback
+        .frames()
+        .iter()
+        .take(limit as usize)
+        .cloned()
+        .collect();
+    Arc::new(Traceback::new(frames, traceback.total_nframe()))
 }
 
 #[cfg(test)]

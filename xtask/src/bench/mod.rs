@@ -22,6 +22,7 @@ use anyhow::bail;
 pub mod baseline;
 pub mod model;
 mod modes;
+mod queries;
 mod report;
 mod scale;
 mod scope;
@@ -61,6 +62,10 @@ pub struct BenchArgs {
     /// Skip the scale part (4,000,000 live blocks, a 1,000,000-block snapshot).
     #[arg(long)]
     pub no_scale: bool,
+    /// Skip the host-scale queries part (statistics and compare of a
+    /// 1,000-block process beside 4,000,000 blocks, and of the big one).
+    #[arg(long)]
+    pub no_queries: bool,
     /// Skip the scope part (an untraced process while another is traced).
     #[arg(long)]
     pub no_scope: bool,
@@ -210,6 +215,9 @@ fn run(root: &Path, args: &BenchArgs, baseline: Option<&Baseline>) -> anyhow::Re
     }
     if !args.no_scale {
         extra.insert("scale".into(), scale::scale_part(root, &dir)?);
+    }
+    if !args.no_queries {
+        extra.insert("queries".into(), queries::queries_part(root, &dir)?);
     }
     let text = fs::read_to_string(&args.json)?;
     let mut json: serde_json::Value = serde_json::from_str(&text)?;

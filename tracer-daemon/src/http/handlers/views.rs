@@ -62,13 +62,18 @@ pub async fn pid_statistics(
     let query = stats_query(&params)?;
     let frames = params.allocator_frames()?;
     blocking(move || {
-        let now = service.snapshot_now_with(viewer, Target::Process(pid), frames)?;
+        let now = service.grouped_now(viewer, Target::Process(pid), frames)?;
+        let totals = if now.snapshot.is_totals() {
+            "per_stack"
+        } else {
+            "per_block"
+        };
         statistics_response(
             &now.snapshot,
             &now.completeness,
             &query,
             object(json!({"pid": pid, "process": now.process.map(|p| p.view),
-                          "allocator_frames": now.allocator_frames})),
+                          "allocator_frames": now.allocator_frames, "totals": totals})),
         )
     })
     .await

@@ -12,6 +12,7 @@ mod mappings;
 mod preemption;
 mod rust_allocators;
 mod sampling;
+mod stack_totals;
 mod stacks;
 mod starts;
 mod tables;

@@ -1,0 +1,151 @@
+//! The bench's host-scale queries part (issue 15): what a query about a
+//! process costs when another process holds 4,000,000 live blocks, and what
+//! queries about that big process cost, in one run:
+//!
+//! 1. a 1,000-block process alone: `GET /pid/N/statistics?group_by=lineno`
+//!    and `GET /pid/N/compare?group_by=lineno&base=ID` (a snapshot stored
+//!    first), median and max of [`RUNS`];
+//! 2. the same while a second process holds 4,000,000 blocks (goal: under
+//!    20 ms, within 2x of alone);
+//! 3. the 4,000,000-block process itself: statistics (goal under 100 ms),
+//!    `POST /pid/N/snapshots` (goal under 1.5 s), compare with that stored
+//!    snapshot (goal under 200 ms).
+use std::{net::SocketAddr, path::Path, time::Duration, time::Instant};
+
+use anyhow::bail;
+
+use super::modes::{LISTEN, STOP_GRACE, start_tracerd};
+use super::scale::{KEEP_C, finish, keep_blocks};
+use crate::util::{cc::compile_c, http::Client, paths::release_dir, stats::median};
+
+/// Blocks of the big process.
+const BIG_BLOCKS: u64 = 4_000_000;
+/// Blocks of the small process.
+const SMALL_BLOCKS: u64 = 1_000;
+/// Runs of each query (the median and the slowest are reported).
+const RUNS: usize = 15;
+/// How long one request may take.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Times `runs` GETs of `path` (each must answer 200): (median, max) in ms.
+fn time_get(http: &Client, path: &str, runs: usize) -> anyhow::Result<(f64, f64)> {
+    let mut ms = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let start = Instant::now();
+        let reply = http.get(path)?;
+        ms.push(start.elapsed().as_secs_f64() * 1000.0);
+        if reply.status != 200 {
+            bail!("GET {path}: {} {}", reply.status, reply.body);
+        }
+    }
+    let max = ms.iter().copied().fold(0.0, f64::max);
+    Ok((median(&mut ms), max))
+}
+
+/// Stores a snapshot of `pid`; returns its id and the time it took in ms.
+fn store(http: &Client, pid: u32) -> anyhow::Result<(u64, f64)> {
+    let start = Instant::now();
+    let reply = http.post(&format!("/pid/{pid}/snapshots"))?;
+    let ms = start.elapsed().as_secs_f64() * 1000.0;
+    if reply.status != 201 {
+        bail!("POST /pid/{pid}/snapshots: {} {}", reply.status, reply.body);
+    }
+    let body: serde_json::Value = serde_json::from_str(&reply.body)?;
+    match body["id"].as_u64() {
+        Some(id) => Ok((id, ms)),
+        None => bail!("no id in {body}"),
+    }
+}
+
+/// Statistics and compare of `pid` (against snapshot `base`): the two
+/// (median, max) in ms.
+fn small_queries(http: &Client, pid: u32, base: u64) -> anyhow::Result<((f64, f64), (f64, f64))> {
+    let statistics = time_get(
+        http,
+        &format!("/pid/{pid}/statistics?group_by=lineno"),
+        RUNS,
+    )?;
+    let compare = time_get(
+        http,
+        &format!("/pid/{pid}/compare?group_by=lineno&base={base}"),
+        RUNS,
+    )?;
+    Ok((statistics, compare))
+}
+
+/// Runs the part and prints its table.
+pub fn queries_part(root: &Path, dir: &Path) -> anyhow::Result<serde_json::Value> {
+    let exe = compile_c(dir, "keep", KEEP_C, super::workloads::CFLAGS)?;
+    let tracer = start_tracerd(
+        &release_dir(root).join("tracerd"),
+        &dir.join("queries-state"),
+        &[
+            "--max-live-blocks",
+            &(8u32 << 20).to_string(),
+            "--process-share",
+            "100",
+        ],
+    )?;
+    let addr: SocketAddr = LISTEN.parse()?;
+    let http = Client::new(addr, REQUEST_TIMEOUT);
+    let small = keep_blocks(&exe, SMALL_BLOCKS)?;
+    let small_pid = small.pid();
+    let (small_base, _) = store(&http, small_pid)?;
+    let alone = small_queries(&http, small_pid, small_base)?;
+    let big = keep_blocks(&exe, BIG_BLOCKS)?;
+    let big_pid = big.pid();
+    let beside = small_queries(&http, small_pid, small_base)?;
+    let big_statistics = time_get(
+        &http,
+        &format!("/pid/{big_pid}/statistics?group_by=lineno"),
+        5,
+    )?;
+    let (big_base, big_snapshot_ms) = store(&http, big_pid)?;
+    let big_compare = time_get(
+        &http,
+        &format!("/pid/{big_pid}/compare?group_by=lineno&base={big_base}"),
+        5,
+    )?;
+    finish(big);
+    finish(small);
+    let _ = tracer.stop(STOP_GRACE);
+    let ratio = |beside: f64, alone: f64| beside / alone.max(0.001);
+    println!("\n### Host-scale queries (issue 15)\n");
+    println!(
+        "| query | alone ms (median / max) | beside 4,000,000 blocks ms (median / max) | beside / alone | goal |"
+    );
+    println!("|---|---:|---:|---:|---|");
+    for (name, a, b) in [
+        ("statistics, 1,000-block process", alone.0, beside.0),
+        ("compare, 1,000-block process", alone.1, beside.1),
+    ] {
+        println!(
+            "| {name} | {:.1} / {:.1} | {:.1} / {:.1} | {:.2} | < 20 ms, < 2x |",
+            a.0,
+            a.1,
+            b.0,
+            b.1,
+            ratio(b.0, a.0)
+        );
+    }
+    println!(
+        "| statistics, the 4,000,000-block process | | {:.1} / {:.1} | | < 100 ms |",
+        big_statistics.0, big_statistics.1
+    );
+    println!(
+        "| POST snapshot, the 4,000,000-block process | | {big_snapshot_ms:.0} | | < 1,500 ms |"
+    );
+    println!(
+        "| compare with that snapshot, the 4,000,000-block process | | {:.1} / {:.1} | | < 200 ms |",
+        big_compare.0, big_compare.1
+    );
+    Ok(serde_json::json!({
+        "small_statistics_alone_ms": alone.0.0,
+        "small_compare_alone_ms": alone.1.0,
+        "small_statistics_beside_ms": beside.0.0,
+        "small_compare_beside_ms": beside.1.0,
+        "big_statistics_ms": big_statistics.0,
+        "big_snapshot_ms": big_snapshot_ms,
+        "big_compare_ms": big_compare.0,
+    }))
+}
