@@ -206,7 +206,12 @@ impl Service {
         if images.is_empty() {
             return 0;
         }
-        let mut held = self.state.locks().kernel().control();
+        // The kernel lock for the scan and the removals; the control lock
+        // (which the cheap routes need) only for the peaks and offsets at
+        // the end, together, so that a reader sees the clear whole or not
+        // at all (the kernel's totals keep counting the blocks removed
+        // until their offset is added).
+        let mut held = self.state.locks().kernel();
         let entries = held.kernel.live_blocks(Some(images));
         let mut removed: HashMap<ImageId, (u64, u64)> = HashMap::new();
         for (key, info) in entries {
@@ -220,6 +225,7 @@ impl Service {
                 slot.1 += 1;
             }
         }
+        let mut held = held.control();
         for image in images {
             held.kernel.reset_peak(image.pid);
         }
