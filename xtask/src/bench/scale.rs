@@ -18,7 +18,7 @@ use crate::util::{cc::compile_c, child::Running, http::Client, paths::release_di
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Allocates N blocks, says `done`, holds them until stdin closes.
-const KEEP_C: &str = r#"
+pub(super) const KEEP_C: &str = r#"
 #include <stdio.h>
 #include <stdlib.h>
 int main(int argc, char **argv) {
@@ -33,7 +33,7 @@ int main(int argc, char **argv) {
 "#;
 
 /// Runs the keep-N fixture until it has allocated.
-fn keep_blocks(exe: &Path, n: u64) -> anyhow::Result<Running> {
+pub(super) fn keep_blocks(exe: &Path, n: u64) -> anyhow::Result<Running> {
     let mut child = Running::spawn(
         Command::new(exe)
             .arg(n.to_string())
@@ -50,7 +50,7 @@ fn keep_blocks(exe: &Path, n: u64) -> anyhow::Result<Running> {
 }
 
 /// Lets the keep fixture exit (closes its stdin) and waits for it.
-fn finish(mut child: Running) {
+pub(super) fn finish(mut child: Running) {
     drop(child.child().stdin.take());
     let _ = child.wait();
 }
