@@ -262,6 +262,31 @@ fn key(pid: u32, addr: u64) -> AllocKey {
     }
 }
 
+/// The fake's totals, read under its own lock (as the real ones are
+/// read without the service's).
+impl super::ProcTotalsSource for FakeKernel {
+    fn proc_totals(&self, tgid: u32) -> Option<ProcTotals> {
+        let state = self.lock();
+        let stats = *state.procs.get(&tgid)?;
+        // Every fake block comes from FAKE_SOURCE: its bytes are the
+        // process's (peak included).
+        let mut sources = [SourceTotals::default(); tracer_common::SOURCE_COUNT];
+        sources[FAKE_SOURCE as usize] = SourceTotals {
+            current: stats.current,
+            peak: stats.peak,
+        };
+        Some(ProcTotals {
+            stats,
+            sources,
+            stacks: 0,
+            stack_totals_lost: 0,
+        })
+    }
+    fn all_proc_stats(&self) -> Vec<(u32, ProcStats)> {
+        self.lock().procs.iter().map(|(k, v)| (*k, *v)).collect()
+    }
+}
+
 impl KernelMaps for FakeKernel {
     fn config(&self) -> &CaptureConfig {
         &self.config
@@ -371,28 +396,17 @@ impl KernelMaps for FakeKernel {
     fn stacks_stored(&self) -> u64 {
         self.lock().stacks.len() as u64
     }
+    fn totals(&self) -> Arc<dyn super::ProcTotalsSource> {
+        Arc::new(self.clone())
+    }
     fn proc_stats(&self, tgid: u32) -> Option<ProcStats> {
-        self.lock().procs.get(&tgid).copied()
+        super::ProcTotalsSource::proc_stats(self, tgid)
     }
     fn proc_totals(&self, tgid: u32) -> Option<ProcTotals> {
-        let state = self.lock();
-        let stats = *state.procs.get(&tgid)?;
-        // Every fake block comes from FAKE_SOURCE: its bytes are the
-        // process's (peak included).
-        let mut sources = [SourceTotals::default(); tracer_common::SOURCE_COUNT];
-        sources[FAKE_SOURCE as usize] = SourceTotals {
-            current: stats.current,
-            peak: stats.peak,
-        };
-        Some(ProcTotals {
-            stats,
-            sources,
-            stacks: 0,
-            stack_totals_lost: 0,
-        })
+        super::ProcTotalsSource::proc_totals(self, tgid)
     }
     fn all_proc_stats(&self) -> Vec<(u32, ProcStats)> {
-        self.lock().procs.iter().map(|(k, v)| (*k, *v)).collect()
+        super::ProcTotalsSource::all_proc_stats(self)
     }
     fn reset_peak(&mut self, tgid: u32) -> bool {
         match self.lock().procs.get_mut(&tgid) {

@@ -159,6 +159,13 @@ pub trait KernelMaps: Send {
     /// Stacks stored now.
     fn stacks_stored(&self) -> u64;
 
+    /// The per-process totals (`PROC_SLOTS`, `PROCS`) as a reader of its
+    /// own, shared: reading through it takes no lock of tracerd's, so the
+    /// cheap routes never wait behind a holder of the kernel side's lock
+    /// (a pass over millions of live blocks, the orphan sweep). Each read
+    /// is the kernel's value at that moment.
+    fn totals(&self) -> Arc<dyn super::ProcTotalsSource>;
+
     /// Totals of one process's current image.
     fn proc_stats(&self, tgid: u32) -> Option<ProcStats>;
 
@@ -285,6 +292,9 @@ impl KernelMaps for super::Capture {
     }
     fn stacks_stored(&self) -> u64 {
         self.stacks_stored()
+    }
+    fn totals(&self) -> Arc<dyn super::ProcTotalsSource> {
+        self.totals()
     }
     fn proc_stats(&self, tgid: u32) -> Option<ProcStats> {
         self.proc_stats(tgid)

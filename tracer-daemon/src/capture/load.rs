@@ -261,7 +261,16 @@ impl Capture {
                 });
             }
         };
-        let procs = take_map(&mut ebpf, MAP_PROCS)?;
+        let procs: aya::maps::HashMap<MapData, u32, tracer_common::ProcTotals> =
+            take_map(&mut ebpf, MAP_PROCS)?;
+        let procs_fd = aya::maps::IterableMap::map(&procs)
+            .fd()
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|e| CaptureError::Map {
+                map: MAP_PROCS,
+                reason: format!("cannot open it a second time: {e}"),
+            })?;
         let stack_totals = take_map(&mut ebpf, MAP_STACK_TOTALS)?;
         let proc_slots_map = take_array(&mut ebpf, MAP_PROC_SLOTS)?;
         let proc_slots =
@@ -292,7 +301,7 @@ impl Capture {
             stacks,
             procs,
             stack_totals,
-            proc_slots,
+            totals: std::sync::Arc::new(super::ProcTotalsMaps::new(proc_slots, procs_fd)),
             _proc_slots_map: proc_slots_map,
             counters,
             inflight,

@@ -43,11 +43,11 @@ pub mod usage;
 pub use attach::{Detached, OwnedLinks, ProbeLinks};
 pub use kernel::{ImageId, KernelMaps, Stopping};
 pub use probes::{AttachedLibrary, ProbePoint};
+pub use procs::{ProcTotalsMaps, ProcTotalsSource};
 
 use events::RingPositions;
 use live_table::LiveTable;
 use load::Programs;
-use proc_slots::ProcSlots;
 
 /// Errors of loading, attaching and reading the eBPF side.
 #[derive(Debug, thiserror::Error)]
@@ -215,8 +215,10 @@ pub struct Capture {
     procs: BpfHashMap<MapData, u32, ProcTotals>,
     /// `STACK_TOTALS`: live blocks and bytes per (image, stack).
     stack_totals: BpfHashMap<MapData, StackTotalsKey, StackTotals>,
-    /// `PROC_SLOTS`, mapped; the map itself is kept open beside it.
-    proc_slots: ProcSlots,
+    /// `PROC_SLOTS`, mapped, and `PROCS` again, shared with the readers
+    /// of [`KernelMaps::totals`] (no lock needed); the slots' map itself
+    /// is kept open beside it.
+    totals: std::sync::Arc<procs::ProcTotalsMaps>,
     _proc_slots_map: MapData,
     counters: PerCpuArray<MapData, u64>,
     inflight: BpfHashMap<MapData, u64, tracer_common::Inflight>,

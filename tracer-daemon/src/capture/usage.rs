@@ -99,7 +99,7 @@ impl Capture {
             ),
             (
                 MAP_PROC_SLOTS,
-                self.proc_slots.len(),
+                self.totals.slots.len(),
                 u64::from(PROC_SLOT_COUNT),
             ),
             (

@@ -7,7 +7,7 @@ use std::{collections::HashMap, sync::Arc};
 use tracer_common::{AllocInfo, AllocKey, ProcStats, STACK_ID_NONE};
 use tracer_model::Source;
 
-use crate::capture::{ImageId, KernelMaps, Stopping};
+use crate::capture::{ImageId, KernelMaps, ProcTotalsSource, Stopping};
 
 /// A live block as read from the kernel maps: size in bytes and its stack.
 #[derive(Clone, Debug)]
@@ -66,9 +66,10 @@ pub fn raw_blocks(
 }
 
 /// The kernel's totals of a live image (zeros when the kernel tracks
-/// another generation of its pid, or none).
-pub fn live_stats(kernel: &dyn KernelMaps, image: ImageId) -> ProcStats {
-    kernel
+/// another generation of its pid, or none), read from `totals` (the
+/// kernel side's shared reader, [`KernelMaps::totals`]: no lock needed).
+pub fn live_stats(totals: &dyn ProcTotalsSource, image: ImageId) -> ProcStats {
+    totals
         .proc_stats(image.pid)
         .filter(|stats| stats.gen_ == image.generation)
         .unwrap_or_default()

@@ -130,23 +130,48 @@ pub fn end_images_from(
     if ends.is_empty() {
         return 0;
     }
-    let started = std::time::Instant::now();
-    let images = ends.len();
-    let mut keys = Vec::new();
-    for end in ends {
-        let entries = blocks.remove(&end.image).unwrap_or_default();
-        keys.extend(entries.iter().map(|(k, _)| *k));
-        let kept = raw_blocks(&*kernel, &entries, stopping);
-        tracing::debug!(pid = end.image.pid, gen = end.image.generation, blocks = kept.len(), "image ended");
+    let (ended, keys) = collect_ended(&*kernel, ends, blocks, stopping);
+    for (end, kept) in ended {
         registry.end(end, kept);
     }
-    let collected = started.elapsed();
-    let removed = kernel.remove_blocks(&keys);
+    remove_ended(kernel, &keys)
+}
+
+/// An ended image with the blocks it keeps as its last state.
+pub type EndedBlocks = (EndEvent, Vec<super::RawBlock>);
+
+/// The first step of [`end_images_from`], which needs the kernel maps but
+/// not the registry: each ended image's blocks (taken out of `blocks`)
+/// read into what it keeps (their stacks read), and the keys of all of
+/// them, to remove once the registry has them ([`remove_ended`]).
+pub fn collect_ended(
+    kernel: &dyn KernelMaps,
+    ends: Vec<EndEvent>,
+    blocks: &mut HashMap<ImageId, Vec<(AllocKey, AllocInfo)>>,
+    stopping: &Stopping,
+) -> (Vec<EndedBlocks>, Vec<AllocKey>) {
+    let mut keys = Vec::new();
+    let ended = ends
+        .into_iter()
+        .map(|end| {
+            let entries = blocks.remove(&end.image).unwrap_or_default();
+            keys.extend(entries.iter().map(|(k, _)| *k));
+            let kept = raw_blocks(kernel, &entries, stopping);
+            tracing::debug!(pid = end.image.pid, gen = end.image.generation, blocks = kept.len(), "image ended");
+            (end, kept)
+        })
+        .collect();
+    (ended, keys)
+}
+
+/// The last step of [`end_images_from`]: the ended images' blocks `keys`
+/// leave the kernel maps. Returns how many were removed.
+pub fn remove_ended(kernel: &mut dyn KernelMaps, keys: &[AllocKey]) -> usize {
+    let started = std::time::Instant::now();
+    let removed = kernel.remove_blocks(keys);
     tracing::debug!(
-        images,
         removed,
-        collect_ms = collected.as_millis() as u64,
-        remove_ms = (started.elapsed() - collected).as_millis() as u64,
+        remove_ms = started.elapsed().as_millis() as u64,
         "ended images removed from the kernel maps"
     );
     removed

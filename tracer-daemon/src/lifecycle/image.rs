@@ -70,8 +70,9 @@ pub struct Ended {
     pub at: SystemTime,
     /// The image's final totals, from the kernel's event.
     pub stats: ProcStats,
-    /// Its blocks live at the end.
-    pub blocks: Vec<RawBlock>,
+    /// Its blocks live at the end, shared: a query of the ended image
+    /// copies the handle, not millions of blocks, under the registry's lock.
+    pub blocks: Arc<[RawBlock]>,
 }
 
 /// One traced process image.

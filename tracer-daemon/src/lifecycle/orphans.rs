@@ -67,8 +67,25 @@ fn stack_counts(entries: &[(AllocKey, AllocInfo)]) -> Vec<(u32, u32, u64)> {
         .collect()
 }
 
-/// The blocks of `scan` to remove: those of images that are orphaned for
-/// the second sweep in a row.
-pub fn doomed(scan: &Scan, registry: &mut Registry) -> Vec<AllocKey> {
-    registry.orphaned_blocks(&scan.entries, &scan.tracked)
+/// The blocks of `scan` whose image the kernel no longer tracks: the only
+/// ones that can be orphaned (usually none). Found without the registry,
+/// so that its lock, which the cheap routes need, is not held over
+/// millions of blocks.
+pub fn untracked(scan: &Scan) -> Vec<(AllocKey, AllocInfo)> {
+    scan.entries
+        .iter()
+        .filter(|(key, info)| !scan.tracked.contains(&ImageId::of_block(key, info)))
+        .copied()
+        .collect()
+}
+
+/// The blocks to remove among `untracked` (those of [`untracked`] of
+/// `scan`): those of images that are orphaned for the second sweep in a
+/// row.
+pub fn doomed(
+    scan: &Scan,
+    untracked: &[(AllocKey, AllocInfo)],
+    registry: &mut Registry,
+) -> Vec<AllocKey> {
+    registry.orphaned_blocks(untracked, &scan.tracked)
 }

@@ -67,7 +67,7 @@ impl Registry {
                 reason: EndReason::Exit,
                 at: SystemTime::now(),
                 stats: ProcStats::default(),
-                blocks: Vec::new(),
+                blocks: std::sync::Arc::from([]),
             });
             self.ended.push_back(old);
         }
@@ -92,7 +92,7 @@ impl Registry {
             reason: event.reason,
             at: SystemTime::now(),
             stats: event.stats,
-            blocks,
+            blocks: blocks.into(),
         });
         self.ended.push_back(image);
     }
@@ -145,7 +145,7 @@ impl Registry {
                     drops: 1,
                     ..ProcStats::default()
                 },
-                blocks: Vec::new(),
+                blocks: std::sync::Arc::from([]),
             });
             self.ended.push_back(image);
         }

@@ -477,6 +477,25 @@ impl ServiceCollector {
                 .collect::<Vec<_>>(),
         )?;
 
+        let sweep = self.service.sweep_record();
+        counter(
+            encoder,
+            "tracer_orphan_sweeps",
+            "Orphan sweeps (every 10 s: a pass over every live block in the kernel maps) that ran to their end",
+            &[(Vec::new(), sweep.sweeps)],
+        )?;
+        gauge(
+            encoder,
+            "tracer_orphan_sweep_last_seconds",
+            "How long the last orphan sweep took, in seconds (0 before the first)",
+            &[(Vec::new(), sweep.last_took_us as f64 / 1e6)],
+        )?;
+        gauge(
+            encoder,
+            "tracer_orphan_sweep_last_end_seconds",
+            "When the last orphan sweep ended, in seconds since the Unix epoch (0 before the first)",
+            &[(Vec::new(), sweep.last_ended_ms as f64 / 1e3)],
+        )?;
         let sym = self.service.symbolizer_stats();
         gauge(
             encoder,

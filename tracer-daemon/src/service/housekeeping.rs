@@ -16,6 +16,28 @@ use crate::lifecycle::{ImageId, ProcessImage, orphans, scope};
 /// How often one process's drops are logged at most.
 pub const DROPS_LOG_EVERY: Duration = Duration::from_secs(60);
 
+/// The orphan sweeps so far ([`Service::sweep_orphans`]), as
+/// `tracer_orphan_sweeps_total` and the last one's gauges show them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SweepRecord {
+    /// Sweeps that ran to their end.
+    pub sweeps: u64,
+    /// Unix ms when the last one ended (0: none yet).
+    pub last_ended_ms: u64,
+    /// How long the last one took, from its start (the kernel lock taken)
+    /// to its end, in µs.
+    pub last_took_us: u64,
+}
+
+/// [`SweepRecord`] as the sweep updates it (atomics: read by `/metrics`
+/// without any lock).
+#[derive(Debug, Default)]
+pub(super) struct Sweeps {
+    sweeps: std::sync::atomic::AtomicU64,
+    last_ended_ms: std::sync::atomic::AtomicU64,
+    last_took_us: std::sync::atomic::AtomicU64,
+}
+
 impl Service {
     /// Handles a batch of kernel process events in order: a new image is
     /// read from `/proc` at once (while it lives), exec and fork events of a
@@ -106,18 +128,21 @@ impl Service {
         if ends.is_empty() {
             return;
         }
-        let mut held = self.state.locks().kernel().registry();
+        let mut held = self.state.locks().kernel();
         for end in &ends {
             held.kernel
                 .remove_process_mappings(end.image.pid, end.image.generation);
         }
-        events::end_images_from(
-            &mut **held.kernel,
-            &mut held.registry,
-            ends,
-            blocks,
-            &self.stopping,
-        );
+        // The ended blocks' stacks are read under the kernel lock alone;
+        // the registry's (which the cheap routes need) is held only to
+        // record the ends.
+        let (ended, keys) = events::collect_ended(&**held.kernel, ends, blocks, &self.stopping);
+        let mut held = held.registry();
+        for (end, kept) in ended {
+            held.registry.end(end, kept);
+        }
+        drop(held.registry);
+        events::remove_ended(&mut **held.kernel, &keys);
     }
 
     /// Registers the images the kernel tracks (its process totals:
@@ -136,7 +161,7 @@ impl Service {
         if self.events_dropped_seen.swap(dropped, Ordering::AcqRel) == dropped {
             return 0;
         }
-        let tracked = self.state.locks().kernel().kernel.all_proc_stats();
+        let tracked = self.totals.all_proc_stats();
         let unknown: Vec<ImageId> = {
             let held = self.state.locks().registry();
             tracked
@@ -179,15 +204,20 @@ impl Service {
     /// tells (past its share of the live-block maps, or of the stack map;
     /// else a full map, which `tracer_drops_total{reason}` names).
     pub fn log_drops(&self) {
-        let held = self.state.locks().kernel().registry();
-        let max = held.kernel.config().process_max_blocks();
-        let max_stacks = held.kernel.config().process_max_stacks();
+        let (max, max_stacks) = {
+            let held = self.state.locks().kernel();
+            let config = held.kernel.config();
+            (config.process_max_blocks(), config.process_max_stacks())
+        };
+        // The totals through the shared reader: the registry's lock only,
+        // not held behind a pass over the kernel maps.
+        let held = self.state.locks().registry();
         let now = std::time::Instant::now();
         let mut logged = lock(&self.drops_logged);
         let mut seen = std::collections::HashSet::new();
         for image in held.registry.live() {
             seen.insert(image.id);
-            let stats = live_stats(&**held.kernel, image.id);
+            let stats = live_stats(&*self.totals, image.id);
             let (last, at) = logged
                 .get(&image.id)
                 .copied()
@@ -206,8 +236,8 @@ impl Service {
                     share_blocks = max,
                     "a process is past its share of the live-block maps: its new blocks are not traced (process_share)"
                 );
-            } else if let Some(stacks) = held
-                .kernel
+            } else if let Some(stacks) = self
+                .totals
                 .proc_totals(image.pid())
                 .filter(|t| t.stats.gen_ == image.id.generation)
                 .map(|t| t.stacks)
@@ -240,15 +270,37 @@ impl Service {
     /// [`crate::lifecycle::Registry::orphaned_blocks`]). Returns the number
     /// of blocks removed: none when tracerd began to stop during the scan.
     pub fn sweep_orphans(&self) -> usize {
+        use std::sync::atomic::Ordering;
         let mut held = self.state.locks().kernel();
+        let started = std::time::Instant::now();
         scope::prune(&mut **held.kernel);
         let Some(scan) = orphans::scan(&mut **held.kernel, &self.stopping) else {
             return 0;
         };
+        let untracked = orphans::untracked(&scan);
         let mut held = held.registry();
-        let doomed = orphans::doomed(&scan, &mut held.registry);
+        let doomed = orphans::doomed(&scan, &untracked, &mut held.registry);
         drop(held.registry);
-        held.kernel.remove_blocks(&doomed)
+        let removed = held.kernel.remove_blocks(&doomed);
+        drop(held.kernel);
+        let took = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        self.sweeps.last_took_us.store(took, Ordering::Release);
+        self.sweeps
+            .last_ended_ms
+            .store(crate::sys::unix_ms(SystemTime::now()), Ordering::Release);
+        self.sweeps.sweeps.fetch_add(1, Ordering::AcqRel);
+        removed
+    }
+
+    /// The orphan sweeps so far: how many, when the last ended, how long
+    /// it took. No lock taken.
+    pub fn sweep_record(&self) -> SweepRecord {
+        use std::sync::atomic::Ordering;
+        SweepRecord {
+            sweeps: self.sweeps.sweeps.load(Ordering::Acquire),
+            last_ended_ms: self.sweeps.last_ended_ms.load(Ordering::Acquire),
+            last_took_us: self.sweeps.last_took_us.load(Ordering::Acquire),
+        }
     }
 
     /// Removes the kernel's totals per stack (`STACK_TOTALS`) of images it

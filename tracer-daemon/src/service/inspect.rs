@@ -236,24 +236,24 @@ impl Service {
         if !tracing.is_tracing {
             return Err(ServiceError::TracingStopped { pid: Some(pid) });
         }
-        let mut held = self.state.locks().kernel().registry();
-        let kernel = &**held.kernel;
-        let entries: Vec<_> = kernel
-            .live_blocks(Some(&HashSet::from([image])))
-            .into_iter()
-            .filter(|(k, _)| k.addr == address)
-            .collect();
-        if entries.is_empty() {
-            return Err(ServiceError::NoBlock { pid, address });
-        }
-        let blocks = raw_blocks(kernel, &entries, &self.stopping);
-        let Some(image) = held.registry.get_mut(pid) else {
-            drop(held);
+        // The scan holds the kernel lock alone; the registry's (which the
+        // cheap routes need) only for the look at the image's mappings.
+        let blocks = {
+            let held = self.state.locks().kernel();
+            let kernel = &**held.kernel;
+            let entries: Vec<_> = kernel
+                .live_blocks(Some(&HashSet::from([image])))
+                .into_iter()
+                .filter(|(k, _)| k.addr == address)
+                .collect();
+            if entries.is_empty() {
+                return Err(ServiceError::NoBlock { pid, address });
+            }
+            raw_blocks(kernel, &entries, &self.stopping)
+        };
+        let Some(maps) = self.refreshed_images(&[image]).pop().map(|i| i.maps) else {
             return Err(self.not_traced(pid));
         };
-        image.refresh_maps();
-        let maps = image.maps.clone();
-        drop(held);
         let snapshot = truncate(
             self.builder.build(pid, &blocks, maps.as_deref(), frames),
             tracing.traceback_limit,

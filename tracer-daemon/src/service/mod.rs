@@ -123,6 +123,13 @@ pub struct Service {
     /// so that `/health` never waits on the kernel lock (a wide scope
     /// change holds it for seconds).
     libraries: std::sync::RwLock<Vec<crate::capture::AttachedLibrary>>,
+    /// The kernel's per-process totals (`PROC_SLOTS`, `PROCS`), read
+    /// without the kernel lock ([`KernelMaps::totals`]): the process list
+    /// and `get_traced_memory()` never wait behind a pass over the live
+    /// blocks, and still show the kernel's totals of the moment.
+    totals: std::sync::Arc<dyn crate::capture::ProcTotalsSource>,
+    /// The orphan sweeps so far ([`Service::sweep_record`]).
+    sweeps: housekeeping::Sweeps,
     /// The drops last logged of each live image, and when
     /// ([`Service::log_drops`]).
     drops_logged: std::sync::Mutex<
@@ -148,6 +155,7 @@ impl Service {
         let sample_interval = kernel.config().sample_interval;
         let pinned: Vec<_> = kernel.libraries().iter().map(|l| l.key).collect();
         let libraries = std::sync::RwLock::new(kernel.libraries().to_vec());
+        let totals = kernel.totals();
         Self {
             state: State::new(
                 kernel,
@@ -169,6 +177,8 @@ impl Service {
             events_dropped_seen: std::sync::atomic::AtomicU64::new(0),
             drops_logged: std::sync::Mutex::default(),
             libraries,
+            totals,
+            sweeps: housekeeping::Sweeps::default(),
             stopping: stopping.clone(),
             probe_links,
             probe_installed: false,

@@ -8,8 +8,9 @@ use serde::Serialize;
 use tracer_common::ProcStats;
 
 use super::{Service, ServiceError, Viewer};
-use crate::capture::KernelMaps;
+use crate::capture::{ImageId, ProcTotalsSource};
 use crate::lifecycle::{ImageState, ProcessImage, TracingControl, blocks::live_stats};
+use crate::sys::modules::ModuleMaps;
 use crate::sys::unix_ms;
 
 /// A process as the API lists it. Sizes in bytes.
@@ -98,11 +99,12 @@ pub struct SystemMemory {
     pub processes: usize,
 }
 
-/// The kernel's totals of an image: its final ones once it ended.
-pub(super) fn stats_of(kernel: &dyn KernelMaps, image: &ProcessImage) -> ProcStats {
+/// The kernel's totals of an image: its final ones once it ended, else
+/// those of the moment, read from `totals` (no lock of the kernel side).
+pub(super) fn stats_of(totals: &dyn ProcTotalsSource, image: &ProcessImage) -> ProcStats {
     match &image.ended {
         Some(ended) => ended.stats,
-        None => live_stats(kernel, image.id),
+        None => live_stats(totals, image.id),
     }
 }
 
@@ -158,22 +160,25 @@ pub type SourceBytes = (&'static str, u64, u64);
 
 impl Service {
     /// Every traced process `viewer` may see: live ones first by pid, then
-    /// ended ones still retained, oldest first.
+    /// ended ones still retained, oldest first. Takes the registry and
+    /// control locks (held only for short updates), never the kernel's:
+    /// the totals are the kernel's of the moment, read through the shared
+    /// reader ([`crate::capture::KernelMaps::totals`]).
     pub fn processes(&self, viewer: Viewer) -> Vec<ProcessStatus> {
-        let held = self.state.locks().kernel().registry().control();
-        let kernel = &**held.kernel;
+        let held = self.state.locks().registry().control();
+        let totals = &*self.totals;
         let mut live: Vec<ProcessStatus> = held
             .registry
             .live()
             .filter(|image| viewer.sees_image(image))
-            .map(|image| status(&held.control, image, stats_of(kernel, image)))
+            .map(|image| status(&held.control, image, stats_of(totals, image)))
             .collect();
         live.sort_by_key(|s| s.view.pid);
         live.extend(
             held.registry
                 .ended()
                 .filter(|image| viewer.sees_image(image))
-                .map(|image| status(&held.control, image, stats_of(kernel, image))),
+                .map(|image| status(&held.control, image, stats_of(totals, image))),
         );
         live
     }
@@ -193,12 +198,12 @@ impl Service {
         } else if !self.state.locks().scope().scope.matches(pid) {
             Why::OutOfScope
         } else {
+            // The published copy: a scope change holds the kernel lock
+            // for seconds.
             let probed: Vec<(crate::sys::procfs::FileKey, String)> = self
-                .state
-                .locks()
-                .kernel()
-                .kernel
-                .libraries()
+                .libraries
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .iter()
                 .map(|l| (l.key, l.path.display().to_string()))
                 .collect();
@@ -228,16 +233,12 @@ impl Service {
     /// # Errors
     /// [`ServiceError::NotTraced`].
     pub fn process(&self, pid: u32) -> Result<ProcessStatus, ServiceError> {
-        let held = self.state.locks().kernel().registry().control();
+        let held = self.state.locks().registry().control();
         let Some(image) = current_image(&held.registry, pid) else {
             drop(held);
             return Err(self.not_traced(pid));
         };
-        Ok(status(
-            &held.control,
-            image,
-            stats_of(&**held.kernel, image),
-        ))
+        Ok(status(&held.control, image, stats_of(&*self.totals, image)))
     }
 
     /// [`Service::process`] with the bytes of its image by source: (source
@@ -253,7 +254,7 @@ impl Service {
         &self,
         pid: u32,
     ) -> Result<(ProcessStatus, Vec<SourceBytes>), ServiceError> {
-        let held = self.state.locks().kernel().registry().control();
+        let held = self.state.locks().registry().control();
         let Some(image) = current_image(&held.registry, pid) else {
             drop(held);
             return Err(self.not_traced(pid));
@@ -261,8 +262,8 @@ impl Service {
         if let Some(ended) = &image.ended {
             return Ok((status(&held.control, image, ended.stats), Vec::new()));
         }
-        let totals = held
-            .kernel
+        let totals = self
+            .totals
             .proc_totals(pid)
             .filter(|totals| totals.stats.gen_ == image.id.generation)
             .unwrap_or_default();
@@ -273,6 +274,39 @@ impl Service {
             .map(|(name, source)| (*name, source.current, source.peak))
             .collect();
         Ok((status(&held.control, image, totals.stats), sources))
+    }
+
+    /// Copies of the registry's images `ids` (those it still has, as the
+    /// same image; an image that ended is copied as ended), the mappings
+    /// of those alive re-read from `/proc/PID/maps` and recorded in the
+    /// registry too. The mappings are read without the registry's lock
+    /// (opening a library not seen yet takes milliseconds, the maps of a
+    /// hundred processes far more): the lock is held for two short looks,
+    /// so that the cheap routes, which need it, never wait for `/proc`.
+    pub(super) fn refreshed_images(&self, ids: &[ImageId]) -> Vec<ProcessImage> {
+        let alive: Vec<ImageId> = {
+            let held = self.state.locks().registry();
+            ids.iter()
+                .copied()
+                .filter(|id| held.registry.has_live(*id))
+                .collect()
+        };
+        let read: std::collections::HashMap<ImageId, std::sync::Arc<ModuleMaps>> = alive
+            .into_iter()
+            .filter_map(|id| Some((id, std::sync::Arc::new(ModuleMaps::capture(id.pid).ok()?))))
+            .collect();
+        let mut held = self.state.locks().registry();
+        ids.iter()
+            .filter_map(|id| {
+                let image = held.registry.get_mut(id.pid).filter(|i| i.id == *id)?;
+                if image.is_alive()
+                    && let Some(maps) = read.get(id)
+                {
+                    image.maps = Some(maps.clone());
+                }
+                Some(image.clone())
+            })
+            .collect()
     }
 
     /// `get_traced_memory()` summed over every live process `viewer` may

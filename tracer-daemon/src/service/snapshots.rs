@@ -88,7 +88,7 @@ struct ImageNow {
 /// of it needs.
 struct Taken {
     image: ProcessImage,
-    blocks: Vec<RawBlock>,
+    blocks: Arc<[RawBlock]>,
     status: ProcessStatus,
 }
 
@@ -119,25 +119,36 @@ impl Service {
     }
 
     /// Every live block of `pid`'s current image (or the blocks its last
-    /// image had when it ended), with its mappings refreshed.
+    /// image had when it ended), with its mappings refreshed. The scan of
+    /// the live blocks holds the kernel lock alone: the registry and
+    /// control locks, which the cheap routes need, are taken only for
+    /// short looks before and after it.
     fn take(&self, pid: u32) -> Result<Taken, ServiceError> {
-        let mut held = self.state.locks().kernel().registry().control();
-        let kernel = &**held.kernel;
-        let Some(image) = held.registry.get_mut(pid) else {
-            drop(held);
+        let id = self
+            .state
+            .locks()
+            .registry()
+            .registry
+            .get(pid)
+            .map(|i| i.id);
+        let Some(image) = id.and_then(|id| self.refreshed_images(&[id]).pop()) else {
             return Err(self.not_traced(pid));
         };
-        let blocks = match &image.ended {
-            Some(ended) => ended.blocks.clone(),
+        let (blocks, stats) = match &image.ended {
+            Some(ended) => (ended.blocks.clone(), ended.stats),
             None => {
-                image.refresh_maps();
+                let held = self.state.locks().kernel();
+                let kernel = &**held.kernel;
                 let entries = kernel.live_blocks(Some(&HashSet::from([image.id])));
-                raw_blocks(kernel, &entries, &self.stopping)
+                let blocks = raw_blocks(kernel, &entries, &self.stopping).into();
+                // Its totals as the scan ends (its end cannot be handled
+                // while the kernel lock is held).
+                (blocks, stats_of(&*self.totals, &image))
             }
         };
-        let status = status(&held.control, image, stats_of(kernel, image));
+        let status = status(&self.state.locks().control().control, &image, stats);
         Ok(Taken {
-            image: image.clone(),
+            image,
             blocks,
             status,
         })
@@ -175,24 +186,37 @@ impl Service {
         if self.builder.sample_interval != 0 {
             return Ok(None);
         }
-        let mut held = self.state.locks().kernel().registry().control();
-        let kernel = &**held.kernel;
-        let Some(image) = held.registry.get_mut(pid) else {
+        // As take(): the registry and control locks (which the cheap routes
+        // need) only for short looks, the kernel's maps under its lock alone.
+        let id = self
+            .state
+            .locks()
+            .registry()
+            .registry
+            .get(pid)
+            .map(|i| i.id);
+        let Some(image) = id.and_then(|id| self.refreshed_images(&[id]).pop()) else {
             return Ok(None);
         };
-        let tracing = held.control.of(image.id);
+        let (tracing, offsets) = {
+            let held = self.state.locks().control();
+            (
+                held.control.of(image.id),
+                held.control.stack_offsets(image.id),
+            )
+        };
         if image.ended.is_some() || !tracing.is_tracing {
             return Ok(None);
         }
-        let exact = kernel.proc_totals(pid).is_some_and(|totals| {
+        let exact = self.totals.proc_totals(pid).is_some_and(|totals| {
             totals.stats.gen_ == image.id.generation && totals.stack_totals_lost == 0
         });
         if !exact {
             return Ok(None);
         }
-        image.refresh_maps();
+        let held = self.state.locks().kernel();
+        let kernel = &**held.kernel;
         let entries = kernel.stack_totals(Some(&HashSet::from([image.id.generation])));
-        let offsets = held.control.stack_offsets(image.id);
         let mut stacks: std::collections::HashMap<u64, Option<Arc<[u64]>>> =
             std::collections::HashMap::new();
         let mut groups = Vec::with_capacity(entries.len());
@@ -220,9 +244,9 @@ impl Service {
                 size,
             ));
         }
-        let status = status(&held.control, image, stats_of(kernel, image));
-        let image = image.clone();
         drop(held);
+        let stats = stats_of(&*self.totals, &image);
+        let status = status(&self.state.locks().control().control, &image, stats);
         let at = SystemTime::now();
         let snapshot = self.builder.build_totals(
             pid,
@@ -343,22 +367,26 @@ impl Service {
         viewer: Viewer,
         frames: AllocatorFrames,
     ) -> Result<Vec<ImageNow>, ServiceError> {
-        let mut held = self.state.locks().kernel().registry().control();
-        let control = held.control.clone();
-        let ids: Vec<ImageId> = held
-            .registry
-            .live()
-            .filter(|i| viewer.sees_image(i))
-            .map(|i| i.id)
-            .filter(|id| control.of(*id).is_tracing)
+        let (ids, control) = {
+            let held = self.state.locks().registry().control();
+            let control = held.control.clone();
+            let ids: Vec<ImageId> = held
+                .registry
+                .live()
+                .filter(|i| viewer.sees_image(i))
+                .map(|i| i.id)
+                .filter(|id| control.of(*id).is_tracing)
+                .collect();
+            (ids, control)
+        };
+        // Mappings read without the registry's lock, then the scan under
+        // the kernel lock alone (see `take`).
+        let images: Vec<ProcessImage> = self
+            .refreshed_images(&ids)
+            .into_iter()
+            .filter(ProcessImage::is_alive)
             .collect();
-        let mut images = Vec::with_capacity(ids.len());
-        for id in ids {
-            if let Some(image) = held.registry.get_mut(id.pid) {
-                image.refresh_maps();
-                images.push(image.clone());
-            }
-        }
+        let held = self.state.locks().kernel();
         let kernel = &**held.kernel;
         let want: HashSet<ImageId> = images.iter().map(|i| i.id).collect();
         let entries = if want.is_empty() {
@@ -373,7 +401,7 @@ impl Service {
                 let entries = by_image.remove(&image.id).unwrap_or_default();
                 (
                     raw_blocks(kernel, &entries, &self.stopping),
-                    live_stats(kernel, image.id),
+                    live_stats(&*self.totals, image.id),
                 )
             })
             .collect();

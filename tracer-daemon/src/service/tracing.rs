@@ -207,9 +207,15 @@ impl Service {
         if images.is_empty() {
             return 0;
         }
-        let mut held = self.state.locks().kernel().control();
+        // The kernel lock for the scan and the removals; the control lock
+        // (which the cheap routes need) only for the peaks and offsets at
+        // the end, together, so that a reader sees the clear whole or not
+        // at all (the kernel's totals keep counting the blocks removed
+        // until their offset is added).
+        let mut held = self.state.locks().kernel();
         let entries = held.kernel.live_blocks(Some(images));
         let mut removed: HashMap<ImageId, (u64, u64)> = HashMap::new();
+        let mut by_stack: Vec<(ImageId, StackTotalsKey, u64)> = Vec::new();
         for (key, info) in entries {
             // One syscall a block: a stop does not wait for millions.
             if self.stopping() {
@@ -220,10 +226,10 @@ impl Service {
                 let slot = removed.entry(image).or_default();
                 slot.0 = slot.0.saturating_add(info.size);
                 slot.1 += 1;
-                held.control
-                    .add_stack_offset(image, StackTotalsKey::of(&info), info.size);
+                by_stack.push((image, StackTotalsKey::of(&info), info.size));
             }
         }
+        let mut held = held.control();
         for image in images {
             held.kernel.reset_peak(image.pid);
         }
@@ -231,6 +237,9 @@ impl Service {
         for (image, (bytes, blocks)) in removed {
             held.control.add_offset(image, bytes, blocks);
             total += blocks;
+        }
+        for (image, key, bytes) in by_stack {
+            held.control.add_stack_offset(image, key, bytes);
         }
         total
     }

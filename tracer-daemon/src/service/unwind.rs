@@ -82,8 +82,11 @@ impl Service {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .insert(image, maps.clone());
         let mut held = self.state.locks().kernel().registry();
-        // The image may have ended while its files were compiled.
+        // The image may have ended while its files were compiled (its end
+        // removes its mappings under the kernel lock, held from here on:
+        // the registry's, which the cheap routes need, is not).
         let alive = held.registry.has_live(image);
+        drop(held.registry);
         unwind::install(&mut **held.kernel, &plan, &compiled);
         if !alive {
             held.kernel
@@ -115,21 +118,16 @@ impl Service {
     /// Re-reads the mappings of the live `images` and gives the unwinder
     /// those that differ from what it was given; returns how many.
     fn remap(&self, images: &[ImageId]) -> usize {
+        // Each process's mappings read without the registry's lock.
+        let refreshed = self.refreshed_images(images);
         let changed = {
-            let mut held = self.state.locks().registry();
             let unwound = self
                 .unwound
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             let mut changed = Vec::new();
-            for &image in images {
-                let Some(live) = held.registry.get_mut(image.pid) else {
-                    continue;
-                };
-                if live.id != image {
-                    continue;
-                }
-                live.refresh_maps();
+            for live in refreshed.iter().filter(|i| i.is_alive()) {
+                let image = live.id;
                 if let Some(now) = &live.maps
                     && !unwound
                         .get(&image)

@@ -60,6 +60,22 @@ pub fn lookup<K>(fd: BorrowedFd<'_>, key: &K, value: &mut [u64]) -> io::Result<(
     call(BPF_MAP_LOOKUP_ELEM, &mut attr)
 }
 
+/// Looks `key` up in a map whose values are `V`s (exactly the map's value
+/// size): the value, or the call's error (`ENOENT`: no such key).
+///
+/// # Errors
+/// The syscall's error.
+pub fn lookup_value<K, V: Copy + Default>(fd: BorrowedFd<'_>, key: &K) -> io::Result<V> {
+    let mut value = V::default();
+    let mut attr = ElemAttr {
+        map_fd: fd.as_raw_fd() as u32,
+        key: std::ptr::from_ref(key) as u64,
+        value: std::ptr::from_mut(&mut value) as u64,
+        ..ElemAttr::default()
+    };
+    call(BPF_MAP_LOOKUP_ELEM, &mut attr).map(|()| value)
+}
+
 const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
 const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
 

@@ -20,6 +20,7 @@ use std::{
 use anyhow::bail;
 
 pub mod baseline;
+mod cheap;
 pub mod model;
 mod modes;
 mod queries;
@@ -66,6 +67,10 @@ pub struct BenchArgs {
     /// 1,000-block process beside 4,000,000 blocks, and of the big one).
     #[arg(long)]
     pub no_queries: bool,
+    /// Skip the cheap-routes part (traced-memory, processes and health:
+    /// p50/p99 idle, during a 4,000,000-block snapshot, during the sweep).
+    #[arg(long)]
+    pub no_cheap: bool,
     /// Skip the scope part (an untraced process while another is traced).
     #[arg(long)]
     pub no_scope: bool,
@@ -218,6 +223,20 @@ fn run(root: &Path, args: &BenchArgs, baseline: Option<&Baseline>) -> anyhow::Re
     }
     if !args.no_queries {
         extra.insert("queries".into(), queries::queries_part(root, &dir)?);
+    }
+    if !args.no_cheap {
+        let tracerd = crate::util::paths::release_dir(root).join("tracerd");
+        let baseline = baseline.map(|b| (b.label(), b.tracerd()));
+        extra.insert(
+            "cheap".into(),
+            cheap::cheap_part(
+                &tracerd,
+                &dir,
+                baseline
+                    .as_ref()
+                    .map(|(label, path)| (label.clone(), path.as_path())),
+            )?,
+        );
     }
     let text = fs::read_to_string(&args.json)?;
     let mut json: serde_json::Value = serde_json::from_str(&text)?;

@@ -7,6 +7,7 @@
 
 mod bounds;
 mod cancel;
+mod cheap;
 mod dump;
 mod errors;
 mod filters;

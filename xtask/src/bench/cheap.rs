@@ -1,0 +1,315 @@
+//! The bench's cheap-routes part (issue 15): how long `GET
+//! /pid/N/traced-memory` (of a small process), `GET /processes` and `GET
+//! /health` take idle, while a 4,000,000-block process's snapshot is taken
+//! (`POST /pid/N/snapshots`), and while the orphan sweep passes over its
+//! blocks: p50 and p99 of each, side by side, in one run (the goal: p99
+//! under 10 ms under either load). The requests come at a steady pace
+//! (one every 2 ms), each timed from when it was due, so that a wait
+//! counts for every request due meanwhile. With `--baseline`, the same
+//! for the baseline's tracerd.
+use std::{
+    net::SocketAddr,
+    path::Path,
+    sync::atomic::{AtomicBool, Ordering},
+    time::{Duration, Instant, SystemTime},
+};
+
+use anyhow::bail;
+
+use super::modes::{LISTEN, STOP_GRACE, start_tracerd};
+use super::scale::{KEEP_C, finish, keep_blocks};
+use crate::util::{cc::compile_c, http::Client, stats::percentile};
+
+/// Blocks the big process holds.
+const BIG_BLOCKS: u64 = 4_000_000;
+
+/// Blocks the small process (whose traced memory is asked) holds.
+const SMALL_BLOCKS: u64 = 100;
+
+/// Answers of each route measured idle.
+const IDLE_ANSWERS: usize = 300;
+
+/// How long the cheap routes are asked while waiting for a sweep: more
+/// than tracerd's sweep interval (10 s).
+const SWEEP_WATCH: Duration = Duration::from_secs(13);
+
+/// How long one request may take (the snapshot of 4,000,000 blocks).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// The routes measured, by label.
+fn routes(small: u32) -> [(&'static str, String); 3] {
+    [
+        ("traced-memory", format!("/pid/{small}/traced-memory")),
+        ("processes", "/processes".to_string()),
+        ("health", "/health".to_string()),
+    ]
+}
+
+/// One answer: when it was due (wall clock), the route's index, and how
+/// long it took from when it was due, in µs.
+type Answer = (SystemTime, usize, u64);
+
+/// The pace of the requests: one every this long, each route in turn.
+const PACE: Duration = Duration::from_millis(2);
+
+/// Asks each route in turn, one request every [`PACE`], until `until`
+/// says stop; every answer must be 200. A request is due at its slot of
+/// the pace, and its time counts from then: when one waits, those due
+/// meanwhile wait too (sent as soon as it answers), as a steady stream
+/// of clients would, so a wait of 300 ms counts 150 times, not once.
+fn ask(
+    http: &Client,
+    paths: &[(&'static str, String)],
+    mut until: impl FnMut(usize) -> bool,
+) -> anyhow::Result<Vec<Answer>> {
+    let mut answers = Vec::new();
+    let start = Instant::now();
+    let wall = SystemTime::now();
+    let mut slot: u32 = 0;
+    while !until(answers.len()) {
+        for (index, (label, path)) in paths.iter().enumerate() {
+            let due = PACE * slot;
+            slot += 1;
+            if let Some(ahead) = due.checked_sub(start.elapsed()) {
+                std::thread::sleep(ahead);
+            }
+            let response = http.get(path)?;
+            let took = start.elapsed().saturating_sub(due);
+            if response.status != 200 {
+                bail!("{label}: {} {}", response.status, response.body);
+            }
+            answers.push((
+                wall + due,
+                index,
+                u64::try_from(took.as_micros()).unwrap_or(u64::MAX),
+            ));
+        }
+    }
+    Ok(answers)
+}
+
+/// (p50, p99, max, answers) in ms of route `index` among `answers`.
+fn summary(answers: &[Answer], index: usize) -> (f64, f64, f64, usize) {
+    let mut took: Vec<u64> = answers
+        .iter()
+        .filter(|(_, i, _)| *i == index)
+        .map(|(_, _, t)| *t)
+        .collect();
+    took.sort_unstable();
+    (
+        percentile(&took, 50.0) as f64 / 1000.0,
+        percentile(&took, 99.0) as f64 / 1000.0,
+        took.last().copied().unwrap_or(0) as f64 / 1000.0,
+        took.len(),
+    )
+}
+
+/// A metric of `/metrics` without labels; None when tracerd has none of
+/// that name (a baseline older than the sweep's metrics).
+fn metric(http: &Client, name: &str) -> anyhow::Result<Option<f64>> {
+    let text = http.get("/metrics")?.body;
+    Ok(text
+        .lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|value| value.trim().parse().ok()))
+}
+
+fn unix_secs(at: SystemTime) -> f64 {
+    at.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// The three loads' answers, and what the loads were.
+struct Measured {
+    idle: Vec<Answer>,
+    snapshot: Vec<Answer>,
+    snapshot_ms: f64,
+    sweep: Vec<Answer>,
+    /// How long the sweep took; None when tracerd does not tell (a
+    /// baseline older than its metrics): then `sweep` is every answer of
+    /// [`SWEEP_WATCH`], which held one sweep.
+    sweep_ms: Option<f64>,
+}
+
+/// Measures the routes under `tracerd`: idle (between two sweeps), while
+/// the big process's snapshot is taken, and while a sweep runs.
+fn measure(tracerd: &Path, dir: &Path, exe: &Path) -> anyhow::Result<Measured> {
+    let tracer = start_tracerd(
+        tracerd,
+        &dir.join("state-cheap"),
+        &[
+            "--max-live-blocks",
+            &(8u32 << 20).to_string(),
+            "--process-share",
+            "100",
+            // No automatic snapshot of the big process in the idle part.
+            "--snapshot-interval",
+            "0",
+            // The snapshot of 4,000,000 blocks is taken whole, and stored.
+            "--request-timeout-secs",
+            "600",
+            "--request-memory-budget",
+            &(16u64 << 30).to_string(),
+            "--max-snapshot-bytes",
+            &(16u64 << 30).to_string(),
+        ],
+    )?;
+    let addr: SocketAddr = LISTEN.parse()?;
+    let http = Client::new(addr, REQUEST_TIMEOUT);
+    let small = keep_blocks(exe, SMALL_BLOCKS)?;
+    let big = keep_blocks(exe, BIG_BLOCKS)?;
+    let paths = routes(small.pid());
+    let big_pid = big.pid();
+    // Every block of the big process is in the maps.
+    let waited = Instant::now();
+    loop {
+        let body = http.get(&format!("/pid/{big_pid}"))?.body;
+        let process: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+        if process["blocks"].as_u64() >= Some(BIG_BLOCKS) {
+            break;
+        }
+        if waited.elapsed() > Duration::from_secs(60) {
+            bail!("the big process is not traced whole after 60 s: {body}");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    // Idle: between two sweeps (none ended meanwhile).
+    let mut idle = Vec::new();
+    for _ in 0..5 {
+        let before = metric(&http, "tracer_orphan_sweeps_total")?;
+        idle = ask(&http, &paths, |n| n >= IDLE_ANSWERS * paths.len())?;
+        if metric(&http, "tracer_orphan_sweeps_total")? == before {
+            break;
+        }
+        idle.clear();
+    }
+    if idle.is_empty() {
+        bail!("every idle measure met a sweep");
+    }
+
+    // While the big process's snapshot is taken.
+    let done = AtomicBool::new(false);
+    let (snapshot, taken) = std::thread::scope(|scope| {
+        let taker = scope.spawn(|| {
+            let start = Instant::now();
+            let response = http.post(&format!("/pid/{big_pid}/snapshots"));
+            done.store(true, Ordering::Release);
+            response.map(|r| (r, start.elapsed()))
+        });
+        let answers = ask(&http, &paths, |_| done.load(Ordering::Acquire));
+        (answers, taker.join())
+    });
+    let snapshot = snapshot?;
+    let (response, took) = taken.map_err(|_| anyhow::anyhow!("the snapshot's thread"))??;
+    if response.status != 201 {
+        bail!("snapshot: {} {}", response.status, response.body);
+    }
+    let snapshot_ms = took.as_secs_f64() * 1000.0;
+
+    // While a sweep runs: the answers asked between its start and end.
+    let mut sweep = Vec::new();
+    let mut sweep_ms = None;
+    for _ in 0..3 {
+        let watch = Instant::now();
+        let began = SystemTime::now();
+        let answers = ask(&http, &paths, |_| watch.elapsed() >= SWEEP_WATCH)?;
+        let end = metric(&http, "tracer_orphan_sweep_last_end_seconds")?;
+        let took = metric(&http, "tracer_orphan_sweep_last_seconds")?;
+        let (Some(end), Some(took)) = (end, took) else {
+            sweep = answers;
+            break;
+        };
+        if end - took >= unix_secs(began) {
+            sweep = answers
+                .into_iter()
+                .filter(|(at, _, _)| (end - took..=end).contains(&unix_secs(*at)))
+                .collect();
+            sweep_ms = Some(took * 1000.0);
+            break;
+        }
+    }
+    if sweep.is_empty() {
+        bail!("no sweep ran while the routes were asked");
+    }
+    finish(small);
+    finish(big);
+    let _ = tracer.stop(STOP_GRACE);
+    Ok(Measured {
+        idle,
+        snapshot,
+        snapshot_ms,
+        sweep,
+        sweep_ms,
+    })
+}
+
+/// Prints one table row per route, and returns them as JSON.
+fn report(name: &str, measured: &Measured) -> serde_json::Value {
+    println!(
+        "\n#### {name}: snapshot of {BIG_BLOCKS} blocks {:.0} ms, {}\n",
+        measured.snapshot_ms,
+        measured.sweep_ms.map_or_else(
+            || format!(
+                "sweep not timed (no sweep metrics): every answer of {} s that held one",
+                SWEEP_WATCH.as_secs()
+            ),
+            |ms| format!("sweep {ms:.0} ms"),
+        )
+    );
+    println!(
+        "| route | idle p50 / p99 / max ms | during snapshot p50 / p99 / max ms | during sweep p50 / p99 / max ms | answers (idle/snapshot/sweep) |"
+    );
+    println!("|---|---|---|---|---|");
+    let mut rows = serde_json::Map::new();
+    let cell = |s: (f64, f64, f64, usize)| format!("{:.2} / {:.2} / {:.2}", s.0, s.1, s.2);
+    let json = |s: (f64, f64, f64, usize)| serde_json::json!({"p50_ms": s.0, "p99_ms": s.1, "max_ms": s.2, "answers": s.3});
+    for (index, (label, _)) in routes(0).iter().enumerate() {
+        let idle = summary(&measured.idle, index);
+        let snapshot = summary(&measured.snapshot, index);
+        let sweep = summary(&measured.sweep, index);
+        println!(
+            "| {label} | {} | {} | {} | {}/{}/{} |",
+            cell(idle),
+            cell(snapshot),
+            cell(sweep),
+            idle.3,
+            snapshot.3,
+            sweep.3
+        );
+        rows.insert(
+            (*label).to_string(),
+            serde_json::json!({
+                "idle": json(idle),
+                "snapshot": json(snapshot),
+                "sweep": json(sweep),
+            }),
+        );
+    }
+    serde_json::json!({
+        "snapshot_ms": measured.snapshot_ms,
+        "sweep_ms": measured.sweep_ms,
+        "routes": rows,
+    })
+}
+
+/// The cheap routes under load, for `tracerd` (and `baseline`'s, named
+/// by its label, when given).
+pub fn cheap_part(
+    tracerd: &Path,
+    dir: &Path,
+    baseline: Option<(String, &Path)>,
+) -> anyhow::Result<serde_json::Value> {
+    let exe = compile_c(dir, "keep", KEEP_C, super::workloads::CFLAGS)?;
+    println!(
+        "\n### Cheap routes under load (traced-memory of a {SMALL_BLOCKS}-block process, processes, health)"
+    );
+    let mut json = serde_json::Map::new();
+    let measured = measure(tracerd, dir, &exe)?;
+    json.insert("tracerd".into(), report("tracerd", &measured));
+    if let Some((label, path)) = baseline {
+        let measured = measure(path, dir, &exe)?;
+        json.insert("baseline".into(), report(&label, &measured));
+    }
+    Ok(serde_json::Value::Object(json))
+}
