@@ -2,9 +2,11 @@
 //! (image, stack) (`STACK_TOTALS`), and give exactly what its blocks give
 //! (a stored snapshot, built from the blocks themselves), through alloc,
 //! free, realloc, `clear-traces`, exec and a full map.
+use std::time::Duration;
+
 use serde_json::Value;
 
-use crate::suite::support::{Fixture, Program, Tracerd, stat_at};
+use crate::suite::support::{Fixture, Program, Tracerd, poll, stat_at};
 
 /// The groupings compared.
 const GROUPINGS: [&str; 3] = ["lineno", "traceback", "filename"];
@@ -89,9 +91,18 @@ fn statistics_from_the_totals_per_stack_equal_those_of_the_blocks_through_every_
     assert_eq!(at(&prog, &stats, "SITE_A"), Some((10, 640)));
     assert_eq!(at(&prog, &stats, "SITE_GROW"), None);
 
-    // The exec'd image starts from nothing of the old one's.
+    // The exec'd image starts from nothing of the old one's. Its exe is
+    // the old one's: it is told apart by when it was first seen.
+    let old_image = tracerd.get_ok(&format!("/pid/{pid}"))["first_seen_ms"].clone();
     fx.step("execd");
-    tracerd.wait_traced(pid);
+    poll(
+        Duration::from_secs(10),
+        Duration::from_millis(20),
+        || match tracerd.get(&format!("/pid/{pid}")) {
+            (200, image) if image["first_seen_ms"] != old_image => Ok(()),
+            (status, image) => Err(format!("not the exec'd image yet: {status} {image}")),
+        },
+    );
     let stats = assert_same(&tracerd, pid, "per_stack", "exec'd");
     assert_eq!(at(&prog, &stats, "SITE_A"), Some((7, 7 * 33)));
     assert_eq!(at(&prog, &stats, "SITE_B"), None);
