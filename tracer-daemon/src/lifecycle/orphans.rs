@@ -32,7 +32,13 @@ pub fn scan(kernel: &mut dyn KernelMaps, stopping: &Stopping) -> Option<Scan> {
         return None;
     }
     if let Some(before) = stacks_before {
-        let referenced: HashSet<u64> = entries.iter().map(|(_, info)| info.stack_id).collect();
+        let mut referenced: HashSet<u64> = HashSet::new();
+        for (step, (_, info)) in entries.iter().enumerate() {
+            if stopped(step, stopping) {
+                return None;
+            }
+            referenced.insert(info.stack_id);
+        }
         let unreferenced: Vec<u64> = before
             .into_iter()
             .filter(|id| !referenced.contains(id))
@@ -40,7 +46,7 @@ pub fn scan(kernel: &mut dyn KernelMaps, stopping: &Stopping) -> Option<Scan> {
         let removed = kernel.remove_stacks(&unreferenced);
         tracing::info!(removed, map = MAP_STACKS, "collected unreferenced stacks");
     }
-    kernel.set_stack_counts(&stack_counts(&entries));
+    kernel.set_stack_counts(&stack_counts(&entries, stopping)?);
     let tracked = kernel
         .all_proc_stats()
         .into_iter()
@@ -51,9 +57,15 @@ pub fn scan(kernel: &mut dyn KernelMaps, stopping: &Stopping) -> Option<Scan> {
 
 /// The distinct stored stacks the blocks of `entries` reference, by image:
 /// (tgid, generation, stacks), what each image's share of `STACKS` counts.
-fn stack_counts(entries: &[(AllocKey, AllocInfo)]) -> Vec<(u32, u32, u64)> {
+fn stack_counts(
+    entries: &[(AllocKey, AllocInfo)],
+    stopping: &Stopping,
+) -> Option<Vec<(u32, u32, u64)>> {
     let mut stacks: HashMap<ImageId, HashSet<u64>> = HashMap::new();
-    for (key, info) in entries {
+    for (step, (key, info)) in entries.iter().enumerate() {
+        if stopped(step, stopping) {
+            return None;
+        }
         if info.stack_id != STACK_ID_NONE {
             stacks
                 .entry(ImageId::of_block(key, info))
@@ -61,22 +73,38 @@ fn stack_counts(entries: &[(AllocKey, AllocInfo)]) -> Vec<(u32, u32, u64)> {
                 .insert(info.stack_id);
         }
     }
-    stacks
-        .into_iter()
-        .map(|(image, ids)| (image.pid, image.generation, ids.len() as u64))
-        .collect()
+    Some(
+        stacks
+            .into_iter()
+            .map(|(image, ids)| (image.pid, image.generation, ids.len() as u64))
+            .collect(),
+    )
+}
+
+/// Whether tracerd's stop was raised, looked at every 65,536 steps of a
+/// pass over the blocks: a pass under the kernel lock ends soon after it,
+/// so that the stop's record (which reads the counters under that lock)
+/// is not kept waiting by millions of blocks.
+fn stopped(step: usize, stopping: &Stopping) -> bool {
+    step.is_multiple_of(65_536) && stopping.is_raised()
 }
 
 /// The blocks of `scan` whose image the kernel no longer tracks: the only
 /// ones that can be orphaned (usually none). Found without the registry,
 /// so that its lock, which the cheap routes need, is not held over
 /// millions of blocks.
-pub fn untracked(scan: &Scan) -> Vec<(AllocKey, AllocInfo)> {
-    scan.entries
-        .iter()
-        .filter(|(key, info)| !scan.tracked.contains(&ImageId::of_block(key, info)))
-        .copied()
-        .collect()
+/// None once `stopping` is raised (the sweep then changes nothing).
+pub fn untracked(scan: &Scan, stopping: &Stopping) -> Option<Vec<(AllocKey, AllocInfo)>> {
+    let mut out = Vec::new();
+    for (step, (key, info)) in scan.entries.iter().enumerate() {
+        if stopped(step, stopping) {
+            return None;
+        }
+        if !scan.tracked.contains(&ImageId::of_block(key, info)) {
+            out.push((*key, *info));
+        }
+    }
+    Some(out)
 }
 
 /// The blocks to remove among `untracked` (those of [`untracked`] of

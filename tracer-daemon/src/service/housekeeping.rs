@@ -277,7 +277,9 @@ impl Service {
         let Some(scan) = orphans::scan(&mut **held.kernel, &self.stopping) else {
             return 0;
         };
-        let untracked = orphans::untracked(&scan);
+        let Some(untracked) = orphans::untracked(&scan, &self.stopping) else {
+            return 0;
+        };
         let mut held = held.registry();
         let doomed = orphans::doomed(&scan, &untracked, &mut held.registry);
         drop(held.registry);
