@@ -21,6 +21,48 @@ pub struct RawBlock {
     pub source: Source,
 }
 
+/// The return addresses of blocks as the kernel names them (stack id and
+/// frame 0), each distinct stack read from `STACKS` once: a block whose
+/// stack is not stored (or no longer is) keeps its exact call site, frame
+/// 0, alone; None when it has neither.
+pub struct StackReader<'a> {
+    kernel: &'a dyn KernelMaps,
+    stored: HashMap<u64, Option<Arc<[u64]>>>,
+    frame0_only: HashMap<u64, Arc<[u64]>>,
+}
+
+impl<'a> StackReader<'a> {
+    /// A reader of `kernel`'s stacks, with nothing read yet.
+    pub fn new(kernel: &'a dyn KernelMaps) -> Self {
+        Self {
+            kernel,
+            stored: HashMap::new(),
+            frame0_only: HashMap::new(),
+        }
+    }
+
+    /// The stack `stack_id` (frame 0 first), else `[frame0]`.
+    pub fn stack(&mut self, stack_id: u64, frame0: u64) -> Option<Arc<[u64]>> {
+        let kernel = self.kernel;
+        let stored = if stack_id == STACK_ID_NONE {
+            None
+        } else {
+            self.stored
+                .entry(stack_id)
+                .or_insert_with(|| kernel.stack(stack_id).map(Arc::from))
+                .clone()
+        };
+        stored.or_else(|| {
+            (frame0 != 0).then(|| {
+                self.frame0_only
+                    .entry(frame0)
+                    .or_insert_with(|| Arc::from([frame0]))
+                    .clone()
+            })
+        })
+    }
+}
+
 /// Reads the stacks of `entries` (each distinct stack id once) into blocks.
 /// A block whose stack is not stored keeps its exact call site (frame 0).
 /// Once `stopping` is raised, or the thread's interrupt check says to stop
@@ -31,36 +73,17 @@ pub fn raw_blocks(
     entries: &[(AllocKey, AllocInfo)],
     stopping: &Stopping,
 ) -> Vec<RawBlock> {
-    let mut stacks: HashMap<u64, Option<Arc<[u64]>>> = HashMap::new();
-    let mut frame0_only: HashMap<u64, Arc<[u64]>> = HashMap::new();
+    let mut stacks = StackReader::new(kernel);
     entries
         .iter()
         .enumerate()
         .take_while(|(step, _)| {
             !stopping.is_raised() && tracer_model::interrupt::check_every(*step).is_ok()
         })
-        .map(|(_, (_, info))| {
-            let stored = if info.stack_id == STACK_ID_NONE {
-                None
-            } else {
-                stacks
-                    .entry(info.stack_id)
-                    .or_insert_with(|| kernel.stack(info.stack_id).map(Arc::from))
-                    .clone()
-            };
-            let stack = stored.or_else(|| {
-                (info.frame0 != 0).then(|| {
-                    frame0_only
-                        .entry(info.frame0)
-                        .or_insert_with(|| Arc::from([info.frame0]))
-                        .clone()
-                })
-            });
-            RawBlock {
-                size: info.size,
-                stack,
-                source: Source::from_code(info.source),
-            }
+        .map(|(_, (_, info))| RawBlock {
+            size: info.size,
+            stack: stacks.stack(info.stack_id, info.frame0),
+            source: Source::from_code(info.source),
         })
         .collect()
 }

@@ -14,7 +14,7 @@ use tracer_model::{Completeness, Snapshot, decode, load_tracemalloc};
 use super::processes::{ProcessStatus, stats_of, status};
 use super::{Service, ServiceError, Viewer};
 use crate::capture::ImageId;
-use crate::lifecycle::blocks::{by_image, live_stats, raw_blocks};
+use crate::lifecycle::blocks::{StackReader, by_image, live_stats, raw_blocks};
 use crate::lifecycle::{ImageState, ProcessImage, RawBlock};
 use crate::snapshot::{AllocatorFrames, truncate};
 use crate::store::{
@@ -118,12 +118,10 @@ impl Service {
         }
     }
 
-    /// Every live block of `pid`'s current image (or the blocks its last
-    /// image had when it ended), with its mappings refreshed. The scan of
-    /// the live blocks holds the kernel lock alone: the registry and
-    /// control locks, which the cheap routes need, are taken only for
-    /// short looks before and after it.
-    fn take(&self, pid: u32) -> Result<Taken, ServiceError> {
+    /// The image the registry has for `pid` now, its mappings re-read
+    /// (`/proc/PID/maps`, outside the registry lock: see
+    /// [`Service::refreshed_images`]); None when it has none.
+    fn current_image_refreshed(&self, pid: u32) -> Option<ProcessImage> {
         let id = self
             .state
             .locks()
@@ -131,7 +129,16 @@ impl Service {
             .registry
             .get(pid)
             .map(|i| i.id);
-        let Some(image) = id.and_then(|id| self.refreshed_images(&[id]).pop()) else {
+        id.and_then(|id| self.refreshed_images(&[id]).pop())
+    }
+
+    /// Every live block of `pid`'s current image (or the blocks its last
+    /// image had when it ended), with its mappings refreshed. The scan of
+    /// the live blocks holds the kernel lock alone: the registry and
+    /// control locks, which the cheap routes need, are taken only for
+    /// short looks before and after it.
+    fn take(&self, pid: u32) -> Result<Taken, ServiceError> {
+        let Some(image) = self.current_image_refreshed(pid) else {
             return Err(self.not_traced(pid));
         };
         let (blocks, stats) = match &image.ended {
@@ -188,14 +195,7 @@ impl Service {
         }
         // As take(): the registry and control locks (which the cheap routes
         // need) only for short looks, the kernel's maps under its lock alone.
-        let id = self
-            .state
-            .locks()
-            .registry()
-            .registry
-            .get(pid)
-            .map(|i| i.id);
-        let Some(image) = id.and_then(|id| self.refreshed_images(&[id]).pop()) else {
+        let Some(image) = self.current_image_refreshed(pid) else {
             return Ok(None);
         };
         let (tracing, offsets) = {
@@ -217,8 +217,7 @@ impl Service {
         let held = self.state.locks().kernel();
         let kernel = &**held.kernel;
         let entries = kernel.stack_totals(Some(&HashSet::from([image.id.generation])));
-        let mut stacks: std::collections::HashMap<u64, Option<Arc<[u64]>>> =
-            std::collections::HashMap::new();
+        let mut stacks = StackReader::new(kernel);
         let mut groups = Vec::with_capacity(entries.len());
         for (key, totals) in entries {
             let (mut count, mut size) = (totals.count, totals.size);
@@ -229,16 +228,8 @@ impl Service {
             if count == 0 {
                 continue;
             }
-            let stack = if key.stack_id == tracer_common::STACK_ID_NONE {
-                (key.frame0 != 0).then(|| Arc::from([key.frame0]))
-            } else {
-                stacks
-                    .entry(key.stack_id)
-                    .or_insert_with(|| kernel.stack(key.stack_id).map(Arc::from))
-                    .clone()
-            };
             groups.push((
-                stack,
+                stacks.stack(key.stack_id, key.frame0),
                 tracer_model::Source::from_code(key.source),
                 count,
                 size,

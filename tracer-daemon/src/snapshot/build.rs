@@ -56,7 +56,22 @@ struct Pass<'a> {
     machinery: Option<Machinery<'a>>,
 }
 
+/// The traceback of a block with no stack at all: `<unknown>:0`.
+fn unknown_traceback() -> Arc<Traceback> {
+    Arc::new(Traceback::new(vec![Frame::unknown()], Some(1)))
+}
+
 impl SnapshotBuilder {
+    /// A build's shared state over `maps`, dropping the machinery's frames
+    /// unless `frames` keeps them.
+    fn pass<'a>(&'a self, maps: Option<&'a ModuleMaps>, frames: AllocatorFrames) -> Pass<'a> {
+        Pass {
+            maps,
+            machinery: (frames == AllocatorFrames::Drop)
+                .then(|| Machinery::new(&self.allocator_frames)),
+        }
+    }
+
     /// Turns raw blocks into a [`Snapshot`]: one symbolization per distinct
     /// stack, the machinery's leading frames dropped (unless `frames` is
     /// [`AllocatorFrames::Keep`]), tracebacks truncated to `nframe` frames,
@@ -68,13 +83,9 @@ impl SnapshotBuilder {
         maps: Option<&ModuleMaps>,
         frames: AllocatorFrames,
     ) -> Snapshot {
-        let mut pass = Pass {
-            maps,
-            machinery: (frames == AllocatorFrames::Drop)
-                .then(|| Machinery::new(&self.allocator_frames)),
-        };
+        let mut pass = self.pass(maps, frames);
         let mut tracebacks: HashMap<*const u64, Arc<Traceback>> = HashMap::new();
-        let unknown = Arc::new(Traceback::new(vec![Frame::unknown()], Some(1)));
+        let unknown = unknown_traceback();
         let mean = self.sample_interval;
         if mean > 0 {
             return Snapshot::new(
@@ -119,13 +130,9 @@ impl SnapshotBuilder {
         frames: AllocatorFrames,
         limit: u32,
     ) -> Snapshot {
-        let mut pass = Pass {
-            maps,
-            machinery: (frames == AllocatorFrames::Drop)
-                .then(|| Machinery::new(&self.allocator_frames)),
-        };
+        let mut pass = self.pass(maps, frames);
         let mut tracebacks: HashMap<*const u64, Arc<Traceback>> = HashMap::new();
-        let unknown = Arc::new(Traceback::new(vec![Frame::unknown()], Some(1)));
+        let unknown = unknown_traceback();
         let mut out = Vec::with_capacity(groups.len());
         for (step, (stack, source, count, size)) in groups.iter().enumerate() {
             if self.stopping.is_raised() || interrupt::check_every(step).is_err() {
@@ -202,7 +209,7 @@ impl SnapshotBuilder {
             }
             let traceback = match &stack {
                 Some(stack) => Arc::new(self.traceback(stack, pass)),
-                None => Arc::new(Traceback::new(vec![Frame::unknown()], Some(1))),
+                None => unknown_traceback(),
             };
             let n = (count.round() as u64).max(1);
             let total = bytes.round() as u64;
