@@ -4,6 +4,7 @@
 //! read (`intern`), as snapshots of one process share them.
 
 pub(crate) mod budget;
+pub(crate) mod chunked;
 pub(crate) mod dump;
 mod intern;
 pub(crate) mod pickle;

@@ -383,9 +383,16 @@ impl Converter<'_, '_> {
             .heap
             .dict_get(traces_state, "_traces")
             .ok_or_else(|| shape("Snapshot.traces has no _traces"))?;
-        let items: &[Value] = match raw {
-            Value::List(i) => self.heap.lists.get(i as usize).map_or(&[], Vec::as_slice),
-            Value::Tuple(i) => self.heap.tuple(i),
+        let heap = self.heap;
+        let (count, items): (usize, Box<dyn Iterator<Item = &Value>>) = match raw {
+            Value::List(i) => match heap.lists.get(i as usize) {
+                Some(list) => (list.len(), Box::new(list.iter())),
+                None => (0, Box::new(std::iter::empty())),
+            },
+            Value::Tuple(i) => {
+                let tuple = heap.tuple(i);
+                (tuple.len(), Box::new(tuple.iter()))
+            }
             other => {
                 return Err(shape(format!(
                     "Snapshot.traces._traces is a {}",
@@ -393,12 +400,11 @@ impl Converter<'_, '_> {
                 )));
             }
         };
-        let count = items.len();
         self.budget
             .charge_n(count, cost::TRACE, || format!("its {count} traces"))?;
         let mut out = Vec::with_capacity(count);
         let mut ids = Vec::with_capacity(count);
-        for (n, &item) in items.iter().enumerate() {
+        for (n, &item) in items.enumerate() {
             self.budget.tick()?;
             let Value::Tuple(t) = item else {
                 return Err(shape(format!(

@@ -263,7 +263,7 @@ fn one_deep_traceback_under_many_totals_costs_its_frames_once_per_total() {
         replicating(&body).0
     };
     let per_trace = |depth: usize| charged(&pickle(depth, 20)) - charged(&pickle(depth, 10));
-    let tuple = 4 * 16 + 8; // four tuple slots and the tuple's entry
+    let tuple = 4 * 16 + 12; // four tuple slots and the tuple's entry (chunk, start, length)
     let stack = 0; // the stack is no deeper
     assert_eq!(
         per_trace(1000),

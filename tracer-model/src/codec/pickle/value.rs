@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use super::PickleError;
+use crate::codec::chunked::{Chunked, Slab, SlabRef};
 
 /// The two classes a tracemalloc snapshot pickle names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,27 +77,25 @@ pub(super) struct Object {
     pub(super) state: Option<Value>,
 }
 
-/// The parser's arenas.
+/// The parser's arenas, all [`Chunked`] (or a [`Slab`]): what a file
+/// makes them hold costs its length, as charged, never a doubling's copy.
 #[derive(Default)]
 pub(super) struct Heap {
-    pub(super) strings: Vec<Arc<str>>,
-    /// Tuples are immutable: their items live in one flat vector.
-    pub(super) tuples: Vec<(u32, u32)>,
-    pub(super) tuple_items: Vec<Value>,
-    pub(super) lists: Vec<Vec<Value>>,
-    pub(super) dicts: Vec<Vec<(Value, Value)>>,
-    pub(super) objects: Vec<Object>,
+    pub(super) strings: Chunked<Arc<str>>,
+    /// Tuples are immutable: each one's items lie whole in the slab.
+    pub(super) tuples: Chunked<SlabRef>,
+    pub(super) tuple_items: Slab<Value>,
+    pub(super) lists: Chunked<Chunked<Value>>,
+    pub(super) dicts: Chunked<Chunked<(Value, Value)>>,
+    pub(super) objects: Chunked<Object>,
     /// Ints of 65 to 128 bits.
-    pub(super) wide: Vec<i128>,
+    pub(super) wide: Chunked<i128>,
 }
 
 impl Heap {
     pub(super) fn tuple(&self, index: u32) -> &[Value] {
         match self.tuples.get(index as usize) {
-            Some(&(start, len)) => self
-                .tuple_items
-                .get(start as usize..start as usize + len as usize)
-                .unwrap_or(&[]),
+            Some(&at) => self.tuple_items.slice(at),
             None => &[],
         }
     }

@@ -9,14 +9,18 @@ use std::sync::Arc;
 use super::PickleError;
 use super::value::{Class, Heap, Object, Value, arena_index};
 use crate::codec::budget::{Budget, OverBudget, cost};
+use crate::codec::chunked::Chunked;
+use crate::codec::chunked::SlabRef;
 use crate::codec::intern::intern;
 
 /// Runs the pickle `bytes` up to its STOP: the value left on the stack and
 /// the objects made. Refuses input that does not start with PROTO or that
 /// goes on after STOP. Every value stored (on the stack, in the memo, a
-/// list, a tuple or a dict) is charged to `budget` by the capacity its
-/// vector grows to, before it grows: `DUP`, `MEMOIZE` and `GET` are
-/// checked as they run. Each opcode is a step of the interrupt check.
+/// list, a tuple or a dict) is charged to `budget` before it is stored:
+/// `DUP`, `MEMOIZE` and `GET` are checked as they run. Every table here is
+/// [`Chunked`], which grows without copying, so that what is charged (the
+/// length) is what the memory holds. Each opcode is a step of the
+/// interrupt check.
 pub(super) fn run(bytes: &[u8], budget: &mut Budget) -> Result<(Value, Heap), PickleError> {
     if bytes.first() != Some(&0x80) {
         return Err(PickleError::Malformed {
@@ -28,9 +32,9 @@ pub(super) fn run(bytes: &[u8], budget: &mut Budget) -> Result<(Value, Heap), Pi
         input: bytes,
         at: 0,
         op_at: 0,
-        stack: Vec::new(),
-        marks: Vec::new(),
-        memo: Vec::new(),
+        stack: Chunked::default(),
+        marks: Chunked::default(),
+        memo: Chunked::default(),
         heap: Heap::default(),
         interned: HashMap::new(),
         budget,
@@ -53,9 +57,9 @@ struct Machine<'a, 'b> {
     at: usize,
     /// Offset of the opcode being run, for errors.
     op_at: usize,
-    stack: Vec<Value>,
-    marks: Vec<usize>,
-    memo: Vec<Value>,
+    stack: Chunked<Value>,
+    marks: Chunked<usize>,
+    memo: Chunked<Value>,
     heap: Heap,
     /// Equal strings share one `Arc` (file names repeat a lot).
     interned: HashMap<Arc<str>, u32>,
@@ -79,6 +83,11 @@ impl<'a> Machine<'a, '_> {
         let (input, op_at) = (self.input, self.op_at);
         self.budget
             .charge_n(count, each as u64, || here(input, op_at))
+    }
+
+    /// Charges `count` more items of `T` (in a [`Chunked`] or a slab).
+    fn charge_items<T>(&mut self, count: usize) -> Result<(), OverBudget> {
+        self.charge_n(count, size_of::<T>())
     }
 
     fn err(&self, reason: impl Into<String>) -> PickleError {
@@ -179,9 +188,7 @@ impl<'a> Machine<'a, '_> {
         }
         let index = arena_index(self.heap.strings.len(), self.op_at)?;
         self.charge_n(1, 2 * text.len() + cost::STRING as usize)?;
-        let (input, op_at) = (self.input, self.op_at);
-        self.budget
-            .grow(&mut self.heap.strings, 1, || here(input, op_at))?;
+        self.charge_items::<Arc<str>>(1)?;
         let shared: Arc<str> = intern(text);
         self.heap.strings.push(Arc::clone(&shared));
         self.interned.insert(shared, index);
@@ -190,19 +197,17 @@ impl<'a> Machine<'a, '_> {
 
     /// Replaces `stack[from..]` by the tuple of those items.
     fn tuple_from(&mut self, from: usize) -> Result<(), PickleError> {
-        let items = self.stack.get(from..).unwrap_or(&[]);
+        let len = self.stack.len().saturating_sub(from);
         let index = arena_index(self.heap.tuples.len(), self.op_at)?;
-        let start = arena_index(self.heap.tuple_items.len(), self.op_at)?;
-        let len = arena_index(items.len(), self.op_at)?;
-        let (input, op_at) = (self.input, self.op_at);
-        self.budget
-            .grow(&mut self.heap.tuple_items, items.len(), || {
-                here(input, op_at)
-            })?;
-        self.budget
-            .grow(&mut self.heap.tuples, 1, || here(input, op_at))?;
-        self.heap.tuple_items.extend_from_slice(items);
-        self.heap.tuples.push((start, len));
+        arena_index(len, self.op_at)?;
+        self.charge_n(len, size_of::<Value>())?;
+        self.charge_items::<SlabRef>(1)?;
+        let at = self
+            .heap
+            .tuple_items
+            .push_slice(len, self.stack.iter_from(from).copied())
+            .ok_or_else(|| self.err("too many objects"))?;
+        self.heap.tuples.push(at);
         self.stack.truncate(from);
         self.push(Value::Tuple(index))
     }
@@ -235,8 +240,7 @@ impl<'a> Machine<'a, '_> {
                 *slot = value;
             }
         } else if index == self.memo.len() {
-            let (input, op_at) = (self.input, self.op_at);
-            self.budget.grow(&mut self.memo, 1, || here(input, op_at))?;
+            self.charge_items::<Value>(1)?;
             self.memo.push(value);
         } else {
             return Err(self.err(format!(
@@ -272,9 +276,7 @@ impl<'a> Machine<'a, '_> {
             return Ok(value);
         }
         let index = arena_index(self.heap.wide.len(), self.op_at)?;
-        let (input, op_at) = (self.input, self.op_at);
-        self.budget
-            .grow(&mut self.heap.wide, 1, || here(input, op_at))?;
+        self.charge_items::<i128>(1)?;
         self.heap.wide.push(v);
         Ok(Value::Wide(index))
     }
@@ -398,17 +400,21 @@ impl<'a> Machine<'a, '_> {
                 }
                 b']' => {
                     let index = arena_index(self.heap.lists.len(), self.op_at)?;
-                    self.grow_lists()?;
-                    self.heap.lists.push(Vec::new());
+                    self.charge_items::<Chunked<Value>>(1)?;
+                    self.heap.lists.push(Chunked::default());
                     self.push(Value::List(index))?;
                 }
                 b'l' => {
                     // LIST
                     let mark = self.pop_mark()?;
                     self.charge_n(self.stack.len() - mark, size_of::<Value>())?;
-                    let items = self.stack.split_off(mark);
+                    let mut items = Chunked::default();
+                    for &item in self.stack.iter_from(mark) {
+                        items.push(item);
+                    }
+                    self.stack.truncate(mark);
                     let index = arena_index(self.heap.lists.len(), self.op_at)?;
-                    self.grow_lists()?;
+                    self.charge_items::<Chunked<Value>>(1)?;
                     self.heap.lists.push(items);
                     self.push(Value::List(index))?;
                 }
@@ -427,13 +433,16 @@ impl<'a> Machine<'a, '_> {
                     if let Value::List(i) = list
                         && let Some(items) = self.heap.lists.get_mut(i as usize)
                     {
-                        items.extend(self.stack.drain(mark..));
+                        for &item in self.stack.iter_from(mark) {
+                            items.push(item);
+                        }
                     }
+                    self.stack.truncate(mark);
                 }
                 b'}' => {
                     let index = arena_index(self.heap.dicts.len(), self.op_at)?;
-                    self.grow_dicts()?;
-                    self.heap.dicts.push(Vec::new());
+                    self.charge_items::<Chunked<(Value, Value)>>(1)?;
+                    self.heap.dicts.push(Chunked::default());
                     self.push(Value::Dict(index))?;
                 }
                 b'd' => {
@@ -442,7 +451,7 @@ impl<'a> Machine<'a, '_> {
                     self.charge_n((self.stack.len() - mark) / 2, size_of::<(Value, Value)>())?;
                     let pairs = self.pairs(mark)?;
                     let index = arena_index(self.heap.dicts.len(), self.op_at)?;
-                    self.grow_dicts()?;
+                    self.charge_items::<Chunked<(Value, Value)>>(1)?;
                     self.heap.dicts.push(pairs);
                     self.push(Value::Dict(index))?;
                 }
@@ -458,8 +467,18 @@ impl<'a> Machine<'a, '_> {
                     let mark = self.pop_mark()?;
                     let dict = self.below(mark)?;
                     self.dict_mut(dict, (self.stack.len() - mark) / 2)?;
-                    let pairs = self.pairs(mark)?;
-                    self.dict_mut(dict, 0)?.extend(pairs);
+                    if !(self.stack.len() - mark).is_multiple_of(2) {
+                        return Err(self.err("an odd number of items for a dict"));
+                    }
+                    if let Value::Dict(i) = dict
+                        && let Some(into) = self.heap.dicts.get_mut(i as usize)
+                    {
+                        let mut items = self.stack.iter_from(mark).copied();
+                        while let (Some(key), Some(value)) = (items.next(), items.next()) {
+                            into.push((key, value));
+                        }
+                    }
+                    self.stack.truncate(mark);
                 }
                 b'c' => {
                     // GLOBAL "module\nname\n"
@@ -492,9 +511,7 @@ impl<'a> Machine<'a, '_> {
                         return Err(self.err(format!("NEWOBJ of {} with arguments", class.name())));
                     }
                     let index = arena_index(self.heap.objects.len(), self.op_at)?;
-                    let (input, op_at) = (self.input, self.op_at);
-                    self.budget
-                        .grow(&mut self.heap.objects, 1, || here(input, op_at))?;
+                    self.charge_items::<Object>(1)?;
                     self.heap.objects.push(Object { class, state: None });
                     self.push(Value::Object(index))?;
                 }
@@ -560,34 +577,29 @@ impl<'a> Machine<'a, '_> {
         Ok(line)
     }
 
-    /// Takes `stack[mark..]` as key, value pairs (charged by the caller:
-    /// DICT keeps them, SETITEMS moves them into a dict it grew).
-    fn pairs(&mut self, mark: usize) -> Result<Vec<(Value, Value)>, PickleError> {
-        let items = self.stack.get(mark..).unwrap_or(&[]);
-        if !items.len().is_multiple_of(2) {
+    /// Takes `stack[mark..]` as key, value pairs (charged by DICT, which
+    /// keeps them).
+    fn pairs(&mut self, mark: usize) -> Result<Chunked<(Value, Value)>, PickleError> {
+        if !(self.stack.len().saturating_sub(mark)).is_multiple_of(2) {
             return Err(self.err("an odd number of items for a dict"));
         }
-        let pairs = items.chunks_exact(2).map(|p| (p[0], p[1])).collect();
+        let mut pairs = Chunked::default();
+        {
+            let mut items = self.stack.iter_from(mark).copied();
+            while let (Some(key), Some(value)) = (items.next(), items.next()) {
+                pairs.push((key, value));
+            }
+        }
         self.stack.truncate(mark);
         Ok(pairs)
     }
 
-    /// Makes room for one more list, charged.
-    fn grow_lists(&mut self) -> Result<(), OverBudget> {
-        let (input, op_at) = (self.input, self.op_at);
-        self.budget
-            .grow(&mut self.heap.lists, 1, || here(input, op_at))
-    }
-
-    /// Makes room for one more dict, charged.
-    fn grow_dicts(&mut self) -> Result<(), OverBudget> {
-        let (input, op_at) = (self.input, self.op_at);
-        self.budget
-            .grow(&mut self.heap.dicts, 1, || here(input, op_at))
-    }
-
     /// The list `list`, with room (charged) for `additional` more items.
-    fn list_mut(&mut self, list: Value, additional: usize) -> Result<&mut Vec<Value>, PickleError> {
+    fn list_mut(
+        &mut self,
+        list: Value,
+        additional: usize,
+    ) -> Result<&mut Chunked<Value>, PickleError> {
         let (input, offset) = (self.input, self.op_at);
         let fail = |kind: &str| PickleError::Malformed {
             offset,
@@ -602,7 +614,9 @@ impl<'a> Machine<'a, '_> {
             other => return Err(fail(other.kind())),
         };
         self.budget
-            .grow(items, additional, || here(input, offset))?;
+            .charge_n(additional, size_of::<Value>() as u64, || {
+                here(input, offset)
+            })?;
         Ok(items)
     }
 
@@ -611,7 +625,7 @@ impl<'a> Machine<'a, '_> {
         &mut self,
         dict: Value,
         additional: usize,
-    ) -> Result<&mut Vec<(Value, Value)>, PickleError> {
+    ) -> Result<&mut Chunked<(Value, Value)>, PickleError> {
         let (input, offset) = (self.input, self.op_at);
         let fail = |kind: &str| PickleError::Malformed {
             offset,
@@ -626,7 +640,9 @@ impl<'a> Machine<'a, '_> {
             other => return Err(fail(other.kind())),
         };
         self.budget
-            .grow(pairs, additional, || here(input, offset))?;
+            .charge_n(additional, size_of::<(Value, Value)>() as u64, || {
+                here(input, offset)
+            })?;
         Ok(pairs)
     }
 }
