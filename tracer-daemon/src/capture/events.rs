@@ -28,6 +28,11 @@ pub(super) struct RingPositions {
 // by its owner, on drop: moving it to another thread is sound.
 unsafe impl Send for RingPositions {}
 
+// SAFETY: the mapping is read-only and only read through atomic loads
+// ([`RingPositions::pending`]): readers on several threads at once are
+// sound (the kernel is the only writer).
+unsafe impl Sync for RingPositions {}
+
 impl RingPositions {
     /// Maps the positions of the ring buffer `fd`; None if the kernel
     /// refuses (then its use is not known).

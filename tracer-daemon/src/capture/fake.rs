@@ -420,14 +420,8 @@ impl KernelMaps for FakeKernel {
     fn set_stack_counts(&mut self, _counts: &[(u32, u32, u64)]) {
         // The fake stores every stack: no share to keep.
     }
-    fn counters(&self) -> Vec<(&'static str, u64)> {
-        tracer_common::Counter::ALL
-            .iter()
-            .map(|(_, name)| (*name, 0))
-            .collect()
-    }
-    fn program_stats(&self) -> Vec<(String, Duration, u64)> {
-        Vec::new()
+    fn stats(&self) -> Arc<dyn super::KernelStatsSource> {
+        Arc::new(self.clone())
     }
     fn unwind_file(&self, key: FileKey) -> Option<u32> {
         self.lock().unwind.as_ref()?.file(key)
@@ -478,11 +472,26 @@ impl KernelMaps for FakeKernel {
                 .collect()
         })
     }
+}
+
+impl super::KernelStatsSource for FakeKernel {
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        tracer_common::Counter::ALL
+            .iter()
+            .map(|(_, name)| (*name, 0))
+            .collect()
+    }
+    fn program_stats(&self) -> Vec<(String, Duration, u64)> {
+        Vec::new()
+    }
     fn map_usage(&self) -> MapUsage {
         vec![(
             tracer_common::MAP_LIVE_ALLOCS,
             self.lock().blocks.len() as u64,
             u64::from(self.config.max_live_blocks),
         )]
+    }
+    fn unwind_usage(&self) -> UnwindUsage {
+        super::KernelMaps::unwind_usage(self)
     }
 }

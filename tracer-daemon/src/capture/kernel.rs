@@ -8,7 +8,6 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
 use serde::Serialize;
 use tracer_common::{AllocInfo, AllocKey, ProcStats, ProcTotals, StackTotals, StackTotalsKey};
@@ -183,15 +182,12 @@ pub trait KernelMaps: Send {
     /// still tracks: the distinct stacks its live blocks reference.
     fn set_stack_counts(&mut self, counts: &[(u32, u32, u64)]);
 
-    /// The programs' counters summed over CPUs, by name, in slot order.
-    fn counters(&self) -> Vec<(&'static str, u64)>;
-
-    /// (program, run time, run count) of each program while
-    /// `BPF_ENABLE_STATS` is on.
-    fn program_stats(&self) -> Vec<(String, Duration, u64)>;
-
-    /// Entries and capacity of each map.
-    fn map_usage(&self) -> MapUsage;
+    /// The programs' counters, their run statistics, each map's entries
+    /// and capacity, and the unwind tables' use, as a reader of its own,
+    /// shared: reading through it takes no lock of tracerd's, so `/metrics`
+    /// never waits behind a holder of the kernel side's lock. Each read is
+    /// the kernel's value at that moment.
+    fn stats(&self) -> Arc<dyn super::KernelStatsSource>;
 
     /// The id of `key`'s unwind table: `Some(id)` once loaded,
     /// `Some(UNWIND_FILE_NONE)` once refused, None if never offered.
@@ -243,6 +239,7 @@ impl KernelMaps for super::Capture {
         self.probe_links()
     }
     fn stop_with(&mut self, stopping: Stopping) {
+        self.stats.stop_with(stopping.clone());
         self.stopping = stopping;
     }
     fn add_library(&mut self, found: super::probes::Found) -> Result<(), CaptureError> {
@@ -311,14 +308,8 @@ impl KernelMaps for super::Capture {
     fn set_stack_counts(&mut self, counts: &[(u32, u32, u64)]) {
         self.set_stack_counts(counts);
     }
-    fn counters(&self) -> Vec<(&'static str, u64)> {
-        self.counters()
-    }
-    fn program_stats(&self) -> Vec<(String, Duration, u64)> {
-        self.program_stats()
-    }
-    fn map_usage(&self) -> MapUsage {
-        self.map_usage()
+    fn stats(&self) -> Arc<dyn super::KernelStatsSource> {
+        self.stats()
     }
     fn unwind_file(&self, key: FileKey) -> Option<u32> {
         self.unwind_file(key)

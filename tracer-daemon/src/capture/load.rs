@@ -279,7 +279,8 @@ impl Capture {
                 reason: format!("cannot map the process slots: {e}"),
             })?;
         let counters = take_map(&mut ebpf, MAP_COUNTERS)?;
-        let inflight = take_map(&mut ebpf, MAP_INFLIGHT)?;
+        let inflight: aya::maps::HashMap<MapData, u64, tracer_common::Inflight> =
+            take_map(&mut ebpf, MAP_INFLIGHT)?;
         let inflight_slots_map = take_array(&mut ebpf, MAP_INFLIGHT_SLOTS)?;
         let events: RingBuf<MapData> = take_map(&mut ebpf, MAP_EVENTS)?;
         let events_positions = RingPositions::map(events.as_fd(), page_size);
@@ -293,6 +294,56 @@ impl Capture {
             0 => UnwindMaps::none(),
             _ => UnwindMaps::take(&mut ebpf, rows_entries)?,
         };
+        let config = CaptureConfig {
+            nframe,
+            walk_frames,
+            unwind_table_rows: if unwind_maps.is_some() {
+                rows_entries
+            } else {
+                0
+            },
+            inflight_slots,
+            events_ring_bytes,
+            live_table_blocks: live_buckets * LIVE_WAYS,
+            ..config
+        };
+        let live_table = live_table.map(std::sync::Arc::new);
+        let totals = std::sync::Arc::new(super::ProcTotalsMaps::new(proc_slots, procs_fd));
+        let stopping = super::Stopping::default();
+        let mut program_fds = Vec::new();
+        for (name, program) in ebpf.programs() {
+            if let Ok(fd) = program.fd() {
+                program_fds.push((name.to_string(), fd.as_fd().try_clone_to_owned()));
+            }
+        }
+        if let Some(multi) = &multi {
+            program_fds.extend(multi.fds());
+        }
+        let stats_map = |map: &'static str, e: std::io::Error| CaptureError::Map {
+            map,
+            reason: format!("cannot open it a second time: {e}"),
+        };
+        let program_fds = program_fds
+            .into_iter()
+            .map(|(name, fd)| Ok((name, fd?)))
+            .collect::<Result<Vec<_>, std::io::Error>>()
+            .map_err(|e| stats_map(MAP_COUNTERS, e))?;
+        let stats = super::usage::KernelStats::new(super::usage::StatsParts {
+            counters,
+            programs: program_fds,
+            live: aya::maps::IterableMap::map(&live),
+            stacks: &stacks,
+            stack_totals: aya::maps::IterableMap::map(&stack_totals),
+            procs: aya::maps::IterableMap::map(&procs),
+            inflight: aya::maps::IterableMap::map(&inflight),
+            inflight_slots: &inflight_slots_map,
+            live_table: live_table.clone(),
+            totals: totals.clone(),
+            events_positions,
+            config: config.clone(),
+            stopping: stopping.clone(),
+        })
+        .map_err(|e| stats_map(MAP_COUNTERS, e))?;
         let mut capture = Self {
             ebpf,
             live,
@@ -301,12 +352,9 @@ impl Capture {
             stacks,
             procs,
             stack_totals,
-            totals: std::sync::Arc::new(super::ProcTotalsMaps::new(proc_slots, procs_fd)),
+            totals,
             _proc_slots_map: proc_slots_map,
-            counters,
-            inflight,
-            inflight_slots: inflight_slots_map,
-            events_positions,
+            stats: std::sync::Arc::new(stats),
             switches,
             scope_tgids,
             events: Some(events),
@@ -316,20 +364,8 @@ impl Capture {
             multi,
             links: HashMap::new(),
             owned_links: super::ProbeLinks::default(),
-            stopping: super::Stopping::default(),
-            config: CaptureConfig {
-                nframe,
-                walk_frames,
-                unwind_table_rows: if unwind_maps.is_some() {
-                    rows_entries
-                } else {
-                    0
-                },
-                inflight_slots,
-                events_ring_bytes,
-                live_table_blocks: live_buckets * LIVE_WAYS,
-                ..config
-            },
+            stopping,
+            config,
             unwind: TableStore::new(
                 if unwind_maps.is_some() {
                     rows_entries
@@ -340,6 +376,7 @@ impl Capture {
             ),
             unwind_maps,
         };
+        capture.publish_unwind_usage();
         capture.own_tracepoints(tracepoint_links);
         if capture.config.system_wide {
             capture.attach(None)?;

@@ -17,7 +17,7 @@ use std::{collections::HashMap, path::PathBuf};
 
 use aya::{
     Ebpf,
-    maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
+    maps::{HashMap as BpfHashMap, MapData, RingBuf},
 };
 use tracer_common::{AllocInfo, AllocKey, ProcTotals, StackTotals, StackTotalsKey};
 
@@ -44,8 +44,8 @@ pub use attach::{Detached, OwnedLinks, ProbeLinks};
 pub use kernel::{ImageId, KernelMaps, Stopping};
 pub use probes::{AttachedLibrary, ProbePoint};
 pub use procs::{ProcTotalsMaps, ProcTotalsSource};
+pub use usage::{KernelStats, KernelStatsSource};
 
-use events::RingPositions;
 use live_table::LiveTable;
 use load::Programs;
 
@@ -206,7 +206,7 @@ pub struct Capture {
     ebpf: Ebpf,
     live: BpfHashMap<MapData, AllocKey, AllocInfo>,
     /// The fast table in front of `live`, mapped; None when it is off.
-    live_table: Option<LiveTable>,
+    live_table: Option<std::sync::Arc<LiveTable>>,
     /// LIVE_KEYS and LIVE_VALUES, kept open with their mapping.
     _live_table_maps: (MapData, MapData),
     /// STACKS: its value size depends on nframe, so it is read with raw
@@ -220,14 +220,12 @@ pub struct Capture {
     /// is kept open beside it.
     totals: std::sync::Arc<procs::ProcTotalsMaps>,
     _proc_slots_map: MapData,
-    counters: PerCpuArray<MapData, u64>,
-    inflight: BpfHashMap<MapData, u64, tracer_common::Inflight>,
-    /// INFLIGHT_SLOTS, read with raw batch lookups (only to count the
-    /// slots in use).
-    inflight_slots: MapData,
-    /// The positions of `EVENTS`, which stay readable after the ring buffer
-    /// itself was taken by the event loop; None if they could not be mapped.
-    events_positions: Option<RingPositions>,
+    /// The counters, program statistics, map use and unwind tables' use,
+    /// read through descriptors of its own and shared with the readers of
+    /// [`KernelMaps::stats`] (no lock needed; it owns `COUNTERS`, the
+    /// positions of `EVENTS`, and copies of `INFLIGHT` and `INFLIGHT_SLOTS`,
+    /// which nothing else of tracerd reads).
+    stats: std::sync::Arc<usage::KernelStats>,
     switches: aya::maps::Array<MapData, u64>,
     /// `SCOPE_TGIDS`: the processes recorded while the scope filter is on.
     scope_tgids: BpfHashMap<MapData, u32, u32>,

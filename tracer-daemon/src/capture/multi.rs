@@ -15,7 +15,6 @@
 use std::{
     collections::{HashMap, HashSet},
     os::fd::{AsFd, AsRawFd as _, BorrowedFd, OwnedFd},
-    time::Duration,
 };
 
 use aya::{
@@ -119,13 +118,12 @@ impl MultiPrograms {
         self.programs.get(name).map(AsFd::as_fd)
     }
 
-    /// (name, total run time, runs) of each program while
-    /// `BPF_ENABLE_STATS` is on (zeros otherwise).
-    pub(super) fn stats(&self) -> impl Iterator<Item = (String, Duration, u64)> + '_ {
-        self.programs.iter().map(|(name, fd)| {
-            let (ns, runs) = uprobe_multi::run_stats(fd.as_fd());
-            ((*name).to_string(), Duration::from_nanos(ns), runs)
-        })
+    /// Each program by name, with a descriptor of its own (for
+    /// [`KernelStats`](super::usage::KernelStats)).
+    pub(super) fn fds(&self) -> impl Iterator<Item = (String, std::io::Result<OwnedFd>)> + '_ {
+        self.programs
+            .iter()
+            .map(|(name, fd)| ((*name).to_string(), fd.as_fd().try_clone_to_owned()))
     }
 }
 

@@ -19,17 +19,20 @@ use super::MetricsOptions;
 use crate::capture::kernel::MapUsage;
 use crate::service::{ProcessView, Service, Target};
 
-/// How long a reading of the kernel maps' entries is reused: counting them
-/// walks every key (one syscall each) under the capture lock, which many
-/// scrapers at once must not repeat.
+/// How long a reading of the kernel maps' entries is reused before a new
+/// one is taken: counting them walks every key (in batches for
+/// `LIVE_ALLOCS`), which many scrapers at once must not repeat.
 pub const MAP_USAGE_MAX_AGE: Duration = Duration::from_secs(5);
 
 /// Reads the service's state at each scrape.
 pub(super) struct ServiceCollector {
     service: Arc<Service>,
     options: MetricsOptions,
-    /// The last map reading and when it was taken.
-    map_usage: std::sync::Mutex<Option<(Instant, MapUsage)>>,
+    /// The last map reading and when it was taken (shared with the thread
+    /// that takes the next one).
+    map_usage: Arc<std::sync::Mutex<Option<(Instant, MapUsage)>>>,
+    /// Whether a thread is taking a new map reading.
+    map_usage_refreshing: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl fmt::Debug for ServiceCollector {
@@ -292,26 +295,67 @@ impl ServiceCollector {
         Self {
             service,
             options,
-            map_usage: std::sync::Mutex::new(None),
+            map_usage: Arc::default(),
+            map_usage_refreshing: Arc::default(),
         }
     }
 
-    /// The maps' entries, walked at most once per [`MAP_USAGE_MAX_AGE`];
-    /// scrapes meanwhile reuse the reading (and wait here, not on the
-    /// capture lock, while one is taken).
+    /// The maps' entries, walked (through the kernel side's own
+    /// descriptors, no lock of tracerd's) at most once per
+    /// [`MAP_USAGE_MAX_AGE`]: scrapes meanwhile reuse the reading. Once it
+    /// is older, a scrape answers with it and a thread of its own takes
+    /// the next one (the walk of millions of live blocks takes a second),
+    /// so that no scrape waits for a walk but the first: a reading is at
+    /// most one scrape interval old.
     fn map_usage(&self) -> MapUsage {
-        let mut cached = self
-            .map_usage
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some((at, usage)) = cached.as_ref()
-            && at.elapsed() < MAP_USAGE_MAX_AGE
-        {
-            return usage.clone();
+        let lock = |cache: &std::sync::Mutex<Option<(Instant, MapUsage)>>| {
+            cache
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone()
+        };
+        match lock(&self.map_usage) {
+            Some((at, usage)) if at.elapsed() < MAP_USAGE_MAX_AGE => usage,
+            Some((_, usage)) => {
+                self.refresh_map_usage();
+                usage
+            }
+            None => {
+                let usage = self.service.map_usage();
+                *self
+                    .map_usage
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) =
+                    Some((Instant::now(), usage.clone()));
+                usage
+            }
         }
-        let usage = self.service.map_usage();
-        *cached = Some((Instant::now(), usage.clone()));
-        usage
+    }
+
+    /// Takes a new map reading on a thread of its own, unless one is being
+    /// taken.
+    fn refresh_map_usage(&self) {
+        use std::sync::atomic::Ordering;
+        if self.map_usage_refreshing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let service = Arc::clone(&self.service);
+        let cache = Arc::clone(&self.map_usage);
+        let refreshing = Arc::clone(&self.map_usage_refreshing);
+        let spawned = std::thread::Builder::new()
+            .name("map-usage".into())
+            .spawn(move || {
+                let usage = service.map_usage();
+                *cache
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) =
+                    Some((Instant::now(), usage));
+                refreshing.store(false, Ordering::Release);
+            });
+        if let Err(err) = spawned {
+            tracing::warn!(%err, "cannot start the map usage reading");
+            self.map_usage_refreshing.store(false, Ordering::Release);
+        }
     }
 
     fn encode_call_sites(

@@ -130,26 +130,30 @@ impl Service {
         }
     }
 
-    /// The programs' counters summed over CPUs, by name, in slot order.
+    /// The programs' counters summed over CPUs, by name, in slot order
+    /// (`COUNTERS`; no lock of tracerd's).
     pub fn counters(&self) -> Vec<(&'static str, u64)> {
-        self.state.locks().kernel().kernel.counters()
+        self.stats.counters()
     }
 
     /// (program, run time, run count) of each eBPF program while
-    /// `BPF_ENABLE_STATS` is on.
+    /// `BPF_ENABLE_STATS` is on (each program's fdinfo; no lock of
+    /// tracerd's).
     pub fn program_stats(&self) -> Vec<(String, std::time::Duration, u64)> {
-        self.state.locks().kernel().kernel.program_stats()
+        self.stats.program_stats()
     }
 
-    /// Entries and capacity of each kernel map (walks the hash maps' keys).
+    /// Entries and capacity of each kernel map (walks the hash maps' keys,
+    /// through descriptors of its own: no lock of tracerd's).
     pub fn map_usage(&self) -> crate::capture::kernel::MapUsage {
-        self.state.locks().kernel().kernel.map_usage()
+        self.stats.map_usage()
     }
 
     /// What the unwind tables hold and cost (tracerd's bookkeeping of
-    /// `UNWIND_ROWS`, `UNWIND_PAGES` and `PROC_MAPS`).
+    /// `UNWIND_ROWS`, `UNWIND_PAGES` and `PROC_MAPS`, as last published;
+    /// no lock of tracerd's).
     pub fn unwind_usage(&self) -> UnwindUsage {
-        self.state.locks().kernel().kernel.unwind_usage()
+        self.stats.unwind_usage()
     }
 
     /// The kernel maps' use: entries and capacity of each, live blocks per
@@ -158,13 +162,17 @@ impl Service {
     pub fn kernel_maps(&self, viewer: Viewer) -> KernelMapsView {
         let visible = self.visible_pids(viewer);
         let seen = |pid: &u32| visible.as_ref().is_none_or(|v| v.contains(pid));
-        let held = self.state.locks().kernel();
-        let maps = held
-            .kernel
+        let maps = self
             .map_usage()
             .into_iter()
             .map(|(name, entries, capacity)| (name.to_string(), MapUse { entries, capacity }))
             .collect();
+        let counters = self
+            .counters()
+            .into_iter()
+            .map(|(n, v)| (n.to_string(), v))
+            .collect();
+        let held = self.state.locks().kernel();
         let mut live_allocs_by_pid: BTreeMap<u32, u64> = BTreeMap::new();
         for (key, _) in held.kernel.live_blocks(None) {
             if !seen(&key.tgid) {
@@ -172,18 +180,12 @@ impl Service {
             }
             *live_allocs_by_pid.entry(key.tgid).or_default() += 1;
         }
-        let counters = held
-            .kernel
-            .counters()
-            .into_iter()
-            .map(|(n, v)| (n.to_string(), v))
-            .collect();
         KernelMapsView {
             maps,
             live_allocs_by_pid,
             process_max_blocks: held.kernel.config().process_max_blocks(),
             counters,
-            unwind: held.kernel.unwind_usage(),
+            unwind: self.unwind_usage(),
             unwind_pids: {
                 let mut pids: Vec<u32> = held
                     .kernel
@@ -204,7 +206,7 @@ impl Service {
         let maps = procfs::bpf_maps_of_self();
         let kernel_maps = maps.iter().map(|m| m.memlock).sum();
         let daemon_rss = procfs::self_rss().unwrap_or(0);
-        let unwind = self.state.locks().kernel().kernel.unwind_usage();
+        let unwind = self.unwind_usage();
         let held = self.state.locks().store();
         let stored_traces = held.store.summaries().iter().map(|s| s.traces).sum();
         TracerMemory {

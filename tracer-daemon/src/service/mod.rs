@@ -101,6 +101,11 @@ pub struct Service {
     /// Whether the scope in force is every process (read by the exec
     /// holds' fast path without the scope's lock).
     scope_is_all: std::sync::atomic::AtomicBool,
+    /// The scope in force, a copy published by [`Service::set_scope`] as
+    /// it stores the scope: why a pid is not traced is told without the
+    /// scope's lock, which a scope change holds while it attaches (seconds
+    /// for hundreds of processes).
+    scope_published: std::sync::RwLock<std::sync::Arc<crate::lifecycle::Scope>>,
     /// Raised when what an exec needs of tracerd may have changed (the
     /// scope, an object no longer probed): the exec holds hold every
     /// program again ([`Service::holds_epoch`]).
@@ -128,6 +133,10 @@ pub struct Service {
     /// and `get_traced_memory()` never wait behind a pass over the live
     /// blocks, and still show the kernel's totals of the moment.
     totals: std::sync::Arc<dyn crate::capture::ProcTotalsSource>,
+    /// The kernel's counters, program statistics, map use and unwind
+    /// tables' use, read without the kernel lock ([`KernelMaps::stats`]):
+    /// `/metrics` never waits behind a pass over the live blocks.
+    stats: std::sync::Arc<dyn crate::capture::KernelStatsSource>,
     /// The orphan sweeps so far ([`Service::sweep_record`]).
     sweeps: housekeeping::Sweeps,
     /// The drops last logged of each live image, and when
@@ -156,6 +165,7 @@ impl Service {
         let pinned: Vec<_> = kernel.libraries().iter().map(|l| l.key).collect();
         let libraries = std::sync::RwLock::new(kernel.libraries().to_vec());
         let totals = kernel.totals();
+        let stats = kernel.stats();
         Self {
             state: State::new(
                 kernel,
@@ -173,11 +183,13 @@ impl Service {
             discover_again: std::sync::Mutex::default(),
             exec_objects: std::sync::Mutex::default(),
             scope_is_all: std::sync::atomic::AtomicBool::new(true),
+            scope_published: std::sync::RwLock::default(),
             holds_epoch: std::sync::atomic::AtomicU64::new(0),
             events_dropped_seen: std::sync::atomic::AtomicU64::new(0),
             drops_logged: std::sync::Mutex::default(),
             libraries,
             totals,
+            stats,
             sweeps: housekeeping::Sweeps::default(),
             stopping: stopping.clone(),
             probe_links,

@@ -187,15 +187,21 @@ impl Service {
     /// know, with why: tracerd's own pid, no such process, outside the
     /// scope, none of the probed files mapped (`/proc/PID/maps`, by device
     /// and inode, so a container's own libc at the same path is told
-    /// apart), or no allocation seen yet. Takes the scope's lock: called
-    /// with none of the service's held.
+    /// apart), or no allocation seen yet. Reads the published scope, never
+    /// waiting for a scope change in progress (which holds the scope's
+    /// lock while it attaches).
     pub(super) fn not_traced(&self, pid: u32) -> ServiceError {
         use super::NotTracedWhy as Why;
         let why = if pid == std::process::id() {
             Why::Tracerd
         } else if !crate::sys::procfs::exists(pid) {
             Why::NoProcess
-        } else if !self.state.locks().scope().scope.matches(pid) {
+        } else if !self
+            .scope_published
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .matches(pid)
+        {
             Why::OutOfScope
         } else {
             // The published copy: a scope change holds the kernel lock

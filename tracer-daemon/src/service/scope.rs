@@ -75,6 +75,11 @@ impl Service {
             self.holds_epoch
                 .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
             *held.scope = new.clone();
+            *self
+                .scope_published
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) =
+                std::sync::Arc::new(new.clone());
             attached
         };
         if !new.is_all() {

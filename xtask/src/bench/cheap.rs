@@ -232,9 +232,8 @@ fn measure(tracerd: &Path, dir: &Path, exe: &Path) -> anyhow::Result<Measured> {
         let watch = Instant::now();
         let began = SystemTime::now();
         let answers = ask(&http, &paths, &|_| watch.elapsed() >= SWEEP_WATCH)?;
-        // `/metrics` reads the maps' use under the kernel lock: it answers
-        // once a sweep still running has ended, which must have ended
-        // while the routes were asked.
+        // The last sweep that `/metrics` reports must have run while the
+        // routes were asked (else the window is watched again).
         let watched = unix_secs(SystemTime::now());
         let end = metric(&http, "tracer_orphan_sweep_last_end_seconds")?;
         let took = metric(&http, "tracer_orphan_sweep_last_seconds")?;

@@ -138,7 +138,9 @@ impl Capture {
 
     /// See [`crate::capture::KernelMaps::load_unwind_file`].
     pub fn load_unwind_file(&mut self, key: FileKey, table: Result<&FileTable, &str>) -> u32 {
-        self.unwind.load(&mut self.unwind_maps, key, table)
+        let id = self.unwind.load(&mut self.unwind_maps, key, table);
+        self.publish_unwind_usage();
+        id
     }
 
     /// See [`crate::capture::KernelMaps::set_process_mappings`].
@@ -152,14 +154,25 @@ impl Capture {
         mappings: &[ProcMapping],
         files: &[FileKey],
     ) -> Result<(), TableError> {
-        self.unwind
-            .set_process(&mut self.unwind_maps, tgid, generation, mappings, files)
+        let set = self
+            .unwind
+            .set_process(&mut self.unwind_maps, tgid, generation, mappings, files);
+        self.publish_unwind_usage();
+        set
     }
 
     /// See [`crate::capture::KernelMaps::remove_process_mappings`].
     pub fn remove_process_mappings(&mut self, tgid: u32, generation: u32) {
         self.unwind
             .remove_process(&mut self.unwind_maps, tgid, generation);
+        self.publish_unwind_usage();
+    }
+
+    /// Publishes the unwind tables' use to the readers of
+    /// [`KernelMaps::stats`](crate::capture::KernelMaps::stats), after a
+    /// change of them (and once at load).
+    pub(crate) fn publish_unwind_usage(&self) {
+        self.stats.publish_unwind(self.unwind.usage());
     }
 
     /// See [`crate::capture::KernelMaps::unwind_processes`].
