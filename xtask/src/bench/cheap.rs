@@ -1,7 +1,7 @@
 //! The bench's cheap-routes part (issue 15): how long `GET
-//! /pid/N/traced-memory` (of a small process), `GET /processes` and `GET
-//! /health` take idle, while a 4,000,000-block process's snapshot is taken
-//! (`POST /pid/N/snapshots`), and while the orphan sweep passes over its
+//! /pid/N/traced-memory` (of a small process), `GET /processes`, `GET
+//! /health` and `GET /metrics` take idle, while a 4,000,000-block
+//! process's snapshot is taken (`POST /pid/N/snapshots`), and while the orphan sweep passes over its
 //! blocks: p50 and p99 of each, side by side, in one run (the goal: p99
 //! under 10 ms under either load). Each route is asked from a thread of
 //! its own at a steady pace (one request every 3 ms), each request timed
@@ -38,11 +38,12 @@ const SWEEP_WATCH: Duration = Duration::from_secs(13);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// The routes measured, by label.
-fn routes(small: u32) -> [(&'static str, String); 3] {
+fn routes(small: u32) -> [(&'static str, String); 4] {
     [
         ("traced-memory", format!("/pid/{small}/traced-memory")),
         ("processes", "/processes".to_string()),
         ("health", "/health".to_string()),
+        ("metrics", "/metrics".to_string()),
     ]
 }
 
