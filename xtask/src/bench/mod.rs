@@ -21,6 +21,7 @@ use anyhow::bail;
 
 pub mod baseline;
 mod cheap;
+mod host;
 pub mod model;
 mod modes;
 mod queries;
@@ -67,6 +68,10 @@ pub struct BenchArgs {
     /// 1,000-block process beside 4,000,000 blocks, and of the big one).
     #[arg(long)]
     pub no_queries: bool,
+    /// Skip the host-scale part (10,000,000 live blocks across 100
+    /// processes: kernel and tracerd memory per block, queries beside them).
+    #[arg(long)]
+    pub no_host: bool,
     /// Skip the cheap-routes part (traced-memory, processes and health:
     /// p50/p99 idle, during a 4,000,000-block snapshot, during the sweep).
     #[arg(long)]
@@ -223,6 +228,9 @@ fn run(root: &Path, args: &BenchArgs, baseline: Option<&Baseline>) -> anyhow::Re
     }
     if !args.no_queries {
         extra.insert("queries".into(), queries::queries_part(root, &dir)?);
+    }
+    if !args.no_host {
+        extra.insert("host".into(), host::host_part(root, &dir)?);
     }
     if !args.no_cheap {
         let tracerd = crate::util::paths::release_dir(root).join("tracerd");

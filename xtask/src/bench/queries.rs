@@ -28,7 +28,7 @@ const RUNS: usize = 15;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Times `runs` GETs of `path` (each must answer 200): (median, max) in ms.
-fn time_get(http: &Client, path: &str, runs: usize) -> anyhow::Result<(f64, f64)> {
+pub(super) fn time_get(http: &Client, path: &str, runs: usize) -> anyhow::Result<(f64, f64)> {
     let mut ms = Vec::with_capacity(runs);
     for _ in 0..runs {
         let start = Instant::now();
@@ -43,7 +43,7 @@ fn time_get(http: &Client, path: &str, runs: usize) -> anyhow::Result<(f64, f64)
 }
 
 /// Stores a snapshot of `pid`; returns its id and the time it took in ms.
-fn store(http: &Client, pid: u32) -> anyhow::Result<(u64, f64)> {
+pub(super) fn store(http: &Client, pid: u32) -> anyhow::Result<(u64, f64)> {
     let start = Instant::now();
     let reply = http.post(&format!("/pid/{pid}/snapshots"))?;
     let ms = start.elapsed().as_secs_f64() * 1000.0;
