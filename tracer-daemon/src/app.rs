@@ -443,7 +443,7 @@ mod tests {
         ));
         let dir = std::env::temp_dir().join(format!("tracer-last-stop-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
-        let holder = service.hold_kernel_lock(Duration::from_secs(3));
+        let holder = service.hold_all_locks(Duration::from_secs(3));
         let started = std::time::Instant::now();
         record_stop(&service, &dir, false).await;
         let took = started.elapsed();

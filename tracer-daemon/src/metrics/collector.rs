@@ -292,12 +292,16 @@ impl Collector for ServiceCollector {
 
 impl ServiceCollector {
     pub(super) fn new(service: Arc<Service>, options: MetricsOptions) -> Self {
-        Self {
+        let collector = Self {
             service,
             options,
             map_usage: Arc::default(),
             map_usage_refreshing: Arc::default(),
-        }
+        };
+        // The first reading, taken while the maps are still small, so that
+        // no scrape waits for a walk of millions of blocks.
+        collector.refresh_map_usage();
+        collector
     }
 
     /// The maps' entries, walked (through the kernel side's own
@@ -305,8 +309,9 @@ impl ServiceCollector {
     /// [`MAP_USAGE_MAX_AGE`]: scrapes meanwhile reuse the reading. Once it
     /// is older, a scrape answers with it and a thread of its own takes
     /// the next one (the walk of millions of live blocks takes a second),
-    /// so that no scrape waits for a walk but the first: a reading is at
-    /// most one scrape interval old.
+    /// so that no scrape waits for a walk (but one before the first
+    /// reading, taken at start, is in): a reading is at most one scrape
+    /// interval old.
     fn map_usage(&self) -> MapUsage {
         let lock = |cache: &std::sync::Mutex<Option<(Instant, MapUsage)>>| {
             cache

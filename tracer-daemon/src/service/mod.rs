@@ -322,6 +322,31 @@ impl Service {
         handle
     }
 
+    /// Holds every lock of the service's state on a thread of its own for
+    /// `hold` (tests of the stop: a service stuck everywhere).
+    #[cfg(test)]
+    pub(crate) fn hold_all_locks(
+        self: &std::sync::Arc<Self>,
+        hold: Duration,
+    ) -> std::thread::JoinHandle<()> {
+        let service = self.clone();
+        let (held, taken) = std::sync::mpsc::channel();
+        let handle = std::thread::spawn(move || {
+            let _all = service
+                .state
+                .locks()
+                .kernel()
+                .scope()
+                .registry()
+                .control()
+                .store();
+            let _ = held.send(());
+            std::thread::sleep(hold);
+        });
+        let _ = taken.recv();
+        handle
+    }
+
     /// The symbolizer's counters.
     pub fn symbolizer_stats(&self) -> SymbolizerStats {
         self.builder.symbolizer.stats()

@@ -527,8 +527,8 @@ fn the_totals_per_stack_of_ended_images_leave_the_kernel_at_the_sweep() {
 fn the_cheap_reads_do_not_wait_for_a_holder_of_the_kernel_lock() {
     // A pass over millions of live blocks (a snapshot, the sweep) holds
     // the kernel lock for seconds: a process's traced memory, the process
-    // list and the health are read without it, and are the kernel's
-    // totals of the moment.
+    // list, the health and /metrics' counters and maps' use are read
+    // without it, and are the kernel's values of the moment.
     let (kernel, service) = service();
     start(&kernel, &service, PID);
     kernel.alloc(PID, 0x1000, 100, &[0x40_1000]);
@@ -545,6 +545,10 @@ fn the_cheap_reads_do_not_wait_for_a_holder_of_the_kernel_lock() {
         .collect();
     let one = service.process(PID).expect("traced");
     let health = service.health();
+    // And /metrics' readings of the kernel side.
+    let counters = service.counters();
+    let maps = service.map_usage();
+    let unwind = service.unwind_usage();
     let took = started.elapsed();
     let _ = holder.join();
     assert!(took < Duration::from_millis(500), "took {took:?}");
@@ -556,4 +560,10 @@ fn the_cheap_reads_do_not_wait_for_a_holder_of_the_kernel_lock() {
     assert_eq!(listed, [(PID, 135, 135, 3)]);
     assert_eq!((one.view.current, one.view.blocks), (135, 3));
     assert_eq!(health.status, "ready");
+    assert_eq!(counters.len(), tracer_common::Counter::ALL.len());
+    assert_eq!(maps, [(tracer_common::MAP_LIVE_ALLOCS, 3, 1 << 20)]);
+    assert_eq!(
+        (unwind.rows, unwind.rows_capacity, unwind.processes),
+        (0, 65536, 0)
+    );
 }
