@@ -1,5 +1,5 @@
 //! Live blocks: read and removed from the fast table and `LIVE_ALLOCS`.
-use std::{collections::HashSet, ops::ControlFlow, os::fd::AsFd as _};
+use std::{cell::Cell, collections::HashSet, ops::ControlFlow, os::fd::AsFd as _};
 
 use tracer_common::{AllocInfo, AllocKey};
 
@@ -8,26 +8,43 @@ use super::{Capture, ImageId};
 use crate::sys::bpf as bpf_sys;
 
 impl Capture {
-    /// Every live block of the process images `want` (tgid, generation),
-    /// read from the fast table (through its mapping) and `LIVE_ALLOCS`;
-    /// with `want` None, every block of every process. One pass over each;
-    /// once tracerd is stopping, the pass ends at the next block and what
-    /// was read so far is returned (see [`super::Stopping`]).
-    pub fn live_blocks(&self, want: Option<&HashSet<ImageId>>) -> Vec<(AllocKey, AllocInfo)> {
-        let mut out = Vec::new();
+    /// Calls `f` with every live block of the process images `want`
+    /// (tgid, generation), read from the fast table (through its mapping)
+    /// and `LIVE_ALLOCS`, until it breaks; with `want` None, every block of
+    /// every process. One pass over each; once tracerd is stopping, the
+    /// pass ends at the next block (see [`super::Stopping`]).
+    pub fn for_each_live_block(
+        &self,
+        want: Option<&HashSet<ImageId>>,
+        f: &mut dyn FnMut(&AllocKey, &AllocInfo) -> ControlFlow<()>,
+    ) {
         let stopping = &self.stopping;
+        // One image wanted (a snapshot of a process): compared, not hashed
+        // (a lookup in the set costs as much as the rest of the block).
+        let only = want.filter(|w| w.len() == 1).and_then(|w| w.iter().next());
+        let broke = Cell::new(false);
         let mut keep = |key: &AllocKey, info: &AllocInfo| {
             if stopping.is_raised() {
+                broke.set(true);
                 return ControlFlow::Break(());
             }
-            match want {
-                Some(want) if !want.contains(&ImageId::of_block(key, info)) => {}
-                _ => out.push((*key, *info)),
+            let image = ImageId::of_block(key, info);
+            let wanted = match (only, want) {
+                (Some(only), _) => image == *only,
+                (None, Some(want)) => want.contains(&image),
+                (None, None) => true,
+            };
+            if wanted && f(key, info).is_break() {
+                broke.set(true);
+                return ControlFlow::Break(());
             }
             ControlFlow::Continue(())
         };
         if let Some(table) = &self.live_table {
             table.for_each(|key, info| keep(&key, &info));
+        }
+        if broke.get() {
+            return;
         }
         // BPF_MAP_LOOKUP_BATCH reads thousands of entries per syscall; fall
         // back to one lookup per key where the kernel lacks it (< 5.6).
@@ -43,7 +60,6 @@ impl Capture {
                 }
             }
         }
-        out
     }
 
     /// Removes the given blocks from the fast table or `LIVE_ALLOCS`;
