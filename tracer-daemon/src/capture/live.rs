@@ -7,6 +7,11 @@ use super::live_table::Removed;
 use super::{Capture, ImageId};
 use crate::sys::bpf as bpf_sys;
 
+/// The fewest buckets of `LIVE_ALLOCS` (its capacity rounded up to a
+/// power of two, as the kernel sizes a hash) read by two walks at once: a
+/// walk of fewer costs less than the second thread.
+const SPLIT_BUCKETS: u32 = 1 << 16;
+
 impl Capture {
     /// Calls `f` with every live block of the process images `want`
     /// (tgid, generation), read from the fast table (through its mapping)
@@ -46,14 +51,23 @@ impl Capture {
         if broke.get() {
             return;
         }
-        // BPF_MAP_LOOKUP_BATCH reads thousands of entries per syscall; fall
-        // back to one lookup per key where the kernel lacks it (< 5.6).
-        if bpf_sys::lookup_batch(
-            aya::maps::IterableMap::map(&self.live).fd().as_fd(),
-            &mut keep,
-        )
-        .is_err()
-        {
+        // BPF_MAP_LOOKUP_BATCH reads thousands of entries per syscall (in
+        // two walks at once where the map is large and two CPUs are there);
+        // fall back to one lookup per key where the kernel lacks it (< 5.6).
+        let fd = aya::maps::IterableMap::map(&self.live).fd().as_fd();
+        let buckets = self
+            .config
+            .max_live_blocks
+            .checked_next_power_of_two()
+            .unwrap_or(1 << 31);
+        let two = buckets >= SPLIT_BUCKETS
+            && std::thread::available_parallelism().is_ok_and(|n| n.get() >= 2);
+        let read = if two {
+            bpf_sys::lookup_batch_halves(fd, buckets, &mut keep)
+        } else {
+            bpf_sys::lookup_batch(fd, &mut keep)
+        };
+        if read.is_err() {
             for (key, info) in self.live.iter().flatten() {
                 if keep(&key, &info).is_break() {
                     break;
