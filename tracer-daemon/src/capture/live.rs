@@ -27,19 +27,21 @@ impl Capture {
         // One image wanted (a snapshot of a process): compared, not hashed
         // (a lookup in the set costs as much as the rest of the block).
         let only = want.filter(|w| w.len() == 1).and_then(|w| w.iter().next());
+        let wanted = |key: &AllocKey, info: &AllocInfo| {
+            let image = ImageId::of_block(key, info);
+            match (only, want) {
+                (Some(only), _) => image == *only,
+                (None, Some(want)) => want.contains(&image),
+                (None, None) => true,
+            }
+        };
         let broke = Cell::new(false);
         let mut keep = |key: &AllocKey, info: &AllocInfo| {
             if stopping.is_raised() {
                 broke.set(true);
                 return ControlFlow::Break(());
             }
-            let image = ImageId::of_block(key, info);
-            let wanted = match (only, want) {
-                (Some(only), _) => image == *only,
-                (None, Some(want)) => want.contains(&image),
-                (None, None) => true,
-            };
-            if wanted && f(key, info).is_break() {
+            if wanted(key, info) && f(key, info).is_break() {
                 broke.set(true);
                 return ControlFlow::Break(());
             }
@@ -63,7 +65,7 @@ impl Capture {
         let two = buckets >= SPLIT_BUCKETS
             && std::thread::available_parallelism().is_ok_and(|n| n.get() >= 2);
         let read = if two {
-            bpf_sys::lookup_batch_halves(fd, buckets, &mut keep)
+            bpf_sys::lookup_batch_halves(fd, buckets, &wanted, &mut keep)
         } else {
             bpf_sys::lookup_batch(fd, &mut keep)
         };

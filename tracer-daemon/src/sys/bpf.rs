@@ -215,12 +215,17 @@ type Part<K, V> = (u64, Vec<(K, V)>);
 /// walk read too (a key is in one bucket) are passed over. Reading a
 /// million entries costs the kernel about 0.25 s, mostly walking its
 /// buckets; two walks take about half of it where two CPUs are free.
+/// The upper walk keeps only the entries `wanted` accepts (`f` must pass
+/// over the others itself: an entry the lower walk read past the middle
+/// may reach it), so that a pass after one process's blocks does not copy
+/// every other process's.
 ///
 /// # Errors
 /// As [`lookup_batch`].
 pub fn lookup_batch_halves<K, V>(
     fd: BorrowedFd<'_>,
     buckets: u32,
+    wanted: &(dyn Fn(&K, &V) -> bool + Sync),
     f: &mut impl FnMut(&K, &V) -> std::ops::ControlFlow<()>,
 ) -> io::Result<()>
 where
@@ -242,7 +247,8 @@ where
                 while !batches.done && !quit.load(Ordering::Relaxed) {
                     let start = batches.start.unwrap_or(mid);
                     let n = batches.next()?;
-                    parts.push((start, batches.read(n).map(|(k, v)| (*k, *v)).collect()));
+                    let kept = batches.read(n).filter(|(k, v)| wanted(k, v));
+                    parts.push((start, kept.map(|(k, v)| (*k, *v)).collect()));
                 }
                 Ok(parts)
             });

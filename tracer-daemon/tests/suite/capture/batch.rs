@@ -107,7 +107,7 @@ fn two_walks_of_a_hash_give_the_entries_of_one_walk_in_its_order() {
     // walk finds nothing), and the smallest split.
     for buckets in [max_entries, 1 << 10, 1 << 20, 2] {
         let mut two = Vec::new();
-        lookup_batch_halves::<Key, Value>(fd.as_fd(), buckets, &mut |k, v| {
+        lookup_batch_halves::<Key, Value>(fd.as_fd(), buckets, &|_, _| true, &mut |k, v| {
             two.push((*k, *v));
             ControlFlow::Continue(())
         })
@@ -118,9 +118,27 @@ fn two_walks_of_a_hash_give_the_entries_of_one_walk_in_its_order() {
             two.len()
         );
     }
+    // The upper walk keeps only what is wanted; what the lower walk read
+    // past the middle is the caller's to pass over, as one walk's are.
+    let even = |k: &Key| k[1].is_multiple_of(2);
+    let mut wanted = Vec::new();
+    lookup_batch_halves::<Key, Value>(fd.as_fd(), max_entries, &|k, _| even(k), &mut |k, v| {
+        if even(k) {
+            wanted.push((*k, *v));
+        }
+        ControlFlow::Continue(())
+    })
+    .expect("batch lookups");
+    let one_even: Vec<_> = one.iter().filter(|(k, _)| even(k)).copied().collect();
+    assert_eq!(one_even.len() as u64, n / 2);
+    assert!(
+        wanted == one_even,
+        "{} wanted entries, not the one walk's",
+        wanted.len()
+    );
     // A walk told to stop gets the first entries of one walk, no more.
     let mut first = Vec::new();
-    lookup_batch_halves::<Key, Value>(fd.as_fd(), max_entries, &mut |k, v| {
+    lookup_batch_halves::<Key, Value>(fd.as_fd(), max_entries, &|_, _| true, &mut |k, v| {
         first.push((*k, *v));
         if first.len() == 70_000 {
             ControlFlow::Break(())
