@@ -4,6 +4,7 @@
 //! exec and exit processes. Clones share one state, so a test keeps a
 //! handle while the service owns another.
 use std::collections::{BTreeSet, HashMap, HashSet};
+use std::ops::ControlFlow;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -337,20 +338,30 @@ impl KernelMaps for FakeKernel {
     fn is_in_scope(&self, pid: u32) -> bool {
         self.lock().in_scope.contains(&pid)
     }
-    fn live_blocks(&self, want: Option<&HashSet<ImageId>>) -> Vec<(AllocKey, AllocInfo)> {
-        let state = self.lock();
-        // Stopping: the pass ends before its first block.
-        if state.stopping.is_raised() {
-            return Vec::new();
-        }
-        let mut out: Vec<_> = state
-            .blocks
-            .iter()
-            .map(|(&(pid, addr), info)| (key(pid, addr), *info))
-            .filter(|(k, i)| want.is_none_or(|w| w.contains(&ImageId::of_block(k, i))))
-            .collect();
+    fn for_each_live_block(
+        &self,
+        want: Option<&HashSet<ImageId>>,
+        f: &mut dyn FnMut(&AllocKey, &AllocInfo) -> ControlFlow<()>,
+    ) {
+        let mut out: Vec<_> = {
+            let state = self.lock();
+            // Stopping: the pass ends before its first block.
+            if state.stopping.is_raised() {
+                return;
+            }
+            state
+                .blocks
+                .iter()
+                .map(|(&(pid, addr), info)| (key(pid, addr), *info))
+                .filter(|(k, i)| want.is_none_or(|w| w.contains(&ImageId::of_block(k, i))))
+                .collect()
+        };
         out.sort_by_key(|(k, _)| (k.tgid, k.addr));
-        out
+        for (key, info) in &out {
+            if f(key, info).is_break() {
+                return;
+            }
+        }
     }
     fn remove_blocks(&mut self, keys: &[AllocKey]) -> usize {
         let mut state = self.lock();

@@ -6,6 +6,7 @@
 //! each image (a process from its first allocation to its exec or exit) a
 //! generation, and tag every block and every per-process total with it.
 use std::collections::HashSet;
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -128,7 +129,25 @@ pub trait KernelMaps: Send {
     /// Every live block of the images `want` (None: of every process);
     /// only some of them once the stop given to [`KernelMaps::stop_with`]
     /// is raised.
-    fn live_blocks(&self, want: Option<&HashSet<ImageId>>) -> Vec<(AllocKey, AllocInfo)>;
+    fn live_blocks(&self, want: Option<&HashSet<ImageId>>) -> Vec<(AllocKey, AllocInfo)> {
+        let mut out = Vec::new();
+        self.for_each_live_block(want, &mut |key, info| {
+            out.push((*key, *info));
+            ControlFlow::Continue(())
+        });
+        out
+    }
+
+    /// Calls `f` with every live block of the images `want` (None: of
+    /// every process), in [`KernelMaps::live_blocks`]'s order, until it
+    /// breaks: a pass that keeps what it needs of each block rather than
+    /// every key and value. Ends at the next block once the stop given to
+    /// [`KernelMaps::stop_with`] is raised.
+    fn for_each_live_block(
+        &self,
+        want: Option<&HashSet<ImageId>>,
+        f: &mut dyn FnMut(&AllocKey, &AllocInfo) -> ControlFlow<()>,
+    );
 
     /// Removes the given blocks; returns how many were there to remove.
     fn remove_blocks(&mut self, keys: &[AllocKey]) -> usize;
@@ -263,8 +282,12 @@ impl KernelMaps for super::Capture {
     fn is_in_scope(&self, pid: u32) -> bool {
         self.is_in_scope(pid)
     }
-    fn live_blocks(&self, want: Option<&HashSet<ImageId>>) -> Vec<(AllocKey, AllocInfo)> {
-        self.live_blocks(want)
+    fn for_each_live_block(
+        &self,
+        want: Option<&HashSet<ImageId>>,
+        f: &mut dyn FnMut(&AllocKey, &AllocInfo) -> ControlFlow<()>,
+    ) {
+        self.for_each_live_block(want, f);
     }
     fn remove_blocks(&mut self, keys: &[AllocKey]) -> usize {
         self.remove_blocks(keys)

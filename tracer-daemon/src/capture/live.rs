@@ -1,5 +1,5 @@
 //! Live blocks: read and removed from the fast table and `LIVE_ALLOCS`.
-use std::{collections::HashSet, ops::ControlFlow, os::fd::AsFd as _};
+use std::{cell::Cell, collections::HashSet, ops::ControlFlow, os::fd::AsFd as _};
 
 use tracer_common::{AllocInfo, AllocKey};
 
@@ -7,43 +7,75 @@ use super::live_table::Removed;
 use super::{Capture, ImageId};
 use crate::sys::bpf as bpf_sys;
 
+/// The fewest buckets of `LIVE_ALLOCS` (its capacity rounded up to a
+/// power of two, as the kernel sizes a hash) read by two walks at once: a
+/// walk of fewer costs less than the second thread.
+const SPLIT_BUCKETS: u32 = 1 << 16;
+
 impl Capture {
-    /// Every live block of the process images `want` (tgid, generation),
-    /// read from the fast table (through its mapping) and `LIVE_ALLOCS`;
-    /// with `want` None, every block of every process. One pass over each;
-    /// once tracerd is stopping, the pass ends at the next block and what
-    /// was read so far is returned (see [`super::Stopping`]).
-    pub fn live_blocks(&self, want: Option<&HashSet<ImageId>>) -> Vec<(AllocKey, AllocInfo)> {
-        let mut out = Vec::new();
+    /// Calls `f` with every live block of the process images `want`
+    /// (tgid, generation), read from the fast table (through its mapping)
+    /// and `LIVE_ALLOCS`, until it breaks; with `want` None, every block of
+    /// every process. One pass over each; once tracerd is stopping, the
+    /// pass ends at the next block (see [`super::Stopping`]).
+    pub fn for_each_live_block(
+        &self,
+        want: Option<&HashSet<ImageId>>,
+        f: &mut dyn FnMut(&AllocKey, &AllocInfo) -> ControlFlow<()>,
+    ) {
         let stopping = &self.stopping;
+        // One image wanted (a snapshot of a process): compared, not hashed
+        // (a lookup in the set costs as much as the rest of the block).
+        let only = want.filter(|w| w.len() == 1).and_then(|w| w.iter().next());
+        let wanted = |key: &AllocKey, info: &AllocInfo| {
+            let image = ImageId::of_block(key, info);
+            match (only, want) {
+                (Some(only), _) => image == *only,
+                (None, Some(want)) => want.contains(&image),
+                (None, None) => true,
+            }
+        };
+        let broke = Cell::new(false);
         let mut keep = |key: &AllocKey, info: &AllocInfo| {
             if stopping.is_raised() {
+                broke.set(true);
                 return ControlFlow::Break(());
             }
-            match want {
-                Some(want) if !want.contains(&ImageId::of_block(key, info)) => {}
-                _ => out.push((*key, *info)),
+            if wanted(key, info) && f(key, info).is_break() {
+                broke.set(true);
+                return ControlFlow::Break(());
             }
             ControlFlow::Continue(())
         };
         if let Some(table) = &self.live_table {
             table.for_each(|key, info| keep(&key, &info));
         }
-        // BPF_MAP_LOOKUP_BATCH reads thousands of entries per syscall; fall
-        // back to one lookup per key where the kernel lacks it (< 5.6).
-        if bpf_sys::lookup_batch(
-            aya::maps::IterableMap::map(&self.live).fd().as_fd(),
-            &mut keep,
-        )
-        .is_err()
-        {
+        if broke.get() {
+            return;
+        }
+        // BPF_MAP_LOOKUP_BATCH reads thousands of entries per syscall (in
+        // two walks at once where the map is large and two CPUs are there);
+        // fall back to one lookup per key where the kernel lacks it (< 5.6).
+        let fd = aya::maps::IterableMap::map(&self.live).fd().as_fd();
+        let buckets = self
+            .config
+            .max_live_blocks
+            .checked_next_power_of_two()
+            .unwrap_or(1 << 31);
+        let two = buckets >= SPLIT_BUCKETS
+            && std::thread::available_parallelism().is_ok_and(|n| n.get() >= 2);
+        let read = if two {
+            bpf_sys::lookup_batch_halves(fd, buckets, &wanted, &mut keep)
+        } else {
+            bpf_sys::lookup_batch(fd, &mut keep)
+        };
+        if read.is_err() {
             for (key, info) in self.live.iter().flatten() {
                 if keep(&key, &info).is_break() {
                     break;
                 }
             }
         }
-        out
     }
 
     /// Removes the given blocks from the fast table or `LIVE_ALLOCS`;

@@ -2,7 +2,11 @@
 //! turns `LIVE_ALLOCS` entries into [`RawBlock`]s (size and return
 //! addresses, each distinct stack read once), [`live_stats`] reads the
 //! totals of a live image.
-use std::{collections::HashMap, sync::Arc};
+use std::{
+    collections::{HashMap, HashSet},
+    ops::ControlFlow,
+    sync::Arc,
+};
 
 use tracer_common::{AllocInfo, AllocKey, ProcStats, STACK_ID_NONE};
 use tracer_model::Source;
@@ -21,6 +25,9 @@ pub struct RawBlock {
     pub source: Source,
 }
 
+/// A block's return addresses, frame 0 first (None: unknown).
+type BlockStack = Option<Arc<[u64]>>;
+
 /// The return addresses of blocks as the kernel names them (stack id and
 /// frame 0), each distinct stack read from `STACKS` once: a block whose
 /// stack is not stored (or no longer is) keeps its exact call site, frame
@@ -29,6 +36,9 @@ pub struct StackReader<'a> {
     kernel: &'a dyn KernelMaps,
     stored: HashMap<u64, Option<Arc<[u64]>>>,
     frame0_only: HashMap<u64, Arc<[u64]>>,
+    /// The last (stack id, frame 0) asked and its answer: blocks come in
+    /// runs of one stack, and a hit costs no hashing.
+    last: Option<(u64, u64, BlockStack)>,
 }
 
 impl<'a> StackReader<'a> {
@@ -38,11 +48,25 @@ impl<'a> StackReader<'a> {
             kernel,
             stored: HashMap::new(),
             frame0_only: HashMap::new(),
+            last: None,
         }
     }
 
     /// The stack `stack_id` (frame 0 first), else `[frame0]`.
     pub fn stack(&mut self, stack_id: u64, frame0: u64) -> Option<Arc<[u64]>> {
+        if let Some((id, frame, stack)) = &self.last
+            && *id == stack_id
+            && *frame == frame0
+        {
+            return stack.clone();
+        }
+        let stack = self.lookup(stack_id, frame0);
+        self.last = Some((stack_id, frame0, stack.clone()));
+        stack
+    }
+
+    /// [`StackReader::stack`] through the tables.
+    fn lookup(&mut self, stack_id: u64, frame0: u64) -> Option<Arc<[u64]>> {
         let kernel = self.kernel;
         let stored = if stack_id == STACK_ID_NONE {
             None
@@ -88,6 +112,35 @@ pub fn raw_blocks(
         .collect()
 }
 
+/// The live blocks of `image` read straight from the kernel maps into
+/// blocks ([`raw_blocks`] of [`KernelMaps::live_blocks`] without keeping
+/// each key and value first); `expected` blocks are made room for. Once
+/// `stopping` is raised, or the thread's interrupt check says to stop, the
+/// blocks end at the next entry: only some of them are returned.
+pub fn live_raw_blocks(
+    kernel: &dyn KernelMaps,
+    image: ImageId,
+    expected: usize,
+    stopping: &Stopping,
+) -> Vec<RawBlock> {
+    let mut stacks = StackReader::new(kernel);
+    let mut out = Vec::with_capacity(expected);
+    let mut step = 0usize;
+    kernel.for_each_live_block(Some(&HashSet::from([image])), &mut |_, info| {
+        if stopping.is_raised() || tracer_model::interrupt::check_every(step).is_err() {
+            return ControlFlow::Break(());
+        }
+        step += 1;
+        out.push(RawBlock {
+            size: info.size,
+            stack: stacks.stack(info.stack_id, info.frame0),
+            source: Source::from_code(info.source),
+        });
+        ControlFlow::Continue(())
+    });
+    out
+}
+
 /// The kernel's totals of a live image (zeros when the kernel tracks
 /// another generation of its pid, or none), read from `totals` (the
 /// kernel side's shared reader, [`KernelMaps::totals`]: no lock needed).
@@ -109,4 +162,60 @@ pub fn by_image(
             .push((key, info));
     }
     out
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // Tests may unwrap (CONTRIBUTING.md).
+mod tests {
+    use super::*;
+    use crate::capture::fake::FakeKernel;
+
+    #[test]
+    fn a_streamed_read_is_the_blocks_of_its_image_as_the_two_pass_read_gives_them() {
+        let kernel = FakeKernel::new(16);
+        let (image, _) = kernel.start(10);
+        kernel.start(11);
+        kernel.alloc(10, 0x1000, 24, &[0x40, 0x50]);
+        kernel.alloc(11, 0x1000, 99, &[0x40, 0x50]);
+        kernel.alloc(10, 0x2000, 32, &[0x40, 0x50]);
+        kernel.alloc(10, 0x3000, 8, &[0x60]);
+        kernel.alloc(10, 0x4000, 16, &[0x40, 0x50]);
+        kernel.alloc(10, 0x5000, 40, &[]);
+        let stopping = Stopping::default();
+        let streamed = live_raw_blocks(&kernel, image, 2, &stopping);
+        let entries = kernel.live_blocks(Some(&HashSet::from([image])));
+        let two_pass = raw_blocks(&kernel, &entries, &stopping);
+        let shape = |blocks: &[RawBlock]| -> Vec<(u64, Option<Vec<u64>>)> {
+            blocks
+                .iter()
+                .map(|b| (b.size, b.stack.as_ref().map(|s| s.to_vec())))
+                .collect()
+        };
+        assert_eq!(
+            shape(&streamed),
+            [
+                (24, Some(vec![0x40, 0x50])),
+                (32, Some(vec![0x40, 0x50])),
+                (8, Some(vec![0x60])),
+                (16, Some(vec![0x40, 0x50])),
+                (40, None),
+            ]
+        );
+        assert_eq!(shape(&streamed), shape(&two_pass));
+        // One stack read once is one allocation for all its blocks, even
+        // after another stack came between them.
+        let first = streamed[0].stack.as_ref().unwrap();
+        assert!(Arc::ptr_eq(first, streamed[1].stack.as_ref().unwrap()));
+        assert!(Arc::ptr_eq(first, streamed[3].stack.as_ref().unwrap()));
+    }
+
+    #[test]
+    fn a_streamed_read_ends_at_once_when_tracerd_stops() {
+        let kernel = FakeKernel::new(16);
+        let (image, _) = kernel.start(10);
+        kernel.alloc(10, 0x1000, 24, &[0x40]);
+        let stopping = Stopping::default();
+        stopping.raise();
+        assert!(live_raw_blocks(&kernel, image, 0, &stopping).is_empty());
+    }
 }

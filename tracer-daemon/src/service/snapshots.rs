@@ -14,7 +14,7 @@ use tracer_model::{Completeness, Snapshot, decode, load_tracemalloc};
 use super::processes::{ProcessStatus, stats_of, status};
 use super::{Service, ServiceError, Viewer};
 use crate::capture::ImageId;
-use crate::lifecycle::blocks::{StackReader, by_image, live_stats, raw_blocks};
+use crate::lifecycle::blocks::{StackReader, by_image, live_raw_blocks, live_stats, raw_blocks};
 use crate::lifecycle::{ImageState, ProcessImage, RawBlock};
 use crate::snapshot::{AllocatorFrames, truncate};
 use crate::store::{
@@ -88,9 +88,33 @@ struct ImageNow {
 /// of it needs.
 struct Taken {
     image: ProcessImage,
-    blocks: Arc<[RawBlock]>,
+    blocks: Blocks,
     status: ProcessStatus,
 }
+
+/// The blocks a snapshot is built from: those an ended image kept
+/// (shared), or those just read (owned: copying millions of blocks into a
+/// shared slice would cost as much as a tenth of reading them).
+enum Blocks {
+    /// An ended image's last blocks.
+    Kept(Arc<[RawBlock]>),
+    /// Read from the kernel maps now.
+    Read(Vec<RawBlock>),
+}
+
+impl std::ops::Deref for Blocks {
+    type Target = [RawBlock];
+    fn deref(&self) -> &[RawBlock] {
+        match self {
+            Blocks::Kept(blocks) => blocks,
+            Blocks::Read(blocks) => blocks,
+        }
+    }
+}
+
+/// The most blocks a read makes room for ahead (16 M blocks, 512 MiB):
+/// beyond it the vector grows as blocks come.
+const MAX_EXPECTED_BLOCKS: u64 = 1 << 24;
 
 impl Service {
     /// The image a query for `pid` means and, if it ended, how.
@@ -142,12 +166,20 @@ impl Service {
             return Err(self.not_traced(pid));
         };
         let (blocks, stats) = match &image.ended {
-            Some(ended) => (ended.blocks.clone(), ended.stats),
+            Some(ended) => (Blocks::Kept(ended.blocks.clone()), ended.stats),
             None => {
+                // Room for the blocks the kernel counts now (more may come).
+                let expected = live_stats(&*self.totals, image.id)
+                    .blocks
+                    .min(MAX_EXPECTED_BLOCKS);
                 let held = self.state.locks().kernel();
                 let kernel = &**held.kernel;
-                let entries = kernel.live_blocks(Some(&HashSet::from([image.id])));
-                let blocks = raw_blocks(kernel, &entries, &self.stopping).into();
+                let blocks = Blocks::Read(live_raw_blocks(
+                    kernel,
+                    image.id,
+                    usize::try_from(expected).unwrap_or(0),
+                    &self.stopping,
+                ));
                 // Its totals as the scan ends (its end cannot be handled
                 // while the kernel lock is held).
                 (blocks, stats_of(&*self.totals, &image))

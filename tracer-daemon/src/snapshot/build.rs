@@ -94,16 +94,26 @@ impl SnapshotBuilder {
             );
         }
         let mut traces = Vec::with_capacity(blocks.len());
+        // The last stack's traceback: blocks come in runs of one stack, and
+        // a hit costs no hashing.
+        let mut last: Option<(*const u64, Arc<Traceback>)> = None;
         for (step, block) in blocks.iter().enumerate() {
             if self.stopping.is_raised() || interrupt::check_every(step).is_err() {
                 break;
             }
             let traceback = match &block.stack {
                 None => unknown.clone(),
-                Some(stack) => tracebacks
-                    .entry(stack.as_ptr())
-                    .or_insert_with(|| Arc::new(self.traceback(stack, &mut pass)))
-                    .clone(),
+                Some(stack) => match &last {
+                    Some((address, traceback)) if *address == stack.as_ptr() => traceback.clone(),
+                    _ => {
+                        let traceback = tracebacks
+                            .entry(stack.as_ptr())
+                            .or_insert_with(|| Arc::new(self.traceback(stack, &mut pass)))
+                            .clone();
+                        last = Some((stack.as_ptr(), traceback.clone()));
+                        traceback
+                    }
+                },
             };
             traces.push(Trace {
                 source: block.source,

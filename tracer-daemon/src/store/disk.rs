@@ -197,8 +197,16 @@ pub fn heap_estimate(snapshot: &Snapshot) -> u64 {
     let mut tracebacks = HashSet::new();
     let mut names = HashSet::new();
     let mut bytes = traces.len() * (size_of::<Trace>() + 4);
+    // Traces come in runs of one traceback: a run's later traces are
+    // passed over without hashing.
+    let mut last = std::ptr::null();
     for trace in traces {
-        if !tracebacks.insert(Arc::as_ptr(&trace.traceback)) {
+        let traceback = Arc::as_ptr(&trace.traceback);
+        if traceback == last {
+            continue;
+        }
+        last = traceback;
+        if !tracebacks.insert(traceback) {
             continue;
         }
         let frames = trace.traceback.frames();

@@ -4,6 +4,7 @@
 
 mod alloc;
 mod allocators;
+mod batch;
 mod capacity;
 mod container;
 mod daemon;

@@ -26,7 +26,18 @@ impl Interned {
     /// their tracebacks: one table access per item (none within a run of
     /// items sharing one `Arc`), prefetched [`AHEAD`] items in advance.
     pub(crate) fn of<B: Block>(traces: &[B]) -> Self {
-        let mut table: Table<usize, u32> = Table::with_capacity((traces.len() / 4).min(1 << 20));
+        // At most one entry per run of items sharing one `Arc`: a snapshot
+        // of a few long runs gets a small table rather than a million
+        // buckets to fill.
+        let runs = 1 + traces
+            .windows(2)
+            .filter(|pair| match pair {
+                [a, b] => !Arc::ptr_eq(a.traceback(), b.traceback()),
+                _ => false,
+            })
+            .count();
+        let mut table: Table<usize, u32> =
+            Table::with_capacity((traces.len() / 4).min(runs).min(1 << 20));
         let mut tracebacks: Vec<Arc<Traceback>> = Vec::new();
         let mut ids = Vec::with_capacity(traces.len());
         let address = |trace: &B| Arc::as_ptr(trace.traceback()) as usize;

@@ -1,0 +1,154 @@
+//! Issue 15: a large `LIVE_ALLOCS` is read by two walks at once
+//! (`sys::bpf::lookup_batch_halves`), which must give exactly the entries
+//! of one walk (`lookup_batch`) in its order, whatever bucket count it is
+//! told, on a real kernel hash map.
+use std::ops::ControlFlow;
+use std::os::fd::{AsFd as _, AsRawFd as _, FromRawFd as _, OwnedFd};
+
+use tracer_daemon::sys::bpf::{lookup_batch, lookup_batch_halves};
+
+type Key = [u64; 2];
+type Value = [u64; 4];
+
+/// `union bpf_attr` for BPF_MAP_CREATE.
+#[repr(C)]
+#[derive(Default)]
+struct CreateAttr {
+    map_type: u32,
+    key_size: u32,
+    value_size: u32,
+    max_entries: u32,
+    map_flags: u32,
+    _rest: [u32; 27],
+}
+
+/// `union bpf_attr` for BPF_MAP_UPDATE_ELEM.
+#[repr(C)]
+#[derive(Default)]
+struct ElemAttr {
+    map_fd: u32,
+    _pad: u32,
+    key: u64,
+    value: u64,
+    flags: u64,
+}
+
+fn bpf<A>(command: libc::c_long, attr: &mut A) -> libc::c_long {
+    // SAFETY: attr is the bpf_attr prefix the command reads; its pointers
+    // point at live buffers of the map's key and value sizes.
+    unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            command,
+            std::ptr::from_mut(attr),
+            size_of::<A>() as libc::c_uint,
+        )
+    }
+}
+
+/// A preallocated BPF hash of `max_entries` (a power of two: as many
+/// buckets) holding `n` entries.
+fn hash_with(max_entries: u32, n: u64) -> OwnedFd {
+    let mut create = CreateAttr {
+        map_type: 1, // BPF_MAP_TYPE_HASH
+        key_size: size_of::<Key>() as u32,
+        value_size: size_of::<Value>() as u32,
+        max_entries,
+        ..CreateAttr::default()
+    };
+    let fd = bpf(0, &mut create);
+    assert!(
+        fd >= 0,
+        "BPF_MAP_CREATE: {}",
+        std::io::Error::last_os_error()
+    );
+    // SAFETY: a new descriptor this test owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    for i in 0..n {
+        let key: Key = [i.wrapping_mul(0x9e37_79b9_7f4a_7c15), i];
+        let value: Value = [i, i * 2, i * 3, i * 4];
+        let mut update = ElemAttr {
+            map_fd: fd.as_raw_fd() as u32,
+            key: std::ptr::from_ref(&key) as u64,
+            value: std::ptr::from_ref(&value) as u64,
+            ..ElemAttr::default()
+        };
+        assert_eq!(
+            bpf(2, &mut update),
+            0,
+            "BPF_MAP_UPDATE_ELEM: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+    fd
+}
+
+#[test]
+fn two_walks_of_a_hash_give_the_entries_of_one_walk_in_its_order() {
+    let (max_entries, n) = (1u32 << 17, 100_000u64);
+    let fd = hash_with(max_entries, n);
+    let mut one = Vec::new();
+    lookup_batch::<Key, Value>(fd.as_fd(), &mut |k, v| {
+        one.push((*k, *v));
+        ControlFlow::Continue(())
+    })
+    .expect("batch lookups");
+    assert_eq!(one.len() as u64, n);
+    let mut keys: Vec<u64> = one
+        .iter()
+        .map(|(k, v)| {
+            assert_eq!(*v, [k[1], k[1] * 2, k[1] * 3, k[1] * 4]);
+            k[1]
+        })
+        .collect();
+    keys.sort_unstable();
+    assert_eq!(keys, (0..n).collect::<Vec<_>>());
+    // The kernel's bucket count, fewer (an uneven split), more (the upper
+    // walk finds nothing), and the smallest split.
+    for buckets in [max_entries, 1 << 10, 1 << 20, 2] {
+        let mut two = Vec::new();
+        lookup_batch_halves::<Key, Value>(fd.as_fd(), buckets, &|_, _| true, &mut |k, v| {
+            two.push((*k, *v));
+            ControlFlow::Continue(())
+        })
+        .expect("batch lookups");
+        assert!(
+            two == one,
+            "{buckets} buckets: {} entries, not the one walk's",
+            two.len()
+        );
+    }
+    // The upper walk keeps only what is wanted; what the lower walk read
+    // past the middle is the caller's to pass over, as one walk's are.
+    let even = |k: &Key| k[1].is_multiple_of(2);
+    let mut wanted = Vec::new();
+    lookup_batch_halves::<Key, Value>(fd.as_fd(), max_entries, &|k, _| even(k), &mut |k, v| {
+        if even(k) {
+            wanted.push((*k, *v));
+        }
+        ControlFlow::Continue(())
+    })
+    .expect("batch lookups");
+    let one_even: Vec<_> = one.iter().filter(|(k, _)| even(k)).copied().collect();
+    assert_eq!(one_even.len() as u64, n / 2);
+    assert!(
+        wanted == one_even,
+        "{} wanted entries, not the one walk's",
+        wanted.len()
+    );
+    // A walk told to stop gets the first entries of one walk, no more.
+    let mut first = Vec::new();
+    lookup_batch_halves::<Key, Value>(fd.as_fd(), max_entries, &|_, _| true, &mut |k, v| {
+        first.push((*k, *v));
+        if first.len() == 70_000 {
+            ControlFlow::Break(())
+        } else {
+            ControlFlow::Continue(())
+        }
+    })
+    .expect("batch lookups");
+    assert!(
+        first[..] == one[..70_000],
+        "the first 70,000 entries differ"
+    );
+}
