@@ -137,6 +137,10 @@ pub struct Service {
     /// tables' use, read without the kernel lock ([`KernelMaps::stats`]):
     /// `/metrics` never waits behind a pass over the live blocks.
     stats: std::sync::Arc<dyn crate::capture::KernelStatsSource>,
+    /// The store's counts as last read by [`Service::store_stats`], which
+    /// `/metrics` answers with while a snapshot is being stored.
+    store_stats_seen:
+        std::sync::Mutex<Option<(crate::store::StoreStats, Option<std::path::PathBuf>)>>,
     /// The orphan sweeps so far ([`Service::sweep_record`]).
     sweeps: housekeeping::Sweeps,
     /// The drops last logged of each live image, and when
@@ -190,6 +194,7 @@ impl Service {
             libraries,
             totals,
             stats,
+            store_stats_seen: std::sync::Mutex::default(),
             sweeps: housekeeping::Sweeps::default(),
             stopping: stopping.clone(),
             probe_links,

@@ -689,14 +689,31 @@ impl Service {
 
     /// The store's counts and bytes per kind, evictions and refusals, and
     /// the size in bytes of the state directory's files (None without a
-    /// state directory). The directory is walked without the store's lock.
+    /// state directory). The directory is walked without the store's lock;
+    /// while another holds that lock (a snapshot's file being written,
+    /// 0.1 to 0.3 s for 4 M blocks), the counts are those last read, so
+    /// that `/metrics` never waits for a store.
     pub fn store_stats(&self) -> (crate::store::StoreStats, Option<u64>) {
-        let (stats, dir) = {
-            let held = self.state.locks().store();
-            (
-                held.store.stats(),
-                held.store.state_dir().map(std::path::Path::to_path_buf),
-            )
+        let seen = || {
+            self.store_stats_seen
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        };
+        let read = |held: &crate::store::SnapshotStore| {
+            let read = (
+                held.stats(),
+                held.state_dir().map(std::path::Path::to_path_buf),
+            );
+            *seen() = Some(read.clone());
+            read
+        };
+        // While a snapshot is being stored (its file written under the
+        // store's lock), the reading of the last store change.
+        let last = seen().clone();
+        let (stats, dir) = match (self.state.locks().try_store(), last) {
+            (Some(held), _) => read(&held.store),
+            (None, Some(last)) => last,
+            (None, None) => read(&self.state.locks().store().store),
         };
         (stats, dir.map(|dir| crate::store::dir_bytes(&dir)))
     }

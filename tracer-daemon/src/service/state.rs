@@ -84,6 +84,26 @@ impl State {
 }
 
 impl<'a> Locks<'a, Free, Free, Free, Free, Free> {
+    /// The store lock alone if no one holds it now; None while another
+    /// does (storing a snapshot holds it while the file is written).
+    pub(super) fn try_store(
+        self,
+    ) -> Option<Locks<'a, Free, Free, Free, Free, Held<'a, SnapshotStore>>> {
+        let store = match self.state.store.try_lock() {
+            Ok(guard) => guard,
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
+        Some(Locks {
+            state: self.state,
+            kernel: Free,
+            scope: Free,
+            registry: Free,
+            control: Free,
+            store,
+        })
+    }
+
     /// Takes the kernel lock (first of all).
     pub(super) fn kernel(self) -> Locks<'a, Held<'a, Box<dyn KernelMaps>>, Free, Free, Free, Free> {
         Locks {
