@@ -15,10 +15,10 @@ use std::{net::SocketAddr, path::Path, time::Duration, time::Instant};
 
 use anyhow::bail;
 
-use super::modes::{LISTEN, STOP_GRACE, bpf_map_memory, start_tracerd};
+use super::modes::{LISTEN, STOP_GRACE, bpf_map_memory};
 use super::queries::{store, time_get};
-use super::scale::{KEEP_C, finish, keep_blocks};
-use crate::util::{cc::compile_c, daemon::status_kib, http::Client, paths::release_dir};
+use super::scale::{finish, keep_and_tracerd, keep_blocks};
+use crate::util::{daemon::status_kib, http::Client};
 
 /// Processes holding blocks.
 const PROCESSES: u64 = 100;
@@ -42,17 +42,7 @@ fn blocks_counted(http: &Client) -> anyhow::Result<u64> {
 
 /// Runs the part and prints its table.
 pub fn host_part(root: &Path, dir: &Path) -> anyhow::Result<serde_json::Value> {
-    let exe = compile_c(dir, "keep", KEEP_C, super::workloads::CFLAGS)?;
-    let tracer = start_tracerd(
-        &release_dir(root).join("tracerd"),
-        &dir.join("host-state"),
-        &[
-            "--max-live-blocks",
-            &(12u32 << 20).to_string(),
-            "--process-share",
-            "100",
-        ],
-    )?;
+    let (exe, tracer) = keep_and_tracerd(root, dir, "host-state", 12 << 20)?;
     let tracerd_pid = tracer.pid();
     let addr: SocketAddr = LISTEN.parse()?;
     let http = Client::new(addr, REQUEST_TIMEOUT);

@@ -14,9 +14,9 @@ use std::{net::SocketAddr, path::Path, time::Duration, time::Instant};
 
 use anyhow::bail;
 
-use super::modes::{LISTEN, STOP_GRACE, start_tracerd};
-use super::scale::{KEEP_C, finish, keep_blocks};
-use crate::util::{cc::compile_c, http::Client, paths::release_dir, stats::median};
+use super::modes::{LISTEN, STOP_GRACE};
+use super::scale::{finish, keep_and_tracerd, keep_blocks};
+use crate::util::{http::Client, stats::median};
 
 /// Blocks of the big process.
 const BIG_BLOCKS: u64 = 4_000_000;
@@ -75,17 +75,7 @@ fn small_queries(http: &Client, pid: u32, base: u64) -> anyhow::Result<((f64, f6
 
 /// Runs the part and prints its table.
 pub fn queries_part(root: &Path, dir: &Path) -> anyhow::Result<serde_json::Value> {
-    let exe = compile_c(dir, "keep", KEEP_C, super::workloads::CFLAGS)?;
-    let tracer = start_tracerd(
-        &release_dir(root).join("tracerd"),
-        &dir.join("queries-state"),
-        &[
-            "--max-live-blocks",
-            &(8u32 << 20).to_string(),
-            "--process-share",
-            "100",
-        ],
-    )?;
+    let (exe, tracer) = keep_and_tracerd(root, dir, "queries-state", 8 << 20)?;
     let addr: SocketAddr = LISTEN.parse()?;
     let http = Client::new(addr, REQUEST_TIMEOUT);
     let small = keep_blocks(&exe, SMALL_BLOCKS)?;

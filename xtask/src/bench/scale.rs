@@ -4,7 +4,7 @@
 use std::{
     io::{BufRead, BufReader},
     net::SocketAddr,
-    path::Path,
+    path::{Path, PathBuf},
     process::{Command, Stdio},
     time::{Duration, Instant},
 };
@@ -49,6 +49,30 @@ pub(super) fn keep_blocks(exe: &Path, n: u64) -> anyhow::Result<Running> {
     Ok(child)
 }
 
+/// The keep fixture compiled in `dir`, and the release tracerd of `root`
+/// started (its state in `dir/state`) with room for `max_live_blocks`
+/// blocks and no share limit per process: how the parts that hold
+/// millions of blocks begin.
+pub(super) fn keep_and_tracerd(
+    root: &Path,
+    dir: &Path,
+    state: &str,
+    max_live_blocks: u32,
+) -> anyhow::Result<(PathBuf, Running)> {
+    let exe = compile_c(dir, "keep", KEEP_C, super::workloads::CFLAGS)?;
+    let tracer = start_tracerd(
+        &release_dir(root).join("tracerd"),
+        &dir.join(state),
+        &[
+            "--max-live-blocks",
+            &max_live_blocks.to_string(),
+            "--process-share",
+            "100",
+        ],
+    )?;
+    Ok((exe, tracer))
+}
+
 /// Lets the keep fixture exit (closes its stdin) and waits for it.
 pub(super) fn finish(mut child: Running) {
     drop(child.child().stdin.take());
@@ -57,17 +81,7 @@ pub(super) fn finish(mut child: Running) {
 
 /// 4,000,000 live blocks at once, and the time to snapshot 1,000,000.
 pub fn scale_part(root: &Path, dir: &Path) -> anyhow::Result<serde_json::Value> {
-    let exe = compile_c(dir, "keep", KEEP_C, super::workloads::CFLAGS)?;
-    let tracer = start_tracerd(
-        &release_dir(root).join("tracerd"),
-        &dir.join("state"),
-        &[
-            "--max-live-blocks",
-            &(8u32 << 20).to_string(),
-            "--process-share",
-            "100",
-        ],
-    )?;
+    let (exe, tracer) = keep_and_tracerd(root, dir, "state", 8 << 20)?;
     let pid = tracer.pid();
     let addr: SocketAddr = LISTEN.parse()?;
     let http = Client::new(addr, REQUEST_TIMEOUT);
