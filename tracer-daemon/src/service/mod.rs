@@ -316,15 +316,7 @@ impl Service {
         self: &std::sync::Arc<Self>,
         hold: Duration,
     ) -> std::thread::JoinHandle<()> {
-        let service = self.clone();
-        let (held, taken) = std::sync::mpsc::channel();
-        let handle = std::thread::spawn(move || {
-            let _kernel = service.state.locks().kernel();
-            let _ = held.send(());
-            std::thread::sleep(hold);
-        });
-        let _ = taken.recv();
-        handle
+        self.hold_locks(hold, false)
     }
 
     /// Holds every lock of the service's state on a thread of its own for
@@ -334,19 +326,38 @@ impl Service {
         self: &std::sync::Arc<Self>,
         hold: Duration,
     ) -> std::thread::JoinHandle<()> {
+        self.hold_locks(hold, true)
+    }
+
+    /// The kernel lock, or every lock when `all`, held on a thread of its
+    /// own for `hold`; returns once they are taken.
+    #[cfg(test)]
+    fn hold_locks(
+        self: &std::sync::Arc<Self>,
+        hold: Duration,
+        all: bool,
+    ) -> std::thread::JoinHandle<()> {
         let service = self.clone();
         let (held, taken) = std::sync::mpsc::channel();
         let handle = std::thread::spawn(move || {
-            let _all = service
-                .state
-                .locks()
-                .kernel()
-                .scope()
-                .registry()
-                .control()
-                .store();
-            let _ = held.send(());
-            std::thread::sleep(hold);
+            let wait = || {
+                let _ = held.send(());
+                std::thread::sleep(hold);
+            };
+            if all {
+                let _all = service
+                    .state
+                    .locks()
+                    .kernel()
+                    .scope()
+                    .registry()
+                    .control()
+                    .store();
+                wait();
+            } else {
+                let _kernel = service.state.locks().kernel();
+                wait();
+            }
         });
         let _ = taken.recv();
         handle
