@@ -310,24 +310,22 @@ impl Capture {
         let live_table = live_table.map(std::sync::Arc::new);
         let totals = std::sync::Arc::new(super::ProcTotalsMaps::new(proc_slots, procs_fd));
         let stopping = super::Stopping::default();
+        // The statistics reader's own descriptors of the programs and maps.
+        let second_fd = |e: std::io::Error| {
+            CaptureError::Load(format!(
+                "opening a map or program a second time for the statistics reader: {e}"
+            ))
+        };
         let mut program_fds = Vec::new();
         for (name, program) in ebpf.programs() {
             if let Ok(fd) = program.fd() {
-                program_fds.push((name.to_string(), fd.as_fd().try_clone_to_owned()));
+                let fd = fd.as_fd().try_clone_to_owned().map_err(second_fd)?;
+                program_fds.push((name.to_string(), fd));
             }
         }
-        if let Some(multi) = &multi {
-            program_fds.extend(multi.fds());
+        for (name, fd) in multi.iter().flat_map(MultiPrograms::fds) {
+            program_fds.push((name, fd.map_err(second_fd)?));
         }
-        let stats_map = |map: &'static str, e: std::io::Error| CaptureError::Map {
-            map,
-            reason: format!("cannot open it a second time: {e}"),
-        };
-        let program_fds = program_fds
-            .into_iter()
-            .map(|(name, fd)| Ok((name, fd?)))
-            .collect::<Result<Vec<_>, std::io::Error>>()
-            .map_err(|e| stats_map(MAP_COUNTERS, e))?;
         let stats = super::usage::KernelStats::new(super::usage::StatsParts {
             counters,
             programs: program_fds,
@@ -343,7 +341,7 @@ impl Capture {
             config: config.clone(),
             stopping: stopping.clone(),
         })
-        .map_err(|e| stats_map(MAP_COUNTERS, e))?;
+        .map_err(second_fd)?;
         let mut capture = Self {
             ebpf,
             live,

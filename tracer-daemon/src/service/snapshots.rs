@@ -709,11 +709,12 @@ impl Service {
         };
         // While a snapshot is being stored (its file written under the
         // store's lock), the reading of the last store change.
-        let last = seen().clone();
-        let (stats, dir) = match (self.state.locks().try_store(), last) {
-            (Some(held), _) => read(&held.store),
-            (None, Some(last)) => last,
-            (None, None) => read(&self.state.locks().store().store),
+        let (stats, dir) = match self.state.locks().try_store() {
+            Some(held) => read(&held.store),
+            None => {
+                let last = seen().clone();
+                last.unwrap_or_else(|| read(&self.state.locks().store().store))
+            }
         };
         (stats, dir.map(|dir| crate::store::dir_bytes(&dir)))
     }
