@@ -31,6 +31,10 @@ pub enum ProcEventKind {
     /// library loaded at start or `dlopen`ed): re-read its mappings for
     /// allocator discovery and the unwinder (`gen_` 0: not traced yet).
     Mapped = 6,
+    /// A process image spills blocks past its fast-table buckets and needs
+    /// the next level of its own spill map (`level`; see
+    /// [`crate::own_spill`]).
+    Spill = 7,
 }
 
 impl TryFrom<u32> for ProcEventKind {
@@ -46,6 +50,7 @@ impl TryFrom<u32> for ProcEventKind {
             4 => Ok(ProcEventKind::ExecAny),
             5 => Ok(ProcEventKind::Fork),
             6 => Ok(ProcEventKind::Mapped),
+            7 => Ok(ProcEventKind::Spill),
             other => Err(other),
         }
     }
@@ -61,8 +66,8 @@ pub struct ProcEvent {
     pub tgid: u32,
     /// The generation the event is about (for Exec/Exit: the one that ended).
     pub gen_: u32,
-    /// Explicit padding, always 0.
-    pub _pad: u32,
+    /// For Spill: the level of the image's own spill map asked for; else 0.
+    pub level: u32,
     /// `bpf_ktime_get_ns()` at the event, ns since boot (CLOCK_MONOTONIC).
     pub ktime_ns: u64,
     /// For Exec/Exit: the final totals of the generation that ended.
@@ -91,6 +96,7 @@ mod tests {
             ProcEventKind::ExecAny,
             ProcEventKind::Fork,
             ProcEventKind::Mapped,
+            ProcEventKind::Spill,
         ];
         for kind in kinds {
             assert_eq!(ProcEventKind::try_from(kind as u32), Ok(kind));

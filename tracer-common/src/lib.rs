@@ -17,6 +17,7 @@
 //! - [`live_table`]: the fast live-block table ([`LiveBucket`], [`live_key`]);
 //! - [`procs`]: per-process totals ([`ProcStats`]) and their direct-mapped
 //!   slots ([`ProcSlot`] and its word);
+//! - [`own_spill`]: the per-image spill maps ([`OwnKey`]);
 //! - [`stack_totals`]: totals per (image, stack) ([`StackTotalsKey`],
 //!   [`StackTotals`]);
 //! - [`inflight`]: allocator calls between entry and return;
@@ -31,6 +32,7 @@ pub mod event;
 pub mod inflight;
 pub mod live_table;
 pub mod maps;
+pub mod own_spill;
 pub mod probes;
 pub mod procs;
 pub mod stack_totals;
@@ -42,6 +44,7 @@ pub use event::*;
 pub use inflight::*;
 pub use live_table::*;
 pub use maps::*;
+pub use own_spill::*;
 pub use probes::*;
 pub use procs::*;
 pub use stack_totals::*;

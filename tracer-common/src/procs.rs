@@ -39,7 +39,7 @@ pub struct ProcSlot {
     /// The owner's totals.
     pub totals: ProcTotals,
 }
-const _: () = assert!(size_of::<ProcSlot>() == 216);
+const _: () = assert!(size_of::<ProcSlot>() == 240);
 
 /// Bytes of one source's blocks in a process image.
 #[repr(C)]
@@ -71,8 +71,20 @@ pub struct ProcTotals {
     /// Blocks of this image whose key could not be put in `STACK_TOTALS`
     /// (the map was full): while 0, its entries there are exact.
     pub stack_totals_lost: u64,
+    /// Blocks of this image in `LIVE_ALLOCS` (the shared spill), raised
+    /// before one is put there and lowered after one is taken out: never
+    /// below the truth, so that while it is 0 a read of the image's blocks
+    /// need not walk `LIVE_ALLOCS` (see [`crate::own_spill`]).
+    pub shared_spill: u64,
+    /// Levels of its own spill this image asked tracerd for (the highest
+    /// asked + 1), raised by compare-and-swap so that each is asked once.
+    pub own_asked: u64,
+    /// Blocks of this image in its own spill maps: once they fill 3/4 of
+    /// the levels it has, the next level is asked for, so that it is there
+    /// before they are full.
+    pub own_spill: u64,
 }
-const _: () = assert!(size_of::<ProcTotals>() == 208);
+const _: () = assert!(size_of::<ProcTotals>() == 232);
 
 /// The slot of [`MAP_PROC_SLOTS`] for `tgid`.
 pub const fn proc_slot_index(tgid: u32) -> u32 {

@@ -18,21 +18,35 @@
 //! earlier image of the pid (another generation) is never accounted to the
 //! current one: tracerd removes those.
 
+use core::ffi::c_void;
+
 use aya_ebpf::{
-    EbpfContext as _, bindings::BPF_NOEXIST, helpers::bpf_get_attach_cookie,
+    EbpfContext as _,
+    bindings::BPF_NOEXIST,
+    helpers::{
+        bpf_get_attach_cookie, bpf_map_delete_elem, bpf_map_lookup_elem, bpf_map_update_elem,
+        generated::bpf_loop,
+    },
     programs::RetProbeContext,
 };
 use tracer_common::{
-    AllocInfo, AllocKey, Counter, LIVE_BUSY, LIVE_EMPTY, LIVE_WAYS, LiveBucket, ProcStats,
-    STACK_TOTALS_KEY_OFFSET, StackTotalsKey, live_key,
+    AllocInfo, AllocKey, Counter, LIVE_BUSY, LIVE_EMPTY, LIVE_WAYS, LiveBucket, OWN_LEVELS_MAX,
+    OwnKey, ProcStats, STACK_TOTALS_KEY_OFFSET, StackTotalsKey, live_key, own_image_key,
+    own_levels_blocks,
 };
 
 use crate::{
     atomic::{compare_exchange, fetch_add},
     counters::count,
     globals::{live_bucket_mask, process_max_blocks},
-    maps::{EEXIST, LIVE_ALLOCS, LIVE_KEYS, LIVE_VALUES, STACK_TOTALS, STACK_TOTALS_ZERO},
-    procs::{add_block, find_proc, proc_stats, stack_totals_lost_counter, sub_block},
+    maps::{
+        EEXIST, LIVE_ALLOCS, LIVE_KEYS, LIVE_VALUES, OWN_LEVELS, OWN_LIVE, STACK_TOTALS,
+        STACK_TOTALS_ZERO,
+    },
+    procs::{
+        add_block, find_proc, own_asked_counter, own_spill_counter, proc_stats, send_spill_event,
+        shared_spill_counter, stack_totals_lost_counter, sub_block,
+    },
     stack::{UserRegs, stack_id},
 };
 
@@ -72,6 +86,210 @@ fn find_way(bucket: *mut LiveBucket, key: u64) -> u32 {
     LIVE_WAYS
 }
 
+/// Levels of image (`tgid`, `gen_`)'s own spill (0: none yet), at most
+/// OWN_LEVELS_MAX.
+#[inline(always)]
+fn own_levels(tgid: u32, gen_: u32) -> u32 {
+    match OWN_LEVELS.get_ptr(own_image_key(tgid, gen_)) {
+        // SAFETY: an OWN_LEVELS value, read once (tracerd replaces it whole).
+        Some(count) => {
+            unsafe { core::ptr::read_volatile(count) }.min(u64::from(OWN_LEVELS_MAX)) as u32
+        }
+        None => 0,
+    }
+}
+
+/// Image (`tgid`, `gen_`)'s own spill map of `level`, as the helpers take a
+/// map.
+#[inline(always)]
+fn own_map(tgid: u32, gen_: u32, level: u32) -> Option<*mut c_void> {
+    let key = OwnKey {
+        tgid,
+        gen_,
+        level,
+        _pad: 0,
+    };
+    // SAFETY: only the inner map's address is used, and only by the map
+    // helpers (nothing is read through the reference).
+    unsafe { OWN_LIVE.get(&key) }.map(|map| core::ptr::from_ref(map).cast_mut().cast::<c_void>())
+}
+
+/// The block at `addr` in the own spill map `map`, copied out.
+#[inline(always)]
+fn own_get(map: *mut c_void, addr: u64) -> Option<AllocInfo> {
+    // SAFETY: map is an inner map of OWN_LIVE; the key is a whole u64.
+    let value = unsafe { bpf_map_lookup_elem(map, (&raw const addr).cast()) };
+    if value.is_null() {
+        return None;
+    }
+    // SAFETY: a value of an own spill map, an AllocInfo, copied out at once.
+    Some(unsafe { *value.cast::<AllocInfo>() })
+}
+
+/// Deletes the block at `addr` from the own spill map `map`; true for the
+/// one thread whose delete took it.
+#[inline(always)]
+fn own_remove(map: *mut c_void, addr: u64) -> bool {
+    // SAFETY: as in own_get.
+    unsafe { bpf_map_delete_elem(map, (&raw const addr).cast()) == 0 }
+}
+
+/// Puts `info` at `addr` in the own spill map `map` as a new entry; false
+/// when the map is full (or holds the address).
+#[inline(always)]
+fn own_insert(map: *mut c_void, addr: u64, info: &AllocInfo) -> bool {
+    // SAFETY: as in own_get; the value is a whole AllocInfo.
+    unsafe {
+        bpf_map_update_elem(
+            map,
+            (&raw const addr).cast(),
+            core::ptr::from_ref(info).cast(),
+            u64::from(BPF_NOEXIST),
+        ) == 0
+    }
+}
+
+/// The state of [`own_lookup`]'s loop: the block looked for, and where it
+/// was found.
+#[repr(C)]
+struct OwnLookup {
+    tgid: u32,
+    gen_: u32,
+    levels: u32,
+    /// The level it was found in + 1; 0 while not found.
+    found: u32,
+    addr: u64,
+    info: AllocInfo,
+}
+
+/// One level of [`own_lookup`]: iteration `index` looks in the level
+/// `index` below the newest. Returns 1 to stop (found, or past the oldest
+/// level), 0 to go on (the bpf_loop contract).
+extern "C" fn own_lookup_step(index: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: ctx is the OwnLookup that own_lookup handed to bpf_loop, on
+    // its stack.
+    let state = unsafe { &mut *ctx.cast::<OwnLookup>() };
+    let i = index as u32;
+    if i >= state.levels {
+        return 1;
+    }
+    let level = state.levels - 1 - i;
+    if let Some(map) = own_map(state.tgid, state.gen_, level)
+        && let Some(info) = own_get(map, state.addr)
+    {
+        state.info = info;
+        state.found = level + 1;
+        return 1;
+    }
+    0
+}
+
+/// Looks for the block at `addr` of image (`tgid`, `gen_`) in its own
+/// spill maps, newest level first, and copies it to `out`: the level it is
+/// in + 1, or 0 when it is in none. The levels are a `bpf_loop` (its step
+/// verified once), in a BPF function of its own, so that the verifier's
+/// work stays small in the programs that look for blocks many times
+/// (`mmap`'s).
+#[inline(never)]
+fn own_lookup(tgid: u32, gen_: u32, addr: u64, out: *mut AllocInfo) -> u32 {
+    let levels = own_levels(tgid, gen_);
+    if levels == 0 {
+        return 0;
+    }
+    let mut state = OwnLookup {
+        tgid,
+        gen_,
+        levels,
+        found: 0,
+        addr,
+        info: AllocInfo::default(),
+    };
+    // SAFETY: bpf_loop calls own_lookup_step with a pointer to `state`, on
+    // this stack, at most `levels` (<= OWN_LEVELS_MAX) times.
+    unsafe {
+        bpf_loop(
+            levels,
+            own_lookup_step as *mut c_void,
+            (&raw mut state).cast::<c_void>(),
+            0,
+        );
+    }
+    if state.found != 0 {
+        // SAFETY: out points at the caller's whole AllocInfo.
+        unsafe { *out = state.info };
+    }
+    state.found
+}
+
+/// What [`own_take`] did.
+const OWN_NOT_THERE: u32 = 0;
+/// The block was taken by this thread.
+const OWN_TAKEN: u32 = 1;
+/// The block was there, but another thread's delete took it first.
+const OWN_LOST: u32 = 2;
+
+/// Takes the block at `addr` of image (`tgid`, `gen_`, totals `stats`)
+/// out of its own spill maps, into `out`: [`OWN_TAKEN`] for the one thread
+/// whose delete took it (the image's `own_spill` lowered), [`OWN_LOST`] for
+/// the others, [`OWN_NOT_THERE`].
+#[inline(never)]
+fn own_take(stats: *mut ProcStats, tgid: u32, gen_: u32, addr: u64, out: *mut AllocInfo) -> u32 {
+    let found = own_lookup(tgid, gen_, addr, out);
+    if found == 0 {
+        return OWN_NOT_THERE;
+    }
+    match own_map(tgid, gen_, found - 1) {
+        Some(map) if own_remove(map, addr) => {
+            fetch_add(own_spill_counter(stats), u64::MAX);
+            OWN_TAKEN
+        }
+        _ => OWN_LOST,
+    }
+}
+
+/// Puts the block `info` at `addr` of image (`tgid`, `gen_`, totals
+/// `stats`) in the newest level of its own spill; false when it has none or
+/// that one is full, having asked tracerd for the next level.
+#[inline(never)]
+fn own_put(stats: *mut ProcStats, tgid: u32, gen_: u32, addr: u64, info: *const AllocInfo) -> bool {
+    let levels = own_levels(tgid, gen_);
+    // SAFETY: info points at the caller's whole AllocInfo.
+    if levels > 0
+        && let Some(map) = own_map(tgid, gen_, levels - 1)
+        && own_insert(map, addr, unsafe { &*info })
+    {
+        // Three quarters full: the next level is asked for now, so that it
+        // is there before this one is full.
+        let held = fetch_add(own_spill_counter(stats), 1).wrapping_add(1);
+        if held.saturating_mul(4) >= own_levels_blocks(levels).saturating_mul(3) {
+            ask_level(stats, tgid, gen_, levels);
+        }
+        return true;
+    }
+    ask_level(stats, tgid, gen_, levels);
+    false
+}
+
+/// Asks tracerd for level `level` of the own spill of image (`tgid`,
+/// `gen_`) whose totals are `stats`, once: the thread whose
+/// compare-and-swap raises the image's `own_asked` to `level + 1` sends the
+/// event. A BPF function of its own: the event's stack stays out of the
+/// frame of the program that stores the block.
+#[inline(never)]
+fn ask_level(stats: *mut ProcStats, tgid: u32, gen_: u32, level: u32) {
+    if level >= OWN_LEVELS_MAX {
+        return;
+    }
+    let asked = own_asked_counter(stats);
+    let want = u64::from(level) + 1;
+    // SAFETY: a field of the image's totals, changed only atomically.
+    let seen = unsafe { core::ptr::read_volatile(asked) };
+    if seen >= want || compare_exchange(asked, seen, want) != seen {
+        return;
+    }
+    send_spill_event(tgid, gen_, level);
+}
+
 /// Removes the live block `ptr` of `tgid`; a pointer that is not a live block
 /// of the current image is counted as an unknown free when `count_unknown`.
 /// A BPF function of its own, so that its locals stay out of the frame of
@@ -84,7 +302,7 @@ pub(crate) fn remove_block(tgid: u32, ptr: u64, count_unknown: bool) {
         Some((stats, gen_)) => (Some(stats), gen_),
         None => (None, 0),
     };
-    if let Some((stats, info)) = take_block(tgid, ptr, (stats, gen_), count_unknown) {
+    if let Some((stats, info)) = take_block::<true>(tgid, ptr, (stats, gen_), count_unknown) {
         uncount_in_stack(&raw const info);
         sub_block(stats, info.size, info.source);
         count(Counter::Frees);
@@ -102,7 +320,7 @@ pub(crate) fn remove_block(tgid: u32, ptr: u64, count_unknown: bool) {
 /// block. A key not there is looked up in LIVE_ALLOCS only if some block
 /// of its bucket spilled there.
 #[inline(always)]
-pub(crate) fn take_block(
+pub(crate) fn take_block<const OWN: bool>(
     tgid: u32,
     ptr: u64,
     (stats, gen_): (Option<*mut ProcStats>, u32),
@@ -129,6 +347,19 @@ pub(crate) fn take_block(
             return None;
         }
     }
+    // The image's own spill maps, then LIVE_ALLOCS. Only the thread whose
+    // delete succeeds gets the block.
+    if OWN && let Some(stats) = stats {
+        let mut info = AllocInfo::default();
+        match own_take(stats, tgid, gen_, ptr, &raw mut info) {
+            OWN_TAKEN => {
+                spill_left(place);
+                return Some((stats, info));
+            }
+            OWN_LOST => return None,
+            _ => {}
+        }
+    }
     let key = AllocKey {
         tgid,
         _pad: 0,
@@ -145,21 +376,28 @@ pub(crate) fn take_block(
         }
     };
     let stats = current_image(stats, gen_, &info, count_unknown)?;
-    // Only the thread whose delete succeeds gets the block.
     if LIVE_ALLOCS.remove(key).is_ok() {
-        if let Some((bucket, _, _)) = place {
-            // SAFETY: a LIVE_KEYS value.
-            fetch_add(unsafe { &raw mut (*bucket).spilled }, u64::MAX);
-        }
+        spill_left(place);
+        fetch_add(shared_spill_counter(stats), u64::MAX);
         return Some((stats, info));
     }
     None
 }
 
+/// A block of the bucket of `place` left the spill: its spill count goes
+/// down.
+#[inline(always)]
+fn spill_left(place: Option<(*mut LiveBucket, u32, u64)>) {
+    if let Some((bucket, _, _)) = place {
+        // SAFETY: a LIVE_KEYS value.
+        fetch_add(unsafe { &raw mut (*bucket).spilled }, u64::MAX);
+    }
+}
+
 /// The live block `ptr` of `tgid`'s image `gen_`, read and left in place;
 /// None when there is none.
 #[inline(always)]
-pub(crate) fn find_block(tgid: u32, ptr: u64, gen_: u32) -> Option<AllocInfo> {
+pub(crate) fn find_block<const OWN: bool>(tgid: u32, ptr: u64, gen_: u32) -> Option<AllocInfo> {
     let place = live_place(tgid, ptr);
     if let Some((bucket, index, key)) = place {
         let way = find_way(bucket, key);
@@ -171,6 +409,10 @@ pub(crate) fn find_block(tgid: u32, ptr: u64, gen_: u32) -> Option<AllocInfo> {
         if unsafe { core::ptr::read_volatile(&raw const (*bucket).spilled) } == 0 {
             return None;
         }
+    }
+    let mut info = AllocInfo::default();
+    if OWN && own_lookup(tgid, gen_, ptr, &raw mut info) != 0 {
+        return Some(info);
     }
     let key = AllocKey {
         tgid,
@@ -231,14 +473,14 @@ pub(crate) fn record_alloc(ctx: &RetProbeContext, tgid: u32, addr: u64, size: u6
             rbp: (*ctx.regs).rbp,
         }
     };
-    record_block(regs, proc_, tgid, (addr, size), source);
+    record_block::<true>(regs, proc_, tgid, (addr, size), source);
 }
 
 /// Records the new block (`addr`, `size` bytes) of `source` in the image
 /// `(stats, gen_)` of `tgid`, with the user stack walked from `regs`;
 /// returns whether it is live now (else it was dropped, and counted).
 #[inline(always)]
-pub(crate) fn record_block(
+pub(crate) fn record_block<const OWN: bool>(
     regs: UserRegs,
     (stats, gen_): (*mut ProcStats, u32),
     tgid: u32,
@@ -263,7 +505,7 @@ pub(crate) fn record_block(
         gen_,
         source,
     };
-    store_block(stats, tgid, addr, &raw const info)
+    store_block::<OWN>(stats, tgid, addr, &raw const info)
 }
 
 /// Puts the new block `info` of `tgid` at `addr` in the live maps and
@@ -273,10 +515,15 @@ pub(crate) fn record_block(
 /// not in the frame of the program that walked the stack (which shares
 /// the 512-byte limit with the walk's callback).
 #[inline(never)]
-fn store_block(stats: *mut ProcStats, tgid: u32, addr: u64, info: *const AllocInfo) -> bool {
+fn store_block<const OWN: bool>(
+    stats: *mut ProcStats,
+    tgid: u32,
+    addr: u64,
+    info: *const AllocInfo,
+) -> bool {
     // SAFETY: info points at the caller's whole AllocInfo.
     let info = unsafe { &*info };
-    if insert_block(stats, tgid, addr, info) {
+    if insert_block::<OWN>(stats, tgid, addr, info) {
         count_in_stack(stats, info);
         add_block(stats, info.size, info.source);
         count(Counter::Allocs);
@@ -292,7 +539,12 @@ fn store_block(stats: *mut ProcStats, tgid: u32, addr: u64, info: *const AllocIn
 /// accounting of the new block to the caller; false when both maps are
 /// full.
 #[inline(always)]
-pub(crate) fn insert_block(stats: *mut ProcStats, tgid: u32, addr: u64, info: &AllocInfo) -> bool {
+pub(crate) fn insert_block<const OWN: bool>(
+    stats: *mut ProcStats,
+    tgid: u32,
+    addr: u64,
+    info: &AllocInfo,
+) -> bool {
     let hash_key = AllocKey {
         tgid,
         _pad: 0,
@@ -300,7 +552,7 @@ pub(crate) fn insert_block(stats: *mut ProcStats, tgid: u32, addr: u64, info: &A
     };
     let place = live_place(tgid, addr);
     if let Some((bucket, index, key)) = place
-        && table_insert(stats, (bucket, index, key), &hash_key, info)
+        && table_insert::<OWN>(stats, (bucket, index, key), &hash_key, info)
     {
         return true;
     }
@@ -313,7 +565,7 @@ pub(crate) fn insert_block(stats: *mut ProcStats, tgid: u32, addr: u64, info: &A
         fetch_add(counter, 1);
         counter
     });
-    let inserted = hash_insert(stats, &hash_key, info);
+    let inserted = spill_insert::<OWN>(stats, &hash_key, info);
     if inserted != Some(true)
         && let Some(counter) = spilled
     {
@@ -423,7 +675,7 @@ pub(crate) fn uncount_in_stack(info: *const AllocInfo) {
 /// value written, then the key stored: readers never see a key with another
 /// block's value.
 #[inline(always)]
-fn table_insert(
+fn table_insert<const OWN: bool>(
     stats: *mut ProcStats,
     (bucket, index, key): (*mut LiveBucket, u32, u64),
     hash_key: &AllocKey,
@@ -452,9 +704,11 @@ fn table_insert(
         unsafe { core::ptr::write_volatile(slot, LIVE_EMPTY) };
         return false;
     }
+    let mut found = AllocInfo::default();
     // SAFETY: a LIVE_KEYS value.
     if unsafe { core::ptr::read_volatile(&raw const (*bucket).spilled) } != 0
-        && LIVE_ALLOCS.get_ptr(hash_key).is_some()
+        && (LIVE_ALLOCS.get_ptr(hash_key).is_some()
+            || (OWN && own_lookup(hash_key.tgid, info.gen_, hash_key.addr, &raw mut found) != 0))
     {
         return false;
     }
@@ -492,6 +746,33 @@ fn replace_block(stats: *mut ProcStats, old: &AllocInfo, gen_: u32) {
     }
 }
 
+/// Puts the spilled block `info` under `key` in its image's own spill (the
+/// newest level) or, when it has none or that one is full, in LIVE_ALLOCS
+/// (asking tracerd for the next level): Some(true) as a new entry,
+/// Some(false) in place of a live block of that address (taken out first,
+/// from wherever it was, and accounted as [`replace_block`] does), None
+/// when no map had room.
+#[inline(always)]
+fn spill_insert<const OWN: bool>(
+    stats: *mut ProcStats,
+    key: &AllocKey,
+    info: &AllocInfo,
+) -> Option<bool> {
+    if !OWN {
+        return hash_insert(stats, key, info);
+    }
+    let (tgid, gen_) = (key.tgid, info.gen_);
+    let mut old = AllocInfo::default();
+    let took = own_take(stats, tgid, gen_, key.addr, &raw mut old) == OWN_TAKEN;
+    if took {
+        replace_block(stats, &old, gen_);
+    }
+    if own_put(stats, tgid, gen_, key.addr, info) {
+        return Some(!took);
+    }
+    hash_insert(stats, key, info).map(|new| new && !took)
+}
+
 /// Puts `info` in LIVE_ALLOCS under `key`: Some(true) as a new entry,
 /// Some(false) in place of a live block of that address (see
 /// [`replace_block`]), None when the map is full.
@@ -503,18 +784,30 @@ fn replace_block(stats: *mut ProcStats, old: &AllocInfo, gen_: u32) {
 /// between the failed insert and the overwrite would account for it too and
 /// give back its spill count, and the new block, counted nowhere, would
 /// never be looked for: a phantom leak.
+///
+/// The image's `shared_spill` is raised before the block is put in and
+/// lowered after a block of the image leaves (or when ours did not get
+/// in), so that it is never below the image's blocks there.
 #[inline(always)]
 fn hash_insert(stats: *mut ProcStats, key: &AllocKey, info: &AllocInfo) -> Option<bool> {
+    let shared = shared_spill_counter(stats);
+    fetch_add(shared, 1);
     match LIVE_ALLOCS.insert(key, info, BPF_NOEXIST as u64) {
         Ok(()) => return Some(true),
         Err(e) if e == -EEXIST => {}
-        Err(_) => return None,
+        Err(_) => {
+            fetch_add(shared, u64::MAX);
+            return None;
+        }
     }
     // SAFETY: a LIVE_ALLOCS value, copied out at once.
     let old = LIVE_ALLOCS.get_ptr(key).map(|old| unsafe { *old });
     let took = LIVE_ALLOCS.remove(key).is_ok();
     if took && let Some(old) = old {
         replace_block(stats, &old, info.gen_);
+        if old.gen_ == info.gen_ {
+            fetch_add(shared, u64::MAX);
+        }
     }
     match LIVE_ALLOCS.insert(key, info, BPF_NOEXIST as u64) {
         // Another thread took the old block (and its count): ours is new.
@@ -522,7 +815,10 @@ fn hash_insert(stats: *mut ProcStats, key: &AllocKey, info: &AllocInfo) -> Optio
         // Yet another block of the address got in first, or the map filled
         // meanwhile: ours is dropped (a spill count the old block held stays,
         // which costs a lookup, never a block).
-        Err(_) => None,
+        Err(_) => {
+            fetch_add(shared, u64::MAX);
+            None
+        }
     }
 }
 

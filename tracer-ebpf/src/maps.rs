@@ -12,14 +12,15 @@
 use crate::stack::Walk;
 use aya_ebpf::{
     bindings::{BPF_F_MMAPABLE, BPF_F_NO_PREALLOC},
-    macros::map,
+    btf_maps,
+    macros::{btf_map, map},
     maps::{Array, HashMap, PerCpuArray, ProgramArray, RingBuf},
 };
 use tracer_common::{
     AllocInfo, AllocKey, COUNTER_SLOTS, EVENTS_RING_BYTES, EXP_TABLE_LEN, INFLIGHT_SLOT_COUNT,
     Inflight, InflightSlot, LIVE_BUCKET_COUNT, LIVE_WAYS, LiveBucket, MMAP_PROCS, MmapRegions,
-    PROC_SLOT_COUNT, ProcSlot, ProcTotals, STACK_TOTALS_ENTRIES, STACK_WORDS, StackTotals,
-    StackTotalsKey,
+    OWN_FIRST_BLOCKS, OWN_LEVELS_ENTRIES, OWN_LIVE_ENTRIES, OwnKey, PROC_SLOT_COUNT, ProcSlot,
+    ProcTotals, STACK_TOTALS_ENTRIES, STACK_WORDS, StackTotals, StackTotalsKey,
     unwind::{self, ProcMappings, UnwindPage, UnwindPageKey, UnwindRow},
 };
 
@@ -47,6 +48,29 @@ pub(crate) static SAMPLE_LEFT: PerCpuArray<i64> = PerCpuArray::with_max_entries(
 #[map]
 pub(crate) static LIVE_ALLOCS: HashMap<AllocKey, AllocInfo> =
     HashMap::with_max_entries(1 << 22, BPF_F_NO_PREALLOC);
+
+/// An image's own spill map of one level: address → block. Created by
+/// tracerd with its level's capacity (`tracer_common::own_level_blocks`);
+/// this definition is the template the kernel checks them against.
+pub(crate) type OwnSpill = btf_maps::HashMap<
+    u64,
+    AllocInfo,
+    { OWN_FIRST_BLOCKS as usize },
+    { BPF_F_NO_PREALLOC as usize },
+>;
+
+/// The spill maps of each image: (tgid, generation, level) → its map of
+/// that level (`tracer_common::own_spill`). Written by tracerd; read by
+/// `live`.
+#[btf_map]
+pub(crate) static OWN_LIVE: btf_maps::HashOfMaps<OwnKey, OwnSpill, { OWN_LIVE_ENTRIES as usize }> =
+    btf_maps::HashOfMaps::new();
+
+/// Levels of each image's own spill: `own_image_key` → count. Written by
+/// tracerd after it put the level's map in OWN_LIVE; read by `live`.
+#[map]
+pub(crate) static OWN_LEVELS: HashMap<u64, u64> =
+    HashMap::with_max_entries(OWN_LEVELS_ENTRIES, BPF_F_NO_PREALLOC);
 
 /// Live blocks, fast table keys: bucket → LIVE_WAYS packed (tgid, address)
 /// keys and the bucket's spill count. Claimed by compare-and-swap by the

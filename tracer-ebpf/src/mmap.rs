@@ -259,7 +259,7 @@ fn add_region(regs: UserRegs, tgid: u32, image: Image, start: u64, len: u64) {
         drop_region(stats);
         return;
     }
-    if record_block(regs, image, tgid, (start, len), SOURCE_MMAP) {
+    if record_block::<false>(regs, image, tgid, (start, len), SOURCE_MMAP) {
         count(Counter::MmapRegions);
     } else {
         release_slot(regions, start);
@@ -300,7 +300,7 @@ fn unmap(tgid: u32, (stats, gen_): Image, start: u64, end: u64) -> u64 {
         end,
         unmapped: 0,
     };
-    if let Some(block) = find_block(tgid, start, gen_)
+    if let Some(block) = find_block::<false>(tgid, start, gen_)
         && block.source == SOURCE_MMAP
         && start.wrapping_add(block.size) >= end
     {
@@ -352,7 +352,7 @@ fn cut(state: &mut Unmap, at: u64, slot: Option<*mut u64>) {
         }
         None => release_slot(state.regions, at),
     };
-    let Some(block) = find_block(state.tgid, at, state.gen_) else {
+    let Some(block) = find_block::<false>(state.tgid, at, state.gen_) else {
         // Its block is gone (freed as a pointer, or the maps were cleaned).
         clear(state);
         return;
@@ -361,7 +361,8 @@ fn cut(state: &mut Unmap, at: u64, slot: Option<*mut u64>) {
         return;
     }
     // Only the thread that takes the block out changes it.
-    let Some((stats, block)) = take_block(state.tgid, at, (Some(state.stats), state.gen_), false)
+    let Some((stats, block)) =
+        take_block::<false>(state.tgid, at, (Some(state.stats), state.gen_), false)
     else {
         return;
     };
@@ -374,7 +375,7 @@ fn cut(state: &mut Unmap, at: u64, slot: Option<*mut u64>) {
             size: state.start - at,
             ..block
         };
-        if insert_block(stats, state.tgid, at, &left) {
+        if insert_block::<false>(stats, state.tgid, at, &left) {
             count_in_stack_fn(stats, &raw const left);
             kept += left.size;
             pieces += 1;
@@ -391,7 +392,7 @@ fn cut(state: &mut Unmap, at: u64, slot: Option<*mut u64>) {
             ..block
         };
         if claim_slot(state.regions, state.end) {
-            if insert_block(stats, state.tgid, state.end, &right) {
+            if insert_block::<false>(stats, state.tgid, state.end, &right) {
                 count_in_stack_fn(stats, &raw const right);
                 kept += right.size;
                 pieces += 1;

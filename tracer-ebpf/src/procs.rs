@@ -169,7 +169,7 @@ pub(crate) fn send_event(kind: ProcEventKind, tgid: u32, gen_: u32, stats: &Proc
         kind: kind as u32,
         tgid,
         gen_,
-        _pad: 0,
+        level: 0,
         // SAFETY: a helper with no preconditions.
         ktime_ns: unsafe { bpf_ktime_get_ns() },
         stats: *stats,
@@ -215,6 +215,53 @@ pub(crate) fn stacks_counter(stats: *mut ProcStats) -> *mut u64 {
 pub(crate) fn stack_totals_lost_counter(stats: *mut ProcStats) -> *mut u64 {
     // SAFETY: as in source_totals: stats is the first field of a ProcTotals.
     unsafe { &raw mut (*stats.cast::<ProcTotals>()).stack_totals_lost }
+}
+
+/// The count of the image's blocks in LIVE_ALLOCS
+/// ([`ProcTotals::shared_spill`]) of the process whose totals are `stats`.
+#[inline(always)]
+pub(crate) fn shared_spill_counter(stats: *mut ProcStats) -> *mut u64 {
+    // SAFETY: as in source_totals: stats is the first field of a ProcTotals.
+    unsafe { &raw mut (*stats.cast::<ProcTotals>()).shared_spill }
+}
+
+/// The levels of its own spill the image asked for
+/// ([`ProcTotals::own_asked`]) of the process whose totals are `stats`.
+#[inline(always)]
+pub(crate) fn own_asked_counter(stats: *mut ProcStats) -> *mut u64 {
+    // SAFETY: as in source_totals: stats is the first field of a ProcTotals.
+    unsafe { &raw mut (*stats.cast::<ProcTotals>()).own_asked }
+}
+
+/// The count of the image's blocks in its own spill maps
+/// ([`ProcTotals::own_spill`]) of the process whose totals are `stats`.
+#[inline(always)]
+pub(crate) fn own_spill_counter(stats: *mut ProcStats) -> *mut u64 {
+    // SAFETY: as in source_totals: stats is the first field of a ProcTotals.
+    unsafe { &raw mut (*stats.cast::<ProcTotals>()).own_spill }
+}
+
+/// Asks tracerd for level `level` of the own spill of image (`tgid`,
+/// `gen_`): a `Spill` event, written in place in the ring (no stack for
+/// it), counted like [`send_event`]'s.
+#[inline(always)]
+pub(crate) fn send_spill_event(tgid: u32, gen_: u32, level: u32) {
+    let Some(mut entry) = EVENTS.reserve::<ProcEvent>(0) else {
+        count(Counter::DropEvents);
+        return;
+    };
+    let event = entry.as_mut_ptr();
+    // SAFETY: the reserved record is ours until submitted; every field is
+    // written (the stats zeroed, the comm left zero: not read for Spill).
+    unsafe {
+        core::ptr::write_bytes(event.cast::<u8>(), 0, core::mem::size_of::<ProcEvent>());
+        (*event).kind = ProcEventKind::Spill as u32;
+        (*event).tgid = tgid;
+        (*event).gen_ = gen_;
+        (*event).level = level;
+    }
+    entry.submit(0);
+    count(Counter::ProcEvents);
 }
 
 /// Raises the peak at `peak` to `now` if it is below: a bounded

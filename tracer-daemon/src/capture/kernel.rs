@@ -152,6 +152,26 @@ pub trait KernelMaps: Send {
     /// Removes the given blocks; returns how many were there to remove.
     fn remove_blocks(&mut self, keys: &[AllocKey]) -> usize;
 
+    /// Creates level `level` of `image`'s own spill map, as the programs
+    /// asked (a `Spill` event) or at its first allocation (level 0); false
+    /// when it exists, or there is no room (its blocks then go to
+    /// `LIVE_ALLOCS`). The fake kernel has a single place for blocks.
+    fn add_own_spill(&mut self, image: ImageId, level: u32) -> bool {
+        let _ = (image, level);
+        false
+    }
+
+    /// Drops the own spill maps of `images`, which ended and whose blocks
+    /// were read and removed.
+    fn drop_own_spill(&mut self, images: &[ImageId]) {
+        let _ = images;
+    }
+
+    /// The images that have own spill maps.
+    fn own_spill_images(&self) -> Vec<ImageId> {
+        Vec::new()
+    }
+
     /// The totals per stack (`STACK_TOTALS`) of the images whose
     /// generation is in `generations` (None: of every image); only some of
     /// them once the stop given to [`KernelMaps::stop_with`] is raised.
@@ -300,6 +320,24 @@ impl KernelMaps for super::Capture {
     }
     fn remove_stack_totals(&mut self, keys: &[StackTotalsKey]) -> usize {
         self.remove_stack_totals(keys)
+    }
+    fn add_own_spill(&mut self, image: ImageId, level: u32) -> bool {
+        // Not for an image that ended meanwhile (nothing would drop it).
+        let live = self
+            .proc_totals(image.pid)
+            .is_some_and(|t| t.stats.gen_ == image.generation);
+        let added = live && self.own.add_level(image, level);
+        if added {
+            self.stats.publish_own(self.own.usage());
+        }
+        added
+    }
+    fn drop_own_spill(&mut self, images: &[ImageId]) {
+        self.own.drop_images(images);
+        self.stats.publish_own(self.own.usage());
+    }
+    fn own_spill_images(&self) -> Vec<ImageId> {
+        self.own.images()
     }
     fn stack(&self, id: u64) -> Option<Vec<u64>> {
         self.stack(id)

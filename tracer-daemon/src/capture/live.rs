@@ -53,6 +53,27 @@ impl Capture {
         if broke.get() {
             return;
         }
+        // The images' own spill maps: only the wanted images' are read.
+        let owned: Vec<ImageId> = match want {
+            Some(want) => want
+                .iter()
+                .filter(|image| self.own.has(image))
+                .copied()
+                .collect(),
+            None => self.own.images(),
+        };
+        for image in &owned {
+            if self.own.for_each_block(image, &mut keep) {
+                return;
+            }
+        }
+        // LIVE_ALLOCS only where a wanted image may have blocks there: a
+        // live image whose count of them is 0 has none.
+        if let Some(want) = want
+            && want.iter().all(|image| self.spills_nothing_shared(image))
+        {
+            return;
+        }
         // BPF_MAP_LOOKUP_BATCH reads thousands of entries per syscall (in
         // two walks at once where the map is large and two CPUs are there);
         // fall back to one lookup per key where the kernel lacks it (< 5.6).
@@ -78,21 +99,36 @@ impl Capture {
         }
     }
 
-    /// Removes the given blocks from the fast table or `LIVE_ALLOCS`;
-    /// returns how many were removed (a block freed meanwhile is already
-    /// gone).
+    /// Whether `image` is live and has no block in `LIVE_ALLOCS` (its
+    /// `shared_spill`, which the programs keep never below the truth, is 0).
+    fn spills_nothing_shared(&self, image: &ImageId) -> bool {
+        self.proc_totals(image.pid)
+            .is_some_and(|t| t.stats.gen_ == image.generation && t.shared_spill == 0)
+    }
+
+    /// Removes the given blocks from the fast table, the images' own spill
+    /// maps or `LIVE_ALLOCS`; returns how many were removed (a block freed
+    /// meanwhile is already gone).
     pub fn remove_blocks(&mut self, keys: &[AllocKey]) -> usize {
         let fd = aya::maps::IterableMap::map(&self.live).fd().as_fd();
-        let Some(table) = &self.live_table else {
-            return bpf_sys::delete_batch(fd, keys, |_| {});
-        };
+        let table = self.live_table.as_deref();
         let spilled: Vec<AllocKey> = keys
             .iter()
-            .filter(|key| table.remove(key) == Removed::NotInTable)
+            .filter(|key| table.is_none_or(|table| table.remove(key) == Removed::NotInTable))
             .copied()
             .collect();
-        // The bucket of each block removed from LIVE_ALLOCS is told.
-        let removed = bpf_sys::delete_batch(fd, &spilled, |key| table.spill_removed(key));
-        keys.len() - spilled.len() + removed
+        let in_table = keys.len() - spilled.len();
+        // The bucket of each block removed from a spill is told.
+        let told = |key: &AllocKey| {
+            if let Some(table) = table {
+                table.spill_removed(key);
+            }
+        };
+        let mut from_own = 0;
+        let shared = self.own.remove(spilled, |key| {
+            told(key);
+            from_own += 1;
+        });
+        in_table + from_own + bpf_sys::delete_batch(fd, &shared, told)
     }
 }

@@ -239,6 +239,7 @@ impl Capture {
                 })?;
         }
         let live = take_map(&mut ebpf, MAP_LIVE_ALLOCS)?;
+        let own = super::own_spill::OwnSpill::take(&mut ebpf, u64::from(config.max_live_blocks))?;
         let live_keys = take_array(&mut ebpf, MAP_LIVE_KEYS)?;
         let live_values = take_array(&mut ebpf, MAP_LIVE_VALUES)?;
         let live_table = match live_buckets {
@@ -345,6 +346,7 @@ impl Capture {
         let mut capture = Self {
             ebpf,
             live,
+            own,
             live_table,
             _live_table_maps: (live_keys, live_values),
             stacks,

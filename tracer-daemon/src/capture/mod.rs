@@ -32,6 +32,7 @@ pub mod live_table;
 pub mod load;
 mod multi;
 pub mod object;
+pub mod own_spill;
 pub mod probes;
 pub mod proc_slots;
 pub mod procs;
@@ -205,6 +206,8 @@ pub struct Capture {
     /// Holds programs and links: dropping it detaches them.
     ebpf: Ebpf,
     live: BpfHashMap<MapData, AllocKey, AllocInfo>,
+    /// The per-image spill maps beside `live` (`OWN_LIVE`, `OWN_LEVELS`).
+    own: own_spill::OwnSpill,
     /// The fast table in front of `live`, mapped; None when it is off.
     live_table: Option<std::sync::Arc<LiveTable>>,
     /// LIVE_KEYS and LIVE_VALUES, kept open with their mapping.

@@ -138,6 +138,7 @@ fn map_data(map: &Map) -> Option<&MapData> {
         | Map::PerCpuHashMap(data)
         | Map::PerCpuLruHashMap(data)
         | Map::ProgramArray(data)
+        | Map::HashOfMaps(data)
         | Map::RingBuf(data)
         | Map::StackTraceMap(data)
         | Map::Unsupported(data) => Some(data),

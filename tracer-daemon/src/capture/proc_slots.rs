@@ -25,6 +25,8 @@ const SOURCES: usize = 1 + size_of::<ProcStats>() / 8;
 const STACKS: usize = SOURCES + 2 * SOURCE_COUNT;
 /// Word of [`ProcTotals::stack_totals_lost`] within a slot.
 const STACK_TOTALS_LOST: usize = STACKS + 1;
+/// Word of a slot's `totals.shared_spill` (then `own_asked`, `own_spill`).
+const SHARED_SPILL: usize = STACK_TOTALS_LOST + 1;
 /// Word of [`ProcStats::current`] within a slot (after the slot word and
 /// `gen_`/`_pad`).
 const CURRENT: usize = 2;
@@ -106,6 +108,9 @@ impl ProcSlots {
             sources: self.sources(index),
             stacks: self.word(index, STACKS).load(Ordering::Relaxed),
             stack_totals_lost: self.word(index, STACK_TOTALS_LOST).load(Ordering::Relaxed),
+            shared_spill: self.word(index, SHARED_SPILL).load(Ordering::Relaxed),
+            own_asked: self.word(index, SHARED_SPILL + 1).load(Ordering::Relaxed),
+            own_spill: self.word(index, SHARED_SPILL + 2).load(Ordering::Relaxed),
         })
     }
 

@@ -14,7 +14,7 @@ use std::time::Duration;
 use aya::maps::{MapData, PerCpuArray};
 use tracer_common::{
     AllocInfo, AllocKey, COUNTER_SLOTS, Counter, MAP_COUNTERS, MAP_EVENTS, MAP_INFLIGHT,
-    MAP_INFLIGHT_SLOTS, MAP_LIVE_ALLOCS, MAP_LIVE_KEYS, MAP_PROC_SLOTS, MAP_PROCS,
+    MAP_INFLIGHT_SLOTS, MAP_LIVE_ALLOCS, MAP_LIVE_KEYS, MAP_OWN_LIVE, MAP_PROC_SLOTS, MAP_PROCS,
     MAP_STACK_TOTALS, MAP_STACKS, PROC_SLOT_COUNT, StackTotalsKey,
 };
 
@@ -75,6 +75,8 @@ pub struct KernelStats {
     events_positions: Option<RingPositions>,
     /// The unwind tables' use, published by [`Capture`] after each change.
     unwind: Mutex<UnwindUsage>,
+    /// The per-image spill maps, published by [`Capture`] after each change.
+    own: Mutex<super::own_spill::OwnUsage>,
     /// The configuration in force (capacities).
     config: CaptureConfig,
     /// tracerd's stop: the count of `LIVE_ALLOCS` ends early once raised
@@ -120,6 +122,7 @@ impl KernelStats {
             totals: parts.totals,
             events_positions: parts.events_positions,
             unwind: Mutex::new(UnwindUsage::default()),
+            own: Mutex::new(super::own_spill::OwnUsage::default()),
             config: parts.config,
             stopping: Mutex::new(parts.stopping),
         })
@@ -133,6 +136,36 @@ impl KernelStats {
     /// Publishes the unwind tables' use after a change of them.
     pub(super) fn publish_unwind(&self, usage: UnwindUsage) {
         *self.unwind.lock().unwrap_or_else(PoisonError::into_inner) = usage;
+    }
+
+    /// Publishes the per-image spill maps after a change of them.
+    pub(super) fn publish_own(&self, usage: super::own_spill::OwnUsage) {
+        *self.own.lock().unwrap_or_else(PoisonError::into_inner) = usage;
+    }
+
+    /// Blocks in the per-image spill maps, and their capacity.
+    fn own_entries(&self) -> (u64, u64) {
+        let usage = self
+            .own
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let entries = usage
+            .maps
+            .iter()
+            .map(|map| {
+                let mut n = 0u64;
+                let mut count = |_: &u64, _: &AllocInfo| {
+                    n += 1;
+                    std::ops::ControlFlow::Continue(())
+                };
+                if bpf_sys::lookup_batch(map.as_fd(), &mut count).is_err() {
+                    n = bpf_sys::count_keys::<u64>(map.as_fd());
+                }
+                n
+            })
+            .sum();
+        (entries, usage.capacity)
     }
 
     /// Blocks in `LIVE_ALLOCS`: a batch walk (one lookup per key where the
@@ -199,6 +232,10 @@ impl KernelStatsSource for KernelStats {
                 self.live_entries(),
                 u64::from(config.max_live_blocks),
             ),
+            {
+                let (entries, capacity) = self.own_entries();
+                (MAP_OWN_LIVE, entries, capacity)
+            },
             (
                 MAP_LIVE_KEYS,
                 self.live_table.as_deref().map_or(0, LiveTable::len),

@@ -29,6 +29,13 @@ pub enum Event {
         /// The image.
         image: ImageId,
     },
+    /// A traced image needs the next level of its own spill map.
+    Spill {
+        /// The image.
+        image: ImageId,
+        /// The level asked for.
+        level: u32,
+    },
     /// A process exec'd or forked while scoped (it may enter or leave the
     /// scope).
     ScopeCandidate {
@@ -66,6 +73,10 @@ pub fn decode(event: &ProcEvent) -> Option<Event> {
             is_fork: true,
         },
         ProcEventKind::Mapped => Event::Mapped { image },
+        ProcEventKind::Spill => Event::Spill {
+            image,
+            level: event.level,
+        },
     })
 }
 
@@ -130,11 +141,14 @@ pub fn end_images_from(
     if ends.is_empty() {
         return 0;
     }
+    let images: Vec<ImageId> = ends.iter().map(|end| end.image).collect();
     let (ended, keys) = collect_ended(&*kernel, ends, blocks, stopping);
     for (end, kept) in ended {
         registry.end(end, kept);
     }
-    remove_ended(kernel, &keys)
+    let removed = remove_ended(kernel, &keys);
+    kernel.drop_own_spill(&images);
+    removed
 }
 
 /// An ended image with the blocks it keeps as its last state.

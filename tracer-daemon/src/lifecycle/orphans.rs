@@ -18,6 +18,14 @@ pub struct Scan {
     tracked: HashSet<ImageId>,
 }
 
+impl Scan {
+    /// Whether the kernel tracked `image` (its totals) at the scan.
+    #[must_use]
+    pub fn tracks(&self, image: &ImageId) -> bool {
+        self.tracked.contains(image)
+    }
+}
+
 /// Scans the kernel maps, and collects unreferenced stacks when `STACKS`
 /// is at least half full: the ids listed *before* the scan of the live
 /// blocks that no block references. (A block stored after the scan with

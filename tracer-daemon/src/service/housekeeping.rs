@@ -95,6 +95,9 @@ impl Service {
                         .unwrap_or_else(|| events::new_image(image, &comm));
                     ::tracing::debug!(pid = image.id.pid, gen = image.id.generation, comm = %image.comm, "new image");
                     let (id, maps) = (image.id, image.maps.clone());
+                    // Its own spill map's first level, before its blocks
+                    // outgrow their buckets of the fast table.
+                    self.state.locks().kernel().kernel.add_own_spill(id, 0);
                     self.state.locks().registry().registry.add(image);
                     if let Some(maps) = maps {
                         self.queue_unwind(id, maps);
@@ -104,6 +107,13 @@ impl Service {
                 Some(Event::Mapped { image }) => {
                     self.queue_discovery(image.pid, true);
                     self.queue_remap(image);
+                }
+                Some(Event::Spill { image, level }) => {
+                    self.state
+                        .locks()
+                        .kernel()
+                        .kernel
+                        .add_own_spill(image, level);
                 }
                 Some(Event::ScopeCandidate { pid, is_fork }) => {
                     if !is_fork {
@@ -136,6 +146,7 @@ impl Service {
         // The ended blocks' stacks are read under the kernel lock alone;
         // the registry's (which the cheap routes need) is held only to
         // record the ends.
+        let images: Vec<ImageId> = ends.iter().map(|end| end.image).collect();
         let (ended, keys) = events::collect_ended(&**held.kernel, ends, blocks, &self.stopping);
         let mut held = held.registry();
         for (end, kept) in ended {
@@ -143,6 +154,7 @@ impl Service {
         }
         drop(held.registry);
         events::remove_ended(&mut **held.kernel, &keys);
+        held.kernel.drop_own_spill(&images);
     }
 
     /// Registers the images the kernel tracks (its process totals:
@@ -284,6 +296,22 @@ impl Service {
         let doomed = orphans::doomed(&scan, &untracked, &mut held.registry);
         drop(held.registry);
         let removed = held.kernel.remove_blocks(&doomed);
+        // Own spill maps of images the kernel no longer tracks: dropped
+        // with their doomed blocks, or at once when they hold none (made
+        // for an image that ended meanwhile).
+        let holding: HashSet<ImageId> = untracked
+            .iter()
+            .map(|(key, info)| ImageId::of_block(key, info))
+            .collect();
+        let doomed_pids: HashSet<u32> = doomed.iter().map(|key| key.tgid).collect();
+        let stale: Vec<ImageId> = held
+            .kernel
+            .own_spill_images()
+            .into_iter()
+            .filter(|image| !scan.tracks(image))
+            .filter(|image| !holding.contains(image) || doomed_pids.contains(&image.pid))
+            .collect();
+        held.kernel.drop_own_spill(&stale);
         drop(held.kernel);
         let took = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
         self.sweeps.last_took_us.store(took, Ordering::Release);

@@ -419,3 +419,73 @@ pub fn keys<K: Default + Copy>(fd: BorrowedFd<'_>) -> Vec<K> {
 pub fn count_keys<K: Default + Copy>(fd: BorrowedFd<'_>) -> u64 {
     keys::<K>(fd).len() as u64
 }
+
+const BPF_MAP_CREATE: libc::c_long = 0;
+const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
+/// `BPF_MAP_TYPE_HASH`.
+const BPF_MAP_TYPE_HASH: u32 = 1;
+/// `BPF_F_NO_PREALLOC`: entries are allocated as they are put in.
+pub const BPF_F_NO_PREALLOC: u32 = 1;
+
+/// `union bpf_attr` as BPF_MAP_CREATE uses it (up to `map_name`).
+#[repr(C)]
+#[derive(Default)]
+struct CreateAttr {
+    map_type: u32,
+    key_size: u32,
+    value_size: u32,
+    max_entries: u32,
+    map_flags: u32,
+    inner_map_fd: u32,
+    numa_node: u32,
+    map_name: [u8; 16],
+}
+
+/// Creates a hash map of `K` → `V` with room for `max_entries` entries and
+/// `flags` (`BPF_F_*`), named `name` (its first 15 bytes, as bpftool shows
+/// it). The kernel allocates its buckets now (16 bytes per entry of
+/// `max_entries` rounded up to a power of two).
+///
+/// # Errors
+/// The syscall's error (`ENOMEM`, `EPERM` without CAP_BPF).
+pub fn create_hash<K, V>(
+    name: &str,
+    max_entries: u32,
+    flags: u32,
+) -> io::Result<std::os::fd::OwnedFd> {
+    let mut map_name = [0u8; 16];
+    for (to, from) in map_name.iter_mut().zip(name.bytes().take(15)) {
+        *to = from;
+    }
+    let mut attr = CreateAttr {
+        map_type: BPF_MAP_TYPE_HASH,
+        key_size: size_of::<K>() as u32,
+        value_size: size_of::<V>() as u32,
+        max_entries,
+        map_flags: flags,
+        map_name,
+        ..CreateAttr::default()
+    };
+    // SAFETY: attr is a whole, initialised prefix of bpf_attr for
+    // BPF_MAP_CREATE, with no pointer in it.
+    let fd = unsafe { syscall(BPF_MAP_CREATE, &mut attr) }?;
+    // SAFETY: the kernel returned a new descriptor that nothing else owns.
+    Ok(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as i32) })
+}
+
+/// Sets `key` to `value` (`flags`: `BPF_ANY` 0, `BPF_NOEXIST` 1,
+/// `BPF_EXIST` 2). `K` and `V` must be exactly the map's key and value
+/// sizes (a map of maps takes a descriptor as a `u32`).
+///
+/// # Errors
+/// The syscall's error (`E2BIG`: the map is full).
+pub fn update<K, V>(fd: BorrowedFd<'_>, key: &K, value: &V, flags: u64) -> io::Result<()> {
+    let mut attr = ElemAttr {
+        map_fd: fd.as_raw_fd() as u32,
+        key: std::ptr::from_ref(key) as u64,
+        value: std::ptr::from_ref(value) as u64,
+        flags,
+        ..ElemAttr::default()
+    };
+    call(BPF_MAP_UPDATE_ELEM, &mut attr)
+}

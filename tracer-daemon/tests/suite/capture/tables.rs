@@ -3,10 +3,10 @@
 //! them; a process whose slot of `PROC_SLOTS` is taken keeps exact totals in
 //! `PROCS`.
 
-use std::path::Path;
+use std::{path::Path, time::Duration};
 
 use super::build;
-use crate::suite::support::{Fixture, Tracerd, stat_at, u64_of};
+use crate::suite::support::{Fixture, Tracerd, poll, stat_at, u64_of};
 
 /// (allocs, frees, unknown frees, live blocks, current bytes) of `pid`.
 fn totals(tracerd: &Tracerd, pid: u32) -> [u64; 5] {
@@ -19,12 +19,21 @@ fn totals(tracerd: &Tracerd, pid: u32) -> [u64; 5] {
 }
 
 /// Entries of the fast table and of LIVE_ALLOCS, from GET /maps.
+/// Blocks in the fast table, and in the spill (`LIVE_ALLOCS` and the
+/// images' own spill maps together).
 fn live_entries(tracerd: &Tracerd) -> (u64, u64) {
+    let (table, shared, own) = live_places(tracerd);
+    (table, shared + own)
+}
+
+/// Blocks in the fast table, `LIVE_ALLOCS` and the own spill maps.
+fn live_places(tracerd: &Tracerd) -> (u64, u64, u64) {
     let maps = tracerd.maps();
     let entries = |map: &str| u64_of(&maps["maps"][map], "entries");
     (
         entries(tracer_common::MAP_LIVE_KEYS),
         entries(tracer_common::MAP_LIVE_ALLOCS),
+        entries(tracer_common::MAP_OWN_LIVE),
     )
 }
 
@@ -58,6 +67,82 @@ fn blocks_beyond_a_full_fast_table_spill_and_every_free_finds_them() {
     assert_eq!(totals(&tracerd, pid), [3000, 3000, 0, 0, 0]);
     assert_eq!(live_entries(&tracerd), (0, 0));
     fx.end();
+}
+
+/// The capacity of the own spill maps, from GET /maps.
+fn own_capacity(tracerd: &Tracerd) -> u64 {
+    u64_of(
+        &tracerd.maps()["maps"][tracer_common::MAP_OWN_LIVE],
+        "capacity",
+    )
+}
+
+#[test]
+fn a_process_s_spill_goes_to_maps_of_its_own_that_grow_ahead_of_it_and_every_free_finds_them() {
+    let prog = build("ownspill");
+    let line = prog.line("OWN_SITE");
+    let mut fx = Fixture::spawn_ready(&prog.exe, &[]);
+    let pid = fx.pid();
+    // The smallest table (2 buckets of 7) and only this process traced.
+    let pid_s = pid.to_string();
+    let tracerd = Tracerd::start(&["--live-table-blocks", "14", "--scope-pid", &pid_s]);
+    fx.step("first");
+    tracerd.wait_traced(pid);
+    // Level 0 (1024 blocks) is made when tracerd learns of the image.
+    poll(
+        Duration::from_secs(10),
+        Duration::from_millis(20),
+        || match own_capacity(&tracerd) {
+            1024 => Ok(()),
+            other => Err(format!("own spill capacity {other}")),
+        },
+    );
+    for step in 1..=6u64 {
+        fx.step("step");
+        let spilled = 1 + 1000 * step - 14;
+        assert_eq!(
+            live_places(&tracerd),
+            (14, 0, spilled),
+            "step {step}: every spilled block in the process's own maps"
+        );
+        // The next level is asked for at 3/4 of the levels' room: wait
+        // until there is room for the next step before it runs.
+        poll(Duration::from_secs(10), Duration::from_millis(20), || {
+            let capacity = own_capacity(&tracerd);
+            (capacity >= spilled + 1000).then_some(()).ok_or(format!(
+                "step {step}: capacity {capacity} for {spilled} + 1000"
+            ))
+        });
+    }
+    assert_eq!(own_capacity(&tracerd), 1024 + 4096 + 16384);
+    assert_eq!(totals(&tracerd, pid), [6001, 0, 0, 6001, 6001 * 48]);
+    let body = tracerd.get_ok(&format!("/pid/{pid}/statistics?group_by=lineno&limit=0"));
+    let stat = stat_at(&body["statistics"], &prog.source, line).expect("the spill site");
+    assert_eq!(
+        (&stat["count"], &stat["size"]),
+        (&6000.into(), &288_000.into())
+    );
+    let traces = tracerd.get_ok(&format!("/pid/{pid}/traces?limit=0"));
+    assert_eq!(traces["traces"].as_array().map(Vec::len), Some(6001));
+
+    fx.step("half");
+    assert_eq!(totals(&tracerd, pid), [6001, 3000, 0, 3001, 3001 * 48]);
+    let (table, shared, own) = live_places(&tracerd);
+    assert_eq!((table + own, shared), (3001, 0), "{table} in the table");
+
+    fx.step("freed");
+    assert_eq!(totals(&tracerd, pid), [6001, 6001, 0, 0, 0]);
+    assert_eq!(live_places(&tracerd), (0, 0, 0));
+    fx.end();
+    // The ended image's maps are dropped.
+    poll(
+        Duration::from_secs(10),
+        Duration::from_millis(20),
+        || match own_capacity(&tracerd) {
+            0 => Ok(()),
+            other => Err(format!("own spill capacity {other} after the exit")),
+        },
+    );
 }
 
 /// Spawns `exe` as a process whose pid is `pid`'s, plus or minus a multiple

@@ -1,0 +1,107 @@
+//! The per-image spill maps: where the blocks of a process image go when
+//! their bucket of the fast table is full, once the image has a map of its
+//! own (before that, and when its maps are full, they go to the shared
+//! `LIVE_ALLOCS`). Reading one process's blocks then reads its own maps,
+//! not every spilled block of the host.
+//!
+//! Layout. [`MAP_OWN_LIVE`] is a hash of maps: [`OwnKey`] (tgid,
+//! generation, level) → an inner hash `u64` address → [`crate::AllocInfo`],
+//! created by tracerd. Level `l` holds at most [`own_level_blocks`]`(l)`
+//! blocks (4 times the level before), so that an image's maps cost what its
+//! blocks need, never its share of the host; an image has at most
+//! [`OWN_LEVELS_MAX`] levels. [`MAP_OWN_LEVELS`] says how many levels an
+//! image has ([`own_image_key`] → count), written by tracerd only.
+//!
+//! Protocol. tracerd creates level 0 when it learns of a new image. A
+//! program that spills a block of an image puts it in the newest level,
+//! counted in [`crate::ProcTotals::own_spill`]; once those blocks fill 3/4
+//! of the levels (or the newest is full, or there is none), it asks tracerd
+//! for the next one (a `Spill` event, [`crate::ProcEventKind`], sent once
+//! per level: [`crate::ProcTotals::own_asked`] is raised by
+//! compare-and-swap). A block that finds no room goes to `LIVE_ALLOCS`,
+//! counted in [`crate::ProcTotals::shared_spill`] first. A block is looked
+//! for in the newest level first, then the older ones, then
+//! `LIVE_ALLOCS`. tracerd creates the level's map, puts it in
+//! [`MAP_OWN_LIVE`], then raises the count in [`MAP_OWN_LEVELS`]; it drops
+//! an image's maps once the image ended and its blocks were read.
+
+use core::mem::size_of;
+
+/// Name of the hash of maps: [`OwnKey`] → an image's spill map of one level.
+pub const MAP_OWN_LIVE: &str = "OWN_LIVE";
+/// Name of the level counts: [`own_image_key`] → levels the image has (u64).
+pub const MAP_OWN_LEVELS: &str = "OWN_LEVELS";
+/// Most levels an image's spill has.
+pub const OWN_LEVELS_MAX: u32 = 8;
+/// Blocks of level 0; each level holds 4 times the one before.
+pub const OWN_FIRST_BLOCKS: u32 = 1024;
+/// Entries of [`MAP_OWN_LIVE`] as compiled (images × levels); tracerd sets
+/// the real number at load time.
+pub const OWN_LIVE_ENTRIES: u32 = 1 << 14;
+/// Entries of [`MAP_OWN_LEVELS`] as compiled (images with a map of their
+/// own); tracerd sets the real number at load time.
+pub const OWN_LEVELS_ENTRIES: u32 = 1 << 12;
+
+/// The blocks level `level` of an image's spill holds:
+/// [`OWN_FIRST_BLOCKS`] × 4^level.
+#[must_use]
+pub const fn own_level_blocks(level: u32) -> u64 {
+    (OWN_FIRST_BLOCKS as u64) << (2 * level)
+}
+
+/// The blocks the first `levels` levels hold together.
+#[must_use]
+pub const fn own_levels_blocks(levels: u32) -> u64 {
+    // 1 + 4 + ... + 4^(levels-1) = (4^levels - 1) / 3
+    ((OWN_FIRST_BLOCKS as u64) * ((1u64 << (2 * levels)) - 1)) / 3
+}
+
+/// Key of [`MAP_OWN_LIVE`]: one level of one process image's spill.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct OwnKey {
+    /// The process.
+    pub tgid: u32,
+    /// Its image's generation ([`crate::ProcStats::gen_`]).
+    pub gen_: u32,
+    /// The level, below [`OWN_LEVELS_MAX`].
+    pub level: u32,
+    /// Explicit padding, always 0.
+    pub _pad: u32,
+}
+const _: () = assert!(size_of::<OwnKey>() == 16);
+
+// SAFETY: #[repr(C)], Copy, made only of integers with explicit padding, so
+// every bit pattern is valid.
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for OwnKey {}
+
+/// Key of [`MAP_OWN_LEVELS`] for image (`tgid`, `gen_`).
+#[must_use]
+pub const fn own_image_key(tgid: u32, gen_: u32) -> u64 {
+    ((tgid as u64) << 32) | gen_ as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_level_holds_four_times_the_one_before_and_the_last_holds_tens_of_millions() {
+        assert_eq!(own_level_blocks(0), 1024);
+        assert_eq!(own_level_blocks(1), 4096);
+        assert_eq!(own_level_blocks(OWN_LEVELS_MAX - 1), 16 << 20);
+        let all: u64 = (0..OWN_LEVELS_MAX).map(own_level_blocks).sum();
+        assert!(all > 20_000_000, "{all}");
+        for levels in 0..=OWN_LEVELS_MAX {
+            let sum: u64 = (0..levels).map(own_level_blocks).sum();
+            assert_eq!(own_levels_blocks(levels), sum, "{levels}");
+        }
+    }
+
+    #[test]
+    fn image_keys_keep_tgid_and_generation_apart() {
+        assert_eq!(own_image_key(1, 2), (1 << 32) | 2);
+        assert_ne!(own_image_key(1, 2), own_image_key(2, 1));
+    }
+}

@@ -1,0 +1,263 @@
+//! The per-image spill maps (`OWN_LIVE`, `OWN_LEVELS`; protocol in
+//! `tracer_common::own_spill`): tracerd creates each image's level maps as
+//! the programs ask for them, reads one image's spilled blocks from its own
+//! maps rather than from every spilled block of the host, and drops them
+//! once the image ended and its blocks were read.
+use std::{
+    collections::HashMap,
+    ops::ControlFlow,
+    os::fd::{AsFd as _, OwnedFd},
+    sync::Arc,
+};
+
+use aya::maps::{Map, MapData};
+use tracer_common::{
+    AllocInfo, AllocKey, MAP_OWN_LEVELS, MAP_OWN_LIVE, OWN_LEVELS_MAX, OwnKey, own_image_key,
+    own_level_blocks,
+};
+
+use super::{CaptureError, ImageId};
+use crate::sys::bpf as bpf_sys;
+
+/// What the per-image spill maps hold now, for `/maps` and the metrics:
+/// each level map (a descriptor of its own, to count its entries) and
+/// their capacity in blocks together.
+#[derive(Clone, Debug, Default)]
+pub struct OwnUsage {
+    /// Every level map of every image.
+    pub maps: Vec<Arc<OwnedFd>>,
+    /// Their capacities together, in blocks.
+    pub capacity: u64,
+}
+
+/// The per-image spill maps and the level maps tracerd created.
+pub struct OwnSpill {
+    /// `OWN_LIVE`: (tgid, generation, level) → level map.
+    outer: MapData,
+    /// `OWN_LEVELS`: image → levels.
+    levels: MapData,
+    /// Each image's level maps, level 0 first.
+    images: HashMap<ImageId, Vec<Arc<OwnedFd>>>,
+    /// Blocks the level maps hold at most, together.
+    capacity: u64,
+    /// Most blocks the level maps may hold together (`max_live_blocks`):
+    /// a level that would pass it is not created (its blocks go to
+    /// `LIVE_ALLOCS`).
+    max_capacity: u64,
+}
+
+impl OwnSpill {
+    /// Takes `OWN_LIVE` and `OWN_LEVELS` out of the loaded object.
+    ///
+    /// # Errors
+    /// [`CaptureError::Map`] when one is missing or of another kind.
+    pub(super) fn take(ebpf: &mut aya::Ebpf, max_capacity: u64) -> Result<Self, CaptureError> {
+        let outer = match ebpf.take_map(MAP_OWN_LIVE) {
+            Some(Map::HashOfMaps(data)) => data,
+            _ => {
+                return Err(CaptureError::Map {
+                    map: MAP_OWN_LIVE,
+                    reason: "missing or not a hash of maps".into(),
+                });
+            }
+        };
+        let levels = match ebpf.take_map(MAP_OWN_LEVELS) {
+            Some(Map::HashMap(data)) => data,
+            _ => {
+                return Err(CaptureError::Map {
+                    map: MAP_OWN_LEVELS,
+                    reason: "missing or not a hash map".into(),
+                });
+            }
+        };
+        Ok(Self {
+            outer,
+            levels,
+            images: HashMap::new(),
+            capacity: 0,
+            max_capacity,
+        })
+    }
+
+    /// Creates level `level` of `image`'s spill when it is the next one it
+    /// lacks: its map (with [`own_level_blocks`] entries), put in
+    /// `OWN_LIVE`, then the image's level count raised in `OWN_LEVELS` (in
+    /// that order, so that a program that sees the count finds the map).
+    /// False when the level exists already, is past [`OWN_LEVELS_MAX`] or
+    /// the capacity of all level maps, or the kernel refused (logged).
+    pub fn add_level(&mut self, image: ImageId, level: u32) -> bool {
+        let have = self.images.get(&image).map_or(0, Vec::len);
+        if level as usize != have || level >= OWN_LEVELS_MAX {
+            return false;
+        }
+        let blocks = own_level_blocks(level);
+        if self.capacity + blocks > self.max_capacity {
+            tracing::debug!(
+                pid = image.pid,
+                level,
+                "no room for another spill map: its blocks go to LIVE_ALLOCS"
+            );
+            return false;
+        }
+        let created = bpf_sys::create_hash::<u64, AllocInfo>(
+            "own_spill",
+            blocks as u32,
+            bpf_sys::BPF_F_NO_PREALLOC,
+        )
+        .and_then(|map| {
+            let key = OwnKey {
+                tgid: image.pid,
+                gen_: image.generation,
+                level,
+                _pad: 0,
+            };
+            let fd = std::os::fd::AsRawFd::as_raw_fd(&map) as u32;
+            bpf_sys::update(self.outer.fd().as_fd(), &key, &fd, 0)?;
+            let count = u64::from(level) + 1;
+            let image_key = own_image_key(image.pid, image.generation);
+            if let Err(e) = bpf_sys::update(self.levels.fd().as_fd(), &image_key, &count, 0) {
+                bpf_sys::delete(self.outer.fd().as_fd(), &key);
+                return Err(e);
+            }
+            Ok(map)
+        });
+        match created {
+            Ok(map) => {
+                self.images.entry(image).or_default().push(Arc::new(map));
+                self.capacity += blocks;
+                true
+            }
+            Err(e) => {
+                tracing::debug!(pid = image.pid, level, err = %e, "spill map not created: its blocks go to LIVE_ALLOCS");
+                false
+            }
+        }
+    }
+
+    /// Drops the spill maps of `images` (ended, their blocks read and
+    /// removed): out of `OWN_LEVELS` first, then out of `OWN_LIVE`.
+    pub fn drop_images(&mut self, images: &[ImageId]) {
+        for image in images {
+            let Some(maps) = self.images.remove(image) else {
+                continue;
+            };
+            bpf_sys::delete(
+                self.levels.fd().as_fd(),
+                &own_image_key(image.pid, image.generation),
+            );
+            for level in 0..maps.len() as u32 {
+                let key = OwnKey {
+                    tgid: image.pid,
+                    gen_: image.generation,
+                    level,
+                    _pad: 0,
+                };
+                bpf_sys::delete(self.outer.fd().as_fd(), &key);
+                self.capacity = self.capacity.saturating_sub(own_level_blocks(level));
+            }
+        }
+    }
+
+    /// The images that have spill maps.
+    pub fn images(&self) -> Vec<ImageId> {
+        self.images.keys().copied().collect()
+    }
+
+    /// Whether `image` has spill maps.
+    pub fn has(&self, image: &ImageId) -> bool {
+        self.images.contains_key(image)
+    }
+
+    /// The level maps and their capacity, for `/maps`.
+    pub fn usage(&self) -> OwnUsage {
+        OwnUsage {
+            maps: self.images.values().flatten().cloned().collect(),
+            capacity: self.capacity,
+        }
+    }
+
+    /// Calls `keep` with every block of the spill maps of `image` (newest
+    /// level first) until it breaks; returns whether it broke.
+    pub fn for_each_block(
+        &self,
+        image: &ImageId,
+        keep: &mut dyn FnMut(&AllocKey, &AllocInfo) -> ControlFlow<()>,
+    ) -> bool {
+        let Some(maps) = self.images.get(image) else {
+            return false;
+        };
+        for map in maps.iter().rev() {
+            let mut broke = false;
+            let mut each = |addr: &u64, info: &AllocInfo| {
+                let key = AllocKey {
+                    tgid: image.pid,
+                    _pad: 0,
+                    addr: *addr,
+                };
+                let flow = keep(&key, info);
+                broke = flow.is_break();
+                flow
+            };
+            if bpf_sys::lookup_batch(map.as_fd(), &mut each).is_err() {
+                for addr in bpf_sys::keys::<u64>(map.as_fd()) {
+                    if let Ok(info) = bpf_sys::lookup_value::<u64, AllocInfo>(map.as_fd(), &addr)
+                        && each(&addr, &info).is_break()
+                    {
+                        break;
+                    }
+                }
+            }
+            if broke {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Removes those of `keys` that are in a spill map of an image of their
+    /// pid; calls `on_removed` with each; returns the others.
+    pub fn remove(
+        &self,
+        keys: Vec<AllocKey>,
+        mut on_removed: impl FnMut(&AllocKey),
+    ) -> Vec<AllocKey> {
+        if self.images.is_empty() || keys.is_empty() {
+            return keys;
+        }
+        let mut by_pid: HashMap<u32, Vec<&Arc<OwnedFd>>> = HashMap::new();
+        for (image, maps) in &self.images {
+            by_pid.entry(image.pid).or_default().extend(maps.iter());
+        }
+        let mut rest = Vec::new();
+        let mut grouped: HashMap<u32, Vec<AllocKey>> = HashMap::new();
+        for key in keys {
+            if by_pid.contains_key(&key.tgid) {
+                grouped.entry(key.tgid).or_default().push(key);
+            } else {
+                rest.push(key);
+            }
+        }
+        for (pid, mut keys) in grouped {
+            for map in by_pid.get(&pid).into_iter().flatten() {
+                if keys.is_empty() {
+                    break;
+                }
+                let addrs: Vec<u64> = keys.iter().map(|k| k.addr).collect();
+                let mut gone = std::collections::HashSet::new();
+                bpf_sys::delete_batch(map.as_fd(), &addrs, |addr| {
+                    gone.insert(*addr);
+                });
+                keys.retain(|key| {
+                    if gone.contains(&key.addr) {
+                        on_removed(key);
+                        false
+                    } else {
+                        true
+                    }
+                });
+            }
+            rest.extend(keys);
+        }
+        rest
+    }
+}
