@@ -162,7 +162,7 @@ fn frame(
         int(record, "blocks"),
     );
     let mut second = format!(
-        "growth since the view started {} s ago (snapshot {base}); by {}, sorted by {}, every {} s",
+        "growth over {} s (since snapshot {base}), by {}, sorted by {}, every {} s",
         elapsed.as_secs(),
         args.group.group_by.as_str(),
         match args.sort {
@@ -175,7 +175,11 @@ fn frame(
     if interactive {
         second.push_str("; q quits");
     }
-    let mut lines = vec![style.bold(&head), second, String::new()];
+    let clip = |line: String| match style.width {
+        Some(width) => line.chars().take(usize::from(width)).collect(),
+        None => line,
+    };
+    let mut lines = vec![style.bold(&clip(head)), clip(second), String::new()];
     lines.extend(
         table_text(&diff_table(&stats, style))
             .lines()
