@@ -194,10 +194,9 @@ pub struct TextOrTable {
     pub bytes: bool,
 }
 
+/// A statistics or compare view: grouping, how many lines, filters.
 #[derive(Debug, Args)]
-pub struct StatArgs {
-    /// The process
-    pub pid: u32,
+pub struct ViewArgs {
     #[command(flatten)]
     pub group: GroupArgs,
     /// Lines shown (0: all)
@@ -205,6 +204,14 @@ pub struct StatArgs {
     pub limit: usize,
     #[command(flatten)]
     pub filters: FilterArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct StatArgs {
+    /// The process
+    pub pid: u32,
+    #[command(flatten)]
+    pub view: ViewArgs,
     /// tracemalloc's text lines instead of a table
     #[arg(long, conflicts_with = "bytes")]
     pub text: bool,
@@ -244,12 +251,7 @@ pub struct DiffArgs {
     #[arg(long)]
     pub new: Option<String>,
     #[command(flatten)]
-    pub group: GroupArgs,
-    /// Lines shown (0: all)
-    #[arg(short, long, default_value_t = 20)]
-    pub limit: usize,
-    #[command(flatten)]
-    pub filters: FilterArgs,
+    pub view: ViewArgs,
     #[command(flatten)]
     pub output: TextOrTable,
 }
@@ -373,13 +375,32 @@ impl StatArgs {
     /// `GET /pid/{pid}/statistics`'s parameters (`format=text` when asked).
     pub fn pairs(&self, text: bool) -> Pairs {
         let mut pairs = Pairs::new();
-        self.group.pairs(&mut pairs);
-        push(&mut pairs, "limit", self.limit);
-        self.filters.pairs(&mut pairs);
-        if text {
-            push(&mut pairs, "format", "text");
-        }
+        self.view.pairs(&mut pairs, text);
         pairs
+    }
+}
+
+impl ViewArgs {
+    /// What a statistics or compare view takes after its own parameters:
+    /// the grouping, `limit`, the filters, and `format=text` when `text`.
+    fn pairs(&self, pairs: &mut Pairs, text: bool) {
+        view_pairs(pairs, &self.group, self.limit, &self.filters, text);
+    }
+}
+
+/// See [`ViewArgs::pairs`] (`top` has its own `limit`).
+fn view_pairs(
+    pairs: &mut Pairs,
+    group: &GroupArgs,
+    limit: usize,
+    filters: &FilterArgs,
+    text: bool,
+) {
+    group.pairs(pairs);
+    push(pairs, "limit", limit);
+    filters.pairs(pairs);
+    if text {
+        push(pairs, "format", "text");
     }
 }
 
@@ -396,12 +417,7 @@ impl DiffArgs {
         if let Some(new) = &self.new {
             push(&mut pairs, "new", new);
         }
-        self.group.pairs(&mut pairs);
-        push(&mut pairs, "limit", self.limit);
-        self.filters.pairs(&mut pairs);
-        if text {
-            push(&mut pairs, "format", "text");
-        }
+        self.view.pairs(&mut pairs, text);
         pairs
     }
 }
@@ -412,9 +428,7 @@ impl TopArgs {
     pub fn pairs(&self, base: u64) -> Pairs {
         let mut pairs = Pairs::new();
         push(&mut pairs, "base", base);
-        self.group.pairs(&mut pairs);
-        push(&mut pairs, "limit", 0);
-        self.filters.pairs(&mut pairs);
+        view_pairs(&mut pairs, &self.group, 0, &self.filters, false);
         pairs
     }
 }

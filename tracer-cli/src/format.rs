@@ -384,4 +384,27 @@ mod tests {
             .join("\n")
         );
     }
+
+    #[test]
+    fn a_table_fits_the_terminals_width() {
+        let stats = [json!({"size": 64_000, "count": 1000,
+            "traceback": [{"filename": "/a/long/path/to/the/sources/names.c", "lineno": 9}]})];
+        let narrow = Style {
+            width: Some(40),
+            ..PLAIN
+        };
+        let text = table_text(&statistics_table(&stats, &narrow));
+        assert_eq!(
+            text,
+            [
+                "     SIZE  BLOCKS  AVERAGE  WHERE",
+                " 62.5 KiB    1000     64 B  /a/long/pat",
+                "                            h/to/the/so",
+                "                            urces/names",
+                "                            .c:9",
+            ]
+            .join("\n")
+        );
+        assert!(text.lines().all(|l| l.chars().count() <= 40));
+    }
 }

@@ -34,7 +34,7 @@ pub fn run(ctx: &Context, args: &StatArgs) -> Result<(), CliError> {
         style.size(total),
         int(process, "blocks"),
         int(&body, "total"),
-        args.group.group_by.as_str(),
+        args.view.group.group_by.as_str(),
     );
     if usize::try_from(int(&body, "total")).is_ok_and(|n| n > stats.len()) {
         head.push_str(&format!(", the top {} shown", stats.len()));
