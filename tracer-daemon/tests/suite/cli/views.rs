@@ -355,3 +355,32 @@ fn tracerds_4xx_message_and_hint_are_what_tracer_says() {
         "tracer: pid 4000000000 is not traced: no such process\n  hint: GET /processes lists the traced pids\n"
     );
 }
+
+#[test]
+fn tracer_sends_the_token_over_tcp_and_a_wrong_one_gets_tracerds_401_with_a_hint() {
+    let dir = TempDir::new("cli-token");
+    let right = dir.path().join("token");
+    let wrong = dir.path().join("wrong");
+    for (path, token) in [
+        (&right, "0123456789abcdef-right\n"),
+        (&wrong, "0123456789abcdef-wrong"),
+    ] {
+        std::fs::write(path, token).expect("write a token file");
+        std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .expect("chmod 600");
+    }
+    let (_keep, tracerd, fx) = keep_done(&["--auth-token-file", right.to_str().expect("utf-8")]);
+    let pid = fx.pid().to_string();
+    // A wrong token is refused from anyone, so this shows it is sent.
+    let refused = finish(tracer(&tracerd, &["ps", "--token-file"]).arg(&wrong));
+    assert_eq!(refused.status.code(), Some(1));
+    assert_eq!(
+        refused.stderr,
+        "tracer: missing or wrong bearer token\n  hint: tracerd wants a bearer token over TCP: pass --token-file FILE (TRACER_TOKEN_FILE) or --token TOKEN (TRACER_TOKEN) with the token of its auth_token_file, or use its Unix socket (--socket)\n"
+    );
+    let admitted = finish(tracer(&tracerd, &["ps", "--bytes"]).env("TRACER_TOKEN_FILE", &right));
+    assert!(
+        admitted.rows().iter().any(|r| r.first() == Some(&pid)),
+        "{admitted:?}"
+    );
+}
