@@ -3,10 +3,13 @@
 //!
 //! 1. tests that need no root, in parallel: every crate but the daemon and
 //!    the eBPF crate (the model's unit and differential tests,
-//!    tracer-common, xtask), then the daemon's unit tests and its two
-//!    test binaries that need no root (`layering`, `symbolize`);
+//!    tracer-common, the `tracer` command's unit tests and its test with
+//!    no tracerd, xtask), then the daemon's unit tests and its two test
+//!    binaries that need no root (`layering`, `symbolize`);
 //! 2. tests that need root, serially, in the daemon's one integration
-//!    binary: they attach probes host-wide and share the kernel's state;
+//!    binary: they attach probes host-wide and share the kernel's state
+//!    (its `cli` tests run the `tracer` binary, which they build first
+//!    with the same cargo, target directory and profile);
 //! 3. the hostile suite ([`crate::hostile`]) against a release tracerd
 //!    (built first), unless arguments were given (a filter names tests).
 //!

@@ -4,6 +4,7 @@
 mod api;
 mod capacity;
 mod capture;
+mod cli;
 mod faults;
 mod metrics;
 mod persistence;

@@ -19,6 +19,6 @@ pub use kernel::{
     uprobe_events_of,
 };
 pub use process::{
-    cgroup_v2, free_port, kill_if_running, output_ok, poll, require_root, running, stop,
+    cgroup_v2, free_port, kill_if_running, output_ok, poll, require_root, running, signal, stop,
 };
 pub use tracerd::Tracerd;

@@ -1,0 +1,108 @@
+//! One module per subcommand; what they share: the client, the output
+//! choices, and showing a statistics answer as tracemalloc's text or a
+//! table.
+
+mod diff;
+mod load;
+mod ps;
+mod run;
+mod snapshot;
+mod stat;
+mod top;
+
+use std::process::ExitCode;
+
+use serde_json::Value;
+
+use crate::{
+    cli::{ColorChoice, Command},
+    client::{Answer, Client, query},
+    error::CliError,
+    format::{Style, int, statistics_table, table_text},
+    output::{emit, note},
+};
+
+/// What every command gets.
+pub struct Context {
+    pub client: Client,
+    /// `--json`: print tracerd's JSON answer as it is.
+    pub json: bool,
+    pub color: ColorChoice,
+}
+
+impl Context {
+    /// The style for stdout with exact bytes or not.
+    pub fn style(&self, bytes: bool) -> Style {
+        Style::for_stdout(self.color, bytes)
+    }
+}
+
+/// Runs `command`; its exit status.
+///
+/// # Errors
+/// What the command met ([`CliError`]).
+pub fn run(ctx: &Context, command: &Command) -> Result<ExitCode, CliError> {
+    match command {
+        Command::Ps(args) => ps::run(ctx, args).map(|()| ExitCode::SUCCESS),
+        Command::Top(args) => top::run(ctx, args).map(|()| ExitCode::SUCCESS),
+        Command::Stat(args) => stat::run(ctx, args).map(|()| ExitCode::SUCCESS),
+        Command::Snapshot(args) => snapshot::run(ctx, args).map(|()| ExitCode::SUCCESS),
+        Command::Diff(args) => diff::run(ctx, args).map(|()| ExitCode::SUCCESS),
+        Command::Run(args) => run::run(ctx, args),
+        Command::Load(args) => load::run(ctx, args).map(|()| ExitCode::SUCCESS),
+    }
+}
+
+/// Prints an answer's body as it came (JSON or tracemalloc's text).
+fn emit_body(answer: &Answer) -> Result<(), CliError> {
+    let text = answer.text();
+    if text.is_empty() {
+        return Ok(());
+    }
+    emit(&text)
+}
+
+/// Warns on stderr when an answer's data undercount (`complete: false`).
+fn warn_incomplete(body: &Value) {
+    if body["complete"].as_bool() == Some(false) {
+        note(&format!(
+            "{} allocator events were lost (kernel maps full): these figures undercount; see docs/operations.md",
+            int(body, "drops")
+        ));
+    }
+}
+
+/// The statistics of stored snapshot `id` (`limit` lines) as tracemalloc's
+/// text, or as a table.
+fn print_snapshot_statistics(
+    ctx: &Context,
+    id: u64,
+    limit: usize,
+    table: bool,
+    bytes: bool,
+) -> Result<(), CliError> {
+    let mut pairs = vec![("limit".to_string(), limit.to_string())];
+    if !table {
+        pairs.push(("format".into(), "text".into()));
+    }
+    let answer = ctx
+        .client
+        .get(&format!("/snapshots/{id}/statistics{}", query(&pairs)))?;
+    if !table {
+        return emit_body(&answer);
+    }
+    let body = answer.json("the snapshot's statistics")?;
+    let stats = body["statistics"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or(&[]);
+    emit(&table_text(&statistics_table(stats, &ctx.style(bytes))))
+}
+
+/// `snapshot N (label L)` for a snapshot summary.
+fn snapshot_name(summary: &Value) -> String {
+    match summary["label"].as_str() {
+        Some(label) => format!("snapshot {} ({label})", int(summary, "id")),
+        None => format!("snapshot {}", int(summary, "id")),
+    }
+}
