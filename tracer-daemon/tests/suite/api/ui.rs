@@ -22,9 +22,12 @@ use crate::suite::support::{Fixture, TempDir, Tracerd, free_port, kill_if_runnin
 
 const TOKEN: &str = "ui-test-token-0123456789abcdef";
 
-/// chromedriver, stopped by pid when dropped (it ends the Chromium it
-/// started when the session closes; killing it takes its children down).
-struct Driver(Child);
+/// chromedriver and the Chromium it starts (with a profile directory of
+/// this test's own), stopped by pid when dropped, also when the test
+/// failed before it could close the session: Chromium outlives a killed
+/// chromedriver, so each process whose command line names the profile
+/// directory is killed.
+struct Driver(Child, TempDir);
 
 impl Driver {
     fn start() -> (Self, u16) {
@@ -35,7 +38,7 @@ impl Driver {
             .stderr(Stdio::null())
             .spawn()
             .expect("chromedriver (package chromium-driver, installed by cargo xtask setup)");
-        let driver = Self(child);
+        let driver = Self(child, TempDir::new("chromium-profile"));
         poll(Duration::from_secs(20), Duration::from_millis(50), || {
             TcpStream::connect(("127.0.0.1", port))
                 .map(drop)
@@ -45,9 +48,37 @@ impl Driver {
     }
 }
 
+impl Driver {
+    /// The `--user-data-dir` argument that marks this test's Chromium.
+    fn profile_arg(&self) -> String {
+        format!("--user-data-dir={}", self.1.path().display())
+    }
+
+    /// The pids of the Chromium processes started for this test.
+    fn browser_pids(&self) -> Vec<i32> {
+        let mark = self.profile_arg();
+        let Ok(dir) = std::fs::read_dir("/proc") else {
+            return Vec::new();
+        };
+        dir.flatten()
+            .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+            .filter(|pid| {
+                std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|cmdline| {
+                    cmdline.split(|&b| b == 0).any(|arg| arg == mark.as_bytes())
+                })
+            })
+            .collect()
+    }
+}
+
 impl Drop for Driver {
     fn drop(&mut self) {
         kill_if_running(&mut self.0);
+        for pid in self.browser_pids() {
+            // SAFETY: kill takes no pointer; these are our test's browser
+            // processes, found by their profile directory.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
     }
 }
 
@@ -206,14 +237,15 @@ async fn click(client: &Client, css: &str) {
     element.click().await.expect("click");
 }
 
-async fn browser(port: u16) -> Client {
+async fn browser(port: u16, profile: &str) -> Client {
     let mut caps = serde_json::Map::new();
     caps.insert(
         "goog:chromeOptions".into(),
         json!({
             "binary": "/usr/bin/chromium",
             "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                     "--window-size=1400,2400", "--no-first-run", "--no-default-browser-check"],
+                     "--window-size=1400,2400", "--no-first-run", "--no-default-browser-check",
+                     "--disable-crash-reporter", profile],
         }),
     );
     ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
@@ -288,7 +320,7 @@ fn the_page_shows_the_api_s_numbers_and_a_process_s_lines_in_chromium_with_the_t
         })
     };
     runtime.block_on(async {
-        let client = browser(port).await;
+        let client = browser(port, &driver.profile_arg()).await;
 
         // A wrong token: tracerd's 401 in the status line, the form shown.
         client
