@@ -70,6 +70,10 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
     ("bpftool", "bpftool"),
     ("systemd-analyze", "systemd"),
     ("setpriv", "util-linux"),
+    // The web page's test: Debian's Chromium, driven headless through
+    // chromedriver (WebDriver).
+    ("chromium", "chromium"),
+    ("chromedriver", "chromium-driver"),
 ];
 
 /// Installs whatever is missing.

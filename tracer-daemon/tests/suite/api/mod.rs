@@ -13,6 +13,7 @@ mod errors;
 mod filters;
 mod snapshots;
 mod tracing;
+mod ui;
 
 use serde_json::{Value, json};
 
