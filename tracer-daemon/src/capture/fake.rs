@@ -279,8 +279,7 @@ impl super::ProcTotalsSource for FakeKernel {
         Some(ProcTotals {
             stats,
             sources,
-            stacks: 0,
-            stack_totals_lost: 0,
+            ..ProcTotals::default()
         })
     }
     fn all_proc_stats(&self) -> Vec<(u32, ProcStats)> {
