@@ -167,6 +167,9 @@ impl Drop for AbortOnDrop {
     }
 }
 
+/// The nice value of the sweeps' thread (see [`housekeeping`]).
+const SWEEP_NICE: i32 = 10;
+
 /// One housekeeping pass: expiry and the unwinder's mappings each tick,
 /// the sweep every
 /// [`SWEEP_EVERY_TICKS`].
@@ -185,14 +188,29 @@ fn housekeeping(service: &Service, tick: u64) {
     }
     service.drop_unused_allocators();
     service.log_drops();
-    let removed = service.sweep_orphans();
-    if removed > 0 {
-        tracing::info!(removed, map = MAP_LIVE_ALLOCS, "removed orphaned blocks");
+    // The sweeps walk every live block: on a thread of their own at a
+    // lower priority, which ends with them, so that on a host of few CPUs
+    // the cheap routes' threads get a CPU first.
+    let swept = std::thread::scope(|scope| {
+        std::thread::Builder::new()
+            .name("tracerd-sweep".into())
+            .spawn_scoped(scope, || {
+                crate::sys::lower_this_threads_priority(SWEEP_NICE);
+                (service.sweep_orphans(), service.sweep_stack_totals())
+            })
+            .map(|thread| thread.join().unwrap_or((0, 0)))
+            .unwrap_or_else(|_| (service.sweep_orphans(), service.sweep_stack_totals()))
+    });
+    if swept.0 > 0 {
+        tracing::info!(
+            removed = swept.0,
+            map = MAP_LIVE_ALLOCS,
+            "removed orphaned blocks"
+        );
     }
-    let removed = service.sweep_stack_totals();
-    if removed > 0 {
+    if swept.1 > 0 {
         tracing::debug!(
-            removed,
+            removed = swept.1,
             map = MAP_STACK_TOTALS,
             "removed totals of ended images"
         );

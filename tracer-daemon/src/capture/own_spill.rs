@@ -36,8 +36,8 @@ pub struct OwnSpill {
     outer: MapData,
     /// `OWN_LEVELS`: image → levels.
     levels: MapData,
-    /// Each image's level maps, level 0 first.
-    images: HashMap<ImageId, Vec<Arc<OwnedFd>>>,
+    /// Each image's level maps, level 0 first, with their capacities.
+    images: HashMap<ImageId, Vec<(Arc<OwnedFd>, u64)>>,
     /// Blocks the level maps hold at most, together.
     capacity: u64,
     /// Most blocks the level maps may hold together (`max_live_blocks`):
@@ -80,7 +80,8 @@ impl OwnSpill {
     }
 
     /// Creates level `level` of `image`'s spill when it is the next one it
-    /// lacks: its map (with [`own_level_blocks`] entries), put in
+    /// lacks: its map (with [`own_level_blocks`] entries, or what is left of
+    /// the level maps' capacity when that is less), put in
     /// `OWN_LIVE`, then the image's level count raised in `OWN_LEVELS` (in
     /// that order, so that a program that sees the count finds the map).
     /// False when the level exists already, is past [`OWN_LEVELS_MAX`] or
@@ -90,8 +91,11 @@ impl OwnSpill {
         if level as usize != have || level >= OWN_LEVELS_MAX {
             return false;
         }
-        let blocks = own_level_blocks(level);
-        if self.capacity + blocks > self.max_capacity {
+        // The last level that fits may be smaller than its share: what is
+        // left of the level maps' capacity.
+        let room = self.max_capacity.saturating_sub(self.capacity);
+        let blocks = own_level_blocks(level).min(room);
+        if blocks < u64::from(tracer_common::OWN_FIRST_BLOCKS) {
             tracing::debug!(
                 pid = image.pid,
                 level,
@@ -123,7 +127,10 @@ impl OwnSpill {
         });
         match created {
             Ok(map) => {
-                self.images.entry(image).or_default().push(Arc::new(map));
+                self.images
+                    .entry(image)
+                    .or_default()
+                    .push((Arc::new(map), blocks));
                 self.capacity += blocks;
                 true
             }
@@ -141,6 +148,9 @@ impl OwnSpill {
             let Some(maps) = self.images.remove(image) else {
                 continue;
             };
+            self.capacity = self
+                .capacity
+                .saturating_sub(maps.iter().map(|(_, blocks)| *blocks).sum::<u64>());
             bpf_sys::delete(
                 self.levels.fd().as_fd(),
                 &own_image_key(image.pid, image.generation),
@@ -153,7 +163,6 @@ impl OwnSpill {
                     _pad: 0,
                 };
                 bpf_sys::delete(self.outer.fd().as_fd(), &key);
-                self.capacity = self.capacity.saturating_sub(own_level_blocks(level));
             }
         }
     }
@@ -171,7 +180,12 @@ impl OwnSpill {
     /// The level maps and their capacity, for `/maps`.
     pub fn usage(&self) -> OwnUsage {
         OwnUsage {
-            maps: self.images.values().flatten().cloned().collect(),
+            maps: self
+                .images
+                .values()
+                .flatten()
+                .map(|(map, _)| map.clone())
+                .collect(),
             capacity: self.capacity,
         }
     }
@@ -186,7 +200,7 @@ impl OwnSpill {
         let Some(maps) = self.images.get(image) else {
             return false;
         };
-        for map in maps.iter().rev() {
+        for (map, _) in maps.iter().rev() {
             let mut broke = false;
             let mut each = |addr: &u64, info: &AllocInfo| {
                 let key = AllocKey {
@@ -226,7 +240,10 @@ impl OwnSpill {
         }
         let mut by_pid: HashMap<u32, Vec<&Arc<OwnedFd>>> = HashMap::new();
         for (image, maps) in &self.images {
-            by_pid.entry(image.pid).or_default().extend(maps.iter());
+            by_pid
+                .entry(image.pid)
+                .or_default()
+                .extend(maps.iter().map(|(map, _)| map));
         }
         let mut rest = Vec::new();
         let mut grouped: HashMap<u32, Vec<AllocKey>> = HashMap::new();

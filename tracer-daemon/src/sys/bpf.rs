@@ -209,18 +209,9 @@ pub fn lookup_batch<K: Copy + Default, V: Copy + Default>(
 /// snapshot with the walk at nice 0).
 const UPPER_WALK_NICE: i32 = 10;
 
-/// Sets the calling thread's nice value to [`UPPER_WALK_NICE`] (Linux's
-/// nice is per thread); a failure leaves it as it was.
+/// Sets the calling thread's nice value to [`UPPER_WALK_NICE`].
 fn lower_this_threads_priority() {
-    // SAFETY: gettid and setpriority take no pointer; raising one's own
-    // nice value needs no privilege and touches this thread only.
-    let ret = unsafe {
-        let tid = libc::gettid();
-        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, UPPER_WALK_NICE)
-    };
-    if ret != 0 {
-        tracing::debug!(err = %io::Error::last_os_error(), "the upper walk keeps its priority");
-    }
+    super::lower_this_threads_priority(UPPER_WALK_NICE);
 }
 
 /// A batch read by the upper half's thread: the bucket it started at, and

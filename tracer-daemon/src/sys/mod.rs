@@ -57,3 +57,19 @@ pub fn raise_open_files(wanted: u64) -> std::io::Result<u64> {
         Ok(limit.rlim_cur)
     }
 }
+
+/// Sets the calling thread's nice value to `nice` (Linux's nice is per
+/// thread): for a thread of its own that ends with its work, since going
+/// back to 0 needs CAP_SYS_NICE. A failure leaves it as it was (logged at
+/// debug).
+pub fn lower_this_threads_priority(nice: i32) {
+    // SAFETY: gettid and setpriority take no pointer; raising one's own
+    // nice value needs no privilege and touches this thread only.
+    let ret = unsafe {
+        let tid = libc::gettid();
+        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice)
+    };
+    if ret != 0 {
+        tracing::debug!(err = %std::io::Error::last_os_error(), nice, "the thread keeps its priority");
+    }
+}
