@@ -70,6 +70,9 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
     ("bpftool", "bpftool"),
     ("systemd-analyze", "systemd"),
     ("setpriv", "util-linux"),
+    // The judge of the pprof answers (`go tool pprof`: -top, -traces,
+    // -diff_base).
+    ("go", "golang"),
 ];
 
 /// Installs whatever is missing.
