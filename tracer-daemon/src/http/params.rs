@@ -41,6 +41,34 @@ pub const TEXT: [&str; 4] = ["format", "source", "tb_limit", "most_recent_first"
 /// frames (`drop`, the default) or keeps them (`keep`).
 pub const ALLOCATOR_FRAMES: &str = "allocator_frames";
 
+/// `format` of a statistics or compare answer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Format {
+    /// JSON (the default).
+    #[default]
+    Json,
+    /// tracemalloc's `str()` lines.
+    Text,
+    /// A gzipped `profile.proto`, as `go tool pprof` reads it.
+    Pprof,
+    /// Folded stacks, `root;...;leaf bytes` per line.
+    Collapsed,
+    /// A flame graph, SVG.
+    Svg,
+}
+
+impl Format {
+    /// The valid values, as the 400 names them.
+    pub const VALID: &'static str = "json, text, pprof, collapsed, svg";
+
+    /// Whether it draws stacks (`pprof`, `collapsed`, `svg`): then
+    /// `group_by` defaults to `traceback` and `limit` to 0 (all).
+    #[must_use]
+    pub fn is_profile(self) -> bool {
+        matches!(self, Format::Pprof | Format::Collapsed | Format::Svg)
+    }
+}
+
 /// Query parameters, checked against the names a route accepts.
 #[derive(Debug, Default)]
 pub struct Params(HashMap<String, Vec<String>>);
@@ -145,7 +173,7 @@ impl Params {
         }
     }
 
-    /// `format`: json (default) or text.
+    /// `format` of a traces route: json (default) or text.
     ///
     /// # Errors
     /// 400 naming the valid values.
@@ -156,6 +184,25 @@ impl Params {
             Some(v) => Err(ApiError::bad(
                 format!("invalid format {v:?}"),
                 "format is one of: json, text",
+            )),
+        }
+    }
+
+    /// `format` of a statistics or compare route: json (default), text,
+    /// pprof, collapsed, svg.
+    ///
+    /// # Errors
+    /// 400 naming the valid values.
+    pub fn format(&self) -> Result<Format, ApiError> {
+        match self.get("format") {
+            None | Some("json") => Ok(Format::Json),
+            Some("text") => Ok(Format::Text),
+            Some("pprof") => Ok(Format::Pprof),
+            Some("collapsed") => Ok(Format::Collapsed),
+            Some("svg") => Ok(Format::Svg),
+            Some(v) => Err(ApiError::bad(
+                format!("invalid format {v:?}"),
+                format!("format is one of: {}", Format::VALID),
             )),
         }
     }

@@ -34,6 +34,38 @@ fn bad_values_name_the_valid_ones() {
         params.text().unwrap_err().hint,
         "format is one of: json, text"
     );
+    assert_eq!(
+        params.format().unwrap_err().hint,
+        "format is one of: json, text, pprof, collapsed, svg"
+    );
+}
+
+#[test]
+fn format_names_each_output_and_the_profiles_draw_stacks() {
+    let formats: Vec<(Format, bool)> = ["json", "text", "pprof", "collapsed", "svg"]
+        .iter()
+        .map(|v| {
+            let format = Params::parse(Some(&format!("format={v}")), &["format"])
+                .unwrap()
+                .format()
+                .unwrap();
+            (format, format.is_profile())
+        })
+        .collect();
+    assert_eq!(
+        formats,
+        [
+            (Format::Json, false),
+            (Format::Text, false),
+            (Format::Pprof, true),
+            (Format::Collapsed, true),
+            (Format::Svg, true),
+        ]
+    );
+    assert_eq!(
+        Params::parse(None, &["format"]).unwrap().format().unwrap(),
+        Format::Json
+    );
 }
 
 #[test]
