@@ -73,6 +73,10 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
     // The judge of the pprof answers (`go tool pprof`: -top, -traces,
     // -diff_base).
     ("go", "golang"),
+    // The web page's test: Debian's Chromium, driven headless through
+    // chromedriver (WebDriver).
+    ("chromium", "chromium"),
+    ("chromedriver", "chromium-driver"),
 ];
 
 /// Installs whatever is missing.

@@ -12,7 +12,7 @@ use axum::{
 
 use super::ApiError;
 use super::auth::gate_pid;
-use super::handlers::{scope, snapshots, status, tracing, views};
+use super::handlers::{scope, snapshots, status, tracing, ui, views};
 use crate::service::Service;
 
 /// How much work a route's answer takes.
@@ -229,6 +229,18 @@ pub static ROUTES: &[Route] = &[
         methods: "GET|PUT",
         cost: Cheap,
         handlers: || get(scope::get_scope).put(scope::put_scope),
+    },
+    Route {
+        path: "/ui",
+        methods: "GET",
+        cost: Cheap,
+        handlers: || get(ui::page),
+    },
+    Route {
+        path: "/ui/{asset}",
+        methods: "GET",
+        cost: Cheap,
+        handlers: || get(ui::asset),
     },
 ];
 

@@ -6,4 +6,5 @@ pub mod scope;
 pub mod snapshots;
 pub mod status;
 pub mod tracing;
+pub mod ui;
 pub mod views;

@@ -15,6 +15,7 @@ mod filters;
 mod profiles;
 mod snapshots;
 mod tracing;
+mod ui;
 
 use serde_json::{Value, json};
 
