@@ -23,7 +23,8 @@ use tracer_model::{
 };
 
 use super::error::ApiError;
-use super::params::{FILTERS, Format, Params, TEXT};
+use super::params::spec::FILTERS;
+use super::params::{Format, Params};
 use super::work::Sink;
 use crate::service::{ServiceError, Side};
 
@@ -152,22 +153,13 @@ pub struct StatsQuery {
 
 pub fn filters_json(params: &Params) -> Value {
     let mut out = serde_json::Map::new();
-    for name in FILTERS {
+    for name in FILTERS.iter().map(|p| p.name) {
         let values = params.all(name);
         if !values.is_empty() {
             out.insert(name.to_string(), json!(values));
         }
     }
     Value::Object(out)
-}
-
-/// The names a statistics route accepts: these, the text options, the
-/// filters.
-pub fn with_common(names: &[&'static str]) -> Vec<&'static str> {
-    let mut all = names.to_vec();
-    all.extend(TEXT);
-    all.extend(FILTERS);
-    all
 }
 
 /// The query of a statistics or compare route. The profile formats
