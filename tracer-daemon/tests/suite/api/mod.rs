@@ -12,6 +12,7 @@ mod cheap;
 mod dump;
 mod errors;
 mod filters;
+mod openapi;
 mod profiles;
 mod snapshots;
 mod tracing;
