@@ -70,6 +70,8 @@ fn schemathesis_finds_no_server_error_and_nothing_the_description_does_not_give(
             "--report-junit-path",
         ])
         .arg(&junit)
+        // Its cache (.schemathesis/) goes to the scratch directory.
+        .current_dir(scratch.path())
         .stdin(Stdio::null())
         .stdout(log.try_clone().expect("clone"))
         .stderr(log)
