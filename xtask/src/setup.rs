@@ -1,6 +1,7 @@
 //! `cargo xtask setup`: installs what building the eBPF programs needs (the
-//! nightly toolchain, its `rust-src`, `bpf-linker` 0.10.0) and the Debian
-//! packages the tests, benchmarks and service runs use, each only when
+//! nightly toolchain, its `rust-src`, `bpf-linker` 0.10.0), the Debian
+//! packages the tests, benchmarks and service runs use, and schemathesis
+//! (PyPI, pinned, in a venv of its own) for the API's test, each only when
 //! missing: idempotent, and silent when everything is present.
 use std::{
     env,
@@ -20,6 +21,13 @@ use crate::util::{
 const BPF_LINKER_VERSION: &str = "0.10.0";
 /// The nightly toolchain the eBPF crate is built with.
 const NIGHTLY: &str = "nightly";
+
+/// schemathesis, the judge of `GET /openapi.json` (the root test
+/// `api::openapi`): this version, in a venv of Debian's python3 at
+/// [`SCHEMATHESIS_VENV`] (the test runs its `bin/schemathesis`).
+const SCHEMATHESIS_VERSION: &str = "4.32.5";
+/// The venv schemathesis is installed into.
+const SCHEMATHESIS_VENV: &str = "/opt/tracer-tests/schemathesis";
 
 /// Debian packages: (command that proves it is installed, or an absolute
 /// path of a file it installs, package).
@@ -70,6 +78,9 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
     ("bpftool", "bpftool"),
     ("systemd-analyze", "systemd"),
     ("setpriv", "util-linux"),
+    // The judge of the pprof answers (`go tool pprof`: -top, -traces,
+    // -diff_base).
+    ("go", "golang"),
     // The web page's test: Debian's Chromium, driven headless through
     // chromedriver (WebDriver).
     ("chromium", "chromium"),
@@ -81,7 +92,45 @@ pub fn setup() -> anyhow::Result<()> {
     ensure_nightly()?;
     ensure_rust_src()?;
     ensure_bpf_linker()?;
-    ensure_packages(DEBIAN_PACKAGES)
+    ensure_packages(DEBIAN_PACKAGES)?;
+    ensure_schemathesis()
+}
+
+/// Installs schemathesis [`SCHEMATHESIS_VERSION`] into a fresh venv at
+/// [`SCHEMATHESIS_VENV`] unless that venv already runs it (with Debian's
+/// `python3-venv` when the venv module lacks `ensurepip`).
+fn ensure_schemathesis() -> anyhow::Result<()> {
+    let bin = format!("{SCHEMATHESIS_VENV}/bin/schemathesis");
+    if output(&bin, &["--version"]).is_some_and(|v| v.contains(SCHEMATHESIS_VERSION)) {
+        return Ok(());
+    }
+    eprintln!("xtask: installing schemathesis {SCHEMATHESIS_VERSION} into {SCHEMATHESIS_VENV}");
+    if output("/usr/bin/python3", &["-c", "import ensurepip"]).is_none() {
+        run_checked(Command::new("apt-get").args(["update", "-qq"]))?;
+        run_checked(
+            Command::new("apt-get")
+                .args([
+                    "install",
+                    "-y",
+                    "-qq",
+                    "--no-install-recommends",
+                    "python3-venv",
+                ])
+                .env("DEBIAN_FRONTEND", "noninteractive"),
+        )?;
+    }
+    run_checked(Command::new("/usr/bin/python3").args([
+        "-m",
+        "venv",
+        "--clear",
+        SCHEMATHESIS_VENV,
+    ]))?;
+    run_checked(Command::new(format!("{SCHEMATHESIS_VENV}/bin/pip")).args([
+        "install",
+        "-q",
+        "--disable-pip-version-check",
+        &format!("schemathesis=={SCHEMATHESIS_VERSION}"),
+    ]))
 }
 
 /// Installs the packages whose command is missing (apt-get update once,

@@ -2,7 +2,9 @@
 //! as routes over the [`Service`](crate::service::Service), and
 //! `/metrics`, served safely.
 //!
-//! - [`routes`]: the one route table (router, 404 hint, cost class).
+//! - [`routes`]: the one route table (router, 404 hint, cost class, each
+//!   method's parameters and statuses).
+//! - [`openapi`]: the OpenAPI description (`GET /openapi.json`), from it.
 //! - [`handlers`]: one file per family of routes.
 //! - [`params`]: query and path parsing (400s that name the valid values).
 //! - [`render`]: JSON and tracemalloc's text.
@@ -23,6 +25,7 @@ pub mod connections;
 pub mod error;
 pub mod handlers;
 pub mod limits;
+pub mod openapi;
 pub mod params;
 pub mod render;
 pub mod routes;

@@ -12,51 +12,62 @@ use crate::service::{BaseSpec, SnapshotRef};
 use crate::snapshot::AllocatorFrames;
 use crate::store::check_label;
 
+pub mod spec;
+use spec::Query;
+
 /// Default number of statistics or traces returned (`limit`); 0 means all.
 pub const DEFAULT_LIMIT: usize = 50;
 
-/// Parameters that may be given more than once.
-const REPEATABLE: [&str; 6] = [
-    "include",
-    "exclude",
-    "domain",
-    "exclude_domain",
-    "allocator",
-    "exclude_allocator",
-];
-/// The filter parameters, taken by every statistics, compare and traces
-/// route.
-pub const FILTERS: [&str; 7] = [
-    "include",
-    "exclude",
-    "all_frames",
-    "domain",
-    "exclude_domain",
-    "allocator",
-    "exclude_allocator",
-];
-/// `Traceback.format()` options of text output.
-pub const TEXT: [&str; 4] = ["format", "source", "tb_limit", "most_recent_first"];
 /// Whether a snapshot taken now drops the allocation machinery's leading
 /// frames (`drop`, the default) or keeps them (`keep`).
 pub const ALLOCATOR_FRAMES: &str = "allocator_frames";
+
+/// `format` of a statistics or compare answer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Format {
+    /// JSON (the default).
+    #[default]
+    Json,
+    /// tracemalloc's `str()` lines.
+    Text,
+    /// A gzipped `profile.proto`, as `go tool pprof` reads it.
+    Pprof,
+    /// Folded stacks, `root;...;leaf bytes` per line.
+    Collapsed,
+    /// A flame graph, SVG.
+    Svg,
+}
+
+impl Format {
+    /// The valid values, as the 400 names them.
+    pub const VALID: &'static str = "json, text, pprof, collapsed, svg";
+
+    /// Whether it draws stacks (`pprof`, `collapsed`, `svg`): then
+    /// `group_by` defaults to `traceback` and `limit` to 0 (all).
+    #[must_use]
+    pub fn is_profile(self) -> bool {
+        matches!(self, Format::Pprof | Format::Collapsed | Format::Svg)
+    }
+}
 
 /// Query parameters, checked against the names a route accepts.
 #[derive(Debug, Default)]
 pub struct Params(HashMap<String, Vec<String>>);
 
 impl Params {
-    /// Parses a query string; unknown names, and names given twice that are
-    /// not repeatable (`include`, `exclude`, `domain`, `exclude_domain`,
-    /// `allocator`, `exclude_allocator`), are a 400 that lists the valid
-    /// ones.
+    /// Parses a query string against the route's `query` (its
+    /// [`spec`]): unknown names, and names given twice that do not repeat
+    /// (`include`, `exclude`, `domain`, `exclude_domain`, `allocator`,
+    /// `exclude_allocator`, and `PUT /scope`'s), are a 400 that lists the
+    /// valid ones. Required parameters are the route's to check.
     ///
     /// # Errors
     /// [`ApiError`] 400.
-    pub fn parse(raw: Option<&str>, allowed: &[&str]) -> Result<Self, ApiError> {
+    pub fn parse(raw: Option<&str>, query: Query) -> Result<Self, ApiError> {
         let mut map: HashMap<String, Vec<String>> = HashMap::new();
         for (name, value) in form_urlencoded::parse(raw.unwrap_or("").as_bytes()) {
-            if !allowed.contains(&name.as_ref()) {
+            let Some(param) = spec::find(query, &name) else {
+                let allowed = spec::names(query);
                 let valid = if allowed.is_empty() {
                     "none (this route takes no query parameters)".to_string()
                 } else {
@@ -66,12 +77,26 @@ impl Params {
                     format!("unknown parameter {name:?}"),
                     format!("valid parameters: {valid}"),
                 ));
-            }
+            };
             let values = map.entry(name.to_string()).or_default();
-            if !values.is_empty() && !REPEATABLE.contains(&name.as_ref()) {
+            if !values.is_empty() && !param.repeat {
+                let repeating: Vec<&str> = query
+                    .iter()
+                    .flat_map(|g| g.iter())
+                    .filter(|p| p.repeat)
+                    .map(|p| p.name)
+                    .collect();
+                let hint = if repeating.is_empty() {
+                    "give each parameter once".to_string()
+                } else {
+                    format!(
+                        "give each parameter once (only {} repeat)",
+                        repeating.join(", ")
+                    )
+                };
                 return Err(ApiError::bad(
                     format!("parameter {name:?} given twice"),
-                    "give each parameter once (only include, exclude, domain, exclude_domain, allocator and exclude_allocator repeat)",
+                    hint,
                 ));
             }
             values.push(value.to_string());
@@ -145,7 +170,7 @@ impl Params {
         }
     }
 
-    /// `format`: json (default) or text.
+    /// `format` of a traces route: json (default) or text.
     ///
     /// # Errors
     /// 400 naming the valid values.
@@ -156,6 +181,25 @@ impl Params {
             Some(v) => Err(ApiError::bad(
                 format!("invalid format {v:?}"),
                 "format is one of: json, text",
+            )),
+        }
+    }
+
+    /// `format` of a statistics or compare route: json (default), text,
+    /// pprof, collapsed, svg.
+    ///
+    /// # Errors
+    /// 400 naming the valid values.
+    pub fn format(&self) -> Result<Format, ApiError> {
+        match self.get("format") {
+            None | Some("json") => Ok(Format::Json),
+            Some("text") => Ok(Format::Text),
+            Some("pprof") => Ok(Format::Pprof),
+            Some("collapsed") => Ok(Format::Collapsed),
+            Some("svg") => Ok(Format::Svg),
+            Some(v) => Err(ApiError::bad(
+                format!("invalid format {v:?}"),
+                format!("format is one of: {}", Format::VALID),
             )),
         }
     }
@@ -492,34 +536,25 @@ pub fn parse_address(raw: &str) -> Result<u64, ApiError> {
     })
 }
 
-/// Parses `pid=`, `exe=`, `cgroup=` (each repeatable) into a scope.
+/// Parses `pid=`, `exe=`, `cgroup=` (each repeatable, [`spec::SET_SCOPE`])
+/// into a scope.
 ///
 /// # Errors
 /// 400 naming the valid parameters and values.
 pub fn parse_scope(query: Option<&str>) -> Result<Scope, ApiError> {
-    let bad = |error: String, hint: &str| ApiError::bad(error, hint);
+    let params = Params::parse(query, spec::SET_SCOPE)?;
     let mut scope = Scope::default();
-    for (name, value) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
-        match name.as_ref() {
-            "pid" => {
-                scope.pids.insert(parse_pid(&value)?);
-            }
-            "exe" => {
-                scope.exes.insert(PathBuf::from(value.as_ref()));
-            }
-            "cgroup" => {
-                scope.cgroups.insert(value.into_owned());
-            }
-            other => {
-                return Err(bad(
-                    format!("unknown parameter {other:?}"),
-                    "valid parameters: pid, exe, cgroup (each repeatable; none traces every process)",
-                ));
-            }
-        }
+    for pid in params.all("pid") {
+        scope.pids.insert(parse_pid(pid)?);
+    }
+    for exe in params.all("exe") {
+        scope.exes.insert(PathBuf::from(exe));
+    }
+    for cgroup in params.all("cgroup") {
+        scope.cgroups.insert(cgroup.clone());
     }
     scope.validate().map_err(|e| {
-        bad(e, "exe is an absolute path; cgroup an absolute cgroup v2 path such as /system.slice/app.service")
+        ApiError::bad(e, "exe is an absolute path; cgroup an absolute cgroup v2 path such as /system.slice/app.service (each repeatable; none traces every process)")
     })?;
     Ok(scope)
 }

@@ -1,8 +1,14 @@
 //! Rendering answers: tracemalloc's text (`str()` lines, with
 //! `Traceback.format()` lines and source when asked) or JSON with the query
-//! and the data's completeness. The statistics, compare and traces answers
-//! of every target (a process, the system, a stored snapshot) are made here.
+//! and the data's completeness; statistics and compares also as profiles
+//! (`format=pprof`, `collapsed`, `svg`: `render/`). The statistics, compare
+//! and traces answers of every target (a process, the system, a stored
+//! snapshot) are made here.
 use std::io::Write as _;
+
+mod flame;
+mod pprof;
+mod stacks;
 
 use axum::{
     Json,
@@ -17,7 +23,8 @@ use tracer_model::{
 };
 
 use super::error::ApiError;
-use super::params::{FILTERS, Params, TEXT};
+use super::params::spec::FILTERS;
+use super::params::{Format, Params};
 use super::work::Sink;
 use crate::service::{ServiceError, Side};
 
@@ -138,7 +145,7 @@ pub struct StatsQuery {
     group_by: GroupBy,
     cumulative: bool,
     limit: usize,
-    text: bool,
+    format: Format,
     options: TextOptions,
     filters: Vec<TraceFilter>,
     filters_json: Value,
@@ -146,7 +153,7 @@ pub struct StatsQuery {
 
 pub fn filters_json(params: &Params) -> Value {
     let mut out = serde_json::Map::new();
-    for name in FILTERS {
+    for name in FILTERS.iter().map(|p| p.name) {
         let values = params.all(name);
         if !values.is_empty() {
             out.insert(name.to_string(), json!(values));
@@ -155,26 +162,37 @@ pub fn filters_json(params: &Params) -> Value {
     Value::Object(out)
 }
 
-/// The names a statistics route accepts: these, the text options, the
-/// filters.
-pub fn with_common(names: &[&'static str]) -> Vec<&'static str> {
-    let mut all = names.to_vec();
-    all.extend(TEXT);
-    all.extend(FILTERS);
-    all
-}
-
+/// The query of a statistics or compare route. The profile formats
+/// (`pprof`, `collapsed`, `svg`) default to `group_by=traceback` and
+/// `limit=0` (every group), and refuse `cumulative=true` (a profile's
+/// readers sum the stacks themselves).
+///
+/// # Errors
+/// 400 naming the valid values.
 pub fn stats_query(params: &Params) -> Result<StatsQuery, ApiError> {
-    let text = params.text()?;
+    let format = params.format()?;
+    let profile = format.is_profile();
     let query = StatsQuery {
-        group_by: params.group_by()?,
+        group_by: match params.get("group_by") {
+            None if profile => GroupBy::Traceback,
+            _ => params.group_by()?,
+        },
         cumulative: params.flag("cumulative")?,
-        limit: params.limit()?,
-        text,
-        options: params.text_options(text)?,
+        limit: match params.get("limit") {
+            None if profile => 0,
+            _ => params.limit()?,
+        },
+        format,
+        options: params.text_options(format == Format::Text)?,
         filters: params.filters()?,
         filters_json: filters_json(params),
     };
+    if query.cumulative && profile {
+        return Err(ApiError::bad(
+            "cumulative=true does not apply to format=pprof, collapsed or svg",
+            "leave cumulative out: a profile's stacks give the cumulative sizes (pprof's cum column, a flame graph's widths)",
+        ));
+    }
     if query.cumulative && query.group_by == GroupBy::Traceback {
         return Err(ModelError::CumulativeTraceback.into());
     }
@@ -201,9 +219,20 @@ pub fn statistics_response(
     let filtered = snapshot.filter_traces(&query.filters);
     let stats = filtered.statistics(query.group_by, query.cumulative)?;
     let (stats, total) = cut(stats, query.limit);
-    if query.text {
+    if query.format == Format::Text {
         let lines = query.options.all_lines(&stats, |s| &s.traceback);
         return Ok(text_response(&lines, &completeness_headers(completeness)));
+    }
+    if query.format.is_profile() {
+        let rows = stacks::of_statistics(&stats, query.group_by);
+        let title = format!("tracer: {}: bytes in use", target_name(&head));
+        return profile_response(
+            query.format,
+            &rows,
+            false,
+            &title,
+            &completeness_headers(completeness),
+        );
     }
     let out: Vec<_> = stats
         .iter()
@@ -233,23 +262,36 @@ pub fn compare_response(
     let diffs = new_filtered.compare_to(&base_filtered, query.group_by, query.cumulative)?;
     let (diffs, total) = cut(diffs, query.limit);
     let complete = base.completeness.is_complete() && new.completeness.is_complete();
-    if query.text {
+    let base_header = match (
+        base.info.get("kind").and_then(Value::as_str),
+        base.info.get("id"),
+    ) {
+        (Some("snapshot"), Some(id)) => format!("snapshot {id}"),
+        (Some("since"), _) => "since".to_string(),
+        _ => "tracing-start".to_string(),
+    };
+    let headers = [
+        ("x-tracer-base", base_header),
+        ("x-tracer-complete", complete.to_string()),
+        ("x-tracer-base-drops", base.completeness.drops().to_string()),
+        ("x-tracer-new-drops", new.completeness.drops().to_string()),
+    ];
+    if query.format == Format::Text {
         let lines = query.options.all_lines(&diffs, |d| &d.traceback);
-        let base_header = match (
-            base.info.get("kind").and_then(Value::as_str),
-            base.info.get("id"),
-        ) {
-            (Some("snapshot"), Some(id)) => format!("snapshot {id}"),
-            (Some("since"), _) => "since".to_string(),
-            _ => "tracing-start".to_string(),
-        };
-        let headers = [
-            ("x-tracer-base", base_header),
-            ("x-tracer-complete", complete.to_string()),
-            ("x-tracer-base-drops", base.completeness.drops().to_string()),
-            ("x-tracer-new-drops", new.completeness.drops().to_string()),
-        ];
         return Ok(text_response(&lines, &headers));
+    }
+    if query.format.is_profile() {
+        let rows = stacks::of_diffs(&diffs, query.group_by);
+        let target = match head.get("pid") {
+            Some(pid) => format!("pid {pid}, "),
+            None => String::new(),
+        };
+        let title = format!(
+            "tracer: compare, {target}{} (base) to {} (new): bytes in use",
+            side_name(&base.info),
+            side_name(&new.info)
+        );
+        return profile_response(query.format, &rows, true, &title, &headers);
     }
     let out: Vec<_> = diffs
         .iter()
@@ -269,6 +311,86 @@ pub fn compare_response(
     insert_query(&mut head, query, total);
     head.insert("statistics".into(), json!(out));
     Ok(Json(Value::Object(head)).into_response())
+}
+
+/// What a statistics answer's `head` is of: `pid 1234 (comm)`, `snapshot 3
+/// "label" of pid 1234`, or every traced process.
+fn target_name(head: &serde_json::Map<String, Value>) -> String {
+    if let Some(pid) = head.get("pid") {
+        let comm = head
+            .get("process")
+            .and_then(|p| p.get("comm"))
+            .and_then(Value::as_str);
+        return match comm {
+            Some(comm) => format!("pid {pid} ({comm})"),
+            None => format!("pid {pid}"),
+        };
+    }
+    if let Some(summary) = head.get("snapshot") {
+        return snapshot_name(summary);
+    }
+    "every traced process".to_string()
+}
+
+/// `snapshot 3 "label" of pid 1234` from a snapshot's summary or side info.
+fn snapshot_name(summary: &Value) -> String {
+    let mut name = format!("snapshot {}", summary.get("id").unwrap_or(&Value::Null));
+    if let Some(label) = summary.get("label").and_then(Value::as_str) {
+        name.push_str(&format!(" {label:?}"));
+    }
+    if let Some(pid) = summary.get("pid").and_then(Value::as_u64) {
+        name.push_str(&format!(" of pid {pid}"));
+    }
+    name
+}
+
+/// A compare side's name: a snapshot, `now`, `tracing start`, `since`.
+fn side_name(info: &Value) -> String {
+    match info.get("kind").and_then(Value::as_str) {
+        Some("snapshot") => snapshot_name(info),
+        Some("tracing_start") => "tracing start".to_string(),
+        Some(kind) => kind.to_string(),
+        None => "?".to_string(),
+    }
+}
+
+/// `rows` as a profile answer (`format` is pprof, collapsed or svg), of
+/// statistics or of a compare (`diff`), with `headers`.
+///
+/// # Errors
+/// 500 when encoding fails (it writes into memory: never in practice).
+fn profile_response(
+    format: Format,
+    rows: &[stacks::Row<'_>],
+    diff: bool,
+    title: &str,
+    headers: &[(&'static str, String)],
+) -> Result<Response, ApiError> {
+    let encoding = |err: std::io::Error| ApiError::internal(format!("encoding the profile: {err}"));
+    let (body, content_type) = match format {
+        Format::Pprof => (
+            pprof::gzipped(&pprof::profile(rows, diff, &[title.to_string()])).map_err(encoding)?,
+            "application/octet-stream",
+        ),
+        Format::Collapsed => (
+            flame::collapsed(rows, diff).into_bytes(),
+            "text/plain; charset=utf-8",
+        ),
+        Format::Svg | Format::Json | Format::Text => (
+            flame::svg(&flame::collapsed(rows, diff), title).map_err(encoding)?,
+            "image/svg+xml",
+        ),
+    };
+    let mut response = body.into_response();
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    for (name, value) in headers {
+        if let Ok(value) = HeaderValue::from_str(value) {
+            response.headers_mut().insert(*name, value);
+        }
+    }
+    Ok(response)
 }
 
 /// The traces of `snapshot` (filtered), `offset`/`limit` paged, as JSON

@@ -346,3 +346,238 @@ async fn traces_are_streamed_as_the_compact_json_of_their_map_and_as_text_lines(
     assert_eq!(text.lines().count(), 1, "{text}");
     assert!(text.ends_with(" B\n"), "{text}");
 }
+
+/// The route table's facts, each asked of the real surface, method by
+/// method: the query parameters each handler accepts (the names its 400
+/// lists) and the words it takes, the 429 of expensive routes, the 403 of
+/// operators' changes, the 404 of a path that names nothing, the 401 and
+/// 413 every route can give. The OpenAPI document describes exactly these
+/// (see `openapi::tests`).
+mod table {
+    use axum::extract::ConnectInfo;
+
+    use super::*;
+    use crate::http::auth::{Caller, Token};
+    use crate::http::params::spec::{self, Kind};
+    use crate::http::routes::{Op, ROUTES, Route, Verb};
+
+    /// `route`'s path with every `{name}` given `values`' value (a pid
+    /// tracerd traces, an address, an id, a file of the page by default).
+    fn concrete(route: &Route, values: &[(&str, String)]) -> String {
+        route
+            .path
+            .split('/')
+            .map(|s| {
+                s.strip_prefix('{')
+                    .and_then(|s| s.strip_suffix('}'))
+                    .map_or_else(
+                        || s.to_string(),
+                        |name| {
+                            values
+                                .iter()
+                                .find(|(n, _)| *n == name)
+                                .map(|(_, v)| v.clone())
+                                .unwrap_or_else(|| panic!("no value for {{{name}}}"))
+                        },
+                    )
+            })
+            .collect::<Vec<_>>()
+            .join("/")
+    }
+
+    fn existing() -> Vec<(&'static str, String)> {
+        vec![
+            ("pid", PID.to_string()),
+            ("id", "1".into()),
+            ("address", "0x10".into()),
+            ("asset", "app.js".into()),
+        ]
+    }
+
+    fn ops() -> impl Iterator<Item = (&'static Route, &'static Op)> {
+        ROUTES
+            .iter()
+            .flat_map(|route| route.ops.iter().map(move |op| (route, op)))
+    }
+
+    fn ask(op: &Op, uri: &str) -> Request {
+        request(op.method.as_str(), uri, Body::empty())
+    }
+
+    #[tokio::test]
+    async fn each_handler_accepts_exactly_the_parameters_the_table_names() {
+        let app = surface(Router::new());
+        for (route, op) in ops() {
+            let uri = format!("{}?zz_unknown=1", concrete(route, &existing()));
+            let (status, _, body) = call(&app, ask(op, &uri)).await;
+            assert_eq!(
+                status,
+                StatusCode::BAD_REQUEST,
+                "{} {uri}: {body}",
+                op.method.as_str()
+            );
+            let names = spec::names(op.query);
+            let listed = if names.is_empty() {
+                "none (this route takes no query parameters)".to_string()
+            } else {
+                names.join(", ")
+            };
+            assert_eq!(
+                body["hint"],
+                format!("valid parameters: {listed}"),
+                "{} {uri}",
+                op.method.as_str()
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn each_handler_takes_every_word_the_table_names_and_no_other() {
+        let app = surface(Router::new());
+        let mut checked = 0;
+        for (route, op) in ops() {
+            let params = op.query.iter().flat_map(|g| g.iter());
+            for param in params {
+                let Kind::Words(words) = param.kind else {
+                    continue;
+                };
+                let path = concrete(route, &existing());
+                let invalid = format!("invalid {} ", param.name);
+                for word in words.iter().chain(["zz"].iter()) {
+                    let uri = format!("{path}?{}={word}", param.name);
+                    let (_, _, body) = call(&app, ask(op, &uri)).await;
+                    let refused = body["error"]
+                        .as_str()
+                        .is_some_and(|e| e.starts_with(&invalid));
+                    assert_eq!(
+                        refused,
+                        *word == "zz",
+                        "{} {uri}: {body}",
+                        op.method.as_str()
+                    );
+                    checked += 1;
+                }
+            }
+        }
+        assert!(checked > 50, "{checked}");
+    }
+
+    #[tokio::test]
+    async fn expensive_routes_and_only_they_answer_429_when_every_permit_is_taken() {
+        let app = surface_with(
+            Router::new(),
+            &Limits {
+                max_expensive_requests: 0,
+                ..limits()
+            },
+        );
+        for (route, op) in ops() {
+            let uri = format!("{}?zz_unknown=1", concrete(route, &existing()));
+            let (status, _, body) = call(&app, ask(op, &uri)).await;
+            let expected = if op.statuses(route).contains(&429) {
+                StatusCode::TOO_MANY_REQUESTS
+            } else {
+                StatusCode::BAD_REQUEST
+            };
+            assert_eq!(status, expected, "{} {uri}: {body}", op.method.as_str());
+        }
+    }
+
+    #[tokio::test]
+    async fn a_user_gets_403_exactly_for_the_operators_changes() {
+        let app = surface(Router::new());
+        for (route, op) in ops() {
+            let uri = format!("{}?zz_unknown=1", concrete(route, &existing()));
+            // A body: POST /snapshots with a file is the operators'.
+            let mut req = request(op.method.as_str(), &uri, Body::from("x"));
+            req.headers_mut().insert(
+                header::CONTENT_LENGTH,
+                header::HeaderValue::from_static("1"),
+            );
+            req.extensions_mut().insert(ConnectInfo(Caller {
+                uid: Some(4_000_000),
+                gid: None,
+            }));
+            let (status, _, body) = call(&app, req).await;
+            assert_eq!(
+                status == StatusCode::FORBIDDEN,
+                op.statuses(route).contains(&403),
+                "{} {uri}: {status} {body}",
+                op.method.as_str()
+            );
+            assert_eq!(op.operators, status == StatusCode::FORBIDDEN);
+            if op.method == Verb::Get {
+                assert!(!op.operators, "{}", route.path);
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_path_that_names_nothing_is_a_404_where_the_table_says() {
+        let app = surface(Router::new());
+        let missing = [
+            ("pid", "4000000".to_string()),
+            ("id", "999".into()),
+            ("address", "0x10".into()),
+            ("asset", "nope.js".into()),
+        ];
+        for (route, op) in ops() {
+            let uri = concrete(route, &missing);
+            // Parameters a route requires, so that only the path is wrong.
+            let uri = match (route.path, op.method) {
+                ("/snapshots/{id}/compare", _) => format!("{uri}?base=1"),
+                ("/snapshots/{id}", Verb::Patch) => format!("{uri}?label=x"),
+                _ => uri,
+            };
+            let (status, _, body) = call(&app, ask(op, &uri)).await;
+            let named = route.path.contains('{');
+            if named {
+                assert!(op.statuses(route).contains(&404), "{}", route.path);
+                assert_eq!(
+                    status,
+                    StatusCode::NOT_FOUND,
+                    "{} {uri}: {body}",
+                    op.method.as_str()
+                );
+            } else {
+                assert_ne!(
+                    status,
+                    StatusCode::NOT_FOUND,
+                    "{} {uri}: {body}",
+                    op.method.as_str()
+                );
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn every_route_answers_401_without_the_token_and_413_past_the_body_limit() {
+        let (kernel, service) = service();
+        start(&kernel, &service, PID);
+        let token = Token::parse(b"0123456789abcdef0123456789abcdef").expect("token");
+        let app = app(
+            api_router(service),
+            Arc::new(Metrics::new()),
+            &limits(),
+            Some(token),
+            Arc::new(Operators::named("tracer")),
+        );
+        let plain = surface(Router::new());
+        for (route, op) in ops() {
+            let uri = concrete(route, &existing());
+            let statuses = op.statuses(route);
+            let (status, headers, _) = call(&app, ask(op, &uri)).await;
+            assert_eq!(status, StatusCode::UNAUTHORIZED, "{uri}");
+            assert!(statuses.contains(&401) && headers.contains_key(header::WWW_AUTHENTICATE));
+            let big = Request::builder()
+                .method(op.method.as_str())
+                .uri(&uri)
+                .header(header::CONTENT_LENGTH, "2048")
+                .body(Body::from(vec![b'x'; 2048]))
+                .expect("request");
+            let (status, _, body) = call(&plain, big).await;
+            assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{uri}: {body}");
+            assert!(statuses.contains(&413));
+        }
+    }
+}

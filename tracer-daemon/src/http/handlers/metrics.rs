@@ -9,7 +9,7 @@ use axum::{
     response::{IntoResponse, Response},
 };
 
-use crate::http::{ApiError, blocking, params::Params};
+use crate::http::{ApiError, blocking, params::Params, params::spec};
 use crate::metrics::{CONTENT_TYPE, Metrics};
 use crate::service::Viewer;
 
@@ -21,7 +21,7 @@ pub async fn scrape(
     viewer: Viewer,
     RawQuery(query): RawQuery,
 ) -> Response {
-    if let Err(err) = Params::parse(query.as_deref(), &[]) {
+    if let Err(err) = Params::parse(query.as_deref(), spec::NONE) {
         return err.into_response();
     }
     let encoded = blocking(move || {

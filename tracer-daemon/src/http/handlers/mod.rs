@@ -2,6 +2,7 @@
 //! query (400 naming what is valid), calls the service off the async
 //! threads, and renders the answer.
 pub mod metrics;
+pub mod openapi;
 pub mod scope;
 pub mod snapshots;
 pub mod status;

@@ -8,7 +8,7 @@ use axum::{
     response::{IntoResponse, Response},
 };
 
-use crate::http::params::{Params, parse_scope};
+use crate::http::params::{Params, parse_scope, spec};
 use crate::http::{ApiError, blocking};
 use crate::service::{Service, Viewer};
 
@@ -18,7 +18,7 @@ pub async fn get_scope(
     viewer: Viewer,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
-    Params::parse(query.as_deref(), &[])?;
+    Params::parse(query.as_deref(), spec::NONE)?;
     let view = blocking(move || Ok::<_, ApiError>(service.scope(viewer))).await?;
     Ok(Json(view).into_response())
 }

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use tracer_model::{dump_tracemalloc, encode};
 
 use crate::http::params::{
-    ALLOCATOR_FRAMES, Params, parse_pid, parse_ref, refuse_allocator_frames,
+    ALLOCATOR_FRAMES, Params, parse_pid, parse_ref, refuse_allocator_frames, spec,
     stored_allocator_frames,
 };
 use crate::http::render::object;
@@ -28,12 +28,14 @@ pub const MAX_UPLOAD_BYTES: usize = 1 << 30;
 /// latter.
 fn file_format(params: &Params) -> Result<bool, ApiError> {
     match params.get("format") {
-        None | Some("tracer") => Ok(false),
-        Some("tracemalloc") => Ok(true),
-        Some(v) => Err(ApiError::bad(
-            format!("invalid format {v:?}"),
-            "format is one of: tracer, tracemalloc",
-        )),
+        None => Ok(false),
+        Some(v) => match spec::FILE_FORMATS.iter().position(|f| *f == v) {
+            Some(at) => Ok(at == 1),
+            None => Err(ApiError::bad(
+                format!("invalid format {v:?}"),
+                format!("format is one of: {}", spec::FILE_FORMATS.join(", ")),
+            )),
+        },
     }
 }
 
@@ -46,7 +48,7 @@ pub async fn pid_take_snapshot(
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     let pid = parse_pid(&pid)?;
-    let params = Params::parse(query.as_deref(), &["label", ALLOCATOR_FRAMES])?;
+    let params = Params::parse(query.as_deref(), spec::TAKE)?;
     let label = params.label()?.flatten();
     let frames = params.allocator_frames()?;
     let summary =
@@ -62,7 +64,7 @@ pub async fn pid_snapshots(
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     let pid = parse_pid(&pid)?;
-    Params::parse(query.as_deref(), &[])?;
+    Params::parse(query.as_deref(), spec::NONE)?;
     let list = blocking(move || service.list_snapshots(viewer, Some(pid))).await?;
     Ok(Json(json!({ "pid": pid, "snapshots": list })).into_response())
 }
@@ -74,15 +76,15 @@ pub async fn list_snapshots(
     viewer: Viewer,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
-    let params = Params::parse(query.as_deref(), &["pid", "kind"])?;
+    let params = Params::parse(query.as_deref(), spec::LIST)?;
     let pid = params.get("pid").map(parse_pid).transpose()?;
     let kind = match params.get("kind") {
         None => None,
-        Some(k @ ("taken" | "auto" | "loaded")) => Some(k.to_string()),
+        Some(k) if spec::KINDS.contains(&k) => Some(k.to_string()),
         Some(k) => {
             return Err(ApiError::bad(
                 format!("invalid kind {k:?}"),
-                "kind is one of: taken, auto, loaded",
+                format!("kind is one of: {}", spec::KINDS.join(", ")),
             ));
         }
     };
@@ -117,7 +119,7 @@ pub async fn post_snapshots(
 ) -> Result<Response, ApiError> {
     // Its own error (413, 408, 400) rather than axum's text.
     let body = body?;
-    let params = Params::parse(query.as_deref(), &["label", "format", ALLOCATOR_FRAMES])?;
+    let params = Params::parse(query.as_deref(), spec::TAKE_OR_LOAD)?;
     let label = params.label()?.flatten();
     let tracemalloc = file_format(&params)?;
     let frames = params.allocator_frames()?;
@@ -148,7 +150,7 @@ pub async fn snapshot_summary(
 ) -> Result<Response, ApiError> {
     let reference = parse_ref("id", &id)?;
     refuse_allocator_frames(query.as_deref())?;
-    Params::parse(query.as_deref(), &[])?;
+    Params::parse(query.as_deref(), spec::NONE)?;
     let summary = blocking(move || service.stored_summary(viewer, &reference)).await?;
     Ok(Json(summary).into_response())
 }
@@ -161,7 +163,7 @@ pub async fn delete_snapshot(
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     let reference = parse_ref("id", &id)?;
-    Params::parse(query.as_deref(), &[])?;
+    Params::parse(query.as_deref(), spec::NONE)?;
     let summary = blocking(move || service.delete_snapshot(viewer, &reference)).await?;
     Ok(Json(json!({"deleted": summary})).into_response())
 }
@@ -175,7 +177,7 @@ pub async fn label_snapshot(
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     let reference = parse_ref("id", &id)?;
-    let params = Params::parse(query.as_deref(), &["label"])?;
+    let params = Params::parse(query.as_deref(), spec::RELABEL)?;
     let label = params.label()?.ok_or_else(|| {
         ApiError::bad(
             "label is missing",
@@ -196,7 +198,7 @@ pub async fn snapshot_dump(
 ) -> Result<Response, ApiError> {
     let reference = parse_ref("id", &id)?;
     refuse_allocator_frames(query.as_deref())?;
-    let params = Params::parse(query.as_deref(), &["format"])?;
+    let params = Params::parse(query.as_deref(), spec::DUMP)?;
     let tracemalloc = file_format(&params)?;
     let (bytes, name) = blocking(move || {
         let (stored, summary, _) = service.stored(viewer, &reference)?;

@@ -10,7 +10,7 @@ use axum::{
 };
 use serde_json::json;
 
-use crate::http::{ApiError, blocking, params::Params, params::parse_pid};
+use crate::http::{ApiError, blocking, params::Params, params::parse_pid, params::spec};
 use crate::service::{Service, Viewer};
 
 /// `GET /health`: readiness, what is probed.
@@ -18,7 +18,7 @@ pub async fn health(
     State(service): State<Arc<Service>>,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
-    Params::parse(query.as_deref(), &[])?;
+    Params::parse(query.as_deref(), spec::NONE)?;
     let health = blocking(move || Ok::<_, ApiError>(service.health())).await?;
     Ok(Json(health).into_response())
 }
@@ -30,7 +30,7 @@ pub async fn processes(
     viewer: Viewer,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
-    Params::parse(query.as_deref(), &[])?;
+    Params::parse(query.as_deref(), spec::NONE)?;
     let list = blocking(move || Ok::<_, ApiError>(service.processes(viewer))).await?;
     Ok(Json(json!({ "processes": list })).into_response())
 }
@@ -41,7 +41,7 @@ pub async fn kernel_maps(
     viewer: Viewer,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
-    Params::parse(query.as_deref(), &[])?;
+    Params::parse(query.as_deref(), spec::NONE)?;
     let maps = blocking(move || Ok::<_, ApiError>(service.kernel_maps(viewer))).await?;
     Ok(Json(maps).into_response())
 }
@@ -53,7 +53,7 @@ pub async fn process(
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     let pid = parse_pid(&pid)?;
-    Params::parse(query.as_deref(), &[])?;
+    Params::parse(query.as_deref(), spec::NONE)?;
     let status = blocking(move || service.process(pid)).await?;
     Ok(Json(status.view).into_response())
 }
@@ -67,7 +67,7 @@ pub async fn pid_traced_memory(
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     let pid = parse_pid(&pid)?;
-    Params::parse(query.as_deref(), &[])?;
+    Params::parse(query.as_deref(), spec::NONE)?;
     let (status, sources) = blocking(move || service.process_with_sources(pid)).await?;
     let view = status.view;
     let by_source: serde_json::Map<String, serde_json::Value> = sources
@@ -91,7 +91,7 @@ pub async fn system_traced_memory(
     viewer: Viewer,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
-    Params::parse(query.as_deref(), &[])?;
+    Params::parse(query.as_deref(), spec::NONE)?;
     let memory = blocking(move || Ok::<_, ApiError>(service.system_memory(viewer))).await?;
     Ok(Json(memory).into_response())
 }
@@ -101,7 +101,7 @@ pub async fn tracing_memory(
     State(service): State<Arc<Service>>,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
-    Params::parse(query.as_deref(), &[])?;
+    Params::parse(query.as_deref(), spec::NONE)?;
     let memory = blocking(move || Ok::<_, ApiError>(service.tracer_memory())).await?;
     Ok(Json(memory).into_response())
 }

@@ -11,7 +11,7 @@ use axum::{
 use serde_json::json;
 use tracer_model::LineCache;
 
-use crate::http::params::{ALLOCATOR_FRAMES, Params, TEXT, nframe_param, parse_address, parse_pid};
+use crate::http::params::{Params, nframe_param, parse_address, parse_pid, spec};
 use crate::http::render::text_response;
 use crate::http::{ApiError, blocking};
 use crate::service::{Service, Viewer};
@@ -23,7 +23,7 @@ pub async fn pid_tracing(
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     let pid = parse_pid(&pid)?;
-    Params::parse(query.as_deref(), &[])?;
+    Params::parse(query.as_deref(), spec::NONE)?;
     let state = blocking(move || service.tracing_state(Viewer::Operator, Some(pid))).await?;
     Ok(Json(state).into_response())
 }
@@ -34,7 +34,7 @@ pub async fn system_tracing(
     viewer: Viewer,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
-    Params::parse(query.as_deref(), &[])?;
+    Params::parse(query.as_deref(), spec::NONE)?;
     let state = blocking(move || service.tracing_state(viewer, None)).await?;
     Ok(Json(state).into_response())
 }
@@ -46,7 +46,7 @@ pub async fn pid_tracing_start(
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     let pid = parse_pid(&pid)?;
-    let params = Params::parse(query.as_deref(), &["nframe"])?;
+    let params = Params::parse(query.as_deref(), spec::START)?;
     let nframe = nframe_param(&params)?;
     let state = blocking(move || service.start_tracing(Some(pid), nframe)).await?;
     Ok(Json(state).into_response())
@@ -59,7 +59,7 @@ pub async fn pid_tracing_stop(
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     let pid = parse_pid(&pid)?;
-    Params::parse(query.as_deref(), &[])?;
+    Params::parse(query.as_deref(), spec::NONE)?;
     let state = blocking(move || service.stop_tracing(Some(pid))).await?;
     Ok(Json(state).into_response())
 }
@@ -69,7 +69,7 @@ pub async fn system_tracing_start(
     State(service): State<Arc<Service>>,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
-    let params = Params::parse(query.as_deref(), &["nframe"])?;
+    let params = Params::parse(query.as_deref(), spec::START)?;
     let nframe = nframe_param(&params)?;
     let state = blocking(move || service.start_tracing(None, nframe)).await?;
     Ok(Json(state).into_response())
@@ -80,7 +80,7 @@ pub async fn system_tracing_stop(
     State(service): State<Arc<Service>>,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
-    Params::parse(query.as_deref(), &[])?;
+    Params::parse(query.as_deref(), spec::NONE)?;
     let state = blocking(move || service.stop_tracing(None)).await?;
     Ok(Json(state).into_response())
 }
@@ -92,7 +92,7 @@ pub async fn pid_clear_traces(
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     let pid = parse_pid(&pid)?;
-    Params::parse(query.as_deref(), &[])?;
+    Params::parse(query.as_deref(), spec::NONE)?;
     let (cleared, status) = blocking(move || service.clear_traces(pid)).await?;
     let view = status.view;
     Ok(Json(json!({"pid": pid, "cleared_blocks": cleared, "current": view.current, "peak": view.peak, "blocks": view.blocks}))
@@ -106,7 +106,7 @@ pub async fn pid_reset_peak(
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     let pid = parse_pid(&pid)?;
-    Params::parse(query.as_deref(), &[])?;
+    Params::parse(query.as_deref(), spec::NONE)?;
     let status = blocking(move || service.reset_peak(pid)).await?;
     Ok(
         Json(json!({"pid": pid, "current": status.view.current, "peak": status.view.peak}))
@@ -122,9 +122,7 @@ pub async fn pid_object(
 ) -> Result<Response, ApiError> {
     let pid = parse_pid(&pid)?;
     let address = parse_address(&address)?;
-    let mut names = TEXT.to_vec();
-    names.push(ALLOCATOR_FRAMES);
-    let params = Params::parse(query.as_deref(), &names)?;
+    let params = Params::parse(query.as_deref(), spec::OBJECT)?;
     let text = params.text()?;
     let mut options = params.text_options(text)?;
     let frames = params.allocator_frames()?;

@@ -9,7 +9,7 @@ use axum::{
     response::{IntoResponse, Response},
 };
 
-use crate::http::{ApiError, params::Params};
+use crate::http::{ApiError, params::Params, params::spec};
 
 /// The page, its script and its style: (name under `/ui/`, content type,
 /// bytes). The page itself is `/ui`.
@@ -31,13 +31,16 @@ const ASSETS: [(&str, &str, &str); 3] = [
     ),
 ];
 
+/// The names of [`ASSETS`], the values of `/ui/{asset}`.
+pub const ASSET_NAMES: [&str; 3] = [ASSETS[0].0, ASSETS[1].0, ASSETS[2].0];
+
 /// What the page may load: itself, and the flame graph it fetched (a
 /// `blob:` image); no inline script, no other host.
 const CSP: &str = "default-src 'self'; img-src 'self' blob:; style-src 'self'; script-src 'self'; connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'";
 
 /// `GET /ui`: the page.
 pub async fn page(RawQuery(query): RawQuery) -> Result<Response, ApiError> {
-    Params::parse(query.as_deref(), &[])?;
+    Params::parse(query.as_deref(), spec::NONE)?;
     Ok(asset_response(ASSETS[0].1, ASSETS[0].2))
 }
 
@@ -47,7 +50,7 @@ pub async fn asset(
     Path(name): Path<String>,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
-    Params::parse(query.as_deref(), &[])?;
+    Params::parse(query.as_deref(), spec::NONE)?;
     let (_, content_type, body) = ASSETS
         .iter()
         .find(|(asset, _, _)| *asset == name)

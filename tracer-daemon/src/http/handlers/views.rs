@@ -12,29 +12,14 @@ use axum::{
 use serde_json::json;
 
 use crate::http::params::{
-    ALLOCATOR_FRAMES, Params, compare_specs, parse_pid, parse_ref, refuse_allocator_frames,
+    ALLOCATOR_FRAMES, Params, compare_specs, parse_pid, parse_ref, refuse_allocator_frames, spec,
     stored_allocator_frames,
 };
 use crate::http::render::{
-    compare_response, object, statistics_response, stats_query, with_common, write_traces,
+    compare_response, object, statistics_response, stats_query, write_traces,
 };
 use crate::http::{ApiError, blocking, streamed};
 use crate::service::{Service, Side, Target, Viewer};
-
-/// Parameters of the statistics routes besides the text options and filters.
-const STATISTICS: [&str; 3] = ["group_by", "cumulative", "limit"];
-/// Parameters of the compare routes of a process or the system.
-const COMPARE: [&str; 6] = ["group_by", "cumulative", "limit", "base", "new", "since"];
-/// Parameters of the traces routes.
-const TRACES: [&str; 2] = ["offset", "limit"];
-
-/// The parameters of a view of now: `names`, the text options and filters
-/// (as a stored snapshot's view), and `allocator_frames`.
-fn of_now(names: &[&'static str]) -> Vec<&'static str> {
-    let mut all = with_common(names);
-    all.push(ALLOCATOR_FRAMES);
-    all
-}
 
 /// `allocator_frames` of a compare, refused when `new` is a stored
 /// snapshot (only now is taken here).
@@ -58,7 +43,7 @@ pub async fn pid_statistics(
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     let pid = parse_pid(&pid)?;
-    let params = Params::parse(query.as_deref(), &of_now(&STATISTICS))?;
+    let params = Params::parse(query.as_deref(), spec::STATISTICS_NOW)?;
     let query = stats_query(&params)?;
     let frames = params.allocator_frames()?;
     blocking(move || {
@@ -85,7 +70,7 @@ pub async fn system_statistics(
     viewer: Viewer,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
-    let params = Params::parse(query.as_deref(), &of_now(&STATISTICS))?;
+    let params = Params::parse(query.as_deref(), spec::STATISTICS_NOW)?;
     let query = stats_query(&params)?;
     let frames = params.allocator_frames()?;
     blocking(move || {
@@ -108,7 +93,7 @@ pub async fn snapshot_statistics(
 ) -> Result<Response, ApiError> {
     let reference = parse_ref("id", &id)?;
     refuse_allocator_frames(query.as_deref())?;
-    let params = Params::parse(query.as_deref(), &with_common(&STATISTICS))?;
+    let params = Params::parse(query.as_deref(), spec::STATISTICS_STORED)?;
     let query = stats_query(&params)?;
     blocking(move || {
         let (stored, summary, _) = service.stored(viewer, &reference)?;
@@ -130,7 +115,7 @@ pub async fn pid_compare(
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     let pid = parse_pid(&pid)?;
-    let params = Params::parse(query.as_deref(), &of_now(&COMPARE))?;
+    let params = Params::parse(query.as_deref(), spec::COMPARE_NOW)?;
     let query = stats_query(&params)?;
     let (base, new) = compare_specs(&params)?;
     let frames = compare_frames(&params, new.as_ref())?;
@@ -148,7 +133,7 @@ pub async fn system_compare(
     viewer: Viewer,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
-    let params = Params::parse(query.as_deref(), &of_now(&COMPARE))?;
+    let params = Params::parse(query.as_deref(), spec::COMPARE_NOW)?;
     let query = stats_query(&params)?;
     let (base, new) = compare_specs(&params)?;
     let frames = compare_frames(&params, new.as_ref())?;
@@ -169,10 +154,7 @@ pub async fn snapshot_compare(
 ) -> Result<Response, ApiError> {
     let new = parse_ref("id", &id)?;
     refuse_allocator_frames(query.as_deref())?;
-    let params = Params::parse(
-        query.as_deref(),
-        &with_common(&["group_by", "cumulative", "limit", "base"]),
-    )?;
+    let params = Params::parse(query.as_deref(), spec::COMPARE_STORED)?;
     let query = stats_query(&params)?;
     let base = params.snapshot_ref("base")?.ok_or_else(|| {
         ApiError::bad(
@@ -201,7 +183,7 @@ pub async fn pid_traces(
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     let pid = parse_pid(&pid)?;
-    let params = Params::parse(query.as_deref(), &of_now(&TRACES))?;
+    let params = Params::parse(query.as_deref(), spec::TRACES_NOW)?;
     params.text_options(params.text()?)?;
     let frames = params.allocator_frames()?;
     streamed(move |sink| {
@@ -223,7 +205,7 @@ pub async fn system_traces(
     viewer: Viewer,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
-    let params = Params::parse(query.as_deref(), &of_now(&TRACES))?;
+    let params = Params::parse(query.as_deref(), spec::TRACES_NOW)?;
     params.text_options(params.text()?)?;
     let frames = params.allocator_frames()?;
     streamed(move |sink| {
@@ -248,7 +230,7 @@ pub async fn snapshot_traces(
 ) -> Result<Response, ApiError> {
     let reference = parse_ref("id", &id)?;
     refuse_allocator_frames(query.as_deref())?;
-    let params = Params::parse(query.as_deref(), &with_common(&TRACES))?;
+    let params = Params::parse(query.as_deref(), spec::TRACES_STORED)?;
     params.text_options(params.text()?)?;
     streamed(move |sink| {
         let (stored, summary, _) = service.stored(viewer, &reference)?;

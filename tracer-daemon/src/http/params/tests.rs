@@ -5,17 +5,17 @@ use std::collections::BTreeSet;
 
 #[test]
 fn unknown_parameter_names_the_valid_ones() {
-    let err = Params::parse(Some("group=lineno"), &["group_by", "limit"]).unwrap_err();
+    let err = Params::parse(Some("group=lineno"), &[spec::PAGE]).unwrap_err();
     assert_eq!(err.status, StatusCode::BAD_REQUEST);
     assert_eq!(err.error, "unknown parameter \"group\"");
-    assert_eq!(err.hint, "valid parameters: group_by, limit");
+    assert_eq!(err.hint, "valid parameters: offset, limit");
 }
 
 #[test]
 fn bad_values_name_the_valid_ones() {
     let params = Params::parse(
         Some("group_by=line&cumulative=yes&limit=-1&format=xml"),
-        &["group_by", "cumulative", "limit", "format"],
+        &[spec::STATS, spec::STATS_FORMAT],
     )
     .unwrap();
     assert_eq!(
@@ -34,11 +34,46 @@ fn bad_values_name_the_valid_ones() {
         params.text().unwrap_err().hint,
         "format is one of: json, text"
     );
+    assert_eq!(
+        params.format().unwrap_err().hint,
+        "format is one of: json, text, pprof, collapsed, svg"
+    );
+}
+
+#[test]
+fn format_names_each_output_and_the_profiles_draw_stacks() {
+    let formats: Vec<(Format, bool)> = ["json", "text", "pprof", "collapsed", "svg"]
+        .iter()
+        .map(|v| {
+            let format = Params::parse(Some(&format!("format={v}")), &[spec::STATS_FORMAT])
+                .unwrap()
+                .format()
+                .unwrap();
+            (format, format.is_profile())
+        })
+        .collect();
+    assert_eq!(
+        formats,
+        [
+            (Format::Json, false),
+            (Format::Text, false),
+            (Format::Pprof, true),
+            (Format::Collapsed, true),
+            (Format::Svg, true),
+        ]
+    );
+    assert_eq!(
+        Params::parse(None, &[spec::STATS_FORMAT])
+            .unwrap()
+            .format()
+            .unwrap(),
+        Format::Json
+    );
 }
 
 #[test]
 fn defaults_apply_when_absent() {
-    let params = Params::parse(None, &["group_by"]).unwrap();
+    let params = Params::parse(None, &[spec::STATS]).unwrap();
     assert_eq!(params.group_by().unwrap(), GroupBy::Lineno);
     assert_eq!(params.limit().unwrap(), DEFAULT_LIMIT);
     assert!(!params.flag("cumulative").unwrap());
@@ -48,10 +83,13 @@ fn defaults_apply_when_absent() {
 
 #[test]
 fn repeated_parameter_is_refused_unless_repeatable() {
-    let err = Params::parse(Some("limit=1&limit=2"), &["limit"]).unwrap_err();
+    let err = Params::parse(Some("limit=1&limit=2"), &[spec::PAGE]).unwrap_err();
     assert_eq!(err.error, "parameter \"limit\" given twice");
-    let params =
-        Params::parse(Some("include=a.c&include=b.c&domain=1&domain=2"), &FILTERS).unwrap();
+    let params = Params::parse(
+        Some("include=a.c&include=b.c&domain=1&domain=2"),
+        &[spec::FILTERS],
+    )
+    .unwrap();
     assert_eq!(params.filters().unwrap().len(), 4);
 }
 
@@ -91,7 +129,7 @@ fn filters_parse_pattern_line_and_domain_from_the_right() {
         "{}",
         err.hint
     );
-    let params = Params::parse(Some("domain=x"), &FILTERS).unwrap();
+    let params = Params::parse(Some("domain=x"), &[spec::FILTERS]).unwrap();
     assert_eq!(
         params.filters().unwrap_err().hint,
         "domain is a domain (a pid, 0 to 4294967295); repeat it for more"
@@ -134,10 +172,18 @@ fn durations_and_references() {
 
 #[test]
 fn source_needs_text() {
-    let params = Params::parse(Some("source=true"), &TEXT).unwrap();
+    let params = Params::parse(
+        Some("source=true"),
+        &[spec::STATS_FORMAT, spec::TEXT_OPTIONS],
+    )
+    .unwrap();
     let err = params.text_options(false).unwrap_err();
     assert_eq!(err.hint, "add format=text (JSON always has every frame)");
-    let params = Params::parse(Some("format=text&source=1&tb_limit=-2"), &TEXT).unwrap();
+    let params = Params::parse(
+        Some("format=text&source=1&tb_limit=-2"),
+        &[spec::STATS_FORMAT, spec::TEXT_OPTIONS],
+    )
+    .unwrap();
     let options = params.text_options(params.text().unwrap()).unwrap();
     assert_eq!(
         options,
@@ -204,9 +250,9 @@ fn scope_queries_parse_and_refuse_bad_values() {
 
 #[test]
 fn allocator_frames_is_keep_or_drop_and_drop_by_default() {
-    let parse = |q| Params::parse(Some(q), &[ALLOCATOR_FRAMES]).unwrap();
+    let parse = |q| Params::parse(Some(q), &[spec::NOW]).unwrap();
     assert_eq!(
-        Params::parse(None, &[ALLOCATOR_FRAMES])
+        Params::parse(None, &[spec::NOW])
             .unwrap()
             .allocator_frames()
             .unwrap(),
@@ -247,4 +293,27 @@ fn allocator_frames_on_a_stored_snapshot_says_why_it_is_refused() {
         err.hint
             .starts_with("a stored snapshot keeps the allocator frames it was taken with")
     );
+}
+
+#[test]
+fn the_documented_words_are_the_parsers_words() {
+    assert_eq!(Format::VALID, spec::STATS_FORMATS.join(", "));
+    for word in spec::GROUP_BY {
+        let params = Params::parse(Some(&format!("group_by={word}")), &[spec::STATS]).unwrap();
+        params.group_by().unwrap();
+    }
+    for word in spec::ALLOCATOR_FRAMES_VALUES {
+        assert_eq!(
+            AllocatorFrames::parse(word).map(AllocatorFrames::as_str),
+            Some(word)
+        );
+    }
+    assert_eq!(
+        AllocatorFrames::VALID,
+        spec::ALLOCATOR_FRAMES_VALUES.join(", ")
+    );
+    let text = Params::parse(Some("format=text"), &[spec::TEXT_FORMAT]).unwrap();
+    assert!(text.text().unwrap());
+    let json = Params::parse(Some("format=json"), &[spec::TEXT_FORMAT]).unwrap();
+    assert!(!json.text().unwrap());
 }

@@ -45,7 +45,7 @@ fn bad_parameters_name_the_valid_values() {
             Method::GET,
             format!("/pid/{pid}/statistics?format=xml"),
             400,
-            "format is one of: json, text",
+            "format is one of: json, text, pprof, collapsed, svg",
         ),
         (
             Method::GET,

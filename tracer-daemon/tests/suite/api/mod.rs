@@ -3,7 +3,8 @@
 //! views, stored snapshots as resources, automatic snapshots and `since=`,
 //! dump/load in both formats (with CPython reading and writing the
 //! tracemalloc files), start/stop/clear/reset, object tracebacks, source
-//! lines, tracer memory, and every bad parameter.
+//! lines, tracer memory, every bad parameter, and the profile formats
+//! (pprof, folded stacks, flame graphs).
 
 mod bounds;
 mod cancel;
@@ -11,6 +12,8 @@ mod cheap;
 mod dump;
 mod errors;
 mod filters;
+mod openapi;
+mod profiles;
 mod snapshots;
 mod tracing;
 mod ui;

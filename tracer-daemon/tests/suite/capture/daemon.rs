@@ -44,7 +44,7 @@ fn bad_requests_get_a_4xx_that_names_the_valid_values() {
         (
             "/pid/1/statistics?format=xml",
             400,
-            "format is one of: json, text",
+            "format is one of: json, text, pprof, collapsed, svg",
         ),
         (
             "/pid/1/statistics?bogus=1",
