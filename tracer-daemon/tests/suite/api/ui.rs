@@ -424,6 +424,22 @@ fn the_page_shows_the_api_s_numbers_and_a_process_s_lines_in_chromium_with_the_t
             .expect("SITE_A in the diff");
         assert_eq!((a.2, a.4), (300, 3));
 
+        // The flame graph: tracerd's own SVG (format=svg), drawn.
+        let width = until(&client, "the flame graph", || async {
+            let width = client
+                .execute(
+                    "const img = document.querySelector('#flamegraph img');\n\
+                     return img && img.complete ? img.naturalWidth : 0;",
+                    Vec::new(),
+                )
+                .await
+                .ok()?
+                .as_u64()?;
+            (width > 0).then_some(width)
+        })
+        .await;
+        assert!(width >= 100, "the flame graph is {width} pixels wide");
+
         let png = client.screenshot().await.expect("screenshot");
         assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
         std::fs::write(artifact(), &png).expect("artifact");
