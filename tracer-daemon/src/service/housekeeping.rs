@@ -79,7 +79,26 @@ impl Service {
                 _ => None,
             })
             .collect();
-        let mut blocks = events::blocks_of(&**self.state.locks().kernel().kernel, &ending);
+        // Under the same hold of the kernel lock: the own spill maps the
+        // batch asks for (level 0 of each new image, before its blocks
+        // outgrow their buckets of the fast table; the levels the programs
+        // asked for), so that handling a new image never waits for the
+        // lock a second time before the image is in the registry.
+        let mut blocks = {
+            let mut held = self.state.locks().kernel();
+            for event in &decoded {
+                match event {
+                    Some(Event::New { image, .. }) => {
+                        held.kernel.add_own_spill(*image, 0);
+                    }
+                    Some(Event::Spill { image, level }) => {
+                        held.kernel.add_own_spill(*image, *level);
+                    }
+                    _ => {}
+                }
+            }
+            events::blocks_of(&**held.kernel, &ending)
+        };
         let mut ends = Vec::new();
         for (index, event) in decoded.into_iter().enumerate() {
             match event {
@@ -95,9 +114,6 @@ impl Service {
                         .unwrap_or_else(|| events::new_image(image, &comm));
                     ::tracing::debug!(pid = image.id.pid, gen = image.id.generation, comm = %image.comm, "new image");
                     let (id, maps) = (image.id, image.maps.clone());
-                    // Its own spill map's first level, before its blocks
-                    // outgrow their buckets of the fast table.
-                    self.state.locks().kernel().kernel.add_own_spill(id, 0);
                     self.state.locks().registry().registry.add(image);
                     if let Some(maps) = maps {
                         self.queue_unwind(id, maps);
@@ -108,13 +124,8 @@ impl Service {
                     self.queue_discovery(image.pid, true);
                     self.queue_remap(image);
                 }
-                Some(Event::Spill { image, level }) => {
-                    self.state
-                        .locks()
-                        .kernel()
-                        .kernel
-                        .add_own_spill(image, level);
-                }
+                // Its map was made above, with the batch's others.
+                Some(Event::Spill { .. }) => {}
                 Some(Event::ScopeCandidate { pid, is_fork }) => {
                     if !is_fork {
                         self.queue_discovery(pid, true);

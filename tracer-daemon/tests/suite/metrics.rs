@@ -142,8 +142,17 @@ fn beyond_the_top_n_processes_are_summed_as_other() {
     for fx in &mut fixtures {
         fx.step("done");
     }
+    // An image is known once tracerd handled its first allocation's event,
+    // a few milliseconds after it: asked until then.
     let current = |pid: &str| {
-        let memory = tracerd.get_ok(&format!("/pid/{pid}/traced-memory"));
+        let memory = poll(
+            Duration::from_secs(10),
+            Duration::from_millis(10),
+            || match tracerd.get(&format!("/pid/{pid}/traced-memory")) {
+                (200, memory) => Ok(memory),
+                (status, body) => Err(format!("{status} {body}")),
+            },
+        );
         memory["current"].as_f64().expect("current")
     };
     let (top, second, third) = (current(&pids[0]), current(&pids[1]), current(&pids[2]));
