@@ -8,7 +8,7 @@
 
 use std::{
     net::{TcpListener, TcpStream},
-    os::unix::{fs::PermissionsExt as _, net::UnixStream},
+    os::unix::net::UnixStream,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
@@ -18,7 +18,9 @@ use fantoccini::{Client, ClientBuilder, Locator, elements::Element};
 use serde_json::{Value, json};
 
 use super::app;
-use crate::suite::support::{Fixture, TempDir, Tracerd, free_port, kill_if_running, poll};
+use crate::suite::support::{
+    Fixture, TempDir, Tracerd, free_port, kill_if_running, poll, token_file,
+};
 
 const TOKEN: &str = "ui-test-token-0123456789abcdef";
 
@@ -264,9 +266,7 @@ fn the_page_shows_the_api_s_numbers_and_a_process_s_lines_in_chromium_with_the_t
  {
     let dir = TempDir::new("ui");
     let socket = dir.path().join("api.sock");
-    let token_file = dir.path().join("token");
-    std::fs::write(&token_file, TOKEN).expect("token");
-    std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let token_file = token_file(dir.path(), TOKEN);
     let tracerd = Tracerd::start(&[
         "--unix-socket",
         socket.to_str().expect("utf-8"),

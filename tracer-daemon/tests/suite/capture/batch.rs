@@ -3,82 +3,23 @@
 //! of one walk (`lookup_batch`) in its order, whatever bucket count it is
 //! told, on a real kernel hash map.
 use std::ops::ControlFlow;
-use std::os::fd::{AsFd as _, AsRawFd as _, FromRawFd as _, OwnedFd};
+use std::os::fd::{AsFd as _, OwnedFd};
 
-use tracer_daemon::sys::bpf::{lookup_batch, lookup_batch_halves};
+use tracer_daemon::sys::bpf::{self as bpf_sys, lookup_batch, lookup_batch_halves};
 
 type Key = [u64; 2];
 type Value = [u64; 4];
 
-/// `union bpf_attr` for BPF_MAP_CREATE.
-#[repr(C)]
-#[derive(Default)]
-struct CreateAttr {
-    map_type: u32,
-    key_size: u32,
-    value_size: u32,
-    max_entries: u32,
-    map_flags: u32,
-    _rest: [u32; 27],
-}
-
-/// `union bpf_attr` for BPF_MAP_UPDATE_ELEM.
-#[repr(C)]
-#[derive(Default)]
-struct ElemAttr {
-    map_fd: u32,
-    _pad: u32,
-    key: u64,
-    value: u64,
-    flags: u64,
-}
-
-fn bpf<A>(command: libc::c_long, attr: &mut A) -> libc::c_long {
-    // SAFETY: attr is the bpf_attr prefix the command reads; its pointers
-    // point at live buffers of the map's key and value sizes.
-    unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            command,
-            std::ptr::from_mut(attr),
-            size_of::<A>() as libc::c_uint,
-        )
-    }
-}
-
 /// A preallocated BPF hash of `max_entries` (a power of two: as many
 /// buckets) holding `n` entries.
 fn hash_with(max_entries: u32, n: u64) -> OwnedFd {
-    let mut create = CreateAttr {
-        map_type: 1, // BPF_MAP_TYPE_HASH
-        key_size: size_of::<Key>() as u32,
-        value_size: size_of::<Value>() as u32,
-        max_entries,
-        ..CreateAttr::default()
-    };
-    let fd = bpf(0, &mut create);
-    assert!(
-        fd >= 0,
-        "BPF_MAP_CREATE: {}",
-        std::io::Error::last_os_error()
-    );
-    // SAFETY: a new descriptor this test owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    let fd = bpf_sys::create_hash::<Key, Value>("batch_test", max_entries, 0)
+        .unwrap_or_else(|e| panic!("BPF_MAP_CREATE: {e}"));
     for i in 0..n {
         let key: Key = [i.wrapping_mul(0x9e37_79b9_7f4a_7c15), i];
         let value: Value = [i, i * 2, i * 3, i * 4];
-        let mut update = ElemAttr {
-            map_fd: fd.as_raw_fd() as u32,
-            key: std::ptr::from_ref(&key) as u64,
-            value: std::ptr::from_ref(&value) as u64,
-            ..ElemAttr::default()
-        };
-        assert_eq!(
-            bpf(2, &mut update),
-            0,
-            "BPF_MAP_UPDATE_ELEM: {}",
-            std::io::Error::last_os_error()
-        );
+        bpf_sys::update(fd.as_fd(), &key, &value, 0)
+            .unwrap_or_else(|e| panic!("BPF_MAP_UPDATE_ELEM: {e}"));
     }
     fd
 }

@@ -15,7 +15,7 @@ use std::process::Command;
 
 use serde_json::{Value, json};
 
-use crate::suite::support::{Fixture, Program, TempDir, Tracerd, output_ok};
+use crate::suite::support::{Fixture, Program, TempDir, Tracerd, output_ok, token_file};
 
 const NOBODY: u32 = 65534;
 const TOKEN: &str = "access-test-token-0123456789abcdef";
@@ -222,9 +222,7 @@ fn each_user_sees_only_the_processes_they_could_ptrace_and_operators_see_all() {
     let dir = TempDir::new("access");
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
     let socket = dir.path().join("api.sock");
-    let token_file = dir.path().join("token");
-    std::fs::write(&token_file, TOKEN).expect("token");
-    std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let token_file = token_file(dir.path(), TOKEN);
     let tracerd = Tracerd::start(&[
         "--unix-socket",
         socket.to_str().expect("utf-8"),

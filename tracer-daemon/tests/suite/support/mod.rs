@@ -21,4 +21,4 @@ pub use kernel::{
 pub use process::{
     cgroup_v2, free_port, kill_if_running, output_ok, poll, require_root, running, signal, stop,
 };
-pub use tracerd::Tracerd;
+pub use tracerd::{Tracerd, token_file};

@@ -199,3 +199,13 @@ impl Drop for Tracerd {
         }
     }
 }
+
+/// `dir/token` holding `token`, readable by its owner only (as tracerd's
+/// `auth_token_file` must be).
+pub fn token_file(dir: &Path, token: &str) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt as _;
+    let path = dir.join("token");
+    std::fs::write(&path, token).expect("token");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    path
+}
