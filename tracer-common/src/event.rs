@@ -107,11 +107,12 @@ mod tests {
         assert_eq!(ProcEventKind::try_from(4), Ok(ProcEventKind::ExecAny));
         assert_eq!(ProcEventKind::try_from(5), Ok(ProcEventKind::Fork));
         assert_eq!(ProcEventKind::try_from(6), Ok(ProcEventKind::Mapped));
+        assert_eq!(ProcEventKind::try_from(7), Ok(ProcEventKind::Spill));
     }
 
     #[test]
     fn unknown_event_kinds_are_refused_with_their_number() {
-        for number in [0, 7, 0x100, u32::MAX] {
+        for number in [0, 8, 0x100, u32::MAX] {
             assert_eq!(ProcEventKind::try_from(number), Err(number));
         }
     }

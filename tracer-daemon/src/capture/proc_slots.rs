@@ -181,7 +181,7 @@ mod tests {
         let slot = ProcSlot::default();
         let base = std::ptr::from_ref(&slot) as usize;
         let word_of = |p: *const u64| (p as usize - base) / 8;
-        assert_eq!(SLOT_WORDS, 27);
+        assert_eq!(SLOT_WORDS, 30);
         assert_eq!(word_of(&raw const slot.totals.stats.current), CURRENT);
         assert_eq!(word_of(&raw const slot.totals.stats.peak), PEAK);
         assert_eq!(word_of(&raw const slot.totals.stats.drops), 8);
@@ -192,5 +192,8 @@ mod tests {
             word_of(&raw const slot.totals.stack_totals_lost),
             STACK_TOTALS_LOST
         );
+        assert_eq!(word_of(&raw const slot.totals.shared_spill), SHARED_SPILL);
+        assert_eq!(word_of(&raw const slot.totals.own_asked), SHARED_SPILL + 1);
+        assert_eq!(word_of(&raw const slot.totals.own_spill), SHARED_SPILL + 2);
     }
 }
