@@ -42,8 +42,26 @@ pub(super) fn time_get(http: &Client, path: &str, runs: usize) -> anyhow::Result
     Ok((median(&mut ms), max))
 }
 
+/// Waits until tracerd knows `pid` (`GET /pid/N` answers 200): an image is
+/// known once its first allocation's event was handled, milliseconds after
+/// it.
+pub(super) fn wait_known(http: &Client, pid: u32) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let reply = http.get(&format!("/pid/{pid}"))?;
+        if reply.status == 200 {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("GET /pid/{pid}: {} {}", reply.status, reply.body);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// Stores a snapshot of `pid`; returns its id and the time it took in ms.
 pub(super) fn store(http: &Client, pid: u32) -> anyhow::Result<(u64, f64)> {
+    wait_known(http, pid)?;
     let start = Instant::now();
     let reply = http.post(&format!("/pid/{pid}/snapshots"))?;
     let ms = start.elapsed().as_secs_f64() * 1000.0;
@@ -84,6 +102,7 @@ pub fn queries_part(root: &Path, dir: &Path) -> anyhow::Result<serde_json::Value
     let alone = small_queries(&http, small_pid, small_base)?;
     let big = keep_blocks(&exe, BIG_BLOCKS)?;
     let big_pid = big.pid();
+    wait_known(&http, big_pid)?;
     let beside = small_queries(&http, small_pid, small_base)?;
     let big_statistics = time_get(
         &http,
