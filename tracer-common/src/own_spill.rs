@@ -7,9 +7,11 @@
 //! Layout. [`MAP_OWN_LIVE`] is a hash of maps: [`OwnKey`] (tgid,
 //! generation, level) → an inner hash `u64` address → [`crate::AllocInfo`],
 //! created by tracerd. Level `l` holds at most [`own_level_blocks`]`(l)`
-//! blocks (4 times the level before), so that an image's maps cost what its
-//! blocks need, never its share of the host; an image has at most
-//! [`OWN_LEVELS_MAX`] levels. [`MAP_OWN_LEVELS`] says how many levels an
+//! blocks (twice the level before), so that an image's maps cost what its
+//! blocks need, never its share of the host: a level is made when the
+//! image's blocks fill 3/4 of the levels before, so its levels are made
+//! for at most 2.7 times the blocks they hold then, and 1.3 times just
+//! before the next. An image has at most [`OWN_LEVELS_MAX`] levels. [`MAP_OWN_LEVELS`] says how many levels an
 //! image has ([`own_image_key`] → count), written by tracerd only.
 //!
 //! Protocol. tracerd creates level 0 when it learns of a new image. A
@@ -31,29 +33,31 @@ use core::mem::size_of;
 pub const MAP_OWN_LIVE: &str = "OWN_LIVE";
 /// Name of the level counts: [`own_image_key`] → levels the image has (u64).
 pub const MAP_OWN_LEVELS: &str = "OWN_LEVELS";
-/// Most levels an image's spill has.
-pub const OWN_LEVELS_MAX: u32 = 8;
-/// Blocks of level 0; each level holds 4 times the one before.
+/// Most levels an image's spill has (67 M blocks together).
+pub const OWN_LEVELS_MAX: u32 = 16;
+/// Blocks of level 0; each level holds twice the one before.
 pub const OWN_FIRST_BLOCKS: u32 = 1024;
-/// Entries of [`MAP_OWN_LIVE`] as compiled (images × levels); tracerd sets
-/// the real number at load time.
+/// Entries of [`MAP_OWN_LIVE`]: the levels of every image together (4 an
+/// image on average when [`OWN_LEVELS_ENTRIES`] images have maps; most
+/// have one). A level that finds it full is not made: its blocks go to
+/// `LIVE_ALLOCS`.
 pub const OWN_LIVE_ENTRIES: u32 = 1 << 14;
-/// Entries of [`MAP_OWN_LEVELS`] as compiled (images with a map of their
-/// own); tracerd sets the real number at load time.
+/// Entries of [`MAP_OWN_LEVELS`]: the images that have maps of their own
+/// at once; the others spill to `LIVE_ALLOCS`.
 pub const OWN_LEVELS_ENTRIES: u32 = 1 << 12;
 
 /// The blocks level `level` of an image's spill holds:
-/// [`OWN_FIRST_BLOCKS`] × 4^level.
+/// [`OWN_FIRST_BLOCKS`] × 2^level.
 #[must_use]
 pub const fn own_level_blocks(level: u32) -> u64 {
-    (OWN_FIRST_BLOCKS as u64) << (2 * level)
+    (OWN_FIRST_BLOCKS as u64) << level
 }
 
 /// The blocks the first `levels` levels hold together.
 #[must_use]
 pub const fn own_levels_blocks(levels: u32) -> u64 {
-    // 1 + 4 + ... + 4^(levels-1) = (4^levels - 1) / 3
-    ((OWN_FIRST_BLOCKS as u64) * ((1u64 << (2 * levels)) - 1)) / 3
+    // 1 + 2 + ... + 2^(levels-1) = 2^levels - 1
+    (OWN_FIRST_BLOCKS as u64) * ((1u64 << levels) - 1)
 }
 
 /// Key of [`MAP_OWN_LIVE`]: one level of one process image's spill.
@@ -87,12 +91,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn each_level_holds_four_times_the_one_before_and_the_last_holds_tens_of_millions() {
+    fn each_level_holds_twice_the_one_before_and_the_last_holds_tens_of_millions() {
         assert_eq!(own_level_blocks(0), 1024);
-        assert_eq!(own_level_blocks(1), 4096);
-        assert_eq!(own_level_blocks(OWN_LEVELS_MAX - 1), 16 << 20);
+        assert_eq!(own_level_blocks(1), 2048);
+        assert_eq!(own_level_blocks(OWN_LEVELS_MAX - 1), 32 << 20);
         let all: u64 = (0..OWN_LEVELS_MAX).map(own_level_blocks).sum();
-        assert!(all > 20_000_000, "{all}");
+        assert_eq!(all, 1024 * 65_535);
         for levels in 0..=OWN_LEVELS_MAX {
             let sum: u64 = (0..levels).map(own_level_blocks).sum();
             assert_eq!(own_levels_blocks(levels), sum, "{levels}");

@@ -152,6 +152,28 @@ pub trait KernelMaps: Send {
     /// Removes the given blocks; returns how many were there to remove.
     fn remove_blocks(&mut self, keys: &[AllocKey]) -> usize;
 
+    /// Removes the given blocks of the live image `image`
+    /// (`clear-traces`), calling `removed` with each one that was there;
+    /// returns how many. The kernel's counts of the image's spilled blocks
+    /// are lowered by those removed from its spill.
+    fn remove_image_blocks(
+        &mut self,
+        image: ImageId,
+        keys: &[AllocKey],
+        removed: &mut dyn FnMut(&AllocKey),
+    ) -> usize {
+        let _ = image;
+        keys.iter()
+            .filter(|key| {
+                let gone = self.remove_blocks(std::slice::from_ref(key)) == 1;
+                if gone {
+                    removed(key);
+                }
+                gone
+            })
+            .count()
+    }
+
     /// Creates level `level` of `image`'s own spill map, as the programs
     /// asked (a `Spill` event) or at its first allocation (level 0); false
     /// when it exists, or there is no room (its blocks then go to
@@ -311,6 +333,14 @@ impl KernelMaps for super::Capture {
     }
     fn remove_blocks(&mut self, keys: &[AllocKey]) -> usize {
         self.remove_blocks(keys)
+    }
+    fn remove_image_blocks(
+        &mut self,
+        image: ImageId,
+        keys: &[AllocKey],
+        removed: &mut dyn FnMut(&AllocKey),
+    ) -> usize {
+        self.remove_image_blocks(image, keys, removed)
     }
     fn stack_totals(
         &self,

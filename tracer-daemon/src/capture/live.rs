@@ -10,7 +10,13 @@ use crate::sys::bpf as bpf_sys;
 /// The fewest buckets of `LIVE_ALLOCS` (its capacity rounded up to a
 /// power of two, as the kernel sizes a hash) read by two walks at once: a
 /// walk of fewer costs less than the second thread.
-const SPLIT_BUCKETS: u32 = 1 << 16;
+pub(super) const SPLIT_BUCKETS: u32 = 1 << 16;
+
+/// Whether a hash of `buckets` buckets is read by two walks at once: it is
+/// large, and two CPUs are there.
+pub(super) fn two_walks(buckets: u32) -> bool {
+    buckets >= SPLIT_BUCKETS && std::thread::available_parallelism().is_ok_and(|n| n.get() >= 2)
+}
 
 impl Capture {
     /// Calls `f` with every live block of the process images `want`
@@ -83,9 +89,7 @@ impl Capture {
             .max_live_blocks
             .checked_next_power_of_two()
             .unwrap_or(1 << 31);
-        let two = buckets >= SPLIT_BUCKETS
-            && std::thread::available_parallelism().is_ok_and(|n| n.get() >= 2);
-        let read = if two {
+        let read = if two_walks(buckets) {
             bpf_sys::lookup_batch_halves(fd, buckets, &wanted, &mut keep)
         } else {
             bpf_sys::lookup_batch(fd, &mut keep)
@@ -110,25 +114,65 @@ impl Capture {
     /// maps or `LIVE_ALLOCS`; returns how many were removed (a block freed
     /// meanwhile is already gone).
     pub fn remove_blocks(&mut self, keys: &[AllocKey]) -> usize {
+        self.remove_from(keys, None, &mut |_| {})
+    }
+
+    /// Removes the given blocks of the live image `image` (`clear-traces`),
+    /// calling `removed` with each one removed (a block freed meanwhile is
+    /// already gone), and lowers the image's counts of blocks in its own
+    /// maps and in `LIVE_ALLOCS` by those removed from there (in its slot of
+    /// `PROC_SLOTS`; an image in `PROCS` keeps them high, which costs only a
+    /// longer read). Returns how many were removed.
+    pub fn remove_image_blocks(
+        &mut self,
+        image: ImageId,
+        keys: &[AllocKey],
+        removed: &mut dyn FnMut(&AllocKey),
+    ) -> usize {
+        self.remove_from(keys, Some(image), removed)
+    }
+
+    /// [`Self::remove_blocks`], of the image `only` when given (its spill
+    /// counts lowered).
+    fn remove_from(
+        &mut self,
+        keys: &[AllocKey],
+        only: Option<ImageId>,
+        removed: &mut dyn FnMut(&AllocKey),
+    ) -> usize {
         let fd = aya::maps::IterableMap::map(&self.live).fd().as_fd();
         let table = self.live_table.as_deref();
+        let mut in_table = 0;
         let spilled: Vec<AllocKey> = keys
             .iter()
-            .filter(|key| table.is_none_or(|table| table.remove(key) == Removed::NotInTable))
+            .filter(|key| {
+                let gone = table.is_some_and(|table| table.remove(key) == Removed::Table);
+                if gone {
+                    removed(key);
+                    in_table += 1;
+                }
+                !gone
+            })
             .copied()
             .collect();
-        let in_table = keys.len() - spilled.len();
         // The bucket of each block removed from a spill is told.
-        let told = |key: &AllocKey| {
+        let mut told = |key: &AllocKey| {
             if let Some(table) = table {
                 table.spill_removed(key);
             }
+            removed(key);
         };
-        let mut from_own = 0;
-        let shared = self.own.remove(spilled, |key| {
+        let mut own = 0;
+        let shared = self.own.remove(spilled, only, |key| {
             told(key);
-            from_own += 1;
+            own += 1;
         });
-        in_table + from_own + bpf_sys::delete_batch(fd, &shared, told)
+        let shared = bpf_sys::delete_batch(fd, &shared, told);
+        if let Some(image) = only {
+            self.totals
+                .slots
+                .lower_spill(image.pid, image.generation, own as u64, shared as u64);
+        }
+        in_table + own + shared
     }
 }

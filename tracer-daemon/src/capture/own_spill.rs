@@ -4,7 +4,7 @@
 //! maps rather than from every spilled block of the host, and drops them
 //! once the image ended and its blocks were read.
 use std::{
-    collections::HashMap,
+    collections::{BTreeMap, HashMap},
     ops::ControlFlow,
     os::fd::{AsFd as _, OwnedFd},
     sync::Arc,
@@ -36,22 +36,35 @@ pub struct OwnSpill {
     outer: MapData,
     /// `OWN_LEVELS`: image → levels.
     levels: MapData,
-    /// Each image's level maps, level 0 first, with their capacities.
-    images: HashMap<ImageId, Vec<(Arc<OwnedFd>, u64)>>,
+    /// Each image's level maps, level 0 first, with their capacities; in
+    /// (pid, generation) order, so that a pid's images are a range.
+    images: BTreeMap<ImageId, Vec<(Arc<OwnedFd>, u64)>>,
     /// Blocks the level maps hold at most, together.
     capacity: u64,
-    /// Most blocks the level maps may hold together (`max_live_blocks`):
-    /// a level that would pass it is not created (its blocks go to
+    /// Most blocks the level maps may be made for together
+    /// ([`CAPACITY_PER_LIVE_BLOCK`] × `max_live_blocks`): a level that
+    /// would pass it is made smaller, or not at all (its blocks go to
     /// `LIVE_ALLOCS`).
     max_capacity: u64,
 }
 
+/// The level maps of all images together are made for at most this many
+/// times `max_live_blocks` blocks. A level is made when its image's blocks
+/// fill 3/4 of the levels before, so an image's levels are made for at
+/// most 2.7 times the blocks they hold: at the bound they hold at least
+/// 1.5 × `max_live_blocks`. A level's buckets cost 16 bytes per block it is
+/// made for, from the moment it is made (the kernel's hash allocates its
+/// buckets whole, and its entries as blocks come).
+pub const CAPACITY_PER_LIVE_BLOCK: u64 = 4;
+
 impl OwnSpill {
-    /// Takes `OWN_LIVE` and `OWN_LEVELS` out of the loaded object.
+    /// Takes `OWN_LIVE` and `OWN_LEVELS` out of the loaded object; the
+    /// level maps will be made for at most [`CAPACITY_PER_LIVE_BLOCK`] ×
+    /// `max_live_blocks` blocks together.
     ///
     /// # Errors
     /// [`CaptureError::Map`] when one is missing or of another kind.
-    pub(super) fn take(ebpf: &mut aya::Ebpf, max_capacity: u64) -> Result<Self, CaptureError> {
+    pub(super) fn take(ebpf: &mut aya::Ebpf, max_live_blocks: u64) -> Result<Self, CaptureError> {
         let outer = match ebpf.take_map(MAP_OWN_LIVE) {
             Some(Map::HashOfMaps(data)) => data,
             _ => {
@@ -73,9 +86,9 @@ impl OwnSpill {
         Ok(Self {
             outer,
             levels,
-            images: HashMap::new(),
+            images: BTreeMap::new(),
             capacity: 0,
-            max_capacity,
+            max_capacity: max_live_blocks.saturating_mul(CAPACITY_PER_LIVE_BLOCK),
         })
     }
 
@@ -200,7 +213,7 @@ impl OwnSpill {
         let Some(maps) = self.images.get(image) else {
             return false;
         };
-        for (map, _) in maps.iter().rev() {
+        for (map, blocks) in maps.iter().rev() {
             let mut broke = false;
             let mut each = |addr: &u64, info: &AllocInfo| {
                 let key = AllocKey {
@@ -212,7 +225,16 @@ impl OwnSpill {
                 broke = flow.is_break();
                 flow
             };
-            if bpf_sys::lookup_batch(map.as_fd(), &mut each).is_err() {
+            // A large level is read by two walks at once (its buckets: its
+            // capacity rounded up to a power of two, as the kernel sizes a
+            // hash); every block of it is the image's.
+            let buckets = u32::try_from(blocks.next_power_of_two()).unwrap_or(1 << 31);
+            let read = if super::live::two_walks(buckets) {
+                bpf_sys::lookup_batch_halves(map.as_fd(), buckets, &|_, _| true, &mut each)
+            } else {
+                bpf_sys::lookup_batch(map.as_fd(), &mut each)
+            };
+            if read.is_err() {
                 for addr in bpf_sys::keys::<u64>(map.as_fd()) {
                     if let Ok(info) = bpf_sys::lookup_value::<u64, AllocInfo>(map.as_fd(), &addr)
                         && each(&addr, &info).is_break()
@@ -229,51 +251,73 @@ impl OwnSpill {
     }
 
     /// Removes those of `keys` that are in a spill map of an image of their
-    /// pid; calls `on_removed` with each; returns the others.
+    /// pid (of `only`, when given); calls `on_removed` with each; returns
+    /// the others.
+    ///
+    /// The keys of a pid are deleted in runs: a batch delete from the level
+    /// the last key was found in, until a key is not there; that key is
+    /// looked for in the pid's other levels, and the next run starts in
+    /// the level it was found in. Keys read from the maps come level by
+    /// level, so removing them costs a few syscalls a level, not one a key.
     pub fn remove(
         &self,
         keys: Vec<AllocKey>,
+        only: Option<ImageId>,
         mut on_removed: impl FnMut(&AllocKey),
     ) -> Vec<AllocKey> {
         if self.images.is_empty() || keys.is_empty() {
             return keys;
         }
-        let mut by_pid: HashMap<u32, Vec<&Arc<OwnedFd>>> = HashMap::new();
-        for (image, maps) in &self.images {
-            by_pid
-                .entry(image.pid)
-                .or_default()
-                .extend(maps.iter().map(|(map, _)| map));
-        }
-        let mut rest = Vec::new();
         let mut grouped: HashMap<u32, Vec<AllocKey>> = HashMap::new();
         for key in keys {
-            if by_pid.contains_key(&key.tgid) {
-                grouped.entry(key.tgid).or_default().push(key);
-            } else {
-                rest.push(key);
-            }
+            grouped.entry(key.tgid).or_default().push(key);
         }
-        for (pid, mut keys) in grouped {
-            for map in by_pid.get(&pid).into_iter().flatten() {
-                if keys.is_empty() {
-                    break;
-                }
-                let addrs: Vec<u64> = keys.iter().map(|k| k.addr).collect();
-                let mut gone = std::collections::HashSet::new();
-                bpf_sys::delete_batch(map.as_fd(), &addrs, |addr| {
-                    gone.insert(*addr);
-                });
-                keys.retain(|key| {
-                    if gone.contains(&key.addr) {
-                        on_removed(key);
-                        false
-                    } else {
-                        true
-                    }
-                });
+        let mut rest = Vec::new();
+        for (pid, keys) in grouped {
+            // The pid's level maps, each image's newest first.
+            let maps: Vec<&Arc<OwnedFd>> = self
+                .images
+                .range(ImageId::new(pid, 0)..=ImageId::new(pid, u32::MAX))
+                .filter(|(image, _)| only.is_none_or(|only| only == **image))
+                .flat_map(|(_, maps)| maps.iter().rev().map(|(map, _)| map))
+                .collect();
+            if maps.is_empty() {
+                rest.extend(keys);
+                continue;
             }
-            rest.extend(keys);
+            let addrs: Vec<u64> = keys.iter().map(|key| key.addr).collect();
+            let mut at = 0;
+            let mut level = 0;
+            while at < addrs.len() {
+                let run = match bpf_sys::delete_run(maps[level].as_fd(), &addrs[at..]) {
+                    Ok(run) => run,
+                    // No batch command: this key is looked for one map at
+                    // a time below.
+                    Err((run, _)) => run,
+                };
+                keys[at..at + run].iter().for_each(&mut on_removed);
+                at += run;
+                let Some(addr) = addrs.get(at) else {
+                    break;
+                };
+                let found = (0..maps.len())
+                    .filter(|other| *other != level)
+                    .find(|other| bpf_sys::delete(maps[*other].as_fd(), addr));
+                match found {
+                    Some(other) => {
+                        on_removed(&keys[at]);
+                        level = other;
+                    }
+                    None => {
+                        if !bpf_sys::delete(maps[level].as_fd(), addr) {
+                            rest.push(keys[at]);
+                        } else {
+                            on_removed(&keys[at]);
+                        }
+                    }
+                }
+                at += 1;
+            }
         }
         rest
     }

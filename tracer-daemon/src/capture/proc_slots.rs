@@ -126,6 +126,30 @@ impl ProcSlots {
         true
     }
 
+    /// Lowers the counts of `tgid`'s image of generation `gen_` of blocks
+    /// in its own spill maps (`own`) and in `LIVE_ALLOCS` (`shared`) by
+    /// blocks tracerd removed from there, never below 0 (the programs raise
+    /// a count before the insert and lower it after the delete, so it stays
+    /// at or above the truth); false when the image does not own its slot.
+    pub fn lower_spill(&self, tgid: u32, gen_: u32, own: u64, shared: u64) -> bool {
+        let index = proc_slot_index(tgid);
+        let word = self.word(index, 0).load(Ordering::Acquire);
+        if proc_slot_owner(word) != tgid || tgid == 0 || proc_slot_gen(word) != gen_ {
+            return false;
+        }
+        for (at, by) in [(SHARED_SPILL, shared), (SHARED_SPILL + 2, own)] {
+            if by > 0 {
+                // Never fails: the closure always gives a value.
+                let _ =
+                    self.word(index, at)
+                        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                            Some(n.saturating_sub(by))
+                        });
+            }
+        }
+        true
+    }
+
     /// Whether some process of `tgid`'s slot is in `PROCS` (else `tgid`
     /// cannot be there).
     pub fn spilled(&self, tgid: u32) -> bool {

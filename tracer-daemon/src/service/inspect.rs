@@ -43,6 +43,17 @@ pub struct MapUse {
     pub capacity: u64,
 }
 
+/// A process's blocks past the fast table, as the programs count them:
+/// at or above the truth (raised before an insert, lowered after a delete).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct SpilledBlocks {
+    /// In the process's own spill maps (`OWN_LIVE`).
+    pub own: u64,
+    /// In the shared `LIVE_ALLOCS`: a read of the process's blocks walks
+    /// it only when this is above 0.
+    pub shared: u64,
+}
+
 /// The kernel maps' use (`GET /maps`).
 #[derive(Clone, Debug, Serialize)]
 pub struct KernelMapsView {
@@ -50,6 +61,10 @@ pub struct KernelMapsView {
     pub maps: BTreeMap<String, MapUse>,
     /// Live blocks of each process in the kernel maps, by pid.
     pub live_allocs_by_pid: BTreeMap<u32, u64>,
+    /// The kernel's counts of each process's blocks past the fast table
+    /// (`ProcTotals::own_spill` and `shared_spill`), by pid; only processes
+    /// with a count above 0.
+    pub spilled_by_pid: BTreeMap<u32, SpilledBlocks>,
     /// The live blocks one process may hold (`process_share` of the
     /// live-block maps); 0: no limit.
     pub process_max_blocks: u64,
@@ -180,9 +195,24 @@ impl Service {
             }
             *live_allocs_by_pid.entry(key.tgid).or_default() += 1;
         }
+        let spilled_by_pid = held
+            .kernel
+            .all_proc_stats()
+            .into_iter()
+            .filter(|(pid, _)| seen(pid))
+            .filter_map(|(pid, _)| {
+                let totals = held.kernel.proc_totals(pid)?;
+                let spilled = SpilledBlocks {
+                    own: totals.own_spill,
+                    shared: totals.shared_spill,
+                };
+                (spilled.own + spilled.shared > 0).then_some((pid, spilled))
+            })
+            .collect();
         KernelMapsView {
             maps,
             live_allocs_by_pid,
+            spilled_by_pid,
             process_max_blocks: held.kernel.config().process_max_blocks(),
             counters,
             unwind: self.unwind_usage(),

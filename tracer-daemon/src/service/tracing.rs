@@ -15,7 +15,11 @@ use serde::Serialize;
 use super::processes::ProcessStatus;
 use super::{Service, ServiceError, Viewer};
 use crate::capture::ImageId;
-use tracer_common::StackTotalsKey;
+use tracer_common::{AllocInfo, AllocKey, StackTotalsKey};
+
+/// Blocks `clear-traces` removes at a time: a stop waits for one batch at
+/// most (a few milliseconds).
+const CLEAR_BATCH: usize = 65_536;
 
 /// `is_tracing()` and `get_traceback_limit()` of a process image or of the
 /// whole host, as the API shows them.
@@ -213,20 +217,32 @@ impl Service {
         // at all (the kernel's totals keep counting the blocks removed
         // until their offset is added).
         let mut held = self.state.locks().kernel();
-        let entries = held.kernel.live_blocks(Some(images));
+        let mut by_image: HashMap<ImageId, Vec<(AllocKey, AllocInfo)>> = HashMap::new();
+        for (key, info) in held.kernel.live_blocks(Some(images)) {
+            by_image
+                .entry(ImageId::of_block(&key, &info))
+                .or_default()
+                .push((key, info));
+        }
         let mut removed: HashMap<ImageId, (u64, u64)> = HashMap::new();
         let mut by_stack: Vec<(ImageId, StackTotalsKey, u64)> = Vec::new();
-        for (key, info) in entries {
-            // One syscall a block: a stop does not wait for millions.
-            if self.stopping() {
-                break;
-            }
-            if held.kernel.remove_blocks(&[key]) == 1 {
-                let image = ImageId::of_block(&key, &info);
+        for (image, entries) in by_image {
+            // A batch at a time: a stop does not wait for millions.
+            for batch in entries.chunks(CLEAR_BATCH) {
+                if self.stopping() {
+                    break;
+                }
+                let keys: Vec<AllocKey> = batch.iter().map(|(key, _)| *key).collect();
+                let infos: HashMap<u64, &AllocInfo> =
+                    batch.iter().map(|(key, info)| (key.addr, info)).collect();
                 let slot = removed.entry(image).or_default();
-                slot.0 = slot.0.saturating_add(info.size);
-                slot.1 += 1;
-                by_stack.push((image, StackTotalsKey::of(&info), info.size));
+                held.kernel.remove_image_blocks(image, &keys, &mut |key| {
+                    if let Some(info) = infos.get(&key.addr) {
+                        slot.0 = slot.0.saturating_add(info.size);
+                        slot.1 += 1;
+                        by_stack.push((image, StackTotalsKey::of(info), info.size));
+                    }
+                });
             }
         }
         let mut held = held.control();

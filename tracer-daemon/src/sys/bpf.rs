@@ -209,11 +209,6 @@ pub fn lookup_batch<K: Copy + Default, V: Copy + Default>(
 /// snapshot with the walk at nice 0).
 const UPPER_WALK_NICE: i32 = 10;
 
-/// Sets the calling thread's nice value to [`UPPER_WALK_NICE`].
-fn lower_this_threads_priority() {
-    super::lower_this_threads_priority(UPPER_WALK_NICE);
-}
-
 /// A batch read by the upper half's thread: the bucket it started at, and
 /// its entries.
 type Part<K, V> = (u64, Vec<(K, V)>);
@@ -254,7 +249,7 @@ where
         let upper = std::thread::Builder::new()
             .name("tracerd-batch".into())
             .spawn_scoped(scope, || -> io::Result<Vec<Part<K, V>>> {
-                lower_this_threads_priority();
+                super::lower_this_threads_priority(UPPER_WALK_NICE);
                 let mut batches = Batches::<K, V>::new(fd, Some(mid));
                 let mut parts = Vec::new();
                 while !batches.done && !quit.load(Ordering::Relaxed) {
@@ -334,14 +329,19 @@ where
 
 const BPF_MAP_DELETE_BATCH: libc::c_long = 27;
 
-/// Deletes `keys`, thousands per syscall (BPF_MAP_DELETE_BATCH, Linux
-/// 5.6+); a key that is gone already is passed over. Falls back to one
-/// delete per key where the kernel lacks the batch command. Calls
-/// `on_deleted` with each key this call deleted; returns how many.
-pub fn delete_batch<K>(fd: BorrowedFd<'_>, keys: &[K], mut on_deleted: impl FnMut(&K)) -> usize {
+/// Deletes keys from the front of `keys`, thousands per syscall
+/// (BPF_MAP_DELETE_BATCH, Linux 5.6+), until one is not there: how many
+/// were deleted (the first `n` of `keys`; `keys.len()` when all were, else
+/// key `n` is not in the map), or the kernel's refusal with how many were
+/// deleted before it.
+///
+/// # Errors
+/// The syscall's error other than for an absent key (the kernel lacks the
+/// batch command, ...), with the count of keys deleted before it.
+pub fn delete_run<K>(fd: BorrowedFd<'_>, keys: &[K]) -> Result<usize, (usize, io::Error)> {
     let mut deleted = 0;
-    let mut rest = keys;
-    while !rest.is_empty() {
+    while deleted < keys.len() {
+        let rest = &keys[deleted..];
         let chunk = rest.len().min(65536);
         let mut attr = BatchAttr {
             keys: rest.as_ptr() as u64,
@@ -351,27 +351,42 @@ pub fn delete_batch<K>(fd: BorrowedFd<'_>, keys: &[K], mut on_deleted: impl FnMu
         };
         // SAFETY: attr.keys points at `count` keys of the map's key size.
         let result = unsafe { syscall(BPF_MAP_DELETE_BATCH, &mut attr) };
-        let done = (attr.count as usize).min(chunk);
+        deleted += (attr.count as usize).min(chunk);
+        match result {
+            Ok(_) => {}
+            Err(err) if err.raw_os_error() == Some(libc::ENOENT) => return Ok(deleted),
+            Err(err) => return Err((deleted, err)),
+        }
+    }
+    Ok(deleted)
+}
+
+/// Deletes `keys`, thousands per syscall (BPF_MAP_DELETE_BATCH, Linux
+/// 5.6+); a key that is gone already is passed over. Falls back to one
+/// delete per key where the kernel lacks the batch command. Calls
+/// `on_deleted` with each key this call deleted; returns how many.
+pub fn delete_batch<K>(fd: BorrowedFd<'_>, keys: &[K], mut on_deleted: impl FnMut(&K)) -> usize {
+    let mut deleted = 0;
+    let mut rest = keys;
+    while !rest.is_empty() {
+        let (done, refused) = match delete_run(fd, rest) {
+            Ok(done) => (done, false),
+            Err((done, _)) => (done, true),
+        };
         deleted += done;
         rest[..done].iter().for_each(&mut on_deleted);
-        if result.is_ok() {
-            rest = &rest[chunk..];
-            continue;
-        }
-        match result.err().and_then(|err| err.raw_os_error()) {
-            // The key at `done` is gone already: pass it over.
-            Some(libc::ENOENT) => rest = rest.get(done + 1..).unwrap_or(&[]),
+        if refused {
             // No batch command: one at a time.
-            _ => {
-                for key in &rest[done..] {
-                    if delete(fd, key) {
-                        on_deleted(key);
-                        deleted += 1;
-                    }
+            for key in &rest[done..] {
+                if delete(fd, key) {
+                    on_deleted(key);
+                    deleted += 1;
                 }
-                return deleted;
             }
+            return deleted;
         }
+        // The key at `done` is gone already: pass it over.
+        rest = rest.get(done + 1..).unwrap_or(&[]);
     }
     deleted
 }

@@ -5,6 +5,8 @@
 
 use std::{path::Path, time::Duration};
 
+use serde_json::json;
+
 use super::build;
 use crate::suite::support::{Fixture, Tracerd, poll, stat_at, u64_of};
 
@@ -69,6 +71,17 @@ fn blocks_beyond_a_full_fast_table_spill_and_every_free_finds_them() {
     fx.end();
 }
 
+/// The capacity of the levels an image has once `held` blocks went to its
+/// own spill maps: a level is asked for when the blocks fill 3/4 of the
+/// levels before it (`tracer_common::own_spill`).
+fn levels_for(held: u64) -> u64 {
+    let mut levels = 1;
+    while held * 4 >= tracer_common::own_levels_blocks(levels) * 3 {
+        levels += 1;
+    }
+    tracer_common::own_levels_blocks(levels)
+}
+
 /// The capacity of the own spill maps, from GET /maps.
 fn own_capacity(tracerd: &Tracerd) -> u64 {
     u64_of(
@@ -105,16 +118,23 @@ fn a_process_s_spill_goes_to_maps_of_its_own_that_grow_ahead_of_it_and_every_fre
             (14, 0, spilled),
             "step {step}: every spilled block in the process's own maps"
         );
-        // The next level is asked for at 3/4 of the levels' room: wait
-        // until there is room for the next step before it runs.
-        poll(Duration::from_secs(10), Duration::from_millis(20), || {
-            let capacity = own_capacity(&tracerd);
-            (capacity >= spilled + 1000).then_some(()).ok_or(format!(
-                "step {step}: capacity {capacity} for {spilled} + 1000"
-            ))
-        });
+        // The next level is asked for once the blocks fill 3/4 of the
+        // levels: wait until it is made, then there is room for the next
+        // step before it runs.
+        let made = levels_for(spilled);
+        poll(
+            Duration::from_secs(10),
+            Duration::from_millis(20),
+            || match own_capacity(&tracerd) {
+                capacity if capacity == made => Ok(()),
+                other => Err(format!("step {step}: capacity {other}, not {made}")),
+            },
+        );
+        assert!(made >= spilled + 1000 || step == 6, "step {step}: {made}");
     }
-    assert_eq!(own_capacity(&tracerd), 1024 + 4096 + 16384);
+    // Levels of 1024, 2048, 4096 and 8192 blocks: the fourth asked at
+    // 5,376 blocks (3/4 of 7,168), in the sixth step.
+    assert_eq!(own_capacity(&tracerd), 1024 + 2048 + 4096 + 8192);
     assert_eq!(totals(&tracerd, pid), [6001, 0, 0, 6001, 6001 * 48]);
     let body = tracerd.get_ok(&format!("/pid/{pid}/statistics?group_by=lineno&limit=0"));
     let stat = stat_at(&body["statistics"], &prog.source, line).expect("the spill site");
@@ -130,8 +150,26 @@ fn a_process_s_spill_goes_to_maps_of_its_own_that_grow_ahead_of_it_and_every_fre
     let (table, shared, own) = live_places(&tracerd);
     assert_eq!((table + own, shared), (3001, 0), "{table} in the table");
 
+    assert_eq!(
+        tracerd.maps()["spilled_by_pid"][&pid_s],
+        json!({"own": own, "shared": 0}),
+        "the kernel counts the blocks in the process's own maps"
+    );
+
+    // clear_traces() removes them all, and lowers the kernel's counts of
+    // them (else the image would ask for levels early and a read of its
+    // blocks would walk LIVE_ALLOCS).
+    let (status, body) = tracerd.post(&format!("/pid/{pid}/clear-traces"));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(live_places(&tracerd), (0, 0, 0));
+    assert_eq!(
+        tracerd.maps()["spilled_by_pid"].get(&pid_s),
+        None,
+        "no count left"
+    );
     fx.step("freed");
-    assert_eq!(totals(&tracerd, pid), [6001, 6001, 0, 0, 0]);
+    // Their frees are unknown now.
+    assert_eq!(totals(&tracerd, pid), [6001, 3000, 3001, 0, 0]);
     assert_eq!(live_places(&tracerd), (0, 0, 0));
     fx.end();
     // The ended image's maps are dropped.
