@@ -1,5 +1,5 @@
 //! Live blocks: read and removed from the fast table and `LIVE_ALLOCS`.
-use std::{cell::Cell, collections::HashSet, ops::ControlFlow, os::fd::AsFd as _};
+use std::{cell::Cell, collections::HashSet, ops::ControlFlow, os::fd::AsFd as _, sync::Arc};
 
 use tracer_common::{AllocInfo, AllocKey};
 
@@ -32,15 +32,21 @@ impl Capture {
         let stopping = &self.stopping;
         // One image wanted (a snapshot of a process): compared, not hashed
         // (a lookup in the set costs as much as the rest of the block).
-        let only = want.filter(|w| w.len() == 1).and_then(|w| w.iter().next());
-        let wanted = |key: &AllocKey, info: &AllocInfo| {
-            let image = ImageId::of_block(key, info);
-            match (only, want) {
-                (Some(only), _) => image == *only,
-                (None, Some(want)) => want.contains(&image),
-                (None, None) => true,
-            }
-        };
+        // Owned: the helper of a walk in two halves may outlive this call.
+        let only = want
+            .filter(|w| w.len() == 1)
+            .and_then(|w| w.iter().next())
+            .copied();
+        let set = want.filter(|w| w.len() != 1).map(|w| Arc::new(w.clone()));
+        let wanted: bpf_sys::Wanted<AllocKey, AllocInfo> =
+            Arc::new(move |key: &AllocKey, info: &AllocInfo| {
+                let image = ImageId::of_block(key, info);
+                match (only, &set) {
+                    (Some(only), _) => image == only,
+                    (None, Some(set)) => set.contains(&image),
+                    (None, None) => true,
+                }
+            });
         let broke = Cell::new(false);
         let mut keep = |key: &AllocKey, info: &AllocInfo| {
             if stopping.is_raised() {
@@ -90,7 +96,7 @@ impl Capture {
             .checked_next_power_of_two()
             .unwrap_or(1 << 31);
         let read = if two_walks(buckets) {
-            bpf_sys::lookup_batch_halves(fd, buckets, &wanted, &mut keep)
+            bpf_sys::lookup_batch_halves(fd, buckets, Arc::clone(&wanted), &mut keep)
         } else {
             bpf_sys::lookup_batch(fd, &mut keep)
         };

@@ -230,7 +230,7 @@ impl OwnSpill {
             // hash); every block of it is the image's.
             let buckets = u32::try_from(blocks.next_power_of_two()).unwrap_or(1 << 31);
             let read = if super::live::two_walks(buckets) {
-                bpf_sys::lookup_batch_halves(map.as_fd(), buckets, &|_, _| true, &mut each)
+                bpf_sys::lookup_batch_halves(map.as_fd(), buckets, Arc::new(|_, _| true), &mut each)
             } else {
                 bpf_sys::lookup_batch(map.as_fd(), &mut each)
             };

@@ -202,129 +202,176 @@ pub fn lookup_batch<K: Copy + Default, V: Copy + Default>(
     Ok(())
 }
 
-/// The nice value of the upper half's thread: it takes a CPU only where
-/// none of tracerd's other threads (the cheap routes') wants it, so that a
-/// walk of millions of blocks on a 2-CPU host does not hold up their
-/// answers (their p99 went from 1 ms to 22 to 64 ms during a 4 M-block
-/// snapshot with the walk at nice 0).
-const UPPER_WALK_NICE: i32 = 10;
-
 /// A batch read by the upper half's thread: the bucket it started at, and
 /// its entries.
 type Part<K, V> = (u64, Vec<(K, V)>);
 
+/// Which entries of a map a walk keeps: shared with a helper thread that
+/// may outlive the call.
+pub type Wanted<K, V> = std::sync::Arc<dyn Fn(&K, &V) -> bool + Send + Sync>;
+
+/// What the upper half's thread has read, shared with the lower walk.
+struct Upper<K, V> {
+    /// Raised by the lower walk when it takes over: the upper thread
+    /// publishes nothing more and ends.
+    quit: bool,
+    /// Its batches, in bucket order from the middle.
+    parts: Vec<Part<K, V>>,
+    /// The bucket its next batch starts at; None: it reached the end.
+    next: Option<u64>,
+}
+
+/// Locks the upper half's shared state (a poisoned lock is taken as is:
+/// every change to it is whole).
+fn upper_of<K, V>(upper: &std::sync::Mutex<Upper<K, V>>) -> std::sync::MutexGuard<'_, Upper<K, V>> {
+    upper
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// [`lookup_batch`] of a hash map of `buckets` buckets (the kernel's
-/// `n_buckets`: its `max_entries` rounded up to a power of two) read by two
-/// threads: this one walks the buckets from the first, a second one those
-/// from `buckets / 2` on, and `f` gets the same entries in the same order
-/// as one walk gives them (the lower half's, then the upper half's). The
-/// lower walk's last call reads past the middle: its entries that the upper
-/// walk read too (a key is in one bucket) are passed over. Reading a
-/// million entries costs the kernel about 0.25 s, mostly walking its
-/// buckets; two walks take about half of it where two CPUs are free.
-/// The upper walk keeps only the entries `wanted` accepts (`f` must pass
-/// over the others itself: an entry the lower walk read past the middle
-/// may reach it), so that a pass after one process's blocks does not copy
-/// every other process's.
+/// `n_buckets`: its `max_entries` rounded up to a power of two), with a
+/// helper: this thread walks the buckets from the first; a thread of its
+/// own at the lowest priority (`SCHED_IDLE`: it runs only where a CPU has
+/// nothing else to run) walks those from `buckets / 2` on. When this walk
+/// reaches the middle it takes what the helper has read and goes on from
+/// where the helper got to, without waiting for it: on a busy host the
+/// walk costs what one walk costs, never more, and on an idle one about
+/// half (reading a million entries costs the kernel about 0.25 s, mostly
+/// walking its buckets). `f` gets the entries in the order one walk gives
+/// them. A walk's last call reads past where it stopped: entries both
+/// read (a key is in one bucket) are given once. The helper keeps only the
+/// entries `wanted` accepts (`f` must pass over the others itself: an
+/// entry this walk read past the middle may reach it), so that a pass
+/// after one process's blocks does not copy every other process's.
 ///
 /// # Errors
 /// As [`lookup_batch`].
 pub fn lookup_batch_halves<K, V>(
     fd: BorrowedFd<'_>,
     buckets: u32,
-    wanted: &(dyn Fn(&K, &V) -> bool + Sync),
+    wanted: Wanted<K, V>,
     f: &mut impl FnMut(&K, &V) -> std::ops::ControlFlow<()>,
 ) -> io::Result<()>
 where
-    K: Copy + Default + Send + Sync + Eq + std::hash::Hash,
-    V: Copy + Default + Send + Sync,
+    K: Copy + Default + Send + Sync + Eq + std::hash::Hash + 'static,
+    V: Copy + Default + Send + Sync + 'static,
 {
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::ops::ControlFlow;
+    use std::sync::{Arc, Mutex};
     let mid = u64::from(buckets / 2);
-    if mid == 0 {
+    let Some(helper_fd) = (mid > 0).then(|| fd.try_clone_to_owned().ok()).flatten() else {
+        return lookup_batch(fd, f);
+    };
+    let upper = Arc::new(Mutex::new(Upper::<K, V> {
+        quit: false,
+        parts: Vec::new(),
+        next: Some(mid),
+    }));
+    let shared = Arc::clone(&upper);
+    let spawned = std::thread::Builder::new()
+        .name("tracerd-batch".into())
+        .spawn(move || {
+            super::idle_this_thread();
+            let mut batches = Batches::<K, V>::new(std::os::fd::AsFd::as_fd(&helper_fd), Some(mid));
+            while !batches.done {
+                let start = batches.start.unwrap_or(mid);
+                let Ok(n) = batches.next() else {
+                    return;
+                };
+                let kept = batches.read(n).filter(|(k, v)| wanted(k, v));
+                let part = (start, kept.map(|(k, v)| (*k, *v)).collect());
+                let mut upper = upper_of(&shared);
+                if upper.quit {
+                    return;
+                }
+                upper.parts.push(part);
+                upper.next = (!batches.done).then_some(batches.start.unwrap_or(mid));
+            }
+        });
+    if spawned.is_err() {
         return lookup_batch(fd, f);
     }
-    let quit = AtomicBool::new(false);
-    std::thread::scope(|scope| {
-        let upper = std::thread::Builder::new()
-            .name("tracerd-batch".into())
-            .spawn_scoped(scope, || -> io::Result<Vec<Part<K, V>>> {
-                super::lower_this_threads_priority(UPPER_WALK_NICE);
-                let mut batches = Batches::<K, V>::new(fd, Some(mid));
-                let mut parts = Vec::new();
-                while !batches.done && !quit.load(Ordering::Relaxed) {
-                    let start = batches.start.unwrap_or(mid);
-                    let n = batches.next()?;
-                    let kept = batches.read(n).filter(|(k, v)| wanted(k, v));
-                    parts.push((start, kept.map(|(k, v)| (*k, *v)).collect()));
-                }
-                Ok(parts)
-            });
-        let upper = match upper {
-            Ok(upper) => upper,
-            // No thread: one walk.
-            Err(_) => return lookup_batch(fd, f),
-        };
-        let stop = |quit: &AtomicBool| quit.store(true, Ordering::Relaxed);
-        let mut lower = Batches::<K, V>::new(fd, None);
-        // The lower walk's call that crossed the middle (or reached the
-        // end), and the bucket after it.
-        let (last, end) = loop {
-            let n = match lower.next() {
-                Ok(n) => n,
-                Err(err) => {
-                    stop(&quit);
-                    return Err(err);
-                }
-            };
-            let end = lower.start.unwrap_or(u64::MAX);
-            if lower.done || end > mid {
-                let end = if lower.done { u64::MAX } else { end };
-                break (
-                    lower.read(n).map(|(k, v)| (*k, *v)).collect::<Vec<_>>(),
-                    end,
-                );
-            }
-            for (key, value) in lower.read(n) {
-                if f(key, value).is_break() {
-                    stop(&quit);
-                    return Ok(());
-                }
+    let stop = || upper_of(&upper).quit = true;
+    let mut lower = Batches::<K, V>::new(fd, None);
+    // The lower walk's call that crossed the middle (or reached the end),
+    // and the bucket after it.
+    let (last, end) = loop {
+        let n = match lower.next() {
+            Ok(n) => n,
+            Err(err) => {
+                stop();
+                return Err(err);
             }
         };
-        let Ok(Ok(parts)) = upper.join() else {
-            // The upper walk failed: this one goes on alone.
-            for (key, value) in &last {
-                if f(key, value).is_break() {
-                    return Ok(());
-                }
+        let end = lower.start.unwrap_or(u64::MAX);
+        if lower.done || end > mid {
+            let end = if lower.done { u64::MAX } else { end };
+            break (
+                lower.read(n).map(|(k, v)| (*k, *v)).collect::<Vec<_>>(),
+                end,
+            );
+        }
+        for (key, value) in lower.read(n) {
+            if f(key, value).is_break() {
+                stop();
+                return Ok(());
             }
-            while !lower.done {
-                let n = lower.next().unwrap_or(0);
-                for (key, value) in lower.read(n) {
-                    if f(key, value).is_break() {
-                        return Ok(());
-                    }
-                }
+        }
+    };
+    // Take what the helper read, and stop it.
+    let (parts, next) = {
+        let mut upper = upper_of(&upper);
+        upper.quit = true;
+        (std::mem::take(&mut upper.parts), upper.next)
+    };
+    let mut give = |entries: &mut dyn Iterator<Item = &(K, V)>| -> ControlFlow<()> {
+        for (key, value) in entries {
+            f(key, value)?;
+        }
+        ControlFlow::Continue(())
+    };
+    // Where this walk goes on from: past its last call, or past the
+    // helper's last batch, whichever is further.
+    let from = match next {
+        Some(next) if next <= end => {
+            // The helper's batches are all inside what this walk read.
+            if give(&mut last.iter()).is_break() {
+                return Ok(());
             }
-            return Ok(());
+            Some(end)
+        }
+        next => {
+            // Keys both read: the helper's batches that began before this
+            // walk's last call ended.
+            let both: std::collections::HashSet<K> = parts
+                .iter()
+                .take_while(|(start, _)| *start < end)
+                .flat_map(|(_, entries)| entries.iter().map(|(k, _)| *k))
+                .collect();
+            let mut rest = last.iter().filter(|(k, _)| !both.contains(k));
+            let mut helper = parts.iter().flat_map(|(_, entries)| entries.iter());
+            if give(&mut rest).is_break() || give(&mut helper).is_break() {
+                return Ok(());
+            }
+            next
+        }
+    };
+    let Some(from) = from.filter(|from| *from != u64::MAX) else {
+        return Ok(());
+    };
+    let mut rest = Batches::<K, V>::new(fd, Some(from));
+    while !rest.done {
+        let Ok(n) = rest.next() else {
+            break;
         };
-        // Keys of the buckets both walks read: the upper walk's calls
-        // that began before the lower walk's last one ended.
-        let both: std::collections::HashSet<K> = parts
-            .iter()
-            .take_while(|(start, _)| *start < end)
-            .flat_map(|(_, entries)| entries.iter().map(|(k, _)| *k))
-            .collect();
-        let lower_rest = last.iter().filter(|(k, _)| !both.contains(k));
-        let upper_all = parts.iter().flat_map(|(_, entries)| entries.iter());
-        for (key, value) in lower_rest.chain(upper_all) {
+        for (key, value) in rest.read(n) {
             if f(key, value).is_break() {
                 return Ok(());
             }
         }
-        Ok(())
-    })
+    }
+    Ok(())
 }
 
 const BPF_MAP_DELETE_BATCH: libc::c_long = 27;

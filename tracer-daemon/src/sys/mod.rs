@@ -58,6 +58,19 @@ pub fn raise_open_files(wanted: u64) -> std::io::Result<u64> {
     }
 }
 
+/// Puts the calling thread in the `SCHED_IDLE` class: it runs only where a
+/// CPU has nothing else to run, and gives way at once to any other thread.
+/// For a helper that nothing waits on (a lock holder there could be starved
+/// on a busy host). A failure leaves it as it was (logged at debug).
+pub fn idle_this_thread() {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: a valid sched_param for the call's duration; pid 0 is the
+    // calling thread, and moving oneself to SCHED_IDLE needs no privilege.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &raw const param) } != 0 {
+        tracing::debug!(err = %std::io::Error::last_os_error(), "the thread keeps its scheduling class");
+    }
+}
+
 /// Sets the calling thread's nice value to `nice` (Linux's nice is per
 /// thread): for a thread of its own that ends with its work, since going
 /// back to 0 needs CAP_SYS_NICE. A failure leaves it as it was (logged at
