@@ -65,7 +65,9 @@ pub async fn events_and_housekeeping(
             }
         }
         guard.clear_ready();
+        let reader = service.clone();
         let Ok((batch, read)) = tokio::task::spawn_blocking(move || {
+            reader.make_own_levels(&batch);
             let read = Service::read_new_images(&batch);
             (batch, read)
         })

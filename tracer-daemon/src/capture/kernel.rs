@@ -174,13 +174,12 @@ pub trait KernelMaps: Send {
             .count()
     }
 
-    /// Creates level `level` of `image`'s own spill map, as the programs
-    /// asked (a `Spill` event) or at its first allocation (level 0); false
-    /// when it exists, or there is no room (its blocks then go to
-    /// `LIVE_ALLOCS`). The fake kernel has a single place for blocks.
-    fn add_own_spill(&mut self, image: ImageId, level: u32) -> bool {
-        let _ = (image, level);
-        false
+    /// The handle that makes the images' own spill maps as the programs
+    /// ask for them (a `Spill` event) and at an image's first allocation
+    /// (level 0), without the kernel lock; None for the fake kernel, which
+    /// has a single place for blocks.
+    fn own_levels(&self) -> Option<super::own_spill::OwnLevels> {
+        None
     }
 
     /// Drops the own spill maps of `images`, which ended and whose blocks
@@ -351,16 +350,12 @@ impl KernelMaps for super::Capture {
     fn remove_stack_totals(&mut self, keys: &[StackTotalsKey]) -> usize {
         self.remove_stack_totals(keys)
     }
-    fn add_own_spill(&mut self, image: ImageId, level: u32) -> bool {
-        // Not for an image that ended meanwhile (nothing would drop it).
-        let live = self
-            .proc_totals(image.pid)
-            .is_some_and(|t| t.stats.gen_ == image.generation);
-        let added = live && self.own.add_level(image, level);
-        if added {
-            self.stats.publish_own(self.own.usage());
-        }
-        added
+    fn own_levels(&self) -> Option<super::own_spill::OwnLevels> {
+        Some(super::own_spill::OwnLevels::new(
+            Arc::clone(&self.own),
+            self.totals(),
+            Arc::clone(&self.stats),
+        ))
     }
     fn drop_own_spill(&mut self, images: &[ImageId]) {
         self.own.drop_images(images);

@@ -239,7 +239,10 @@ impl Capture {
                 })?;
         }
         let live = take_map(&mut ebpf, MAP_LIVE_ALLOCS)?;
-        let own = super::own_spill::OwnSpill::take(&mut ebpf, u64::from(config.max_live_blocks))?;
+        let own = std::sync::Arc::new(super::own_spill::OwnSpill::take(
+            &mut ebpf,
+            u64::from(config.max_live_blocks),
+        )?);
         let live_keys = take_array(&mut ebpf, MAP_LIVE_KEYS)?;
         let live_values = take_array(&mut ebpf, MAP_LIVE_VALUES)?;
         let live_table = match live_buckets {

@@ -207,7 +207,7 @@ pub struct Capture {
     ebpf: Ebpf,
     live: BpfHashMap<MapData, AllocKey, AllocInfo>,
     /// The per-image spill maps beside `live` (`OWN_LIVE`, `OWN_LEVELS`).
-    own: own_spill::OwnSpill,
+    own: std::sync::Arc<own_spill::OwnSpill>,
     /// The fast table in front of `live`, mapped; None when it is off.
     live_table: Option<std::sync::Arc<LiveTable>>,
     /// LIVE_KEYS and LIVE_VALUES, kept open with their mapping.

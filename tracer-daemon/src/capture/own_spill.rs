@@ -7,7 +7,7 @@ use std::{
     collections::{BTreeMap, HashMap},
     ops::ControlFlow,
     os::fd::{AsFd as _, OwnedFd},
-    sync::Arc,
+    sync::{Arc, Mutex, MutexGuard, PoisonError},
 };
 
 use aya::maps::{Map, MapData};
@@ -30,15 +30,24 @@ pub struct OwnUsage {
     pub capacity: u64,
 }
 
-/// The per-image spill maps and the level maps tracerd created.
+/// The per-image spill maps and the level maps tracerd created. Shared
+/// (its state behind a lock of its own, held only for bookkeeping and the
+/// making or dropping of maps, never for a read of blocks): the event
+/// reader makes the levels the programs ask for without the kernel lock
+/// ([`OwnLevels`]), while a snapshot reads an image's levels.
 pub struct OwnSpill {
+    inner: Mutex<Inner>,
+}
+
+/// What [`OwnSpill`]'s lock guards.
+struct Inner {
     /// `OWN_LIVE`: (tgid, generation, level) → level map.
     outer: MapData,
     /// `OWN_LEVELS`: image → levels.
     levels: MapData,
     /// Each image's level maps, level 0 first, with their capacities; in
     /// (pid, generation) order, so that a pid's images are a range.
-    images: BTreeMap<ImageId, Vec<(Arc<OwnedFd>, u64)>>,
+    images: BTreeMap<ImageId, Levels>,
     /// Blocks the level maps hold at most, together.
     capacity: u64,
     /// Most blocks the level maps may be made for together
@@ -47,6 +56,52 @@ pub struct OwnSpill {
     /// `LIVE_ALLOCS`).
     max_capacity: u64,
 }
+
+/// The event reader's handle on the spill maps ([`super::KernelMaps::own_levels`]):
+/// it makes the levels the programs ask for as soon as their events are
+/// read, without the kernel lock, which a read of millions of blocks may
+/// hold for a second (meanwhile the blocks that find the newest level full
+/// go to `LIVE_ALLOCS`).
+#[derive(Clone)]
+pub struct OwnLevels {
+    own: Arc<OwnSpill>,
+    /// The kernel's per-process totals (`PROC_SLOTS`, `PROCS`): whether an
+    /// image is live.
+    totals: Arc<dyn super::ProcTotalsSource>,
+    /// Where `/maps` finds the maps' use.
+    stats: Arc<super::usage::KernelStats>,
+}
+
+impl OwnLevels {
+    /// The handle of `own`, with the kernel's totals and the use published
+    /// for `/maps`.
+    pub(super) fn new(
+        own: Arc<OwnSpill>,
+        totals: Arc<dyn super::ProcTotalsSource>,
+        stats: Arc<super::usage::KernelStats>,
+    ) -> Self {
+        Self { own, totals, stats }
+    }
+
+    /// Makes level `level` of `image`'s spill ([`OwnSpill::add_level`]) if
+    /// the image is live (its generation is the one the kernel's totals
+    /// have: nothing would drop the maps of one that ended meanwhile);
+    /// whether it was made.
+    pub fn add(&self, image: ImageId, level: u32) -> bool {
+        let live = self
+            .totals
+            .proc_totals(image.pid)
+            .is_some_and(|t| t.stats.gen_ == image.generation);
+        let added = live && self.own.add_level(image, level);
+        if added {
+            self.stats.publish_own(self.own.usage());
+        }
+        added
+    }
+}
+
+/// An image's level maps, level 0 first, each with its capacity in blocks.
+type Levels = Vec<(Arc<OwnedFd>, u64)>;
 
 /// The level maps of all images together are made for at most this many
 /// times `max_live_blocks` blocks. A level is made when its image's blocks
@@ -84,12 +139,20 @@ impl OwnSpill {
             }
         };
         Ok(Self {
-            outer,
-            levels,
-            images: BTreeMap::new(),
-            capacity: 0,
-            max_capacity: max_live_blocks.saturating_mul(CAPACITY_PER_LIVE_BLOCK),
+            inner: Mutex::new(Inner {
+                outer,
+                levels,
+                images: BTreeMap::new(),
+                capacity: 0,
+                max_capacity: max_live_blocks.saturating_mul(CAPACITY_PER_LIVE_BLOCK),
+            }),
         })
+    }
+
+    /// The state, locked (a poisoned lock is taken as is: the maps in the
+    /// kernel are the truth, and every change to the bookkeeping is whole).
+    fn inner(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Creates level `level` of `image`'s spill when it is the next one it
@@ -99,7 +162,166 @@ impl OwnSpill {
     /// that order, so that a program that sees the count finds the map).
     /// False when the level exists already, is past [`OWN_LEVELS_MAX`] or
     /// the capacity of all level maps, or the kernel refused (logged).
-    pub fn add_level(&mut self, image: ImageId, level: u32) -> bool {
+    pub fn add_level(&self, image: ImageId, level: u32) -> bool {
+        self.inner().add_level(image, level)
+    }
+
+    /// Drops the spill maps of `images` (ended, their blocks read and
+    /// removed): out of `OWN_LEVELS` first, then out of `OWN_LIVE`.
+    pub fn drop_images(&self, images: &[ImageId]) {
+        self.inner().drop_images(images);
+    }
+
+    /// The images that have spill maps.
+    pub fn images(&self) -> Vec<ImageId> {
+        self.inner().images.keys().copied().collect()
+    }
+
+    /// Whether `image` has spill maps.
+    pub fn has(&self, image: &ImageId) -> bool {
+        self.inner().images.contains_key(image)
+    }
+
+    /// The level maps and their capacity, for `/maps`.
+    pub fn usage(&self) -> OwnUsage {
+        let inner = self.inner();
+        OwnUsage {
+            maps: inner
+                .images
+                .values()
+                .flatten()
+                .map(|(map, _)| map.clone())
+                .collect(),
+            capacity: inner.capacity,
+        }
+    }
+
+    /// Calls `keep` with every block of the spill maps of `image` (newest
+    /// level first) until it breaks; returns whether it broke.
+    pub fn for_each_block(
+        &self,
+        image: &ImageId,
+        keep: &mut dyn FnMut(&AllocKey, &AllocInfo) -> ControlFlow<()>,
+    ) -> bool {
+        // Read without the lock: a level made meanwhile holds blocks that
+        // came after the read began, which it may miss as any walk does.
+        let Some(maps) = self.inner().images.get(image).cloned() else {
+            return false;
+        };
+        for (map, blocks) in maps.iter().rev() {
+            let mut broke = false;
+            let mut each = |addr: &u64, info: &AllocInfo| {
+                let key = AllocKey {
+                    tgid: image.pid,
+                    _pad: 0,
+                    addr: *addr,
+                };
+                let flow = keep(&key, info);
+                broke = flow.is_break();
+                flow
+            };
+            // A large level is read by two walks at once (its buckets: its
+            // capacity rounded up to a power of two, as the kernel sizes a
+            // hash); every block of it is the image's.
+            let buckets = u32::try_from(blocks.next_power_of_two()).unwrap_or(1 << 31);
+            let read = if super::live::two_walks(buckets) {
+                bpf_sys::lookup_batch_halves(map.as_fd(), buckets, Arc::new(|_, _| true), &mut each)
+            } else {
+                bpf_sys::lookup_batch(map.as_fd(), &mut each)
+            };
+            if read.is_err() {
+                for addr in bpf_sys::keys::<u64>(map.as_fd()) {
+                    if let Ok(info) = bpf_sys::lookup_value::<u64, AllocInfo>(map.as_fd(), &addr)
+                        && each(&addr, &info).is_break()
+                    {
+                        break;
+                    }
+                }
+            }
+            if broke {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Removes those of `keys` that are in a spill map of an image of their
+    /// pid (of `only`, when given); calls `on_removed` with each; returns
+    /// the others.
+    ///
+    /// The keys of a pid are deleted in runs: a batch delete from the level
+    /// the last key was found in, until a key is not there; that key is
+    /// looked for in the pid's other levels, and the next run starts in
+    /// the level it was found in. Keys read from the maps come level by
+    /// level, so removing them costs a few syscalls a level, not one a key.
+    pub fn remove(
+        &self,
+        keys: Vec<AllocKey>,
+        only: Option<ImageId>,
+        mut on_removed: impl FnMut(&AllocKey),
+    ) -> Vec<AllocKey> {
+        if keys.is_empty() || self.inner().images.is_empty() {
+            return keys;
+        }
+        let mut grouped: HashMap<u32, Vec<AllocKey>> = HashMap::new();
+        for key in keys {
+            grouped.entry(key.tgid).or_default().push(key);
+        }
+        let mut rest = Vec::new();
+        for (pid, keys) in grouped {
+            // The pid's level maps, each image's newest first.
+            let maps: Vec<Arc<OwnedFd>> = self
+                .inner()
+                .images
+                .range(ImageId::new(pid, 0)..=ImageId::new(pid, u32::MAX))
+                .filter(|(image, _)| only.is_none_or(|only| only == **image))
+                .flat_map(|(_, maps)| maps.iter().rev().map(|(map, _)| Arc::clone(map)))
+                .collect();
+            if maps.is_empty() {
+                rest.extend(keys);
+                continue;
+            }
+            let addrs: Vec<u64> = keys.iter().map(|key| key.addr).collect();
+            let mut at = 0;
+            let mut level = 0;
+            while at < addrs.len() {
+                let run = match bpf_sys::delete_run(maps[level].as_fd(), &addrs[at..]) {
+                    Ok(run) => run,
+                    // No batch command: this key is looked for one map at
+                    // a time below.
+                    Err((run, _)) => run,
+                };
+                keys[at..at + run].iter().for_each(&mut on_removed);
+                at += run;
+                let Some(addr) = addrs.get(at) else {
+                    break;
+                };
+                let found = (0..maps.len())
+                    .filter(|other| *other != level)
+                    .find(|other| bpf_sys::delete(maps[*other].as_fd(), addr));
+                match found {
+                    Some(other) => {
+                        on_removed(&keys[at]);
+                        level = other;
+                    }
+                    None => {
+                        if !bpf_sys::delete(maps[level].as_fd(), addr) {
+                            rest.push(keys[at]);
+                        } else {
+                            on_removed(&keys[at]);
+                        }
+                    }
+                }
+                at += 1;
+            }
+        }
+        rest
+    }
+}
+
+impl Inner {
+    /// [`OwnSpill::add_level`].
+    fn add_level(&mut self, image: ImageId, level: u32) -> bool {
         let have = self.images.get(&image).map_or(0, Vec::len);
         if level as usize != have || level >= OWN_LEVELS_MAX {
             return false;
@@ -156,7 +378,7 @@ impl OwnSpill {
 
     /// Drops the spill maps of `images` (ended, their blocks read and
     /// removed): out of `OWN_LEVELS` first, then out of `OWN_LIVE`.
-    pub fn drop_images(&mut self, images: &[ImageId]) {
+    fn drop_images(&mut self, images: &[ImageId]) {
         for image in images {
             let Some(maps) = self.images.remove(image) else {
                 continue;
@@ -178,147 +400,5 @@ impl OwnSpill {
                 bpf_sys::delete(self.outer.fd().as_fd(), &key);
             }
         }
-    }
-
-    /// The images that have spill maps.
-    pub fn images(&self) -> Vec<ImageId> {
-        self.images.keys().copied().collect()
-    }
-
-    /// Whether `image` has spill maps.
-    pub fn has(&self, image: &ImageId) -> bool {
-        self.images.contains_key(image)
-    }
-
-    /// The level maps and their capacity, for `/maps`.
-    pub fn usage(&self) -> OwnUsage {
-        OwnUsage {
-            maps: self
-                .images
-                .values()
-                .flatten()
-                .map(|(map, _)| map.clone())
-                .collect(),
-            capacity: self.capacity,
-        }
-    }
-
-    /// Calls `keep` with every block of the spill maps of `image` (newest
-    /// level first) until it breaks; returns whether it broke.
-    pub fn for_each_block(
-        &self,
-        image: &ImageId,
-        keep: &mut dyn FnMut(&AllocKey, &AllocInfo) -> ControlFlow<()>,
-    ) -> bool {
-        let Some(maps) = self.images.get(image) else {
-            return false;
-        };
-        for (map, blocks) in maps.iter().rev() {
-            let mut broke = false;
-            let mut each = |addr: &u64, info: &AllocInfo| {
-                let key = AllocKey {
-                    tgid: image.pid,
-                    _pad: 0,
-                    addr: *addr,
-                };
-                let flow = keep(&key, info);
-                broke = flow.is_break();
-                flow
-            };
-            // A large level is read by two walks at once (its buckets: its
-            // capacity rounded up to a power of two, as the kernel sizes a
-            // hash); every block of it is the image's.
-            let buckets = u32::try_from(blocks.next_power_of_two()).unwrap_or(1 << 31);
-            let read = if super::live::two_walks(buckets) {
-                bpf_sys::lookup_batch_halves(map.as_fd(), buckets, Arc::new(|_, _| true), &mut each)
-            } else {
-                bpf_sys::lookup_batch(map.as_fd(), &mut each)
-            };
-            if read.is_err() {
-                for addr in bpf_sys::keys::<u64>(map.as_fd()) {
-                    if let Ok(info) = bpf_sys::lookup_value::<u64, AllocInfo>(map.as_fd(), &addr)
-                        && each(&addr, &info).is_break()
-                    {
-                        break;
-                    }
-                }
-            }
-            if broke {
-                return true;
-            }
-        }
-        false
-    }
-
-    /// Removes those of `keys` that are in a spill map of an image of their
-    /// pid (of `only`, when given); calls `on_removed` with each; returns
-    /// the others.
-    ///
-    /// The keys of a pid are deleted in runs: a batch delete from the level
-    /// the last key was found in, until a key is not there; that key is
-    /// looked for in the pid's other levels, and the next run starts in
-    /// the level it was found in. Keys read from the maps come level by
-    /// level, so removing them costs a few syscalls a level, not one a key.
-    pub fn remove(
-        &self,
-        keys: Vec<AllocKey>,
-        only: Option<ImageId>,
-        mut on_removed: impl FnMut(&AllocKey),
-    ) -> Vec<AllocKey> {
-        if self.images.is_empty() || keys.is_empty() {
-            return keys;
-        }
-        let mut grouped: HashMap<u32, Vec<AllocKey>> = HashMap::new();
-        for key in keys {
-            grouped.entry(key.tgid).or_default().push(key);
-        }
-        let mut rest = Vec::new();
-        for (pid, keys) in grouped {
-            // The pid's level maps, each image's newest first.
-            let maps: Vec<&Arc<OwnedFd>> = self
-                .images
-                .range(ImageId::new(pid, 0)..=ImageId::new(pid, u32::MAX))
-                .filter(|(image, _)| only.is_none_or(|only| only == **image))
-                .flat_map(|(_, maps)| maps.iter().rev().map(|(map, _)| map))
-                .collect();
-            if maps.is_empty() {
-                rest.extend(keys);
-                continue;
-            }
-            let addrs: Vec<u64> = keys.iter().map(|key| key.addr).collect();
-            let mut at = 0;
-            let mut level = 0;
-            while at < addrs.len() {
-                let run = match bpf_sys::delete_run(maps[level].as_fd(), &addrs[at..]) {
-                    Ok(run) => run,
-                    // No batch command: this key is looked for one map at
-                    // a time below.
-                    Err((run, _)) => run,
-                };
-                keys[at..at + run].iter().for_each(&mut on_removed);
-                at += run;
-                let Some(addr) = addrs.get(at) else {
-                    break;
-                };
-                let found = (0..maps.len())
-                    .filter(|other| *other != level)
-                    .find(|other| bpf_sys::delete(maps[*other].as_fd(), addr));
-                match found {
-                    Some(other) => {
-                        on_removed(&keys[at]);
-                        level = other;
-                    }
-                    None => {
-                        if !bpf_sys::delete(maps[level].as_fd(), addr) {
-                            rest.push(keys[at]);
-                        } else {
-                            on_removed(&keys[at]);
-                        }
-                    }
-                }
-                at += 1;
-            }
-        }
-        rest
     }
 }

@@ -47,8 +47,31 @@ impl Service {
     /// that mapped code, wait for their unwind tables in
     /// [`Service::unwind_pending`].
     pub fn handle_events(&self, batch: &[ProcEvent]) {
+        self.make_own_levels(batch);
         let read = Self::read_new_images(batch);
         self.handle_read_events(batch, read);
+    }
+
+    /// Makes the own spill maps `batch` asks for: level 0 of each new
+    /// image, before its blocks outgrow their buckets of the fast table,
+    /// and the levels the programs asked for (`Spill`). Done as soon as the
+    /// batch is read from the ring, without the kernel lock: a level the
+    /// programs wait for must not wait for a read of millions of blocks.
+    pub fn make_own_levels(&self, batch: &[ProcEvent]) {
+        let Some(own) = &self.own_levels else {
+            return;
+        };
+        for event in batch {
+            match events::decode(event) {
+                Some(Event::New { image, .. }) => {
+                    own.add(image, 0);
+                }
+                Some(Event::Spill { image, level }) => {
+                    own.add(image, level);
+                }
+                _ => {}
+            }
+        }
     }
 
     /// Reads the new images of `batch` from `/proc` (no lock taken), one
@@ -79,24 +102,10 @@ impl Service {
                 _ => None,
             })
             .collect();
-        // Under the same hold of the kernel lock: the own spill maps the
-        // batch asks for (level 0 of each new image, before its blocks
-        // outgrow their buckets of the fast table; the levels the programs
-        // asked for), so that handling a new image never waits for the
-        // lock a second time before the image is in the registry.
+        // (The own spill maps the batch asks for were made when it was
+        // read: [`Service::make_own_levels`].)
         let mut blocks = {
-            let mut held = self.state.locks().kernel();
-            for event in &decoded {
-                match event {
-                    Some(Event::New { image, .. }) => {
-                        held.kernel.add_own_spill(*image, 0);
-                    }
-                    Some(Event::Spill { image, level }) => {
-                        held.kernel.add_own_spill(*image, *level);
-                    }
-                    _ => {}
-                }
-            }
+            let held = self.state.locks().kernel();
             events::blocks_of(&**held.kernel, &ending)
         };
         let mut ends = Vec::new();
@@ -124,7 +133,7 @@ impl Service {
                     self.queue_discovery(image.pid, true);
                     self.queue_remap(image);
                 }
-                // Its map was made above, with the batch's others.
+                // Its map was made when the batch was read.
                 Some(Event::Spill { .. }) => {}
                 Some(Event::ScopeCandidate { pid, is_fork }) => {
                     if !is_fork {

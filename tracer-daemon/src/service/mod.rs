@@ -58,6 +58,10 @@ use state::State;
 /// tracerd's state and the operations on it.
 pub struct Service {
     state: State,
+    /// Makes the images' own spill maps as the events ask, without the
+    /// kernel lock ([`Service::make_own_levels`]); None for the fake
+    /// kernel.
+    own_levels: Option<crate::capture::own_spill::OwnLevels>,
     builder: SnapshotBuilder,
     /// When tracing began (wall clock).
     started_at: SystemTime,
@@ -170,7 +174,9 @@ impl Service {
         let libraries = std::sync::RwLock::new(kernel.libraries().to_vec());
         let totals = kernel.totals();
         let stats = kernel.stats();
+        let own_levels = kernel.own_levels();
         Self {
+            own_levels,
             state: State::new(
                 kernel,
                 Registry::new(retention),
