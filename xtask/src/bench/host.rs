@@ -72,10 +72,12 @@ pub fn host_part(root: &Path, dir: &Path) -> anyhow::Result<serde_json::Value> {
     let table_slots = maps["maps"]["LIVE_KEYS"]["capacity"].as_u64().unwrap_or(0);
     let in_table = maps["maps"]["LIVE_KEYS"]["entries"].as_u64().unwrap_or(0);
     let in_spill = maps["maps"]["LIVE_ALLOCS"]["entries"].as_u64().unwrap_or(0);
+    let in_own = maps["maps"]["OWN_LIVE"]["entries"].as_u64().unwrap_or(0);
+    let own_capacity = maps["maps"]["OWN_LIVE"]["capacity"].as_u64().unwrap_or(0);
     let table_bytes = table_slots / 7 * 64 + table_slots * 32;
     // Per block of the host (the holders' and every other process's):
     // the maps hold them all.
-    let host_blocks = (in_table + in_spill).max(1);
+    let host_blocks = (in_table + in_spill + in_own).max(1);
     let kernel_per_block = (bpf_map_memory(tracerd_pid).saturating_sub(maps_before) + table_bytes)
         as f64
         / host_blocks as f64;
@@ -115,7 +117,7 @@ pub fn host_part(root: &Path, dir: &Path) -> anyhow::Result<serde_json::Value> {
     let _ = tracer.stop(STOP_GRACE);
     println!("\n### Host scale (issue 15)\n");
     println!(
-        "- {total} live blocks across {} processes, {host_blocks} on the host ({in_table} in the fast table of {table_slots}, {in_spill} in LIVE_ALLOCS), counted by tracerd {allocated_s:.1} s after the first holder started",
+        "- {total} live blocks across {} processes, {host_blocks} on the host ({in_table} in the fast table of {table_slots}, {in_own} in the processes' own spill maps made for {own_capacity}, {in_spill} in LIVE_ALLOCS), counted by tracerd {allocated_s:.1} s after the first holder started",
         PROCESSES + 1
     );
     println!(
@@ -138,6 +140,8 @@ pub fn host_part(root: &Path, dir: &Path) -> anyhow::Result<serde_json::Value> {
         "processes": PROCESSES + 1,
         "live_table_entries": in_table,
         "live_allocs_entries": in_spill,
+        "own_spill_entries": in_own,
+        "own_spill_capacity": own_capacity,
         "counted_after_s": allocated_s,
         "kernel_bytes_per_block": kernel_per_block,
         "daemon_bytes_per_block": daemon_per_block,
