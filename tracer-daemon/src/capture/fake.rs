@@ -263,6 +263,20 @@ fn key(pid: u32, addr: u64) -> AllocKey {
     }
 }
 
+/// The fake's totals per stack and stacks, read under its own lock (as
+/// the real ones are read without the service's).
+impl super::stack_totals::StackTotalsSource for FakeKernel {
+    fn stack_totals(
+        &self,
+        generations: Option<&HashSet<u32>>,
+    ) -> Vec<(StackTotalsKey, StackTotals)> {
+        KernelMaps::stack_totals(self, generations)
+    }
+    fn stack(&self, id: u64) -> Option<Vec<u64>> {
+        KernelMaps::stack(self, id)
+    }
+}
+
 /// The fake's totals, read under its own lock (as the real ones are
 /// read without the service's).
 impl super::ProcTotalsSource for FakeKernel {
@@ -384,6 +398,9 @@ impl KernelMaps for FakeKernel {
             .collect();
         out.sort_by_key(|(key, _)| *key);
         out
+    }
+    fn totals_reader(&self) -> Arc<dyn super::stack_totals::StackTotalsSource> {
+        Arc::new(self.clone())
     }
     fn remove_stack_totals(&mut self, keys: &[StackTotalsKey]) -> usize {
         let mut state = self.lock();

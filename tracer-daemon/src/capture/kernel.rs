@@ -201,6 +201,10 @@ pub trait KernelMaps: Send {
         generations: Option<&HashSet<u32>>,
     ) -> Vec<(StackTotalsKey, StackTotals)>;
 
+    /// `STACK_TOTALS` and `STACKS` read without the kernel lock (statistics
+    /// of a live image), shared with its readers.
+    fn totals_reader(&self) -> Arc<dyn super::stack_totals::StackTotalsSource>;
+
     /// Removes totals per stack (of ended images); returns how many were
     /// there to remove.
     fn remove_stack_totals(&mut self, keys: &[StackTotalsKey]) -> usize;
@@ -300,6 +304,7 @@ impl KernelMaps for super::Capture {
     }
     fn stop_with(&mut self, stopping: Stopping) {
         self.stats.stop_with(stopping.clone());
+        self.totals_reader.stop_with(stopping.clone());
         self.stopping = stopping;
     }
     fn add_library(&mut self, found: super::probes::Found) -> Result<(), CaptureError> {
@@ -349,6 +354,9 @@ impl KernelMaps for super::Capture {
     }
     fn remove_stack_totals(&mut self, keys: &[StackTotalsKey]) -> usize {
         self.remove_stack_totals(keys)
+    }
+    fn totals_reader(&self) -> Arc<dyn super::stack_totals::StackTotalsSource> {
+        self.totals_reader.clone()
     }
     fn own_levels(&self) -> Option<super::own_spill::OwnLevels> {
         Some(super::own_spill::OwnLevels::new(

@@ -330,6 +330,15 @@ impl Capture {
         for (name, fd) in multi.iter().flat_map(MultiPrograms::fds) {
             program_fds.push((name, fd.map_err(second_fd)?));
         }
+        let totals_reader = std::sync::Arc::new(
+            super::stack_totals::TotalsReader::new(
+                aya::maps::IterableMap::map(&stack_totals).fd().as_fd(),
+                stacks.fd().as_fd(),
+                config.walk_frames,
+                stopping.clone(),
+            )
+            .map_err(second_fd)?,
+        );
         let stats = super::usage::KernelStats::new(super::usage::StatsParts {
             counters,
             programs: program_fds,
@@ -355,6 +364,7 @@ impl Capture {
             stacks,
             procs,
             stack_totals,
+            totals_reader,
             totals,
             _proc_slots_map: proc_slots_map,
             stats: std::sync::Arc::new(stats),

@@ -218,6 +218,9 @@ pub struct Capture {
     procs: BpfHashMap<MapData, u32, ProcTotals>,
     /// `STACK_TOTALS`: live blocks and bytes per (image, stack).
     stack_totals: BpfHashMap<MapData, StackTotalsKey, StackTotals>,
+    /// `STACK_TOTALS` and `STACKS` again, through descriptors of their own,
+    /// for statistics read without the kernel lock.
+    totals_reader: std::sync::Arc<stack_totals::TotalsReader>,
     /// `PROC_SLOTS`, mapped, and `PROCS` again, shared with the readers
     /// of [`KernelMaps::totals`] (no lock needed); the slots' map itself
     /// is kept open beside it.

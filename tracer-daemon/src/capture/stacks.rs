@@ -25,6 +25,28 @@ pub fn stack_intact(check: u64, frames: &[u64]) -> bool {
     stack_check_word(hash, frames.len() as u64, cut) == check
 }
 
+/// Stack `id` of the `STACKS` map `fd` (values of a check word and
+/// `walk_frames` frames), as [`Capture::stack`] gives it.
+pub(super) fn read_stack(
+    fd: std::os::fd::BorrowedFd<'_>,
+    walk_frames: u32,
+    id: u64,
+) -> Option<Vec<u64>> {
+    let mut value = vec![0u64; 1 + walk_frames as usize];
+    bpf_sys::lookup(fd, &id, &mut value).ok()?;
+    let (&check, rest) = value.split_first()?;
+    let cut = check & STACK_CUT != 0;
+    let mut frames: Vec<u64> = rest.iter().copied().take_while(|&ip| ip != 0).collect();
+    if !stack_intact(check, &frames) {
+        tracing::debug!(map = MAP_STACKS, id, "stack whose check is not its frames'");
+        return None;
+    }
+    if cut {
+        frames.push(STACK_CUT_MARK);
+    }
+    Some(frames)
+}
+
 impl Capture {
     /// The return addresses of stack `id` (frame 0 first: the call site in
     /// the allocator's caller), from `STACKS`, followed by
@@ -32,20 +54,7 @@ impl Capture {
     /// outermost frame); None if it is not there, or if its first word is
     /// not the check hash of its frames ([`stack_intact`]).
     pub fn stack(&self, id: u64) -> Option<Vec<u64>> {
-        let mut value = vec![0u64; 1 + self.config.walk_frames as usize];
-        let fd = self.stacks.fd().as_fd();
-        bpf_sys::lookup(fd, &id, &mut value).ok()?;
-        let (&check, rest) = value.split_first()?;
-        let cut = check & STACK_CUT != 0;
-        let mut frames: Vec<u64> = rest.iter().copied().take_while(|&ip| ip != 0).collect();
-        if !stack_intact(check, &frames) {
-            tracing::debug!(map = MAP_STACKS, id, "stack whose check is not its frames'");
-            return None;
-        }
-        if cut {
-            frames.push(STACK_CUT_MARK);
-        }
-        Some(frames)
+        read_stack(self.stacks.fd().as_fd(), self.config.walk_frames, id)
     }
 
     /// Every stack id in `STACKS` (one syscall per id).

@@ -11,6 +11,7 @@ use std::{
 use tracer_common::{AllocInfo, AllocKey, ProcStats, STACK_ID_NONE};
 use tracer_model::Source;
 
+use crate::capture::stack_totals::StackTotalsSource;
 use crate::capture::{ImageId, KernelMaps, ProcTotalsSource, Stopping};
 
 /// A live block as read from the kernel maps: size in bytes and its stack.
@@ -33,7 +34,7 @@ type BlockStack = Option<Arc<[u64]>>;
 /// stack is not stored (or no longer is) keeps its exact call site, frame
 /// 0, alone; None when it has neither.
 pub struct StackReader<'a> {
-    kernel: &'a dyn KernelMaps,
+    kernel: Stacks<'a>,
     stored: HashMap<u64, Option<Arc<[u64]>>>,
     frame0_only: HashMap<u64, Arc<[u64]>>,
     /// The last (stack id, frame 0) asked and its answer: blocks come in
@@ -41,9 +42,36 @@ pub struct StackReader<'a> {
     last: Option<(u64, u64, BlockStack)>,
 }
 
+/// Where a [`StackReader`] reads `STACKS`: the kernel maps (under the
+/// kernel lock), or the statistics' reader of its own.
+#[derive(Clone, Copy)]
+enum Stacks<'a> {
+    Kernel(&'a dyn KernelMaps),
+    Source(&'a dyn StackTotalsSource),
+}
+
+impl Stacks<'_> {
+    fn stack(self, id: u64) -> Option<Vec<u64>> {
+        match self {
+            Self::Kernel(kernel) => kernel.stack(id),
+            Self::Source(source) => source.stack(id),
+        }
+    }
+}
+
 impl<'a> StackReader<'a> {
     /// A reader of `kernel`'s stacks, with nothing read yet.
     pub fn new(kernel: &'a dyn KernelMaps) -> Self {
+        Self::of(Stacks::Kernel(kernel))
+    }
+
+    /// A reader of the stacks of `source` (no kernel lock needed), with
+    /// nothing read yet.
+    pub fn from_source(source: &'a dyn StackTotalsSource) -> Self {
+        Self::of(Stacks::Source(source))
+    }
+
+    fn of(kernel: Stacks<'a>) -> Self {
         Self {
             kernel,
             stored: HashMap::new(),

@@ -62,6 +62,9 @@ pub struct Service {
     /// kernel lock ([`Service::make_own_levels`]); None for the fake
     /// kernel.
     own_levels: Option<crate::capture::own_spill::OwnLevels>,
+    /// `STACK_TOTALS` and `STACKS` read without the kernel lock, for
+    /// statistics of live images.
+    totals_reader: std::sync::Arc<dyn crate::capture::stack_totals::StackTotalsSource>,
     builder: SnapshotBuilder,
     /// When tracing began (wall clock).
     started_at: SystemTime,
@@ -175,8 +178,10 @@ impl Service {
         let totals = kernel.totals();
         let stats = kernel.stats();
         let own_levels = kernel.own_levels();
+        let totals_reader = kernel.totals_reader();
         Self {
             own_levels,
+            totals_reader,
             state: State::new(
                 kernel,
                 Registry::new(retention),

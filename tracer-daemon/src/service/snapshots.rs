@@ -246,10 +246,11 @@ impl Service {
         if !exact {
             return Ok(None);
         }
-        let held = self.state.locks().kernel();
-        let kernel = &**held.kernel;
-        let entries = kernel.stack_totals(Some(&HashSet::from([image.id.generation])));
-        let mut stacks = StackReader::new(kernel);
+        // Without the kernel lock: a sweep or a snapshot's read of millions
+        // of blocks never delays statistics.
+        let reader = &*self.totals_reader;
+        let entries = reader.stack_totals(Some(&HashSet::from([image.id.generation])));
+        let mut stacks = StackReader::from_source(reader);
         let mut groups = Vec::with_capacity(entries.len());
         for (key, totals) in entries {
             let (mut count, mut size) = (totals.count, totals.size);
@@ -267,7 +268,6 @@ impl Service {
                 size,
             ));
         }
-        drop(held);
         let stats = stats_of(&*self.totals, &image);
         let status = status(&self.state.locks().control().control, &image, stats);
         let at = SystemTime::now();

@@ -224,15 +224,19 @@ fn run(root: &Path, args: &BenchArgs, baseline: Option<&Baseline>) -> anyhow::Re
         );
     }
     if !args.no_scale {
+        wait_quiet()?;
         extra.insert("scale".into(), scale::scale_part(root, &dir)?);
     }
     if !args.no_queries {
+        wait_quiet()?;
         extra.insert("queries".into(), queries::queries_part(root, &dir)?);
     }
     if !args.no_host {
+        wait_quiet()?;
         extra.insert("host".into(), host::host_part(root, &dir)?);
     }
     if !args.no_cheap {
+        wait_quiet()?;
         let tracerd = crate::util::paths::release_dir(root).join("tracerd");
         let baseline = baseline.map(|b| (b.label(), b.tracerd()));
         extra.insert(
@@ -252,6 +256,45 @@ fn run(root: &Path, args: &BenchArgs, baseline: Option<&Baseline>) -> anyhow::Re
         object.extend(extra);
     }
     fs::write(&args.json, serde_json::to_string_pretty(&json)?)?;
+    Ok(())
+}
+
+/// The host's busy share of CPU time over `over` (every CPU together),
+/// from `/proc/stat`'s first line (idle and iowait are not busy).
+fn busy_share(over: std::time::Duration) -> anyhow::Result<f64> {
+    fn times() -> anyhow::Result<(u64, u64)> {
+        let stat = fs::read_to_string("/proc/stat")?;
+        let line = stat.lines().next().unwrap_or_default();
+        let fields: Vec<u64> = line
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|f| f.parse().ok())
+            .collect();
+        let total: u64 = fields.iter().sum();
+        let idle = fields.get(3).copied().unwrap_or(0) + fields.get(4).copied().unwrap_or(0);
+        Ok((total, idle))
+    }
+    let (total0, idle0) = times()?;
+    std::thread::sleep(over);
+    let (total1, idle1) = times()?;
+    let total = total1.saturating_sub(total0).max(1);
+    let idle = idle1.saturating_sub(idle0);
+    Ok(1.0 - idle as f64 / total as f64)
+}
+
+/// Waits (at most a minute) until the host is quiet: the kernel frees a
+/// stopped tracerd's maps of millions of entries on its own workers for
+/// seconds after it exits, and a part measured meanwhile measures them.
+fn wait_quiet() -> anyhow::Result<()> {
+    let started = std::time::Instant::now();
+    let mut quiet = 0;
+    while quiet < 2 && started.elapsed() < std::time::Duration::from_secs(60) {
+        if busy_share(std::time::Duration::from_millis(500))? < 0.1 {
+            quiet += 1;
+        } else {
+            quiet = 0;
+        }
+    }
     Ok(())
 }
 
