@@ -83,6 +83,7 @@ pub use codec::dump::{
 };
 pub use codec::pickle::{PickleError, dump_tracemalloc, load_tracemalloc};
 pub use completeness::Completeness;
+pub use engine::on_helper_thread_start;
 pub use error::ModelError;
 pub use filter::{DomainFilter, Filter, Pattern, SourceFilter, TraceFilter, normalize_filename};
 pub use snapshot::Snapshot;

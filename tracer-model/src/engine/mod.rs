@@ -25,5 +25,7 @@ pub(crate) mod labels;
 mod keys;
 mod merge;
 mod parallel;
+
+pub use parallel::on_helper_thread_start;
 mod table;
 pub(crate) mod totals;

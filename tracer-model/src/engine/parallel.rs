@@ -3,6 +3,26 @@
 //! helper falls back to the calling thread when a spawned one fails, so a
 //! result never depends on how many threads ran.
 
+use std::sync::OnceLock;
+
+/// What each helper thread runs first ([`on_helper_thread_start`]).
+static HELPER_START: OnceLock<fn()> = OnceLock::new();
+
+/// Sets what each helper thread of a grouping runs before its part: a
+/// daemon lowers their priority, so that a big grouping leaves a CPU to
+/// its cheap requests (the calling thread keeps its own). The first call
+/// sets it; later calls change nothing.
+pub fn on_helper_thread_start(start: fn()) {
+    let _ = HELPER_START.set(start);
+}
+
+/// Runs the hook of [`on_helper_thread_start`], if any.
+fn helper_started() {
+    if let Some(start) = HELPER_START.get() {
+        start();
+    }
+}
+
 /// Inputs smaller than this are grouped on the calling thread only.
 const PARALLEL_MIN: usize = 50_000;
 
@@ -29,7 +49,12 @@ pub(super) fn in_parallel<T: Send>(parts: usize, job: impl Fn(usize) -> T + Sync
     std::thread::scope(|scope| {
         let job = &job;
         let handles: Vec<_> = (1..parts)
-            .map(|part| scope.spawn(move || job(part)))
+            .map(|part| {
+                scope.spawn(move || {
+                    helper_started();
+                    job(part)
+                })
+            })
             .collect();
         let mut results = Vec::with_capacity(parts);
         results.push(job(0));
@@ -54,7 +79,10 @@ pub(super) fn sort_parallel<T: Send>(
     let failed = std::thread::scope(|scope| {
         let cmp = &cmp;
         let (left, right) = items.split_at_mut(mid);
-        let handle = scope.spawn(move || right.sort_unstable_by(cmp));
+        let handle = scope.spawn(move || {
+            helper_started();
+            right.sort_unstable_by(cmp);
+        });
         left.sort_unstable_by(cmp);
         handle.join().is_err()
     });
@@ -91,7 +119,10 @@ pub(super) fn join<A, B: Send>(
     }
     std::thread::scope(|scope| {
         let b = &b;
-        let handle = scope.spawn(b);
+        let handle = scope.spawn(move || {
+            helper_started();
+            b()
+        });
         let a = a();
         (a, handle.join().unwrap_or_else(|_| b()))
     })

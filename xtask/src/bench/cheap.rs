@@ -30,9 +30,10 @@ const SMALL_BLOCKS: u64 = 100;
 /// Answers of each route measured idle.
 const IDLE_ANSWERS: usize = 300;
 
-/// How long the cheap routes are asked while waiting for a sweep: more
-/// than tracerd's sweep interval (10 s).
-const SWEEP_WATCH: Duration = Duration::from_secs(13);
+/// How long the cheap routes are asked while waiting for a sweep: two of
+/// tracerd's sweep periods (every 10 s of housekeeping, which a sweep of
+/// 2 s and a busy tick delay), so that one whole sweep is in it.
+const SWEEP_WATCH: Duration = Duration::from_secs(25);
 
 /// How long one request may take (the snapshot of 4,000,000 blocks).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(600);
