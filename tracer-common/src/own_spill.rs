@@ -17,7 +17,8 @@
 //! Protocol. tracerd creates level 0 when it learns of a new image. A
 //! program that spills a block of an image puts it in the newest level,
 //! counted in [`crate::ProcTotals::own_spill`]; once those blocks fill 3/4
-//! of the levels (or the newest is full, or there is none), it asks tracerd
+//! of the levels ([`own_wants_next`]; or the newest is full, or there is
+//! none), it asks tracerd
 //! for the next one (a `Spill` event, [`crate::ProcEventKind`], sent once
 //! per level: [`crate::ProcTotals::own_asked`] is raised by
 //! compare-and-swap). A block that finds no room goes to `LIVE_ALLOCS`,
@@ -58,6 +59,16 @@ pub const fn own_level_blocks(level: u32) -> u64 {
 pub const fn own_levels_blocks(levels: u32) -> u64 {
     // 1 + 2 + ... + 2^(levels-1) = 2^levels - 1
     (OWN_FIRST_BLOCKS as u64) * ((1u64 << levels) - 1)
+}
+
+/// Whether an image whose `levels` levels hold `held` blocks asks for the
+/// next level: once they are 3/4 full. The programs put blocks in the
+/// newest level only, so each level is left at 3/4 when the next is in use
+/// (a rule on the room left would leave small levels emptier and fill the
+/// newest past what the count says).
+#[must_use]
+pub const fn own_wants_next(levels: u32, held: u64) -> bool {
+    held.saturating_mul(4) >= own_levels_blocks(levels).saturating_mul(3)
 }
 
 /// Key of [`MAP_OWN_LIVE`]: one level of one process image's spill.
@@ -101,6 +112,15 @@ mod tests {
             let sum: u64 = (0..levels).map(own_level_blocks).sum();
             assert_eq!(own_levels_blocks(levels), sum, "{levels}");
         }
+    }
+
+    #[test]
+    fn a_level_is_asked_for_at_three_quarters_of_the_levels() {
+        assert!(!own_wants_next(1, 767));
+        assert!(own_wants_next(1, 768));
+        assert!(!own_wants_next(2, 2303));
+        assert!(own_wants_next(2, 2304));
+        assert!(own_wants_next(5, 23_808));
     }
 
     #[test]

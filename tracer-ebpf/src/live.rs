@@ -32,7 +32,7 @@ use aya_ebpf::{
 use tracer_common::{
     AllocInfo, AllocKey, Counter, LIVE_BUSY, LIVE_EMPTY, LIVE_WAYS, LiveBucket, OWN_LEVELS_MAX,
     OwnKey, ProcStats, STACK_TOTALS_KEY_OFFSET, StackTotalsKey, live_key, own_image_key,
-    own_levels_blocks,
+    own_wants_next,
 };
 
 use crate::{
@@ -258,10 +258,10 @@ fn own_put(stats: *mut ProcStats, tgid: u32, gen_: u32, addr: u64, info: *const 
         && let Some(map) = own_map(tgid, gen_, levels - 1)
         && own_insert(map, addr, unsafe { &*info })
     {
-        // Three quarters full: the next level is asked for now, so that it
-        // is there before this one is full.
+        // Three quarters full, or little room left: the next level is
+        // asked for now, so that it is there before this one is full.
         let held = fetch_add(own_spill_counter(stats), 1).wrapping_add(1);
-        if held.saturating_mul(4) >= own_levels_blocks(levels).saturating_mul(3) {
+        if own_wants_next(levels, held) {
             ask_level(stats, tgid, gen_, levels);
         }
         return true;

@@ -100,6 +100,16 @@ impl OwnLevels {
     }
 }
 
+/// The key of `OWN_LIVE` of level `level` of `image`.
+fn own_key(image: ImageId, level: u32) -> OwnKey {
+    OwnKey {
+        tgid: image.pid,
+        gen_: image.generation,
+        level,
+        _pad: 0,
+    }
+}
+
 /// An image's level maps, level 0 first, each with its capacity in blocks.
 type Levels = Vec<(Arc<OwnedFd>, u64)>;
 
@@ -320,12 +330,33 @@ impl OwnSpill {
 }
 
 impl Inner {
-    /// [`OwnSpill::add_level`].
+    /// [`OwnSpill::add_level`]: the level's map made and put in
+    /// `OWN_LIVE`, then the image's count raised.
     fn add_level(&mut self, image: ImageId, level: u32) -> bool {
         let have = self.images.get(&image).map_or(0, Vec::len);
         if level as usize != have || level >= OWN_LEVELS_MAX {
             return false;
         }
+        let Some((map, blocks)) = self.make(image, level) else {
+            return false;
+        };
+        let count = u64::from(level) + 1;
+        let image_key = own_image_key(image.pid, image.generation);
+        if let Err(e) = bpf_sys::update(self.levels.fd().as_fd(), &image_key, &count, 0) {
+            tracing::debug!(pid = image.pid, level, err = %e, "spill level not published: its blocks go to LIVE_ALLOCS");
+            bpf_sys::delete(self.outer.fd().as_fd(), &own_key(image, level));
+            self.capacity = self.capacity.saturating_sub(blocks);
+            return false;
+        }
+        self.images.entry(image).or_default().push((map, blocks));
+        true
+    }
+
+    /// Makes level `level` of `image` (with [`own_level_blocks`] entries,
+    /// or what is left of the level maps' capacity when that is less) and
+    /// puts it in `OWN_LIVE`, its capacity counted; None when there is no
+    /// room or the kernel refused (logged).
+    fn make(&mut self, image: ImageId, level: u32) -> Option<(Arc<OwnedFd>, u64)> {
         // The last level that fits may be smaller than its share: what is
         // left of the level maps' capacity.
         let room = self.max_capacity.saturating_sub(self.capacity);
@@ -336,7 +367,7 @@ impl Inner {
                 level,
                 "no room for another spill map: its blocks go to LIVE_ALLOCS"
             );
-            return false;
+            return None;
         }
         let created = bpf_sys::create_hash::<u64, AllocInfo>(
             "own_spill",
@@ -344,41 +375,28 @@ impl Inner {
             bpf_sys::BPF_F_NO_PREALLOC,
         )
         .and_then(|map| {
-            let key = OwnKey {
-                tgid: image.pid,
-                gen_: image.generation,
-                level,
-                _pad: 0,
-            };
             let fd = std::os::fd::AsRawFd::as_raw_fd(&map) as u32;
-            bpf_sys::update(self.outer.fd().as_fd(), &key, &fd, 0)?;
-            let count = u64::from(level) + 1;
-            let image_key = own_image_key(image.pid, image.generation);
-            if let Err(e) = bpf_sys::update(self.levels.fd().as_fd(), &image_key, &count, 0) {
-                bpf_sys::delete(self.outer.fd().as_fd(), &key);
-                return Err(e);
-            }
+            bpf_sys::update(self.outer.fd().as_fd(), &own_key(image, level), &fd, 0)?;
             Ok(map)
         });
         match created {
             Ok(map) => {
-                self.images
-                    .entry(image)
-                    .or_default()
-                    .push((Arc::new(map), blocks));
                 self.capacity += blocks;
-                true
+                Some((Arc::new(map), blocks))
             }
             Err(e) => {
                 tracing::debug!(pid = image.pid, level, err = %e, "spill map not created: its blocks go to LIVE_ALLOCS");
-                false
+                None
             }
         }
     }
 
     /// Drops the spill maps of `images` (ended, their blocks read and
-    /// removed): out of `OWN_LEVELS` first, then out of `OWN_LIVE`.
+    /// removed): out of `OWN_LEVELS` first, then out of `OWN_LIVE`, all of
+    /// them in one batch (every change of `OWN_LIVE` waits for an RCU grace
+    /// period, 15 ms here: one for the batch, not one per level).
     fn drop_images(&mut self, images: &[ImageId]) {
+        let mut keys = Vec::new();
         for image in images {
             let Some(maps) = self.images.remove(image) else {
                 continue;
@@ -390,15 +408,8 @@ impl Inner {
                 self.levels.fd().as_fd(),
                 &own_image_key(image.pid, image.generation),
             );
-            for level in 0..maps.len() as u32 {
-                let key = OwnKey {
-                    tgid: image.pid,
-                    gen_: image.generation,
-                    level,
-                    _pad: 0,
-                };
-                bpf_sys::delete(self.outer.fd().as_fd(), &key);
-            }
+            keys.extend((0..maps.len() as u32).map(|level| own_key(*image, level)));
         }
+        bpf_sys::delete_batch(self.outer.fd().as_fd(), &keys, |_| {});
     }
 }

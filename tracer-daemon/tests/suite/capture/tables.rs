@@ -71,15 +71,15 @@ fn blocks_beyond_a_full_fast_table_spill_and_every_free_finds_them() {
     fx.end();
 }
 
-/// The capacity of the levels an image has once `held` blocks went to its
-/// own spill maps: a level is asked for when the blocks fill 3/4 of the
-/// levels before it (`tracer_common::own_spill`).
-fn levels_for(held: u64) -> u64 {
+/// The levels an image has once `held` blocks went to its own spill maps:
+/// a level is asked for when the blocks fill 3/4 of the levels before it
+/// (`tracer_common::own_spill`).
+fn levels_for(held: u64) -> u32 {
     let mut levels = 1;
-    while held * 4 >= tracer_common::own_levels_blocks(levels) * 3 {
+    while held > 0 && tracer_common::own_wants_next(levels, held) {
         levels += 1;
     }
-    tracer_common::own_levels_blocks(levels)
+    levels
 }
 
 /// The capacity of the own spill maps, from GET /maps.
@@ -121,7 +121,8 @@ fn a_process_s_spill_goes_to_maps_of_its_own_that_grow_ahead_of_it_and_every_fre
         // The next level is asked for once the blocks fill 3/4 of the
         // levels: wait until it is made, then there is room for the next
         // step before it runs.
-        let made = levels_for(spilled);
+        let levels = levels_for(spilled);
+        let made = tracer_common::own_levels_blocks(levels);
         poll(
             Duration::from_secs(10),
             Duration::from_millis(20),
@@ -132,8 +133,8 @@ fn a_process_s_spill_goes_to_maps_of_its_own_that_grow_ahead_of_it_and_every_fre
         );
         assert!(made >= spilled + 1000 || step == 6, "step {step}: {made}");
     }
-    // Levels of 1024, 2048, 4096 and 8192 blocks: the fourth asked at
-    // 5,376 blocks (3/4 of 7,168), in the sixth step.
+    // Levels of 1024, 2048, 4096 and 8192 blocks: each asked at 3/4 of the
+    // levels before it (768, 2,304, 5,376), the fourth in the sixth step.
     assert_eq!(own_capacity(&tracerd), 1024 + 2048 + 4096 + 8192);
     assert_eq!(totals(&tracerd, pid), [6001, 0, 0, 6001, 6001 * 48]);
     let body = tracerd.get_ok(&format!("/pid/{pid}/statistics?group_by=lineno&limit=0"));
