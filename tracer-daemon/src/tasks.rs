@@ -67,8 +67,11 @@ pub async fn events_and_housekeeping(
         guard.clear_ready();
         let reader = service.clone();
         let Ok((batch, read)) = tokio::task::spawn_blocking(move || {
-            reader.make_own_levels(&batch);
+            // /proc first: a program that lives 50 ms is gone soon after its
+            // first allocation, and each map made in OWN_LIVE waits for an
+            // RCU grace period (15 ms here).
             let read = Service::read_new_images(&batch);
+            reader.make_own_levels(&batch);
             (batch, read)
         })
         .await
