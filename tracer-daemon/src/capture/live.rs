@@ -4,7 +4,7 @@ use std::{cell::Cell, collections::HashSet, ops::ControlFlow, os::fd::AsFd as _,
 use tracer_common::{AllocInfo, AllocKey};
 
 use super::live_table::Removed;
-use super::{Capture, ImageId};
+use super::{Capture, ImageId, ProcTotalsSource as _};
 use crate::sys::bpf as bpf_sys;
 
 /// The fewest buckets of `LIVE_ALLOCS` (its capacity rounded up to a
@@ -101,19 +101,16 @@ impl Capture {
             bpf_sys::lookup_batch(fd, &mut keep)
         };
         if read.is_err() {
-            for (key, info) in self.live.iter().flatten() {
-                if keep(&key, &info).is_break() {
-                    break;
-                }
-            }
+            bpf_sys::lookup_each(fd, &mut keep);
         }
     }
 
     /// Whether `image` is live and has no block in `LIVE_ALLOCS` (its
     /// `shared_spill`, which the programs keep never below the truth, is 0).
     fn spills_nothing_shared(&self, image: &ImageId) -> bool {
-        self.proc_totals(image.pid)
-            .is_some_and(|t| t.stats.gen_ == image.generation && t.shared_spill == 0)
+        self.totals
+            .image_totals(*image)
+            .is_some_and(|t| t.shared_spill == 0)
     }
 
     /// Removes the given blocks from the fast table, the images' own spill

@@ -88,10 +88,7 @@ impl OwnLevels {
     /// have: nothing would drop the maps of one that ended meanwhile);
     /// whether it was made.
     pub fn add(&self, image: ImageId, level: u32) -> bool {
-        let live = self
-            .totals
-            .proc_totals(image.pid)
-            .is_some_and(|t| t.stats.gen_ == image.generation);
+        let live = self.totals.image_totals(image).is_some();
         let added = live && self.own.add_level(image, level);
         if added {
             self.stats.publish_own(self.own.usage());
@@ -240,13 +237,7 @@ impl OwnSpill {
                 bpf_sys::lookup_batch(map.as_fd(), &mut each)
             };
             if read.is_err() {
-                for addr in bpf_sys::keys::<u64>(map.as_fd()) {
-                    if let Ok(info) = bpf_sys::lookup_value::<u64, AllocInfo>(map.as_fd(), &addr)
-                        && each(&addr, &info).is_break()
-                    {
-                        break;
-                    }
-                }
+                bpf_sys::lookup_each(map.as_fd(), &mut each);
             }
             if broke {
                 return true;

@@ -117,13 +117,19 @@ impl ProcSlots {
     /// Sets the stacks count of `tgid`'s image of generation `gen_` if it
     /// owns its slot; false otherwise.
     pub fn set_stacks(&self, tgid: u32, gen_: u32, stacks: u64) -> bool {
-        let index = proc_slot_index(tgid);
-        let word = self.word(index, 0).load(Ordering::Acquire);
-        if proc_slot_owner(word) != tgid || tgid == 0 || proc_slot_gen(word) != gen_ {
+        let Some(index) = self.slot_of(tgid, gen_) else {
             return false;
-        }
+        };
         self.word(index, STACKS).store(stacks, Ordering::Relaxed);
         true
+    }
+
+    /// The slot `tgid`'s image of generation `gen_` owns; None when the
+    /// slot is another's (or free: the image is in `PROCS`, or ended).
+    fn slot_of(&self, tgid: u32, gen_: u32) -> Option<u32> {
+        let index = proc_slot_index(tgid);
+        let word = self.word(index, 0).load(Ordering::Acquire);
+        (proc_slot_owner(word) == tgid && tgid != 0 && proc_slot_gen(word) == gen_).then_some(index)
     }
 
     /// Lowers the counts of `tgid`'s image of generation `gen_` of blocks
@@ -132,11 +138,9 @@ impl ProcSlots {
     /// a count before the insert and lower it after the delete, so it stays
     /// at or above the truth); false when the image does not own its slot.
     pub fn lower_spill(&self, tgid: u32, gen_: u32, own: u64, shared: u64) -> bool {
-        let index = proc_slot_index(tgid);
-        let word = self.word(index, 0).load(Ordering::Acquire);
-        if proc_slot_owner(word) != tgid || tgid == 0 || proc_slot_gen(word) != gen_ {
+        let Some(index) = self.slot_of(tgid, gen_) else {
             return false;
-        }
+        };
         for (at, by) in [(SHARED_SPILL, shared), (SHARED_SPILL + 2, own)] {
             if by > 0 {
                 // Never fails: the closure always gives a value.

@@ -33,6 +33,13 @@ pub trait ProcTotalsSource: Send + Sync {
     fn proc_stats(&self, tgid: u32) -> Option<ProcStats> {
         self.proc_totals(tgid).map(|totals| totals.stats)
     }
+
+    /// Totals of `image` while it is its pid's current image (the kernel
+    /// tracks that generation); None once it ended, or when not tracked.
+    fn image_totals(&self, image: super::ImageId) -> Option<ProcTotals> {
+        self.proc_totals(image.pid)
+            .filter(|totals| totals.stats.gen_ == image.generation)
+    }
 }
 
 /// `PROC_SLOTS` (mapped) and `PROCS` (a descriptor of its own), read

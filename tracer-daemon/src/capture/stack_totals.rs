@@ -105,14 +105,7 @@ fn read_stack_totals(
         ControlFlow::Continue(())
     };
     if bpf_sys::lookup_batch(fd, &mut keep).is_err() {
-        // No batch command (Linux < 5.6): one lookup per key.
-        for key in bpf_sys::keys::<StackTotalsKey>(fd) {
-            if let Ok(totals) = bpf_sys::lookup_value::<_, StackTotals>(fd, &key)
-                && keep(&key, &totals).is_break()
-            {
-                break;
-            }
-        }
+        bpf_sys::lookup_each(fd, &mut keep);
     }
     out
 }

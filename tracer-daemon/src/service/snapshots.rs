@@ -240,9 +240,10 @@ impl Service {
         if image.ended.is_some() || !tracing.is_tracing {
             return Ok(None);
         }
-        let exact = self.totals.proc_totals(pid).is_some_and(|totals| {
-            totals.stats.gen_ == image.id.generation && totals.stack_totals_lost == 0
-        });
+        let exact = self
+            .totals
+            .image_totals(image.id)
+            .is_some_and(|totals| totals.stack_totals_lost == 0);
         if !exact {
             return Ok(None);
         }

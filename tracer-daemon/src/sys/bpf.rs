@@ -202,6 +202,23 @@ pub fn lookup_batch<K: Copy + Default, V: Copy + Default>(
     Ok(())
 }
 
+/// Calls `f` on every (key, value) of a hash map, a syscall for each key
+/// and one for its value, until `f` breaks: [`lookup_batch`]'s fallback
+/// where the kernel refuses the batch command (Linux < 5.6). A key deleted
+/// between the two calls is passed over.
+pub fn lookup_each<K: Copy + Default, V: Copy + Default>(
+    fd: BorrowedFd<'_>,
+    f: &mut impl FnMut(&K, &V) -> std::ops::ControlFlow<()>,
+) {
+    for key in keys::<K>(fd) {
+        if let Ok(value) = lookup_value::<K, V>(fd, &key)
+            && f(&key, &value).is_break()
+        {
+            break;
+        }
+    }
+}
+
 /// A batch read by the upper half's thread: the bucket it started at, and
 /// its entries.
 type Part<K, V> = (u64, Vec<(K, V)>);
