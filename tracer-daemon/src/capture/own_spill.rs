@@ -286,11 +286,11 @@ impl OwnSpill {
             let mut at = 0;
             let mut level = 0;
             while at < addrs.len() {
-                let run = match bpf_sys::delete_run(maps[level].as_fd(), &addrs[at..]) {
-                    Ok(run) => run,
-                    // No batch command: this key is looked for one map at
-                    // a time below.
-                    Err((run, _)) => run,
+                // Refused (no batch command): the key it stopped at is
+                // tried in this level too, one delete at a time.
+                let (run, refused) = match bpf_sys::delete_run(maps[level].as_fd(), &addrs[at..]) {
+                    Ok(run) => (run, false),
+                    Err((run, _)) => (run, true),
                 };
                 keys[at..at + run].iter().for_each(&mut on_removed);
                 at += run;
@@ -298,20 +298,14 @@ impl OwnSpill {
                     break;
                 };
                 let found = (0..maps.len())
-                    .filter(|other| *other != level)
+                    .filter(|other| *other != level || refused)
                     .find(|other| bpf_sys::delete(maps[*other].as_fd(), addr));
                 match found {
                     Some(other) => {
                         on_removed(&keys[at]);
                         level = other;
                     }
-                    None => {
-                        if !bpf_sys::delete(maps[level].as_fd(), addr) {
-                            rest.push(keys[at]);
-                        } else {
-                            on_removed(&keys[at]);
-                        }
-                    }
+                    None => rest.push(keys[at]),
                 }
                 at += 1;
             }
