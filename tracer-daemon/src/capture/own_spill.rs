@@ -83,17 +83,22 @@ impl OwnLevels {
         Self { own, totals, stats }
     }
 
-    /// Makes level `level` of `image`'s spill ([`OwnSpill::add_level`]) if
-    /// the image is live (its generation is the one the kernel's totals
-    /// have: nothing would drop the maps of one that ended meanwhile);
-    /// whether it was made.
-    pub fn add(&self, image: ImageId, level: u32) -> bool {
-        let live = self.totals.image_totals(image).is_some();
-        let added = live && self.own.add_level(image, level);
-        if added {
+    /// Makes the levels `asks` names ((image, level), in the order the
+    /// programs asked) of those images that are live (their generation is
+    /// the one the kernel's totals have: nothing would drop the maps of one
+    /// that ended meanwhile), all in one change of `OWN_LIVE`
+    /// ([`OwnSpill::add_levels`]); how many were made.
+    pub fn add(&self, asks: &[(ImageId, u32)]) -> usize {
+        let live: Vec<(ImageId, u32)> = asks
+            .iter()
+            .filter(|(image, _)| self.totals.image_totals(*image).is_some())
+            .copied()
+            .collect();
+        let made = self.own.add_levels(&live);
+        if made > 0 {
             self.stats.publish_own(self.own.usage());
         }
-        added
+        made
     }
 }
 
@@ -163,14 +168,24 @@ impl OwnSpill {
     }
 
     /// Creates level `level` of `image`'s spill when it is the next one it
-    /// lacks: its map (with [`own_level_blocks`] entries, or what is left of
-    /// the level maps' capacity when that is less), put in
-    /// `OWN_LIVE`, then the image's level count raised in `OWN_LEVELS` (in
-    /// that order, so that a program that sees the count finds the map).
-    /// False when the level exists already, is past [`OWN_LEVELS_MAX`] or
-    /// the capacity of all level maps, or the kernel refused (logged).
+    /// lacks ([`OwnSpill::add_levels`] of one); whether it was made.
     pub fn add_level(&self, image: ImageId, level: u32) -> bool {
-        self.inner().add_level(image, level)
+        self.add_levels(&[(image, level)]) == 1
+    }
+
+    /// Creates the levels `asks` names ((image, level)), each one that is
+    /// the next its image lacks (after those before it in `asks`): its map
+    /// (with [`own_level_blocks`] entries, or what is left of the level
+    /// maps' capacity when that is less), all of them put in `OWN_LIVE` in
+    /// one batch, then each image's level count raised in `OWN_LEVELS` (in
+    /// that order, so that a program that sees the count finds the map).
+    /// Every change of `OWN_LIVE` waits for an RCU grace period (15 ms
+    /// here): a batch of asks from many processes costs one, not one a
+    /// level. A level past [`OWN_LEVELS_MAX`] or the capacity of all level
+    /// maps, or one the kernel refused (logged), is not made. Returns how
+    /// many were made.
+    pub fn add_levels(&self, asks: &[(ImageId, u32)]) -> usize {
+        self.inner().add_levels(asks)
     }
 
     /// Drops the spill maps of `images` (ended, their blocks read and
@@ -315,32 +330,90 @@ impl OwnSpill {
 }
 
 impl Inner {
-    /// [`OwnSpill::add_level`]: the level's map made and put in
-    /// `OWN_LIVE`, then the image's count raised.
-    fn add_level(&mut self, image: ImageId, level: u32) -> bool {
-        let have = self.images.get(&image).map_or(0, Vec::len);
-        if level as usize != have || level >= OWN_LEVELS_MAX {
-            return false;
+    /// [`OwnSpill::add_levels`]: the levels' maps made, put in `OWN_LIVE`
+    /// in one batch, then their images' counts raised.
+    fn add_levels(&mut self, asks: &[(ImageId, u32)]) -> usize {
+        let mut made: Vec<(ImageId, u32, Arc<OwnedFd>, u64)> = Vec::new();
+        for &(image, level) in asks {
+            let have = self.images.get(&image).map_or(0, Vec::len)
+                + made.iter().filter(|(of, ..)| *of == image).count();
+            if level as usize != have || level >= OWN_LEVELS_MAX {
+                continue;
+            }
+            if let Some((map, blocks)) = self.make(image, level) {
+                made.push((image, level, map, blocks));
+            }
         }
-        let Some((map, blocks)) = self.make(image, level) else {
-            return false;
-        };
-        let count = u64::from(level) + 1;
-        let image_key = own_image_key(image.pid, image.generation);
-        if let Err(e) = bpf_sys::update(self.levels.fd().as_fd(), &image_key, &count, 0) {
-            tracing::debug!(pid = image.pid, level, err = %e, "spill level not published: its blocks go to LIVE_ALLOCS");
-            bpf_sys::delete(self.outer.fd().as_fd(), &own_key(image, level));
-            self.capacity = self.capacity.saturating_sub(blocks);
-            return false;
+        if made.is_empty() {
+            return 0;
         }
-        self.images.entry(image).or_default().push((map, blocks));
-        true
+        let keys: Vec<OwnKey> = made
+            .iter()
+            .map(|(image, level, ..)| own_key(*image, *level))
+            .collect();
+        let fds: Vec<u32> = made
+            .iter()
+            .map(|(_, _, map, _)| std::os::fd::AsRawFd::as_raw_fd(&**map) as u32)
+            .collect();
+        let outer = self.outer.fd().as_fd();
+        let put = bpf_sys::update_batch(outer, &keys, &fds, 0).unwrap_or_else(|(put, e)| {
+            tracing::debug!(err = %e, put, of = keys.len(), "spill maps not put in one batch: one at a time");
+            put
+        });
+        // Those the batch did not put, one at a time (a kernel without the
+        // batch command; the map full). An image's level after one that
+        // is not in OWN_LIVE is not made either.
+        let mut failed: Vec<ImageId> = Vec::new();
+        let mut in_outer = vec![false; made.len()];
+        for (index, (image, level, _, _)) in made.iter().enumerate() {
+            in_outer[index] = !failed.contains(image)
+                && (index < put
+                    || match bpf_sys::update(outer, &keys[index], &fds[index], 0) {
+                        Ok(()) => true,
+                        Err(e) => {
+                            tracing::debug!(pid = image.pid, level, err = %e, "spill map not put in OWN_LIVE: its blocks go to LIVE_ALLOCS");
+                            false
+                        }
+                    });
+            if !in_outer[index] {
+                failed.push(*image);
+            }
+        }
+        // Each image's new count, once all its new levels are in OWN_LIVE.
+        let mut counts: BTreeMap<ImageId, u64> = BTreeMap::new();
+        for ((image, level, _, _), put) in made.iter().zip(&in_outer) {
+            if *put {
+                counts.insert(*image, u64::from(*level) + 1);
+            }
+        }
+        counts.retain(|image, count| {
+            let image_key = own_image_key(image.pid, image.generation);
+            bpf_sys::update(self.levels.fd().as_fd(), &image_key, &*count, 0)
+                .inspect_err(|e| tracing::debug!(pid = image.pid, err = %e, "spill level not published: its blocks go to LIVE_ALLOCS"))
+                .is_ok()
+        });
+        let mut published = 0;
+        for ((image, level, map, blocks), put) in made.into_iter().zip(in_outer) {
+            if counts
+                .get(&image)
+                .is_some_and(|count| u64::from(level) < *count)
+            {
+                self.images.entry(image).or_default().push((map, blocks));
+                published += 1;
+            } else {
+                if put {
+                    bpf_sys::delete(outer, &own_key(image, level));
+                }
+                self.capacity = self.capacity.saturating_sub(blocks);
+            }
+        }
+        published
     }
 
-    /// Makes level `level` of `image` (with [`own_level_blocks`] entries,
-    /// or what is left of the level maps' capacity when that is less) and
-    /// puts it in `OWN_LIVE`, its capacity counted; None when there is no
-    /// room or the kernel refused (logged).
+    /// Makes the map of level `level` of `image` (with [`own_level_blocks`]
+    /// entries, or what is left of the level maps' capacity when that is
+    /// less), its capacity counted (the caller puts it in `OWN_LIVE`); None
+    /// when there is no room or the kernel refused (logged).
     fn make(&mut self, image: ImageId, level: u32) -> Option<(Arc<OwnedFd>, u64)> {
         // The last level that fits may be smaller than its share: what is
         // left of the level maps' capacity.
@@ -358,12 +431,7 @@ impl Inner {
             "own_spill",
             blocks as u32,
             bpf_sys::BPF_F_NO_PREALLOC,
-        )
-        .and_then(|map| {
-            let fd = std::os::fd::AsRawFd::as_raw_fd(&map) as u32;
-            bpf_sys::update(self.outer.fd().as_fd(), &own_key(image, level), &fd, 0)?;
-            Ok(map)
-        });
+        );
         match created {
             Ok(map) => {
                 self.capacity += blocks;

@@ -54,23 +54,25 @@ impl Service {
 
     /// Makes the own spill maps `batch` asks for: level 0 of each new
     /// image, before its blocks outgrow their buckets of the fast table,
-    /// and the levels the programs asked for (`Spill`). Done as soon as the
-    /// batch is read from the ring, without the kernel lock: a level the
-    /// programs wait for must not wait for a read of millions of blocks.
+    /// and the levels the programs asked for (`Spill`), all in one change
+    /// of `OWN_LIVE` (each waits for an RCU grace period: a batch of asks
+    /// from a hundred processes must not wait for a hundred). Done as soon
+    /// as the batch is read from the ring, without the kernel lock: a level
+    /// the programs wait for must not wait for a read of millions of blocks.
     pub fn make_own_levels(&self, batch: &[ProcEvent]) {
         let Some(own) = &self.own_levels else {
             return;
         };
-        for event in batch {
-            match events::decode(event) {
-                Some(Event::New { image, .. }) => {
-                    own.add(image, 0);
-                }
-                Some(Event::Spill { image, level }) => {
-                    own.add(image, level);
-                }
-                _ => {}
-            }
+        let asks: Vec<(ImageId, u32)> = batch
+            .iter()
+            .filter_map(|event| match events::decode(event) {
+                Some(Event::New { image, .. }) => Some((image, 0)),
+                Some(Event::Spill { image, level }) => Some((image, level)),
+                _ => None,
+            })
+            .collect();
+        if !asks.is_empty() {
+            own.add(&asks);
         }
     }
 
