@@ -167,12 +167,6 @@ impl OwnSpill {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Creates level `level` of `image`'s spill when it is the next one it
-    /// lacks ([`OwnSpill::add_levels`] of one); whether it was made.
-    pub fn add_level(&self, image: ImageId, level: u32) -> bool {
-        self.add_levels(&[(image, level)]) == 1
-    }
-
     /// Creates the levels `asks` names ((image, level)), each one that is
     /// the next its image lacks (after those before it in `asks`): its map
     /// (with [`own_level_blocks`] entries, or what is left of the level

@@ -184,8 +184,87 @@ fn a_process_s_spill_goes_to_maps_of_its_own_that_grow_ahead_of_it_and_every_fre
     );
 }
 
+#[test]
+fn processes_that_spill_at_once_get_their_levels_together_and_keep_every_block_in_them() {
+    let prog = build("ownspill");
+    let mut fxs: Vec<Fixture> = (0..3)
+        .map(|_| Fixture::spawn_ready(&prog.exe, &[]))
+        .collect();
+    let pids: Vec<String> = fxs.iter().map(|fx| fx.pid().to_string()).collect();
+    // The smallest table (2 buckets of 7), shared by the three.
+    let mut args = vec!["--live-table-blocks", "14"];
+    for pid in &pids {
+        args.extend(["--scope-pid", pid.as_str()]);
+    }
+    let tracerd = Tracerd::start(&args);
+    // Each step is told to all three before any is waited for: their
+    // events come in the same batches, and the levels they ask for go
+    // into OWN_LIVE together (one batch update).
+    let step_all = |fxs: &mut Vec<Fixture>, line: &str| {
+        fxs.iter_mut().for_each(Fixture::go);
+        fxs.iter_mut().for_each(|fx| fx.expect_line(line));
+    };
+    step_all(&mut fxs, "first");
+    for fx in &fxs {
+        tracerd.wait_traced(fx.pid());
+    }
+    let wait_capacity = |made: u64, what: &str| {
+        poll(
+            Duration::from_secs(10),
+            Duration::from_millis(20),
+            || match own_capacity(&tracerd) {
+                capacity if capacity == made => Ok(()),
+                other => Err(format!("{what}: own spill capacity {other}, not {made}")),
+            },
+        );
+    };
+    wait_capacity(3 * 1024, "a level 0 each");
+    for step in 1..=6u64 {
+        step_all(&mut fxs, "step");
+        // Which of the three holds the table's 14 blocks varies; each
+        // process spilled between 14 fewer than its blocks and all of
+        // them, and no threshold of a level lies in between.
+        let blocks = 1 + 1000 * step;
+        assert_eq!(
+            live_places(&tracerd),
+            (14, 0, 3 * blocks - 14),
+            "step {step}: every spilled block in its process's own maps"
+        );
+        let levels = levels_for(blocks);
+        assert_eq!(levels, levels_for(blocks - 14), "step {step}");
+        wait_capacity(
+            3 * tracer_common::own_levels_blocks(levels),
+            &format!("step {step}"),
+        );
+    }
+    let spilled = tracerd.maps()["spilled_by_pid"].clone();
+    let mut own_total = 0;
+    for (fx, pid) in fxs.iter().zip(&pids) {
+        assert_eq!(totals(&tracerd, fx.pid()), [6001, 0, 0, 6001, 6001 * 48]);
+        assert_eq!(spilled[pid]["shared"], json!(0), "{spilled}");
+        let own = spilled[pid]["own"].as_u64().unwrap_or(0);
+        assert!(
+            (6001 - 14..=6001).contains(&own),
+            "{pid}: {own} in {spilled}"
+        );
+        own_total += own;
+    }
+    assert_eq!(own_total, 3 * 6001 - 14);
+    step_all(&mut fxs, "half");
+    step_all(&mut fxs, "freed");
+    for fx in &fxs {
+        assert_eq!(totals(&tracerd, fx.pid()), [6001, 6001, 0, 0, 0]);
+    }
+    assert_eq!(live_places(&tracerd), (0, 0, 0));
+    for fx in &mut fxs {
+        fx.end();
+    }
+    wait_capacity(0, "after the exits");
+}
+
 /// Spawns `exe` as a process whose pid is `pid`'s, plus or minus a multiple
-/// of PROC_SLOT_COUNT (so that it maps to the same slot of PROC_SLOTS), by
+/// of PROC_SLOT_COUNT (so that it maps to the same slot of PROC_SLOTS; the
+/// nearest that no task holds), by
 /// writing the pid before it to `/proc/sys/kernel/ns_last_pid`. Another
 /// process may fork in between: then it is tried again.
 fn spawn_in_slot_of(exe: &Path, pid: u32) -> Fixture {
@@ -195,11 +274,13 @@ fn spawn_in_slot_of(exe: &Path, pid: u32) -> Fixture {
         .parse()
         .expect("pid_max is a number");
     let slots = tracer_common::PROC_SLOT_COUNT;
-    let target = if pid + slots < pid_max {
-        pid + slots
-    } else {
-        pid - slots
-    };
+    // A pid of the same slot that no task holds now (a kernel worker may
+    // hold the nearest one).
+    let target = (1..pid_max / slots)
+        .flat_map(|k| [pid.checked_add(k * slots), pid.checked_sub(k * slots)])
+        .flatten()
+        .find(|t| *t > 300 && *t < pid_max && !Path::new(&format!("/proc/{t}")).exists())
+        .expect("a free pid in the slot");
     for _ in 0..20 {
         std::fs::write("/proc/sys/kernel/ns_last_pid", (target - 1).to_string())
             .expect("write ns_last_pid (needs root)");
