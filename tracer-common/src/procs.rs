@@ -39,7 +39,7 @@ pub struct ProcSlot {
     /// The owner's totals.
     pub totals: ProcTotals,
 }
-const _: () = assert!(size_of::<ProcSlot>() == 240);
+const _: () = assert!(size_of::<ProcSlot>() == 248);
 
 /// Bytes of one source's blocks in a process image.
 #[repr(C)]
@@ -83,8 +83,14 @@ pub struct ProcTotals {
     /// the levels it has, the next level is asked for, so that it is there
     /// before they are full.
     pub own_spill: u64,
+    /// Keys this image put in `STACK_TOTALS`, raised after each is put in
+    /// (before its first block is added to it): while it is what it was
+    /// when tracerd read the image's keys, the image has no other key
+    /// there, and its totals are read by those keys alone, not by a pass
+    /// over every image's.
+    pub stack_keys: u64,
 }
-const _: () = assert!(size_of::<ProcTotals>() == 232);
+const _: () = assert!(size_of::<ProcTotals>() == 240);
 
 /// The slot of [`MAP_PROC_SLOTS`] for `tgid`.
 pub const fn proc_slot_index(tgid: u32) -> u32 {

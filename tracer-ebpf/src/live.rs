@@ -45,7 +45,7 @@ use crate::{
     },
     procs::{
         add_block, find_proc, own_asked_counter, own_spill_counter, proc_stats, send_spill_event,
-        shared_spill_counter, stack_totals_lost_counter, sub_block,
+        shared_spill_counter, stack_keys_counter, stack_totals_lost_counter, sub_block,
     },
     stack::{UserRegs, stack_id},
 };
@@ -606,8 +606,11 @@ fn count_in_stack(stats: *mut ProcStats, info: *const AllocInfo) {
         let key = unsafe { &*key };
         match STACK_TOTALS.insert(key, zero, BPF_NOEXIST as u64) {
             // Another thread may have put the key in meanwhile: either way
-            // it is there now.
+            // it is there now. A key put in is counted before a block is
+            // added to it (tracerd reads an image's totals by the keys it
+            // knows while that count is unchanged).
             Ok(()) => {
+                fetch_add(stack_keys_counter(stats), 1);
                 if add_to_stack(key, size) {
                     return;
                 }

@@ -217,6 +217,14 @@ pub(crate) fn stack_totals_lost_counter(stats: *mut ProcStats) -> *mut u64 {
     unsafe { &raw mut (*stats.cast::<ProcTotals>()).stack_totals_lost }
 }
 
+/// The count of keys the image put in `STACK_TOTALS`
+/// ([`ProcTotals::stack_keys`]) of the process whose totals are `stats`.
+#[inline(always)]
+pub(crate) fn stack_keys_counter(stats: *mut ProcStats) -> *mut u64 {
+    // SAFETY: as in source_totals: stats is the first field of a ProcTotals.
+    unsafe { &raw mut (*stats.cast::<ProcTotals>()).stack_keys }
+}
+
 /// The count of the image's blocks in LIVE_ALLOCS
 /// ([`ProcTotals::shared_spill`]) of the process whose totals are `stats`.
 #[inline(always)]

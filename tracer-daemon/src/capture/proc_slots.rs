@@ -27,6 +27,8 @@ const STACKS: usize = SOURCES + 2 * SOURCE_COUNT;
 const STACK_TOTALS_LOST: usize = STACKS + 1;
 /// Word of a slot's `totals.shared_spill` (then `own_asked`, `own_spill`).
 const SHARED_SPILL: usize = STACK_TOTALS_LOST + 1;
+/// Word of [`ProcTotals::stack_keys`] within a slot.
+const STACK_KEYS: usize = SHARED_SPILL + 3;
 /// Word of [`ProcStats::current`] within a slot (after the slot word and
 /// `gen_`/`_pad`).
 const CURRENT: usize = 2;
@@ -111,6 +113,7 @@ impl ProcSlots {
             shared_spill: self.word(index, SHARED_SPILL).load(Ordering::Relaxed),
             own_asked: self.word(index, SHARED_SPILL + 1).load(Ordering::Relaxed),
             own_spill: self.word(index, SHARED_SPILL + 2).load(Ordering::Relaxed),
+            stack_keys: self.word(index, STACK_KEYS).load(Ordering::Acquire),
         })
     }
 
@@ -209,7 +212,7 @@ mod tests {
         let slot = ProcSlot::default();
         let base = std::ptr::from_ref(&slot) as usize;
         let word_of = |p: *const u64| (p as usize - base) / 8;
-        assert_eq!(SLOT_WORDS, 30);
+        assert_eq!(SLOT_WORDS, 31);
         assert_eq!(word_of(&raw const slot.totals.stats.current), CURRENT);
         assert_eq!(word_of(&raw const slot.totals.stats.peak), PEAK);
         assert_eq!(word_of(&raw const slot.totals.stats.drops), 8);
@@ -223,5 +226,6 @@ mod tests {
         assert_eq!(word_of(&raw const slot.totals.shared_spill), SHARED_SPILL);
         assert_eq!(word_of(&raw const slot.totals.own_asked), SHARED_SPILL + 1);
         assert_eq!(word_of(&raw const slot.totals.own_spill), SHARED_SPILL + 2);
+        assert_eq!(word_of(&raw const slot.totals.stack_keys), STACK_KEYS);
     }
 }

@@ -65,6 +65,9 @@ pub struct KernelMapsView {
     /// (`ProcTotals::own_spill` and `shared_spill`), by pid; only processes
     /// with a count above 0.
     pub spilled_by_pid: BTreeMap<u32, SpilledBlocks>,
+    /// How statistics of live images read their totals per stack since
+    /// load: by the image's keys, or by a pass over every image's.
+    pub stack_totals_reads: crate::capture::stack_totals::StackTotalsReads,
     /// The live blocks one process may hold (`process_share` of the
     /// live-block maps); 0: no limit.
     pub process_max_blocks: u64,
@@ -213,6 +216,7 @@ impl Service {
             maps,
             live_allocs_by_pid,
             spilled_by_pid,
+            stack_totals_reads: self.totals_reader.reads(),
             process_max_blocks: held.kernel.config().process_max_blocks(),
             counters,
             unwind: self.unwind_usage(),

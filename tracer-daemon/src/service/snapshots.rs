@@ -240,17 +240,20 @@ impl Service {
         if image.ended.is_some() || !tracing.is_tracing {
             return Ok(None);
         }
-        let exact = self
+        // Exact while no block of the image was refused a key.
+        let Some(kernel) = self
             .totals
             .image_totals(image.id)
-            .is_some_and(|totals| totals.stack_totals_lost == 0);
-        if !exact {
+            .filter(|totals| totals.stack_totals_lost == 0)
+        else {
             return Ok(None);
-        }
+        };
         // Without the kernel lock: a sweep or a snapshot's read of millions
-        // of blocks never delays statistics.
+        // of blocks never delays statistics. By the image's keys alone
+        // while it put none in since they were read (its count of them is
+        // read first).
         let reader = &*self.totals_reader;
-        let entries = reader.stack_totals(Some(&HashSet::from([image.id.generation])));
+        let entries = reader.image_stack_totals(image.id.generation, kernel.stack_keys);
         let mut stacks = StackReader::from_source(reader);
         let mut groups = Vec::with_capacity(entries.len());
         for (key, totals) in entries {

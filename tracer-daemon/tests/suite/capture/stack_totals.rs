@@ -57,21 +57,63 @@ fn at(prog: &Program, stats: &Value, marker: &str) -> Option<(u64, u64)> {
     })
 }
 
+/// How tracerd read images' totals per stack since it loaded: (by the
+/// image's keys, by a pass over every image's), from `GET /maps`.
+fn reads(tracerd: &Tracerd) -> (u64, u64) {
+    let reads = &tracerd.maps()["stack_totals_reads"];
+    let field = |f: &str| {
+        reads[f]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{f} in {reads}"))
+    };
+    (field("by_keys"), field("passes"))
+}
+
+/// Asserts that since `before` (then `reads`) tracerd read by the
+/// image's keys `by_keys` times and by a pass `passes` times; returns
+/// the reads now.
+fn assert_reads(
+    tracerd: &Tracerd,
+    before: (u64, u64),
+    by_keys: u64,
+    passes: u64,
+    phase: &str,
+) -> (u64, u64) {
+    let now = reads(tracerd);
+    assert_eq!(
+        (now.0 - before.0, now.1 - before.1),
+        (by_keys, passes),
+        "{phase}: reads by keys and passes"
+    );
+    now
+}
+
 #[test]
 fn statistics_from_the_totals_per_stack_equal_those_of_the_blocks_through_every_change() {
     let prog = Program::build("stacktotals", &[]);
+    // 600 stacks of another process in STACK_TOTALS: the fixture's few
+    // are read by their keys, not by a pass over the others', once a pass
+    // read them and while it put no key in since.
+    let others = Program::build("manycallers", &[]);
     let tracerd = Tracerd::start(&[]);
+    let mut other = Fixture::spawn_traced(&tracerd, &others.exe, &[]);
+    other.step("done");
     let mut fx = Fixture::spawn_traced(&tracerd, &prog.exe, &[]);
     let pid = fx.pid();
 
     fx.step("allocated");
+    let before = reads(&tracerd);
     let stats = assert_same(&tracerd, pid, "per_stack", "allocated");
+    // A pass for the new image, then its keys.
+    let before = assert_reads(&tracerd, before, 2, 1, "allocated");
     let a_bytes: u64 = (0..1000u64).map(|i| 100 + i % 7).sum();
     assert_eq!(at(&prog, &stats, "SITE_A"), Some((1000, a_bytes)));
     assert_eq!(at(&prog, &stats, "SITE_B"), Some((300, 300 * 100)));
 
     fx.step("changed");
     let stats = assert_same(&tracerd, pid, "per_stack", "freed and grown");
+    // realloc's site is a key the image put in since: a pass again.
+    let before = assert_reads(&tracerd, before, 2, 1, "freed and grown");
     let odd: u64 = (0..1000u64)
         .filter(|i| i % 2 == 1)
         .map(|i| 100 + i % 7)
@@ -86,6 +128,7 @@ fn statistics_from_the_totals_per_stack_equal_those_of_the_blocks_through_every_
     assert_eq!(status, 200, "{body}");
     let stats = assert_same(&tracerd, pid, "per_stack", "cleared");
     assert_eq!(at(&prog, &stats, "SITE_A"), None, "{stats}");
+    assert_reads(&tracerd, before, 3, 0, "cleared");
     fx.step("after_clear");
     let stats = assert_same(&tracerd, pid, "per_stack", "after the clear");
     assert_eq!(at(&prog, &stats, "SITE_A"), Some((10, 640)));
@@ -107,6 +150,7 @@ fn statistics_from_the_totals_per_stack_equal_those_of_the_blocks_through_every_
     assert_eq!(at(&prog, &stats, "SITE_A"), Some((7, 7 * 33)));
     assert_eq!(at(&prog, &stats, "SITE_B"), None);
     fx.end();
+    other.end();
 }
 
 #[test]
