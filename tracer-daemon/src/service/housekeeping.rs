@@ -308,6 +308,13 @@ impl Service {
         let mut held = self.state.locks().kernel();
         let started = std::time::Instant::now();
         scope::prune(&mut **held.kernel);
+        // The images with own spill maps before the scan: only they may be
+        // found stale by it. One whose maps were made during the scan (its
+        // first blocks came after the scan read what the kernel tracks,
+        // and after its walk passed the own maps) would look ended, and its
+        // maps were dropped while it lived: its blocks in them lost, the
+        // rest sent to LIVE_ALLOCS.
+        let had_maps: HashSet<ImageId> = held.kernel.own_spill_images().into_iter().collect();
         let Some(scan) = orphans::scan(&mut **held.kernel, &self.stopping) else {
             return 0;
         };
@@ -330,7 +337,7 @@ impl Service {
             .kernel
             .own_spill_images()
             .into_iter()
-            .filter(|image| !scan.tracks(image))
+            .filter(|image| had_maps.contains(image) && !scan.tracks(image))
             .filter(|image| !holding.contains(image) || doomed_pids.contains(&image.pid))
             .collect();
         held.kernel.drop_own_spill(&stale);

@@ -8,7 +8,7 @@ use std::{path::Path, time::Duration};
 use serde_json::json;
 
 use super::build;
-use crate::suite::support::{Fixture, Tracerd, poll, stat_at, u64_of};
+use crate::suite::support::{Fixture, Tracerd, poll, sample, stat_at, u64_of};
 
 /// (allocs, frees, unknown frees, live blocks, current bytes) of `pid`.
 fn totals(tracerd: &Tracerd, pid: u32) -> [u64; 5] {
@@ -260,6 +260,69 @@ fn processes_that_spill_at_once_get_their_levels_together_and_keep_every_block_i
         fx.end();
     }
     wait_capacity(0, "after the exits");
+}
+
+/// The sweep counter of `/metrics`.
+fn sweeps(tracerd: &Tracerd) -> f64 {
+    let (_, text) = tracerd.get_text("/metrics");
+    sample(&text, "tracer_orphan_sweeps_total", &[]).expect("tracer_orphan_sweeps_total")
+}
+
+#[test]
+fn processes_that_start_while_the_sweep_walks_millions_of_blocks_keep_their_own_spill_maps() {
+    // Every block spills (a table of 14): the sweep walks the big
+    // process's 1.5 M blocks in its own maps for about a second, and the
+    // small ones' maps are made meanwhile. The sweep once took an image
+    // whose maps were made after it began for an ended one, and dropped
+    // them while it lived: its blocks in them were lost.
+    let big = build("millions");
+    let small = build("keepn");
+    let tracerd = Tracerd::start(&["--live-table-blocks", "14"]);
+    let mut holder = Fixture::spawn_traced(&tracerd, &big.exe, &["1500000"]);
+    holder.step("done");
+    let before = sweeps(&tracerd);
+    let mut started = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    // Small processes one after another until two sweeps ended.
+    while sweeps(&tracerd) < before + 2.0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no two sweeps in 60 s"
+        );
+        let mut fx = Fixture::spawn_ready(&small.exe, &["2000"]);
+        fx.step("done");
+        started.push(fx);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(started.len() >= 10, "{} processes", started.len());
+    let spilled = tracerd.maps()["spilled_by_pid"].clone();
+    let mut own_total = 0;
+    for fx in &started {
+        let pid = fx.pid();
+        let traces = tracerd.get_ok(&format!("/pid/{pid}/traces?limit=0"));
+        let blocks = traces["traces"].as_array().map_or(0, Vec::len);
+        // Its 2,000 blocks and the array of pointers.
+        assert!(
+            (2001..2010).contains(&blocks),
+            "pid {pid}: {blocks} blocks read, its spill {}",
+            spilled[pid.to_string()]
+        );
+        own_total += spilled[pid.to_string()]["own"].as_u64().unwrap_or(0);
+    }
+    let holder_own = spilled[holder.pid().to_string()]["own"]
+        .as_u64()
+        .unwrap_or(0);
+    let (_, _, in_own_maps) = live_places(&tracerd);
+    // Every block the kernel counts in own maps is in a map tracerd has
+    // (other processes of the host may hold some too).
+    assert!(
+        in_own_maps >= holder_own + own_total,
+        "{in_own_maps} in the own maps, {holder_own} + {own_total} counted"
+    );
+    for mut fx in started {
+        fx.end();
+    }
+    holder.end();
 }
 
 /// Spawns `exe` as a process whose pid is `pid`'s, plus or minus a multiple
