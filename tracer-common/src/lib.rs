@@ -17,7 +17,7 @@
 //! - [`live_table`]: the fast live-block table ([`LiveBucket`], [`live_key`]);
 //! - [`procs`]: per-process totals ([`ProcStats`]) and their direct-mapped
 //!   slots ([`ProcSlot`] and its word);
-//! - [`own_spill`]: the per-image spill maps ([`OwnKey`]);
+//! - [`own_spill`]: the per-image spill maps ([`OwnLevelMaps`]);
 //! - [`stack_totals`]: totals per (image, stack) ([`StackTotalsKey`],
 //!   [`StackTotals`]);
 //! - [`inflight`]: allocator calls between entry and return;

@@ -4,15 +4,15 @@
 //! `LIVE_ALLOCS`). Reading one process's blocks then reads its own maps,
 //! not every spilled block of the host.
 //!
-//! Layout. [`MAP_OWN_LIVE`] is a hash of maps: [`OwnKey`] (tgid,
-//! generation, level) → an inner hash `u64` address → [`crate::AllocInfo`],
-//! created by tracerd. Level `l` holds at most [`own_level_blocks`]`(l)`
+//! Layout. [`MAP_OWN_LIVE`] is a hash of maps: a map id (`u32`) → an
+//! inner hash `u64` address → [`crate::AllocInfo`], created by tracerd. Level `l` holds at most [`own_level_blocks`]`(l)`
 //! blocks (twice the level before), so that an image's maps cost what its
 //! blocks need, never its share of the host: a level is made when the
 //! image's blocks fill 3/4 of the levels before, so its levels are made
 //! for at most 2.7 times the blocks they hold then, and 1.3 times just
-//! before the next. An image has at most [`OWN_LEVELS_MAX`] levels. [`MAP_OWN_LEVELS`] says how many levels an
-//! image has ([`own_image_key`] → count), written by tracerd only.
+//! before the next. An image has at most [`OWN_LEVELS_MAX`] levels.
+//! [`MAP_OWN_LEVELS`] says which maps are an image's levels
+//! ([`own_image_key`] → [`OwnLevelMaps`]), written by tracerd only.
 //!
 //! Protocol. tracerd creates level 0 when it learns of a new image. A
 //! program that spills a block of an image puts it in the newest level,
@@ -25,17 +25,24 @@
 //! counted in [`crate::ProcTotals::shared_spill`] first. A block is looked
 //! for in the newest level first, then the older ones, then
 //! `LIVE_ALLOCS`. tracerd creates the level's map, puts it in
-//! [`MAP_OWN_LIVE`], then raises the count in [`MAP_OWN_LEVELS`]; it drops
-//! an image's maps once the image ended and its blocks were read.
+//! [`MAP_OWN_LIVE`], then names it in the image's [`MAP_OWN_LEVELS`] value
+//! and raises the count there; it drops an image's maps once the image
+//! ended and its blocks were read. Every change of a map of maps waits for
+//! an RCU grace period (15 ms here), so tracerd keeps maps of the first
+//! levels' sizes in [`MAP_OWN_LIVE`] ahead, in a pool: an image is given
+//! one by a change of [`MAP_OWN_LEVELS`] alone, a plain hash.
 
 use core::mem::size_of;
 
-/// Name of the hash of maps: [`OwnKey`] → an image's spill map of one level.
+/// Name of the hash of maps: a map id → an image's spill map of one level
+/// (or one kept in the pool).
 pub const MAP_OWN_LIVE: &str = "OWN_LIVE";
-/// Name of the level counts: [`own_image_key`] → levels the image has (u64).
+/// Name of the images' levels: [`own_image_key`] → [`OwnLevelMaps`].
 pub const MAP_OWN_LEVELS: &str = "OWN_LEVELS";
-/// Most levels an image's spill has (67 M blocks together).
+/// Most levels an image's spill has (67 M blocks together); a power of
+/// two (the programs mask a level with it).
 pub const OWN_LEVELS_MAX: u32 = 16;
+const _: () = assert!(OWN_LEVELS_MAX.is_power_of_two());
 /// Blocks of level 0; each level holds twice the one before.
 pub const OWN_FIRST_BLOCKS: u32 = 1024;
 /// Entries of [`MAP_OWN_LIVE`]: the levels of every image together (4 an
@@ -71,25 +78,25 @@ pub const fn own_wants_next(levels: u32, held: u64) -> bool {
     held.saturating_mul(4) >= own_levels_blocks(levels).saturating_mul(3)
 }
 
-/// Key of [`MAP_OWN_LIVE`]: one level of one process image's spill.
+/// Value of [`MAP_OWN_LEVELS`]: an image's levels, each the id (the key
+/// in [`MAP_OWN_LIVE`]) of its map. tracerd replaces a value whole; the
+/// programs read `count` and then the ids below it.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct OwnKey {
-    /// The process.
-    pub tgid: u32,
-    /// Its image's generation ([`crate::ProcStats::gen_`]).
-    pub gen_: u32,
-    /// The level, below [`OWN_LEVELS_MAX`].
-    pub level: u32,
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OwnLevelMaps {
+    /// Levels the image has, at most [`OWN_LEVELS_MAX`].
+    pub count: u32,
     /// Explicit padding, always 0.
     pub _pad: u32,
+    /// The map of each level: its key in [`MAP_OWN_LIVE`].
+    pub maps: [u32; OWN_LEVELS_MAX as usize],
 }
-const _: () = assert!(size_of::<OwnKey>() == 16);
+const _: () = assert!(size_of::<OwnLevelMaps>() == 72);
 
 // SAFETY: #[repr(C)], Copy, made only of integers with explicit padding, so
 // every bit pattern is valid.
 #[cfg(feature = "user")]
-unsafe impl aya::Pod for OwnKey {}
+unsafe impl aya::Pod for OwnLevelMaps {}
 
 /// Key of [`MAP_OWN_LEVELS`] for image (`tgid`, `gen_`).
 #[must_use]

@@ -67,11 +67,14 @@ pub async fn events_and_housekeeping(
         guard.clear_ready();
         let reader = service.clone();
         let Ok((batch, read)) = tokio::task::spawn_blocking(move || {
-            // /proc first: a program that lives 50 ms is gone soon after its
-            // first allocation, and each map made in OWN_LIVE waits for an
-            // RCU grace period (15 ms here).
-            let read = Service::read_new_images(&batch);
+            // The levels first: they come from the pool in microseconds
+            // (unless it ran dry: then each batch of maps put in OWN_LIVE
+            // waits for an RCU grace period, 15 ms here), and meanwhile a
+            // process that allocates at full speed spills to LIVE_ALLOCS.
+            // Then /proc: a program that lives 50 ms is gone soon after its
+            // first allocation.
             reader.make_own_levels(&batch);
+            let read = Service::read_new_images(&batch);
             (batch, read)
         })
         .await

@@ -31,8 +31,7 @@ use aya_ebpf::{
 };
 use tracer_common::{
     AllocInfo, AllocKey, Counter, LIVE_BUSY, LIVE_EMPTY, LIVE_WAYS, LiveBucket, OWN_LEVELS_MAX,
-    OwnKey, ProcStats, STACK_TOTALS_KEY_OFFSET, StackTotalsKey, live_key, own_image_key,
-    own_wants_next,
+    ProcStats, STACK_TOTALS_KEY_OFFSET, StackTotalsKey, live_key, own_image_key, own_wants_next,
 };
 
 use crate::{
@@ -91,27 +90,29 @@ fn find_way(bucket: *mut LiveBucket, key: u64) -> u32 {
 #[inline(always)]
 fn own_levels(tgid: u32, gen_: u32) -> u32 {
     match OWN_LEVELS.get_ptr(own_image_key(tgid, gen_)) {
-        // SAFETY: an OWN_LEVELS value, read once (tracerd replaces it whole).
-        Some(count) => {
-            unsafe { core::ptr::read_volatile(count) }.min(u64::from(OWN_LEVELS_MAX)) as u32
+        // SAFETY: an OWN_LEVELS value (tracerd replaces it whole).
+        Some(levels) => {
+            unsafe { core::ptr::read_volatile(&raw const (*levels).count) }.min(OWN_LEVELS_MAX)
         }
         None => 0,
     }
 }
 
 /// Image (`tgid`, `gen_`)'s own spill map of `level`, as the helpers take a
-/// map.
+/// map: the map OWN_LEVELS names for the level, in OWN_LIVE.
 #[inline(always)]
 fn own_map(tgid: u32, gen_: u32, level: u32) -> Option<*mut c_void> {
-    let key = OwnKey {
-        tgid,
-        gen_,
-        level,
-        _pad: 0,
-    };
+    let levels = OWN_LEVELS.get_ptr(own_image_key(tgid, gen_))?;
+    // Masked, not compared: the verifier must see the index bounded in the
+    // register that indexes (callers pass a level below the count, at
+    // most OWN_LEVELS_MAX, a power of two).
+    let index = (level & (OWN_LEVELS_MAX - 1)) as usize;
+    // SAFETY: an OWN_LEVELS value (tracerd replaces it whole); index is
+    // below the length of its array.
+    let id = unsafe { core::ptr::read_volatile(&raw const (*levels).maps[index]) };
     // SAFETY: only the inner map's address is used, and only by the map
     // helpers (nothing is read through the reference).
-    unsafe { OWN_LIVE.get(&key) }.map(|map| core::ptr::from_ref(map).cast_mut().cast::<c_void>())
+    unsafe { OWN_LIVE.get(&id) }.map(|map| core::ptr::from_ref(map).cast_mut().cast::<c_void>())
 }
 
 /// The block at `addr` in the own spill map `map`, copied out.

@@ -19,8 +19,8 @@ use aya_ebpf::{
 use tracer_common::{
     AllocInfo, AllocKey, COUNTER_SLOTS, EVENTS_RING_BYTES, EXP_TABLE_LEN, INFLIGHT_SLOT_COUNT,
     Inflight, InflightSlot, LIVE_BUCKET_COUNT, LIVE_WAYS, LiveBucket, MMAP_PROCS, MmapRegions,
-    OWN_FIRST_BLOCKS, OWN_LEVELS_ENTRIES, OWN_LIVE_ENTRIES, OwnKey, PROC_SLOT_COUNT, ProcSlot,
-    ProcTotals, STACK_TOTALS_ENTRIES, STACK_WORDS, StackTotals, StackTotalsKey,
+    OWN_FIRST_BLOCKS, OWN_LEVELS_ENTRIES, OWN_LIVE_ENTRIES, OwnLevelMaps, PROC_SLOT_COUNT,
+    ProcSlot, ProcTotals, STACK_TOTALS_ENTRIES, STACK_WORDS, StackTotals, StackTotalsKey,
     unwind::{self, ProcMappings, UnwindPage, UnwindPageKey, UnwindRow},
 };
 
@@ -59,17 +59,18 @@ pub(crate) type OwnSpill = btf_maps::HashMap<
     { BPF_F_NO_PREALLOC as usize },
 >;
 
-/// The spill maps of each image: (tgid, generation, level) → its map of
-/// that level (`tracer_common::own_spill`). Written by tracerd; read by
-/// `live`.
+/// The spill maps of every image, and those tracerd keeps ahead: map id →
+/// map (`tracer_common::own_spill`); OWN_LEVELS names an image's. Written
+/// by tracerd; read by `live`.
 #[btf_map]
-pub(crate) static OWN_LIVE: btf_maps::HashOfMaps<OwnKey, OwnSpill, { OWN_LIVE_ENTRIES as usize }> =
+pub(crate) static OWN_LIVE: btf_maps::HashOfMaps<u32, OwnSpill, { OWN_LIVE_ENTRIES as usize }> =
     btf_maps::HashOfMaps::new();
 
-/// Levels of each image's own spill: `own_image_key` → count. Written by
-/// tracerd after it put the level's map in OWN_LIVE; read by `live`.
+/// Levels of each image's own spill: `own_image_key` → their maps' ids in
+/// OWN_LIVE and their count. Written whole by tracerd after it put the
+/// level's map in OWN_LIVE; read by `live`.
 #[map]
-pub(crate) static OWN_LEVELS: HashMap<u64, u64> =
+pub(crate) static OWN_LEVELS: HashMap<u64, OwnLevelMaps> =
     HashMap::with_max_entries(OWN_LEVELS_ENTRIES, BPF_F_NO_PREALLOC);
 
 /// Live blocks, fast table keys: bucket → LIVE_WAYS packed (tgid, address)

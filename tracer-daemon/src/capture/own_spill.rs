@@ -2,17 +2,24 @@
 //! `tracer_common::own_spill`): tracerd creates each image's level maps as
 //! the programs ask for them, reads one image's spilled blocks from its own
 //! maps rather than from every spilled block of the host, and drops them
-//! once the image ended and its blocks were read.
+//! once the image ended and its blocks were read. Maps of the first
+//! levels' sizes wait in `OWN_LIVE` ahead, in a pool: giving one to an
+//! image changes `OWN_LEVELS` alone (microseconds), where putting a map in
+//! `OWN_LIVE` waits for an RCU grace period (15 ms here), in which a
+//! process that allocates at full speed spills 30,000 blocks.
 use std::{
     collections::{BTreeMap, HashMap},
     ops::ControlFlow,
-    os::fd::{AsFd as _, OwnedFd},
-    sync::{Arc, Mutex, MutexGuard, PoisonError},
+    os::fd::{AsFd as _, AsRawFd as _, BorrowedFd, OwnedFd},
+    sync::{
+        Arc, Mutex, MutexGuard, PoisonError,
+        atomic::{AtomicBool, Ordering},
+    },
 };
 
 use aya::maps::{Map, MapData};
 use tracer_common::{
-    AllocInfo, AllocKey, MAP_OWN_LEVELS, MAP_OWN_LIVE, OWN_LEVELS_MAX, OwnKey, own_image_key,
+    AllocInfo, AllocKey, MAP_OWN_LEVELS, MAP_OWN_LIVE, OWN_LEVELS_MAX, OwnLevelMaps, own_image_key,
     own_level_blocks,
 };
 
@@ -37,25 +44,59 @@ pub struct OwnUsage {
 /// ([`OwnLevels`]), while a snapshot reads an image's levels.
 pub struct OwnSpill {
     inner: Mutex<Inner>,
+    /// `OWN_LIVE`, a descriptor of its own: the pool is refilled without
+    /// the lock (each change waits for a grace period).
+    outer: OwnedFd,
+    /// A refill of the pool is under way ([`OwnSpill::refill`]).
+    refilling: AtomicBool,
+}
+
+/// One level map: its id (its key in `OWN_LIVE`), its descriptor, and the
+/// blocks it holds at most.
+#[derive(Clone, Debug)]
+struct LevelMap {
+    id: u32,
+    map: Arc<OwnedFd>,
+    blocks: u64,
 }
 
 /// What [`OwnSpill`]'s lock guards.
 struct Inner {
-    /// `OWN_LIVE`: (tgid, generation, level) → level map.
+    /// `OWN_LIVE`: map id → level map.
     outer: MapData,
-    /// `OWN_LEVELS`: image → levels.
+    /// `OWN_LEVELS`: image → its levels' map ids.
     levels: MapData,
-    /// Each image's level maps, level 0 first, with their capacities; in
-    /// (pid, generation) order, so that a pid's images are a range.
+    /// Each image's level maps, level 0 first; in (pid, generation)
+    /// order, so that a pid's images are a range.
     images: BTreeMap<ImageId, Levels>,
-    /// Blocks the level maps hold at most, together.
+    /// Blocks the images' level maps hold at most, together.
     capacity: u64,
+    /// Maps in `OWN_LIVE` that no image has yet, by level: each of that
+    /// level's size ([`POOL`]).
+    pool: Vec<Vec<LevelMap>>,
+    /// Blocks the pool's maps hold at most, together (with those of maps
+    /// being made for it).
+    pooled: u64,
     /// Most blocks the level maps may be made for together
-    /// ([`CAPACITY_PER_LIVE_BLOCK`] × `max_live_blocks`): a level that
-    /// would pass it is made smaller, or not at all (its blocks go to
-    /// `LIVE_ALLOCS`).
+    /// ([`CAPACITY_PER_LIVE_BLOCK`] × `max_live_blocks`), the pool's
+    /// included: a level that would pass it is made smaller, or not at
+    /// all (its blocks go to `LIVE_ALLOCS`).
     max_capacity: u64,
+    /// The id the next map made gets.
+    next_id: u32,
 }
+
+/// Maps kept in the pool for each of the first levels: eight of level 0
+/// (a burst of new processes), fewer of the larger. Up to level 7: a
+/// level is asked for with a quarter of the levels' room left, 32,000
+/// blocks at level 7, more than a process spills in a grace period at
+/// full speed (16,000 to 30,000 here). Their buckets cost 16 bytes per
+/// block, 5.4 MiB for a full pool.
+const POOL: [usize; 8] = [8, 4, 4, 2, 2, 2, 1, 1];
+
+/// The pool holds at most this share of the level maps' capacity
+/// (1/POOL_SHARE).
+const POOL_SHARE: u64 = 8;
 
 /// The event reader's handle on the spill maps ([`super::KernelMaps::own_levels`]):
 /// it makes the levels the programs ask for as soon as their events are
@@ -86,8 +127,9 @@ impl OwnLevels {
     /// Makes the levels `asks` names ((image, level), in the order the
     /// programs asked) of those images that are live (their generation is
     /// the one the kernel's totals have: nothing would drop the maps of one
-    /// that ended meanwhile), all in one change of `OWN_LIVE`
-    /// ([`OwnSpill::add_levels`]); how many were made.
+    /// that ended meanwhile), from the pool where it has one
+    /// ([`OwnSpill::add_levels`]); how many were made. A refill of the pool
+    /// is started on a thread of its own when it runs low.
     pub fn add(&self, asks: &[(ImageId, u32)]) -> usize {
         let live: Vec<(ImageId, u32)> = asks
             .iter()
@@ -98,22 +140,21 @@ impl OwnLevels {
         if made > 0 {
             self.stats.publish_own(self.own.usage());
         }
+        if self.own.pool_low() {
+            let own = Arc::clone(&self.own);
+            let spawned = std::thread::Builder::new()
+                .name("tracerd-pool".into())
+                .spawn(move || own.refill());
+            if let Err(e) = spawned {
+                tracing::debug!(err = %e, "no thread to refill the spill map pool");
+            }
+        }
         made
     }
 }
 
-/// The key of `OWN_LIVE` of level `level` of `image`.
-fn own_key(image: ImageId, level: u32) -> OwnKey {
-    OwnKey {
-        tgid: image.pid,
-        gen_: image.generation,
-        level,
-        _pad: 0,
-    }
-}
-
-/// An image's level maps, level 0 first, each with its capacity in blocks.
-type Levels = Vec<(Arc<OwnedFd>, u64)>;
+/// An image's level maps, level 0 first.
+type Levels = Vec<LevelMap>;
 
 /// The level maps of all images together are made for at most this many
 /// times `max_live_blocks` blocks. A level is made when its image's blocks
@@ -150,15 +191,87 @@ impl OwnSpill {
                 });
             }
         };
-        Ok(Self {
+        let outer_fd = outer
+            .fd()
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|e| CaptureError::Map {
+                map: MAP_OWN_LIVE,
+                reason: format!("cannot duplicate its descriptor: {e}"),
+            })?;
+        let own = Self {
             inner: Mutex::new(Inner {
                 outer,
                 levels,
                 images: BTreeMap::new(),
                 capacity: 0,
+                pool: vec![Vec::new(); POOL.len()],
+                pooled: 0,
                 max_capacity: max_live_blocks.saturating_mul(CAPACITY_PER_LIVE_BLOCK),
+                next_id: 1,
             }),
-        })
+            outer: outer_fd,
+            refilling: AtomicBool::new(false),
+        };
+        // The pool, before the first process asks.
+        own.refill();
+        Ok(own)
+    }
+
+    /// Whether the pool lacks maps and no refill is under way.
+    pub fn pool_low(&self) -> bool {
+        !self.refilling.load(Ordering::Relaxed) && !self.inner().pool_wants().is_empty()
+    }
+
+    /// Fills the pool: the maps it lacks are made and put in `OWN_LIVE`
+    /// in one batch (one grace period), without the lock; again while
+    /// levels were taken meanwhile (at most a few rounds). One refill at
+    /// a time; a call during another returns at once.
+    pub fn refill(&self) {
+        if self.refilling.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        for _ in 0..4 {
+            let wanted = {
+                let mut inner = self.inner();
+                let wanted = inner.pool_wants();
+                inner.pooled += wanted
+                    .iter()
+                    .map(|(level, _)| own_level_blocks(*level))
+                    .sum::<u64>();
+                wanted
+            };
+            if wanted.is_empty() {
+                break;
+            }
+            let made: Vec<(u32, LevelMap)> = wanted
+                .iter()
+                .filter_map(|(level, id)| {
+                    let blocks = own_level_blocks(*level);
+                    create_level(*id, blocks).map(|map| (*level, map))
+                })
+                .collect();
+            let maps: Vec<&LevelMap> = made.iter().map(|(_, map)| map).collect();
+            let put = put_in_outer(self.outer.as_fd(), &maps);
+            let mut inner = self.inner();
+            // What was reserved and is not in the pool gives its room back.
+            let mut kept = 0;
+            for ((level, map), put) in made.into_iter().zip(put) {
+                if put {
+                    kept += map.blocks;
+                    inner.pool[level as usize].push(map);
+                }
+            }
+            let reserved: u64 = wanted
+                .iter()
+                .map(|(level, _)| own_level_blocks(*level))
+                .sum();
+            inner.pooled = inner.pooled.saturating_sub(reserved - kept);
+            if kept < reserved {
+                break;
+            }
+        }
+        self.refilling.store(false, Ordering::Release);
     }
 
     /// The state, locked (a poisoned lock is taken as is: the maps in the
@@ -198,7 +311,8 @@ impl OwnSpill {
         self.inner().images.contains_key(image)
     }
 
-    /// The level maps and their capacity, for `/maps`.
+    /// The images' level maps and their capacity, for `/maps` (the
+    /// pool's are not counted).
     pub fn usage(&self) -> OwnUsage {
         let inner = self.inner();
         OwnUsage {
@@ -206,7 +320,7 @@ impl OwnSpill {
                 .images
                 .values()
                 .flatten()
-                .map(|(map, _)| map.clone())
+                .map(|level| Arc::clone(&level.map))
                 .collect(),
             capacity: inner.capacity,
         }
@@ -224,7 +338,7 @@ impl OwnSpill {
         let Some(maps) = self.inner().images.get(image).cloned() else {
             return false;
         };
-        for (map, blocks) in maps.iter().rev() {
+        for LevelMap { map, blocks, .. } in maps.iter().rev() {
             let mut broke = false;
             let mut each = |addr: &u64, info: &AllocInfo| {
                 let key = AllocKey {
@@ -285,7 +399,7 @@ impl OwnSpill {
                 .images
                 .range(ImageId::new(pid, 0)..=ImageId::new(pid, u32::MAX))
                 .filter(|(image, _)| only.is_none_or(|only| only == **image))
-                .flat_map(|(_, maps)| maps.iter().rev().map(|(map, _)| Arc::clone(map)))
+                .flat_map(|(_, maps)| maps.iter().rev().map(|level| Arc::clone(&level.map)))
                 .collect();
             if maps.is_empty() {
                 rest.extend(keys);
@@ -324,81 +438,79 @@ impl OwnSpill {
 }
 
 impl Inner {
-    /// [`OwnSpill::add_levels`]: the levels' maps made, put in `OWN_LIVE`
-    /// in one batch, then their images' counts raised.
+    /// [`OwnSpill::add_levels`]: each level from the pool, or made and put
+    /// in `OWN_LIVE` (those made, in one batch), then each image's levels
+    /// written whole in `OWN_LEVELS`.
     fn add_levels(&mut self, asks: &[(ImageId, u32)]) -> usize {
-        let mut made: Vec<(ImageId, u32, Arc<OwnedFd>, u64)> = Vec::new();
+        // (image, level, map, whether it came from the pool)
+        let mut new: Vec<(ImageId, u32, LevelMap, bool)> = Vec::new();
         for &(image, level) in asks {
             let have = self.images.get(&image).map_or(0, Vec::len)
-                + made.iter().filter(|(of, ..)| *of == image).count();
+                + new.iter().filter(|(of, ..)| *of == image).count();
             if level as usize != have || level >= OWN_LEVELS_MAX {
                 continue;
             }
-            if let Some((map, blocks)) = self.make(image, level) {
-                made.push((image, level, map, blocks));
+            if let Some(map) = self.pool.get_mut(level as usize).and_then(Vec::pop) {
+                self.pooled = self.pooled.saturating_sub(map.blocks);
+                self.capacity += map.blocks;
+                new.push((image, level, map, true));
+            } else if let Some(map) = self.make(image, level) {
+                new.push((image, level, map, false));
             }
         }
-        if made.is_empty() {
+        if new.is_empty() {
             return 0;
         }
-        let keys: Vec<OwnKey> = made
+        let made: Vec<&LevelMap> = new
             .iter()
-            .map(|(image, level, ..)| own_key(*image, *level))
+            .filter(|(.., pooled)| !pooled)
+            .map(|(_, _, map, _)| map)
             .collect();
-        let fds: Vec<u32> = made
+        let mut made_put = put_in_outer(self.outer.fd().as_fd(), &made).into_iter();
+        let in_outer: Vec<bool> = new
             .iter()
-            .map(|(_, _, map, _)| std::os::fd::AsRawFd::as_raw_fd(&**map) as u32)
+            .map(|(.., pooled)| *pooled || made_put.next().unwrap_or(false))
             .collect();
-        let outer = self.outer.fd().as_fd();
-        let put = bpf_sys::update_batch(outer, &keys, &fds, 0).unwrap_or_else(|(put, e)| {
-            tracing::debug!(err = %e, put, of = keys.len(), "spill maps not put in one batch: one at a time");
-            put
-        });
-        // Those the batch did not put, one at a time (a kernel without the
-        // batch command; the map full). An image's level after one that
-        // is not in OWN_LIVE is not made either.
+        // An image's level after one that is not in OWN_LIVE is not made
+        // either; each image's levels are then written whole.
         let mut failed: Vec<ImageId> = Vec::new();
-        let mut in_outer = vec![false; made.len()];
-        for (index, (image, level, _, _)) in made.iter().enumerate() {
-            in_outer[index] = !failed.contains(image)
-                && (index < put
-                    || match bpf_sys::update(outer, &keys[index], &fds[index], 0) {
-                        Ok(()) => true,
-                        Err(e) => {
-                            tracing::debug!(pid = image.pid, level, err = %e, "spill map not put in OWN_LIVE: its blocks go to LIVE_ALLOCS");
-                            false
-                        }
-                    });
-            if !in_outer[index] {
+        let mut counts: BTreeMap<ImageId, u32> = BTreeMap::new();
+        for ((image, level, ..), put) in new.iter().zip(&in_outer) {
+            if *put && !failed.contains(image) {
+                counts.insert(*image, level + 1);
+            } else {
                 failed.push(*image);
             }
         }
-        // Each image's new count, once all its new levels are in OWN_LIVE.
-        let mut counts: BTreeMap<ImageId, u64> = BTreeMap::new();
-        for ((image, level, _, _), put) in made.iter().zip(&in_outer) {
-            if *put {
-                counts.insert(*image, u64::from(*level) + 1);
-            }
-        }
         counts.retain(|image, count| {
+            let mut value = OwnLevelMaps {
+                count: *count,
+                ..OwnLevelMaps::default()
+            };
+            let old = self.images.get(image).map_or(&[][..], Vec::as_slice);
+            let ids = old.iter().map(|level| level.id).chain(
+                new.iter()
+                    .filter(|(of, ..)| of == image)
+                    .map(|(_, _, map, _)| map.id),
+            );
+            for (slot, id) in value.maps.iter_mut().zip(ids) {
+                *slot = id;
+            }
             let image_key = own_image_key(image.pid, image.generation);
-            bpf_sys::update(self.levels.fd().as_fd(), &image_key, &*count, 0)
+            bpf_sys::update(self.levels.fd().as_fd(), &image_key, &value, 0)
                 .inspect_err(|e| tracing::debug!(pid = image.pid, err = %e, "spill level not published: its blocks go to LIVE_ALLOCS"))
                 .is_ok()
         });
         let mut published = 0;
-        for ((image, level, map, blocks), put) in made.into_iter().zip(in_outer) {
-            if counts
-                .get(&image)
-                .is_some_and(|count| u64::from(level) < *count)
-            {
-                self.images.entry(image).or_default().push((map, blocks));
+        for ((image, level, map, _), put) in new.into_iter().zip(in_outer) {
+            if counts.get(&image).is_some_and(|count| level < *count) {
+                self.images.entry(image).or_default().push(map);
                 published += 1;
             } else {
                 if put {
-                    bpf_sys::delete(outer, &own_key(image, level));
+                    bpf_sys::delete(self.outer.fd().as_fd(), &map.id);
                 }
-                self.capacity = self.capacity.saturating_sub(blocks);
+                self.capacity = self.capacity.saturating_sub(map.blocks);
             }
         }
         published
@@ -408,10 +520,12 @@ impl Inner {
     /// entries, or what is left of the level maps' capacity when that is
     /// less), its capacity counted (the caller puts it in `OWN_LIVE`); None
     /// when there is no room or the kernel refused (logged).
-    fn make(&mut self, image: ImageId, level: u32) -> Option<(Arc<OwnedFd>, u64)> {
+    fn make(&mut self, image: ImageId, level: u32) -> Option<LevelMap> {
         // The last level that fits may be smaller than its share: what is
         // left of the level maps' capacity.
-        let room = self.max_capacity.saturating_sub(self.capacity);
+        let room = self
+            .max_capacity
+            .saturating_sub(self.capacity + self.pooled);
         let blocks = own_level_blocks(level).min(room);
         if blocks < u64::from(tracer_common::OWN_FIRST_BLOCKS) {
             tracing::debug!(
@@ -421,21 +535,40 @@ impl Inner {
             );
             return None;
         }
-        let created = bpf_sys::create_hash::<u64, AllocInfo>(
-            "own_spill",
-            blocks as u32,
-            bpf_sys::BPF_F_NO_PREALLOC,
-        );
-        match created {
-            Ok(map) => {
-                self.capacity += blocks;
-                Some((Arc::new(map), blocks))
-            }
-            Err(e) => {
-                tracing::debug!(pid = image.pid, level, err = %e, "spill map not created: its blocks go to LIVE_ALLOCS");
-                None
+        let id = self.take_id();
+        let map = create_level(id, blocks)?;
+        self.capacity += blocks;
+        Some(map)
+    }
+
+    /// A map id not in use.
+    fn take_id(&mut self) -> u32 {
+        let id = self.next_id;
+        self.next_id = self.next_id.checked_add(1).unwrap_or(1);
+        id
+    }
+
+    /// The maps the pool lacks, as (level, id): ids taken, for each level
+    /// the pool keeps, up to [`POOL`] maps and while the pool stays within
+    /// its share of the capacity (and within the room left).
+    fn pool_wants(&mut self) -> Vec<(u32, u32)> {
+        let bound = self.max_capacity / POOL_SHARE;
+        let mut pooled = self.pooled;
+        let mut wanted = Vec::new();
+        for (level, target) in POOL.iter().enumerate() {
+            let blocks = own_level_blocks(level as u32);
+            for _ in self.pool[level].len()..*target {
+                if pooled + blocks > bound || self.capacity + pooled + blocks > self.max_capacity {
+                    break;
+                }
+                pooled += blocks;
+                wanted.push(level as u32);
             }
         }
+        wanted
+            .into_iter()
+            .map(|level| (level, self.take_id()))
+            .collect()
     }
 
     /// Drops the spill maps of `images` (ended, their blocks read and
@@ -443,20 +576,66 @@ impl Inner {
     /// them in one batch (every change of `OWN_LIVE` waits for an RCU grace
     /// period, 15 ms here: one for the batch, not one per level).
     fn drop_images(&mut self, images: &[ImageId]) {
-        let mut keys = Vec::new();
+        let mut ids = Vec::new();
         for image in images {
             let Some(maps) = self.images.remove(image) else {
                 continue;
             };
             self.capacity = self
                 .capacity
-                .saturating_sub(maps.iter().map(|(_, blocks)| *blocks).sum::<u64>());
+                .saturating_sub(maps.iter().map(|level| level.blocks).sum::<u64>());
             bpf_sys::delete(
                 self.levels.fd().as_fd(),
                 &own_image_key(image.pid, image.generation),
             );
-            keys.extend((0..maps.len() as u32).map(|level| own_key(*image, level)));
+            ids.extend(maps.iter().map(|level| level.id));
         }
-        bpf_sys::delete_batch(self.outer.fd().as_fd(), &keys, |_| {});
+        bpf_sys::delete_batch(self.outer.fd().as_fd(), &ids, |_| {});
     }
+}
+
+/// A level map of `blocks` blocks with id `id`; None when the kernel
+/// refused (logged).
+fn create_level(id: u32, blocks: u64) -> Option<LevelMap> {
+    match bpf_sys::create_hash::<u64, AllocInfo>(
+        "own_spill",
+        u32::try_from(blocks).unwrap_or(u32::MAX),
+        bpf_sys::BPF_F_NO_PREALLOC,
+    ) {
+        Ok(map) => Some(LevelMap {
+            id,
+            map: Arc::new(map),
+            blocks,
+        }),
+        Err(e) => {
+            tracing::debug!(blocks, err = %e, "spill map not created: its blocks go to LIVE_ALLOCS");
+            None
+        }
+    }
+}
+
+/// Puts `maps` in `OWN_LIVE` (`outer`) under their ids, in one batch (one
+/// grace period), one at a time for those the batch did not put (a kernel
+/// without the batch command); whether each is there.
+fn put_in_outer(outer: BorrowedFd<'_>, maps: &[&LevelMap]) -> Vec<bool> {
+    if maps.is_empty() {
+        return Vec::new();
+    }
+    let ids: Vec<u32> = maps.iter().map(|level| level.id).collect();
+    let fds: Vec<u32> = maps
+        .iter()
+        .map(|level| level.map.as_raw_fd() as u32)
+        .collect();
+    let put = bpf_sys::update_batch(outer, &ids, &fds, 0).unwrap_or_else(|(put, e)| {
+        tracing::debug!(err = %e, put, of = ids.len(), "spill maps not put in one batch: one at a time");
+        put
+    });
+    (0..ids.len())
+        .map(|index| {
+            index < put
+                || bpf_sys::update(outer, &ids[index], &fds[index], 0)
+                    .inspect_err(|e| tracing::debug!(id = ids[index], err = %e, "spill map not put in OWN_LIVE: its blocks go to LIVE_ALLOCS"))
+                    .is_ok()
+        })
+        .collect()
 }

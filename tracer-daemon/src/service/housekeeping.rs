@@ -47,8 +47,8 @@ impl Service {
     /// that mapped code, wait for their unwind tables in
     /// [`Service::unwind_pending`].
     pub fn handle_events(&self, batch: &[ProcEvent]) {
-        let read = Self::read_new_images(batch);
         self.make_own_levels(batch);
+        let read = Self::read_new_images(batch);
         self.handle_read_events(batch, read);
     }
 
