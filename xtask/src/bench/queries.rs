@@ -7,7 +7,10 @@
 //!    first), median and max of [`RUNS`];
 //! 2. the same while a second process holds 4,000,000 blocks (goal: under
 //!    20 ms, within 2x of alone);
-//! 3. the 4,000,000-block process itself: statistics (goal under 100 ms),
+//! 3. the same while four more processes hold 65,536 distinct stacks (the
+//!    kernel's totals per stack then hold ~70,000 entries of other
+//!    processes: the small process's are read by its keys alone);
+//! 4. the 4,000,000-block process itself: statistics (goal under 100 ms),
 //!    `POST /pid/N/snapshots` (goal under 1.5 s), compare with that stored
 //!    snapshot (goal under 200 ms).
 use std::{net::SocketAddr, path::Path, time::Duration, time::Instant};
@@ -26,6 +29,55 @@ const SMALL_BLOCKS: u64 = 1_000;
 const RUNS: usize = 15;
 /// How long one request may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(300);
+/// Processes holding distinct stacks.
+const STACK_PROCESSES: usize = 4;
+/// Each holds 2^STACK_DEPTH blocks, each at a stack of its own.
+const STACK_DEPTH: u32 = 14;
+
+/// Allocates 2^argv[1] blocks, each under a distinct stack (a binary
+/// recursion whose branch at each depth is a bit of the block's index:
+/// each call site is a return address of its own), says `done`, holds
+/// them until stdin closes.
+const STACKS_C: &str = r#"
+#include <stdio.h>
+#include <stdlib.h>
+static void **keep;
+static long at;
+__attribute__((noinline)) static void leaf(void) { keep[at++] = malloc(16); }
+__attribute__((noinline)) static void b(int d, unsigned bits);
+__attribute__((noinline)) static void a(int d, unsigned bits) {
+    if (!d) { leaf(); return; }
+    if (bits & 1) a(d - 1, bits >> 1); else b(d - 1, bits >> 1);
+    __asm__ volatile("" ::: "memory");
+}
+__attribute__((noinline)) static void b(int d, unsigned bits) {
+    if (!d) { leaf(); return; }
+    if (bits & 1) a(d - 1, bits >> 1); else b(d - 1, bits >> 1);
+    __asm__ volatile("" ::: "memory");
+}
+int main(int argc, char **argv) {
+    int depth = atoi(argv[1]);
+    long n = 1L << depth;
+    keep = malloc(n * sizeof(void *));
+    for (long i = 0; i < n; i++) a(depth, (unsigned)i);
+    printf("done\n");
+    fflush(stdout);
+    getchar();
+    return keep[0] == NULL;
+}
+"#;
+
+/// tracerd's reads of images' totals per stack since it started, (by
+/// keys, passes), and the entries of `STACK_TOTALS`, from `GET /maps`.
+fn stack_totals_use(http: &Client) -> anyhow::Result<((u64, u64), u64)> {
+    let maps: serde_json::Value = serde_json::from_str(&http.get("/maps")?.body)?;
+    let reads = &maps["stack_totals_reads"];
+    let field = |v: &serde_json::Value| v.as_u64().unwrap_or(0);
+    Ok((
+        (field(&reads["by_keys"]), field(&reads["passes"])),
+        field(&maps["maps"]["STACK_TOTALS"]["entries"]),
+    ))
+}
 
 /// Times `runs` GETs of `path` (each must answer 200): (median, max) in ms.
 pub(super) fn time_get(http: &Client, path: &str, runs: usize) -> anyhow::Result<(f64, f64)> {
@@ -104,6 +156,35 @@ pub fn queries_part(root: &Path, dir: &Path) -> anyhow::Result<serde_json::Value
     let big_pid = big.pid();
     wait_known(&http, big_pid)?;
     let beside = small_queries(&http, small_pid, small_base)?;
+    let stacks_exe =
+        crate::util::cc::compile_c(dir, "stacks", STACKS_C, &["-O2", "-fno-omit-frame-pointer"])?;
+    let mut stack_holders = Vec::new();
+    for _ in 0..STACK_PROCESSES {
+        stack_holders.push(keep_blocks(&stacks_exe, u64::from(STACK_DEPTH))?);
+    }
+    for holder in &stack_holders {
+        wait_known(&http, holder.pid())?;
+    }
+    let (reads_before, stack_entries) = stack_totals_use(&http)?;
+    let beside_stacks = small_queries(&http, small_pid, small_base)?;
+    let (reads_after, _) = stack_totals_use(&http)?;
+    // What a pass over them costs: the first statistics of a new process
+    // (its keys not read yet).
+    let fresh = keep_blocks(&exe, SMALL_BLOCKS)?;
+    wait_known(&http, fresh.pid())?;
+    let (first_pass_ms, _) = time_get(
+        &http,
+        &format!("/pid/{}/statistics?group_by=lineno", fresh.pid()),
+        1,
+    )?;
+    finish(fresh);
+    let (by_keys, passes) = (
+        reads_after.0 - reads_before.0,
+        reads_after.1 - reads_before.1,
+    );
+    for holder in stack_holders {
+        finish(holder);
+    }
     let big_statistics = time_get(
         &http,
         &format!("/pid/{big_pid}/statistics?group_by=lineno"),
@@ -138,6 +219,22 @@ pub fn queries_part(root: &Path, dir: &Path) -> anyhow::Result<serde_json::Value
         );
     }
     println!(
+        "| statistics, 1,000-block process, beside 4,000,000 blocks and {stack_entries} entries of totals per stack | {:.1} / {:.1} | {:.1} / {:.1} | {:.2} | < 20 ms, < 2x |",
+        alone.0.0,
+        alone.0.1,
+        beside_stacks.0.0,
+        beside_stacks.0.1,
+        ratio(beside_stacks.0.0, alone.0.0)
+    );
+    println!(
+        "| compare, 1,000-block process, beside the same | {:.1} / {:.1} | {:.1} / {:.1} | {:.2} | < 20 ms, < 2x |",
+        alone.1.0,
+        alone.1.1,
+        beside_stacks.1.0,
+        beside_stacks.1.1,
+        ratio(beside_stacks.1.0, alone.1.0)
+    );
+    println!(
         "| statistics, the 4,000,000-block process | | {:.1} / {:.1} | | < 100 ms |",
         big_statistics.0, big_statistics.1
     );
@@ -148,7 +245,16 @@ pub fn queries_part(root: &Path, dir: &Path) -> anyhow::Result<serde_json::Value
         "| compare with that snapshot, the 4,000,000-block process | | {:.1} / {:.1} | | < 200 ms |",
         big_compare.0, big_compare.1
     );
+    println!(
+        "\nBeside the stacks, tracerd read the small process's totals per stack {by_keys} times by its keys and {passes} times by a pass over all {stack_entries} entries; the first statistics of a new 1,000-block process beside them (a pass) took {first_pass_ms:.1} ms."
+    );
     Ok(serde_json::json!({
+        "small_statistics_beside_stacks_ms": beside_stacks.0.0,
+        "small_compare_beside_stacks_ms": beside_stacks.1.0,
+        "stack_totals_entries_beside": stack_entries,
+        "stack_totals_reads_by_keys": by_keys,
+        "stack_totals_reads_passes": passes,
+        "first_statistics_pass_beside_stacks_ms": first_pass_ms,
         "small_statistics_alone_ms": alone.0.0,
         "small_compare_alone_ms": alone.1.0,
         "small_statistics_beside_ms": beside.0.0,
