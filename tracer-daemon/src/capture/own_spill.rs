@@ -220,7 +220,7 @@ impl OwnSpill {
 
     /// Whether the pool lacks maps and no refill is under way.
     pub fn pool_low(&self) -> bool {
-        !self.refilling.load(Ordering::Relaxed) && !self.inner().pool_wants().is_empty()
+        !self.refilling.load(Ordering::Relaxed) && !self.inner().pool_lacks().is_empty()
     }
 
     /// Fills the pool: the maps it lacks are made and put in `OWN_LIVE`
@@ -234,7 +234,11 @@ impl OwnSpill {
         for _ in 0..4 {
             let wanted = {
                 let mut inner = self.inner();
-                let wanted = inner.pool_wants();
+                let wanted: Vec<(u32, u32)> = inner
+                    .pool_lacks()
+                    .into_iter()
+                    .map(|level| (level, inner.take_id()))
+                    .collect();
                 inner.pooled += wanted
                     .iter()
                     .map(|(level, _)| own_level_blocks(*level))
@@ -280,17 +284,17 @@ impl OwnSpill {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Creates the levels `asks` names ((image, level)), each one that is
-    /// the next its image lacks (after those before it in `asks`): its map
-    /// (with [`own_level_blocks`] entries, or what is left of the level
-    /// maps' capacity when that is less), all of them put in `OWN_LIVE` in
-    /// one batch, then each image's level count raised in `OWN_LEVELS` (in
-    /// that order, so that a program that sees the count finds the map).
-    /// Every change of `OWN_LIVE` waits for an RCU grace period (15 ms
-    /// here): a batch of asks from many processes costs one, not one a
-    /// level. A level past [`OWN_LEVELS_MAX`] or the capacity of all level
-    /// maps, or one the kernel refused (logged), is not made. Returns how
-    /// many were made.
+    /// Gives the levels `asks` names ((image, level)), each one that is
+    /// the next its image lacks (after those before it in `asks`), a map:
+    /// one of the pool's, or one made (with [`own_level_blocks`] entries,
+    /// or what is left of the level maps' capacity when that is less) and
+    /// put in `OWN_LIVE`, those made in one batch (every change of
+    /// `OWN_LIVE` waits for an RCU grace period, 15 ms here: a batch of
+    /// asks from many processes costs one, not one a level); then each
+    /// image's levels written whole in `OWN_LEVELS` (in that order, so that
+    /// a program that sees the count finds the map). A level past
+    /// [`OWN_LEVELS_MAX`] or the capacity of all level maps, or one the
+    /// kernel refused (logged), is not made. Returns how many were made.
     pub fn add_levels(&self, asks: &[(ImageId, u32)]) -> usize {
         self.inner().add_levels(asks)
     }
@@ -548,13 +552,13 @@ impl Inner {
         id
     }
 
-    /// The maps the pool lacks, as (level, id): ids taken, for each level
-    /// the pool keeps, up to [`POOL`] maps and while the pool stays within
-    /// its share of the capacity (and within the room left).
-    fn pool_wants(&mut self) -> Vec<(u32, u32)> {
+    /// The levels of the maps the pool lacks, one entry a map: up to
+    /// [`POOL`] maps of each level it keeps, while the pool stays within its
+    /// share of the capacity (and within the room left).
+    fn pool_lacks(&self) -> Vec<u32> {
         let bound = self.max_capacity / POOL_SHARE;
         let mut pooled = self.pooled;
-        let mut wanted = Vec::new();
+        let mut lacks = Vec::new();
         for (level, target) in POOL.iter().enumerate() {
             let blocks = own_level_blocks(level as u32);
             for _ in self.pool[level].len()..*target {
@@ -562,13 +566,10 @@ impl Inner {
                     break;
                 }
                 pooled += blocks;
-                wanted.push(level as u32);
+                lacks.push(level as u32);
             }
         }
-        wanted
-            .into_iter()
-            .map(|level| (level, self.take_id()))
-            .collect()
+        lacks
     }
 
     /// Drops the spill maps of `images` (ended, their blocks read and
