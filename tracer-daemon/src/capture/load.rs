@@ -267,14 +267,7 @@ impl Capture {
         };
         let procs: aya::maps::HashMap<MapData, u32, tracer_common::ProcTotals> =
             take_map(&mut ebpf, MAP_PROCS)?;
-        let procs_fd = aya::maps::IterableMap::map(&procs)
-            .fd()
-            .as_fd()
-            .try_clone_to_owned()
-            .map_err(|e| CaptureError::Map {
-                map: MAP_PROCS,
-                reason: format!("cannot open it a second time: {e}"),
-            })?;
+        let procs_fd = second_map_fd(aya::maps::IterableMap::map(&procs), MAP_PROCS)?;
         let stack_totals = take_map(&mut ebpf, MAP_STACK_TOTALS)?;
         let proc_slots_map = take_array(&mut ebpf, MAP_PROC_SLOTS)?;
         let proc_slots =
@@ -422,6 +415,24 @@ where
         map: name,
         reason: e.to_string(),
     })
+}
+
+/// A descriptor of its own of `map` (named `name`), for a reader that
+/// works without the lock of the one that owns the map.
+///
+/// # Errors
+/// [`CaptureError::Map`] when it cannot be duplicated (no descriptor left).
+pub(super) fn second_map_fd(
+    map: &MapData,
+    name: &'static str,
+) -> Result<std::os::fd::OwnedFd, CaptureError> {
+    map.fd()
+        .as_fd()
+        .try_clone_to_owned()
+        .map_err(|e| CaptureError::Map {
+            map: name,
+            reason: format!("cannot open it a second time: {e}"),
+        })
 }
 
 /// Takes the array map `name` out of `ebpf`, untyped (its values are read

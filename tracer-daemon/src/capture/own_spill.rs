@@ -191,14 +191,7 @@ impl OwnSpill {
                 });
             }
         };
-        let outer_fd = outer
-            .fd()
-            .as_fd()
-            .try_clone_to_owned()
-            .map_err(|e| CaptureError::Map {
-                map: MAP_OWN_LIVE,
-                reason: format!("cannot duplicate its descriptor: {e}"),
-            })?;
+        let outer_fd = super::load::second_map_fd(&outer, MAP_OWN_LIVE)?;
         let own = Self {
             inner: Mutex::new(Inner {
                 outer,

@@ -90,6 +90,19 @@ fn own_capacity(tracerd: &Tracerd) -> u64 {
     )
 }
 
+/// Waits until the own spill maps' capacity is `made` (`what` says when,
+/// for the failure).
+fn wait_own_capacity(tracerd: &Tracerd, made: u64, what: &str) {
+    poll(
+        Duration::from_secs(10),
+        Duration::from_millis(20),
+        || match own_capacity(tracerd) {
+            capacity if capacity == made => Ok(()),
+            other => Err(format!("{what}: own spill capacity {other}, not {made}")),
+        },
+    );
+}
+
 #[test]
 fn a_process_s_spill_goes_to_maps_of_its_own_that_grow_ahead_of_it_and_every_free_finds_them() {
     let prog = build("ownspill");
@@ -127,14 +140,7 @@ fn a_process_s_spill_goes_to_maps_of_its_own_that_grow_ahead_of_it_and_every_fre
         // step before it runs.
         let levels = levels_for(spilled);
         let made = tracer_common::own_levels_blocks(levels);
-        poll(
-            Duration::from_secs(10),
-            Duration::from_millis(20),
-            || match own_capacity(&tracerd) {
-                capacity if capacity == made => Ok(()),
-                other => Err(format!("step {step}: capacity {other}, not {made}")),
-            },
-        );
+        wait_own_capacity(&tracerd, made, &format!("step {step}"));
         assert!(made >= spilled + 1000 || step == 6, "step {step}: {made}");
     }
     // Levels of 1024, 2048, 4096 and 8192 blocks: each asked at 3/4 of the
@@ -189,7 +195,8 @@ fn a_process_s_spill_goes_to_maps_of_its_own_that_grow_ahead_of_it_and_every_fre
 }
 
 #[test]
-fn processes_that_spill_at_once_get_their_levels_together_and_the_kernel_counts_each_block_where_it_is() {
+fn processes_that_spill_at_once_get_their_levels_together_and_the_kernel_counts_each_block_where_it_is()
+ {
     let prog = build("ownspill");
     let mut fxs: Vec<Fixture> = (0..3)
         .map(|_| Fixture::spawn_ready(&prog.exe, &[]))
@@ -212,16 +219,7 @@ fn processes_that_spill_at_once_get_their_levels_together_and_the_kernel_counts_
     for fx in &fxs {
         tracerd.wait_traced(fx.pid());
     }
-    let wait_capacity = |made: u64, what: &str| {
-        poll(
-            Duration::from_secs(10),
-            Duration::from_millis(20),
-            || match own_capacity(&tracerd) {
-                capacity if capacity == made => Ok(()),
-                other => Err(format!("{what}: own spill capacity {other}, not {made}")),
-            },
-        );
-    };
+    let wait_capacity = |made: u64, what: &str| wait_own_capacity(&tracerd, made, what);
     wait_capacity(3 * 1024, "a level 0 each");
     for step in 1..=6u64 {
         step_all(&mut fxs, "step");
