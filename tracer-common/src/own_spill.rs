@@ -14,8 +14,9 @@
 //! [`MAP_OWN_LEVELS`] says which maps are an image's levels
 //! ([`own_image_key`] → [`OwnLevelMaps`]), written by tracerd only.
 //!
-//! Protocol. tracerd creates level 0 when it learns of a new image. A
-//! program that spills a block of an image puts it in the newest level,
+//! Protocol. A program that spills a block of an image puts it in the
+//! newest level (level 0 is asked for at the image's first spilled block,
+//! as most images never spill),
 //! counted in [`crate::ProcTotals::own_spill`]; once those blocks fill 3/4
 //! of the levels ([`own_wants_next`]; or the newest is full, or there is
 //! none), it asks tracerd

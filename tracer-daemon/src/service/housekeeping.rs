@@ -52,11 +52,11 @@ impl Service {
         self.handle_read_events(batch, read);
     }
 
-    /// Makes the own spill maps `batch` asks for: level 0 of each new
-    /// image, before its blocks outgrow their buckets of the fast table,
-    /// and the levels the programs asked for (`Spill`), all in one change
-    /// of `OWN_LIVE` (each waits for an RCU grace period: a batch of asks
-    /// from a hundred processes must not wait for a hundred). Done as soon
+    /// Makes the own spill maps `batch` asks for: the levels the programs
+    /// asked for (`Spill`; level 0 at an image's first spilled block, as
+    /// most images never spill), from the pool, and those it lacks in one
+    /// change of `OWN_LIVE` (each waits for an RCU grace period: a batch of
+    /// asks from a hundred processes must not wait for a hundred). Done as soon
     /// as the batch is read from the ring, without the kernel lock: a level
     /// the programs wait for must not wait for a read of millions of blocks.
     pub fn make_own_levels(&self, batch: &[ProcEvent]) {
@@ -66,7 +66,6 @@ impl Service {
         let asks: Vec<(ImageId, u32)> = batch
             .iter()
             .filter_map(|event| match events::decode(event) {
-                Some(Event::New { image, .. }) => Some((image, 0)),
                 Some(Event::Spill { image, level }) => Some((image, level)),
                 _ => None,
             })
