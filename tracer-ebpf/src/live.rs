@@ -259,8 +259,8 @@ fn own_put(stats: *mut ProcStats, tgid: u32, gen_: u32, addr: u64, info: *const 
         && let Some(map) = own_map(tgid, gen_, levels - 1)
         && own_insert(map, addr, unsafe { &*info })
     {
-        // Three quarters full, or little room left: the next level is
-        // asked for now, so that it is there before this one is full.
+        // Three quarters full: the next level is asked for now, so that
+        // it is there before this one is full.
         let held = fetch_add(own_spill_counter(stats), 1).wrapping_add(1);
         if own_wants_next(levels, held) {
             ask_level(stats, tgid, gen_, levels);

@@ -175,8 +175,8 @@ pub trait KernelMaps: Send {
     }
 
     /// The handle that makes the images' own spill maps as the programs
-    /// ask for them (a `Spill` event), without the kernel lock; None for the fake kernel, which
-    /// has a single place for blocks.
+    /// ask for them (a `Spill` event), without the kernel lock; None for
+    /// the fake kernel, which has a single place for blocks.
     fn own_levels(&self) -> Option<super::own_spill::OwnLevels> {
         None
     }

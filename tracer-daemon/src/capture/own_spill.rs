@@ -44,9 +44,9 @@ pub struct OwnUsage {
 /// ([`OwnLevels`]), while a snapshot reads an image's levels.
 pub struct OwnSpill {
     inner: Mutex<Inner>,
-    /// `OWN_LIVE`, a descriptor of its own: the pool is refilled without
-    /// the lock (each change waits for a grace period).
-    outer: OwnedFd,
+    /// `OWN_LIVE`: map id → level map. Outside the lock: the pool is
+    /// refilled without it (each change waits for a grace period).
+    outer: MapData,
     /// A refill of the pool is under way ([`OwnSpill::refill`]).
     refilling: AtomicBool,
 }
@@ -62,8 +62,6 @@ struct LevelMap {
 
 /// What [`OwnSpill`]'s lock guards.
 struct Inner {
-    /// `OWN_LIVE`: map id → level map.
-    outer: MapData,
     /// `OWN_LEVELS`: image → its levels' map ids.
     levels: MapData,
     /// Each image's level maps, level 0 first; in (pid, generation)
@@ -191,10 +189,8 @@ impl OwnSpill {
                 });
             }
         };
-        let outer_fd = super::load::second_map_fd(&outer, MAP_OWN_LIVE)?;
         let own = Self {
             inner: Mutex::new(Inner {
-                outer,
                 levels,
                 images: BTreeMap::new(),
                 capacity: 0,
@@ -203,7 +199,7 @@ impl OwnSpill {
                 max_capacity: max_live_blocks.saturating_mul(CAPACITY_PER_LIVE_BLOCK),
                 next_id: 1,
             }),
-            outer: outer_fd,
+            outer,
             refilling: AtomicBool::new(false),
         };
         // The pool, before the first process asks.
@@ -225,18 +221,20 @@ impl OwnSpill {
             return;
         }
         for _ in 0..4 {
-            let wanted = {
+            // The maps lacking and their room, reserved under one lock.
+            let (wanted, reserved) = {
                 let mut inner = self.inner();
                 let wanted: Vec<(u32, u32)> = inner
                     .pool_lacks()
                     .into_iter()
                     .map(|level| (level, inner.take_id()))
                     .collect();
-                inner.pooled += wanted
+                let reserved: u64 = wanted
                     .iter()
                     .map(|(level, _)| own_level_blocks(*level))
-                    .sum::<u64>();
-                wanted
+                    .sum();
+                inner.pooled += reserved;
+                (wanted, reserved)
             };
             if wanted.is_empty() {
                 break;
@@ -249,7 +247,7 @@ impl OwnSpill {
                 })
                 .collect();
             let maps: Vec<&LevelMap> = made.iter().map(|(_, map)| map).collect();
-            let put = put_in_outer(self.outer.as_fd(), &maps);
+            let put = put_in_outer(self.outer.fd().as_fd(), &maps);
             let mut inner = self.inner();
             // What was reserved and is not in the pool gives its room back.
             let mut kept = 0;
@@ -259,10 +257,6 @@ impl OwnSpill {
                     inner.pool[level as usize].push(map);
                 }
             }
-            let reserved: u64 = wanted
-                .iter()
-                .map(|(level, _)| own_level_blocks(*level))
-                .sum();
             inner.pooled = inner.pooled.saturating_sub(reserved - kept);
             if kept < reserved {
                 break;
@@ -289,13 +283,13 @@ impl OwnSpill {
     /// [`OWN_LEVELS_MAX`] or the capacity of all level maps, or one the
     /// kernel refused (logged), is not made. Returns how many were made.
     pub fn add_levels(&self, asks: &[(ImageId, u32)]) -> usize {
-        self.inner().add_levels(asks)
+        self.inner().add_levels(self.outer.fd().as_fd(), asks)
     }
 
     /// Drops the spill maps of `images` (ended, their blocks read and
     /// removed): out of `OWN_LEVELS` first, then out of `OWN_LIVE`.
     pub fn drop_images(&self, images: &[ImageId]) {
-        self.inner().drop_images(images);
+        self.inner().drop_images(self.outer.fd().as_fd(), images);
     }
 
     /// The images that have spill maps.
@@ -438,7 +432,7 @@ impl Inner {
     /// [`OwnSpill::add_levels`]: each level from the pool, or made and put
     /// in `OWN_LIVE` (those made, in one batch), then each image's levels
     /// written whole in `OWN_LEVELS`.
-    fn add_levels(&mut self, asks: &[(ImageId, u32)]) -> usize {
+    fn add_levels(&mut self, outer: BorrowedFd<'_>, asks: &[(ImageId, u32)]) -> usize {
         // (image, level, map, whether it came from the pool)
         let mut new: Vec<(ImageId, u32, LevelMap, bool)> = Vec::new();
         for &(image, level) in asks {
@@ -463,7 +457,7 @@ impl Inner {
             .filter(|(.., pooled)| !pooled)
             .map(|(_, _, map, _)| map)
             .collect();
-        let mut made_put = put_in_outer(self.outer.fd().as_fd(), &made).into_iter();
+        let mut made_put = put_in_outer(outer, &made).into_iter();
         let in_outer: Vec<bool> = new
             .iter()
             .map(|(.., pooled)| *pooled || made_put.next().unwrap_or(false))
@@ -505,7 +499,7 @@ impl Inner {
                 published += 1;
             } else {
                 if put {
-                    bpf_sys::delete(self.outer.fd().as_fd(), &map.id);
+                    bpf_sys::delete(outer, &map.id);
                 }
                 self.capacity = self.capacity.saturating_sub(map.blocks);
             }
@@ -569,7 +563,7 @@ impl Inner {
     /// removed): out of `OWN_LEVELS` first, then out of `OWN_LIVE`, all of
     /// them in one batch (every change of `OWN_LIVE` waits for an RCU grace
     /// period, 15 ms here: one for the batch, not one per level).
-    fn drop_images(&mut self, images: &[ImageId]) {
+    fn drop_images(&mut self, outer: BorrowedFd<'_>, images: &[ImageId]) {
         let mut ids = Vec::new();
         for image in images {
             let Some(maps) = self.images.remove(image) else {
@@ -584,7 +578,7 @@ impl Inner {
             );
             ids.extend(maps.iter().map(|level| level.id));
         }
-        bpf_sys::delete_batch(self.outer.fd().as_fd(), &ids, |_| {});
+        bpf_sys::delete_batch(outer, &ids, |_| {});
     }
 }
 

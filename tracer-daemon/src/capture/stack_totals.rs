@@ -133,11 +133,7 @@ impl StackTotalsSource for TotalsReader {
         &self,
         generations: Option<&HashSet<u32>>,
     ) -> Vec<(StackTotalsKey, StackTotals)> {
-        let stopping = self
-            .stopping
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone();
+        let stopping = self.stopping();
         read_stack_totals(self.stack_totals.as_fd(), &stopping, generations).0
     }
 
@@ -171,11 +167,7 @@ impl StackTotalsSource for TotalsReader {
             return entries;
         }
         self.passes.fetch_add(1, Ordering::Relaxed);
-        let stopping = self
-            .stopping
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone();
+        let stopping = self.stopping();
         let (entries, seen) = read_stack_totals(fd, &stopping, Some(&HashSet::from([generation])));
         if !stopping.is_raised() {
             let mut index = self.index();
@@ -202,6 +194,14 @@ impl StackTotalsSource for TotalsReader {
 }
 
 impl TotalsReader {
+    /// tracerd's stop as it is now set.
+    fn stopping(&self) -> super::Stopping {
+        self.stopping
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
     /// The index, locked (a poisoned lock is taken as is: every change to
     /// it is whole).
     fn index(&self) -> std::sync::MutexGuard<'_, KeyIndex> {

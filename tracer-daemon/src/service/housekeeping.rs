@@ -56,9 +56,10 @@ impl Service {
     /// asked for (`Spill`; level 0 at an image's first spilled block, as
     /// most images never spill), from the pool, and those it lacks in one
     /// change of `OWN_LIVE` (each waits for an RCU grace period: a batch of
-    /// asks from a hundred processes must not wait for a hundred). Done as soon
-    /// as the batch is read from the ring, without the kernel lock: a level
-    /// the programs wait for must not wait for a read of millions of blocks.
+    /// asks from a hundred processes must not wait for a hundred). Done as
+    /// soon as the batch is read from the ring, without the kernel lock: a
+    /// level the programs wait for must not wait for a read of millions of
+    /// blocks.
     pub fn make_own_levels(&self, batch: &[ProcEvent]) {
         let Some(own) = &self.own_levels else {
             return;

@@ -61,12 +61,6 @@ fn figures(memory: &Value) -> (u64, u64, u64) {
     )
 }
 
-/// A metric of `/metrics` without labels.
-fn metric(tracerd: &Tracerd, name: &str) -> f64 {
-    let (_, text) = tracerd.get_text("/metrics");
-    sample(&text, name, &[]).unwrap_or_else(|| panic!("{name} in /metrics"))
-}
-
 fn unix_secs(at: SystemTime) -> f64 {
     at.duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64())
@@ -107,7 +101,7 @@ fn cheap_routes_answer_at_once_with_exact_totals_while_a_big_process_is_queried_
     );
     assert!(big_rest.0 >= BLOCKS * 24, "{big_rest:?}");
 
-    let sweeps_before = metric(&tracerd, "tracer_orphan_sweeps_total");
+    let sweeps_before = tracerd.metric("tracer_orphan_sweeps_total");
     let done = AtomicBool::new(false);
     let client = Client::builder()
         .timeout(Duration::from_secs(300))
@@ -190,20 +184,20 @@ fn cheap_routes_answer_at_once_with_exact_totals_while_a_big_process_is_queried_
     // after the window began may have begun in the window and still run
     // (`/metrics` does not wait for it): its run overlaps the window.
     poll(Duration::from_secs(120), Duration::from_millis(100), || {
-        let end = metric(&tracerd, "tracer_orphan_sweep_last_end_seconds");
+        let end = tracerd.metric("tracer_orphan_sweep_last_end_seconds");
         if end > unix_secs(began) {
             Ok(())
         } else {
             Err(format!("the last sweep ended at {end}"))
         }
     });
-    let sweeps = metric(&tracerd, "tracer_orphan_sweeps_total");
+    let sweeps = tracerd.metric("tracer_orphan_sweeps_total");
     assert!(
         sweeps > sweeps_before,
         "{sweeps} sweeps, {sweeps_before} before"
     );
-    let sweep_end = metric(&tracerd, "tracer_orphan_sweep_last_end_seconds");
-    let sweep_took = metric(&tracerd, "tracer_orphan_sweep_last_seconds");
+    let sweep_end = tracerd.metric("tracer_orphan_sweep_last_end_seconds");
+    let sweep_took = tracerd.metric("tracer_orphan_sweep_last_seconds");
     assert!(
         sweep_end - sweep_took < unix_secs(ended) && sweep_end > unix_secs(began),
         "the last sweep ({sweep_took} s, ended at {sweep_end}) ran from {} to {}",

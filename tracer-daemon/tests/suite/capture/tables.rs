@@ -8,7 +8,7 @@ use std::{path::Path, time::Duration};
 use serde_json::json;
 
 use super::build;
-use crate::suite::support::{Fixture, Tracerd, poll, sample, stat_at, u64_of};
+use crate::suite::support::{Fixture, Tracerd, poll, stat_at, u64_of};
 
 /// (allocs, frees, unknown frees, live blocks, current bytes) of `pid`.
 fn totals(tracerd: &Tracerd, pid: u32) -> [u64; 5] {
@@ -270,12 +270,6 @@ fn processes_that_spill_at_once_get_their_levels_together_and_the_kernel_counts_
     wait_own_capacity(&tracerd, 0, "after the exits");
 }
 
-/// The sweep counter of `/metrics`.
-fn sweeps(tracerd: &Tracerd) -> f64 {
-    let (_, text) = tracerd.get_text("/metrics");
-    sample(&text, "tracer_orphan_sweeps_total", &[]).expect("tracer_orphan_sweeps_total")
-}
-
 #[test]
 fn processes_that_start_while_the_sweep_walks_millions_of_blocks_keep_their_own_spill_maps() {
     // Every block spills (a table of 14): the sweep walks the big
@@ -288,11 +282,11 @@ fn processes_that_start_while_the_sweep_walks_millions_of_blocks_keep_their_own_
     let tracerd = Tracerd::start(&["--live-table-blocks", "14"]);
     let mut holder = Fixture::spawn_traced(&tracerd, &big.exe, &["1500000"]);
     holder.step("done");
-    let before = sweeps(&tracerd);
+    let before = tracerd.metric("tracer_orphan_sweeps_total");
     let mut started = Vec::new();
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     // Small processes one after another until two sweeps ended.
-    while sweeps(&tracerd) < before + 2.0 {
+    while tracerd.metric("tracer_orphan_sweeps_total") < before + 2.0 {
         assert!(
             std::time::Instant::now() < deadline,
             "no two sweeps in 60 s"

@@ -143,6 +143,13 @@ impl Tracerd {
         u64_of(&self.maps()["counters"], name)
     }
 
+    /// The unlabelled sample `name` from `GET /metrics`; fails the test
+    /// when it is missing.
+    pub fn metric(&self, name: &str) -> f64 {
+        let (_, text) = self.get_text("/metrics");
+        sample(&text, name, &[]).unwrap_or_else(|| panic!("{name} in /metrics"))
+    }
+
     /// `tracer_drops_total{reason="{reason}"}` from `GET /metrics`; fails
     /// the test when the sample is missing.
     pub fn drops_total(&self, reason: &str) -> f64 {
