@@ -2,7 +2,9 @@
 //! answer made whole, [`streamed`] for one written as it is made (the
 //! traces, whatever their number, in memory independent of it).
 //!
-//! The work runs on tokio's blocking threads, with:
+//! The work runs on blocking threads (an expensive route's on threads of
+//! its own at a lower priority, [`EXPENSIVE_NICE`], so that a cheap route
+//! gets a CPU first), with:
 //! - its route's permit ([`admit`]): an expensive route's permit is held
 //!   by the work, not by the connection, and is given back only when the
 //!   work ends, so that `max_expensive_requests` counts running work;
@@ -25,7 +27,7 @@ use std::{
     io::Write,
     pin::Pin,
     sync::{
-        Arc,
+        Arc, LazyLock,
         atomic::{AtomicBool, AtomicU8, Ordering},
     },
     task::{Context, Poll},
@@ -39,7 +41,10 @@ use axum::{
     middleware::Next,
     response::{IntoResponse, Response},
 };
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+use tokio::{
+    sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot},
+    task::JoinHandle,
+};
 use tracer_model::interrupt::{CheckGuard, Interrupted};
 
 use super::ApiError;
@@ -125,6 +130,42 @@ pub struct Admission {
 tokio::task_local! {
     /// The admission of the request whose future is being polled.
     static ADMISSION: Admission;
+}
+
+/// The nice value of the threads that run an expensive route's work: a
+/// snapshot of millions of blocks takes a CPU for a second or more, and a
+/// cheap route's thread (nice 0) must get one first, even on a host whose
+/// other CPU is busy (the model's helper threads run at this nice too).
+pub const EXPENSIVE_NICE: i32 = 10;
+
+/// The threads of the expensive routes' work: the blocking pool of a
+/// runtime of their own (none of its futures run: it only lends its
+/// threads), each thread at [`EXPENSIVE_NICE`] from its start. Linux's
+/// nice is per thread, and only CAP_SYS_NICE lowers it again, which
+/// tracerd's service does not have: so a thread once lowered serves only
+/// expensive work, never a cheap route. None when the runtime could not
+/// be built (the work then runs on tokio's own blocking threads).
+static EXPENSIVE_THREADS: LazyLock<Option<tokio::runtime::Runtime>> = LazyLock::new(|| {
+    tokio::runtime::Builder::new_current_thread()
+        .thread_name("tracerd-expensive")
+        .on_thread_start(|| crate::sys::lower_this_threads_priority(EXPENSIVE_NICE))
+        .build()
+        .inspect_err(
+            |err| tracing::warn!(%err, "expensive work runs at the cheap routes' priority"),
+        )
+        .ok()
+});
+
+/// Runs `work` on a blocking thread: an expensive route's (it holds a
+/// permit) on [`EXPENSIVE_THREADS`], any other on tokio's.
+fn spawn_work<T: Send + 'static>(
+    expensive: bool,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> JoinHandle<T> {
+    match EXPENSIVE_THREADS.as_ref() {
+        Some(runtime) if expensive => runtime.spawn_blocking(work),
+        _ => tokio::task::spawn_blocking(work),
+    }
 }
 
 /// The admission of the current request; a default one (no permit, no
@@ -354,8 +395,9 @@ pub async fn blocking<T: Send + 'static, E: Into<ApiError> + Send + 'static>(
     let admission = current_admission();
     let state = Arc::new(WorkState::default());
     let _abandon = AbandonOnDrop(state.clone());
-    let task =
-        tokio::task::spawn_blocking(move || run(admission, state, || work().map_err(Into::into)));
+    let task = spawn_work(admission.permit.is_some(), move || {
+        run(admission, state, || work().map_err(Into::into))
+    });
     match task.await {
         Ok(result) => result,
         Err(err) => Err(ApiError::internal(err)),
@@ -499,7 +541,7 @@ pub async fn streamed(
     let (head_tx, head_rx) = oneshot::channel();
     let (chunks_tx, chunks_rx) = mpsc::channel(CHUNKS_QUEUED);
     let stall = admission.stall;
-    let task = tokio::task::spawn_blocking(move || {
+    let task = spawn_work(admission.permit.is_some(), move || {
         let mut sink = Sink {
             head: Some(head_tx),
             chunks: chunks_tx,
