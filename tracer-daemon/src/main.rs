@@ -20,9 +20,6 @@ use tracer_daemon::config::{Cli, Command, Config, ConfigCommand, Flags};
 static ALLOCATOR: tracer_daemon::sys::alloc::Counting<mimalloc::MiMalloc> =
     tracer_daemon::sys::alloc::Counting(mimalloc::MiMalloc);
 
-/// The nice value of the snapshot engine's helper threads.
-const HELPER_NICE: i32 = 10;
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
@@ -58,9 +55,10 @@ fn daemon(flags: &Flags) -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     // A big snapshot's grouping runs on helper threads besides the
-    // request's: at nice 10, so that the cheap routes get a CPU first.
+    // request's: at the request's own nice, so that the cheap routes get a
+    // CPU first.
     tracer_model::on_helper_thread_start(|| {
-        tracer_daemon::sys::lower_this_threads_priority(HELPER_NICE);
+        tracer_daemon::sys::lower_this_threads_priority(tracer_daemon::tasks::EXPENSIVE_NICE);
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

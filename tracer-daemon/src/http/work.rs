@@ -3,8 +3,8 @@
 //! traces, whatever their number, in memory independent of it).
 //!
 //! The work runs on blocking threads (an expensive route's on threads of
-//! its own at a lower priority, [`EXPENSIVE_NICE`], so that a cheap route
-//! gets a CPU first), with:
+//! its own at a lower priority, [`crate::tasks::EXPENSIVE_NICE`], so that
+//! a cheap route gets a CPU first), with:
 //! - its route's permit ([`admit`]): an expensive route's permit is held
 //!   by the work, not by the connection, and is given back only when the
 //!   work ends, so that `max_expensive_requests` counts running work;
@@ -27,7 +27,7 @@ use std::{
     io::Write,
     pin::Pin,
     sync::{
-        Arc, LazyLock,
+        Arc,
         atomic::{AtomicBool, AtomicU8, Ordering},
     },
     task::{Context, Poll},
@@ -132,39 +132,17 @@ tokio::task_local! {
     static ADMISSION: Admission;
 }
 
-/// The nice value of the threads that run an expensive route's work: a
-/// snapshot of millions of blocks takes a CPU for a second or more, and a
-/// cheap route's thread (nice 0) must get one first, even on a host whose
-/// other CPU is busy (the model's helper threads run at this nice too).
-pub const EXPENSIVE_NICE: i32 = 10;
-
-/// The threads of the expensive routes' work: the blocking pool of a
-/// runtime of their own (none of its futures run: it only lends its
-/// threads), each thread at [`EXPENSIVE_NICE`] from its start. Linux's
-/// nice is per thread, and only CAP_SYS_NICE lowers it again, which
-/// tracerd's service does not have: so a thread once lowered serves only
-/// expensive work, never a cheap route. None when the runtime could not
-/// be built (the work then runs on tokio's own blocking threads).
-static EXPENSIVE_THREADS: LazyLock<Option<tokio::runtime::Runtime>> = LazyLock::new(|| {
-    tokio::runtime::Builder::new_current_thread()
-        .thread_name("tracerd-expensive")
-        .on_thread_start(|| crate::sys::lower_this_threads_priority(EXPENSIVE_NICE))
-        .build()
-        .inspect_err(
-            |err| tracing::warn!(%err, "expensive work runs at the cheap routes' priority"),
-        )
-        .ok()
-});
-
 /// Runs `work` on a blocking thread: an expensive route's (it holds a
-/// permit) on [`EXPENSIVE_THREADS`], any other on tokio's.
+/// permit) on [`crate::tasks::spawn_expensive`]'s threads, any other on
+/// tokio's.
 fn spawn_work<T: Send + 'static>(
     expensive: bool,
     work: impl FnOnce() -> T + Send + 'static,
 ) -> JoinHandle<T> {
-    match EXPENSIVE_THREADS.as_ref() {
-        Some(runtime) if expensive => runtime.spawn_blocking(work),
-        _ => tokio::task::spawn_blocking(work),
+    if expensive {
+        crate::tasks::spawn_expensive(work)
+    } else {
+        tokio::task::spawn_blocking(work)
     }
 }
 
