@@ -2,7 +2,8 @@
 //! of 1.5 M live blocks is queried whole (its traces, a
 //! stored snapshot) and the orphan sweep passes over every block, the
 //! cheap routes (`/health`, `/processes`, `GET /pid/N/traced-memory`,
-//! `/metrics`) answer at once, with the kernel's exact totals. Before, a
+//! `/metrics`) answer at once, with the kernel's exact totals, and the
+//! long work runs on threads at a lower priority than theirs. Before, a
 //! process's traced memory waited for the kernel lock that a whole-table
 //! scan held (1.04 s measured behind a 2.57 M-block statistics query), and
 //! `/metrics` waited for it to read the counters and the maps' use.
@@ -233,6 +234,45 @@ fn cheap_routes_answer_at_once_with_exact_totals_while_a_big_process_is_queried_
             assert_eq!(figures(body), big_rest, "{path}: {body}");
         }
     }
+    // The long work ran on threads of its own at nice 10, and no thread
+    // of the cheap routes was lowered (Linux's nice is per thread, and
+    // tracerd never raises one back).
+    let threads = thread_nices(tracerd.pid());
+    let expensive: Vec<_> = threads
+        .iter()
+        .filter(|(comm, _)| comm == "tracerd-expensi")
+        .collect();
+    assert!(!expensive.is_empty(), "{threads:?}");
+    assert!(expensive.iter().all(|(_, nice)| *nice == 10), "{threads:?}");
+    let tokio: Vec<_> = threads
+        .iter()
+        .filter(|(comm, _)| comm.starts_with("tokio-"))
+        .collect();
+    assert!(tokio.len() >= 2, "{threads:?}");
+    assert!(tokio.iter().all(|(_, nice)| *nice == 0), "{threads:?}");
     drop(small);
     drop(big);
+}
+
+/// (comm, nice) of every thread of `pid`, from `/proc/PID/task/TID/stat`
+/// (the nice value is its 19th field).
+fn thread_nices(pid: u32) -> Vec<(String, i64)> {
+    let mut threads = Vec::new();
+    for entry in std::fs::read_dir(format!("/proc/{pid}/task")).expect("tasks") {
+        let Ok(stat) = std::fs::read_to_string(entry.expect("task").path().join("stat")) else {
+            continue;
+        };
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            panic!("stat: {stat}");
+        };
+        let comm = stat[open + 1..close].to_string();
+        // The fields after the comm start at the 3rd (state).
+        let nice = stat[close + 1..]
+            .split_whitespace()
+            .nth(19 - 3)
+            .and_then(|field| field.parse().ok())
+            .unwrap_or_else(|| panic!("stat: {stat}"));
+        threads.push((comm, nice));
+    }
+    threads
 }
