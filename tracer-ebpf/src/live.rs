@@ -31,7 +31,8 @@ use aya_ebpf::{
 };
 use tracer_common::{
     AllocInfo, AllocKey, Counter, LIVE_BUSY, LIVE_EMPTY, LIVE_WAYS, LiveBucket, OWN_LEVELS_MAX,
-    ProcStats, STACK_TOTALS_KEY_OFFSET, StackTotalsKey, live_key, own_image_key, own_wants_next,
+    OwnLevelMaps, ProcStats, STACK_TOTALS_KEY_OFFSET, StackTotalsKey, live_key, own_image_key,
+    own_wants_next,
 };
 
 use crate::{
@@ -103,13 +104,20 @@ fn own_levels(tgid: u32, gen_: u32) -> u32 {
 #[inline(always)]
 fn own_map(tgid: u32, gen_: u32, level: u32) -> Option<*mut c_void> {
     let levels = OWN_LEVELS.get_ptr(own_image_key(tgid, gen_))?;
+    // SAFETY: an OWN_LEVELS value (tracerd replaces it whole).
+    own_level_map(unsafe { &*levels }, level)
+}
+
+/// The map of `level` among `levels` (an image's OWN_LEVELS value), in
+/// OWN_LIVE, as the helpers take a map.
+#[inline(always)]
+fn own_level_map(levels: &OwnLevelMaps, level: u32) -> Option<*mut c_void> {
     // Masked, not compared: the verifier must see the index bounded in the
     // register that indexes (callers pass a level below the count, at
     // most OWN_LEVELS_MAX, a power of two).
     let index = (level & (OWN_LEVELS_MAX - 1)) as usize;
-    // SAFETY: an OWN_LEVELS value (tracerd replaces it whole); index is
-    // below the length of its array.
-    let id = unsafe { core::ptr::read_volatile(&raw const (*levels).maps[index]) };
+    // SAFETY: index is below the length of the array.
+    let id = unsafe { core::ptr::read_volatile(&raw const levels.maps[index]) };
     // SAFETY: only the inner map's address is used, and only by the map
     // helpers (nothing is read through the reference).
     unsafe { OWN_LIVE.get(&id) }.map(|map| core::ptr::from_ref(map).cast_mut().cast::<c_void>())
@@ -150,12 +158,14 @@ fn own_insert(map: *mut c_void, addr: u64, info: &AllocInfo) -> bool {
     }
 }
 
-/// The state of [`own_lookup`]'s loop: the block looked for, and where it
-/// was found.
+/// The state of [`own_lookup`]'s loop: the image's levels (its OWN_LEVELS
+/// value, looked up once: one lookup a free, not one per level it passes;
+/// a pointer, not a copy, which the 512 bytes of the programs' stack have
+/// no room for), the block looked for, and where it was found.
 #[repr(C)]
 struct OwnLookup {
-    tgid: u32,
-    gen_: u32,
+    maps: *const OwnLevelMaps,
+    /// The levels' count read once, at most OWN_LEVELS_MAX.
     levels: u32,
     /// The level it was found in + 1; 0 while not found.
     found: u32,
@@ -175,7 +185,9 @@ extern "C" fn own_lookup_step(index: u64, ctx: *mut c_void) -> i64 {
         return 1;
     }
     let level = state.levels - 1 - i;
-    if let Some(map) = own_map(state.tgid, state.gen_, level)
+    // SAFETY: an OWN_LEVELS value, looked up by own_lookup in this run of
+    // the program (tracerd replaces a value whole).
+    if let Some(map) = own_level_map(unsafe { &*state.maps }, level)
         && let Some(info) = own_get(map, state.addr)
     {
         state.info = info;
@@ -193,23 +205,26 @@ extern "C" fn own_lookup_step(index: u64, ctx: *mut c_void) -> i64 {
 /// (`mmap`'s).
 #[inline(never)]
 fn own_lookup(tgid: u32, gen_: u32, addr: u64, out: *mut AllocInfo) -> u32 {
-    let levels = own_levels(tgid, gen_);
-    if levels == 0 {
+    let Some(levels) = OWN_LEVELS.get_ptr(own_image_key(tgid, gen_)) else {
+        return 0;
+    };
+    // SAFETY: an OWN_LEVELS value (tracerd replaces it whole).
+    let count = unsafe { core::ptr::read_volatile(&raw const (*levels).count) }.min(OWN_LEVELS_MAX);
+    if count == 0 {
         return 0;
     }
     let mut state = OwnLookup {
-        tgid,
-        gen_,
-        levels,
+        maps: levels,
+        levels: count,
         found: 0,
         addr,
         info: AllocInfo::default(),
     };
     // SAFETY: bpf_loop calls own_lookup_step with a pointer to `state`, on
-    // this stack, at most `levels` (<= OWN_LEVELS_MAX) times.
+    // this stack, at most `count` (<= OWN_LEVELS_MAX) times.
     unsafe {
         bpf_loop(
-            levels,
+            count,
             own_lookup_step as *mut c_void,
             (&raw mut state).cast::<c_void>(),
             0,
