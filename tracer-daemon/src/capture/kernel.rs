@@ -72,7 +72,7 @@ pub type MapUsage = Vec<(&'static str, u64, u64)>;
 
 /// The kernel side as the rest of tracerd uses it. Every method blocks on
 /// map syscalls: call them from blocking threads.
-pub trait KernelMaps: Send {
+pub trait KernelMaps: Send + Sync {
     /// The configuration in force (nframe clamped, sizes rounded as the
     /// kernel has them).
     fn config(&self) -> &CaptureConfig;

@@ -26,41 +26,92 @@ impl Scan {
     }
 }
 
-/// Scans the kernel maps, and collects unreferenced stacks when `STACKS`
-/// is at least half full: the ids listed *before* the scan of the live
-/// blocks that no block references. (A block stored after the scan with
-/// such a stack shows no traceback until that stack is stored again by its
-/// next allocation.) None, with nothing collected, when `stopping` was
-/// raised during the scan: the blocks read are then only some of them.
-pub fn scan(kernel: &mut dyn KernelMaps, stopping: &Stopping) -> Option<Scan> {
+/// What [`walk`] read: every live block, and the stacks listed before it
+/// (when collection is due).
+#[derive(Debug, Default)]
+pub struct Walked {
+    entries: Vec<(AllocKey, AllocInfo)>,
+    stacks_before: Option<Vec<u64>>,
+}
+
+/// The scan's first step: reads every live block, and first the stored
+/// stacks' ids when `STACKS` is at least half full (collection is due:
+/// those that no block references are collected, [`digest`] and [`apply`];
+/// a block stored after the walk with such a stack shows no traceback
+/// until that stack is stored again by its next allocation). Only reads:
+/// the kernel lock may be shared meanwhile (a snapshot's scan need not
+/// wait for it). None, with nothing collected, when `stopping` was raised
+/// during the walk: the blocks read are then only some of them.
+pub fn walk(kernel: &dyn KernelMaps, stopping: &Stopping) -> Option<Walked> {
     let max_stacks = u64::from(kernel.config().max_stacks);
     let stacks_before = (kernel.stacks_stored() * 2 > max_stacks).then(|| kernel.stack_ids());
     let entries = kernel.live_blocks(None);
-    if stopping.is_raised() {
-        return None;
-    }
-    if let Some(before) = stacks_before {
-        let mut referenced: HashSet<u64> = HashSet::new();
-        for (step, (_, info)) in entries.iter().enumerate() {
-            if stopped(step, stopping) {
-                return None;
+    (!stopping.is_raised()).then_some(Walked {
+        entries,
+        stacks_before,
+    })
+}
+
+/// What [`digest`] made of a walk, for [`apply`].
+#[derive(Debug, Default)]
+pub struct Digest {
+    walked: Walked,
+    /// The ids listed before the walk that no block references (None:
+    /// collection not due).
+    unreferenced: Option<Vec<u64>>,
+    /// (tgid, generation, distinct stacks) of every image with blocks.
+    stack_counts: Vec<(u32, u32, u64)>,
+}
+
+/// The stacks no block of `walked` references (of those listed before it)
+/// and each image's distinct stacks: a pass over the blocks that needs no
+/// lock. None once `stopping` is raised.
+pub fn digest(walked: Walked, stopping: &Stopping) -> Option<Digest> {
+    let unreferenced = match &walked.stacks_before {
+        Some(before) => {
+            let mut referenced: HashSet<u64> = HashSet::new();
+            for (step, (_, info)) in walked.entries.iter().enumerate() {
+                if stopped(step, stopping) {
+                    return None;
+                }
+                referenced.insert(info.stack_id);
             }
-            referenced.insert(info.stack_id);
+            Some(
+                before
+                    .iter()
+                    .copied()
+                    .filter(|id| !referenced.contains(id))
+                    .collect(),
+            )
         }
-        let unreferenced: Vec<u64> = before
-            .into_iter()
-            .filter(|id| !referenced.contains(id))
-            .collect();
-        let removed = kernel.remove_stacks(&unreferenced);
+        None => None,
+    };
+    let stack_counts = stack_counts(&walked.entries, stopping)?;
+    Some(Digest {
+        walked,
+        unreferenced,
+        stack_counts,
+    })
+}
+
+/// Collects the unreferenced stacks of `digest` (see [`walk`]), sets each
+/// image's stack count, and reads the images the kernel tracks now (after
+/// the blocks were read): the kernel lock held alone.
+pub fn apply(kernel: &mut dyn KernelMaps, digest: Digest) -> Scan {
+    if let Some(unreferenced) = &digest.unreferenced {
+        let removed = kernel.remove_stacks(unreferenced);
         tracing::info!(removed, map = MAP_STACKS, "collected unreferenced stacks");
     }
-    kernel.set_stack_counts(&stack_counts(&entries, stopping)?);
+    kernel.set_stack_counts(&digest.stack_counts);
     let tracked = kernel
         .all_proc_stats()
         .into_iter()
         .map(|(tgid, stats)| ImageId::new(tgid, stats.gen_))
         .collect();
-    Some(Scan { entries, tracked })
+    Scan {
+        entries: digest.walked.entries,
+        tracked,
+    }
 }
 
 /// The distinct stored stacks the blocks of `entries` reference, by image:

@@ -305,9 +305,11 @@ impl Service {
     /// of blocks removed: none when tracerd began to stop during the scan.
     pub fn sweep_orphans(&self) -> usize {
         use std::sync::atomic::Ordering;
-        let mut held = self.state.locks().kernel();
         let started = std::time::Instant::now();
-        scope::prune(&mut **held.kernel);
+        // The walk over every live block (seconds over millions) holds the
+        // kernel lock shared: a snapshot's scan runs beside it, and only
+        // what changes the kernel side (an image's end) waits for it.
+        let held = self.state.locks().kernel_shared();
         // The images with own spill maps before the scan: only they may be
         // found stale by it. One whose maps were made during the scan (its
         // first blocks came after the scan read what the kernel tracks,
@@ -315,12 +317,22 @@ impl Service {
         // maps were dropped while it lived: its blocks in them lost, the
         // rest sent to LIVE_ALLOCS.
         let had_maps: HashSet<ImageId> = held.kernel.own_spill_images().into_iter().collect();
-        let Some(scan) = orphans::scan(&mut **held.kernel, &self.stopping) else {
+        let walked = orphans::walk(&**held.kernel, &self.stopping);
+        drop(held);
+        let Some(digest) = walked.and_then(|walked| orphans::digest(walked, &self.stopping)) else {
             return 0;
         };
+        let scan = {
+            let mut held = self.state.locks().kernel();
+            scope::prune(&mut **held.kernel);
+            orphans::apply(&mut **held.kernel, digest)
+        };
+        // Blocks of images ended since the walk are among the untracked:
+        // the registry dooms only those seen so in two sweeps in a row.
         let Some(untracked) = orphans::untracked(&scan, &self.stopping) else {
             return 0;
         };
+        let held = self.state.locks().kernel();
         let mut held = held.registry();
         let doomed = orphans::doomed(&scan, &untracked, &mut held.registry);
         drop(held.registry);
@@ -367,9 +379,11 @@ impl Service {
     /// `PROCS`: they exec'd or exited, and no program writes them again).
     /// The entries are read before the tracked generations, so that an
     /// image that started meanwhile is tracked already when its entries
-    /// are seen. Returns how many were removed.
+    /// are seen. Read with the kernel lock shared; it is held alone only to
+    /// remove them (the generations of ended images never come back).
+    /// Returns how many were removed.
     pub fn sweep_stack_totals(&self) -> usize {
-        let mut held = self.state.locks().kernel();
+        let held = self.state.locks().kernel_shared();
         let entries = held.kernel.stack_totals(None);
         if entries.is_empty() || self.stopping.is_raised() {
             return 0;
@@ -385,6 +399,14 @@ impl Service {
             .filter(|(key, _)| !tracked.contains(&key.gen_))
             .map(|(key, _)| key)
             .collect();
-        held.kernel.remove_stack_totals(&ended)
+        drop(held);
+        if ended.is_empty() {
+            return 0;
+        }
+        self.state
+            .locks()
+            .kernel()
+            .kernel
+            .remove_stack_totals(&ended)
     }
 }

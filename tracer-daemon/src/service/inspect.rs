@@ -190,7 +190,7 @@ impl Service {
             .into_iter()
             .map(|(n, v)| (n.to_string(), v))
             .collect();
-        let held = self.state.locks().kernel();
+        let held = self.state.locks().kernel_shared();
         let mut live_allocs_by_pid: BTreeMap<u32, u64> = BTreeMap::new();
         for (key, _) in held.kernel.live_blocks(None) {
             if !seen(&key.tgid) {
@@ -272,10 +272,11 @@ impl Service {
         if !tracing.is_tracing {
             return Err(ServiceError::TracingStopped { pid: Some(pid) });
         }
-        // The scan holds the kernel lock alone; the registry's (which the
-        // cheap routes need) only for the look at the image's mappings.
+        // The scan holds the kernel lock shared and no other; the
+        // registry's (which the cheap routes need) only for the look at the
+        // image's mappings.
         let blocks = {
-            let held = self.state.locks().kernel();
+            let held = self.state.locks().kernel_shared();
             let kernel = &**held.kernel;
             let entries: Vec<_> = kernel
                 .live_blocks(Some(&HashSet::from([image])))

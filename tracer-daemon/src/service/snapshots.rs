@@ -158,9 +158,10 @@ impl Service {
 
     /// Every live block of `pid`'s current image (or the blocks its last
     /// image had when it ended), with its mappings refreshed. The scan of
-    /// the live blocks holds the kernel lock alone: the registry and
-    /// control locks, which the cheap routes need, are taken only for
-    /// short looks before and after it.
+    /// the live blocks holds the kernel lock shared (beside other reads,
+    /// the sweep's walk among them; an end's handling waits) and no other:
+    /// the registry and control locks, which the cheap routes need, are
+    /// taken only for short looks before and after it.
     fn take(&self, pid: u32) -> Result<Taken, ServiceError> {
         let Some(image) = self.current_image_refreshed(pid) else {
             return Err(self.not_traced(pid));
@@ -172,7 +173,7 @@ impl Service {
                 let expected = live_stats(&*self.totals, image.id)
                     .blocks
                     .min(MAX_EXPECTED_BLOCKS);
-                let held = self.state.locks().kernel();
+                let held = self.state.locks().kernel_shared();
                 let kernel = &**held.kernel;
                 let blocks = Blocks::Read(live_raw_blocks(
                     kernel,
@@ -407,13 +408,13 @@ impl Service {
             (ids, control)
         };
         // Mappings read without the registry's lock, then the scan under
-        // the kernel lock alone (see `take`).
+        // the kernel lock shared and no other (see `take`).
         let images: Vec<ProcessImage> = self
             .refreshed_images(&ids)
             .into_iter()
             .filter(ProcessImage::is_alive)
             .collect();
-        let held = self.state.locks().kernel();
+        let held = self.state.locks().kernel_shared();
         let kernel = &**held.kernel;
         let want: HashSet<ImageId> = images.iter().map(|i| i.id).collect();
         let entries = if want.is_empty() {

@@ -1,13 +1,16 @@
 //! The service's shared state and the one way to lock it.
 //!
-//! Five mutexes guard it, always taken in this order: kernel → scope →
-//! registry → control → store. [`State::locks`] is the only way to them:
+//! Five locks guard it, always taken in this order: kernel → scope →
+//! registry → control → store. The kernel's is a reader-writer lock: the
+//! long reads of the live blocks (a snapshot, the sweep's walk) share it,
+//! and what changes the kernel side (an image's end, the sweep's removals)
+//! takes it alone. [`State::locks`] is the only way to them:
 //! it starts a [`Locks`] holding nothing, and each step takes one lock and
 //! is only available while every later lock is still free, so taking them
 //! out of order does not compile. A step may be skipped
 //! (`locks().registry()`), and guards are plain fields, so one may be
 //! dropped early (`drop(held.kernel)`) while the others are kept.
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::capture::KernelMaps;
 use crate::lifecycle::{Registry, Scope, TracingControl};
@@ -16,7 +19,7 @@ use crate::store::SnapshotStore;
 /// The locked parts of the service's state. Its fields are private to this
 /// module: [`State::locks`] is the only way in.
 pub(super) struct State {
-    kernel: Mutex<Box<dyn KernelMaps>>,
+    kernel: RwLock<Box<dyn KernelMaps>>,
     scope: Mutex<Scope>,
     registry: Mutex<Registry>,
     control: Mutex<TracingControl>,
@@ -29,6 +32,12 @@ pub(super) struct Free;
 
 /// The guard of one of the state's mutexes.
 pub(super) type Held<'a, T> = MutexGuard<'a, T>;
+
+/// The kernel lock held alone ([`Locks::kernel`]).
+pub(super) type HeldKernel<'a> = RwLockWriteGuard<'a, Box<dyn KernelMaps>>;
+
+/// The kernel lock shared with other readers ([`Locks::kernel_shared`]).
+pub(super) type SharedKernel<'a> = RwLockReadGuard<'a, Box<dyn KernelMaps>>;
 
 /// Locks taken so far, in order; each field is [`Free`] or a guard.
 pub(super) struct Locks<'a, K, S, R, C, T> {
@@ -62,7 +71,7 @@ impl State {
         store: SnapshotStore,
     ) -> Self {
         Self {
-            kernel: Mutex::new(kernel),
+            kernel: RwLock::new(kernel),
             scope: Mutex::new(Scope::default()),
             registry: Mutex::new(registry),
             control: Mutex::new(control),
@@ -104,11 +113,35 @@ impl<'a> Locks<'a, Free, Free, Free, Free, Free> {
         })
     }
 
-    /// Takes the kernel lock (first of all).
-    pub(super) fn kernel(self) -> Locks<'a, Held<'a, Box<dyn KernelMaps>>, Free, Free, Free, Free> {
+    /// Takes the kernel lock alone (first of all): to change the kernel
+    /// side, or to read it consistently with such changes.
+    pub(super) fn kernel(self) -> Locks<'a, HeldKernel<'a>, Free, Free, Free, Free> {
         Locks {
             state: self.state,
-            kernel: lock(&self.state.kernel),
+            kernel: self
+                .state
+                .kernel
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+            scope: Free,
+            registry: Free,
+            control: Free,
+            store: Free,
+        }
+    }
+
+    /// Takes the kernel lock shared (first of all): a read of the kernel
+    /// side that only needs nothing to change it meanwhile (the live
+    /// blocks of an image, which its end's handling removes), beside other
+    /// such reads.
+    pub(super) fn kernel_shared(self) -> Locks<'a, SharedKernel<'a>, Free, Free, Free, Free> {
+        Locks {
+            state: self.state,
+            kernel: self
+                .state
+                .kernel
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
             scope: Free,
             registry: Free,
             control: Free,
