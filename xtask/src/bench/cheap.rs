@@ -3,7 +3,9 @@
 //! /health` and `GET /metrics` take idle, while a 4,000,000-block
 //! process's snapshot is taken (`POST /pid/N/snapshots`), and while the orphan sweep passes over its
 //! blocks: p50 and p99 of each, side by side, in one run (the goal: p99
-//! under 10 ms under either load). Each route is asked from a thread of
+//! under 10 ms under either load). Beside them, a `POST` snapshot of the
+//! small process every 200 ms: it reads the kernel maps as the big
+//! snapshot and the sweep do, and must not wait for either. Each route is asked from a thread of
 //! its own at a steady pace (one request every 3 ms), each request timed
 //! from when it was due, so that a wait counts for every request due
 //! meanwhile. With `--baseline`, the same
@@ -38,13 +40,17 @@ const SWEEP_WATCH: Duration = Duration::from_secs(25);
 /// How long one request may take (the snapshot of 4,000,000 blocks).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(600);
 
+/// The label of the small process's `POST` snapshot among the routes.
+const SMALL_SNAPSHOT: &str = "POST snapshot, the small process";
+
 /// The routes measured, by label.
-fn routes(small: u32) -> [(&'static str, String); 4] {
+fn routes(small: u32) -> [(&'static str, String); 5] {
     [
         ("traced-memory", format!("/pid/{small}/traced-memory")),
         ("processes", "/processes".to_string()),
         ("health", "/health".to_string()),
         ("metrics", "/metrics".to_string()),
+        (SMALL_SNAPSHOT, format!("/pid/{small}/snapshots")),
     ]
 }
 
@@ -60,10 +66,13 @@ const PACE: Duration = Duration::from_millis(3);
 /// the routes measured beside it.
 const METRICS_PACE: Duration = Duration::from_millis(25);
 
+/// The pace of the small process's `POST` snapshot (each one stored).
+const SNAPSHOT_PACE: Duration = Duration::from_millis(200);
+
 /// Asks each route from a thread of its own, one request every [`PACE`]
-/// ([`METRICS_PACE`] for `/metrics`),
+/// ([`METRICS_PACE`] for `/metrics`, [`SNAPSHOT_PACE`] for the snapshot),
 /// until `stop` (given how many answers that route has) says so; every
-/// answer must be 200. A request is due at its slot of the pace, and its
+/// answer must be 200 (201 for the snapshot). A request is due at its slot of the pace, and its
 /// time counts from then: when one waits, those of its route due
 /// meanwhile wait too (sent as soon as it answers), as a steady stream of
 /// clients would, so a wait of 300 ms counts 100 times, not once; a
@@ -78,20 +87,30 @@ fn ask(
     let per_route = |index: usize, label: &str, path: &str| -> anyhow::Result<Vec<Answer>> {
         let mut answers = Vec::new();
         let mut slot: u32 = 0;
-        let pace = if path == "/metrics" {
+        let post = label == SMALL_SNAPSHOT;
+        let pace = if post {
+            SNAPSHOT_PACE
+        } else if path == "/metrics" {
             METRICS_PACE
         } else {
             PACE
         };
-        while !stop(answers.len()) {
+        // The snapshot's answers count 20 each: the idle part's count of
+        // answers then takes it 3 s, as long as it takes the others.
+        let weight = if post { 20 } else { 1 };
+        while !stop(answers.len() * weight) {
             let due = pace * slot;
             slot += 1;
             if let Some(ahead) = due.checked_sub(start.elapsed()) {
                 std::thread::sleep(ahead);
             }
-            let response = http.get(path)?;
+            let response = if post {
+                http.post(path)?
+            } else {
+                http.get(path)?
+            };
             let took = start.elapsed().saturating_sub(due);
-            if response.status != 200 {
+            if response.status != if post { 201 } else { 200 } {
                 bail!("{label}: {} {}", response.status, response.body);
             }
             answers.push((
