@@ -239,7 +239,7 @@ impl Service {
     /// else a full map, which `tracer_drops_total{reason}` names).
     pub fn log_drops(&self) {
         let (max, max_stacks) = {
-            let held = self.state.locks().kernel();
+            let held = self.state.locks().kernel_shared();
             let config = held.kernel.config();
             (config.process_max_blocks(), config.process_max_stacks())
         };

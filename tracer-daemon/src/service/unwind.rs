@@ -70,7 +70,7 @@ impl Service {
     /// without a lock, then its mappings. Nothing when the unwinder is off.
     fn unwind_image(&self, image: ImageId, maps: Arc<ModuleMaps>) {
         let plan = {
-            let held = self.state.locks().kernel();
+            let held = self.state.locks().kernel_shared();
             if held.kernel.config().unwind_table_rows == 0 {
                 return;
             }
@@ -99,16 +99,30 @@ impl Service {
     /// changed; removes the mappings of images no longer live. Returns how
     /// many were updated.
     pub fn refresh_unwind(&self) -> usize {
-        let (images, pruned) = {
+        // Each second: the kernel lock shared, taken alone only when there
+        // are mappings to remove (a writer waiting for a long read, a
+        // snapshot's scan, would hold up every read after it).
+        let (stale, images) = {
+            let held = self.state.locks().kernel_shared().registry();
+            let images = held.kernel.unwind_processes();
+            let stale = images.iter().any(|image| !held.registry.has_live(*image));
+            (stale, images)
+        };
+        let (images, pruned) = if stale {
             let mut held = self.state.locks().kernel().registry();
             let registry = &held.registry;
             let pruned = unwind::prune(&mut **held.kernel, |image| registry.has_live(image));
+            (held.kernel.unwind_processes(), pruned)
+        } else {
+            (images, 0)
+        };
+        {
+            let held = self.state.locks().registry();
             self.unwound
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .retain(|image, _| registry.has_live(*image));
-            (held.kernel.unwind_processes(), pruned)
-        };
+                .retain(|image, _| held.registry.has_live(*image));
+        }
         if pruned > 0 {
             tracing::debug!(pruned, "unwind mappings of ended images removed");
         }

@@ -79,7 +79,7 @@ const SNAPSHOT_PACE: Duration = Duration::from_millis(200);
 /// route's waits never delay another's requests.
 fn ask(
     http: &Client,
-    paths: &[(&'static str, String)],
+    paths: &[(usize, &'static str, String)],
     stop: &(dyn Fn(usize) -> bool + Sync),
 ) -> anyhow::Result<Vec<Answer>> {
     let wall = SystemTime::now();
@@ -124,8 +124,7 @@ fn ask(
     std::thread::scope(|scope| {
         let threads: Vec<_> = paths
             .iter()
-            .enumerate()
-            .map(|(index, (label, path))| scope.spawn(move || per_route(index, label, path)))
+            .map(|(index, label, path)| scope.spawn(move || per_route(*index, label, path)))
             .collect();
         let mut answers = Vec::new();
         for thread in threads {
@@ -182,8 +181,9 @@ struct Measured {
 }
 
 /// Measures the routes under `tracerd`: idle (between two sweeps), while
-/// the big process's snapshot is taken, and while a sweep runs.
-fn measure(tracerd: &Path, dir: &Path, exe: &Path) -> anyhow::Result<Measured> {
+/// the big process's snapshot is taken, and while a sweep runs; the cheap
+/// routes under one set of loads, the small process's POST under another.
+fn measure(tracerd: &Path, dir: &Path, exe: &Path) -> anyhow::Result<(Measured, Measured)> {
     let tracer = start_tracerd(
         tracerd,
         &dir.join("state-cheap"),
@@ -208,7 +208,6 @@ fn measure(tracerd: &Path, dir: &Path, exe: &Path) -> anyhow::Result<Measured> {
     let http = Client::new(addr, REQUEST_TIMEOUT);
     let small = keep_blocks(exe, SMALL_BLOCKS)?;
     let big = keep_blocks(exe, BIG_BLOCKS)?;
-    let paths = routes(small.pid());
     let big_pid = big.pid();
     // Every block of the big process is in the maps.
     let waited = Instant::now();
@@ -224,12 +223,38 @@ fn measure(tracerd: &Path, dir: &Path, exe: &Path) -> anyhow::Result<Measured> {
         std::thread::sleep(Duration::from_millis(200));
     }
 
+    // The cheap routes under each load, then the small process's POST
+    // under loads of their own: run beside them, its work (which waited
+    // for the kernel lock before) would be part of their load.
+    let all: Vec<(usize, &'static str, String)> = routes(small.pid())
+        .into_iter()
+        .enumerate()
+        .map(|(index, (label, path))| (index, label, path))
+        .collect();
+    let (posts, cheap): (Vec<_>, Vec<_>) = all
+        .into_iter()
+        .partition(|(_, label, _)| *label == SMALL_SNAPSHOT);
+    let cheap = phases(&http, big_pid, &cheap)?;
+    let posts = phases(&http, big_pid, &posts)?;
+    finish(small);
+    finish(big);
+    let _ = tracer.stop(STOP_GRACE);
+    Ok((cheap, posts))
+}
+
+/// The answers of the routes `paths` idle, while the big process's
+/// snapshot is taken (one more stored), and while a sweep runs.
+fn phases(
+    http: &Client,
+    big_pid: u32,
+    paths: &[(usize, &'static str, String)],
+) -> anyhow::Result<Measured> {
     // Idle: between two sweeps (none ended meanwhile).
     let mut idle = Vec::new();
     for _ in 0..5 {
-        let before = metric(&http, "tracer_orphan_sweeps_total")?;
-        idle = ask(&http, &paths, &|n| n >= IDLE_ANSWERS)?;
-        if metric(&http, "tracer_orphan_sweeps_total")? == before {
+        let before = metric(http, "tracer_orphan_sweeps_total")?;
+        idle = ask(http, paths, &|n| n >= IDLE_ANSWERS)?;
+        if metric(http, "tracer_orphan_sweeps_total")? == before {
             break;
         }
         idle.clear();
@@ -247,7 +272,7 @@ fn measure(tracerd: &Path, dir: &Path, exe: &Path) -> anyhow::Result<Measured> {
             done.store(true, Ordering::Release);
             response.map(|r| (r, start.elapsed()))
         });
-        let answers = ask(&http, &paths, &|_| done.load(Ordering::Acquire));
+        let answers = ask(http, paths, &|_| done.load(Ordering::Acquire));
         (answers, taker.join())
     });
     let snapshot = snapshot?;
@@ -263,12 +288,12 @@ fn measure(tracerd: &Path, dir: &Path, exe: &Path) -> anyhow::Result<Measured> {
     for _ in 0..4 {
         let watch = Instant::now();
         let began = SystemTime::now();
-        let answers = ask(&http, &paths, &|_| watch.elapsed() >= SWEEP_WATCH)?;
+        let answers = ask(http, paths, &|_| watch.elapsed() >= SWEEP_WATCH)?;
         // The last sweep that `/metrics` reports must have run while the
         // routes were asked (else the window is watched again).
         let watched = unix_secs(SystemTime::now());
-        let end = metric(&http, "tracer_orphan_sweep_last_end_seconds")?;
-        let took = metric(&http, "tracer_orphan_sweep_last_seconds")?;
+        let end = metric(http, "tracer_orphan_sweep_last_end_seconds")?;
+        let took = metric(http, "tracer_orphan_sweep_last_seconds")?;
         let (Some(end), Some(took)) = (end, took) else {
             sweep = answers;
             break;
@@ -285,9 +310,6 @@ fn measure(tracerd: &Path, dir: &Path, exe: &Path) -> anyhow::Result<Measured> {
     if sweep.is_empty() {
         bail!("no sweep ran while the routes were asked");
     }
-    finish(small);
-    finish(big);
-    let _ = tracer.stop(STOP_GRACE);
     Ok(Measured {
         idle,
         snapshot,
@@ -297,10 +319,10 @@ fn measure(tracerd: &Path, dir: &Path, exe: &Path) -> anyhow::Result<Measured> {
     })
 }
 
-/// Prints one table row per route, and returns them as JSON.
-fn report(name: &str, measured: &Measured) -> serde_json::Value {
-    println!(
-        "\n#### {name}: snapshot of {BIG_BLOCKS} blocks {:.0} ms, {}\n",
+/// How long a load of `measured` took, for the table's title.
+fn loads(measured: &Measured) -> String {
+    format!(
+        "snapshot of {BIG_BLOCKS} blocks {:.0} ms, {}",
         measured.snapshot_ms,
         measured.sweep_ms.map_or_else(
             || format!(
@@ -309,6 +331,16 @@ fn report(name: &str, measured: &Measured) -> serde_json::Value {
             ),
             |ms| format!("sweep {ms:.0} ms"),
         )
+    )
+}
+
+/// Prints one table row per route (the small process's POST from its
+/// own loads), and returns them as JSON.
+fn report(name: &str, (cheap, posts): &(Measured, Measured)) -> serde_json::Value {
+    println!(
+        "\n#### {name}: {}; the POST's: {}\n",
+        loads(cheap),
+        loads(posts)
     );
     println!(
         "| route | idle p50 / p99 / max ms | during snapshot p50 / p99 / max ms | during sweep p50 / p99 / max ms | answers (idle/snapshot/sweep) |"
@@ -318,6 +350,11 @@ fn report(name: &str, measured: &Measured) -> serde_json::Value {
     let cell = |s: (f64, f64, f64, usize)| format!("{:.2} / {:.2} / {:.2}", s.0, s.1, s.2);
     let json = |s: (f64, f64, f64, usize)| serde_json::json!({"p50_ms": s.0, "p99_ms": s.1, "max_ms": s.2, "answers": s.3});
     for (index, (label, _)) in routes(0).iter().enumerate() {
+        let measured = if *label == SMALL_SNAPSHOT {
+            posts
+        } else {
+            cheap
+        };
         let idle = summary(&measured.idle, index);
         let snapshot = summary(&measured.snapshot, index);
         let sweep = summary(&measured.sweep, index);
@@ -340,8 +377,9 @@ fn report(name: &str, measured: &Measured) -> serde_json::Value {
         );
     }
     serde_json::json!({
-        "snapshot_ms": measured.snapshot_ms,
-        "sweep_ms": measured.sweep_ms,
+        "snapshot_ms": cheap.snapshot_ms,
+        "sweep_ms": cheap.sweep_ms,
+        "post_loads": {"snapshot_ms": posts.snapshot_ms, "sweep_ms": posts.sweep_ms},
         "routes": rows,
     })
 }
