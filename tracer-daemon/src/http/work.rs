@@ -395,6 +395,11 @@ pub struct Sink {
     buffer: Vec<u8>,
     state: Arc<WorkState>,
     stall: Duration,
+    /// The runtime whose tasks read the chunks (the server's; its workers
+    /// drive the timer of a wait for room), which the work's thread, one
+    /// of another runtime's blocking threads when the route is expensive,
+    /// blocks on.
+    runtime: tokio::runtime::Handle,
 }
 
 impl Sink {
@@ -435,13 +440,11 @@ impl Sink {
             Ok(()) => true,
             Err(mpsc::error::TrySendError::Closed(_)) => false,
             Err(mpsc::error::TrySendError::Full(item)) => {
-                // On a blocking thread of the runtime: waiting on it is
-                // allowed there.
-                tokio::runtime::Handle::try_current().is_ok_and(|runtime| {
-                    runtime
-                        .block_on(self.chunks.send_timeout(item, self.stall))
-                        .is_ok()
-                })
+                // On a blocking thread: waiting on a runtime is allowed
+                // there.
+                self.runtime
+                    .block_on(self.chunks.send_timeout(item, self.stall))
+                    .is_ok()
             }
         }
     }
@@ -519,6 +522,7 @@ pub async fn streamed(
     let (head_tx, head_rx) = oneshot::channel();
     let (chunks_tx, chunks_rx) = mpsc::channel(CHUNKS_QUEUED);
     let stall = admission.stall;
+    let runtime = tokio::runtime::Handle::current();
     let task = spawn_work(admission.permit.is_some(), move || {
         let mut sink = Sink {
             head: Some(head_tx),
@@ -530,6 +534,7 @@ pub async fn streamed(
             } else {
                 stall
             },
+            runtime,
         };
         let result = run(admission, state, || {
             work(&mut sink)?;
@@ -797,6 +802,56 @@ mod tests {
         let most = held_rx.recv().expect("the work ended");
         assert!(most <= 2 * CHUNK_BYTES as i64, "{most}");
         assert_eq!(cancelled(&metrics, "memory_budget"), 0);
+    }
+
+    #[tokio::test]
+    async fn an_expensive_streamed_answer_read_slower_than_it_is_made_arrives_whole_from_a_lowered_thread()
+     {
+        // The traces are an expensive route: their work runs on a thread
+        // at EXPENSIVE_NICE, of a runtime of its own; its waits for room
+        // in the full queue of chunks are on the server's runtime.
+        let route = Router::new().route(
+            "/pid/{pid}/traces",
+            get(|| async {
+                streamed(|sink| {
+                    sink.begin(vec![(
+                        header::CONTENT_TYPE,
+                        HeaderValue::from_static("text/plain"),
+                    )]);
+                    let nice = crate::sys::this_threads_nice().map_err(ApiError::internal)?;
+                    writeln!(sink, "nice {nice}").map_err(ApiError::internal)?;
+                    for line in 0..400_000 {
+                        writeln!(sink, "{line}").map_err(ApiError::internal)?;
+                    }
+                    Ok(())
+                })
+                .await
+            }),
+        );
+        let (app, _) = surface(route, 0);
+        let response = app
+            .oneshot(get_request("/pid/1/traces"))
+            .await
+            .expect("infallible");
+        assert_eq!(response.status(), StatusCode::OK);
+        let mut body = response.into_body();
+        let mut read = Vec::new();
+        // A chunk every 2 ms: the work fills the queue long before.
+        while let Some(frame) = std::future::poll_fn(|cx| {
+            http_body::Body::poll_frame(std::pin::Pin::new(&mut body), cx)
+        })
+        .await
+        {
+            if let Ok(data) = frame.expect("frame").into_data() {
+                read.extend_from_slice(&data);
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let expected: String = std::iter::once(format!("nice {}\n", crate::tasks::EXPENSIVE_NICE))
+            .chain((0..400_000).map(|line| format!("{line}\n")))
+            .collect();
+        assert_eq!(read.len(), expected.len());
+        assert!(read == expected.as_bytes());
     }
 
     #[tokio::test]
