@@ -1,54 +1,13 @@
 //! The background loops of a running tracerd: the kernel's process events
 //! as they come (one wake-up per process image start or end, never per
 //! allocation), housekeeping every second (expiry; every ten seconds the
-//! orphan sweep), and automatic snapshots every interval; and the threads
-//! of the work that grows with the traced data ([`spawn_expensive`]).
-use std::{
-    sync::{Arc, LazyLock},
-    time::Duration,
-};
+//! orphan sweep), and automatic snapshots every interval.
+use std::{sync::Arc, time::Duration};
 
 use tokio::io::unix::AsyncFd;
 use tracer_common::{MAP_EVENTS, MAP_LIVE_ALLOCS, MAP_STACK_TOTALS, ProcEvent};
 
 use crate::service::{AutoPolicy, Service};
-
-/// The nice value of the threads of [`spawn_expensive`]: a snapshot of
-/// millions of blocks takes a CPU for a second or more, and a cheap
-/// route's thread (nice 0) must get one first, even on a host whose other
-/// CPUs are busy. (The model's helper threads and the sweeps run at this
-/// nice too.)
-pub const EXPENSIVE_NICE: i32 = 10;
-
-/// The threads of [`spawn_expensive`]: the blocking pool of a runtime of
-/// their own (none of its futures run: it only lends its threads), each
-/// at [`EXPENSIVE_NICE`] from its start. Linux's nice is per thread and
-/// only CAP_SYS_NICE lowers it again, which tracerd's service does not
-/// have: so a thread once lowered serves only expensive work, never a
-/// cheap route. None when the runtime could not be built.
-static EXPENSIVE_THREADS: LazyLock<Option<tokio::runtime::Runtime>> = LazyLock::new(|| {
-    tokio::runtime::Builder::new_current_thread()
-        .thread_name("tracerd-expensive")
-        .on_thread_start(|| crate::sys::lower_this_threads_priority(EXPENSIVE_NICE))
-        .build()
-        .inspect_err(
-            |err| tracing::warn!(%err, "expensive work runs at the cheap routes' priority"),
-        )
-        .ok()
-});
-
-/// Runs `work`, which grows with the traced data (an expensive route's,
-/// an automatic snapshot of every image), on a blocking thread at
-/// [`EXPENSIVE_NICE`]; on tokio's own blocking threads when those could
-/// not be made. The handle is awaited from any runtime.
-pub fn spawn_expensive<T: Send + 'static>(
-    work: impl FnOnce() -> T + Send + 'static,
-) -> tokio::task::JoinHandle<T> {
-    match EXPENSIVE_THREADS.as_ref() {
-        Some(runtime) => runtime.spawn_blocking(work),
-        None => tokio::task::spawn_blocking(work),
-    }
-}
 
 /// Ticks of the housekeeping loop between two orphan sweeps.
 const SWEEP_EVERY_TICKS: u64 = 10;
@@ -241,7 +200,7 @@ fn housekeeping(service: &Service, tick: u64) {
         std::thread::Builder::new()
             .name("tracerd-sweep".into())
             .spawn_scoped(scope, || {
-                crate::sys::lower_this_threads_priority(EXPENSIVE_NICE);
+                crate::sys::lower_this_threads_priority(crate::sys::threads::EXPENSIVE_NICE);
                 (service.sweep_orphans(), service.sweep_stack_totals())
             })
             .map(|thread| thread.join().unwrap_or((0, 0)))
@@ -286,7 +245,8 @@ pub async fn automatic_snapshots(service: Arc<Service>, policy: AutoPolicy) {
         tick.tick().await;
         let service = Arc::clone(&service);
         let retention = Duration::from_secs(policy.retention_secs);
-        let _ = spawn_expensive(move || service.auto_snapshots(retention)).await;
+        let _ =
+            crate::sys::threads::spawn_expensive(move || service.auto_snapshots(retention)).await;
     }
 }
 

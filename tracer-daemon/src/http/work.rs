@@ -3,7 +3,7 @@
 //! traces, whatever their number, in memory independent of it).
 //!
 //! The work runs on blocking threads (an expensive route's on threads of
-//! its own at a lower priority, [`crate::tasks::EXPENSIVE_NICE`], so that
+//! its own at a lower priority, [`crate::sys::threads::EXPENSIVE_NICE`], so that
 //! a cheap route gets a CPU first), with:
 //! - its route's permit ([`admit`]): an expensive route's permit is held
 //!   by the work, not by the connection, and is given back only when the
@@ -133,14 +133,14 @@ tokio::task_local! {
 }
 
 /// Runs `work` on a blocking thread: an expensive route's (it holds a
-/// permit) on [`crate::tasks::spawn_expensive`]'s threads, any other on
+/// permit) on [`crate::sys::threads::spawn_expensive`]'s threads, any other on
 /// tokio's.
 fn spawn_work<T: Send + 'static>(
     expensive: bool,
     work: impl FnOnce() -> T + Send + 'static,
 ) -> JoinHandle<T> {
     if expensive {
-        crate::tasks::spawn_expensive(work)
+        crate::sys::threads::spawn_expensive(work)
     } else {
         tokio::task::spawn_blocking(work)
     }
@@ -847,9 +847,10 @@ mod tests {
             }
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
-        let expected: String = std::iter::once(format!("nice {}\n", crate::tasks::EXPENSIVE_NICE))
-            .chain((0..400_000).map(|line| format!("{line}\n")))
-            .collect();
+        let expected: String =
+            std::iter::once(format!("nice {}\n", crate::sys::threads::EXPENSIVE_NICE))
+                .chain((0..400_000).map(|line| format!("{line}\n")))
+                .collect();
         assert_eq!(read.len(), expected.len());
         assert!(read == expected.as_bytes());
     }

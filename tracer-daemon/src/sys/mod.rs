@@ -5,9 +5,10 @@
 //! connection ([`peer`]), atomic file writes
 //! ([`fsync`]), the shared objects the dynamic loader of a process's
 //! root would load for an executable ([`ldso`]) and uprobe_multi links,
-//! which aya does not offer ([`uprobe_multi`]), and a global allocator
-//! that counts each thread's bytes ([`alloc`]). One implementation of
-//! each, for every later stage.
+//! which aya does not offer ([`uprobe_multi`]), a global allocator
+//! that counts each thread's bytes ([`alloc`]), and the lowered threads of
+//! work that grows with the traced data ([`threads`]). One implementation
+//! of each, for every later stage.
 pub mod alloc;
 pub mod bpf;
 pub mod fanotify;
@@ -16,6 +17,7 @@ pub mod ldso;
 pub mod modules;
 pub mod peer;
 pub mod procfs;
+pub mod threads;
 pub mod uprobe_multi;
 
 /// Milliseconds since the Unix epoch of a wall-clock time (0 before it).
