@@ -804,6 +804,24 @@ mod tests {
         assert_eq!(cancelled(&metrics, "memory_budget"), 0);
     }
 
+    /// The calling thread's nice value (Linux's is per thread).
+    ///
+    /// # Errors
+    /// The `getpriority` call's.
+    fn this_threads_nice() -> std::io::Result<i32> {
+        // SAFETY: gettid and getpriority take no pointer; errno is cleared
+        // first, as getpriority may return -1 as a value.
+        unsafe {
+            let tid = libc::gettid();
+            *libc::__errno_location() = 0;
+            let nice = libc::getpriority(libc::PRIO_PROCESS, tid as libc::id_t);
+            if nice == -1 && *libc::__errno_location() != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(nice)
+        }
+    }
+
     #[tokio::test]
     async fn an_expensive_streamed_answer_read_slower_than_it_is_made_arrives_whole_from_a_lowered_thread()
      {
@@ -818,7 +836,7 @@ mod tests {
                         header::CONTENT_TYPE,
                         HeaderValue::from_static("text/plain"),
                     )]);
-                    let nice = crate::sys::this_threads_nice().map_err(ApiError::internal)?;
+                    let nice = this_threads_nice().map_err(ApiError::internal)?;
                     writeln!(sink, "nice {nice}").map_err(ApiError::internal)?;
                     for line in 0..400_000 {
                         writeln!(sink, "{line}").map_err(ApiError::internal)?;

@@ -73,24 +73,6 @@ pub fn idle_this_thread() {
     }
 }
 
-/// The calling thread's nice value (Linux's is per thread).
-///
-/// # Errors
-/// The `getpriority` call's.
-pub fn this_threads_nice() -> std::io::Result<i32> {
-    // SAFETY: gettid and getpriority take no pointer; errno is cleared
-    // first, as getpriority may return -1 as a value.
-    unsafe {
-        let tid = libc::gettid();
-        *libc::__errno_location() = 0;
-        let nice = libc::getpriority(libc::PRIO_PROCESS, tid as libc::id_t);
-        if nice == -1 && *libc::__errno_location() != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(nice)
-    }
-}
-
 /// Sets the calling thread's nice value to `nice` (Linux's nice is per
 /// thread): for a thread of its own that ends with its work, since going
 /// back to 0 needs CAP_SYS_NICE. A failure leaves it as it was (logged at
