@@ -208,6 +208,44 @@ pub const fn stack_check_word(check: u64, walked: u64, cut: bool) -> u64 {
     }
 }
 
+/// Bytes of user stack the walker copies in one read (its window, in the
+/// walk's per-CPU scratch): the steps whose words fall in the copy read
+/// nothing more. A power of two.
+pub const STACK_WINDOW_BYTES: u64 = 512;
+
+/// Bytes of a window read at `addr`: up to [`STACK_WINDOW_BYTES`], not
+/// past the end of `addr`'s 4 KiB page (the next page may not be mapped,
+/// and a read that touches it fails whole); 0 when `addr` is not 8-aligned
+/// or fewer than two words are left on its page (the words are then read
+/// alone).
+#[inline(always)]
+#[must_use]
+pub const fn stack_window_len(addr: u64) -> u64 {
+    let to_page_end = 4096 - (addr & 4095);
+    if addr % 8 != 0 || to_page_end < 16 {
+        0
+    } else if to_page_end < STACK_WINDOW_BYTES {
+        to_page_end
+    } else {
+        STACK_WINDOW_BYTES
+    }
+}
+
+/// The word index, in a window of `len` valid bytes copied from `base`, of
+/// the two words at `addr`; None unless both are in it: `addr` not
+/// 8-aligned, below `base` (where the offset wraps past `len`), or within
+/// 8 bytes of the window's end or past it.
+#[inline(always)]
+#[must_use]
+pub const fn stack_window_index(base: u64, len: u64, addr: u64) -> Option<usize> {
+    let offset = addr.wrapping_sub(base);
+    if addr % 8 != 0 || offset >= len || len - offset < 16 {
+        None
+    } else {
+        Some((offset / 8) as usize)
+    }
+}
+
 // SAFETY: integers only, with explicit padding; no invalid bit patterns.
 #[cfg(feature = "user")]
 unsafe impl aya::Pod for UnwindRow {}
@@ -220,3 +258,38 @@ unsafe impl aya::Pod for UnwindPage {}
 // SAFETY: as above.
 #[cfg(feature = "user")]
 unsafe impl aya::Pod for ProcMappings {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_window_is_read_to_the_end_of_its_page_at_most() {
+        assert_eq!(stack_window_len(0x7ffc_0000_1000), STACK_WINDOW_BYTES);
+        assert_eq!(stack_window_len(0x7ffc_0000_1e00), STACK_WINDOW_BYTES);
+        assert_eq!(stack_window_len(0x7ffc_0000_1e08), 504);
+        assert_eq!(stack_window_len(0x7ffc_0000_1ff0), 16);
+        // One word left on the page, or not aligned: the words are read alone.
+        assert_eq!(stack_window_len(0x7ffc_0000_1ff8), 0);
+        assert_eq!(stack_window_len(0x7ffc_0000_1004), 0);
+    }
+
+    #[test]
+    fn only_two_words_wholly_in_the_window_are_served_from_it() {
+        let base = 0x7ffc_0000_1000;
+        assert_eq!(stack_window_index(base, 512, base), Some(0));
+        assert_eq!(stack_window_index(base, 512, base + 496), Some(62));
+        // The second word would be past the end.
+        assert_eq!(stack_window_index(base, 512, base + 504), None);
+        assert_eq!(stack_window_index(base, 512, base + 512), None);
+        // Below the base (a saved rbp under the return address just read
+        // with a window of its own): the offset wraps, and must not be
+        // taken for one within the window.
+        assert_eq!(stack_window_index(base, 512, base - 8), None);
+        assert_eq!(stack_window_index(base, 512, base - 24), None);
+        assert_eq!(stack_window_index(base, 16, base - 8), None);
+        assert_eq!(stack_window_index(base, 512, base + 4), None);
+        // No window yet.
+        assert_eq!(stack_window_index(0, 0, base), None);
+    }
+}

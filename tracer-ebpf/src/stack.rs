@@ -16,14 +16,14 @@
 //! preemption disabled, so another task on the same CPU can run its own
 //! walk on this CPU's per-CPU maps in the middle of ours. What each keeps:
 //!
-//! - `STACK_SCRATCH` (the frames) and `WALK_SCRATCH` (the registers and
-//!   counts of one walk): the first word of `STACK_SCRATCH` holds the
-//!   walking thread's id while it walks, written before the rest. The walk
-//!   claims the scratch back with one compare-and-exchange of that word
-//!   (thread id → check hash) before it stores the frames, and reads the
-//!   word again after the insert: if another task took the scratch
-//!   meanwhile, the stack is dropped (`drop_stack_preempted`), and removed
-//!   again if it was inserted. tracerd reads a stack only when its check
+//! - `STACK_SCRATCH` (the frames) and `WALK_SCRATCH` (the registers,
+//!   counts and window of the stack of one walk): the first word of
+//!   `STACK_SCRATCH` holds the walking thread's id while it walks, written
+//!   before the rest. The walk claims the scratch back with one
+//!   compare-and-exchange of that word (thread id → check hash) before it
+//!   stores the frames, and reads the word again after the insert: if
+//!   another task took the scratch meanwhile, the stack is dropped
+//!   (`drop_stack_preempted`), and removed again if it was inserted. tracerd reads a stack only when its check
 //!   hash is that of its frames (`tracer_common::stack_check_word`), so a
 //!   copy torn by a preemption is never shown, even in the moment before
 //!   its removal.
@@ -50,9 +50,9 @@ use tracer_common::{
     Counter, MAX_WALK_FRAMES, ProcStats, STACK_CHECK_SEED, STACK_ID_NONE, STACK_WORDS,
     stack_check_frame, stack_check_word,
     unwind::{
-        MAX_PROC_MAPPINGS, ProcMappings, SIGFRAME_RBP, UNWIND_CFA_RBP, UNWIND_CFA_RSP, UNWIND_END,
-        UNWIND_FILE_NONE, UNWIND_PAGE_SHIFT, UNWIND_PLT, UNWIND_SIGNAL, UNWIND_UNKNOWN, UnwindPage,
-        UnwindPageKey, UnwindRow,
+        MAX_PROC_MAPPINGS, ProcMappings, SIGFRAME_RBP, STACK_WINDOW_BYTES, UNWIND_CFA_RBP,
+        UNWIND_CFA_RSP, UNWIND_END, UNWIND_FILE_NONE, UNWIND_PAGE_SHIFT, UNWIND_PLT, UNWIND_SIGNAL,
+        UNWIND_UNKNOWN, UnwindPage, UnwindPageKey, UnwindRow, stack_window_index, stack_window_len,
     },
 };
 
@@ -129,15 +129,22 @@ pub(crate) fn stack_id(regs: UserRegs, tgid: u32, gen_: u32, stats: *mut ProcSta
         w.ip = ip;
         w.rsp = rsp;
         w.rbp = rbp;
-        w.n = 0;
         w.limit = limit as u64;
-        w.table_frames = 0;
-        w.fp_frames = 0;
-        w.exact = 0;
-        w.cut = 0;
         w.id = 0xcbf2_9ce4_8422_2325;
         w.check = STACK_CHECK_SEED;
-        w.last_mapping = 0;
+        // Volatile: LLVM merges adjacent zero stores into a call of a
+        // memset subprogram, which stores byte by byte.
+        for field in [
+            &raw mut w.n,
+            &raw mut w.table_frames,
+            &raw mut w.fp_frames,
+            &raw mut w.exact,
+            &raw mut w.cut,
+            &raw mut w.last_mapping,
+            &raw mut w.window_len,
+        ] {
+            core::ptr::write_volatile(field, 0);
+        }
     }
     match PROC_MAPS.get_ptr(tgid) {
         // SAFETY: a PROC_MAPS value, read only.
@@ -241,8 +248,14 @@ pub(crate) struct Walk {
     /// The mapping of the last frame, + 1 (0: none yet): a caller is most
     /// often in the same file, and checking it first saves the search.
     last_mapping: u64,
-    /// The two words [`read_user_words`] read last.
+    /// The two words [`read_words`] read last.
     read: [u64; 2],
+    /// A copy of user memory from `window_base` (8-aligned), `window_len`
+    /// bytes of it valid (0: none yet in this walk): one read of the stack
+    /// serves the frames it holds ([`read_words`]).
+    window_base: u64,
+    window_len: u64,
+    window: [u64; WINDOW_WORDS],
     /// This CPU's cache of `UNWIND_PAGES`, kept from walk to walk: 64
     /// slots of (check, `first | count << 32`) for the key `file << 32 |
     /// page`, a key's slot by its hash ([`page_slot`]). A page found here
@@ -273,6 +286,9 @@ pub(crate) struct Walk {
 
 /// Slots of the per-CPU row cache ([`Walk::rows`]).
 const ROW_SLOTS: usize = 128;
+
+/// Words of the walk's window of user stack ([`Walk::window`]).
+const WINDOW_WORDS: usize = STACK_WINDOW_BYTES as usize / 8;
 
 /// The row in force at `offset` of `file`, from this CPU's row cache
 /// ([`Walk::rows`]) or [`find_row`] (then cached). Offsets past 4 GiB are
@@ -338,13 +354,66 @@ fn slot_check(key: u64, value: u64) -> u64 {
 }
 
 /// Reads the two words of user memory at `addr` into `walk.read`; false
-/// when they cannot be read.
+/// when they cannot be read. Served from the walk's window of the stack
+/// when it holds them; else the window is read anew from `addr`
+/// ([`stack_window_len`]), so that the callers' frames above come from the
+/// same read.
+#[inline(always)]
+fn read_words(addr: u64, walk: &mut Walk) -> bool {
+    if let Some(at) = stack_window_index(walk.window_base, walk.window_len, addr) {
+        walk.read = [
+            walk.window[at & (WINDOW_WORDS - 1)],
+            walk.window[(at + 1) & (WINDOW_WORDS - 1)],
+        ];
+        return true;
+    }
+    if read_window(addr, walk) {
+        walk.read = [walk.window[0], walk.window[1]];
+        return true;
+    }
+    read_user_words(addr, walk)
+}
+
+/// Reads the walk's window from `addr`, [`stack_window_len`] bytes; false
+/// (and no window) when that is none or the read fails.
+#[inline(never)]
+fn read_window(addr: u64, walk: *mut Walk) -> bool {
+    // Bounded again where the verifier sees it: at most the window's size.
+    let len = stack_window_len(addr) & (2 * STACK_WINDOW_BYTES - 1);
+    // SAFETY: this CPU's WALK_SCRATCH value.
+    unsafe { (*walk).window_len = 0 };
+    if len == 0 || len > STACK_WINDOW_BYTES {
+        return false;
+    }
+    // SAFETY: the destination is the window, of STACK_WINDOW_BYTES >= len
+    // bytes; bpf_probe_read_user checks the user address itself.
+    let read = unsafe {
+        aya_ebpf::helpers::generated::bpf_probe_read_user(
+            (&raw mut (*walk).window).cast(),
+            len as u32,
+            addr as *const c_void,
+        )
+    };
+    if read != 0 {
+        return false;
+    }
+    // SAFETY: as above.
+    unsafe {
+        (*walk).window_base = addr;
+        (*walk).window_len = len;
+    }
+    true
+}
+
+/// Reads the two words of user memory at `addr` into `walk.read` with a
+/// read of their own; false when they cannot be read.
 ///
 /// A BPF subprogram of its own, not inlined, for the reason
 /// [`walk_frame_pointers`] is one: its frame is under 64 bytes, so the
-/// read lands on the task's kernel stack, where hardened usercopy's check
-/// of the destination ends at once; into the per-CPU private stack that
-/// [`unwind_step`]'s larger frame gets, the check walks the heap's areas.
+/// read lands on the task's kernel stack even in a program that has a
+/// private stack (the tracepoints'), where hardened usercopy's check of
+/// the destination ends at once; into a per-CPU private stack, the check
+/// walks the heap's areas.
 #[inline(never)]
 fn read_user_words(addr: u64, walk: *mut Walk) -> bool {
     // SAFETY: bpf_probe_read_user checks the user address itself.
@@ -629,7 +698,7 @@ fn step_cfa(walk: &mut Walk, row: &UnwindRow) -> bool {
     }
     // The return address and the word below it (the caller's rbp where
     // it was pushed first, the most common place) in one read.
-    if !read_user_words(cfa - 16, walk) {
+    if !read_words(cfa - 16, walk) {
         return false;
     }
     let (ret, below) = (walk.read[1], walk.read[0]);
@@ -638,7 +707,7 @@ fn step_cfa(walk: &mut Walk, row: &UnwindRow) -> bool {
         0 => walk.rbp,
         slot => {
             let at = cfa.wrapping_add((slot as i64 * 8) as u64);
-            if !read_user_words(at, walk) {
+            if !read_words(at, walk) {
                 return false;
             }
             walk.read[0]
@@ -659,7 +728,7 @@ fn step_plt(walk: &mut Walk, pc: u64, threshold: u64) -> bool {
     if pc & 15 >= threshold {
         cfa = cfa.wrapping_add(8);
     }
-    if !read_user_words(cfa - 16, walk) {
+    if !read_words(cfa - 16, walk) {
         return false;
     }
     walk.ip = walk.read[1];
@@ -700,7 +769,7 @@ fn step_frame_pointer(walk: &mut Walk) -> bool {
     if fp < walk.rsp || fp % 8 != 0 {
         return false;
     }
-    if !read_user_words(fp, walk) {
+    if !read_words(fp, walk) {
         return false;
     }
     walk.ip = walk.read[1];
