@@ -222,7 +222,7 @@ pub const STACK_WINDOW_BYTES: u64 = 512;
 #[must_use]
 pub const fn stack_window_len(addr: u64) -> u64 {
     let to_page_end = 4096 - (addr & 4095);
-    if addr % 8 != 0 || to_page_end < 16 {
+    if addr & 7 != 0 || to_page_end < 16 {
         0
     } else if to_page_end < STACK_WINDOW_BYTES {
         to_page_end
@@ -239,7 +239,7 @@ pub const fn stack_window_len(addr: u64) -> u64 {
 #[must_use]
 pub const fn stack_window_index(base: u64, len: u64, addr: u64) -> Option<usize> {
     let offset = addr.wrapping_sub(base);
-    if addr % 8 != 0 || offset >= len || len - offset < 16 {
+    if addr & 7 != 0 || offset >= len || len - offset < 16 {
         None
     } else {
         Some((offset / 8) as usize)
