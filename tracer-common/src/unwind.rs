@@ -211,7 +211,7 @@ pub const fn stack_check_word(check: u64, walked: u64, cut: bool) -> u64 {
 /// Bytes of user stack the walker copies in one read (its window, in the
 /// walk's per-CPU scratch): the steps whose words fall in the copy read
 /// nothing more. A power of two.
-pub const STACK_WINDOW_BYTES: u64 = 512;
+pub const STACK_WINDOW_BYTES: u64 = 1024;
 
 /// Bytes of a window read at `addr`: up to [`STACK_WINDOW_BYTES`], not
 /// past the end of `addr`'s 4 KiB page (the next page may not be mapped,
@@ -266,7 +266,8 @@ mod tests {
     #[test]
     fn a_window_is_read_to_the_end_of_its_page_at_most() {
         assert_eq!(stack_window_len(0x7ffc_0000_1000), STACK_WINDOW_BYTES);
-        assert_eq!(stack_window_len(0x7ffc_0000_1e00), STACK_WINDOW_BYTES);
+        assert_eq!(stack_window_len(0x7ffc_0000_1c00), STACK_WINDOW_BYTES);
+        assert_eq!(stack_window_len(0x7ffc_0000_1e00), 512);
         assert_eq!(stack_window_len(0x7ffc_0000_1e08), 504);
         assert_eq!(stack_window_len(0x7ffc_0000_1ff0), 16);
         // One word left on the page, or not aligned: the words are read alone.
