@@ -91,12 +91,17 @@ fn find_way(bucket: *mut LiveBucket, key: u64) -> u32 {
 #[inline(always)]
 fn own_levels(tgid: u32, gen_: u32) -> u32 {
     match OWN_LEVELS.get_ptr(own_image_key(tgid, gen_)) {
-        // SAFETY: an OWN_LEVELS value (tracerd replaces it whole).
-        Some(levels) => {
-            unsafe { core::ptr::read_volatile(&raw const (*levels).count) }.min(OWN_LEVELS_MAX)
-        }
+        Some(levels) => level_count(levels),
         None => 0,
     }
+}
+
+/// The count of `levels` (an image's OWN_LEVELS value), read once, at
+/// most OWN_LEVELS_MAX.
+#[inline(always)]
+fn level_count(levels: *const OwnLevelMaps) -> u32 {
+    // SAFETY: an OWN_LEVELS value (tracerd replaces it whole).
+    unsafe { core::ptr::read_volatile(&raw const (*levels).count) }.min(OWN_LEVELS_MAX)
 }
 
 /// Image (`tgid`, `gen_`)'s own spill map of `level`, as the helpers take a
@@ -208,8 +213,7 @@ fn own_lookup(tgid: u32, gen_: u32, addr: u64, out: *mut AllocInfo) -> u32 {
     let Some(levels) = OWN_LEVELS.get_ptr(own_image_key(tgid, gen_)) else {
         return 0;
     };
-    // SAFETY: an OWN_LEVELS value (tracerd replaces it whole).
-    let count = unsafe { core::ptr::read_volatile(&raw const (*levels).count) }.min(OWN_LEVELS_MAX);
+    let count = level_count(levels);
     if count == 0 {
         return 0;
     }
