@@ -140,9 +140,15 @@ impl OwnLevels {
         }
         if self.own.pool_low() {
             let own = Arc::clone(&self.own);
+            // At the expensive work's priority: a map of a big level is
+            // milliseconds of the kernel's time, which the routes need not
+            // wait for.
             let spawned = std::thread::Builder::new()
                 .name("tracerd-pool".into())
-                .spawn(move || own.refill());
+                .spawn(move || {
+                    crate::sys::lower_this_threads_priority(crate::sys::threads::EXPENSIVE_NICE);
+                    own.refill();
+                });
             if let Err(e) = spawned {
                 tracing::debug!(err = %e, "no thread to refill the spill map pool");
             }
