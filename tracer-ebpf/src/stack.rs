@@ -23,10 +23,10 @@
 //!   compare-and-exchange of that word (thread id → check hash) before it
 //!   stores the frames, and reads the word again after the insert: if
 //!   another task took the scratch meanwhile, the stack is dropped
-//!   (`drop_stack_preempted`), and removed again if it was inserted. tracerd reads a stack only when its check
-//!   hash is that of its frames (`tracer_common::stack_check_word`), so a
-//!   copy torn by a preemption is never shown, even in the moment before
-//!   its removal.
+//!   (`drop_stack_preempted`), and removed again if it was inserted.
+//!   tracerd reads a stack only when its check hash is that of its frames
+//!   (`tracer_common::stack_check_word`), so a copy torn by a preemption is
+//!   never shown, even in the moment before its removal.
 //! - The page and row caches of `WALK_SCRATCH` ([`Walk::pages`],
 //!   [`Walk::rows`]), kept from walk to walk: each slot is a value and a
 //!   check that mixes its key with the value; a slot whose two words

@@ -140,9 +140,9 @@ impl OwnLevels {
         }
         if self.own.pool_low() {
             let own = Arc::clone(&self.own);
-            // At the expensive work's priority: a map of a big level is
-            // milliseconds of the kernel's time, which the routes need not
-            // wait for.
+            // At the expensive work's priority: making maps is the
+            // kernel's time (their buckets allocated and set up), which
+            // the routes need not wait for.
             let spawned = std::thread::Builder::new()
                 .name("tracerd-pool".into())
                 .spawn(move || {

@@ -6,8 +6,8 @@ use std::sync::LazyLock;
 /// The nice value of the threads of [`spawn_expensive`]: a snapshot of
 /// millions of blocks takes a CPU for a second or more, and a cheap
 /// route's thread (nice 0) must get one first, even on a host whose other
-/// CPUs are busy. (The model's helper threads and the sweeps run at this
-/// nice too.)
+/// CPUs are busy. (The model's helper threads, the sweeps and the refill
+/// of the spill maps' pool run at this nice too.)
 pub const EXPENSIVE_NICE: i32 = 10;
 
 /// The threads of [`spawn_expensive`]: the blocking pool of a runtime of
