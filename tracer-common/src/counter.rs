@@ -52,8 +52,9 @@ pub enum Counter {
     /// Walks cut for another reason: memory that cannot be read, a stack
     /// pointer that does not move up, a zero return address.
     UnwindStopped = 18,
-    /// Walks of a process with no mappings in `PROC_MAPS` yet (walked with
-    /// frame pointers only).
+    /// Walks of a process whose mappings neither `PROC_MAPS` nor the
+    /// kernel's VMAs could give (the unwinder off, or the kernel's BTF
+    /// lacks a field the VMA lookup reads): walked with frame pointers only.
     UnwindNoProcMaps = 19,
     /// Drop: the per-CPU scratch of a walk was overwritten by another task
     /// on the same CPU (preemption): the block keeps frame 0 only.
@@ -87,10 +88,26 @@ pub enum Counter {
     /// full): its image's totals per stack are not exact from then on
     /// (`ProcTotals::stack_totals_lost`), and tracerd reads its blocks.
     StackTotalsRefused = 27,
+    /// Walks of an image whose mappings `PROC_MAPS` does not hold (the
+    /// first moments after an exec, before tracerd wrote them), walked
+    /// with the kernel's own VMAs (`crate::vma`) instead.
+    UnwindVmaWalks = 28,
+    /// Mappings a walk looked up in the kernel's VMAs (`bpf_find_vma`): an
+    /// address `PROC_MAPS` did not hold (or no entry there at all).
+    UnwindVmaLookups = 29,
+    /// A lookup in the kernel's VMAs failed (the process's mmap lock was
+    /// held for writing, or no VMA holds the address): the walk is cut there.
+    UnwindVmaFailed = 30,
+    /// Blocks recorded with a cut traceback: the stack could not be stored
+    /// (the stack map full, the process's share of it, another stack's id,
+    /// a preemption), or the walk stopped before the outermost frame for
+    /// want of mappings or readable memory (not for reaching nframe).
+    /// Also counted in the process's `ProcStats::cut`.
+    CutTracebacks = 31,
 }
 
 /// Number of slots in [`MAP_COUNTERS`].
-pub const COUNTER_SLOTS: u32 = 28;
+pub const COUNTER_SLOTS: u32 = 32;
 
 impl Counter {
     /// Every counter with its name, in slot order.
@@ -123,6 +140,10 @@ impl Counter {
         (Counter::StaleInflight, "stale_inflight"),
         (Counter::TracerdCalls, "tracerd_calls"),
         (Counter::StackTotalsRefused, "stack_totals_refused"),
+        (Counter::UnwindVmaWalks, "unwind_vma_walks"),
+        (Counter::UnwindVmaLookups, "unwind_vma_lookups"),
+        (Counter::UnwindVmaFailed, "unwind_vma_failed"),
+        (Counter::CutTracebacks, "cut_tracebacks"),
     ];
 }
 

@@ -15,7 +15,9 @@ use crate::ProcStats;
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ProcEventKind {
-    /// First allocation seen from a process image: read its maps now.
+    /// A process image starts: at a fork (the child), at an exec (the new
+    /// program), or, for a process that was running before tracerd, at its
+    /// first allocation seen: read its maps now.
     New = 1,
     /// The image was replaced by exec: its blocks are gone.
     Exec = 2,
@@ -66,8 +68,10 @@ pub struct ProcEvent {
     pub tgid: u32,
     /// The generation the event is about (for Exec/Exit: the one that ended).
     pub gen_: u32,
-    /// For Spill: the level of the image's own spill map asked for; else 0.
-    pub level: u32,
+    /// For Spill: the level of the image's own spill map asked for; for
+    /// New: the parent's tgid when the image starts at a fork (0: unknown,
+    /// an image first seen at an exec or an allocation); else 0.
+    pub detail: u32,
     /// `bpf_ktime_get_ns()` at the event, ns since boot (CLOCK_MONOTONIC).
     pub ktime_ns: u64,
     /// For Exec/Exit: the final totals of the generation that ended.
@@ -76,7 +80,7 @@ pub struct ProcEvent {
     /// NUL-padded: the name of a process gone before `/proc` could be read.
     pub comm: [u8; 16],
 }
-const _: () = assert!(size_of::<ProcEvent>() == 104);
+const _: () = assert!(size_of::<ProcEvent>() == 112);
 
 // SAFETY: #[repr(C)], Copy, made only of integers with explicit padding, so
 // every bit pattern is valid.

@@ -23,7 +23,8 @@
 //! - [`inflight`]: allocator calls between entry and return;
 //! - [`event`]: the process lifecycle events of the ring buffer;
 //! - [`counter`]: the slots of the per-CPU counters;
-//! - [`unwind`]: the unwinder's tables (rows, pages, process mappings).
+//! - [`unwind`]: the unwinder's tables (rows, pages, process mappings);
+//! - [`vma`]: the kernel's own mappings, for addresses `PROC_MAPS` lacks.
 #![cfg_attr(not(test), no_std)]
 
 pub mod alloc;
@@ -37,6 +38,7 @@ pub mod probes;
 pub mod procs;
 pub mod stack_totals;
 pub mod unwind;
+pub mod vma;
 
 pub use alloc::*;
 pub use counter::*;
@@ -49,3 +51,4 @@ pub use probes::*;
 pub use procs::*;
 pub use stack_totals::*;
 pub use unwind::*;
+pub use vma::*;

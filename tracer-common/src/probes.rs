@@ -222,8 +222,11 @@ pub const MMAP_TRACEPOINTS: [(&str, &str, &str); 3] = [
 ];
 
 /// The tracepoint programs for process lifecycle: (program, category, name).
-pub const TRACEPOINTS: [(&str, &str, &str); 3] = [
+/// `task_newtask` starts a new process's image at its fork (its record has
+/// the clone flags, which tell a process from a thread).
+pub const TRACEPOINTS: [(&str, &str, &str); 4] = [
     ("sched_process_exec", "sched", "sched_process_exec"),
     ("sched_process_exit", "sched", "sched_process_exit"),
     ("sched_process_fork", "sched", "sched_process_fork"),
+    ("task_newtask", "task", "task_newtask"),
 ];

@@ -39,7 +39,7 @@ pub struct ProcSlot {
     /// The owner's totals.
     pub totals: ProcTotals,
 }
-const _: () = assert!(size_of::<ProcSlot>() == 248);
+const _: () = assert!(size_of::<ProcSlot>() == 256);
 
 /// Bytes of one source's blocks in a process image.
 #[repr(C)]
@@ -90,7 +90,7 @@ pub struct ProcTotals {
     /// over every image's.
     pub stack_keys: u64,
 }
-const _: () = assert!(size_of::<ProcTotals>() == 240);
+const _: () = assert!(size_of::<ProcTotals>() == 248);
 
 /// The slot of [`MAP_PROC_SLOTS`] for `tgid`.
 pub const fn proc_slot_index(tgid: u32) -> u32 {
@@ -135,8 +135,13 @@ pub struct ProcStats {
     pub unknown_frees: u64,
     /// Events lost for this process (map full, stack not stored).
     pub drops: u64,
+    /// Blocks recorded with a cut traceback since tracing of this image
+    /// began (`Counter::CutTracebacks`: the stack not stored, or the walk
+    /// stopped for want of mappings or readable memory): while it is not 0
+    /// the image's tracebacks are not all whole.
+    pub cut: u64,
 }
-const _: () = assert!(size_of::<ProcStats>() == 64);
+const _: () = assert!(size_of::<ProcStats>() == 72);
 
 // SAFETY: #[repr(C)], Copy, made only of integers with explicit padding, so
 // every bit pattern is valid.

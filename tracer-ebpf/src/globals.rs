@@ -156,6 +156,20 @@ pub(crate) fn filtered() -> bool {
     switch(0) & tracer_common::SWITCH_SCOPE_FILTER != 0
 }
 
+/// Whether a process the current one starts (its fork's child, or its own
+/// new program at an exec) gets an image at once, traced from its start
+/// whether it allocates or not: with the default scope (every process),
+/// and with the scope filter when the current process is in scope (its
+/// child is, from the fork tracepoint on). A scope of pids alone traces
+/// only those pids (their probes are theirs): nothing new starts there.
+#[inline(always)]
+pub(crate) fn starts_images() -> bool {
+    if !scoped() {
+        return current().is_some();
+    }
+    filtered() && current_in_scope().is_some()
+}
+
 /// [`current`] when the calling process is recorded: not tracerd, and in
 /// SCOPE_TGIDS while the scope filter is on. What an allocator call's
 /// entry and the mmap source start with (a return always completes what

@@ -37,6 +37,7 @@
 //! - [`mmap`]: a traced process's own anonymous mappings as blocks;
 //! - [`live`]: live blocks: insert, find, remove (fast table and spill);
 //! - [`stack`]: the stack walk and the store of stacks;
+//! - [`vma`]: the kernel's own mappings, for an address `PROC_MAPS` lacks;
 //! - [`inflight`]: calls between entry and return (slots and spill);
 //! - [`sample`]: which allocations sampling records;
 //! - [`procs`]: per-process totals, generations and lifecycle events;
@@ -63,6 +64,7 @@ mod procs;
 mod programs;
 mod sample;
 mod stack;
+mod vma;
 
 #[cfg(not(test))]
 #[panic_handler]

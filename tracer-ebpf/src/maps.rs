@@ -4,7 +4,8 @@
 //! tracerd replaces at load time from its configuration.
 //!
 //! The modules that own a map's protocol: [`crate::live`] (LIVE_*),
-//! [`crate::inflight`] (INFLIGHT*), [`crate::stack`] (STACK*, UNWIND_*, PROC_MAPS),
+//! [`crate::inflight`] (INFLIGHT*), [`crate::stack`] (STACK*, UNWIND_*, PROC_MAPS,
+//! NO_MAPPINGS), [`crate::vma`] (FILE_TABLES),
 //! [`crate::procs`] (PROC*, GENERATION, EVENTS), [`crate::mmap`] (MMAP_*), [`crate::sample`]
 //! (EXP_TABLE, SAMPLE_LEFT), [`crate::counters`] (COUNTERS),
 //! [`crate::globals`] (SWITCHES, SCOPE_TGIDS).
@@ -17,10 +18,11 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray, ProgramArray, RingBuf},
 };
 use tracer_common::{
-    AllocInfo, AllocKey, COUNTER_SLOTS, EVENTS_RING_BYTES, EXP_TABLE_LEN, INFLIGHT_SLOT_COUNT,
-    Inflight, InflightSlot, LIVE_BUCKET_COUNT, LIVE_WAYS, LiveBucket, MMAP_PROCS, MmapRegions,
-    OWN_FIRST_BLOCKS, OWN_LEVELS_ENTRIES, OWN_LIVE_ENTRIES, OwnLevelMaps, PROC_SLOT_COUNT,
-    ProcSlot, ProcTotals, STACK_TOTALS_ENTRIES, STACK_WORDS, StackTotals, StackTotalsKey,
+    AllocInfo, AllocKey, COUNTER_SLOTS, EVENTS_RING_BYTES, EXP_TABLE_LEN, FILE_TABLES_ENTRIES,
+    FileTableKey, INFLIGHT_SLOT_COUNT, Inflight, InflightSlot, LIVE_BUCKET_COUNT, LIVE_WAYS,
+    LiveBucket, MMAP_PROCS, MmapRegions, OWN_FIRST_BLOCKS, OWN_LEVELS_ENTRIES, OWN_LIVE_ENTRIES,
+    OwnLevelMaps, PROC_SLOT_COUNT, ProcSlot, ProcTotals, STACK_TOTALS_ENTRIES, STACK_WORDS,
+    StackTotals, StackTotalsKey,
     unwind::{self, ProcMappings, UnwindPage, UnwindPageKey, UnwindRow},
 };
 
@@ -147,6 +149,19 @@ pub(crate) static UNWIND_PAGES: HashMap<UnwindPageKey, UnwindPage> =
 #[map]
 pub(crate) static PROC_MAPS: HashMap<u32, ProcMappings> =
     HashMap::with_max_entries(unwind::PROC_MAPS_ENTRIES, BPF_F_NO_PREALLOC);
+
+/// Slot 0: a [`ProcMappings`] with no mapping, never written: what a walk
+/// of an image that has no PROC_MAPS entry yet starts from (every address
+/// is then looked up in the kernel's VMAs, `crate::vma`).
+#[map]
+pub(crate) static NO_MAPPINGS: Array<ProcMappings> = Array::with_max_entries(1, 0);
+
+/// Table ids by file, as the kernel names a mapped file: (device, inode) →
+/// its table id. Written by tracerd for every table it loads (removed
+/// before it drops one); read by `vma` for an address PROC_MAPS lacks.
+#[map]
+pub(crate) static FILE_TABLES: HashMap<FileTableKey, u32> =
+    HashMap::with_max_entries(FILE_TABLES_ENTRIES, BPF_F_NO_PREALLOC);
 
 /// Per CPU, slot 0 → the state of the table-driven walk in progress
 /// (registers, frames, counts). Used by `stack` only.

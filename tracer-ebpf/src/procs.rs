@@ -15,7 +15,7 @@
 
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
-    helpers::{bpf_get_current_comm, bpf_ktime_get_ns},
+    helpers::{bpf_ktime_get_ns, generated::bpf_get_current_comm},
 };
 use tracer_common::{
     Counter, PROC_SLOT_GEN_SHIFT, PROC_SLOT_OWNER_MASK, PROC_SLOT_SPILL_MAX, PROC_SLOT_SPILL_SHIFT,
@@ -26,7 +26,7 @@ use tracer_common::{
 use crate::{
     atomic::{compare_exchange, fetch_add},
     counters::count,
-    maps::{EEXIST, EVENTS, GENERATION, MMAP_REGIONS, PROC_SLOTS, PROCS},
+    maps::{EEXIST, EVENTS, GENERATION, MMAP_REGIONS, PROC_MAPS, PROC_SLOTS, PROCS},
 };
 
 /// The slot of `tgid` in PROC_SLOTS.
@@ -73,14 +73,28 @@ pub(crate) fn proc_stats(tgid: u32) -> Option<(*mut ProcStats, u32)> {
     if let Some(found) = find_proc(tgid) {
         return Some(found);
     }
-    if !register_proc(tgid) {
+    if !register_proc(tgid, 0) {
         return None;
     }
     find_proc(tgid)
 }
 
+/// Starts a new image of `tgid` now (at its fork, `parent` its parent's
+/// tgid; at its exec, `parent` 0): its totals and generation, and a `New`
+/// event, so that a process is traced from its start whether it allocates
+/// or not. Returns its generation (None: no room, counted; or `tgid`
+/// has an image already).
+#[inline(always)]
+pub(crate) fn start_image(tgid: u32, parent: u32) -> Option<u32> {
+    if find_proc(tgid).is_some() || !register_proc(tgid, parent) {
+        return None;
+    }
+    find_proc(tgid).map(|(_, gen_)| gen_)
+}
+
 /// Creates the totals of `tgid`'s image (or finds that another thread of it
-/// did); false when there is no room (counted).
+/// did); false when there is no room (counted). `parent` goes in the `New`
+/// event (0: not started by a fork).
 ///
 /// A free slot (no owner, no spill) is claimed by one compare-and-swap of
 /// its word to the tgid and generation; its totals were zeroed when it was
@@ -93,7 +107,7 @@ pub(crate) fn proc_stats(tgid: u32) -> Option<(*mut ProcStats, u32)> {
 /// allocator program that calls it, whose frame plus the unwinder's must
 /// stay within the kernel's 512 bytes (see [`crate::programs::on_task_stack`]).
 #[inline(never)]
-fn register_proc(tgid: u32) -> bool {
+fn register_proc(tgid: u32, parent: u32) -> bool {
     let Some(slot) = proc_slot(tgid) else {
         return false;
     };
@@ -114,12 +128,18 @@ fn register_proc(tgid: u32) -> bool {
             };
             let owned = u64::from(tgid) | (u64::from(gen_) << PROC_SLOT_GEN_SHIFT);
             if compare_exchange(word_ptr, word, owned) == word {
-                send_event(ProcEventKind::New, tgid, gen_, &ProcStats::default());
+                send_event_detail(
+                    ProcEventKind::New,
+                    tgid,
+                    gen_,
+                    parent,
+                    &ProcStats::default(),
+                );
                 return true;
             }
         } else if spill < PROC_SLOT_SPILL_MAX {
             if compare_exchange(word_ptr, word, word + (1 << PROC_SLOT_SPILL_SHIFT)) == word {
-                return hash_proc(tgid, word_ptr);
+                return hash_proc(tgid, parent, word_ptr);
             }
         } else {
             break;
@@ -133,7 +153,7 @@ fn register_proc(tgid: u32) -> bool {
 /// Puts `tgid` in PROCS, counted already in the spill count at `word`;
 /// false when PROCS is full.
 #[inline(always)]
-fn hash_proc(tgid: u32, word: *mut u64) -> bool {
+fn hash_proc(tgid: u32, parent: u32, word: *mut u64) -> bool {
     let unspill = || fetch_add(word, (1u64 << PROC_SLOT_SPILL_SHIFT).wrapping_neg());
     let Some(gen_) = new_generation() else {
         unspill();
@@ -147,7 +167,13 @@ fn hash_proc(tgid: u32, word: *mut u64) -> bool {
         ..ProcTotals::default()
     };
     match PROCS.insert(tgid, totals, BPF_NOEXIST as u64) {
-        Ok(()) => send_event(ProcEventKind::New, tgid, gen_, &ProcStats::default()),
+        Ok(()) => send_event_detail(
+            ProcEventKind::New,
+            tgid,
+            gen_,
+            parent,
+            &ProcStats::default(),
+        ),
         // Another thread of the process created it first (and counted it).
         Err(e) if e == -EEXIST => {
             unspill();
@@ -165,21 +191,36 @@ fn hash_proc(tgid: u32, word: *mut u64) -> bool {
 /// totals `stats` to tracerd (counted; a full ring is counted as a drop).
 #[inline(always)]
 pub(crate) fn send_event(kind: ProcEventKind, tgid: u32, gen_: u32, stats: &ProcStats) {
-    let event = ProcEvent {
-        kind: kind as u32,
-        tgid,
-        gen_,
-        level: 0,
-        // SAFETY: a helper with no preconditions.
-        ktime_ns: unsafe { bpf_ktime_get_ns() },
-        stats: *stats,
-        comm: bpf_get_current_comm().unwrap_or([0; 16]),
-    };
-    if EVENTS.output::<ProcEvent>(&event, 0).is_err() {
+    send_event_detail(kind, tgid, gen_, 0, stats);
+}
+
+/// [`send_event`] with its `detail` ([`ProcEvent::detail`]: a `New`
+/// event's parent). The record is written in place in the ring, not built
+/// on the stack: [`register_proc`]'s frame, which sends `New` events, must
+/// stay small beside the allocator program's.
+#[inline(always)]
+fn send_event_detail(kind: ProcEventKind, tgid: u32, gen_: u32, detail: u32, stats: &ProcStats) {
+    let Some(mut entry) = EVENTS.reserve::<ProcEvent>(0) else {
         count(Counter::DropEvents);
-    } else {
-        count(Counter::ProcEvents);
+        return;
+    };
+    let event = entry.as_mut_ptr();
+    // SAFETY: the reserved record is ours until submitted; every field is
+    // written (the comm by the helper, or zeroed when it fails).
+    unsafe {
+        (*event).kind = kind as u32;
+        (*event).tgid = tgid;
+        (*event).gen_ = gen_;
+        (*event).detail = detail;
+        (*event).ktime_ns = bpf_ktime_get_ns();
+        (*event).stats = *stats;
+        let comm = &raw mut (*event).comm;
+        if bpf_get_current_comm(comm.cast(), 16) != 0 {
+            core::ptr::write_bytes(comm.cast::<u8>(), 0, 16);
+        }
     }
+    entry.submit(0);
+    count(Counter::ProcEvents);
 }
 
 /// The totals of source `source` ([`tracer_common::AllocInfo::source`]) of
@@ -198,6 +239,14 @@ fn source_totals(stats: *mut ProcStats, source: u32) -> Option<*mut SourceTotals
             .cast::<SourceTotals>()
             .add(index & (SOURCE_COUNT - 1))
     })
+}
+
+/// The count of blocks recorded with a cut traceback ([`ProcStats::cut`])
+/// of the process whose totals are `stats`.
+#[inline(always)]
+pub(crate) fn cut_counter(stats: *mut ProcStats) -> *mut u64 {
+    // SAFETY: stats points at a PROCS value or a slot's totals.
+    unsafe { &raw mut (*stats).cut }
 }
 
 /// The stacks counter ([`ProcTotals::stacks`]) of the process whose totals
@@ -266,7 +315,7 @@ pub(crate) fn send_spill_event(tgid: u32, gen_: u32, level: u32) {
         (*event).kind = ProcEventKind::Spill as u32;
         (*event).tgid = tgid;
         (*event).gen_ = gen_;
-        (*event).level = level;
+        (*event).detail = level;
     }
     entry.submit(0);
     count(Counter::ProcEvents);
@@ -409,8 +458,11 @@ pub(crate) fn end_generation(kind: ProcEventKind, tgid: u32) {
 }
 
 /// Forgets the anonymous mappings of `tgid`'s ended image (their blocks
-/// go with the image's other blocks).
+/// go with the image's other blocks), and its executable mappings in
+/// PROC_MAPS: after an exec they are another program's, and an entry a
+/// fork copied (`stack::inherit_mappings`) has no other owner to remove it.
 #[inline(always)]
-fn forget_mappings(tgid: u32) {
+pub(crate) fn forget_mappings(tgid: u32) {
     let _ = MMAP_REGIONS.remove(tgid);
+    let _ = PROC_MAPS.remove(tgid);
 }

@@ -50,9 +50,10 @@ use tracer_common::{
     Counter, MAX_WALK_FRAMES, ProcStats, STACK_CHECK_SEED, STACK_ID_NONE, STACK_WORDS,
     stack_check_frame, stack_check_word,
     unwind::{
-        MAX_PROC_MAPPINGS, ProcMappings, SIGFRAME_RBP, STACK_WINDOW_BYTES, UNWIND_CFA_RBP,
-        UNWIND_CFA_RSP, UNWIND_END, UNWIND_FILE_NONE, UNWIND_PAGE_SHIFT, UNWIND_PLT, UNWIND_SIGNAL,
-        UNWIND_UNKNOWN, UnwindPage, UnwindPageKey, UnwindRow, stack_window_index, stack_window_len,
+        MAX_PROC_MAPPINGS, ProcMapping, ProcMappings, SIGFRAME_RBP, STACK_WINDOW_BYTES,
+        UNWIND_CFA_RBP, UNWIND_CFA_RSP, UNWIND_END, UNWIND_FILE_NONE, UNWIND_PAGE_SHIFT,
+        UNWIND_PLT, UNWIND_SIGNAL, UNWIND_UNKNOWN, UnwindPage, UnwindPageKey, UnwindRow,
+        stack_window_index, stack_window_len,
     },
 };
 
@@ -61,10 +62,11 @@ use crate::{
     counters::{count, count_n},
     globals::{self, switch},
     maps::{
-        EEXIST, PROC_MAPS, STACK_CACHE, STACK_SCRATCH, STACKS, UNWIND_PAGES, UNWIND_ROWS,
-        WALK_SCRATCH,
+        EEXIST, NO_MAPPINGS, PROC_MAPS, STACK_CACHE, STACK_SCRATCH, STACKS, UNWIND_PAGES,
+        UNWIND_ROWS, WALK_SCRATCH,
     },
-    procs::stacks_counter,
+    procs::{cut_counter, stacks_counter},
+    vma,
 };
 
 /// Whether tracerd has written the executable mappings of image `gen_` of
@@ -75,6 +77,30 @@ pub(crate) fn has_mappings(tgid: u32, gen_: u32) -> bool {
         // SAFETY: a PROC_MAPS value, read only.
         Some(maps) => (unsafe { (*maps).gen_ }) == gen_,
         None => false,
+    }
+}
+
+/// Gives image `child_gen` of `child`, forked by `parent` (image
+/// `parent_gen`), a copy of the parent's PROC_MAPS entry: the child's
+/// address space is the parent's until it execs or maps more (and its own
+/// entry, which tracerd writes once it has read the child, replaces the
+/// copy), so its stacks are walked with the tables from its first
+/// instruction. Called at the fork, before the child runs.
+#[inline(always)]
+pub(crate) fn inherit_mappings(parent: u32, parent_gen: u32, child: u32, child_gen: u32) {
+    let Some(maps) = PROC_MAPS.get_ptr(parent) else {
+        return;
+    };
+    // SAFETY: a PROC_MAPS value, read only; the copy is made by the map
+    // update from the value itself (it does not fit on the stack).
+    if unsafe { (*maps).gen_ } != parent_gen
+        || PROC_MAPS.insert(child, unsafe { &*maps }, 0).is_err()
+    {
+        return;
+    }
+    if let Some(copy) = PROC_MAPS.get_ptr_mut(child) {
+        // SAFETY: the child's new entry; the child does not run yet.
+        unsafe { (*copy).gen_ = child_gen };
     }
 }
 
@@ -102,9 +128,23 @@ pub(crate) struct UserRegs {
 /// pointers alone, as the kernel's `bpf_get_stack` does.
 #[inline(always)]
 pub(crate) fn stack_id(regs: UserRegs, tgid: u32, gen_: u32, stats: *mut ProcStats) -> u64 {
+    let (id, lost) = walk_and_store(regs, tgid, gen_, stats);
+    if lost || id == STACK_ID_NONE {
+        count(Counter::CutTracebacks);
+        fetch_add(cut_counter(stats), 1);
+    }
+    id
+}
+
+/// [`stack_id`]'s walk and store: the id (or STACK_ID_NONE), and whether
+/// the walk stopped before the outermost frame for want of mappings or
+/// readable memory (a walk that reached its frames' limit is whole as far
+/// as nframe asks).
+#[inline(always)]
+fn walk_and_store(regs: UserRegs, tgid: u32, gen_: u32, stats: *mut ProcStats) -> (u64, bool) {
     let (Some(buf), Some(walk)) = (STACK_SCRATCH.get_ptr_mut(0), WALK_SCRATCH.get_ptr_mut(0))
     else {
-        return drop_stack();
+        return (drop_stack(), true);
     };
     let mut limit = globals::nframe();
     if limit > MAX_WALK_FRAMES {
@@ -142,6 +182,7 @@ pub(crate) fn stack_id(regs: UserRegs, tgid: u32, gen_: u32, stats: *mut ProcSta
             &raw mut w.cut,
             &raw mut w.last_mapping,
             &raw mut w.window_len,
+            &raw mut w.vma.end,
         ] {
             core::ptr::write_volatile(field, 0);
         }
@@ -149,16 +190,27 @@ pub(crate) fn stack_id(regs: UserRegs, tgid: u32, gen_: u32, stats: *mut ProcSta
     match PROC_MAPS.get_ptr(tgid) {
         // SAFETY: a PROC_MAPS value, read only.
         Some(maps) if unsafe { (*maps).gen_ } == gen_ => unwind(maps, walk, buf, limit),
-        _ => {
-            count(Counter::UnwindNoProcMaps);
-            walk_frame_pointers();
-        }
+        // Not written yet (or of an earlier image): every address is
+        // looked up in the kernel's own VMAs.
+        _ => match NO_MAPPINGS.get_ptr(0) {
+            Some(none) if vma::enabled() => {
+                count(Counter::UnwindVmaWalks);
+                unwind(none, walk, buf, limit);
+            }
+            _ => {
+                count(Counter::UnwindNoProcMaps);
+                walk_frame_pointers();
+            }
+        },
     }
-    // SAFETY: as above (the walk wrote it; read once here).
-    let (walked, cut, mut id, check) =
-        unsafe { ((*walk).n, (*walk).cut != 0, (*walk).id, (*walk).check) };
+    // SAFETY: as above (the walk wrote it; read once here, before the
+    // claim below checks that no other walk wrote it meanwhile).
+    let (walked, cut_by, mut id, check) =
+        unsafe { ((*walk).n, (*walk).cut, (*walk).id, (*walk).check) };
+    let cut = cut_by != 0;
+    let lost = cut_by == CUT_NO_MAPPING || cut_by == CUT_STOPPED;
     if walked == 0 || walked > MAX_WALK_FRAMES as u64 {
-        return drop_stack();
+        return (drop_stack(), true);
     }
     // The words after the frames are stale: a 0 ends them.
     if let Some(end) = words.get_mut(1 + walked as usize) {
@@ -175,7 +227,7 @@ pub(crate) fn stack_id(regs: UserRegs, tgid: u32, gen_: u32, stats: *mut ProcSta
     // left its own id or check in the first word, and our frames are gone.
     if compare_exchange(&raw mut words[0], owner, check) != owner {
         count(Counter::DropStackPreempted);
-        return STACK_ID_NONE;
+        return (STACK_ID_NONE, true);
     }
     let epoch = switch(tracer_common::SWITCH_STACK_EPOCH).wrapping_add(1);
     let cache = STACK_CACHE.get_ptr_mut(0);
@@ -183,7 +235,7 @@ pub(crate) fn stack_id(regs: UserRegs, tgid: u32, gen_: u32, stats: *mut ProcSta
         // SAFETY: this CPU's entry; BPF programs are not migrated while they run.
         let hit = unsafe { (*cache)[0] == id && (*cache)[1] == check && (*cache)[2] == epoch };
         if hit {
-            return id;
+            return (id, lost);
         }
     }
     let stored = match STACKS.get_ptr(id) {
@@ -197,22 +249,22 @@ pub(crate) fn stack_id(regs: UserRegs, tgid: u32, gen_: u32, stats: *mut ProcSta
                 count(Counter::DropStackShare);
                 // SAFETY: as above.
                 fetch_add(unsafe { &raw mut (*stats).drops }, 1);
-                return STACK_ID_NONE;
+                return (STACK_ID_NONE, true);
             }
             match store_new(id, words, check, stacks) {
                 Some(stored) => stored,
-                None => return STACK_ID_NONE,
+                None => return (STACK_ID_NONE, true),
             }
         }
     };
     if !stored {
-        return drop_stack();
+        return (drop_stack(), true);
     }
     if let Some(cache) = cache {
         // SAFETY: as above.
         unsafe { *cache = [id, check, epoch] };
     }
-    id
+    (id, lost)
 }
 
 /// The state of one table-driven walk, in this CPU's `WALK_SCRATCH`: a
@@ -250,6 +302,10 @@ pub(crate) struct Walk {
     last_mapping: u64,
     /// The two words [`read_words`] read last.
     read: [u64; 2],
+    /// The last mapping found in the kernel's VMAs ([`vma::lookup`]) in
+    /// this walk (`end` 0: none yet): the frames of a file PROC_MAPS does
+    /// not hold are most often next to each other.
+    vma: ProcMapping,
     /// A copy of user memory from `window_base` (8-aligned), `window_len`
     /// bytes of it valid (0: none yet in this walk): one read of the stack
     /// serves the frames it holds ([`read_words`]).
@@ -502,13 +558,25 @@ extern "C" fn unwind_step(index: u64, ctx: *mut c_void) -> i64 {
         maps.mappings[(walk.last_mapping.wrapping_sub(1) as usize) & (MAX_PROC_MAPPINGS - 1)];
     let mapping = if walk.last_mapping != 0 && last.start <= ip && ip < last.end {
         last
-    } else {
-        let Some(index) = find_mapping(maps, ip) else {
-            walk.cut = CUT_NO_MAPPING;
-            return 1;
-        };
+    } else if let Some(index) = find_mapping(maps, ip) {
         walk.last_mapping = index as u64 + 1;
         maps.mappings[index & (MAX_PROC_MAPPINGS - 1)]
+    } else if walk.vma.start <= ip && ip < walk.vma.end {
+        walk.vma
+    } else if vma::enabled() {
+        // Not in PROC_MAPS (not written yet, or mapped since): the
+        // kernel's own VMA, under the process's mmap lock.
+        count(Counter::UnwindVmaLookups);
+        if !vma::lookup(ip, &raw mut walk.vma) {
+            count(Counter::UnwindVmaFailed);
+            walk.vma.end = 0;
+            walk.cut = CUT_NO_MAPPING;
+            return 1;
+        }
+        walk.vma
+    } else {
+        walk.cut = CUT_NO_MAPPING;
+        return 1;
     };
     let n = index as usize;
     if n >= MAX_WALK_FRAMES as usize {

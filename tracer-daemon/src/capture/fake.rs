@@ -57,6 +57,7 @@ struct FakeTables {
     rows: HashMap<u32, UnwindRow>,
     pages: HashMap<UnwindPageKey, UnwindPage>,
     procs: HashMap<u32, (u32, Vec<ProcMapping>)>,
+    files: HashMap<FileKey, u32>,
 }
 
 impl TableSink for FakeTables {
@@ -81,6 +82,13 @@ impl TableSink for FakeTables {
     }
     fn remove_mappings(&mut self, tgid: u32) {
         self.procs.remove(&tgid);
+    }
+    fn set_file_table(&mut self, key: FileKey, id: u32) -> Result<(), String> {
+        self.files.insert(key, id);
+        Ok(())
+    }
+    fn remove_file_table(&mut self, key: FileKey) {
+        self.files.remove(&key);
     }
 }
 

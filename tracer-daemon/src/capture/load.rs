@@ -11,10 +11,11 @@ use aya::{
 use tracer_common::{
     FLOOR_PROGRAMS, GLOBAL_INFLIGHT_SLOT_MASK, GLOBAL_LIVE_BUCKET_MASK, GLOBAL_NFRAME,
     GLOBAL_PAGE_SIZE, GLOBAL_PROCESS_MAX_BLOCKS, GLOBAL_PROCESS_MAX_STACKS, GLOBAL_SAMPLE_MEAN,
-    GLOBAL_TRACERD_TGID, LIVE_WAYS, MAP_COUNTERS, MAP_EVENTS, MAP_EXP_TABLE, MAP_INFLIGHT,
-    MAP_INFLIGHT_SLOTS, MAP_LIVE_ALLOCS, MAP_LIVE_KEYS, MAP_LIVE_VALUES, MAP_PROC_SLOTS, MAP_PROCS,
-    MAP_SCOPE_TGIDS, MAP_STACK_TOTALS, MAP_STACKS, MAP_SWITCHES, MAPPING_TRACEPOINT, MAX_NFRAME,
-    MAX_WALK_FRAMES, MMAP_TRACEPOINTS, STACK_WORDS, TRACEPOINTS,
+    GLOBAL_TRACERD_TGID, GLOBAL_VMA_OFFSETS, LIVE_WAYS, MAP_COUNTERS, MAP_EVENTS, MAP_EXP_TABLE,
+    MAP_INFLIGHT, MAP_INFLIGHT_SLOTS, MAP_LIVE_ALLOCS, MAP_LIVE_KEYS, MAP_LIVE_VALUES,
+    MAP_PROC_SLOTS, MAP_PROCS, MAP_SCOPE_TGIDS, MAP_STACK_TOTALS, MAP_STACKS, MAP_SWITCHES,
+    MAPPING_TRACEPOINT, MAX_NFRAME, MAX_WALK_FRAMES, MMAP_TRACEPOINTS, STACK_WORDS, TRACEPOINTS,
+    VmaOffsets,
     unwind::{MAP_PROC_MAPS, MAP_UNWIND_PAGES, MAP_UNWIND_ROWS},
 };
 
@@ -132,8 +133,18 @@ impl Capture {
             ..config.clone()
         }
         .process_max_blocks();
+        // The walk asks the kernel for a mapping PROC_MAPS lacks only with
+        // the unwinder on (off, every stack is a frame-pointer walk).
+        let vma_offsets = match unwind_rows {
+            0 => VmaOffsets::default(),
+            _ => crate::sys::btf::vma_offsets().unwrap_or_else(|err| {
+                tracing::warn!(%err, "the unwinder cannot read the kernel's mappings: a process is walked with frame pointers until tracerd has written its mappings (counted in unwind_no_proc_maps)");
+                VmaOffsets::default()
+            }),
+        };
         let mut ebpf = EbpfLoader::new()
             .override_global(GLOBAL_TRACERD_TGID, &tgid, true)
+            .override_global(GLOBAL_VMA_OFFSETS, &vma_offsets, true)
             .override_global(GLOBAL_PAGE_SIZE, &page_size, true)
             .override_global(GLOBAL_NFRAME, &walk_frames, true)
             .override_global(GLOBAL_SAMPLE_MEAN, &config.sample_interval, true)

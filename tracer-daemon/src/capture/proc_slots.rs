@@ -78,6 +78,7 @@ impl ProcSlots {
             frees: field(5),
             unknown_frees: field(6),
             drops: field(7),
+            cut: field(8),
         }
     }
 

@@ -14,12 +14,16 @@ use crate::capture::{ImageId, KernelMaps, Stopping};
 /// One decoded process event.
 #[derive(Clone, Copy, Debug)]
 pub enum Event {
-    /// The first allocation of a new image.
+    /// A new image: at a fork, an exec, or (a process running before
+    /// tracerd) its first allocation.
     New {
         /// The image.
         image: ImageId,
         /// The kernel's `comm` then, NUL-padded (used when `/proc` is gone).
         comm: [u8; 16],
+        /// The parent's pid when the image starts at a fork (None: at an
+        /// exec or a first allocation).
+        parent: Option<u32>,
     },
     /// An image ended (exec or exit), with its final totals.
     End(EndEvent),
@@ -61,6 +65,7 @@ pub fn decode(event: &ProcEvent) -> Option<Event> {
         ProcEventKind::New => Event::New {
             image,
             comm: event.comm,
+            parent: (event.detail != 0).then_some(event.detail),
         },
         ProcEventKind::Exec => end(EndReason::Exec),
         ProcEventKind::Exit => end(EndReason::Exit),
@@ -75,7 +80,7 @@ pub fn decode(event: &ProcEvent) -> Option<Event> {
         ProcEventKind::Mapped => Event::Mapped { image },
         ProcEventKind::Spill => Event::Spill {
             image,
-            level: event.level,
+            level: event.detail,
         },
     })
 }

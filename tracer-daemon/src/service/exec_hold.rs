@@ -13,9 +13,12 @@
 //! tracerd, a process that matches is put in the kernel's scope filter
 //! (a scope of executables or cgroups), or attached (a scope of pids: its
 //! perf events follow it through the exec), before it runs; one that
-//! execs out of a filtered scope is taken out. The hold answers within
-//! [`HOLD_LIMIT`] whatever happens: work still running then goes on
-//! without the process, as it did without the hold.
+//! execs out of a filtered scope is taken out. The objects also get their
+//! unwind tables, so that the new image's first stacks are walked whole
+//! (its mappings come from the kernel's own VMAs until tracerd has read
+//! them: `tracer_common::vma`). The hold answers within [`HOLD_LIMIT`]
+//! whatever happens: work still running then goes on without the process,
+//! as it did without the hold.
 use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt as _;
@@ -24,6 +27,7 @@ use std::time::Duration;
 
 use super::Service;
 use super::state::lock;
+use crate::capture::unwind::compile::compile_file;
 use crate::lifecycle::allocators::Allocators;
 use crate::sys::ldso;
 use crate::sys::procfs::FileKey;
@@ -112,7 +116,49 @@ impl Service {
         let Ok(known) = allocators.try_lock() else {
             return false;
         };
-        needs.iter().all(|k| known.knows(*k))
+        needs.iter().all(|k| known.knows(*k)) && self.have_tables(needs, false)
+    }
+
+    /// Whether every one of `objects` was offered to the unwinder (it has
+    /// a table, or was refused one); with `wait` false, false while the
+    /// kernel lock is not free to read at once.
+    fn have_tables(&self, objects: &[FileKey], wait: bool) -> bool {
+        let held = if wait {
+            Some(self.state.locks().kernel_shared())
+        } else {
+            self.state.locks().try_kernel_shared()
+        };
+        held.is_some_and(|held| {
+            objects
+                .iter()
+                .all(|k| held.kernel.unwind_file(*k).is_some())
+        })
+    }
+
+    /// Compiles and loads the unwind tables of `objects` that have none,
+    /// before the process runs: its first allocations (the loader's, the
+    /// constructors') are then walked with them. Compiling holds no lock.
+    fn tables_before_exec(&self, objects: &[(FileKey, &File)]) {
+        let missing: Vec<(FileKey, &File)> = {
+            let held = self.state.locks().kernel_shared();
+            objects
+                .iter()
+                .filter(|(key, _)| held.kernel.unwind_file(*key).is_none())
+                .copied()
+                .collect()
+        };
+        for (key, file) in missing {
+            if self.stopping() {
+                return;
+            }
+            let table = file
+                .try_clone()
+                .map_err(|e| e.to_string())
+                .and_then(|file| compile_file(file).map_err(|e| e.to_string()));
+            let mut held = self.state.locks().kernel();
+            held.kernel
+                .load_unwind_file(key, table.as_ref().map_err(String::as_str));
+        }
     }
 
     /// Raised when the scope changes or an object stops being probed: a
@@ -148,7 +194,7 @@ impl Service {
             keys.iter().all(|k| held.knows(*k))
         };
         let remembered = lock(&self.exec_objects).needs.get(&key).cloned();
-        if remembered.is_some_and(|needs| known(&needs)) {
+        if remembered.is_some_and(|needs| known(&needs) && self.have_tables(&needs, true)) {
             return;
         }
         let root = ldso::Root::of_pid(pid).ok();
@@ -167,7 +213,8 @@ impl Service {
             }
         }
         self.remember(key, objects.iter().map(|o| o.1).collect());
-        for (path, object_key, opened) in objects {
+        for (path, object_key, opened) in &objects {
+            let object_key = *object_key;
             if self.stopping() {
                 return;
             }
@@ -175,7 +222,7 @@ impl Service {
                 continue;
             }
             let object = opened.as_ref().unwrap_or(file);
-            let Some(found) = Allocators::examine_open(object, &path, object_key, pid) else {
+            let Some(found) = Allocators::examine_open(object, path, object_key, pid) else {
                 lock(allocators).examined(object_key, pid, false);
                 continue;
             };
@@ -192,6 +239,12 @@ impl Service {
             }
             lock(allocators).examined(object_key, pid, added.is_ok());
         }
+        // After the probes: a block missed is worse than a stack cut.
+        let files: Vec<(FileKey, &File)> = objects
+            .iter()
+            .map(|(_, object_key, opened)| (*object_key, opened.as_ref().unwrap_or(file)))
+            .collect();
+        self.tables_before_exec(&files);
     }
 }
 

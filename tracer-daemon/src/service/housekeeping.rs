@@ -84,7 +84,7 @@ impl Service {
         batch
             .iter()
             .map(|event| match events::decode(event) {
-                Some(Event::New { image, comm }) => Some(events::new_image(image, &comm)),
+                Some(Event::New { image, comm, .. }) => Some(events::new_image(image, &comm)),
                 _ => None,
             })
             .collect()
@@ -113,7 +113,7 @@ impl Service {
         let mut ends = Vec::new();
         for (index, event) in decoded.into_iter().enumerate() {
             match event {
-                Some(Event::New { image, comm }) => {
+                Some(Event::New { image, comm, .. }) => {
                     // Events apply in order: an exec's end of the old image
                     // first, so the new image never finds the old one live.
                     if ends.iter().any(|end: &EndEvent| end.image.pid == image.pid) {

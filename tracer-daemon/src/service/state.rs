@@ -113,6 +113,26 @@ impl<'a> Locks<'a, Free, Free, Free, Free, Free> {
         })
     }
 
+    /// The kernel lock shared if no writer holds or waits for it now; None
+    /// otherwise (for a check that must not wait: an exec's fast path).
+    pub(super) fn try_kernel_shared(
+        self,
+    ) -> Option<Locks<'a, SharedKernel<'a>, Free, Free, Free, Free>> {
+        let kernel = match self.state.kernel.try_read() {
+            Ok(guard) => guard,
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
+        Some(Locks {
+            state: self.state,
+            kernel,
+            scope: Free,
+            registry: Free,
+            control: Free,
+            store: Free,
+        })
+    }
+
     /// Takes the kernel lock alone (first of all): to change the kernel
     /// side, or to read it consistently with such changes.
     pub(super) fn kernel(self) -> Locks<'a, HeldKernel<'a>, Free, Free, Free, Free> {

@@ -7,10 +7,12 @@
 //! root would load for an executable ([`ldso`]) and uprobe_multi links,
 //! which aya does not offer ([`uprobe_multi`]), a global allocator
 //! that counts each thread's bytes ([`alloc`]), and the lowered threads of
-//! work that grows with the traced data ([`threads`]). One implementation
+//! work that grows with the traced data ([`threads`]), and the running
+//! kernel's structure layouts from its BTF ([`btf`]). One implementation
 //! of each, for every later stage.
 pub mod alloc;
 pub mod bpf;
+pub mod btf;
 pub mod fanotify;
 pub mod fsync;
 pub mod ldso;

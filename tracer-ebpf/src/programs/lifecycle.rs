@@ -8,17 +8,69 @@ use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
 use tracer_common::{ProcEventKind, ProcStats};
 
 use crate::{
-    globals::{current, current_in_scope, filtered, scoped},
+    globals::{current, current_in_scope, filtered, scoped, starts_images},
     inflight::forget_thread,
     maps::SCOPE_TGIDS,
-    procs::{end_generation, find_proc, send_event},
+    procs::{end_generation, find_proc, forget_mappings, send_event, start_image},
+    stack::inherit_mappings,
 };
 
+/// The exec tracepoint: the image that called exec ends (its blocks are
+/// gone), and the new program's image starts at once, traced from its
+/// first instruction (its mappings are the kernel's until tracerd writes
+/// them: `crate::vma`).
 #[tracepoint]
 pub fn sched_process_exec(_ctx: TracePointContext) -> u32 {
     let Some((_, tgid)) = current() else { return 0 };
     end_generation(ProcEventKind::Exec, tgid);
+    // The old program's mappings are gone with it (also when it had no
+    // image: an entry another image left).
+    forget_mappings(tgid);
     send_event(ProcEventKind::ExecAny, tgid, 0, &ProcStats::default());
+    if starts_images() {
+        let _ = start_image(tgid, 0);
+    }
+    0
+}
+
+/// Offsets of `pid` and `clone_flags` in the task_newtask record
+/// (/sys/kernel/tracing/events/task/task_newtask/format).
+const NEWTASK_PID_OFFSET: usize = 8;
+const NEWTASK_FLAGS_OFFSET: usize = 32;
+
+/// `CLONE_THREAD` of clone(2): the new task is a thread of the caller.
+const CLONE_THREAD: u64 = 0x0001_0000;
+/// `CLONE_VM | CLONE_UNTRACED`: what the kernel's own `kernel_thread` and
+/// `user_mode_thread` add to every task they create (a kernel thread, or
+/// the start of a usermode helper, which gets an image at its exec).
+const KERNEL_THREAD: u64 = 0x0000_0100 | 0x0080_0000;
+
+/// `tracer_common::NEWTASK_TRACEPOINT`: a new process (not a thread)
+/// starts an image of its own at once, in the parent's context and before
+/// it runs: traced from its first instruction, allocation or not, with
+/// nothing of its parent's (a fork child's live set starts empty), and its
+/// stacks walked with its parent's mappings, which are its own until it
+/// execs or maps more.
+#[tracepoint]
+pub fn task_newtask(ctx: TracePointContext) -> u32 {
+    // SAFETY: the offsets are within the record (see its format file).
+    let flags: u64 = unsafe { ctx.read_at(NEWTASK_FLAGS_OFFSET) }.unwrap_or(CLONE_THREAD);
+    if flags & CLONE_THREAD != 0 || flags & KERNEL_THREAD == KERNEL_THREAD || !starts_images() {
+        return 0;
+    }
+    // SAFETY: as above.
+    let child: i32 = unsafe { ctx.read_at(NEWTASK_PID_OFFSET) }.unwrap_or(0);
+    let Some((_, parent)) = current() else {
+        return 0;
+    };
+    if child <= 0 {
+        return 0;
+    }
+    let child = child as u32;
+    let parent_gen = find_proc(parent).map(|(_, gen_)| gen_);
+    if let (Some(parent_gen), Some(child_gen)) = (parent_gen, start_image(child, parent)) {
+        inherit_mappings(parent, parent_gen, child, child_gen);
+    }
     0
 }
 

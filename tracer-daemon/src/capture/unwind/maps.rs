@@ -1,7 +1,10 @@
 //! The kernel maps that hold the unwind tables (`UNWIND_ROWS`,
-//! `UNWIND_PAGES`, `PROC_MAPS`), as a [`TableSink`], and `Capture`'s
-//! methods over them.
-use tracer_common::{ProcMapping, ProcMappings, UnwindPage, UnwindPageKey, UnwindRow};
+//! `UNWIND_PAGES`, `PROC_MAPS`, `FILE_TABLES`), as a [`TableSink`], and
+//! `Capture`'s methods over them.
+use tracer_common::{
+    FileTableKey, MAP_FILE_TABLES, ProcMapping, ProcMappings, UnwindPage, UnwindPageKey, UnwindRow,
+    kernel_dev,
+};
 
 use super::FileTable;
 use super::tables::{TableError, TableSink, UnwindUsage};
@@ -30,6 +33,7 @@ struct Maps {
     _rows_map: MapData,
     pages: aya::maps::HashMap<MapData, UnwindPageKey, UnwindPage>,
     procs: aya::maps::HashMap<MapData, u32, ProcMappings>,
+    files: aya::maps::HashMap<MapData, FileTableKey, u32>,
 }
 
 impl std::fmt::Debug for UnwindMaps {
@@ -76,6 +80,7 @@ impl UnwindMaps {
                 _rows_map: rows_map,
                 pages: take_map(ebpf, MAP_UNWIND_PAGES)?,
                 procs: take_map(ebpf, MAP_PROC_MAPS)?,
+                files: take_map(ebpf, MAP_FILE_TABLES)?,
             }),
         })
     }
@@ -127,6 +132,27 @@ impl TableSink for UnwindMaps {
         if let Some(maps) = self.maps.as_mut() {
             let _ = maps.procs.remove(&tgid);
         }
+    }
+    fn set_file_table(&mut self, key: FileKey, id: u32) -> Result<(), String> {
+        let maps = self.maps.as_mut().ok_or(OFF)?;
+        maps.files
+            .insert(file_table_key(key), id, 0)
+            .map_err(|e| e.to_string())
+    }
+    fn remove_file_table(&mut self, key: FileKey) {
+        if let Some(maps) = self.maps.as_mut() {
+            let _ = maps.files.remove(&file_table_key(key));
+        }
+    }
+}
+
+/// `key` (device as `/proc/PID/maps` prints it) as the kernel names the
+/// file: its `super_block.s_dev` and `inode.i_ino`.
+fn file_table_key(key: FileKey) -> FileTableKey {
+    FileTableKey {
+        dev: kernel_dev(key.dev.0, key.dev.1),
+        _pad: 0,
+        ino: key.inode,
     }
 }
 

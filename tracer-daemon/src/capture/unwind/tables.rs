@@ -45,6 +45,14 @@ pub trait TableSink {
     fn set_mappings(&mut self, tgid: u32, mappings: &ProcMappings) -> Result<(), String>;
     /// Removes a process's entry of `PROC_MAPS` (absent: nothing).
     fn remove_mappings(&mut self, tgid: u32);
+    /// Names file `key`'s table `id` in `FILE_TABLES`, for the walk of an
+    /// address `PROC_MAPS` lacks (`tracer_common::vma`).
+    ///
+    /// # Errors
+    /// What the kernel said (e.g. the map is full).
+    fn set_file_table(&mut self, key: FileKey, id: u32) -> Result<(), String>;
+    /// Removes file `key` from `FILE_TABLES` (absent: nothing).
+    fn remove_file_table(&mut self, key: FileKey);
 }
 
 /// Runs of a fixed array of rows: first fit, freed runs merged.
@@ -237,6 +245,11 @@ impl TableStore {
                     match write_pages(sink, id, &runs) {
                         Ok(()) => {
                             self.pages_used += u32::try_from(runs.len()).unwrap_or(u32::MAX);
+                            // Without it only the processes whose mappings
+                            // tracerd wrote find the table.
+                            if let Err(err) = sink.set_file_table(key, id) {
+                                tracing::debug!(dev = ?key.dev, inode = key.inode, %err, "table not named in FILE_TABLES");
+                            }
                             FileEntry {
                                 id,
                                 runs,
@@ -338,6 +351,9 @@ impl TableStore {
             return false;
         };
         if let Some(entry) = self.files.remove(&key) {
+            // Unnamed before its pages go: a walk that finds the id finds
+            // no page of it (ids are never reused), never another's rows.
+            sink.remove_file_table(key);
             self.free_runs(sink, entry.id, &entry.runs, true);
             self.evicted += 1;
         }
@@ -497,6 +513,7 @@ mod tests {
         rows: HashMap<u32, UnwindRow>,
         pages: HashMap<UnwindPageKey, UnwindPage>,
         procs: HashMap<u32, (u32, Vec<ProcMapping>)>,
+        files: HashMap<FileKey, u32>,
         page_limit: usize,
     }
 
@@ -524,6 +541,13 @@ mod tests {
         }
         fn remove_mappings(&mut self, tgid: u32) {
             self.procs.remove(&tgid);
+        }
+        fn set_file_table(&mut self, key: FileKey, id: u32) -> Result<(), String> {
+            self.files.insert(key, id);
+            Ok(())
+        }
+        fn remove_file_table(&mut self, key: FileKey) {
+            self.files.remove(&key);
         }
     }
 
@@ -584,6 +608,8 @@ mod tests {
         let usage = store.usage();
         assert_eq!((usage.files, usage.rows, usage.pages), (1, 10, 2));
         assert_eq!(usage.bytes, 10 * 8 + 2 * 16);
+        // Named for the walk of an address PROC_MAPS lacks.
+        assert_eq!(memory.files, HashMap::from([(key(1), id)]));
     }
 
     #[test]
@@ -601,6 +627,10 @@ mod tests {
         );
         assert_eq!(store.usage().files_refused, 2);
         assert_eq!(store.file(key(3)), None);
+        assert!(
+            memory.files.is_empty(),
+            "a refused file has no table to name"
+        );
     }
 
     #[test]
@@ -630,6 +660,8 @@ mod tests {
         assert_eq!(store.file(key(1)), Some(a));
         assert_eq!(store.usage().files_evicted, 1);
         assert!(!memory.pages.keys().any(|k| k.file == b));
+        // No longer named: a walk that meets the file finds no table.
+        assert_eq!(memory.files, HashMap::from([(key(1), a), (key(3), c)]));
         // Nothing unused is left: a fourth table does not fit.
         store
             .set_process(&mut memory, 8, 1, &[mapping(c)], &[key(3)])
