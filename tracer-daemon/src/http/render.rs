@@ -201,10 +201,14 @@ pub fn stats_query(params: &Params) -> Result<StatsQuery, ApiError> {
 
 /// The text headers that say whether the data is complete (text has no
 /// room for it in its lines, which are tracemalloc's own).
-fn completeness_headers(completeness: &Completeness) -> [(&'static str, String); 2] {
+fn completeness_headers(completeness: &Completeness) -> [(&'static str, String); 3] {
     [
         ("x-tracer-complete", completeness.is_complete().to_string()),
         ("x-tracer-drops", completeness.drops().to_string()),
+        (
+            "x-tracer-cut-tracebacks",
+            completeness.cut_tracebacks().to_string(),
+        ),
     ]
 }
 
@@ -275,6 +279,10 @@ pub fn compare_response(
         ("x-tracer-complete", complete.to_string()),
         ("x-tracer-base-drops", base.completeness.drops().to_string()),
         ("x-tracer-new-drops", new.completeness.drops().to_string()),
+        (
+            "x-tracer-new-cut-tracebacks",
+            new.completeness.cut_tracebacks().to_string(),
+        ),
     ];
     if query.format == Format::Text {
         let lines = query.options.all_lines(&diffs, |d| &d.traceback);

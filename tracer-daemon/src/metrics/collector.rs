@@ -62,6 +62,8 @@ pub struct OtherTotals {
     pub unknown_frees: u64,
     /// Sum of drops.
     pub drops: u64,
+    /// Sum of cut tracebacks.
+    pub cut_tracebacks: u64,
 }
 
 /// Splits live processes into the `n` largest by current bytes (ties: lower
@@ -83,6 +85,7 @@ pub fn top_processes(mut views: Vec<ProcessView>, n: usize) -> (Vec<ProcessView>
         other.frees += view.frees;
         other.unknown_frees += view.unknown_frees;
         other.drops += view.drops;
+        other.cut_tracebacks += view.cut_tracebacks;
     }
     (views, other)
 }
@@ -101,6 +104,7 @@ pub fn counter_metric(name: &str) -> CounterMetric {
         "drop_stack_share" => CounterMetric::Drop("process_stack_share"),
         "drop_mmap_regions" => CounterMetric::Drop("mmap_regions_full"),
         "unknown_frees" => CounterMetric::UnknownFrees,
+        "cut_tracebacks" => CounterMetric::CutTracebacks,
         other => match other.strip_prefix("drop_") {
             Some(reason) => CounterMetric::DropNamed(reason.to_string()),
             None => CounterMetric::Event(other.to_string()),
@@ -117,6 +121,8 @@ pub enum CounterMetric {
     DropNamed(String),
     /// `tracer_unknown_frees_total`.
     UnknownFrees,
+    /// `tracer_cut_tracebacks_total`.
+    CutTracebacks,
     /// `tracer_events_total{kind}`.
     Event(String),
 }
@@ -273,6 +279,12 @@ impl Collector for ServiceCollector {
             "Events of the process lost because a kernel map was full: its data is incomplete when > 0",
             &per_process(&|v| v.drops, other.drops),
         )?;
+        counter(
+            &mut encoder,
+            "tracer_process_cut_tracebacks",
+            "Blocks of the process recorded with a cut traceback (stack not stored, or its walk stopped for want of mappings): its tracebacks are not all whole when > 0",
+            &per_process(&|v| v.cut_tracebacks, other.cut_tracebacks),
+        )?;
         gauge(
             &mut encoder,
             "tracer_processes",
@@ -428,11 +440,13 @@ impl ServiceCollector {
         let mut events: Vec<(Labels<'_>, u64)> = Vec::new();
         let mut drops: Vec<(Labels<'_>, u64)> = Vec::new();
         let mut unknown_frees = 0;
+        let mut cut_tracebacks = 0;
         let mut named: Vec<(String, u64, bool)> = Vec::new();
         for (name, value) in &counters {
             match counter_metric(name) {
                 CounterMetric::Drop(reason) => drops.push((vec![("reason", reason)], *value)),
                 CounterMetric::UnknownFrees => unknown_frees = *value,
+                CounterMetric::CutTracebacks => cut_tracebacks = *value,
                 CounterMetric::DropNamed(reason) => named.push((reason, *value, true)),
                 CounterMetric::Event(kind) => named.push((kind, *value, false)),
             }
@@ -455,6 +469,12 @@ impl ServiceCollector {
             "tracer_unknown_frees",
             "Frees of pointers that were not traced blocks, all processes",
             &[(Vec::new(), unknown_frees)],
+        )?;
+        counter(
+            encoder,
+            "tracer_cut_tracebacks",
+            "Blocks recorded with a cut traceback, all processes: their stack was not stored (tracer_drops_total's stack reasons say why) or its walk stopped for want of mappings or readable memory",
+            &[(Vec::new(), cut_tracebacks)],
         )?;
         counter(
             encoder,

@@ -2,19 +2,14 @@
 //! periodic passes: expiry of ended images (and of tracing state kept for
 //! images that are gone), and the orphan sweep over the kernel maps.
 use std::collections::{HashMap, HashSet};
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
-use tracer_common::{AllocInfo, AllocKey, MAP_LIVE_ALLOCS, MAP_STACKS, ProcEvent};
+use tracer_common::{AllocInfo, AllocKey, ProcEvent};
 
 use super::Service;
-use super::state::lock;
-use crate::lifecycle::blocks::live_stats;
 use crate::lifecycle::events::{self, Event};
 use crate::lifecycle::registry::EndEvent;
 use crate::lifecycle::{ImageId, ProcessImage, orphans, scope};
-
-/// How often one process's drops are logged at most.
-pub const DROPS_LOG_EVERY: Duration = Duration::from_secs(60);
 
 /// The orphan sweeps so far ([`Service::sweep_orphans`]), as
 /// `tracer_orphan_sweeps_total` and the last one's gauges show them.
@@ -230,72 +225,6 @@ impl Service {
         held.registry.expire(SystemTime::now());
         let registry = &held.registry;
         held.control.retain(|image| registry.knows(image));
-    }
-
-    /// Logs each live process that lost blocks or stacks since it was last
-    /// logged (its kernel `drops`), at most once per [`DROPS_LOG_EVERY`]
-    /// each: its pid and command, what it lost, and why when the kernel
-    /// tells (past its share of the live-block maps, or of the stack map;
-    /// else a full map, which `tracer_drops_total{reason}` names).
-    pub fn log_drops(&self) {
-        let (max, max_stacks) = {
-            let held = self.state.locks().kernel_shared();
-            let config = held.kernel.config();
-            (config.process_max_blocks(), config.process_max_stacks())
-        };
-        // The totals through the shared reader: the registry's lock only,
-        // not held behind a pass over the kernel maps.
-        let held = self.state.locks().registry();
-        let now = std::time::Instant::now();
-        let mut logged = lock(&self.drops_logged);
-        let mut seen = std::collections::HashSet::new();
-        for image in held.registry.live() {
-            seen.insert(image.id);
-            let stats = live_stats(&*self.totals, image.id);
-            let (last, at) = logged
-                .get(&image.id)
-                .copied()
-                .unwrap_or((0, now - DROPS_LOG_EVERY));
-            if stats.drops <= last || now.duration_since(at) < DROPS_LOG_EVERY {
-                continue;
-            }
-            logged.insert(image.id, (stats.drops, now));
-            if max != 0 && stats.blocks >= max {
-                tracing::warn!(
-                    pid = image.pid(),
-                    comm = %image.comm,
-                    lost = stats.drops - last,
-                    blocks = stats.blocks,
-                    map = MAP_LIVE_ALLOCS,
-                    share_blocks = max,
-                    "a process is past its share of the live-block maps: its new blocks are not traced (process_share)"
-                );
-            } else if let Some(stacks) = self
-                .totals
-                .proc_totals(image.pid())
-                .filter(|t| t.stats.gen_ == image.id.generation)
-                .map(|t| t.stacks)
-                .filter(|&stacks| max_stacks != 0 && stacks >= max_stacks)
-            {
-                tracing::warn!(
-                    pid = image.pid(),
-                    comm = %image.comm,
-                    lost = stats.drops - last,
-                    stacks,
-                    map = MAP_STACKS,
-                    share_stacks = max_stacks,
-                    "a process is past its share of the stack map: its new stacks are not stored, their blocks keep their call site only (process_share)"
-                );
-            } else {
-                tracing::warn!(
-                    pid = image.pid(),
-                    comm = %image.comm,
-                    lost = stats.drops - last,
-                    "a process lost blocks: a kernel map was full (tracer_drops_total says which)"
-                );
-            }
-        }
-        logged.retain(|id, _| seen.contains(id));
     }
 
     /// Detaches the probes of scoped processes that are gone, collects

@@ -38,6 +38,7 @@ mod error;
 pub mod exec_hold;
 pub mod housekeeping;
 pub mod inspect;
+pub mod losses;
 pub mod processes;
 pub mod scope;
 pub mod snapshots;
@@ -150,11 +151,8 @@ pub struct Service {
         std::sync::Mutex<Option<(crate::store::StoreStats, Option<std::path::PathBuf>)>>,
     /// The orphan sweeps so far ([`Service::sweep_record`]).
     sweeps: housekeeping::Sweeps,
-    /// The drops last logged of each live image, and when
-    /// ([`Service::log_drops`]).
-    drops_logged: std::sync::Mutex<
-        std::collections::HashMap<crate::capture::ImageId, (u64, std::time::Instant)>,
-    >,
+    /// The losses last logged, and when ([`Service::log_drops`]).
+    drops_logged: std::sync::Mutex<losses::LossLog>,
 }
 
 impl Service {

@@ -52,8 +52,14 @@ pub struct ProcessView {
     pub unknown_frees: u64,
     /// Blocks not traced because a kernel map was full.
     pub drops: u64,
-    /// True when no event of this image was lost (`drops == 0`): its traces
-    /// and totals are exact. False means the data undercounts.
+    /// Blocks recorded with a cut traceback since its tracing began (the
+    /// kernel's `ProcStats::cut`: its stack not stored, or its walk stopped
+    /// for want of mappings or readable memory).
+    pub cut_tracebacks: u64,
+    /// True when no event of this image was lost and no traceback cut
+    /// (`drops == 0 && cut_tracebacks == 0`): its traces, totals and
+    /// tracebacks are exact. False means the data undercounts or some
+    /// tracebacks are shorter than their stacks.
     pub complete: bool,
 }
 
@@ -131,7 +137,8 @@ pub(super) fn view(image: &ProcessImage, stats: ProcStats) -> ProcessView {
         frees: stats.frees,
         unknown_frees: stats.unknown_frees,
         drops: stats.drops,
-        complete: stats.drops == 0,
+        cut_tracebacks: stats.cut,
+        complete: stats.drops == 0 && stats.cut == 0,
     }
 }
 

@@ -82,6 +82,8 @@ struct ImageNow {
     traced_memory: (u64, u64),
     /// Events of the image lost since its tracing began.
     drops: u64,
+    /// Its blocks recorded with a cut traceback since its tracing began.
+    cut: u64,
 }
 
 /// An image's blocks as read now (or kept at its end), with what the view
@@ -287,7 +289,11 @@ impl Service {
         Ok(Some(Now {
             snapshot: Arc::new(snapshot),
             traced_memory: (status.view.current, status.view.peak),
-            completeness: Completeness::of_process(pid, status.view.drops),
+            completeness: Completeness::of_process(
+                pid,
+                status.view.drops,
+                status.view.cut_tracebacks,
+            ),
             process: Some(status),
             image: Some((image.id, image.start_time)),
             pids: vec![pid],
@@ -339,7 +345,11 @@ impl Service {
                 Ok(Now {
                     snapshot: Arc::new(truncate(snapshot, tracing.traceback_limit)),
                     traced_memory: (process.view.current, process.view.peak),
-                    completeness: Completeness::of_process(pid, process.view.drops),
+                    completeness: Completeness::of_process(
+                        pid,
+                        process.view.drops,
+                        process.view.cut_tracebacks,
+                    ),
                     process: Some(process),
                     image: Some((taken.image.id, taken.image.start_time)),
                     pids: vec![pid],
@@ -363,7 +373,7 @@ impl Service {
                 let mut completeness = Completeness::complete();
                 for image in images {
                     pids.push(image.id.pid);
-                    completeness.add(image.id.pid, image.drops);
+                    completeness.add(image.id.pid, image.drops, image.cut);
                     current = current.saturating_add(image.traced_memory.0);
                     peak = peak.saturating_add(image.traced_memory.1);
                     traces.extend(image.snapshot.into_traces());
@@ -451,6 +461,7 @@ impl Service {
                     snapshot: truncate(snapshot, tracing.traceback_limit),
                     traced_memory: (current, peak),
                     drops: stats.drops,
+                    cut: stats.cut,
                 }
             })
             .collect();
@@ -774,7 +785,7 @@ impl Service {
                 gen_: image.id.generation,
                 taken_at: at,
                 traced_memory: image.traced_memory,
-                completeness: Completeness::of_process(image.id.pid, image.drops),
+                completeness: Completeness::of_process(image.id.pid, image.drops, image.cut),
                 snapshot: Arc::new(image.snapshot),
             };
             let mut info = SnapshotInfo::new(SnapshotKind::Auto, Some(image.id));

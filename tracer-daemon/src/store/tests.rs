@@ -140,8 +140,8 @@ fn drops_survive_a_reopen_and_files_without_them_read_as_complete() {
     let dir = temp_dir("drops");
     let mut store = SnapshotStore::open(&dir).unwrap();
     let mut lossy = stored(5, 1);
-    lossy.completeness = Completeness::of_process(5, 476);
-    lossy.completeness.add(6, 24);
+    lossy.completeness = Completeness::of_process(5, 476, 0);
+    lossy.completeness.add(6, 24, 9);
     let id = store
         .add(lossy, SnapshotInfo::new(SnapshotKind::Taken, None))
         .unwrap();
@@ -163,6 +163,8 @@ fn drops_survive_a_reopen_and_files_without_them_read_as_complete() {
     assert_eq!(summary["complete"], false);
     assert_eq!(summary["drops"], 500);
     assert_eq!(summary["drops_by_pid"], json!({"5": 476, "6": 24}));
+    assert_eq!(summary["cut_tracebacks"], 9);
+    assert_eq!(summary["cut_tracebacks_by_pid"], json!({"6": 9}));
     for other in [complete, 9] {
         let summary = serde_json::to_value(store.summary(other).unwrap()).unwrap();
         assert_eq!(

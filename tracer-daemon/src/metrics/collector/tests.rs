@@ -24,6 +24,7 @@ fn view(pid: u32, comm: &str, current: u64) -> ProcessView {
         frees: 3,
         unknown_frees: 1,
         drops: 0,
+        cut_tracebacks: 0,
         complete: true,
     }
 }
@@ -69,7 +70,7 @@ fn every_ebpf_counter_has_a_metric() {
             CounterMetric::DropNamed(reason) => {
                 panic!("drop counter {reason} has no reason label")
             }
-            CounterMetric::UnknownFrees | CounterMetric::Event(_) => {}
+            CounterMetric::UnknownFrees | CounterMetric::CutTracebacks | CounterMetric::Event(_) => {}
         }
     }
     assert_eq!(
@@ -89,6 +90,10 @@ fn every_ebpf_counter_has_a_metric() {
     assert_eq!(
         counter_metric("allocs"),
         CounterMetric::Event("allocs".into())
+    );
+    assert_eq!(
+        counter_metric("cut_tracebacks"),
+        CounterMetric::CutTracebacks
     );
 }
 
