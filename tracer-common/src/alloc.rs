@@ -57,24 +57,57 @@ pub const SOURCE_COUNT: usize = 8;
 /// made itself, outside any probed allocator call: the model's `mmap`.
 pub const SOURCE_MMAP: u32 = 7;
 
-/// Slots of an [`MmapRegions`] (a power of two): the anonymous mappings a
-/// process image holds as blocks at most; a new mapping whose start finds
-/// no free slot in its window (32 slots from the one its address hashes
-/// to) is dropped (counted).
+/// Slots of an [`MmapRegions`] page (a power of two): the anonymous
+/// mappings a process image holds as blocks whose starts fall in one
+/// [`MMAP_PAGE_SPAN`] of address space (modulo [`MMAP_PAGES`] of them); a
+/// new mapping whose start finds no free slot in its window (32 slots from
+/// the one its address hashes to) is dropped (counted).
 pub const MMAP_REGION_SLOTS: usize = 256;
 
-/// Value of [`crate::MAP_MMAP_REGIONS`]: tgid → the start address of each
-/// anonymous mapping its image holds as a block of [`SOURCE_MMAP`] (the
-/// block itself, size and stack, is in the live maps under that address),
-/// so that an `munmap` of any part of it finds it. A start goes in a free
-/// slot of its window (from the slot its address hashes to), claimed by
-/// compare-and-swap from 0, and is cleared by the thread that took the
-/// block out.
+/// A page of a process's anonymous mappings holds those that start in one
+/// `1 << MMAP_PAGE_SHIFT` bytes (64 MiB) of address space: an `munmap` of
+/// a range that does not begin at a mapping looks only at the pages of the
+/// starts that could reach into it (from the range's start less the
+/// image's longest mapping, `ProcTotals::mmap_max_len`, to its end).
+pub const MMAP_PAGE_SHIFT: u32 = 26;
+/// Bytes of address space of one page: `1 << MMAP_PAGE_SHIFT`.
+pub const MMAP_PAGE_SPAN: u64 = 1 << MMAP_PAGE_SHIFT;
+/// Pages a process image can have (a power of two): the page of a start is
+/// `(start >> MMAP_PAGE_SHIFT) & (MMAP_PAGES - 1)`, so a process can hold
+/// `MMAP_PAGES * MMAP_REGION_SLOTS` (65,536) mappings spread over its
+/// address space, 256 in one 64 MiB of it.
+pub const MMAP_PAGES: u32 = 256;
+
+/// The page of [`crate::MAP_MMAP_REGIONS`] of a mapping that starts at `start`.
+#[inline(always)]
+#[must_use]
+pub const fn mmap_page(start: u64) -> u32 {
+    ((start >> MMAP_PAGE_SHIFT) as u32) & (MMAP_PAGES - 1)
+}
+
+/// Key of [`crate::MAP_MMAP_REGIONS`]: one page of one process's mappings.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct MmapPageKey {
+    /// The process.
+    pub tgid: u32,
+    /// The page ([`mmap_page`] of its mappings' starts).
+    pub page: u32,
+}
+const _: () = assert!(size_of::<MmapPageKey>() == 8);
+
+/// Value of [`crate::MAP_MMAP_REGIONS`]: (tgid, page) → the start address of
+/// each anonymous mapping of that page its image holds as a block of
+/// [`SOURCE_MMAP`] (the block itself, size and stack, is in the live maps
+/// under that address), so that an `munmap` of any part of it finds it. A
+/// start goes in a free slot of its window (from the slot its address
+/// hashes to), claimed by compare-and-swap from 0, and is cleared by the
+/// thread that took the block out.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MmapRegions {
     /// The image ([`ProcStats::gen_`]) the slots belong to: slots of an
-    /// earlier image of the pid are cleared at its first mapping.
+    /// earlier image of the pid are cleared at its first mapping there.
     pub gen_: u32,
     /// Explicit padding, always 0.
     pub _pad: u32,

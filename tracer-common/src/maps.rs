@@ -84,12 +84,13 @@ pub const MAP_PROCS: &str = "PROCS";
 /// `BPF_F_MMAPABLE`: tracerd reads it through a shared mapping.
 pub const MAP_PROC_SLOTS: &str = "PROC_SLOTS";
 
-/// Anonymous mappings held as blocks, per process: tgid →
-/// [`crate::MmapRegions`]; [`MMAP_PROCS`] processes at most.
+/// Anonymous mappings held as blocks, per process and page of address
+/// space: [`crate::MmapPageKey`] → [`crate::MmapRegions`].
 pub const MAP_MMAP_REGIONS: &str = "MMAP_REGIONS";
-/// Entries of [`MAP_MMAP_REGIONS`] (processes holding anonymous mappings
-/// at once; 2,056 bytes each, allocated as a process makes its first).
-pub const MMAP_PROCS: u32 = 1 << 13;
+/// Entries of [`MAP_MMAP_REGIONS`]: pages of 256 mappings held at once by
+/// all processes (2,056 bytes each, allocated as a process makes the first
+/// mapping of a page).
+pub const MMAP_PAGE_ENTRIES: u32 = 1 << 15;
 
 /// Per-CPU counters indexed by [`Counter`].
 pub const MAP_COUNTERS: &str = "COUNTERS";

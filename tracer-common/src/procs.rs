@@ -39,7 +39,7 @@ pub struct ProcSlot {
     /// The owner's totals.
     pub totals: ProcTotals,
 }
-const _: () = assert!(size_of::<ProcSlot>() == 256);
+const _: () = assert!(size_of::<ProcSlot>() == 296);
 
 /// Bytes of one source's blocks in a process image.
 #[repr(C)]
@@ -89,8 +89,15 @@ pub struct ProcTotals {
     /// there, and its totals are read by those keys alone, not by a pass
     /// over every image's.
     pub stack_keys: u64,
+    /// The longest anonymous mapping this image holds as a block, in bytes
+    /// (raised at each, never lowered): how far before an `munmap`'s range a
+    /// mapping that reaches into it can start.
+    pub mmap_max_len: u64,
+    /// The pages of `MMAP_REGIONS` this image has (bit `p` of word `p / 64`,
+    /// set by atomic or): removed at its end; all 0: it holds no mapping.
+    pub mmap_pages: [u64; 4],
 }
-const _: () = assert!(size_of::<ProcTotals>() == 248);
+const _: () = assert!(size_of::<ProcTotals>() == 288);
 
 /// The slot of [`MAP_PROC_SLOTS`] for `tgid`.
 pub const fn proc_slot_index(tgid: u32) -> u32 {

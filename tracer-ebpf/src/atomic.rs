@@ -46,3 +46,14 @@ pub(crate) fn exchange(p: *mut u64, v: u64) -> u64 {
     }
     v
 }
+
+/// Atomically ors `v` into `*p`; returns the value before.
+#[inline(always)]
+pub(crate) fn fetch_or(p: *mut u64, v: u64) -> u64 {
+    let mut v = v;
+    // SAFETY: as for fetch_add.
+    unsafe {
+        asm!("{v} = atomic_fetch_or((u64 *)({p} + 0), {v})", p = in(reg) p, v = inout(reg) v);
+    }
+    v
+}

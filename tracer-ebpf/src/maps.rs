@@ -20,7 +20,7 @@ use aya_ebpf::{
 use tracer_common::{
     AllocInfo, AllocKey, COUNTER_SLOTS, EVENTS_RING_BYTES, EXP_TABLE_LEN, FILE_TABLES_ENTRIES,
     FileTableKey, INFLIGHT_SLOT_COUNT, Inflight, InflightSlot, LIVE_BUCKET_COUNT, LIVE_WAYS,
-    LiveBucket, MMAP_PROCS, MmapRegions, OWN_FIRST_BLOCKS, OWN_LEVELS_ENTRIES, OWN_LIVE_ENTRIES,
+    LiveBucket, MMAP_PAGE_ENTRIES, MmapPageKey, MmapRegions, OWN_FIRST_BLOCKS, OWN_LEVELS_ENTRIES, OWN_LIVE_ENTRIES,
     OwnLevelMaps, PROC_SLOT_COUNT, ProcSlot, ProcTotals, STACK_TOTALS_ENTRIES, STACK_WORDS,
     StackTotals, StackTotalsKey,
     unwind::{self, ProcMappings, UnwindPage, UnwindPageKey, UnwindRow},
@@ -181,12 +181,13 @@ pub(crate) static PROCS: HashMap<u32, ProcTotals> = HashMap::with_max_entries(1 
 pub(crate) static PROC_SLOTS: Array<ProcSlot> =
     Array::with_max_entries(PROC_SLOT_COUNT, BPF_F_MMAPABLE);
 
-/// Anonymous mappings held as blocks: tgid → the start of each
-/// (`tracer_common::MmapRegions`). Written by `mmap` at each traced
-/// mapping and unmapping; removed by `procs` when the image ends.
+/// Anonymous mappings held as blocks: (tgid, page of address space) → the
+/// start of each (`tracer_common::MmapRegions`). Written by `mmap` at each
+/// traced mapping and unmapping; removed by `procs` when the image ends
+/// (the pages its totals name).
 #[map]
-pub(crate) static MMAP_REGIONS: HashMap<u32, MmapRegions> =
-    HashMap::with_max_entries(MMAP_PROCS, BPF_F_NO_PREALLOC);
+pub(crate) static MMAP_REGIONS: HashMap<MmapPageKey, MmapRegions> =
+    HashMap::with_max_entries(MMAP_PAGE_ENTRIES, BPF_F_NO_PREALLOC);
 /// Slot 0: an all-zero `MmapRegions`, never written: the value a new
 /// MMAP_REGIONS entry is copied from (too large for a program's stack).
 #[map]

@@ -5,8 +5,11 @@
 //!
 //! A mapping is a live block at its start address ([`crate::live`]), of its
 //! length rounded up to pages, with the stack of the call; the start is also
-//! kept in the process's `MMAP_REGIONS` slots, so that an `munmap` of any
-//! part of it finds it: an unmapped prefix or suffix shrinks the block, a
+//! kept in a slot of the process's `MMAP_REGIONS` page for that 64 MiB of
+//! address space (`tracer_common::MmapPageKey`), so that an `munmap` of any
+//! part of it finds it (looking at the pages where a mapping reaching into
+//! the range can start, from the range's start less the image's longest
+//! mapping): an unmapped prefix or suffix shrinks the block, a
 //! hole in the middle splits it in two (the second keeps the stack), an
 //! `mremap` moves or resizes it (the block takes the `mremap`'s stack, as a
 //! `realloc` takes its caller's).
@@ -37,10 +40,13 @@ use aya_ebpf::{
         generated::{bpf_get_current_task_btf, bpf_loop, bpf_task_pt_regs},
     },
 };
-use tracer_common::{AllocInfo, Counter, MMAP_REGION_SLOTS, MmapRegions, ProcStats, SOURCE_MMAP};
+use tracer_common::{
+    AllocInfo, Counter, MMAP_PAGE_SHIFT, MMAP_PAGES, MMAP_REGION_SLOTS, MmapPageKey, MmapRegions,
+    ProcStats, SOURCE_MMAP, mmap_page,
+};
 
 use crate::{
-    atomic::{compare_exchange, fetch_add},
+    atomic::{compare_exchange, fetch_add, fetch_or},
     counters::count,
     globals::{current_in_scope, page_size},
     inflight::in_call,
@@ -48,7 +54,7 @@ use crate::{
         count_in_stack_fn, find_block, insert_block, record_block, take_block, uncount_in_stack_fn,
     },
     maps::{EEXIST, MMAP_EMPTY, MMAP_REGIONS},
-    procs::{find_proc, unmap_bytes},
+    procs::{find_proc, mmap_max_len_counter, mmap_pages_word, raise_peak, unmap_bytes},
     stack::{UserRegs, has_mappings},
 };
 
@@ -106,47 +112,85 @@ fn pages(len: u64) -> u64 {
     len.wrapping_add(mask) & !mask
 }
 
-/// The mapping slots of image `gen_` of `tgid`; when `create`, made (or
-/// taken over from an earlier image) if there are none.
+/// Whether the image whose totals are `stats` holds any anonymous mapping
+/// (a page of `MMAP_REGIONS`): most do not, and skip the rest.
 #[inline(always)]
-fn regions_of(tgid: u32, gen_: u32, create: bool) -> Option<*mut MmapRegions> {
-    if let Some(regions) = MMAP_REGIONS.get_ptr_mut(tgid) {
+fn has_regions(stats: *mut ProcStats) -> bool {
+    let mut any = 0;
+    for word in 0..4 {
+        // SAFETY: a word of the image's totals, changed only atomically.
+        any |= unsafe { core::ptr::read_volatile(mmap_pages_word(stats, word)) };
+    }
+    any != 0
+}
+
+/// The page of `MMAP_REGIONS` of image (`stats`, `gen_`) of `tgid` that
+/// holds the mappings starting in `start`'s 64 MiB of address space; when
+/// `create`, made (or taken over from an earlier image of the pid) if
+/// there is none, and named in the image's totals.
+#[inline(always)]
+fn page_of(tgid: u32, (stats, gen_): Image, start: u64, create: bool) -> Option<*mut MmapRegions> {
+    let page = page_lookup(tgid, stats, gen_, start, create);
+    (!page.is_null()).then_some(page)
+}
+
+/// [`page_of`], null for none: a BPF function of its own, not inlined (its
+/// branches would multiply the states the verifier follows through the
+/// stack walk of `sys_exit_mmap`), whose result fits a register.
+#[inline(never)]
+fn page_lookup(
+    tgid: u32,
+    stats: *mut ProcStats,
+    gen_: u32,
+    start: u64,
+    create: bool,
+) -> *mut MmapRegions {
+    let page = mmap_page(start);
+    let key = MmapPageKey { tgid, page };
+    if let Some(regions) = MMAP_REGIONS.get_ptr_mut(&key) {
         // SAFETY: a MMAP_REGIONS value.
         if unsafe { (*regions).gen_ } == gen_ {
-            return Some(regions);
+            return regions;
         }
     }
     if !create {
-        return None;
+        return core::ptr::null_mut();
     }
     // The value is copied from an all-zero map value: it is too large for
     // the program's stack.
-    let empty = MMAP_EMPTY.get(0)?;
+    let Some(empty) = MMAP_EMPTY.get(0) else {
+        return core::ptr::null_mut();
+    };
     // An entry of an earlier image of the pid (its end was not seen: its
     // generation is another, never 0) is replaced; one that another thread
     // of this image has just made (generation 0 until it writes it, or
     // this one) is kept.
-    match MMAP_REGIONS.insert(tgid, empty, BPF_NOEXIST as u64) {
+    match MMAP_REGIONS.insert(&key, empty, BPF_NOEXIST as u64) {
         Ok(()) => {}
         Err(e) if e == -EEXIST => {
-            let regions = MMAP_REGIONS.get_ptr_mut(tgid)?;
+            let Some(regions) = MMAP_REGIONS.get_ptr_mut(&key) else {
+                return core::ptr::null_mut();
+            };
             // SAFETY: a MMAP_REGIONS value.
             let found = unsafe { (*regions).gen_ };
-            if found != 0 && found != gen_ {
-                MMAP_REGIONS.insert(tgid, empty, 0).ok()?;
+            if found != 0 && found != gen_ && MMAP_REGIONS.insert(&key, empty, 0).is_err() {
+                return core::ptr::null_mut();
             }
         }
-        Err(_) => return None,
+        Err(_) => return core::ptr::null_mut(),
     }
-    let regions = MMAP_REGIONS.get_ptr_mut(tgid)?;
+    let Some(regions) = MMAP_REGIONS.get_ptr_mut(&key) else {
+        return core::ptr::null_mut();
+    };
     // SAFETY: a MMAP_REGIONS value; another thread creating it at the same
     // moment writes the same generation.
     unsafe { (*regions).gen_ = gen_ };
-    Some(regions)
+    fetch_or(mmap_pages_word(stats, page / 64), 1 << (page % 64));
+    regions
 }
 
-/// Slots a mapping's start may take in its process's `MMAP_REGIONS` entry:
-/// from the one its address hashes to, this many on (wrapping).
+/// Slots a mapping's start may take in its page of `MMAP_REGIONS`: from the
+/// one its address hashes to, this many on (wrapping).
 const PROBE_WINDOW: usize = 32;
 
 /// Slot `i` of `regions`' window for `start` ([`PROBE_WINDOW`]).
@@ -224,18 +268,24 @@ extern "C" fn release_step(index: u64, ctx: *mut c_void) -> i64 {
     0
 }
 
-/// Claims a free slot of `regions` for a mapping at `start`, in its window.
+/// Claims a free slot for a mapping of `tgid`'s image at `start`, in the
+/// window of its page (made if need be).
 #[inline(always)]
-fn claim_slot(regions: *mut MmapRegions, start: u64) -> bool {
-    search_window(regions, start, claim_step)
+fn claim_slot(tgid: u32, image: Image, start: u64) -> bool {
+    match page_of(tgid, image, start, true) {
+        Some(regions) => search_window(regions, start, claim_step),
+        None => false,
+    }
 }
 
-/// Frees the slot of `regions` that holds `start`, if one does (in its
-/// window: a slot is looked for there whatever the slots before it hold,
-/// so that freeing one never hides another).
+/// Frees the slot that holds `start` among the mappings of `tgid`'s
+/// image, if one does (in its window: a slot is looked for there whatever
+/// the slots before it hold, so that freeing one never hides another).
 #[inline(always)]
-fn release_slot(regions: *mut MmapRegions, start: u64) {
-    search_window(regions, start, release_step);
+fn release_slot(tgid: u32, image: Image, start: u64) {
+    if let Some(regions) = page_of(tgid, image, start, false) {
+        search_window(regions, start, release_step);
+    }
 }
 
 /// A mapping of the image that could not be kept: counted as a drop.
@@ -250,31 +300,56 @@ fn drop_region(stats: *mut ProcStats) {
 /// block with the stack walked from `regs`.
 #[inline(always)]
 fn add_region(regs: UserRegs, tgid: u32, image: Image, start: u64, len: u64) {
-    let (stats, gen_) = image;
-    let Some(regions) = regions_of(tgid, gen_, true) else {
-        drop_region(stats);
-        return;
-    };
-    if !claim_slot(regions, start) {
+    let stats = image.0;
+    if !claim_region(tgid, stats, image.1, start, len) {
         drop_region(stats);
         return;
     }
     if record_block::<false>(regs, image, tgid, (start, len), SOURCE_MMAP) {
         count(Counter::MmapRegions);
     } else {
-        release_slot(regions, start);
+        release_slot(tgid, image, start);
     }
 }
 
-/// What [`unmap`] hands to each step of its loop over the slots.
+/// Claims a slot for the new mapping (`start`, `len` bytes) of image
+/// (`stats`, `gen_`) of `tgid`, and raises the image's longest mapping to
+/// `len` before the block is there (so that an `munmap` that finds the
+/// block reaching into its range looks back far enough); false when no
+/// slot is free.
+///
+/// Not inlined, as [`page_of`].
+#[inline(never)]
+fn claim_region(tgid: u32, stats: *mut ProcStats, gen_: u32, start: u64, len: u64) -> bool {
+    if !claim_slot(tgid, (stats, gen_), start) {
+        return false;
+    }
+    raise_peak(mmap_max_len_counter(stats), len);
+    true
+}
+
+/// What [`unmap`] hands to each step of its loop over one page's slots
+/// (and [`cut_start`]).
 struct Unmap {
     tgid: u32,
-    gen_: u32,
-    stats: *mut ProcStats,
+    image: Image,
+    /// The page whose slots are looked at (null for [`cut_start`]).
     regions: *mut MmapRegions,
     /// The unmapped range: [start, end).
     start: u64,
     end: u64,
+    /// Bytes of blocks unmapped so far.
+    unmapped: u64,
+}
+
+/// What [`unmap`] hands to each step of its loop over pages.
+struct UnmapPages {
+    tgid: u32,
+    image: Image,
+    start: u64,
+    end: u64,
+    /// The first page looked at.
+    first_page: u64,
     /// Bytes of blocks unmapped so far.
     unmapped: u64,
 }
@@ -284,32 +359,60 @@ struct Unmap {
 ///
 /// A range that begins at a mapping's start and ends within it (a whole
 /// `munmap`, a prefix, an `mremap`'s old range) is that mapping alone: one
-/// lookup. Any other range may cover parts of several, and every slot is
-/// looked at.
+/// lookup. Any other range may cover parts of several: every slot of the
+/// pages where a mapping that reaches into it can start is looked at
+/// (from `start` less the image's longest mapping to `end`: one or two
+/// pages of 256 slots but for a process that holds a mapping of more than
+/// 64 MiB).
 #[inline(always)]
 fn unmap(tgid: u32, (stats, gen_): Image, start: u64, end: u64) -> u64 {
-    let Some(regions) = regions_of(tgid, gen_, false) else {
+    unmap_range(tgid, stats, gen_, start, end)
+}
+
+/// [`unmap`]: a BPF function of its own, not inlined, so that the many
+/// paths of its loops' set-up do not multiply the states the verifier
+/// follows through `sys_exit_mremap`'s stack walk after it.
+#[inline(never)]
+fn unmap_range(tgid: u32, stats: *mut ProcStats, gen_: u32, start: u64, end: u64) -> u64 {
+    let image = (stats, gen_);
+    if !has_regions(stats) {
         return 0;
-    };
-    let mut state = Unmap {
-        tgid,
-        gen_,
-        stats,
-        regions,
-        start,
-        end,
-        unmapped: 0,
-    };
+    }
     if let Some(block) = find_block::<false>(tgid, start, gen_)
         && block.source == SOURCE_MMAP
         && start.wrapping_add(block.size) >= end
     {
+        let mut state = Unmap {
+            tgid,
+            image,
+            regions: core::ptr::null_mut(),
+            start,
+            end,
+            unmapped: 0,
+        };
         // A callback, so that the verifier checks `cut` apart from the rest
         // of the program.
         run_loop(1, cut_start, &mut state);
         return state.unmapped;
     }
-    run_loop(MMAP_REGION_SLOTS as u32, unmap_slot, &mut state);
+    // SAFETY: a word of the image's totals, changed only atomically.
+    let longest = unsafe { core::ptr::read_volatile(mmap_max_len_counter(stats)) };
+    let first = start.saturating_sub(longest) >> MMAP_PAGE_SHIFT;
+    let last = end.wrapping_sub(1) >> MMAP_PAGE_SHIFT;
+    let pages = if last < first {
+        0
+    } else {
+        (last - first + 1).min(u64::from(MMAP_PAGES))
+    };
+    let mut state = UnmapPages {
+        tgid,
+        image,
+        start,
+        end,
+        first_page: first,
+        unmapped: 0,
+    };
+    run_loop(pages as u32, unmap_page, &mut state);
     state.unmapped
 }
 
@@ -319,14 +422,37 @@ extern "C" fn cut_start(_index: u64, ctx: *mut c_void) -> i64 {
     // SAFETY: ctx is the Unmap that `unmap` handed to bpf_loop.
     let state = unsafe { &mut *(ctx as *mut Unmap) };
     let at = state.start;
-    cut(state, at, None);
+    cut(state, at, core::ptr::null_mut());
     1
 }
 
-/// One slot of [`unmap`]'s loop: the mapping there, if the range covers
-/// any of it, loses that part. Returns 0 (go on), the bpf_loop contract.
+/// One page of [`unmap`]'s loop (page `first_page + index`): every slot of
+/// it, when the image has it. Returns 0 (go on), the bpf_loop contract.
+extern "C" fn unmap_page(index: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: ctx is the UnmapPages that `unmap` handed to bpf_loop.
+    let pages = unsafe { &mut *(ctx as *mut UnmapPages) };
+    let at = (pages.first_page + index) << MMAP_PAGE_SHIFT;
+    let Some(regions) = page_of(pages.tgid, pages.image, at, false) else {
+        return 0;
+    };
+    let mut state = Unmap {
+        tgid: pages.tgid,
+        image: pages.image,
+        regions,
+        start: pages.start,
+        end: pages.end,
+        unmapped: 0,
+    };
+    run_loop(MMAP_REGION_SLOTS as u32, unmap_slot, &mut state);
+    pages.unmapped += state.unmapped;
+    0
+}
+
+/// One slot of [`unmap_page`]'s loop: the mapping there, if the range
+/// covers any of it, loses that part. Returns 0 (go on), the bpf_loop
+/// contract.
 extern "C" fn unmap_slot(index: u64, ctx: *mut c_void) -> i64 {
-    // SAFETY: ctx is the Unmap that `unmap` handed to bpf_loop; its
+    // SAFETY: ctx is the Unmap that `unmap_page` handed to bpf_loop; its
     // pointers are map values, alive while the program runs.
     let state = unsafe { &mut *(ctx as *mut Unmap) };
     let i = (index as usize) & (MMAP_REGION_SLOTS - 1);
@@ -335,24 +461,31 @@ extern "C" fn unmap_slot(index: u64, ctx: *mut c_void) -> i64 {
     // SAFETY: as above; slots change only by compare-and-swap.
     let at = unsafe { core::ptr::read_volatile(slot) };
     if at != 0 && at < state.end {
-        cut(state, at, Some(slot));
+        cut(state, at, slot);
     }
     0
 }
 
 /// Takes the part the range of `state` covers out of the mapping at `at`
-/// (its slot `slot`, or looked for in its window when None): what is left
+/// (its slot `slot`, or looked for in its window when null): what is left
 /// before the range stays at `at`, what is left after it becomes a block
 /// of its own with the same stack.
-#[inline(always)]
-fn cut(state: &mut Unmap, at: u64, slot: Option<*mut u64>) {
-    let clear = |state: &Unmap| match slot {
-        Some(slot) => {
+///
+/// A BPF function of its own, not inlined: the loops that call it are
+/// checked once by the verifier, not once per path through it.
+#[inline(never)]
+fn cut(state: *mut Unmap, at: u64, slot: *mut u64) {
+    // SAFETY: state is the caller's Unmap, on its stack.
+    let state = unsafe { &mut *state };
+    let clear = |state: &Unmap| {
+        if slot.is_null() {
+            release_slot(state.tgid, state.image, at);
+        } else {
             compare_exchange(slot, at, 0);
         }
-        None => release_slot(state.regions, at),
     };
-    let Some(block) = find_block::<false>(state.tgid, at, state.gen_) else {
+    let (tgid, gen_) = (state.tgid, state.image.1);
+    let Some(block) = find_block::<false>(tgid, at, gen_) else {
         // Its block is gone (freed as a pointer, or the maps were cleaned).
         clear(state);
         return;
@@ -361,8 +494,7 @@ fn cut(state: &mut Unmap, at: u64, slot: Option<*mut u64>) {
         return;
     }
     // Only the thread that takes the block out changes it.
-    let Some((stats, block)) =
-        take_block::<false>(state.tgid, at, (Some(state.stats), state.gen_), false)
+    let Some((stats, block)) = take_block::<false>(tgid, at, (Some(state.image.0), gen_), false)
     else {
         return;
     };
@@ -375,7 +507,7 @@ fn cut(state: &mut Unmap, at: u64, slot: Option<*mut u64>) {
             size: state.start - at,
             ..block
         };
-        if insert_block::<false>(stats, state.tgid, at, &left) {
+        if insert_block::<false>(stats, tgid, at, &left) {
             count_in_stack_fn(stats, &raw const left);
             kept += left.size;
             pieces += 1;
@@ -391,13 +523,13 @@ fn cut(state: &mut Unmap, at: u64, slot: Option<*mut u64>) {
             size: block_end - state.end,
             ..block
         };
-        if claim_slot(state.regions, state.end) {
-            if insert_block::<false>(stats, state.tgid, state.end, &right) {
+        if claim_slot(tgid, (stats, gen_), state.end) {
+            if insert_block::<false>(stats, tgid, state.end, &right) {
                 count_in_stack_fn(stats, &raw const right);
                 kept += right.size;
                 pieces += 1;
             } else {
-                release_slot(state.regions, state.end);
+                release_slot(tgid, (stats, gen_), state.end);
                 drop_region(stats);
             }
         } else {
@@ -421,7 +553,7 @@ pub(crate) fn mapped(ret: i64) {
     // A new mapping is recorded only once tracerd has the image's mappings
     // (see the module doc); a MAP_FIXED one unmaps what it replaced.
     let settled = !in_call && has_mappings(tgid, image.1);
-    if !settled && regions_of(tgid, image.1, false).is_none() {
+    if !settled && !has_regions(image.0) {
         return;
     }
     let Some((regs, [_, len, prot, flags, _])) = syscall_regs() else {
@@ -450,7 +582,7 @@ pub(crate) fn unmapped(ret: i64) {
         return;
     };
     // Most processes hold no mapping: no need to read the registers.
-    if regions_of(tgid, image.1, false).is_none() {
+    if !has_regions(image.0) {
         return;
     }
     let Some((_, [start, len, ..])) = syscall_regs() else {
@@ -472,7 +604,7 @@ pub(crate) fn remapped(ret: i64) {
     let Some((tgid, image, false)) = traced_caller() else {
         return;
     };
-    if regions_of(tgid, image.1, false).is_none() {
+    if !has_regions(image.0) {
         return;
     }
     let Some((regs, [old, old_len, new_len, ..])) = syscall_regs() else {

@@ -13,12 +13,17 @@
 //! final totals go out in an event and the slot is freed (or the `PROCS`
 //! entry removed and uncounted from its slot).
 
+use core::ffi::c_void;
+
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
-    helpers::{bpf_ktime_get_ns, generated::bpf_get_current_comm},
+    helpers::{
+        bpf_ktime_get_ns,
+        generated::{bpf_get_current_comm, bpf_loop},
+    },
 };
 use tracer_common::{
-    Counter, PROC_SLOT_GEN_SHIFT, PROC_SLOT_OWNER_MASK, PROC_SLOT_SPILL_MAX, PROC_SLOT_SPILL_SHIFT,
+    Counter, MMAP_PAGES, MmapPageKey, PROC_SLOT_GEN_SHIFT, PROC_SLOT_OWNER_MASK, PROC_SLOT_SPILL_MAX, PROC_SLOT_SPILL_SHIFT,
     ProcEvent, ProcEventKind, ProcSlot, ProcStats, ProcTotals, SOURCE_COUNT, SourceTotals,
     proc_slot_gen, proc_slot_index, proc_slot_owner, proc_slot_spill,
 };
@@ -241,6 +246,26 @@ fn source_totals(stats: *mut ProcStats, source: u32) -> Option<*mut SourceTotals
     })
 }
 
+/// The longest anonymous mapping held ([`ProcTotals::mmap_max_len`]) of
+/// the process whose totals are `stats`.
+#[inline(always)]
+pub(crate) fn mmap_max_len_counter(stats: *mut ProcStats) -> *mut u64 {
+    // SAFETY: as in source_totals: stats is the first field of a ProcTotals.
+    unsafe { &raw mut (*stats.cast::<ProcTotals>()).mmap_max_len }
+}
+
+/// Word `word` (0 to 3) of the bitmap of pages of `MMAP_REGIONS`
+/// ([`ProcTotals::mmap_pages`]) of the process whose totals are `stats`.
+#[inline(always)]
+pub(crate) fn mmap_pages_word(stats: *mut ProcStats, word: u32) -> *mut u64 {
+    // SAFETY: as in source_totals; word is in bounds (masked).
+    unsafe {
+        (&raw mut (*stats.cast::<ProcTotals>()).mmap_pages)
+            .cast::<u64>()
+            .add((word & 3) as usize)
+    }
+}
+
 /// The count of blocks recorded with a cut traceback ([`ProcStats::cut`])
 /// of the process whose totals are `stats`.
 #[inline(always)]
@@ -324,7 +349,7 @@ pub(crate) fn send_spill_event(tgid: u32, gen_: u32, level: u32) {
 /// Raises the peak at `peak` to `now` if it is below: a bounded
 /// compare-and-swap (the verifier rejects unbounded loops).
 #[inline(always)]
-fn raise_peak(peak: *mut u64, now: u64) {
+pub(crate) fn raise_peak(peak: *mut u64, now: u64) {
     // SAFETY: peak points into a PROCS value (see fetch_add).
     let mut seen = unsafe { core::ptr::read_volatile(peak) };
     let mut tries = 0;
@@ -421,7 +446,7 @@ pub(crate) fn end_generation(kind: ProcEventKind, tgid: u32) {
     if proc_slot_owner(word) == tgid {
         // SAFETY: as above. No thread of the process runs any more (exit of
         // the last one, or exec, which ended the others).
-        let mut stats = unsafe { (*slot).totals.stats };
+        let (mut stats, pages) = unsafe { ((*slot).totals.stats, (*slot).totals.mmap_pages) };
         stats.gen_ = proc_slot_gen(word);
         // SAFETY: as above.
         unsafe { (*slot).totals = ProcTotals::default() };
@@ -438,6 +463,7 @@ pub(crate) fn end_generation(kind: ProcEventKind, tgid: u32) {
             seen = old;
             tries += 1;
         }
+        forget_regions(tgid, pages);
         forget_mappings(tgid);
         send_event(kind, tgid, stats.gen_, &stats);
         return;
@@ -449,20 +475,60 @@ pub(crate) fn end_generation(kind: ProcEventKind, tgid: u32) {
         return;
     };
     // SAFETY: a PROCS value, copied out at once.
-    let stats = unsafe { (*totals).stats };
+    let (stats, pages) = unsafe { ((*totals).stats, (*totals).mmap_pages) };
     if PROCS.remove(tgid).is_ok() {
         fetch_add(word_ptr, (1u64 << PROC_SLOT_SPILL_SHIFT).wrapping_neg());
     }
+    forget_regions(tgid, pages);
     forget_mappings(tgid);
     send_event(kind, tgid, stats.gen_, &stats);
 }
 
-/// Forgets the anonymous mappings of `tgid`'s ended image (their blocks
-/// go with the image's other blocks), and its executable mappings in
-/// PROC_MAPS: after an exec they are another program's, and an entry a
-/// fork copied (`stack::inherit_mappings`) has no other owner to remove it.
+/// Forgets the executable mappings of `tgid`'s ended image in PROC_MAPS:
+/// after an exec they are another program's, and an entry a fork copied
+/// (`stack::inherit_mappings`) has no other owner to remove it.
 #[inline(always)]
 pub(crate) fn forget_mappings(tgid: u32) {
-    let _ = MMAP_REGIONS.remove(tgid);
     let _ = PROC_MAPS.remove(tgid);
+}
+
+/// What [`forget_regions`] hands to each step of its loop.
+struct Forget {
+    tgid: u32,
+    pages: [u64; 4],
+}
+
+/// Forgets the anonymous mappings of `tgid`'s ended image (their blocks
+/// go with the image's other blocks): the pages of MMAP_REGIONS that its
+/// totals name (`ProcTotals::mmap_pages`).
+#[inline(always)]
+fn forget_regions(tgid: u32, pages: [u64; 4]) {
+    if pages == [0; 4] {
+        return;
+    }
+    let mut state = Forget { tgid, pages };
+    // SAFETY: bpf_loop calls forget_page at most MMAP_PAGES times with a
+    // pointer to `state`, on this stack.
+    unsafe {
+        bpf_loop(
+            MMAP_PAGES,
+            forget_page as *mut c_void,
+            (&raw mut state).cast(),
+            0,
+        );
+    }
+}
+
+/// One page of [`forget_regions`]: removed if the image had it.
+extern "C" fn forget_page(index: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: ctx is the Forget that forget_regions handed to bpf_loop.
+    let state = unsafe { &*(ctx as *const Forget) };
+    let word = state.pages[(index as usize / 64) & 3];
+    if word & (1 << (index % 64)) != 0 {
+        let _ = MMAP_REGIONS.remove(&MmapPageKey {
+            tgid: state.tgid,
+            page: index as u32,
+        });
+    }
+    0
 }

@@ -29,6 +29,9 @@ const STACK_TOTALS_LOST: usize = STACKS + 1;
 const SHARED_SPILL: usize = STACK_TOTALS_LOST + 1;
 /// Word of [`ProcTotals::stack_keys`] within a slot.
 const STACK_KEYS: usize = SHARED_SPILL + 3;
+/// Word of [`ProcTotals::mmap_max_len`] within a slot (then the four of
+/// `mmap_pages`).
+const MMAP_MAX_LEN: usize = STACK_KEYS + 1;
 /// Word of [`ProcStats::current`] within a slot (after the slot word and
 /// `gen_`/`_pad`).
 const CURRENT: usize = 2;
@@ -115,6 +118,11 @@ impl ProcSlots {
             own_asked: self.word(index, SHARED_SPILL + 1).load(Ordering::Relaxed),
             own_spill: self.word(index, SHARED_SPILL + 2).load(Ordering::Relaxed),
             stack_keys: self.word(index, STACK_KEYS).load(Ordering::Acquire),
+            mmap_max_len: self.word(index, MMAP_MAX_LEN).load(Ordering::Relaxed),
+            mmap_pages: std::array::from_fn(|w| {
+                self.word(index, MMAP_MAX_LEN + 1 + w)
+                    .load(Ordering::Relaxed)
+            }),
         })
     }
 
@@ -217,8 +225,9 @@ mod tests {
         assert_eq!(word_of(&raw const slot.totals.stats.current), CURRENT);
         assert_eq!(word_of(&raw const slot.totals.stats.peak), PEAK);
         assert_eq!(word_of(&raw const slot.totals.stats.drops), 8);
+        assert_eq!(word_of(&raw const slot.totals.stats.cut), 9);
         assert_eq!(word_of(&raw const slot.totals.sources[0].current), SOURCES);
-        assert_eq!(word_of(&raw const slot.totals.sources[7].peak), 24);
+        assert_eq!(word_of(&raw const slot.totals.sources[7].peak), 25);
         assert_eq!(word_of(&raw const slot.totals.stacks), STACKS);
         assert_eq!(
             word_of(&raw const slot.totals.stack_totals_lost),
@@ -228,5 +237,11 @@ mod tests {
         assert_eq!(word_of(&raw const slot.totals.own_asked), SHARED_SPILL + 1);
         assert_eq!(word_of(&raw const slot.totals.own_spill), SHARED_SPILL + 2);
         assert_eq!(word_of(&raw const slot.totals.stack_keys), STACK_KEYS);
+        assert_eq!(word_of(&raw const slot.totals.mmap_max_len), MMAP_MAX_LEN);
+        assert_eq!(
+            word_of(&raw const slot.totals.mmap_pages[3]),
+            MMAP_MAX_LEN + 4
+        );
+        assert_eq!(MMAP_MAX_LEN + 5, SLOT_WORDS, "the slot's last word");
     }
 }
