@@ -33,9 +33,14 @@ use serde_json::Value;
 
 use crate::suite::support::{TempDir, Tracerd, output_ok};
 
-/// `nframe` of the services' tracerd: their deepest stacks fit, so a
-/// traceback shorter than its `total_nframe` was cut by the walk.
+/// `nframe` of the services' tracerd where a test looks for a frame deep
+/// in the stack (the worker's cycle, main): their deepest stacks fit.
 const NFRAME: &str = "64";
+
+/// `nframe` of the tests of processes with many blocks (node, java): what
+/// they look at is near frame 0, and 64 frames of 50,000 blocks are a
+/// `/traces` answer of a gigabyte.
+const NFRAME_MANY: &str = "16";
 
 /// One live block from `/traces`: its size and frames (most recent first).
 struct Block {
@@ -259,12 +264,13 @@ fn assert_no_cut_walk(tracerd: &Tracerd, pid: u32) {
     }
 }
 
-/// Waits up to 20 s until tracerd's unwinder has `pid`'s mappings (`/maps`'
-/// `unwind_pids`), as a user's process has them once it has run a moment.
-/// When it never has them the test goes on (and says so): its blocks must
-/// be whole all the same, a fork child's with its parent's tables.
-fn settle(tracerd: &Tracerd, pid: u32) {
-    let deadline = Instant::now() + Duration::from_secs(20);
+/// Waits up to `within` until tracerd's unwinder has `pid`'s mappings
+/// (`/maps`' `unwind_pids`), as a user's process has them once it has run a
+/// moment. When it never has them the test goes on (and says so): its
+/// blocks must be whole all the same, a fork child's with its parent's
+/// tables.
+fn settle_within(tracerd: &Tracerd, pid: u32, within: Duration) {
+    let deadline = Instant::now() + within;
     while Instant::now() < deadline {
         let maps = tracerd.get_ok("/maps");
         if maps["unwind_pids"]
@@ -275,7 +281,12 @@ fn settle(tracerd: &Tracerd, pid: u32) {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    eprintln!("pid {pid}: the unwinder has not had its mappings within 20 s");
+    eprintln!("pid {pid}: the unwinder has not had its mappings within {within:?}");
+}
+
+/// [`settle_within`] 20 s.
+fn settle(tracerd: &Tracerd, pid: u32) {
+    settle_within(tracerd, pid, Duration::from_secs(20));
 }
 
 /// What [`assert_frame_0_is_the_wrappers_caller`] found.

@@ -1,29 +1,36 @@
-//! Node.js 20 holding Buffers: 20,000 `Buffer.alloc(4001)` (80 MB, their
+//! Node.js 20 holding Buffers: 2,000 `Buffer.alloc(40001)` (80 MB, their
 //! bytes malloc'd by `NodeArrayBufferAllocator`, called by V8), and 50 zlib
 //! streams (another allocation path: zlib's state, malloc'd by node's zlib
-//! binding), kept alive and read while node is frozen.
+//! binding), allocated once node is traced with its unwind tables, kept
+//! alive and read while node is frozen.
 
 use std::process::Command;
 
 use serde_json::Value;
 
 use super::{
-    Groups, NFRAME, assert_frame_0_is_the_wrappers_caller, assert_groups_are_traces_grouped,
+    Groups, NFRAME_MANY, assert_frame_0_is_the_wrappers_caller, assert_groups_are_traces_grouped,
     blocks, function, grouped_by_hand, settle, traceback_key,
 };
 use crate::suite::support::{Frozen, Held, TempDir, Tracerd};
 
 /// Buffers the script holds, and the size of each.
-const BUFFERS: u64 = 20_000;
-const BUFFER_SIZE: u64 = 4001;
+const BUFFERS: u64 = 2_000;
+const BUFFER_SIZE: u64 = 40_001;
 
+/// "ready"; on a line, the Buffers and streams, "held"; on the next line,
+/// the end.
 const SCRIPT: &str = "const zlib = require('zlib');
 const buffers = [];
-for (let i = 0; i < 20000; i++) buffers.push(Buffer.alloc(4001, i & 0xff));
 const streams = [];
-for (let i = 0; i < 50; i++) streams.push(zlib.createDeflate());
 console.log('ready');
-process.stdin.on('data', () => { console.log(buffers.length + streams.length); process.exit(0); });
+let lines = 0;
+process.stdin.on('data', () => {
+    if (lines++ > 0) process.exit(0);
+    for (let i = 0; i < 2000; i++) buffers.push(Buffer.alloc(40001, i & 0xff));
+    for (let i = 0; i < 50; i++) streams.push(zlib.createDeflate());
+    console.log('held', buffers.length, streams.length);
+});
 ";
 
 /// V8's and node's allocation wrappers, as node's symbols name them.
@@ -40,10 +47,9 @@ fn is_wrapper(frame: &Value) -> bool {
     .any(|prefix| name.starts_with(prefix))
 }
 
-/// tracerd (nframe 64) and node holding its Buffers, traced with its
-/// unwind tables.
+/// tracerd (nframe 16) and node holding its Buffers.
 fn holding() -> (Tracerd, Held, TempDir) {
-    let tracerd = Tracerd::start(&["--nframe", NFRAME]);
+    let tracerd = Tracerd::start(&["--nframe", NFRAME_MANY]);
     let dir = TempDir::new("node");
     let script = dir.path().join("buffers.js");
     std::fs::write(&script, SCRIPT).expect("write the script");
@@ -51,6 +57,8 @@ fn holding() -> (Tracerd, Held, TempDir) {
     node.line_starting("ready");
     tracerd.wait_traced(node.pid());
     settle(&tracerd, node.pid());
+    node.send("go");
+    node.line_starting("held");
     (tracerd, node, dir)
 }
 
@@ -101,6 +109,5 @@ fn frame_0_of_node_blocks_is_the_caller_of_v8s_and_nodes_allocators() {
     let (tracerd, node, _dir) = holding();
     let pid = node.pid();
     let _frozen = Frozen::new(pid);
-    let report = assert_frame_0_is_the_wrappers_caller(&tracerd, pid, &is_wrapper, 20_000);
-    assert!(report.through_wrappers as u64 >= BUFFERS);
+    assert_frame_0_is_the_wrappers_caller(&tracerd, pid, &is_wrapper, 2 * BUFFERS as usize);
 }

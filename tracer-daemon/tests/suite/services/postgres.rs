@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use super::{
     NFRAME, assert_frame_0_is_the_wrappers_caller, assert_groups_are_traces_grouped,
-    assert_no_cut_walk, function, settle,
+    assert_no_cut_walk, function, settle_within,
 };
 use crate::suite::support::{Frozen, Postgres, Tracerd, kill_if_running, output_ok, poll};
 
@@ -70,8 +70,10 @@ fn with_a_backend(judge: impl FnOnce(&Tracerd, u32)) {
         },
     );
     tracerd.wait_traced(backend);
-    settle(&tracerd, backend);
-    std::thread::sleep(Duration::from_secs(2));
+    // A backend lives as long as pgbench's 5 s: the unwinder may have it
+    // within 2 s (its blocks must be whole either way).
+    settle_within(&tracerd, backend, Duration::from_secs(2));
+    std::thread::sleep(Duration::from_millis(500));
     {
         let _frozen = Frozen::new(backend);
         judge(&tracerd, backend);

@@ -9,7 +9,7 @@ use std::{path::Path, process::Command, time::Duration};
 
 use serde_json::Value;
 
-use super::{NFRAME, assert_frame_0_is_the_wrappers_caller, function, module, settle};
+use super::{NFRAME_MANY, assert_frame_0_is_the_wrappers_caller, function, module, settle};
 use crate::suite::support::{Frozen, Held, Nginx, TempDir, Tracerd};
 
 /// Whether `frame`'s function starts with one of `prefixes`.
@@ -18,9 +18,9 @@ fn named(frame: &Value, prefixes: &[&str]) -> bool {
     prefixes.iter().any(|p| name.starts_with(p))
 }
 
-/// tracerd (nframe 64) and `command` held, traced with its unwind tables.
+/// tracerd (nframe 16) and `command` held, traced with its unwind tables.
 fn traced(command: &mut Command) -> (Tracerd, Held) {
-    let tracerd = Tracerd::start(&["--nframe", NFRAME]);
+    let tracerd = Tracerd::start(&["--nframe", NFRAME_MANY]);
     let held = Held::spawn(command);
     tracerd.wait_traced(held.pid());
     settle(&tracerd, held.pid());
