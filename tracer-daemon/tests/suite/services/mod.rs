@@ -48,18 +48,37 @@ struct Block {
     frames: Vec<Value>,
 }
 
-/// The blocks of `pid` now (`GET /pid/{pid}/traces?limit=0{query}`).
+/// Blocks per page of `/traces`: a page of blocks at a time keeps this
+/// process's memory (traced too) small.
+const PAGE: usize = 5000;
+
+/// Calls `each` with every block of `pid` now (`GET
+/// /pid/{pid}/traces?offset=&limit={PAGE}{query}`, page by page).
+fn each_block(tracerd: &Tracerd, pid: u32, query: &str, mut each: impl FnMut(Block)) {
+    let mut offset = 0;
+    loop {
+        let body = tracerd.get_ok(&format!(
+            "/pid/{pid}/traces?offset={offset}&limit={PAGE}{query}"
+        ));
+        let traces = body["traces"].as_array().expect("traces");
+        for t in traces {
+            each(Block {
+                size: t["size"].as_u64().expect("size"),
+                frames: t["traceback"].as_array().expect("traceback").clone(),
+            });
+        }
+        if traces.len() < PAGE {
+            return;
+        }
+        offset += PAGE;
+    }
+}
+
+/// The blocks of `pid` now (a process with few blocks).
 fn blocks(tracerd: &Tracerd, pid: u32, query: &str) -> Vec<Block> {
-    let body = tracerd.get_ok(&format!("/pid/{pid}/traces?limit=0{query}"));
-    body["traces"]
-        .as_array()
-        .expect("traces")
-        .iter()
-        .map(|t| Block {
-            size: t["size"].as_u64().expect("size"),
-            frames: t["traceback"].as_array().expect("traceback").clone(),
-        })
-        .collect()
+    let mut blocks = Vec::new();
+    each_block(tracerd, pid, query, |b| blocks.push(b));
+    blocks
 }
 
 /// A JSON frame's function name ("" when it has none).
@@ -125,8 +144,14 @@ fn grouped_by_hand(blocks: &[Block]) -> Groups {
 /// Returns the groups.
 fn assert_groups_are_traces_grouped(tracerd: &Tracerd, pid: u32) -> Groups {
     let stats = tracerd.get_ok(&format!("/pid/{pid}/statistics?group_by=traceback&limit=0"));
-    let blocks = blocks(tracerd, pid, "");
-    let by_hand = grouped_by_hand(&blocks);
+    let mut by_hand = Groups::new();
+    let mut count = 0;
+    each_block(tracerd, pid, "", |block| {
+        count += 1;
+        let group = by_hand.entry(traceback_key(&block.frames)).or_default();
+        group.0 += block.size;
+        group.1 += 1;
+    });
     let mut served = Groups::new();
     let mut twice = 0;
     for stat in stats["statistics"].as_array().expect("statistics") {
@@ -161,7 +186,7 @@ fn assert_groups_are_traces_grouped(tracerd: &Tracerd, pid: u32) -> Groups {
         "pid {pid}: {} blocks, {} groups by hand (size, count {:?}); statistics: {} groups \
          ({:?}, totals {}), {} of them twice, {unknown} not among the hand groups; {} hand \
          groups differ, the largest first:\n{}",
-        blocks.len(),
+        count,
         by_hand.len(),
         total(&by_hand),
         served.len(),
@@ -317,19 +342,7 @@ fn assert_frame_0_is_the_wrappers_caller(
     is_wrapper: &dyn Fn(&Value) -> bool,
     min: usize,
 ) -> WrapperReport {
-    let kept = blocks(tracerd, pid, "&allocator_frames=keep");
-    let dropped = blocks(tracerd, pid, "");
-    assert_eq!(kept.len(), dropped.len(), "pid {pid}: the blocks changed");
-    let sizes = |b: &[Block]| b.iter().map(|b| b.size).collect::<Vec<_>>();
-    assert_eq!(
-        sizes(&kept),
-        sizes(&dropped),
-        "pid {pid}: traces in another order"
-    );
-    let mut report = WrapperReport {
-        blocks: kept.len(),
-        ..WrapperReport::default()
-    };
+    let mut report = WrapperReport::default();
     let names = |frames: &[Value]| -> Vec<String> {
         frames
             .iter()
@@ -343,29 +356,61 @@ fn assert_frame_0_is_the_wrappers_caller(
             })
             .collect()
     };
-    for (k, d) in kept.iter().zip(&dropped) {
-        let frame_0 = &d.frames[0];
-        if is_wrapper(frame_0) {
-            report.frame_0_wrapper += 1;
-        }
-        let Some(last) = k.frames.iter().rposition(is_wrapper) else {
-            continue;
-        };
-        report.through_wrappers += 1;
-        match k.frames.get(last + 1) {
-            None => report.cut += 1,
-            Some(caller) if caller == frame_0 => report.at_caller += 1,
-            Some(_) => {
-                report.inside += 1;
-                if report.examples.len() < 6 {
-                    report.examples.push(format!(
-                        "kept {:?}\n    dropped {:?}",
-                        names(&k.frames),
-                        names(&d.frames)
-                    ));
+    // The same blocks kept and dropped, a page of each at a time (the
+    // process is frozen: each answer lists them in one order).
+    let page = |offset: usize, query: &str| -> Vec<Block> {
+        let body = tracerd.get_ok(&format!(
+            "/pid/{pid}/traces?offset={offset}&limit={PAGE}{query}"
+        ));
+        body["traces"]
+            .as_array()
+            .expect("traces")
+            .iter()
+            .map(|t| Block {
+                size: t["size"].as_u64().expect("size"),
+                frames: t["traceback"].as_array().expect("traceback").clone(),
+            })
+            .collect()
+    };
+    let mut offset = 0;
+    loop {
+        let kept = page(offset, "&allocator_frames=keep");
+        let dropped = page(offset, "");
+        let sizes = |b: &[Block]| b.iter().map(|b| b.size).collect::<Vec<_>>();
+        assert_eq!(
+            sizes(&kept),
+            sizes(&dropped),
+            "pid {pid}: the blocks changed, or came in another order"
+        );
+        report.blocks += kept.len();
+        for (k, d) in kept.iter().zip(&dropped) {
+            let frame_0 = &d.frames[0];
+            if is_wrapper(frame_0) {
+                report.frame_0_wrapper += 1;
+            }
+            let Some(last) = k.frames.iter().rposition(is_wrapper) else {
+                continue;
+            };
+            report.through_wrappers += 1;
+            match k.frames.get(last + 1) {
+                None => report.cut += 1,
+                Some(caller) if caller == frame_0 => report.at_caller += 1,
+                Some(_) => {
+                    report.inside += 1;
+                    if report.examples.len() < 6 {
+                        report.examples.push(format!(
+                            "kept {:?}\n    dropped {:?}",
+                            names(&k.frames),
+                            names(&d.frames)
+                        ));
+                    }
                 }
             }
         }
+        if kept.len() < PAGE {
+            break;
+        }
+        offset += PAGE;
     }
     eprintln!("pid {pid}: {report:?}");
     assert!(
