@@ -61,12 +61,14 @@ fn with_a_backend(judge: impl FnOnce(&Tracerd, u32)) {
             .spawn()
             .expect("spawn pgbench"),
     );
+    // pgbench's first connection (its checks) ends at once: a backend of
+    // the run is one of two that live at the same time.
     let backend = poll(
         Duration::from_secs(10),
         Duration::from_millis(20),
-        || match postgres.backends().first() {
-            Some(&pid) => Ok(pid),
-            None => Err("no backend serves pgbench".to_string()),
+        || match postgres.backends()[..] {
+            [first, _, ..] => Ok(first),
+            _ => Err("no two backends serve pgbench".to_string()),
         },
     );
     tracerd.wait_traced(backend);

@@ -77,6 +77,8 @@ fn frame_0_of_java_blocks_is_the_caller_of_hotspots_allocators() {
                 "Arena::Amalloc",
                 "ChunkPool::allocate(",
                 "ResourceArea::allocate_bytes(",
+                "ResourceObj::operator new(",
+                "AnyObj::operator new(",
                 "NMTPreInit",
             ],
         ) || (function(f).starts_with("CHeapObj<") && function(f).contains("::operator new"))
