@@ -85,6 +85,21 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
     // chromedriver (WebDriver).
     ("chromium", "chromium"),
     ("chromedriver", "chromium-driver"),
+    // Debian's own services traced as users run them
+    // (tests/suite/services/): PostgreSQL 15 (initdb, postgres, pgbench),
+    // nginx loaded by ab (apache2-utils, also the APR program), Node.js,
+    // OpenJDK 17 (`java File.java` needs the JDK's compiler), glib's gio,
+    // and ldb-tools' ldbadd (a talloc program).
+    ("/usr/lib/postgresql/15/bin/pgbench", "postgresql"),
+    ("/usr/sbin/nginx", "nginx"),
+    ("ab", "apache2-utils"),
+    ("node", "nodejs"),
+    (
+        "/usr/lib/jvm/java-17-openjdk-amd64/bin/javac",
+        "openjdk-17-jdk-headless",
+    ),
+    ("gio", "libglib2.0-bin"),
+    ("ldbadd", "ldb-tools"),
 ];
 
 /// Installs whatever is missing.

@@ -10,5 +10,6 @@ mod metrics;
 mod persistence;
 mod quota;
 mod service;
+mod services;
 mod support;
 mod unwind;

@@ -1,6 +1,7 @@
 //! What the root integration tests share: the real tracerd, the C fixtures
 //! (compiled from `tests/fixtures/`, run and stepped through their line
-//! protocol), scratch files, process control, and readers of the answers.
+//! protocol), Debian's services (nginx, PostgreSQL), scratch files, process
+//! control, and readers of the answers.
 //! Everything started here is stopped by pid on drop, even when a test
 //! fails.
 
@@ -9,6 +10,7 @@ mod fixture;
 mod json;
 mod kernel;
 mod process;
+mod services;
 mod tracerd;
 
 pub use files::{TempDir, fixture_path, fixture_text, line_of};
@@ -21,4 +23,5 @@ pub use kernel::{
 pub use process::{
     cgroup_v2, free_port, kill_if_running, output_ok, poll, require_root, running, signal, stop,
 };
+pub use services::{Frozen, Held, Nginx, Postgres};
 pub use tracerd::{Tracerd, token_file};
