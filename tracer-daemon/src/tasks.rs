@@ -188,6 +188,8 @@ fn housekeeping(service: &Service, tick: u64) {
     service.discover_again();
     // Libraries dlopen'd since an image was seen get their unwind tables.
     service.refresh_unwind();
+    // A stack map half full of ended processes' stacks gets room again.
+    service.collect_stacks();
     if !tick.is_multiple_of(SWEEP_EVERY_TICKS) || service.stopping() {
         return;
     }

@@ -310,19 +310,29 @@ impl Service {
     /// image that started meanwhile is tracked already when its entries
     /// are seen. Read with the kernel lock shared; it is held alone only to
     /// remove them (the generations of ended images never come back).
-    /// Returns how many were removed.
+    /// Those of an image whose end tracerd has not handled yet stay: they
+    /// name its stacks, which its end reads ([`Service::collect_stacks`]
+    /// leaves a named stack). Returns how many were removed.
     pub fn sweep_stack_totals(&self) -> usize {
         let held = self.state.locks().kernel_shared();
         let entries = held.kernel.stack_totals(None);
         if entries.is_empty() || self.stopping.is_raised() {
             return 0;
         }
-        let tracked: HashSet<u32> = held
+        let mut tracked: HashSet<u32> = held
             .kernel
             .all_proc_stats()
             .iter()
             .map(|(_, stats)| stats.gen_)
             .collect();
+        tracked.extend(
+            self.state
+                .locks()
+                .registry()
+                .registry
+                .live()
+                .map(|image| image.id.generation),
+        );
         let ended: Vec<_> = entries
             .into_iter()
             .filter(|(key, _)| !tracked.contains(&key.gen_))

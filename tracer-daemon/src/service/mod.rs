@@ -42,6 +42,7 @@ pub mod losses;
 pub mod processes;
 pub mod scope;
 pub mod snapshots;
+mod stacks;
 mod state;
 pub mod tracing;
 mod unwind;
@@ -153,6 +154,9 @@ pub struct Service {
     sweeps: housekeeping::Sweeps,
     /// The losses last logged, and when ([`Service::log_drops`]).
     drops_logged: std::sync::Mutex<losses::LossLog>,
+    /// The stacks no block named at the last collection
+    /// ([`Service::collect_stacks`]).
+    unnamed_stacks: std::sync::Mutex<stacks::Unnamed>,
 }
 
 impl Service {
@@ -200,6 +204,7 @@ impl Service {
             holds_epoch: std::sync::atomic::AtomicU64::new(0),
             events_dropped_seen: std::sync::atomic::AtomicU64::new(0),
             drops_logged: std::sync::Mutex::default(),
+            unnamed_stacks: std::sync::Mutex::default(),
             libraries,
             totals,
             stats,
