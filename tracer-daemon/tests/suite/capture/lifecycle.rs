@@ -420,3 +420,54 @@ fn images_whose_start_the_full_ring_lost_are_listed_from_the_kernel_s_totals() {
         assert!(fx.finish().success());
     }
 }
+
+#[test]
+fn a_fork_child_is_traced_from_its_fork_allocation_or_not_and_inherits_nothing() {
+    let prog = build("quietfork");
+    let tracerd = Tracerd::start(&[]);
+    let mut fx = Fixture::spawn_traced(&tracerd, &prog.exe, &[]);
+    let parent = fx.pid();
+    fx.go();
+    let said = fx.read_line();
+    let child: u32 = said
+        .strip_prefix("child ")
+        .and_then(|pid| pid.parse().ok())
+        .unwrap_or_else(|| panic!("child PID, not {said:?}"));
+    // Its image started at the fork: known at once, though the child never
+    // allocates, with nothing of the 1000 blocks its parent holds.
+    tracerd.wait_traced(child);
+    let process = tracerd.get_ok(&format!("/pid/{child}"));
+    assert_eq!(
+        (
+            &process["state"],
+            &process["blocks"],
+            &process["allocs"],
+            &process["current"],
+            &process["complete"]
+        ),
+        (&json!("alive"), &json!(0), &json!(0), &json!(0), &json!(true)),
+        "{process}"
+    );
+    assert_eq!(process["ppid"], parent, "{process}");
+    let listed = tracerd.get_ok("/processes");
+    assert!(
+        listed["processes"]
+            .as_array()
+            .expect("processes")
+            .iter()
+            .any(|p| p["pid"] == child && p["state"] == "alive"),
+        "{listed}"
+    );
+    let parents = tracerd.get_ok(&format!("/pid/{parent}"));
+    assert_eq!(parents["blocks"], 1000, "{parents}");
+    fx.go();
+    fx.expect_line("done");
+    // The child's exit ends its image: its last state is kept.
+    poll(Duration::from_secs(5), Duration::from_millis(20), || {
+        match tracerd.get_ok(&format!("/pid/{child}"))["state"].as_str() {
+            Some("exited") => Ok(()),
+            other => Err(format!("child {child} is {other:?}")),
+        }
+    });
+    fx.end();
+}

@@ -129,13 +129,25 @@ fn arenas(fx: &mut Fixture) -> (i64, i64) {
 
 #[test]
 fn debian_python_s_pymalloc_arenas_are_its_mmap_blocks_as_cpython_counts_them() {
-    // Debian's python3 (no frame pointers) with its default allocator:
-    // pymalloc maps an arena for small objects, outside any malloc call.
-    // Its growth in mmap bytes is exactly the arenas CPython says it added.
+    python_arenas("300000", 10);
+}
+
+#[test]
+fn a_python_holding_far_more_than_256_arenas_keeps_every_one_as_a_block() {
+    // 6,000,000 strings: more than 300 arenas of 1 MiB, past the 256
+    // mappings a process could hold before, none lost.
+    python_arenas("6000000", 300);
+}
+
+/// Debian's python3 (no frame pointers) with its default allocator keeping
+/// `strings` small strings: pymalloc maps an arena for small objects,
+/// outside any malloc call. Its growth in mmap bytes is exactly the arenas
+/// CPython says it added (at least `at_least`), each a block, none dropped.
+fn python_arenas(strings: &str, at_least: i64) {
     let tracerd = Tracerd::start(&[]);
     let script = fixture_path("pymalloc_arenas.py");
     let script = script.to_str().expect("utf-8");
-    let mut fx = Fixture::spawn(Path::new("/usr/bin/python3"), &[script]);
+    let mut fx = Fixture::spawn(Path::new("/usr/bin/python3"), &[script, strings]);
     fx.expect_line("ready");
     let (before, size) = arenas(&mut fx);
     let pid = fx.pid();
@@ -146,7 +158,7 @@ fn debian_python_s_pymalloc_arenas_are_its_mmap_blocks_as_cpython_counts_them() 
     fx.expect_line("done");
     let (after, size_after) = arenas(&mut fx);
     assert_eq!(size, size_after);
-    assert!(after - before >= 10, "{before} -> {after} arenas");
+    assert!(after - before >= at_least, "{before} -> {after} arenas");
     let grown = mmap_current(&tracerd, pid) - base;
     assert_eq!(
         grown,
@@ -162,5 +174,7 @@ fn debian_python_s_pymalloc_arenas_are_its_mmap_blocks_as_cpython_counts_them() 
         .filter(|t| t["size"].as_i64() == Some(size))
         .count();
     assert!(arenas_traced as i64 >= after - before, "{traces}");
+    assert_eq!(tracerd.counter("drop_mmap_regions"), 0);
+    assert_eq!(tracerd.get_ok(&format!("/pid/{pid}"))["drops"], 0);
     fx.end();
 }

@@ -7,6 +7,7 @@ mod allocators;
 mod batch;
 mod capacity;
 mod container;
+mod cut;
 mod daemon;
 mod lifecycle;
 mod mappings;

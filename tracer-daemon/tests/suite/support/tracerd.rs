@@ -27,6 +27,9 @@ pub struct Tracerd {
     pub client: Client,
     /// The state directory when this Tracerd made it (removed on drop).
     _state: Option<TempDir>,
+    /// The file its stderr (its log) goes to, when started with
+    /// [`Tracerd::start_logged`].
+    log: Option<std::path::PathBuf>,
 }
 
 impl Tracerd {
@@ -39,9 +42,31 @@ impl Tracerd {
         tracerd
     }
 
+    /// [`Tracerd::start`] with its log (stderr) in a file of its state
+    /// directory, read by [`Tracerd::log`].
+    pub fn start_logged(extra: &[&str]) -> Self {
+        let state = TempDir::new("state");
+        let log = state.path().join("tracerd.log");
+        let file = std::fs::File::create(&log).expect("log file");
+        let mut tracerd = Self::spawn(state.path(), extra, Stdio::from(file));
+        tracerd._state = Some(state);
+        tracerd.log = Some(log);
+        tracerd
+    }
+
+    /// What tracerd logged so far (started with [`Tracerd::start_logged`]).
+    pub fn log(&self) -> String {
+        let path = self.log.as_ref().expect("started with start_logged");
+        std::fs::read_to_string(path).expect("read the log")
+    }
+
     /// Starts tracerd with `state` as its state directory (kept on drop, so
     /// another tracerd can start on it).
     pub fn start_at(state: &Path, extra: &[&str]) -> Self {
+        Self::spawn(state, extra, Stdio::inherit())
+    }
+
+    fn spawn(state: &Path, extra: &[&str], stderr: Stdio) -> Self {
         require_root();
         let listen = format!("127.0.0.1:{}", free_port());
         let child = Command::new(env!("CARGO_BIN_EXE_tracerd"))
@@ -49,7 +74,7 @@ impl Tracerd {
             .arg(state)
             .args(extra)
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .spawn()
             .expect("spawn tracerd");
         let client = Client::builder()
@@ -61,6 +86,7 @@ impl Tracerd {
             base: format!("http://{listen}"),
             client,
             _state: None,
+            log: None,
         };
         poll(Duration::from_secs(60), Duration::from_millis(50), || {
             if let Some(status) = tracerd.child.try_wait().expect("try_wait") {
