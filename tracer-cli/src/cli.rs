@@ -324,25 +324,22 @@ pub struct LoadArgs {
 
 /// A duration in seconds, fractions allowed (`0.5`, `2`).
 fn parse_seconds(text: &str) -> Result<Duration, String> {
-    let seconds: f64 = text
-        .parse()
-        .map_err(|_| format!("{text:?} is not a number of seconds"))?;
-    if !(0.05..=86_400.0).contains(&seconds) {
-        return Err(format!(
-            "{text} s is out of range; valid: 0.05 to 86400 seconds"
-        ));
-    }
-    Ok(Duration::from_secs_f64(seconds))
+    seconds_from(text, 0.05)
 }
 
-/// A wait in seconds, fractions allowed, 0 to a day.
+/// A wait in seconds, fractions allowed, 0 (no wait) to a day.
 fn parse_wait(text: &str) -> Result<Duration, String> {
+    seconds_from(text, 0.0)
+}
+
+/// `text` as seconds from `least` to a day.
+fn seconds_from(text: &str, least: f64) -> Result<Duration, String> {
     let seconds: f64 = text
         .parse()
         .map_err(|_| format!("{text:?} is not a number of seconds"))?;
-    if !(0.0..=86_400.0).contains(&seconds) {
+    if !(least..=86_400.0).contains(&seconds) {
         return Err(format!(
-            "{text} s is out of range; valid: 0 to 86400 seconds"
+            "{text} s is out of range; valid: {least} to 86400 seconds"
         ));
     }
     Ok(Duration::from_secs_f64(seconds))

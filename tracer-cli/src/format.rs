@@ -278,17 +278,19 @@ pub fn table_text(table: &Table) -> String {
         .join("\n")
 }
 
+/// Plain text: no colour, KiB/MiB, no width (the tests' style).
+#[cfg(test)]
+pub const PLAIN: Style = Style {
+    color: false,
+    bytes: false,
+    width: None,
+};
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
 
     use super::*;
-
-    const PLAIN: Style = Style {
-        color: false,
-        bytes: false,
-        width: None,
-    };
 
     #[test]
     fn sizes_are_tracemallocs_or_exact() {

@@ -251,12 +251,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-
-    const PLAIN: Style = Style {
-        color: false,
-        bytes: false,
-        width: None,
-    };
+    use crate::format::PLAIN;
 
     fn member(record: Value, depth: usize, adopted: bool) -> Member {
         Member {
