@@ -232,11 +232,19 @@ pub fn diff_table(stats: &[Value], style: &Style) -> Table {
 }
 
 /// A table of processes (`"processes"` of `GET /processes`), in the order
-/// given: pid, command, current, peak, blocks, and the state when `state`.
+/// given: pid, command, current, peak, blocks, the state when `state`, and
+/// a NOTE column, when any of them undercounts (`complete: false`), that
+/// says which and how many allocator events each lost.
 pub fn processes_table(processes: &[&Value], style: &Style, state: bool) -> Table {
     let mut header = vec!["PID", "COMMAND", "CURRENT", "PEAK", "BLOCKS"];
     if state {
         header.push("STATE");
+    }
+    let notes = processes
+        .iter()
+        .any(|p| p["complete"].as_bool() == Some(false));
+    if notes {
+        header.push("NOTE");
     }
     let mut table = style.table(&header, &["PID", "CURRENT", "PEAK", "BLOCKS"]);
     for p in processes {
@@ -249,6 +257,12 @@ pub fn processes_table(processes: &[&Value], style: &Style, state: bool) -> Tabl
         ];
         if state {
             row.push(Cell::new(p["state"].as_str().unwrap_or("?")));
+        }
+        if notes && p["complete"].as_bool() == Some(false) {
+            row.push(Cell::new(format!(
+                "incomplete ({} events lost)",
+                int(p, "drops")
+            )));
         }
         table.add_row(row);
     }
@@ -264,17 +278,19 @@ pub fn table_text(table: &Table) -> String {
         .join("\n")
 }
 
+/// Plain text: no colour, KiB/MiB, no width (the tests' style).
+#[cfg(test)]
+pub const PLAIN: Style = Style {
+    color: false,
+    bytes: false,
+    width: None,
+};
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
 
     use super::*;
-
-    const PLAIN: Style = Style {
-        color: false,
-        bytes: false,
-        width: None,
-    };
 
     #[test]
     fn sizes_are_tracemallocs_or_exact() {
@@ -380,6 +396,21 @@ mod tests {
                 " PID  COMMAND   CURRENT      PEAK  BLOCKS  STATE",
                 "  12  keep     5164 KiB  5164 KiB   20003  alive",
                 "   7  bash       5937 B    6560 B      67  exited",
+            ]
+            .join("\n")
+        );
+    }
+
+    #[test]
+    fn a_process_that_lost_events_is_marked_in_the_table() {
+        let a = json!({"pid": 12, "comm": "keep", "current": 4096, "peak": 4096, "blocks": 1, "complete": false, "drops": 7});
+        let b = json!({"pid": 7, "comm": "bash", "current": 5937, "peak": 6560, "blocks": 67, "complete": true, "drops": 0});
+        assert_eq!(
+            table_text(&processes_table(&[&a, &b], &PLAIN, false)),
+            [
+                " PID  COMMAND  CURRENT    PEAK  BLOCKS  NOTE",
+                "  12  keep      4096 B  4096 B       1  incomplete (7 events lost)",
+                "   7  bash      5937 B  6560 B      67",
             ]
             .join("\n")
         );

@@ -62,14 +62,24 @@ fn emit_body(answer: &Answer) -> Result<(), CliError> {
     emit(&text)
 }
 
-/// Warns on stderr when an answer's data undercount (`complete: false`).
-fn warn_incomplete(body: &Value) {
-    if body["complete"].as_bool() == Some(false) {
-        note(&format!(
-            "{} allocator events were lost (kernel maps full): these figures undercount; see docs/operations.md",
-            int(body, "drops")
-        ));
+/// Warns on stderr when the data of `what` undercount (`complete: false`
+/// in `body`, a process record or an answer): how many allocator events
+/// were lost (`drops`).
+fn warn_incomplete(what: &str, body: &Value) {
+    if let Some(why) = incomplete(body) {
+        note(&format!("{what}: {why}; see docs/operations.md"));
     }
+}
+
+/// `N allocator events lost (kernel maps full)` when `body` (a process
+/// record or an answer) says `complete: false`, else None.
+pub fn incomplete(body: &Value) -> Option<String> {
+    (body["complete"].as_bool() == Some(false)).then(|| {
+        format!(
+            "incomplete, {} allocator events lost (kernel maps full): these figures undercount",
+            int(body, "drops")
+        )
+    })
 }
 
 /// The statistics of stored snapshot `id` (`limit` lines) as tracemalloc's

@@ -1,5 +1,7 @@
 //! `tracer ps`: the traced processes (`GET /processes`), largest current
-//! heap first: pid, command, current, peak, blocks.
+//! heap first: pid, command, current, peak, blocks; `--all` adds, after
+//! them, the images that ended and their state. A process whose figures
+//! undercount (`complete: false`) is marked in a NOTE column and on stderr.
 
 use serde_json::Value;
 
@@ -26,6 +28,15 @@ pub fn run(ctx: &Context, args: &PsArgs) -> Result<(), CliError> {
         note("no traced process (tracerd lists a process once it has allocated)");
         return Ok(());
     }
+    let incomplete = shown
+        .iter()
+        .filter(|p| p["complete"].as_bool() == Some(false))
+        .count();
+    if incomplete > 0 {
+        note(&format!(
+            "{incomplete} of these processes lost allocator events (kernel maps full): their figures undercount; see docs/operations.md"
+        ));
+    }
     emit(&table_text(&processes_table(
         &shown,
         &ctx.style(args.bytes),
@@ -33,14 +44,21 @@ pub fn run(ctx: &Context, args: &PsArgs) -> Result<(), CliError> {
     )))
 }
 
-/// The processes to show: the live ones (every one with `all`), by current
-/// bytes, largest first, then by pid.
+/// The processes to show: the live ones by current bytes, largest first,
+/// then by pid; with `all`, then the images that ended (exited, or
+/// replaced by an exec) in the same order.
 pub fn select(listed: &[Value], all: bool) -> Vec<&Value> {
     let mut shown: Vec<&Value> = listed
         .iter()
         .filter(|p| all || p["state"].as_str() == Some("alive"))
         .collect();
-    shown.sort_by_key(|p| (std::cmp::Reverse(int(p, "current")), int(p, "pid")));
+    shown.sort_by_key(|p| {
+        (
+            p["state"].as_str() != Some("alive"),
+            std::cmp::Reverse(int(p, "current")),
+            int(p, "pid"),
+        )
+    });
     shown
 }
 
@@ -51,7 +69,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn processes_are_listed_largest_first_and_ended_ones_only_with_all() {
+    fn live_processes_come_first_largest_first_and_ended_ones_only_with_all() {
         let listed = [
             json!({"pid": 3, "current": 10, "state": "alive"}),
             json!({"pid": 1, "current": 500, "state": "exited"}),
@@ -61,6 +79,6 @@ mod tests {
         let pids =
             |all| -> Vec<i64> { select(&listed, all).iter().map(|p| int(p, "pid")).collect() };
         assert_eq!(pids(false), [2, 4, 3]);
-        assert_eq!(pids(true), [1, 2, 4, 3]);
+        assert_eq!(pids(true), [2, 4, 3, 1]);
     }
 }

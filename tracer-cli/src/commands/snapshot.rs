@@ -28,7 +28,7 @@ pub fn run(ctx: &Context, args: &SnapshotArgs) -> Result<(), CliError> {
         return emit_body(&answer);
     }
     let summary = answer.json(&format!("POST {path}"))?;
-    warn_incomplete(&summary);
+    warn_incomplete(&snapshot_name(&summary), &summary);
     let style = Style {
         bytes: args.output.bytes,
         ..Style::default()

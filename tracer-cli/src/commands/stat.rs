@@ -1,7 +1,9 @@
 //! `tracer stat PID`: `GET /pid/{pid}/statistics` with the grouping, limit
 //! and filters given: a table, tracemalloc's text (`--text`) or the JSON.
+//! An answer that undercounts (`complete: false`) says so in its head line
+//! (`[incomplete, N allocator events lost ...]`) and on stderr.
 
-use super::{Context, emit_body, warn_incomplete};
+use super::{Context, emit_body, incomplete, warn_incomplete};
 use crate::{
     cli::StatArgs,
     client::query,
@@ -18,7 +20,7 @@ pub fn run(ctx: &Context, args: &StatArgs) -> Result<(), CliError> {
         return emit_body(&answer);
     }
     let body = answer.json(&format!("GET {path}"))?;
-    warn_incomplete(&body);
+    warn_incomplete(&format!("pid {}", args.pid), &body);
     let style = ctx.style(args.bytes);
     let stats = body["statistics"]
         .as_array()
@@ -38,6 +40,9 @@ pub fn run(ctx: &Context, args: &StatArgs) -> Result<(), CliError> {
     );
     if usize::try_from(int(&body, "total")).is_ok_and(|n| n > stats.len()) {
         head.push_str(&format!(", the top {} shown", stats.len()));
+    }
+    if let Some(why) = incomplete(&body) {
+        head.push_str(&format!(" [{why}]"));
     }
     emit(&style.bold(&head))?;
     emit(&table_text(&statistics_table(stats, &style)))

@@ -83,6 +83,12 @@ pub struct ProcessImage {
     /// Start time in clock ticks since boot (`/proc/PID/stat` field 22);
     /// 0 if the process was gone before it could be read.
     pub start_time: u64,
+    /// The parent's pid (`/proc/PID/stat` field 4) when first seen, as the
+    /// host sees it; None if the process was gone before it could be read,
+    /// or has no parent. An image started by exec may carry its
+    /// predecessor's ([`crate::lifecycle::Registry::add`]): exec keeps the
+    /// parent.
+    pub ppid: Option<u32>,
     /// `/proc/PID/comm` when first seen.
     pub comm: String,
     /// `/proc/PID/exe` when first seen.
@@ -113,9 +119,11 @@ impl ProcessImage {
     pub fn capture(id: ImageId) -> Self {
         let pid = id.pid;
         let status = procfs::read_status(pid);
+        let (start_time, ppid) = procfs::read_start_time_and_ppid(pid).unwrap_or((0, None));
         Self {
             id,
-            start_time: procfs::read_start_time(pid).unwrap_or(0),
+            start_time,
+            ppid,
             comm: procfs::read_comm(pid).unwrap_or_default(),
             exe: procfs::read_exe(pid).ok(),
             nspid: status.as_ref().and_then(|(text, _)| procfs::nspid_of(text)),
@@ -135,6 +143,7 @@ impl ProcessImage {
         Self {
             id,
             start_time: 0,
+            ppid: None,
             comm: String::new(),
             exe: None,
             nspid: None,

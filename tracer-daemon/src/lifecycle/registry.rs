@@ -56,9 +56,14 @@ impl Registry {
 
     /// Adds a new image (from a `New` event). An image of the same pid with
     /// another generation that is still listed as live lost its end event;
-    /// it is moved to the ended ones with no blocks.
-    pub fn add(&mut self, image: ProcessImage) {
+    /// it is moved to the ended ones with no blocks. A new image whose
+    /// parent could not be read takes the parent of the pid's last image
+    /// when that one ended by exec (exec keeps the parent).
+    pub fn add(&mut self, mut image: ProcessImage) {
         let pid = image.pid();
+        if image.ppid.is_none() {
+            image.ppid = self.exec_predecessor(pid).and_then(|before| before.ppid);
+        }
         let generation = image.id.generation;
         if let Some(mut old) = self.live.insert(pid, image)
             && old.id.generation != generation
@@ -71,6 +76,19 @@ impl Registry {
             });
             self.ended.push_back(old);
         }
+    }
+
+    /// The image of `pid` that an image starting now replaced by exec: its
+    /// most recent one, if it ended by exec and no live image followed it.
+    fn exec_predecessor(&self, pid: u32) -> Option<&ProcessImage> {
+        if self.live.contains_key(&pid) {
+            return None;
+        }
+        self.ended
+            .iter()
+            .rev()
+            .find(|image| image.pid() == pid)
+            .filter(|image| image.ended.as_ref().map(|e| e.reason) == Some(EndReason::Exec))
     }
 
     /// True if `image` is the live image of its pid.
@@ -299,6 +317,40 @@ mod tests {
         assert_eq!(registry.get(7).map(|i| i.id.generation), Some(2));
         assert!(registry.has_live(ImageId::new(7, 2)));
         assert!(!registry.has_live(ImageId::new(7, 1)));
+    }
+
+    #[test]
+    fn an_image_started_by_exec_keeps_the_parent_of_the_one_before() {
+        let mut registry = Registry::new(Duration::from_secs(60));
+        let mut first = image(7, 1);
+        first.ppid = Some(3);
+        registry.add(first);
+        let exec = EndEvent {
+            reason: EndReason::Exec,
+            ..end(7, 1, ProcStats::default())
+        };
+        registry.end(exec, Vec::new());
+        // Gone before /proc could be read: the parent of the image before.
+        registry.add(image(7, 2));
+        assert_eq!(registry.get(7).map(|i| i.ppid), Some(Some(3)));
+        // Read from /proc: kept as read.
+        registry.end(
+            EndEvent {
+                reason: EndReason::Exec,
+                ..end(7, 2, ProcStats::default())
+            },
+            Vec::new(),
+        );
+        let mut third = image(7, 3);
+        third.ppid = Some(1);
+        registry.add(third);
+        assert_eq!(registry.get(7).map(|i| i.ppid), Some(Some(1)));
+        // After an exit, the pid is another process's: nothing carried.
+        registry.add(image(8, 4));
+        registry.end(end(8, 4, ProcStats::default()), Vec::new());
+        registry.get_mut(8).expect("ended").ppid = Some(5);
+        registry.add(image(8, 5));
+        assert_eq!(registry.get(8).map(|i| i.ppid), Some(None));
     }
 
     #[test]

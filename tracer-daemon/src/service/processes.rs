@@ -18,6 +18,13 @@ use crate::sys::unix_ms;
 pub struct ProcessView {
     /// Process id.
     pub pid: u32,
+    /// The image's generation (the kernel's): tells apart the images of
+    /// one pid (before and after an exec, or a reused pid).
+    pub generation: u32,
+    /// The parent's pid when the image was first seen (`/proc/PID/stat`
+    /// field 4, as the host sees it); null when unknown (gone before it
+    /// could be read) or none.
+    pub ppid: Option<u32>,
     /// `/proc/PID/comm` when first seen.
     pub comm: String,
     /// `/proc/PID/exe` when first seen.
@@ -118,6 +125,8 @@ pub(super) fn stats_of(totals: &dyn ProcTotalsSource, image: &ProcessImage) -> P
 pub(super) fn view(image: &ProcessImage, stats: ProcStats) -> ProcessView {
     ProcessView {
         pid: image.pid(),
+        generation: image.id.generation,
+        ppid: image.ppid,
         comm: image.comm.clone(),
         exe: image.exe.clone(),
         nspid: image.nspid,

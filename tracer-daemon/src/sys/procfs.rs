@@ -3,7 +3,8 @@
 //!
 //! - [`parse_maps`] / [`read_maps`]: the memory mappings of `/proc/PID/maps`.
 //! - [`read_start_time`]: with the pid, the identity that survives pid
-//!   reuse (`/proc/PID/stat` field 22).
+//!   reuse (`/proc/PID/stat` field 22); [`read_start_time_and_ppid`] also
+//!   gives the parent's pid (field 4), from the same read.
 //! - [`read_comm`], [`read_exe`]: the names shown by `GET /processes`.
 //! - [`cgroup_v2_path`], [`all_pids`], [`is_process`]: what scoping needs.
 //! - [`self_rss`], [`bpf_maps_of_self`]: tracerd's own memory.
@@ -46,7 +47,8 @@ pub enum ProcError {
         /// What is wrong with the line.
         reason: &'static str,
     },
-    /// [`parse_stat_start_time`] met text that is not a `/proc/PID/stat` line.
+    /// [`parse_stat_start_time`] or [`parse_stat_ppid`] met text that is not
+    /// a `/proc/PID/stat` line.
     #[error("malformed stat text: {reason}")]
     MalformedStat {
         /// What is wrong with the text.
@@ -330,6 +332,15 @@ pub fn parse_stat_start_time(text: &str) -> Result<u64, ProcError> {
     )
 }
 
+/// Extracts field 4 (`ppid`, the parent's pid as the host's pid namespace
+/// sees it) from the text of `/proc/PID/stat` (see [`stat_field`]). 0 is
+/// what the kernel writes for a process without a parent (pid 1, kthreadd).
+pub fn parse_stat_ppid(text: &str) -> Result<u32, ProcError> {
+    const REASON: &str = "field 4 (ppid) is missing or not a decimal pid";
+    let ppid = stat_field(text, 4, REASON)?;
+    u32::try_from(ppid).map_err(|_| ProcError::MalformedStat { reason: REASON })
+}
+
 /// `PF_KTHREAD` in the flags of `/proc/PID/stat` (field 9): a kernel thread.
 const PF_KTHREAD: u64 = 0x0020_0000;
 
@@ -357,6 +368,17 @@ pub fn user_pids() -> Vec<u32> {
 pub fn read_start_time(pid: u32) -> Result<u64, ProcError> {
     let (path, bytes) = read_proc_file(pid, "stat")?;
     parse_stat_start_time(&String::from_utf8_lossy(&bytes)).map_err(|e| e.in_file(pid, path))
+}
+
+/// Reads the start time (field 22, clock ticks since boot) and the parent's
+/// pid (field 4; None when it is 0: no parent) of process `pid` from one
+/// read of `/proc/PID/stat`, so that both are of the same process.
+pub fn read_start_time_and_ppid(pid: u32) -> Result<(u64, Option<u32>), ProcError> {
+    let (path, bytes) = read_proc_file(pid, "stat")?;
+    let text = String::from_utf8_lossy(&bytes);
+    let start_time = parse_stat_start_time(&text).map_err(|e| e.in_file(pid, path.clone()))?;
+    let ppid = parse_stat_ppid(&text).map_err(|e| e.in_file(pid, path))?;
+    Ok((start_time, (ppid != 0).then_some(ppid)))
 }
 
 /// Reads `/proc/PID/comm`: the command name (at most 15 bytes, set by the kernel

@@ -1,10 +1,13 @@
 // tracer's web page: every number comes from tracerd's own API (relative
 // URLs, so the page works the same behind a proxy of the Unix socket),
 // with the bearer token of the form when one is given (kept for the tab's
-// session only).
+// session only). The process list puts live processes first; ended images
+// only with "show ended", greyed; sizes as tracemalloc writes them with the
+// exact bytes in the cell's title; an "incomplete" mark with the drops; a
+// filter applied as one types, on the list last fetched.
 "use strict";
 
-const state = { pid: null, groupBy: "lineno", timer: null };
+const state = { pid: null, groupBy: "lineno", timer: null, processes: [] };
 const $ = (id) => document.getElementById(id);
 
 function token() {
@@ -56,10 +59,45 @@ function signed(value) {
   return (value > 0 ? "+" : "") + num(value);
 }
 
+// `x` with `digits` decimals, a tie rounded to even, as Python's format()
+// and Rust's {:.N} do (toFixed rounds a tie up).
+function fixed(x, digits) {
+  const scale = 10 ** digits;
+  const scaled = x * scale;
+  const floor = Math.floor(scaled);
+  if (scaled - floor === 0.5) {
+    return ((floor % 2 === 0 ? floor : floor + 1) / scale).toFixed(digits);
+  }
+  return x.toFixed(digits);
+}
+
+// A size as tracemalloc's _format_size prints it, and `tracer ps`:
+// "4242 B", "62.5 KiB", "5164 KiB"; with `sign`, "+300 B".
+const UNITS = ["B", "KiB", "MiB", "GiB", "TiB"];
+function formatSize(bytes, sign) {
+  let size = Number(bytes);
+  const plus = (x) => (sign && x >= 0 ? "+" : "");
+  for (let i = 0; i < UNITS.length; i++) {
+    const unit = UNITS[i];
+    if (Math.abs(size) < 100 && unit !== "B") return plus(size) + fixed(size, 1) + " " + unit;
+    if (Math.abs(size) < 10 * 1024 || i === UNITS.length - 1) return plus(size) + fixed(size, 0) + " " + unit;
+    size /= 1024;
+  }
+  return String(bytes);
+}
+
 function cell(row, text, className) {
   const td = row.insertCell();
   td.textContent = text;
   if (className) td.className = className;
+  return td;
+}
+
+// A size cell: human units, the exact bytes on hover.
+function sizeCell(row, bytes, className, sign) {
+  const td = cell(row, formatSize(bytes, sign), className);
+  td.title = (sign ? signed(bytes) : num(bytes)) + " bytes";
+  td.dataset.bytes = String(bytes);
   return td;
 }
 
@@ -70,24 +108,92 @@ function where(statistic) {
   return frames.map((f) => f.filename + ":" + f.lineno + (f.function ? " (" + f.function + ")" : "")).join(" \u2190 ");
 }
 
-async function loadProcesses() {
-  const answer = await api("/processes");
-  const list = answer.processes.slice().sort((a, b) => b.current - a.current || a.pid - b.pid);
+// Why a process's figures undercount (`complete: false`), or "".
+function incompleteReason(p) {
+  if (p.complete !== false) return "";
+  return "incomplete: " + num(p.drops) + " allocator events lost (kernel maps full); these figures undercount";
+}
+
+function time(ms) {
+  return ms ? new Date(ms).toLocaleTimeString() : "?";
+}
+
+// The processes as listed: live ones first, largest current first; then,
+// with "show ended", the images that ended, latest first. A pid with
+// several images (before and after an exec) has each told apart by its
+// state and when it ran (the title: its generation).
+function sortProcesses(list) {
+  const alive = (p) => p.state === "alive";
+  return list.slice().sort((a, b) =>
+    (alive(b) - alive(a))
+    || (alive(a) ? b.current - a.current || a.pid - b.pid
+      : (b.ended_ms || 0) - (a.ended_ms || 0) || a.pid - b.pid));
+}
+
+function matches(p, filter) {
+  if (!filter) return true;
+  return String(p.pid).includes(filter)
+    || (p.comm || "").toLowerCase().includes(filter)
+    || (p.exe || "").toLowerCase().includes(filter);
+}
+
+function drawProcesses() {
+  const list = state.processes || [];
+  const filter = $("filter").value.trim().toLowerCase();
+  const showEnded = $("show-ended").checked;
+  const images = {};
+  for (const p of list) (images[p.pid] = images[p.pid] || []).push(p);
+  for (const pid in images) images[pid].sort((a, b) => a.first_seen_ms - b.first_seen_ms || a.generation - b.generation);
+  const shown = sortProcesses(list).filter((p) => (showEnded || p.state === "alive") && matches(p, filter));
   const body = $("processes").tBodies[0];
   body.replaceChildren();
-  for (const p of list) {
+  for (const p of shown) {
     const row = body.insertRow();
+    const ended = p.state !== "alive";
     row.dataset.pid = p.pid;
-    if (p.pid === state.pid) row.className = "selected";
-    cell(row, String(p.pid));
-    cell(row, p.comm || "");
-    cell(row, num(p.current), "num current");
-    cell(row, num(p.peak), "num peak");
+    row.dataset.generation = p.generation;
+    row.dataset.state = p.state;
+    row.className = (ended ? "ended" : "") + (p.pid === state.pid && !ended ? " selected" : "");
+    cell(row, String(p.pid), "pid");
+    const command = cell(row, p.comm || "", "comm");
+    const reason = incompleteReason(p);
+    if (reason) {
+      const mark = document.createElement("span");
+      mark.className = "incomplete";
+      mark.textContent = "\u26a0 incomplete";
+      mark.title = reason;
+      command.appendChild(mark);
+    }
+    const exe = cell(row, p.exe || "", "exe");
+    exe.title = p.exe || "";
+    const own = images[p.pid];
+    const which = own.length > 1 ? " (image " + (own.indexOf(p) + 1) + " of " + own.length + ")" : "";
+    const word = p.state === "exec" ? "exec'd" : p.state;
+    const stateCell = cell(row, word + which, "state");
+    stateCell.title = "generation " + p.generation + ", traced from " + time(p.first_seen_ms)
+      + (ended ? ", ended " + time(p.ended_ms) + (p.state === "exec" ? " by an exec" : "") : "");
+    sizeCell(row, p.current, "num current");
+    sizeCell(row, p.peak, "num peak");
     cell(row, num(p.blocks), "num blocks");
     row.addEventListener("click", () => showProcess(p.pid, p.comm));
   }
-  showStatus(list.length + " traced processes, " + new Date().toLocaleTimeString(), false);
+  const hidden = list.filter((p) => p.state !== "alive").length;
+  $("processes-count").textContent = shown.length + " shown of " + list.length
+    + (showEnded || !hidden ? "" : " (" + hidden + " ended hidden)");
+}
+
+async function loadProcesses() {
+  const answer = await api("/processes");
+  state.processes = answer.processes;
+  drawProcesses();
+  const live = answer.processes.filter((p) => p.state === "alive").length;
+  showStatus(live + " traced processes, " + new Date().toLocaleTimeString(), false);
   $("token-form").hidden = true;
+  const mine = answer.processes.filter((p) => p.pid === state.pid);
+  const current = mine.find((p) => p.state === "alive") || mine[mine.length - 1];
+  const reason = current ? incompleteReason(current) : "";
+  $("process-incomplete").textContent = reason;
+  $("process-incomplete").hidden = !reason;
 }
 
 function fillDiffRows(table, statistics) {
@@ -96,8 +202,8 @@ function fillDiffRows(table, statistics) {
   for (const s of statistics) {
     const row = body.insertRow();
     cell(row, where(s), "where");
-    cell(row, num(s.size), "num size");
-    cell(row, signed(s.size_diff), "num size-diff " + (s.size_diff > 0 ? "grow" : s.size_diff < 0 ? "shrink" : ""));
+    sizeCell(row, s.size, "num size");
+    sizeCell(row, s.size_diff, "num size-diff " + (s.size_diff > 0 ? "grow" : s.size_diff < 0 ? "shrink" : ""), true);
     cell(row, num(s.count), "num count");
     cell(row, signed(s.count_diff), "num count-diff");
   }
@@ -109,7 +215,7 @@ function drawTimeline(snapshots) {
   const points = snapshots.slice().sort((a, b) => a.taken_at_ms - b.taken_at_ms);
   if (points.length < 2) {
     $("timeline-note").textContent = points.length
-      ? "one snapshot: " + num(points[0].current) + " bytes; automatic snapshots draw the curve"
+      ? "one snapshot: " + formatSize(points[0].current) + "; automatic snapshots draw the curve"
       : "no snapshots yet: automatic snapshots (auto_snapshot_interval) or the button draw the curve";
     return;
   }
@@ -121,7 +227,7 @@ function drawTimeline(snapshots) {
     .join(" "));
   svg.appendChild(line);
   $("timeline-note").textContent = points.length + " snapshots from " + new Date(t0).toLocaleString()
-    + " to " + new Date(t1).toLocaleString() + "; highest " + num(max) + " bytes";
+    + " to " + new Date(t1).toLocaleString() + "; highest " + formatSize(max);
 }
 
 function fillSnapshotChoices(snapshots) {
@@ -133,7 +239,7 @@ function fillSnapshotChoices(snapshots) {
       const option = document.createElement("option");
       option.value = s.id;
       option.textContent = "#" + s.id + (s.label ? " " + s.label : "") + " (" + s.kind + ", "
-        + new Date(s.taken_at_ms).toLocaleTimeString() + ", " + num(s.current) + " B)";
+        + new Date(s.taken_at_ms).toLocaleTimeString() + ", " + formatSize(s.current) + ")";
       select.appendChild(option);
     }
     if (chosen) select.value = chosen;
@@ -183,9 +289,7 @@ async function showProcess(pid, comm) {
   $("process-title").textContent = "pid " + pid + (comm ? " \u2014 " + comm : "");
   $("diff").tBodies[0].replaceChildren();
   delete $("diff-new").dataset.touched;
-  for (const row of $("processes").tBodies[0].rows) {
-    row.className = Number(row.dataset.pid) === pid ? "selected" : "";
-  }
+  drawProcesses();
   await loadProcess().catch(() => {});
 }
 
@@ -224,6 +328,8 @@ for (const id of ["diff-base", "diff-new"]) {
   $(id).addEventListener("change", () => { $("diff-new").dataset.touched = "1"; });
 }
 $("diff-run").addEventListener("click", () => runDiff().catch(() => {}));
+$("filter").addEventListener("input", drawProcesses);
+$("show-ended").addEventListener("change", drawProcesses);
 $("copy-text").addEventListener("click", () => navigator.clipboard && navigator.clipboard.writeText($("text").textContent));
 
 const hashToken = new URLSearchParams(location.hash.slice(1)).get("token");

@@ -8,6 +8,8 @@ use crate::service::{ServiceError, Target};
 fn view(pid: u32, comm: &str, current: u64) -> ProcessView {
     ProcessView {
         pid,
+        generation: 1,
+        ppid: None,
         comm: comm.into(),
         exe: None,
         nspid: None,

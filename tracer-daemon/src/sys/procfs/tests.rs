@@ -160,9 +160,14 @@ fn parse_maps_never_panics_on_random_input() {
 }
 
 fn stat_line(comm: &str) -> String {
-    // Fields 3..=22 then the rest, as the kernel writes them; starttime = 424242.
+    stat_with_ppid(comm, 1)
+}
+
+/// Fields 3..=22 then the rest, as the kernel writes them; ppid (field 4)
+/// as given, starttime = 424242.
+fn stat_with_ppid(comm: &str, ppid: u64) -> String {
     format!(
-        "4321 ({comm}) S 1 4321 4321 0 -1 4194560 100 0 0 0 3 1 0 0 20 0 1 0 424242 \
+        "4321 ({comm}) S {ppid} 4321 4321 0 -1 4194560 100 0 0 0 3 1 0 0 20 0 1 0 424242 \
          8192000 200 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 0 0 0 0 0 0\n"
     )
 }
@@ -200,6 +205,59 @@ fn stat_start_time_rejects_malformed_text() {
 }
 
 #[test]
+fn stat_ppid_is_field_four_whatever_the_comm_holds() {
+    assert_eq!(parse_stat_ppid(&stat_line("cat")).unwrap(), 1);
+    assert_eq!(parse_stat_ppid(&stat_with_ppid("sh", 4242)).unwrap(), 4242);
+    // Comms that look like the fields after them.
+    assert_eq!(
+        parse_stat_ppid(&stat_with_ppid("a) S 7 (b", 99)).unwrap(),
+        99
+    );
+    assert_eq!(parse_stat_ppid(&stat_with_ppid(") 1 2 3 (", 0)).unwrap(), 0);
+    assert!(matches!(
+        parse_stat_ppid("4321 (cat) S"),
+        Err(ProcError::MalformedStat { .. })
+    ));
+    assert!(matches!(
+        parse_stat_ppid(&stat_line("cat").replacen(") S 1 ", ") S -1 ", 1)),
+        Err(ProcError::MalformedStat { .. })
+    ));
+    // Beyond u32: no pid.
+    assert!(matches!(
+        parse_stat_ppid(&stat_with_ppid("cat", 1 << 32)),
+        Err(ProcError::MalformedStat { .. })
+    ));
+}
+
+#[test]
+fn own_start_time_and_ppid_are_read_together() {
+    let (start_time, ppid) = read_start_time_and_ppid(std::process::id()).unwrap();
+    assert_eq!(start_time, read_start_time(std::process::id()).unwrap());
+    // SAFETY: getppid has no preconditions.
+    let parent = u32::try_from(unsafe { libc::getppid() }).unwrap();
+    assert_eq!(ppid, Some(parent));
+    assert!(read_start_time_and_ppid(u32::MAX).is_err());
+}
+
+#[test]
+fn stat_fields_survive_any_comm() {
+    // The kernel writes comm (up to 15 bytes, chosen by the program) as it
+    // is: whatever it holds, fields 4 and 22 come from after the last ')'.
+    let mut rng = rand::rngs::StdRng::seed_from_u64(4);
+    for _ in 0..5_000 {
+        let len = rng.random_range(0..16);
+        let alphabet = b"() S 0123456789ab\n";
+        let comm: String = (0..len)
+            .map(|_| char::from(alphabet[rng.random_range(0..alphabet.len())]))
+            .collect();
+        let ppid: u32 = rng.random();
+        let text = stat_with_ppid(&comm, u64::from(ppid));
+        assert_eq!(parse_stat_ppid(&text).unwrap(), ppid, "{text:?}");
+        assert_eq!(parse_stat_start_time(&text).unwrap(), 424242, "{text:?}");
+    }
+}
+
+#[test]
 fn stat_parse_never_panics_on_random_input() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(22);
     for _ in 0..20_000 {
@@ -207,7 +265,9 @@ fn stat_parse_never_panics_on_random_input() {
         let bytes: Vec<u8> = (0..len)
             .map(|_| b"0123456789 ()ab\n\xff"[rng.random_range(0..17)])
             .collect();
-        let _ = parse_stat_start_time(&String::from_utf8_lossy(&bytes));
+        let text = String::from_utf8_lossy(&bytes);
+        let _ = parse_stat_start_time(&text);
+        let _ = parse_stat_ppid(&text);
     }
 }
 

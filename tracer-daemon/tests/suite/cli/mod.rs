@@ -130,9 +130,10 @@ impl Started {
         .into_iter()
         .map(|mut pipe| {
             std::thread::spawn(move || {
-                let mut text = String::new();
-                let _ = pipe.read_to_string(&mut text);
-                text
+                // The command's own output may not be UTF-8 (gzip -c).
+                let mut bytes = Vec::new();
+                let _ = pipe.read_to_end(&mut bytes);
+                String::from_utf8_lossy(&bytes).into_owned()
             })
         })
         .collect();

@@ -37,8 +37,9 @@ fn tracer_ps_lists_the_fixture_with_its_exact_current_bytes_over_tcp_and_the_soc
     for ran in [over_tcp, over_socket] {
         assert!(ran.status.success(), "{}", ran.stderr);
         let rows = ran.rows();
+        // (A NOTE column follows when a process of the host lost events.)
         assert_eq!(
-            rows[0],
+            rows[0][..5],
             ["PID", "COMMAND", "CURRENT", "PEAK", "BLOCKS"],
             "{}",
             ran.stdout
@@ -61,6 +62,91 @@ fn tracer_ps_lists_the_fixture_with_its_exact_current_bytes_over_tcp_and_the_soc
                 == [pid.as_str(), "keep", "5164", "KiB", "5164", "KiB", "20003"]),
         "{human}"
     );
+}
+
+#[test]
+fn tracer_ps_all_lists_the_ended_images_after_the_live_ones() {
+    let exits = Program::build("exits", &[]);
+    let execs = Program::build("exec", &[]);
+    let tracerd = Tracerd::start(&[]);
+    // One process that exited; one pid with two images, before and after
+    // its exec.
+    let mut gone = Fixture::spawn(&exits.exe, &["5"]);
+    let gone_pid = gone.pid().to_string();
+    assert!(gone.finish().success());
+    let mut twice = Fixture::spawn(&execs.exe, &[]);
+    twice.expect_line("before");
+    twice.go();
+    twice.expect_line("after");
+    let twice_pid = twice.pid().to_string();
+    tracerd.wait_traced(twice.pid());
+    poll(
+        Duration::from_secs(10),
+        Duration::from_millis(20),
+        || match tracerd.get(&format!("/pid/{gone_pid}")) {
+            (200, body) if body["state"] == "exited" => Ok(()),
+            (status, body) => Err(format!("{status} {body}")),
+        },
+    );
+    let live = finish(&mut tracer(&tracerd, &["ps", "--bytes"]));
+    assert!(live.status.success(), "{}", live.stderr);
+    assert!(
+        !live.rows().iter().any(|r| r.first() == Some(&gone_pid)),
+        "{}",
+        live.stdout
+    );
+    let all = finish(&mut tracer(&tracerd, &["ps", "--all", "--bytes"]));
+    assert!(all.status.success(), "{}", all.stderr);
+    let rows = all.rows();
+    assert_eq!(
+        rows[0][..6],
+        ["PID", "COMMAND", "CURRENT", "PEAK", "BLOCKS", "STATE"],
+        "{}",
+        all.stdout
+    );
+    // Live ones first.
+    let state = |row: &Vec<String>| row.get(5).cloned().unwrap_or_default();
+    let first_ended = rows[1..]
+        .iter()
+        .position(|r| state(r) != "alive")
+        .expect("an ended image");
+    assert!(
+        rows[1 + first_ended..].iter().all(|r| state(r) != "alive"),
+        "{}",
+        all.stdout
+    );
+    let of = |pid: &str| -> Vec<Vec<String>> {
+        rows.iter()
+            .filter(|r| r.first().map(String::as_str) == Some(pid))
+            .map(|r| r[..6].to_vec())
+            .collect()
+    };
+    assert_eq!(
+        of(&gone_pid),
+        [[gone_pid.as_str(), "exits", "500", "500", "5", "exited"]],
+        "{}",
+        all.stdout
+    );
+    // 3000 blocks of 100 bytes and the buffers of stdin and stdout (4096
+    // bytes each) before the exec; 5 of 10 bytes and the two buffers after
+    // it, under the name the kernel gives a program run as /proc/self/exe.
+    assert_eq!(
+        of(&twice_pid),
+        [
+            [twice_pid.as_str(), "exe", "8242", "8242", "7", "alive"],
+            [
+                twice_pid.as_str(),
+                "exec",
+                "308192",
+                "308192",
+                "3002",
+                "exec"
+            ],
+        ],
+        "{}",
+        all.stdout
+    );
+    twice.end();
 }
 
 #[test]
