@@ -20,9 +20,9 @@ use aya_ebpf::{
 use tracer_common::{
     AllocInfo, AllocKey, COUNTER_SLOTS, EVENTS_RING_BYTES, EXP_TABLE_LEN, FILE_TABLES_ENTRIES,
     FileTableKey, INFLIGHT_SLOT_COUNT, Inflight, InflightSlot, LIVE_BUCKET_COUNT, LIVE_WAYS,
-    LiveBucket, MMAP_PAGE_ENTRIES, MmapPageKey, MmapRegions, OWN_FIRST_BLOCKS, OWN_LEVELS_ENTRIES, OWN_LIVE_ENTRIES,
-    OwnLevelMaps, PROC_SLOT_COUNT, ProcSlot, ProcTotals, STACK_TOTALS_ENTRIES, STACK_WORDS,
-    StackTotals, StackTotalsKey,
+    LiveBucket, MMAP_PAGE_ENTRIES, MmapPageKey, MmapRegions, OWN_FIRST_BLOCKS, OWN_LEVELS_ENTRIES,
+    OWN_LIVE_ENTRIES, OwnLevelMaps, PROC_SLOT_COUNT, ProcSlot, ProcTotals, STACK_TOTALS_ENTRIES,
+    STACK_WORDS, StackTotals, StackTotalsKey,
     unwind::{self, ProcMappings, UnwindPage, UnwindPageKey, UnwindRow},
 };
 

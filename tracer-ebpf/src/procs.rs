@@ -23,9 +23,10 @@ use aya_ebpf::{
     },
 };
 use tracer_common::{
-    Counter, MMAP_PAGES, MmapPageKey, PROC_SLOT_GEN_SHIFT, PROC_SLOT_OWNER_MASK, PROC_SLOT_SPILL_MAX, PROC_SLOT_SPILL_SHIFT,
-    ProcEvent, ProcEventKind, ProcSlot, ProcStats, ProcTotals, SOURCE_COUNT, SourceTotals,
-    proc_slot_gen, proc_slot_index, proc_slot_owner, proc_slot_spill,
+    Counter, MMAP_PAGES, MmapPageKey, PROC_SLOT_GEN_SHIFT, PROC_SLOT_OWNER_MASK,
+    PROC_SLOT_SPILL_MAX, PROC_SLOT_SPILL_SHIFT, ProcEvent, ProcEventKind, ProcSlot, ProcStats,
+    ProcTotals, SOURCE_COUNT, SourceTotals, proc_slot_gen, proc_slot_index, proc_slot_owner,
+    proc_slot_spill,
 };
 
 use crate::{

@@ -221,7 +221,7 @@ mod tests {
         let slot = ProcSlot::default();
         let base = std::ptr::from_ref(&slot) as usize;
         let word_of = |p: *const u64| (p as usize - base) / 8;
-        assert_eq!(SLOT_WORDS, 31);
+        assert_eq!(SLOT_WORDS, 37);
         assert_eq!(word_of(&raw const slot.totals.stats.current), CURRENT);
         assert_eq!(word_of(&raw const slot.totals.stats.peak), PEAK);
         assert_eq!(word_of(&raw const slot.totals.stats.drops), 8);

@@ -91,14 +91,19 @@ pub fn decode(event: &ProcEvent) -> Option<Event> {
 pub fn new_image(image: ImageId, kernel_comm: &[u8; 16]) -> ProcessImage {
     let mut read = ProcessImage::capture(image);
     if read.comm.is_empty() {
-        let len = kernel_comm
-            .iter()
-            .position(|&b| b == 0)
-            .unwrap_or(kernel_comm.len());
-        read.comm =
-            String::from_utf8_lossy(kernel_comm.get(..len).unwrap_or_default()).into_owned();
+        read.comm = comm_of(kernel_comm);
     }
     read
+}
+
+/// The kernel's `comm` of an event, NUL-padded, as a string.
+#[must_use]
+pub fn comm_of(kernel_comm: &[u8; 16]) -> String {
+    let len = kernel_comm
+        .iter()
+        .position(|&b| b == 0)
+        .unwrap_or(kernel_comm.len());
+    String::from_utf8_lossy(kernel_comm.get(..len).unwrap_or_default()).into_owned()
 }
 
 /// The live blocks of `images` in the kernel maps, by image: one pass over

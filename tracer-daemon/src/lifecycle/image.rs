@@ -137,6 +137,31 @@ impl ProcessImage {
         }
     }
 
+    /// Reads what [`ProcessImage::capture`] does but the executable and the
+    /// mappings: those of an image that started at a fork are its
+    /// parent's (`Registry::add_forked`), and the child may run another
+    /// program by the time `/proc` is read.
+    pub fn capture_forked(id: ImageId) -> Self {
+        let pid = id.pid;
+        let status = procfs::read_status(pid);
+        let (start_time, ppid) = procfs::read_start_time_and_ppid(pid).unwrap_or((0, None));
+        Self {
+            id,
+            start_time,
+            ppid,
+            comm: String::new(),
+            exe: None,
+            nspid: status.as_ref().and_then(|(text, _)| procfs::nspid_of(text)),
+            cgroup: procfs::read_cgroup(pid),
+            owner: status
+                .as_ref()
+                .and_then(|(text, uid)| procfs::owner_of(text, *uid)),
+            first_seen: SystemTime::now(),
+            maps: None,
+            ended: None,
+        }
+    }
+
     /// An image known only from a kernel event: nothing read from `/proc`
     /// (its `New` event was lost, or it was gone before it could be read).
     pub fn unknown(id: ImageId) -> Self {

@@ -78,6 +78,32 @@ impl Registry {
         }
     }
 
+    /// Adds `image`, which started at a fork of `parent` (the kernel's
+    /// `New` event says so): its parent is that, and what it runs is its
+    /// parent's until it execs. `/proc/PID` read a moment after the fork may
+    /// already show the program the child exec'd since (whose own image
+    /// comes next): so the child takes its parent's executable, mappings
+    /// (its address space is the parent's), cgroup and owner, when the
+    /// parent's image is live here; its `comm` is the kernel's at the fork.
+    /// Returns whether the parent's image was live here (else the child's
+    /// executable and mappings are still to be read from `/proc`).
+    pub fn add_forked(&mut self, mut image: ProcessImage, parent: u32, comm: String) -> bool {
+        image.ppid = Some(parent);
+        if !comm.is_empty() {
+            image.comm = comm;
+        }
+        let from = self.live.get(&parent);
+        if let Some(from) = from {
+            image.exe.clone_from(&from.exe);
+            image.maps.clone_from(&from.maps);
+            image.cgroup.clone_from(&from.cgroup);
+            image.owner = from.owner;
+        }
+        let known = from.is_some();
+        self.add(image);
+        known
+    }
+
     /// The image of `pid` that an image starting now replaced by exec: its
     /// most recent one, if it ended by exec and no live image followed it.
     fn exec_predecessor(&self, pid: u32) -> Option<&ProcessImage> {
@@ -317,6 +343,34 @@ mod tests {
         assert_eq!(registry.get(7).map(|i| i.id.generation), Some(2));
         assert!(registry.has_live(ImageId::new(7, 2)));
         assert!(!registry.has_live(ImageId::new(7, 1)));
+    }
+
+    #[test]
+    fn a_fork_child_runs_its_parents_program_until_it_execs() {
+        let mut registry = Registry::new(Duration::from_secs(60));
+        let mut parent = image(7, 1);
+        parent.exe = Some("/usr/sbin/nginx".into());
+        parent.owner = Some(33);
+        registry.add(parent);
+        // /proc read after the child exec'd shows the new program: the
+        // fork's image is the parent's program all the same.
+        let mut child = image(9, 2);
+        child.exe = Some("/usr/bin/dash".into());
+        child.comm = "dash".into();
+        assert!(registry.add_forked(child, 7, "nginx".into()));
+        let child = registry.get(9).expect("child");
+        assert_eq!(
+            (
+                child.ppid,
+                child.exe.as_deref(),
+                child.comm.as_str(),
+                child.owner
+            ),
+            (Some(7), Some("/usr/sbin/nginx"), "nginx", Some(33))
+        );
+        // A parent tracerd has no image of: only the parent is known.
+        assert!(!registry.add_forked(image(10, 3), 8, String::new()));
+        assert_eq!(registry.get(10).map(|i| i.ppid), Some(Some(8)));
     }
 
     #[test]

@@ -13,6 +13,10 @@ pub enum NotTracedWhy {
     /// No process has this pid.
     #[error("no such process")]
     NoProcess,
+    /// The process exited (a zombie its parent has not reaped yet) and
+    /// tracerd keeps no image of it.
+    #[error("it has exited (its parent has not reaped it yet), and tracerd keeps no image of it")]
+    Exited,
     /// The pid is tracerd's.
     #[error("it is tracerd, which never traces itself")]
     Tracerd,

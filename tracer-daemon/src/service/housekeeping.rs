@@ -79,6 +79,11 @@ impl Service {
         batch
             .iter()
             .map(|event| match events::decode(event) {
+                Some(Event::New {
+                    image,
+                    parent: Some(_),
+                    ..
+                }) => Some(ProcessImage::capture_forked(image)),
                 Some(Event::New { image, comm, .. }) => Some(events::new_image(image, &comm)),
                 _ => None,
             })
@@ -108,19 +113,54 @@ impl Service {
         let mut ends = Vec::new();
         for (index, event) in decoded.into_iter().enumerate() {
             match event {
-                Some(Event::New { image, comm, .. }) => {
+                Some(Event::New {
+                    image,
+                    comm,
+                    parent,
+                }) => {
                     // Events apply in order: an exec's end of the old image
                     // first, so the new image never finds the old one live.
                     if ends.iter().any(|end: &EndEvent| end.image.pid == image.pid) {
                         self.end_images(std::mem::take(&mut ends), &mut blocks);
                     }
-                    let image = read
+                    let read = read
                         .get_mut(index)
                         .and_then(Option::take)
                         .unwrap_or_else(|| events::new_image(image, &comm));
-                    ::tracing::debug!(pid = image.id.pid, gen = image.id.generation, comm = %image.comm, "new image");
-                    let (id, maps) = (image.id, image.maps.clone());
-                    self.state.locks().registry().registry.add(image);
+                    let id = read.id;
+                    let known = match parent {
+                        Some(parent) => self.state.locks().registry().registry.add_forked(
+                            read,
+                            parent,
+                            events::comm_of(&comm),
+                        ),
+                        None => {
+                            self.state.locks().registry().registry.add(read);
+                            true
+                        }
+                    };
+                    if !known {
+                        // A fork of a process tracerd has no image of: what
+                        // it runs is read from /proc after all.
+                        let exe = crate::sys::procfs::read_exe(id.pid).ok();
+                        let maps = crate::sys::modules::ModuleMaps::capture(id.pid)
+                            .ok()
+                            .map(std::sync::Arc::new);
+                        if let Some(image) = self.state.locks().registry().registry.get_mut(id.pid)
+                            && image.id == id
+                        {
+                            image.exe = exe;
+                            image.maps = maps;
+                        }
+                    }
+                    let maps = {
+                        let held = self.state.locks().registry();
+                        let added = held.registry.get(id.pid).filter(|image| image.id == id);
+                        if let Some(added) = added {
+                            ::tracing::debug!(pid = id.pid, gen = id.generation, comm = %added.comm, ppid = ?added.ppid, "new image");
+                        }
+                        added.and_then(|image| image.maps.clone())
+                    };
                     if let Some(maps) = maps {
                         self.queue_unwind(id, maps);
                     }

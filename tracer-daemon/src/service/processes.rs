@@ -21,9 +21,10 @@ pub struct ProcessView {
     /// The image's generation (the kernel's): tells apart the images of
     /// one pid (before and after an exec, or a reused pid).
     pub generation: u32,
-    /// The parent's pid when the image was first seen (`/proc/PID/stat`
-    /// field 4, as the host sees it); null when unknown (gone before it
-    /// could be read) or none.
+    /// The parent's pid: the forking process's for an image that started
+    /// at a fork (the kernel's `New` event), else `/proc/PID/stat` field 4
+    /// when first seen (as the host sees it); null when unknown (gone
+    /// before it could be read) or none.
     pub ppid: Option<u32>,
     /// `/proc/PID/comm` when first seen.
     pub comm: String,
@@ -41,7 +42,8 @@ pub struct ProcessView {
     pub owner_uid: Option<u32>,
     /// Alive, or how the image ended.
     pub state: ImageState,
-    /// Unix ms of the first allocation seen.
+    /// Unix ms tracerd learned of the image (its fork or exec; for a
+    /// process running before tracerd, its first allocation seen).
     pub first_seen_ms: u64,
     /// Unix ms the image ended, if it did.
     pub ended_ms: Option<u64>,
@@ -212,6 +214,8 @@ impl Service {
             Why::Tracerd
         } else if !crate::sys::procfs::exists(pid) {
             Why::NoProcess
+        } else if crate::sys::procfs::is_zombie(pid) {
+            Why::Exited
         } else if !self
             .scope_published
             .read()

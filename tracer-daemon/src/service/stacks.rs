@@ -76,7 +76,11 @@ impl Service {
             return 0;
         }
         let removed = self.state.locks().kernel().kernel.remove_stacks(&doomed);
-        tracing::debug!(removed, map = MAP_STACKS, "collected stacks no live block names");
+        tracing::debug!(
+            removed,
+            map = MAP_STACKS,
+            "collected stacks no live block names"
+        );
         removed
     }
 }

@@ -341,6 +341,23 @@ pub fn parse_stat_ppid(text: &str) -> Result<u32, ProcError> {
     u32::try_from(ppid).map_err(|_| ProcError::MalformedStat { reason: REASON })
 }
 
+/// True when the text of `/proc/PID/stat` says the process is a zombie
+/// (field 3, its state, is `Z`): it exited and its parent has not reaped
+/// it; its `/proc/PID/maps` is empty.
+pub fn stat_is_zombie(text: &str) -> bool {
+    text.rfind(')')
+        .and_then(|close| text.get(close + 1..))
+        .and_then(|after| after.split_ascii_whitespace().next())
+        == Some("Z")
+}
+
+/// True if `pid` is a zombie ([`stat_is_zombie`]); false when it cannot be
+/// read (gone).
+pub fn is_zombie(pid: u32) -> bool {
+    read_proc_file(pid, "stat")
+        .is_ok_and(|(_, bytes)| stat_is_zombie(&String::from_utf8_lossy(&bytes)))
+}
+
 /// `PF_KTHREAD` in the flags of `/proc/PID/stat` (field 9): a kernel thread.
 const PF_KTHREAD: u64 = 0x0020_0000;
 

@@ -52,6 +52,7 @@ fn top_processes_by_current_bytes_rest_summed() {
             frees: 6,
             unknown_frees: 2,
             drops: 0,
+            cut_tracebacks: 0,
         }
     );
 }
@@ -72,7 +73,9 @@ fn every_ebpf_counter_has_a_metric() {
             CounterMetric::DropNamed(reason) => {
                 panic!("drop counter {reason} has no reason label")
             }
-            CounterMetric::UnknownFrees | CounterMetric::CutTracebacks | CounterMetric::Event(_) => {}
+            CounterMetric::UnknownFrees
+            | CounterMetric::CutTracebacks
+            | CounterMetric::Event(_) => {}
         }
     }
     assert_eq!(

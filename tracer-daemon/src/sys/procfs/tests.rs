@@ -366,3 +366,15 @@ fn kernel_threads_are_told_from_processes_by_their_stat_flags() {
     assert!(users.contains(&std::process::id()));
     assert!(!users.contains(&2));
 }
+
+#[test]
+fn a_zombie_is_told_by_its_state_whatever_the_comm_holds() {
+    assert!(!stat_is_zombie(&stat_line("cat")));
+    assert!(stat_is_zombie(
+        &stat_line("cat").replacen(") S ", ") Z ", 1)
+    ));
+    // A comm that holds ") Z " is not the state.
+    assert!(!stat_is_zombie(&stat_line("a) Z (b")));
+    assert!(!stat_is_zombie("4321 (cat"));
+    assert!(!stat_is_zombie(""));
+}

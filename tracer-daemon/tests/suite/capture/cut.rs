@@ -30,12 +30,17 @@ fn a_full_stack_map_cuts_tracebacks_says_so_and_new_blocks_are_whole_once_it_has
     ]);
     fx.step("full");
     tracerd.wait_traced(pid);
-    let by_traceback = || tracerd.get_ok(&format!("/pid/{pid}/statistics?group_by=traceback&limit=0"));
+    let by_traceback =
+        || tracerd.get_ok(&format!("/pid/{pid}/statistics?group_by=traceback&limit=0"));
     let body = by_traceback();
     let stats = body["statistics"].as_array().expect("statistics");
     // 600 call sites, 600 stacks: 256 stored whole, the 344 the full map
     // refused keep their call site alone, each a group of its own.
-    assert_eq!(stats.iter().filter(|s| frames(s) > 1).count(), 256, "{body}");
+    assert_eq!(
+        stats.iter().filter(|s| frames(s) > 1).count(),
+        256,
+        "{body}"
+    );
     let cut: Vec<&Value> = stats.iter().filter(|s| frames(s) == 1).collect();
     assert_eq!(cut.len(), 344, "{body}");
     assert!(cut.iter().all(|s| s["count"] == 1 && s["size"] == 100));
@@ -53,7 +58,11 @@ fn a_full_stack_map_cuts_tracebacks_says_so_and_new_blocks_are_whole_once_it_has
     // The answer says it too.
     assert_eq!(body["complete"], false, "{body}");
     assert_eq!(body["cut_tracebacks"], 344, "{body}");
-    assert_eq!(body["cut_tracebacks_by_pid"][pid.to_string()], 344, "{body}");
+    assert_eq!(
+        body["cut_tracebacks_by_pid"][pid.to_string()],
+        344,
+        "{body}"
+    );
     assert_eq!(tracerd.counter("drop_stack"), 344);
     assert_eq!(tracerd.counter("cut_tracebacks"), 344);
     assert_eq!(tracerd.drops_total("stack_store_full"), 344.0);
@@ -65,8 +74,8 @@ fn a_full_stack_map_cuts_tracebacks_says_so_and_new_blocks_are_whole_once_it_has
         || {
             let log = tracerd.log();
             let full = log.contains("the stack map is full") && log.contains("max_stacks");
-            let process = log.contains("a process had tracebacks cut")
-                && log.contains(&format!("pid={pid}"));
+            let process =
+                log.contains("a process had tracebacks cut") && log.contains(&format!("pid={pid}"));
             (full && process)
                 .then_some(())
                 .ok_or_else(|| "no WARN yet".to_string())

@@ -445,7 +445,13 @@ fn a_fork_child_is_traced_from_its_fork_allocation_or_not_and_inherits_nothing()
             &process["current"],
             &process["complete"]
         ),
-        (&json!("alive"), &json!(0), &json!(0), &json!(0), &json!(true)),
+        (
+            &json!("alive"),
+            &json!(0),
+            &json!(0),
+            &json!(0),
+            &json!(true)
+        ),
         "{process}"
     );
     assert_eq!(process["ppid"], parent, "{process}");
@@ -463,11 +469,13 @@ fn a_fork_child_is_traced_from_its_fork_allocation_or_not_and_inherits_nothing()
     fx.go();
     fx.expect_line("done");
     // The child's exit ends its image: its last state is kept.
-    poll(Duration::from_secs(5), Duration::from_millis(20), || {
-        match tracerd.get_ok(&format!("/pid/{child}"))["state"].as_str() {
+    poll(
+        Duration::from_secs(5),
+        Duration::from_millis(20),
+        || match tracerd.get_ok(&format!("/pid/{child}"))["state"].as_str() {
             Some("exited") => Ok(()),
             other => Err(format!("child {child} is {other:?}")),
-        }
-    });
+        },
+    );
     fx.end();
 }
