@@ -37,7 +37,7 @@ fn get_as(tracerd: &Tracerd, path: &str, content_type: &str) -> Vec<u8> {
 }
 
 /// The profile at `path` saved as `dir/name`.
-fn save_profile(tracerd: &Tracerd, path: &str, dir: &Path, name: &str) -> PathBuf {
+pub(crate) fn save_profile(tracerd: &Tracerd, path: &str, dir: &Path, name: &str) -> PathBuf {
     let body = get_as(tracerd, path, "application/octet-stream");
     assert_eq!(&body[..2], [0x1f, 0x8b], "{path}: gzip");
     let file = dir.join(name);
@@ -46,7 +46,7 @@ fn save_profile(tracerd: &Tracerd, path: &str, dir: &Path, name: &str) -> PathBu
 }
 
 /// `go tool pprof ARGS` (every node, sizes in bytes); its output.
-fn pprof(dir: &Path, args: &[&str]) -> String {
+pub(crate) fn pprof(dir: &Path, args: &[&str]) -> String {
     let out = output_ok(
         Command::new("go")
             .args([
@@ -73,7 +73,7 @@ fn value_of(text: &str) -> i64 {
 
 /// pprof's `-top` table: the total it accounts for, and each node's flat
 /// value (nodes whose flat is 0 left out) by name.
-fn top(output: &str) -> (i64, BTreeMap<String, i64>) {
+pub(crate) fn top(output: &str) -> (i64, BTreeMap<String, i64>) {
     let total = output
         .lines()
         .find_map(|l| l.strip_prefix("Showing nodes accounting for "))
@@ -103,7 +103,7 @@ fn top(output: &str) -> (i64, BTreeMap<String, i64>) {
 
 /// pprof's `-traces`: each sample's value and its frames, most recent
 /// first, sorted.
-fn traces(output: &str) -> Vec<(i64, Vec<String>)> {
+pub(crate) fn traces(output: &str) -> Vec<(i64, Vec<String>)> {
     let separator = "-----------+";
     let mut samples = Vec::new();
     let body = output.split_once(separator).map_or("", |(_, b)| b);
