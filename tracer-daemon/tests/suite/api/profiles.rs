@@ -403,10 +403,19 @@ fn pprof_compare_is_go_diff_base_of_the_two_sides() {
     fx.end();
 }
 
-/// tracer's name of a frame in folded stacks (`render/stacks.rs`).
+/// tracer's name of a frame in folded stacks (`render/stacks.rs`): a frame
+/// with no line info named by its site (its JSON has `file`, the module) is
+/// `FUNCTION+0xOFFSET (MODULE)`, or `MODULE+0xOFFSET` with no function.
 fn folded_name(frame: &Value) -> String {
     let file = frame["filename"].as_str().expect("filename");
     let line = frame["lineno"].as_u64().expect("lineno");
+    if let Some(module) = frame["file"].as_str() {
+        let site = file.strip_prefix(module).expect("a site after its module");
+        return match site.strip_prefix('!') {
+            Some(function) => format!("{function} ({module})"),
+            None => file.to_string(),
+        };
+    }
     match (frame["function"].as_str(), line) {
         (Some(function), 0) => format!("{function} ({file})"),
         (Some(function), line) => format!("{function} ({file}:{line})"),
