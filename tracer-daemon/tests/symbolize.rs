@@ -3,7 +3,9 @@
 //! here with `cc -g -fno-omit-frame-pointer`, run until they print the
 //! return addresses they see, captured while alive, killed, and only then
 //! symbolized — from the files held open by the capture, even though the
-//! binaries are deleted or replaced on disk by then.
+//! binaries are deleted or replaced on disk by then. Without line info a
+//! frame is named by its site, whose offset binutils (`nm`, `readelf`)
+//! judge; every frame carries its module's build id (`readelf -n`).
 
 // CONTRIBUTING.md: tests may unwrap.
 #![allow(clippy::unwrap_used)]
@@ -109,20 +111,72 @@ fn capture_and_kill(cache: &ModuleCache, binary: &Path, count: usize) -> (Module
     (maps, addrs)
 }
 
-fn frame(
-    filename: &str,
-    lineno: u32,
-    function: Option<&str>,
-    module: &Path,
-    address: u64,
-) -> SymFrame {
-    SymFrame {
-        filename: Arc::from(filename),
-        lineno,
-        function: function.map(Arc::from),
-        module: Some(Arc::from(module.to_str().unwrap())),
-        address,
+/// A frame with a line (`site_start` None) or named by its site (then
+/// `site_start` is where the site starts in `filename`), of a module whose
+/// build id is `build_id`.
+struct Expected<'a> {
+    module: &'a Path,
+    build_id: &'a str,
+}
+
+impl Expected<'_> {
+    fn frame(&self, filename: &str, lineno: u32, function: Option<&str>, address: u64) -> SymFrame {
+        let module = self.module.to_str().unwrap();
+        SymFrame {
+            filename: Arc::from(filename),
+            lineno,
+            function: function.map(Arc::from),
+            module: Some(Arc::from(module)),
+            address,
+            site_start: (lineno == 0).then_some(module.len()),
+            build_id: Some(Arc::from(self.build_id)),
+        }
     }
+}
+
+/// The stdout of `program args`, which must succeed.
+fn stdout_of(program: &str, args: &[&str], file: &Path) -> String {
+    let output = Command::new(program).args(args).arg(file).output().unwrap();
+    assert!(output.status.success(), "{program} {args:?} {file:?}");
+    String::from_utf8(output.stdout).unwrap()
+}
+
+/// The GNU build id of `binary` as `readelf -n` prints it.
+fn build_id(binary: &Path) -> String {
+    stdout_of("readelf", &["-n"], binary)
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Build ID: ").map(str::to_string))
+        .expect("a build id")
+}
+
+/// The virtual address (`readelf -lW`'s `PT_LOAD` segments) of the return
+/// address `addr` of the process `maps` were captured from, in `binary`.
+fn return_vaddr(maps: &ModuleMaps, binary: &Path, addr: u64) -> u64 {
+    let (_, probe_offset) = maps.lookup(addr - 1).unwrap();
+    let offset = probe_offset + 1;
+    let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).unwrap();
+    stdout_of("readelf", &["-lW"], binary)
+        .lines()
+        .filter(|l| l.trim_start().starts_with("LOAD"))
+        .find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let (file_offset, vaddr, size) = (hex(f[1]), hex(f[2]), hex(f[4]));
+            (file_offset..file_offset + size)
+                .contains(&offset)
+                .then(|| offset - file_offset + vaddr)
+        })
+        .unwrap()
+}
+
+/// The address of the function `name` in `binary`'s symbol table (`nm`).
+fn function_vaddr(binary: &Path, name: &str) -> u64 {
+    stdout_of("nm", &["--defined-only"], binary)
+        .lines()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() == 3 && f[2] == name).then(|| u64::from_str_radix(f[0], 16).unwrap())
+        })
+        .unwrap()
 }
 
 /// Paths of the files this process holds open (the targets of /proc/self/fd/*).
@@ -137,6 +191,11 @@ fn open_files() -> Vec<String> {
 #[test]
 fn o0_return_addresses_resolve_to_call_lines_after_exit_and_replacement() {
     let (dir, binary) = compile("o0", O0_FIXTURE, &["-g", "-O0"]);
+    let build_id = build_id(&binary);
+    let expected = Expected {
+        module: &binary,
+        build_id: &build_id,
+    };
     let cache = ModuleCache::new(8);
     let (maps, addrs) = capture_and_kill(&cache, &binary, 2);
     // The file at that path is now something else entirely: the open file still
@@ -151,18 +210,16 @@ fn o0_return_addresses_resolve_to_call_lines_after_exit_and_replacement() {
     assert_eq!(
         frames,
         vec![
-            vec![frame(
+            vec![expected.frame(
                 source,
                 line_of(O0_FIXTURE, "MAIN_CALL"),
                 Some("main"),
-                &binary,
                 addrs[0]
             )],
-            vec![frame(
+            vec![expected.frame(
                 source,
                 line_of(O0_FIXTURE, "HELPER_CALL"),
                 Some("helper"),
-                &binary,
                 addrs[1]
             )],
         ]
@@ -219,6 +276,11 @@ fn files_of_exited_processes_are_closed_once_unused() {
 #[test]
 fn inlined_calls_are_frames_of_their_own_innermost_first() {
     let (dir, binary) = compile("inline", INLINE_FIXTURE, &["-g", "-O2"]);
+    let build_id = build_id(&binary);
+    let expected = Expected {
+        module: &binary,
+        build_id: &build_id,
+    };
     let cache = ModuleCache::default();
     let (maps, addrs) = capture_and_kill(&cache, &binary, 1);
     let symbolizer = Symbolizer::new();
@@ -228,25 +290,22 @@ fn inlined_calls_are_frames_of_their_own_innermost_first() {
     assert_eq!(
         frames,
         vec![vec![
-            frame(
+            expected.frame(
                 source,
                 line_of(INLINE_FIXTURE, "LEAF_CALL"),
                 Some("leaf"),
-                &binary,
                 addrs[0]
             ),
-            frame(
+            expected.frame(
                 source,
                 line_of(INLINE_FIXTURE, "MIDDLE_CALL"),
                 Some("middle"),
-                &binary,
                 addrs[0]
             ),
-            frame(
+            expected.frame(
                 source,
                 line_of(INLINE_FIXTURE, "OUTER_CALL"),
                 Some("outer"),
-                &binary,
                 addrs[0]
             ),
         ]]
@@ -258,35 +317,58 @@ fn inlined_calls_are_frames_of_their_own_innermost_first() {
 }
 
 #[test]
-fn without_debug_info_the_frame_is_the_module_with_the_symbol() {
+fn without_debug_info_the_frame_is_named_by_its_function_and_offset() {
     let (_dir, binary) = compile("nodebug", O0_FIXTURE, &["-O0"]);
+    let build_id = build_id(&binary);
+    let expected = Expected {
+        module: &binary,
+        build_id: &build_id,
+    };
     let cache = ModuleCache::default();
     let (maps, addrs) = capture_and_kill(&cache, &binary, 2);
     let symbolizer = Symbolizer::new();
     let module = binary.to_str().unwrap();
+    // The offset of the return address from the function's start, as
+    // readelf and nm place both.
+    let name = |function: &str, addr: u64| {
+        let offset = return_vaddr(&maps, &binary, addr) - function_vaddr(&binary, function);
+        format!("{module}!{function}+{offset:#x}")
+    };
     assert_eq!(
         symbolizer.symbolize(&maps, &addrs),
         vec![
-            vec![frame(module, 0, Some("main"), &binary, addrs[0])],
-            vec![frame(module, 0, Some("helper"), &binary, addrs[1])],
+            vec![expected.frame(&name("main", addrs[0]), 0, Some("main"), addrs[0])],
+            vec![expected.frame(&name("helper", addrs[1]), 0, Some("helper"), addrs[1])],
         ]
     );
 }
 
 #[test]
-fn stripped_binary_gives_module_path_and_line_zero() {
+fn stripped_binary_frames_are_named_by_their_offset_in_the_module() {
     let (_dir, binary) = compile("stripped", O0_FIXTURE, &["-g", "-O0", "-s"]);
+    let build_id = build_id(&binary);
+    let expected = Expected {
+        module: &binary,
+        build_id: &build_id,
+    };
     let cache = ModuleCache::default();
     let (maps, addrs) = capture_and_kill(&cache, &binary, 2);
     let symbolizer = Symbolizer::new();
     let module = binary.to_str().unwrap();
+    // The offset of the return address in the module's file.
+    let name = |addr: u64| {
+        let (_, probe_offset) = maps.lookup(addr - 1).unwrap();
+        format!("{module}+{:#x}", probe_offset + 1)
+    };
+    let frames = symbolizer.symbolize(&maps, &addrs);
     assert_eq!(
-        symbolizer.symbolize(&maps, &addrs),
+        frames,
         vec![
-            vec![frame(module, 0, None, &binary, addrs[0])],
-            vec![frame(module, 0, None, &binary, addrs[1])],
+            vec![expected.frame(&name(addrs[0]), 0, None, addrs[0])],
+            vec![expected.frame(&name(addrs[1]), 0, None, addrs[1])],
         ]
     );
+    assert_ne!(frames[0][0].filename, frames[1][0].filename);
 }
 
 #[test]

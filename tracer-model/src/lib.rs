@@ -91,8 +91,8 @@ pub use statistic::{GroupBy, Statistic, StatisticDiff};
 pub use text::format::{format_size, format_size_f64, py_repr_str, true_div};
 pub use text::linecache::{LineCache, MAX_SOURCE_BYTES};
 pub use trace::{
-    Frame, FrameExtra, SOURCE_NAMES, Source, Trace, Traceback, TracebackTotals, UNKNOWN_FILENAME,
-    is_python_space,
+    Frame, FrameExtra, SITE_FUNCTION_MARK, SITE_OFFSET_MARK, SOURCE_NAMES, Source, Trace,
+    Traceback, TracebackTotals, UNKNOWN_FILENAME, is_python_space, parse_site, site_name,
 };
 
 /// Helpers shared by the model's unit tests.

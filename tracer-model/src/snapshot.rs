@@ -483,6 +483,9 @@ fn check_cumulative(group_by: GroupBy, cumulative: bool) -> Result<(), ModelErro
     }
 }
 
+#[path = "snapshot/sites/tests.rs"]
+#[cfg(test)]
+mod site_tests;
 #[cfg(test)]
 mod tests;
 #[path = "snapshot/totals/tests.rs"]

@@ -6,144 +6,17 @@ use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use serde::Serialize;
-use serde::ser::{SerializeMap, SerializeSeq, Serializer};
+use serde::ser::{SerializeSeq, Serializer};
 
 use crate::hash::FxHasher;
 use crate::text::format::format_size_f64;
 
-/// File name of the frame used when nothing is known about a call site,
-/// as tracemalloc names it.
-pub const UNKNOWN_FILENAME: &str = "<unknown>";
+mod frame;
 
-/// One call site of a stack: tracemalloc's `Frame`.
-///
-/// `filename` and `lineno` come from the DWARF line info of the return
-/// address minus one (inlined calls are frames of their own); with no line
-/// info `filename` is the module's path and `lineno` is 0; with nothing at
-/// all the frame is [`Frame::unknown`] (`<unknown>:0`).
-///
-/// Equality, hashing and ordering use `(filename, lineno)` only, ordered as
-/// tracemalloc orders frames: by file name (Unicode code points, which is
-/// the byte order of UTF-8), then line number. `extra` is carried along for
-/// the JSON output and never compared.
-///
-/// JSON: `{"filename": "src/a.c", "lineno": 12}` plus `"function"`,
-/// `"module"` and `"address"` when [`FrameExtra`] has them.
-#[derive(Clone, Debug)]
-pub struct Frame {
-    /// Source file path as found in the debug info (or the module path, or
-    /// `<unknown>`).
-    pub filename: Arc<str>,
-    /// Line number in `filename`, 0 when unknown.
-    pub lineno: u32,
-    /// Symbolization details that tracemalloc does not have.
-    pub extra: Option<Arc<FrameExtra>>,
-}
-
-/// What symbolization knows about a frame beyond `file:line`.
-///
-/// Serialized flattened into the [`Frame`]'s JSON object; absent fields are
-/// omitted.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
-pub struct FrameExtra {
-    /// Name of the function containing the call site (demangled), if known.
-    pub function: Option<Arc<str>>,
-    /// Path of the mapped object file (executable or shared library).
-    pub module: Option<Arc<str>>,
-    /// Return address in the traced process's address space.
-    pub address: Option<u64>,
-}
-
-impl Frame {
-    /// A frame `filename:lineno` with no extra details.
-    #[must_use]
-    pub fn new(filename: impl Into<Arc<str>>, lineno: u32) -> Self {
-        Frame {
-            filename: filename.into(),
-            lineno,
-            extra: None,
-        }
-    }
-
-    /// tracemalloc's unknown frame, `<unknown>:0`.
-    #[must_use]
-    pub fn unknown() -> Self {
-        Frame::new(UNKNOWN_FILENAME, 0)
-    }
-
-    /// The same frame with `extra` attached.
-    #[must_use]
-    pub fn with_extra(mut self, extra: FrameExtra) -> Self {
-        self.extra = Some(Arc::new(extra));
-        self
-    }
-}
-
-impl PartialEq for Frame {
-    fn eq(&self, other: &Self) -> bool {
-        self.lineno == other.lineno
-            && (Arc::ptr_eq(&self.filename, &other.filename) || self.filename == other.filename)
-    }
-}
-
-impl Eq for Frame {}
-
-impl Hash for Frame {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self.filename.hash(state);
-        self.lineno.hash(state);
-    }
-}
-
-impl PartialOrd for Frame {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for Frame {
-    fn cmp(&self, other: &Self) -> Ordering {
-        let filename = if Arc::ptr_eq(&self.filename, &other.filename) {
-            Ordering::Equal
-        } else {
-            self.filename.cmp(&other.filename)
-        };
-        filename.then(self.lineno.cmp(&other.lineno))
-    }
-}
-
-/// `filename:lineno`, as `str(Frame)`.
-impl fmt::Display for Frame {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}", self.filename, self.lineno)
-    }
-}
-
-impl Serialize for Frame {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let extra = self.extra.as_deref();
-        let function = extra.and_then(|e| e.function.as_deref());
-        let module = extra.and_then(|e| e.module.as_deref());
-        let address = extra.and_then(|e| e.address);
-        let len = 2
-            + usize::from(function.is_some())
-            + usize::from(module.is_some())
-            + usize::from(address.is_some());
-        let mut map = serializer.serialize_map(Some(len))?;
-        map.serialize_entry("filename", &*self.filename)?;
-        map.serialize_entry("lineno", &self.lineno)?;
-        if let Some(function) = function {
-            map.serialize_entry("function", function)?;
-        }
-        if let Some(module) = module {
-            map.serialize_entry("module", module)?;
-        }
-        if let Some(address) = address {
-            map.serialize_entry("address", &address)?;
-        }
-        map.end()
-    }
-}
+pub use frame::{
+    Frame, FrameExtra, SITE_FUNCTION_MARK, SITE_OFFSET_MARK, UNKNOWN_FILENAME, parse_site,
+    site_name,
+};
 
 /// The stack of one allocation: tracemalloc's `Traceback`.
 ///
@@ -615,38 +488,6 @@ mod tests {
     }
 
     #[test]
-    fn frame_displays_and_orders_by_filename_then_lineno() {
-        assert_eq!(Frame::new("src/a.c", 12).to_string(), "src/a.c:12");
-        assert_eq!(Frame::unknown().to_string(), "<unknown>:0");
-        let mut frames = [
-            Frame::new("b.c", 1),
-            Frame::new("a.c", 10),
-            Frame::new("a.c", 2),
-            Frame::new("B.c", 99),
-            Frame::new("<unknown>", 0),
-            Frame::new("é.c", 0),
-        ];
-        frames.sort();
-        let shown: Vec<String> = frames.iter().map(Frame::to_string).collect();
-        assert_eq!(
-            shown,
-            ["<unknown>:0", "B.c:99", "a.c:2", "a.c:10", "b.c:1", "é.c:0"]
-        );
-    }
-
-    #[test]
-    fn frame_equality_ignores_extra() {
-        let plain = Frame::new("a.c", 1);
-        let rich = Frame::new("a.c", 1).with_extra(FrameExtra {
-            function: Some("f".into()),
-            module: None,
-            address: Some(0x1234),
-        });
-        assert_eq!(plain, rich);
-        assert_eq!(plain.cmp(&rich), Ordering::Equal);
-    }
-
-    #[test]
     fn empty_traceback_becomes_unknown_frame() {
         let empty = Traceback::new(Vec::new(), Some(0));
         assert_eq!(empty.frames(), [Frame::unknown()]);
@@ -714,6 +555,7 @@ mod tests {
             function: Some("alloc_node".into()),
             module: Some("/usr/bin/app".into()),
             address: Some(4096),
+            build_id: None,
         });
         let t = Traceback::new(vec![frame, Frame::new("main.c", 7)], Some(9));
         let json = serde_json::to_value(&t).expect("serializes");

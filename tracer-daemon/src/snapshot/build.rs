@@ -16,7 +16,7 @@ use crate::capture::Stopping;
 use crate::capture::stacks::STACK_CUT_MARK;
 use crate::config::FramePatterns;
 use crate::lifecycle::RawBlock;
-use crate::symbolize::Symbolizer;
+use crate::symbolize::{SymFrame, Symbolizer};
 use crate::sys::modules::ModuleMaps;
 
 /// A traceback's sampled blocks of one source: its stack, estimated count
@@ -262,30 +262,33 @@ impl SnapshotBuilder {
                 walk_cut = true;
             }
             for per_address in self.symbolizer.symbolize(maps, stack) {
-                for sym in per_address {
-                    frames.push(Frame {
-                        filename: sym.filename,
-                        lineno: sym.lineno,
-                        extra: Some(Arc::new(FrameExtra {
-                            function: sym.function,
-                            module: sym.module,
-                            address: Some(sym.address),
-                        })),
-                    });
-                }
+                frames.extend(per_address.into_iter().map(frame_of));
             }
         } else {
-            frames.extend(stack.iter().map(|&address| Frame {
-                extra: Some(Arc::new(FrameExtra {
-                    function: None,
-                    module: None,
+            frames.extend(stack.iter().map(|&address| {
+                Frame::unknown().with_extra(FrameExtra {
                     address: Some(address),
-                })),
-                ..Frame::unknown()
+                    ..FrameExtra::default()
+                })
             }));
         }
         cut(frames, pass.machinery.as_mut(), self.nframe, walk_cut)
     }
+}
+
+/// The model's frame of a symbolized one: a frame with no line named by its
+/// site keeps where the site starts (its file is the module).
+fn frame_of(sym: SymFrame) -> Frame {
+    let frame = match sym.site_start {
+        Some(start) => Frame::with_site(sym.filename, start),
+        None => Frame::new(sym.filename, sym.lineno),
+    };
+    frame.with_extra(FrameExtra {
+        function: sym.function,
+        module: sym.module,
+        address: Some(sym.address),
+        build_id: sym.build_id,
+    })
 }
 
 /// A traceback of `frames` (most recent first): the machinery's leading
@@ -320,19 +323,17 @@ mod tests {
     /// A frame of `function` at `file:line` in `module`, at `address` (the
     /// frames an address expands to share it: inlined calls).
     fn frame(function: &str, line: u32, module: &str, address: u64) -> Frame {
-        Frame {
-            filename: Arc::from(if module.ends_with("/app") {
-                "/srv/app.cc"
-            } else {
-                "lib.cc"
-            }),
-            lineno: line,
-            extra: Some(Arc::new(FrameExtra {
-                function: Some(Arc::from(function)),
-                module: Some(Arc::from(module)),
-                address: Some(address),
-            })),
-        }
+        let file = if module.ends_with("/app") {
+            "/srv/app.cc"
+        } else {
+            "lib.cc"
+        };
+        Frame::new(file, line).with_extra(FrameExtra {
+            function: Some(Arc::from(function)),
+            module: Some(Arc::from(module)),
+            address: Some(address),
+            build_id: None,
+        })
     }
 
     fn defaults() -> FramePatterns {

@@ -128,15 +128,12 @@ mod tests {
     use tracer_model::FrameExtra;
 
     fn frame(function: Option<&str>, module: Option<&str>, line: u32) -> Frame {
-        Frame {
-            filename: Arc::from("f.c"),
-            lineno: line,
-            extra: Some(Arc::new(FrameExtra {
-                function: function.map(Arc::from),
-                module: module.map(Arc::from),
-                address: Some(0x1000),
-            })),
-        }
+        Frame::new("f.c", line).with_extra(FrameExtra {
+            function: function.map(Arc::from),
+            module: module.map(Arc::from),
+            address: Some(0x1000),
+            build_id: None,
+        })
     }
 
     fn lines(frames: &[Frame]) -> Vec<u32> {

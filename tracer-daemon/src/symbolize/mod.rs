@@ -18,8 +18,12 @@
 //!
 //! Frame rules (docs/architecture.md): the frame of a return address is the line of `addr - 1`
 //! (the call instruction), inlined calls are frames of their own, innermost first;
-//! without line info the filename is the module path and lineno 0; with nothing at
-//! all, `<unknown>`:0.
+//! without line info the frame is named by its site at line 0 (see
+//! [`tracer_model::Frame`]): `MODULE!FUNCTION+0xOFFSET` (the return address's offset
+//! from the start of the function, from the ELF symbol tables or DWARF), else
+//! `MODULE+0xOFFSET` (its offset in the module's file), never an absolute address;
+//! with nothing at all, `<unknown>`:0. Each module's GNU build id is read once, when
+//! blazesym first loads it, and carried by its frames.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
@@ -48,8 +52,10 @@ const IDLE_SWEEP: Duration = Duration::from_secs(10);
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct SymFrame {
     /// Source file as DWARF names it, the compilation directory joined in when the
-    /// name is relative (e.g. `/srv/app/src/cache.c`); the module path when the
-    /// address has no line info; [`UNKNOWN_FILENAME`] when it is in no module.
+    /// name is relative (e.g. `/srv/app/src/cache.c`); when the address has no line
+    /// info, the name of its site, `MODULE!FUNCTION+0xOFFSET` or `MODULE+0xOFFSET`
+    /// ([`tracer_model::site_name`]; DWARF's source file in place of `MODULE` when
+    /// it names one but no line); [`UNKNOWN_FILENAME`] when it is in no module.
     pub filename: Arc<str>,
     /// 1-based source line from the DWARF line table; 0 when unknown.
     pub lineno: u32,
@@ -62,6 +68,12 @@ pub struct SymFrame {
     /// The return address as captured (a virtual address of the traced process,
     /// not minus one); every frame an address expands to carries it.
     pub address: u64,
+    /// Where the site starts in `filename` (the length of its module path) when
+    /// the frame is named by its site; None for a frame with a line or unknown.
+    pub site_start: Option<usize>,
+    /// The module's GNU build id in lowercase hex (`.note.gnu.build-id`, read
+    /// by blazesym), when it has one and its file could be read.
+    pub build_id: Option<Arc<str>>,
 }
 
 impl SymFrame {
@@ -73,18 +85,26 @@ impl SymFrame {
             function: None,
             module: None,
             address,
+            site_start: None,
+            build_id: None,
         }
     }
 
-    /// The frame of an address in `module` without line info or symbol:
-    /// the module path as filename, lineno 0.
-    fn module_only(module: &Module, address: u64) -> Self {
+    /// The frame of a return address in `module` without line info or symbol,
+    /// `probe_offset` the offset of `addr - 1` in the module's file: named
+    /// `MODULE+0xOFFSET` by the return address's offset (`probe_offset + 1`),
+    /// lineno 0; `address` 0 (the caller sets it).
+    fn module_only(module: &Module, probe_offset: u64) -> Self {
+        let path = module.path();
+        let name = tracer_model::site_name(path, None, probe_offset.saturating_add(1));
         Self {
-            filename: Arc::clone(module.path()),
+            filename: Arc::from(name),
             lineno: 0,
             function: None,
-            module: Some(Arc::clone(module.path())),
-            address,
+            module: Some(Arc::clone(path)),
+            address: 0,
+            site_start: Some(path.len()),
+            build_id: None,
         }
     }
 }
@@ -177,8 +197,11 @@ impl Symbolizer {
             // A return address follows its call: addr - 1 is inside the call.
             match addr.checked_sub(1).and_then(|probe| maps.lookup(probe)) {
                 None => out.push(vec![SymFrame::unknown(addr)]),
-                Some((module, _)) if module.file().is_none() => {
-                    out.push(vec![SymFrame::module_only(module, addr)]);
+                Some((module, offset)) if module.file().is_none() => {
+                    out.push(vec![SymFrame {
+                        address: addr,
+                        ..SymFrame::module_only(module, offset)
+                    }]);
                 }
                 Some((module, offset)) => {
                     job_slots.push(out.len());
@@ -195,7 +218,7 @@ impl Symbolizer {
         }
         let fallback: Vec<Arc<[SymFrame]>> = jobs
             .iter()
-            .map(|job| Arc::from([SymFrame::module_only(&job.module, 0)]))
+            .map(|job| Arc::from([SymFrame::module_only(&job.module, job.offset)]))
             .collect();
         let results = self.ask_symbolize(jobs).unwrap_or(fallback);
         for (slot, frames) in job_slots.into_iter().zip(results) {

@@ -2,8 +2,9 @@
 //! `Sync`): it answers [`Symbolizer`](super::Symbolizer)'s requests, keeps
 //! each loaded module's interned strings, caches frames by (module, file
 //! offset), and applies the frame rules: the line of the call instruction,
-//! inlined calls as frames of their own, innermost first, the module path
-//! and line 0 without line info.
+//! inlined calls as frames of their own, innermost first, and without line
+//! info the site's name at line 0 (`MODULE!FUNCTION+0xOFFSET`, else
+//! `MODULE+0xOFFSET`). It reads each module's build id when it loads it.
 use std::collections::{HashMap, HashSet};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
@@ -41,7 +42,7 @@ pub(super) fn run_worker(
                     tracing::error!("symbolization panicked; resetting the symbolizer");
                     worker = Worker::new(cached_addresses, Arc::clone(stats));
                     jobs.iter()
-                        .map(|job| Arc::from([SymFrame::module_only(&job.module, 0)]))
+                        .map(|job| Arc::from([SymFrame::module_only(&job.module, job.offset)]))
                         .collect()
                 });
                 let _ = reply.send(frames);
@@ -64,6 +65,8 @@ struct Loaded {
     strings: HashSet<Arc<str>>,
     /// blazesym failed on this file once already: do not log it again.
     warned: bool,
+    /// The file's GNU build id in lowercase hex, read once when it is loaded.
+    build_id: Option<Arc<str>>,
 }
 
 impl Loaded {
@@ -191,7 +194,8 @@ impl Worker {
             .into_iter()
             .zip(jobs)
             .map(|(frames, job)| {
-                frames.unwrap_or_else(|| Arc::from([SymFrame::module_only(&job.module, 0)]))
+                frames
+                    .unwrap_or_else(|| Arc::from([SymFrame::module_only(&job.module, job.offset)]))
             })
             .collect()
     }
@@ -206,7 +210,7 @@ impl Worker {
         let fallback = || -> Vec<Arc<[SymFrame]>> {
             offsets
                 .iter()
-                .map(|_| Arc::from([SymFrame::module_only(module, 0)]))
+                .map(|&offset| Arc::from([SymFrame::module_only(module, offset)]))
                 .collect()
         };
         let Some(fd_path) = module.fd_path() else {
@@ -214,6 +218,7 @@ impl Worker {
         };
         let loaded = self.loaded.entry(module.id()).or_insert_with(|| Loaded {
             module: Arc::downgrade(module),
+            build_id: build_id(&fd_path, module),
             fd_path: fd_path.clone(),
             strings: HashSet::new(),
             warned: false,
@@ -222,7 +227,8 @@ impl Worker {
         match self.blaze.symbolize(&src, Input::FileOffset(&offsets)) {
             Ok(symbolized) if symbolized.len() == offsets.len() => symbolized
                 .iter()
-                .map(|sym| frames_of(sym, module, loaded))
+                .zip(&offsets)
+                .map(|(sym, &offset)| frames_of(sym, module, offset, loaded))
                 .collect(),
             Ok(_) => fallback(),
             Err(error) => {
@@ -236,54 +242,119 @@ impl Worker {
     }
 }
 
-/// The frames of one blazesym result, innermost first, `address` 0.
+/// The GNU build id of the module open at `fd_path`, in lowercase hex; None
+/// when it has none or its notes cannot be read (logged at debug level: the
+/// frames simply carry no build id).
+fn build_id(fd_path: &std::path::Path, module: &Module) -> Option<Arc<str>> {
+    match blazesym::helper::read_elf_build_id(fd_path) {
+        Ok(Some(bytes)) if !bytes.is_empty() => {
+            let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+            Some(Arc::from(hex))
+        }
+        Ok(_) => None,
+        Err(error) => {
+            tracing::debug!(target = %module.path(), %error, "cannot read the build id");
+            None
+        }
+    }
+}
+
+/// The frames of one blazesym result for the file offset `offset` of
+/// `addr - 1`, innermost first, `address` 0.
 ///
 /// blazesym reports the containing function in `sym` and the inlined calls in
 /// `sym.inlined`, outermost first; each level's `code_info` is the location
 /// *within that level* (for `sym` and all but the last inlined function: the line
 /// of the call to the next level in; for the last: the line of the address).
-fn frames_of(symbolized: &Symbolized<'_>, module: &Module, loaded: &mut Loaded) -> Arc<[SymFrame]> {
+/// A level with no line is named by its site: its function and the return
+/// address's offset from the start of the containing function `sym` (a call
+/// inlined into it has no code of its own), or with no symbol at all the
+/// return address's offset in the module's file.
+fn frames_of(
+    symbolized: &Symbolized<'_>,
+    module: &Module,
+    offset: u64,
+    loaded: &mut Loaded,
+) -> Arc<[SymFrame]> {
     let Symbolized::Sym(sym) = symbolized else {
-        return Arc::from([SymFrame::module_only(module, 0)]);
+        return Arc::from([SymFrame {
+            build_id: loaded.build_id.clone(),
+            ..SymFrame::module_only(module, offset)
+        }]);
     };
     let Sym {
         name,
         code_info,
         inlined,
+        offset: function_offset,
         ..
     } = sym;
+    let site = Site {
+        // Of the return address: one past `addr - 1`.
+        function_offset: u64::try_from(*function_offset)
+            .unwrap_or(u64::MAX)
+            .saturating_add(1),
+        module_offset: offset.saturating_add(1),
+    };
     let mut frames = Vec::with_capacity(inlined.len() + 1);
     for inlined_fn in inlined.iter().rev() {
         frames.push(frame_of(
             &inlined_fn.name,
             inlined_fn.code_info.as_ref(),
+            site,
             module,
             loaded,
         ));
     }
-    frames.push(frame_of(name, code_info.as_deref(), module, loaded));
+    frames.push(frame_of(name, code_info.as_deref(), site, module, loaded));
     Arc::from(frames)
+}
+
+/// Where a return address is, for the frames of it with no line.
+#[derive(Clone, Copy)]
+struct Site {
+    /// Its offset from the start of the containing function.
+    function_offset: u64,
+    /// Its offset in the module's file.
+    module_offset: u64,
 }
 
 fn frame_of(
     function: &str,
     code_info: Option<&CodeInfo<'_>>,
+    site: Site,
     module: &Module,
     loaded: &mut Loaded,
 ) -> SymFrame {
-    let (filename, lineno) = match code_info {
-        Some(info) => (
-            loaded.intern(&info.to_path().to_string_lossy()),
-            info.line.unwrap_or(0),
-        ),
-        None => (Arc::clone(module.path()), 0),
+    let function = (!function.is_empty()).then(|| loaded.intern(&demangle(function)));
+    let line = code_info
+        .and_then(|info| info.line)
+        .filter(|&line| line > 0);
+    let (filename, lineno, site_start) = match (code_info, line) {
+        (Some(info), Some(line)) => (loaded.intern(&info.to_path().to_string_lossy()), line, None),
+        _ => {
+            // No line: the source file DWARF names, else the module.
+            let file = match code_info {
+                Some(info) => info.to_path().to_string_lossy().into_owned(),
+                None => module.path().to_string(),
+            };
+            let offset = match function {
+                Some(_) => site.function_offset,
+                None => site.module_offset,
+            };
+            let name = tracer_model::site_name(&file, function.as_deref(), offset);
+            // Not interned: a site's name is its own (the cache shares it).
+            (Arc::from(name), 0, Some(file.len()))
+        }
     };
     SymFrame {
         filename,
         lineno,
-        function: (!function.is_empty()).then(|| loaded.intern(&demangle(function))),
+        function,
         module: Some(Arc::clone(module.path())),
         address: 0,
+        site_start,
+        build_id: loaded.build_id.clone(),
     }
 }
 

@@ -302,32 +302,30 @@ fn group_labels_part<'a>(
     groups
 }
 
-/// The statistic's one-frame traceback for a label group: the first frame
-/// seen, at line 0, with the function and module, for `function`; the
-/// module path at line 0 for `module`.
+/// The statistic's one-frame traceback for a label group: the file of the
+/// first frame seen ([`Frame::file`]: without its site), at line 0, with
+/// the function and module, for `function`; the module path at line 0 for
+/// `module`.
 fn label_group_traceback(rep: &LabelRep<'_>) -> Traceback {
     let module = rep.frame.extra.as_deref().and_then(|e| e.module.clone());
     let frame = if rep.function {
-        Frame {
-            filename: Arc::clone(&rep.frame.filename),
-            lineno: 0,
-            extra: Some(Arc::new(FrameExtra {
-                function: Some(Arc::clone(rep.label)),
-                module,
-                address: None,
-            })),
-        }
+        let file = match rep.frame.site_start() {
+            Some(_) => Arc::from(rep.frame.file()),
+            None => Arc::clone(&rep.frame.filename),
+        };
+        Frame::new(file, 0).with_extra(FrameExtra {
+            function: Some(Arc::clone(rep.label)),
+            module,
+            ..FrameExtra::default()
+        })
     } else {
-        Frame {
-            filename: Arc::clone(rep.label),
-            lineno: 0,
-            extra: module.map(|module| {
-                Arc::new(FrameExtra {
-                    function: None,
-                    module: Some(module),
-                    address: None,
-                })
+        let frame = Frame::new(Arc::clone(rep.label), 0);
+        match module {
+            Some(module) => frame.with_extra(FrameExtra {
+                module: Some(module),
+                ..FrameExtra::default()
             }),
+            None => frame,
         }
     };
     Traceback::from_frame(frame)

@@ -117,30 +117,35 @@ fn positions(merged: &[(u32, u32)], new: usize, old: usize) -> (Vec<u32>, Vec<u3
 
 /// The groups of two snapshots matched by key, in ascending key order:
 /// `(new group id, old group id)`, [`NONE`] where a snapshot lacks the
-/// key. Files are merged by name, frames by (merged file, line), and
-/// tracebacks by their frames' merged positions, oldest first.
+/// key. Files are merged by text (for `filename`), frames by (merged name,
+/// line) (a frame's name is its file name, a site included: the files
+/// unless some frame has a site), and tracebacks by their frames' merged
+/// positions, oldest first.
 pub(super) fn matched_groups(new: &Index, old: &Index, group_by: GroupBy) -> Vec<(u32, u32)> {
-    let files = merge(new.files(), old.files(), |a, b| {
-        match (new.file(a), old.file(b)) {
-            (Some(x), Some(y)) if Arc::ptr_eq(x, y) => Ordering::Equal,
-            (Some(x), Some(y)) => x.cmp(y),
-            _ => Ordering::Equal,
-        }
-    });
+    let by_text = |x: Option<&Arc<str>>, y: Option<&Arc<str>>| match (x, y) {
+        (Some(x), Some(y)) if Arc::ptr_eq(x, y) => Ordering::Equal,
+        (Some(x), Some(y)) => x.cmp(y),
+        _ => Ordering::Equal,
+    };
     if group_by == GroupBy::Filename {
-        return files;
+        return merge(new.files(), old.files(), |a, b| {
+            by_text(new.file(a), old.file(b))
+        });
     }
-    let (new_file, old_file) = positions(&files, new.files(), old.files());
-    let frame_key = |index: &Index, file_pos: &[u32], f: u32| {
+    let names = merge(new.names(), old.names(), |a, b| {
+        by_text(new.name(a), old.name(b))
+    });
+    let (new_name, old_name) = positions(&names, new.names(), old.names());
+    let frame_key = |index: &Index, name_pos: &[u32], f: u32| {
         let i = f as usize;
-        let file = index.frame_file.get(i).copied().unwrap_or(NONE);
+        let name = index.frame_name(i);
         (
-            file_pos.get(file as usize).copied().unwrap_or(NONE),
+            name_pos.get(name as usize).copied().unwrap_or(NONE),
             index.frame_lineno.get(i).copied().unwrap_or(0),
         )
     };
     let frames = merge(new.frames(), old.frames(), |a, b| {
-        frame_key(new, &new_file, a).cmp(&frame_key(old, &old_file, b))
+        frame_key(new, &new_name, a).cmp(&frame_key(old, &old_name, b))
     });
     if group_by != GroupBy::Traceback {
         return frames;

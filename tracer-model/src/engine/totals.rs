@@ -171,11 +171,7 @@ mod tests {
     fn frame_groups_merge_equal_names_in_separate_allocations() {
         let shared: Arc<str> = Arc::from("a.c");
         let separate: Arc<str> = Arc::from("a.c");
-        let frame = |name: &Arc<str>, lineno| Frame {
-            filename: Arc::clone(name),
-            lineno,
-            extra: None,
-        };
+        let frame = |name: &Arc<str>, lineno| Frame::new(Arc::clone(name), lineno);
         let one = Arc::new(Traceback::new(
             vec![frame(&shared, 1), frame(&separate, 1), frame(&shared, 2)],
             None,

@@ -7,6 +7,13 @@
 //!   `fnmatch` ([`Pattern`]);
 //! - a `Filter` looks at the most recent frame only, or at every frame with
 //!   `all_frames`; `lineno` None matches any line;
+//! - a frame with no line info, named by its site
+//!   (`FILE!FUNCTION+0xOFFSET`, `FILE+0xOFFSET`, line 0), matches a
+//!   pattern that matches its file (the module's path: `/usr/bin/node`,
+//!   `*/node`) or its whole name (`*!NodeArrayBufferAllocator::*`,
+//!   `/usr/bin/node+0x1a2b30`): a pattern can select such frames by module
+//!   or by function. Every other frame matches on its filename only, as in
+//!   tracemalloc;
 //! - a `Filter` with a `domain` matches (inclusive) only traces of that
 //!   domain, or (exclusive) drops only traces of that domain;
 //! - a trace is kept if it matches at least one inclusive filter (when there
@@ -17,7 +24,6 @@
 //! name once per distinct name.
 
 use std::collections::hash_map::Entry;
-use std::sync::Arc;
 
 mod fnmatch;
 #[cfg(test)]
@@ -81,7 +87,8 @@ impl Filter {
         self.pattern.as_str()
     }
 
-    /// `_match_frame_impl`: does one frame match the pattern and line?
+    /// `_match_frame_impl`: does one frame match the pattern and line? A
+    /// frame with a site matches on its file or its whole name.
     fn frame_matches(&self, frame: &Frame, names: &mut NameCache) -> bool {
         if let Some(lineno) = self.lineno
             && lineno != frame.lineno
@@ -89,6 +96,7 @@ impl Filter {
             return false;
         }
         names.matches(&self.pattern, &frame.filename)
+            || (frame.site_start().is_some() && names.matches(&self.pattern, frame.file()))
     }
 
     /// `_match_traceback`: the filter's verdict on a traceback, before the
@@ -180,15 +188,15 @@ impl From<DomainFilter> for TraceFilter {
     }
 }
 
-/// Pattern verdicts by file name: by the name's address first (names are
-/// shared `Arc<str>`s), then by its text.
+/// Pattern verdicts by file name: by the name's address and length
+/// (names are shared `Arc<str>`s, and a file is the start of its name).
 #[derive(Default)]
 struct NameCache {
     by_address: FxHashMap<(*const u8, usize, usize), bool>,
 }
 
 impl NameCache {
-    fn matches(&mut self, pattern: &Pattern, name: &Arc<str>) -> bool {
+    fn matches(&mut self, pattern: &Pattern, name: &str) -> bool {
         // The pattern's address tells the filters apart.
         let key = (
             name.as_ptr(),

@@ -1,6 +1,8 @@
 //! `Filter`, `DomainFilter` and `normalize_filename` on a small snapshot,
 //! through `Snapshot.filter_traces()`.
 
+use std::sync::Arc;
+
 use super::*;
 use crate::{Snapshot, Trace};
 

@@ -265,6 +265,7 @@ fn lineno_groups_keep_the_first_frames_extra_and_filename_groups_none() {
         function: Some("grow".into()),
         module: Some("/usr/bin/app".into()),
         address: Some(0x401000),
+        build_id: None,
     };
     let first = Frame::new("a.c", 1).with_extra(extra.clone());
     let second = Frame::new("a.c", 1).with_extra(FrameExtra {
@@ -310,6 +311,7 @@ fn rich(file: &str, lineno: u32, function: Option<&str>, module: Option<&str>) -
         function: function.map(Arc::from),
         module: module.map(Arc::from),
         address: Some(0x1000 + u64::from(lineno)),
+        build_id: None,
     })
 }
 
@@ -482,15 +484,12 @@ fn threaded_grouping_equals_one_sequential_pass() {
             .map(|_| {
                 let n = next(50) as usize;
                 let name = if next(4) == 0 { &twins[n] } else { &names[n] };
-                Frame {
-                    filename: Arc::clone(name),
-                    lineno: next(20) as u32,
-                    extra: Some(Arc::new(FrameExtra {
-                        function: Some(Arc::from(format!("fn{}", next(30)))),
-                        module: None,
-                        address: Some(i),
-                    })),
-                }
+                Frame::new(Arc::clone(name), next(20) as u32).with_extra(FrameExtra {
+                    function: Some(Arc::from(format!("fn{}", next(30)))),
+                    module: None,
+                    address: Some(i),
+                    build_id: None,
+                })
             })
             .collect();
         pool.push(Arc::new(Traceback::new(frames, None)));

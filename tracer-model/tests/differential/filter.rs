@@ -115,10 +115,11 @@ fn filter_case(rng: &mut StdRng) -> FilterCase {
         } else {
             let depth = rng.random_range(1..=4);
             let frames: Vec<Frame> = (0..depth)
-                .map(|_| Frame {
-                    filename: Arc::clone(&names[rng.random_range(0..names.len())]),
-                    lineno: rng.random_range(0..4),
-                    extra: None,
+                .map(|_| {
+                    Frame::new(
+                        Arc::clone(&names[rng.random_range(0..names.len())]),
+                        rng.random_range(0..4),
+                    )
                 })
                 .collect();
             let tb = Arc::new(Traceback::new(frames, None));

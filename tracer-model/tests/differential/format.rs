@@ -60,21 +60,18 @@ fn traceback_format_with_source_matches_cpython() {
     for name in &names {
         for lineno in 0..9 {
             tracebacks.push(Traceback::new(
-                vec![Frame {
-                    filename: Arc::clone(name),
-                    lineno,
-                    extra: None,
-                }],
+                vec![Frame::new(Arc::clone(name), lineno)],
                 None,
             ));
         }
     }
     for _ in 0..300 {
         let frames = (0..rng.random_range(1..6))
-            .map(|_| Frame {
-                filename: Arc::clone(&names[rng.random_range(0..names.len())]),
-                lineno: rng.random_range(0..9),
-                extra: None,
+            .map(|_| {
+                Frame::new(
+                    Arc::clone(&names[rng.random_range(0..names.len())]),
+                    rng.random_range(0..9),
+                )
             })
             .collect();
         tracebacks.push(Traceback::new(frames, None));

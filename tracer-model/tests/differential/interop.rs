@@ -66,11 +66,7 @@ fn random_snapshot(seed: u64) -> Snapshot {
                     } else {
                         rng.random_range(0..4)
                     };
-                    frames.push(Frame {
-                        filename: Arc::clone(&names[i]),
-                        lineno,
-                        extra: None,
-                    });
+                    frames.push(Frame::new(Arc::clone(&names[i]), lineno));
                 }
             }
             let total = if rng.random_bool(0.2) {
@@ -105,7 +101,7 @@ fn random_snapshot(seed: u64) -> Snapshot {
     Snapshot::new(traces, limit)
 }
 
-fn raw(snapshot: &Snapshot) -> Value {
+pub(crate) fn raw(snapshot: &Snapshot) -> Value {
     snapshot
         .traces()
         .iter()
@@ -143,13 +139,13 @@ fn first_difference(path: &str, expected: &Value, actual: &Value) -> Option<Stri
     }
 }
 
-fn assert_same(path: &str, expected: &Value, actual: &Value) {
+pub(crate) fn assert_same(path: &str, expected: &Value, actual: &Value) {
     if let Some(difference) = first_difference(path, expected, actual) {
         panic!("differs at {difference}");
     }
 }
 
-fn our_stats(snapshot: &Snapshot) -> Value {
+pub(crate) fn our_stats(snapshot: &Snapshot) -> Value {
     let mut out = serde_json::Map::new();
     let empty = Snapshot::new(Vec::new(), snapshot.traceback_limit());
     for (group_by, cumulative) in GROUPINGS {

@@ -14,3 +14,4 @@ mod filter;
 mod format;
 mod interop;
 mod model;
+mod sites;

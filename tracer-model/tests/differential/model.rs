@@ -116,11 +116,7 @@ impl Generator {
         } else {
             LINENOS[self.rng.random_range(0..LINENOS.len())]
         };
-        Frame {
-            filename,
-            lineno,
-            extra: None,
-        }
+        Frame::new(filename, lineno)
     }
 
     fn traceback(&mut self) -> Traceback {

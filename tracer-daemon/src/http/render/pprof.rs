@@ -15,10 +15,14 @@
 //!   one line; no address (tracer's frames are `file:line`, their return
 //!   addresses differ per process run);
 //! - one function per (name, file): the frame's function, or `<unknown>`;
+//!   a frame with no line info is named by its site, `FUNCTION+0xOFFSET`
+//!   (else `MODULE+0xOFFSET`), its file the module (see
+//!   [`Node::site_name`]): two sites are two functions, which `-top` and
+//!   `-traces` show apart even within one function of a stripped binary;
 //! - one mapping per module path (the executable or shared library of a
 //!   frame, when known), the first one the first module that is not a
 //!   shared object (the executable, which pprof names `File:`), with no address
-//!   range and no build id (tracer's frames do not carry one), flagged as
+//!   range, the module's build id when its frames carry one, flagged as
 //!   symbolized so that pprof does not try to symbolize it again;
 //! - comments naming what it shows (`tracer: statistics of pid 1234`).
 use std::collections::HashMap;
@@ -168,7 +172,8 @@ struct Builder<'a> {
     profile: Profile,
     strings: HashMap<&'a str, i64>,
     functions: HashMap<(&'a str, &'a str), u64>,
-    mappings: HashMap<&'a str, u64>,
+    /// By module path: the mapping's id and index.
+    mappings: HashMap<&'a str, (u64, usize)>,
     locations: HashMap<Node<'a>, u64>,
 }
 
@@ -204,8 +209,15 @@ impl<'a> Builder<'a> {
         id
     }
 
-    fn mapping(&mut self, module: &'a str) -> u64 {
-        if let Some(&id) = self.mappings.get(module) {
+    /// The mapping of `module`, with `build_id` once a frame gives one.
+    fn mapping(&mut self, module: &'a str, build_id: Option<&'a str>) -> u64 {
+        let build_id = build_id.map_or(0, |b| self.string(b));
+        if let Some(&(id, index)) = self.mappings.get(module) {
+            if let Some(mapping) = self.profile.mapping.get_mut(index)
+                && mapping.build_id == 0
+            {
+                mapping.build_id = build_id;
+            }
             return id;
         }
         let id = next_id(self.profile.mapping.len());
@@ -213,13 +225,15 @@ impl<'a> Builder<'a> {
         self.profile.mapping.push(Mapping {
             id,
             filename,
+            build_id,
             has_functions: true,
             has_filenames: true,
             has_line_numbers: true,
             has_inline_frames: true,
             ..Mapping::default()
         });
-        self.mappings.insert(module, id);
+        self.mappings
+            .insert(module, (id, self.profile.mapping.len() - 1));
         id
     }
 
@@ -227,8 +241,11 @@ impl<'a> Builder<'a> {
         if let Some(&id) = self.locations.get(&node) {
             return id;
         }
-        let function_id = self.function(node.function.unwrap_or(UNKNOWN_FUNCTION), node.filename);
-        let mapping_id = node.module.map_or(0, |m| self.mapping(m));
+        let function_id = match node.site_name() {
+            Some(site) => self.function(site, node.file()),
+            None => self.function(node.function.unwrap_or(UNKNOWN_FUNCTION), node.filename),
+        };
+        let mapping_id = node.module.map_or(0, |m| self.mapping(m, node.build_id));
         let id = next_id(self.profile.location.len());
         self.profile.location.push(Location {
             id,
@@ -274,13 +291,13 @@ pub fn profile(rows: &[Row<'_>], diff: bool, comments: &[String]) -> Profile {
     }
     // pprof takes the first mapping for the main binary (its `File:`): the
     // first module that is not a shared object.
-    if let Some(module) = rows
+    if let Some(node) = rows
         .iter()
         .flat_map(|row| &row.frames)
-        .filter_map(|node| node.module)
-        .find(|module| !module.contains(".so"))
+        .find(|node| node.module.is_some_and(|module| !module.contains(".so")))
+        && let Some(module) = node.module
     {
-        builder.mapping(module);
+        builder.mapping(module, node.build_id);
     }
     for row in rows {
         let value = if diff {
@@ -395,5 +412,61 @@ mod tests {
             stats.string_table[usize::try_from(f.name).unwrap()],
             "<unknown>"
         );
+    }
+
+    #[test]
+    fn sites_are_functions_of_their_own_and_modules_carry_their_build_id() {
+        use tracer_model::{Frame, FrameExtra};
+        let extra = |function: Option<&str>| FrameExtra {
+            function: function.map(Into::into),
+            module: Some("/usr/bin/app".into()),
+            address: Some(1),
+            build_id: Some("8e1f".into()),
+        };
+        // Two sites in one function, one with no function, a caller.
+        let frames = [
+            Frame::without_line("/usr/bin/app", Some("alloc"), 0x1f)
+                .with_extra(extra(Some("alloc"))),
+            Frame::without_line("/usr/bin/app", Some("alloc"), 0x2a)
+                .with_extra(extra(Some("alloc"))),
+            Frame::without_line("/usr/bin/app", None, 0x115f).with_extra(extra(None)),
+            Frame::without_line("/usr/bin/app", Some("main"), 0x40).with_extra(extra(Some("main"))),
+        ];
+        let nodes: Vec<Node<'_>> = frames.iter().map(Node::of_site).collect();
+        let row = |leaf: usize, size: u64| Row {
+            frames: vec![nodes[leaf], nodes[3]],
+            count: 1,
+            size,
+            count_diff: 1,
+            size_diff: i64::try_from(size).unwrap(),
+        };
+        let decoded = profile(&[row(0, 300), row(1, 200), row(2, 100)], false, &[]);
+        let s = |i: i64| decoded.string_table[usize::try_from(i).unwrap()].as_str();
+        let functions: Vec<(&str, &str)> = decoded
+            .function
+            .iter()
+            .map(|f| (s(f.name), s(f.filename)))
+            .collect();
+        assert_eq!(
+            functions,
+            [
+                ("alloc+0x1f", "/usr/bin/app"),
+                ("main+0x40", "/usr/bin/app"),
+                ("alloc+0x2a", "/usr/bin/app"),
+                ("/usr/bin/app+0x115f", "/usr/bin/app"),
+            ]
+        );
+        assert_eq!(decoded.location.len(), 4);
+        assert_eq!(
+            decoded
+                .sample
+                .iter()
+                .map(|s| s.location_id.clone())
+                .collect::<Vec<_>>(),
+            [vec![1, 2], vec![3, 2], vec![4, 2]]
+        );
+        assert_eq!(decoded.mapping.len(), 1);
+        assert_eq!(s(decoded.mapping[0].filename), "/usr/bin/app");
+        assert_eq!(s(decoded.mapping[0].build_id), "8e1f");
     }
 }

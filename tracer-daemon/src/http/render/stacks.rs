@@ -7,6 +7,11 @@
 //! `traceback` (the profile formats' default), its one frame for `lineno`
 //! and `filename` (`filename:0`), and one frame named by the group's label
 //! for `function` and `module`.
+//!
+//! A frame with no line info is named by its site (`MODULE!FUNCTION+0xOFFSET`
+//! or `MODULE+0xOFFSET`, see [`tracer_model::Frame`]): the profile formats
+//! name it by its site too ([`Node::site_name`]), so two sites are two frames
+//! there as well, even in one function.
 use tracer_model::{Frame, GroupBy, Statistic, StatisticDiff, Traceback};
 
 /// The name of a frame whose function is unknown (as `group_by=function`
@@ -19,13 +24,18 @@ pub struct Node<'a> {
     /// The function, from the frame's symbolization (DWARF), or a group's
     /// label; None when unknown.
     pub function: Option<&'a str>,
-    /// The source file (or the module's path when the frame has no line
-    /// information, or `<unknown>`); empty for a label frame.
+    /// The source file; for a frame with no line information the name of its
+    /// site (`MODULE!FUNCTION+0xOFFSET`, `MODULE+0xOFFSET`); `<unknown>`;
+    /// empty for a label frame.
     pub filename: &'a str,
+    /// Where the site starts in `filename`, for a frame named by its site.
+    pub site_start: Option<usize>,
     /// The line in `filename`, 0 when unknown.
     pub lineno: u32,
     /// The executable or shared library the frame's address is in, if known.
     pub module: Option<&'a str>,
+    /// That module's GNU build id (lowercase hex), if known.
+    pub build_id: Option<&'a str>,
 }
 
 impl<'a> Node<'a> {
@@ -40,9 +50,17 @@ impl<'a> Node<'a> {
         Node {
             function,
             filename,
+            site_start: None,
             lineno,
             module,
+            build_id: None,
         }
+    }
+
+    /// A frame of the unit tests named by its site.
+    #[cfg(test)]
+    pub fn of_site(frame: &'a Frame) -> Self {
+        Self::of_frame(frame)
     }
 
     fn of_frame(frame: &'a Frame) -> Self {
@@ -50,9 +68,34 @@ impl<'a> Node<'a> {
         Node {
             function: extra.and_then(|e| e.function.as_deref()),
             filename: &frame.filename,
+            site_start: frame.site_start(),
             lineno: frame.lineno,
             module: extra.and_then(|e| e.module.as_deref()),
+            build_id: extra.and_then(|e| e.build_id.as_deref()),
         }
+    }
+
+    /// The file of the frame: `filename` without its site (the module's
+    /// path), else all of `filename`.
+    #[must_use]
+    pub fn file(&self) -> &'a str {
+        let filename = self.filename;
+        self.site_start
+            .and_then(|start| filename.get(..start))
+            .unwrap_or(filename)
+    }
+
+    /// The name of a frame with no line info by its site: `FUNCTION+0xOFFSET`
+    /// when it names a function, else `MODULE+0xOFFSET` (all of `filename`);
+    /// None for other frames.
+    #[must_use]
+    pub fn site_name(&self) -> Option<&'a str> {
+        let filename = self.filename;
+        let site = filename.get(self.site_start?..)?;
+        Some(
+            site.strip_prefix(tracer_model::SITE_FUNCTION_MARK)
+                .unwrap_or(filename),
+        )
     }
 
     /// The name of a function or module group.
@@ -60,17 +103,29 @@ impl<'a> Node<'a> {
         Node {
             function: Some(label),
             filename: "",
+            site_start: None,
             lineno: 0,
             module: (group_by == GroupBy::Module).then_some(label),
+            build_id: None,
         }
     }
 
     /// The frame as one item of a folded stack: `function (file:line)`,
     /// `function (file)` without a line, `file:line` or `file` without a
-    /// function, the label alone for a group's label. `;` (the separator of
-    /// folded stacks) becomes `:`, and line breaks spaces.
+    /// function, the label alone for a group's label; a frame named by its
+    /// site `FUNCTION+0xOFFSET (MODULE)`, or `MODULE+0xOFFSET`. `;` (the
+    /// separator of folded stacks) becomes `:`, and line breaks spaces.
     #[must_use]
     pub fn folded_name(&self) -> String {
+        if let Some(site) = self.site_name() {
+            // `MODULE+0xOFFSET` names its module already.
+            let name = if std::ptr::eq(site, self.filename) {
+                site.to_string()
+            } else {
+                format!("{site} ({})", self.file())
+            };
+            return name.replace(';', ":").replace(['\n', '\r'], " ");
+        }
         let name = match (self.function, self.filename.is_empty(), self.lineno) {
             (Some(function), true, _) => function.to_string(),
             (Some(function), false, 0) => format!("{function} ({})", self.filename),
@@ -149,4 +204,37 @@ pub fn of_diffs(diffs: &[StatisticDiff], group_by: GroupBy) -> Vec<Row<'_>> {
             size_diff: d.size_diff,
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use tracer_model::{Frame, FrameExtra};
+
+    use super::*;
+
+    #[test]
+    fn a_frame_without_line_is_named_by_its_site_in_folded_stacks() {
+        let in_function = Frame::without_line("/bin/app", Some("alloc;a"), 0x1f);
+        let node = Node::of_site(&in_function);
+        assert_eq!(node.file(), "/bin/app");
+        assert_eq!(node.site_name(), Some("alloc;a+0x1f"));
+        assert_eq!(node.folded_name(), "alloc:a+0x1f (/bin/app)");
+        let in_module = Frame::without_line("/bin/app", None, 0x115f).with_extra(FrameExtra {
+            function: None,
+            module: Some("/bin/app".into()),
+            address: Some(0x5555_0000_115f),
+            build_id: Some("8e1f".into()),
+        });
+        let node = Node::of_site(&in_module);
+        assert_eq!(node.site_name(), Some("/bin/app+0x115f"));
+        assert_eq!(node.folded_name(), "/bin/app+0x115f");
+        assert_eq!(
+            (node.module, node.build_id),
+            (Some("/bin/app"), Some("8e1f"))
+        );
+        // The module's own line 0 has no site.
+        let plain = Frame::new("/bin/app", 0);
+        assert_eq!(Node::of_site(&plain).site_name(), None);
+        assert_eq!(Node::of_site(&plain).folded_name(), "/bin/app");
+    }
 }

@@ -13,7 +13,7 @@ mod dump;
 mod errors;
 mod filters;
 mod openapi;
-mod profiles;
+pub(crate) mod profiles;
 mod snapshots;
 mod tracing;
 mod ui;

@@ -37,7 +37,7 @@ fn get_as(tracerd: &Tracerd, path: &str, content_type: &str) -> Vec<u8> {
 }
 
 /// The profile at `path` saved as `dir/name`.
-fn save_profile(tracerd: &Tracerd, path: &str, dir: &Path, name: &str) -> PathBuf {
+pub(crate) fn save_profile(tracerd: &Tracerd, path: &str, dir: &Path, name: &str) -> PathBuf {
     let body = get_as(tracerd, path, "application/octet-stream");
     assert_eq!(&body[..2], [0x1f, 0x8b], "{path}: gzip");
     let file = dir.join(name);
@@ -46,7 +46,7 @@ fn save_profile(tracerd: &Tracerd, path: &str, dir: &Path, name: &str) -> PathBu
 }
 
 /// `go tool pprof ARGS` (every node, sizes in bytes); its output.
-fn pprof(dir: &Path, args: &[&str]) -> String {
+pub(crate) fn pprof(dir: &Path, args: &[&str]) -> String {
     let out = output_ok(
         Command::new("go")
             .args([
@@ -73,7 +73,7 @@ fn value_of(text: &str) -> i64 {
 
 /// pprof's `-top` table: the total it accounts for, and each node's flat
 /// value (nodes whose flat is 0 left out) by name.
-fn top(output: &str) -> (i64, BTreeMap<String, i64>) {
+pub(crate) fn top(output: &str) -> (i64, BTreeMap<String, i64>) {
     let total = output
         .lines()
         .find_map(|l| l.strip_prefix("Showing nodes accounting for "))
@@ -103,7 +103,7 @@ fn top(output: &str) -> (i64, BTreeMap<String, i64>) {
 
 /// pprof's `-traces`: each sample's value and its frames, most recent
 /// first, sorted.
-fn traces(output: &str) -> Vec<(i64, Vec<String>)> {
+pub(crate) fn traces(output: &str) -> Vec<(i64, Vec<String>)> {
     let separator = "-----------+";
     let mut samples = Vec::new();
     let body = output.split_once(separator).map_or("", |(_, b)| b);
@@ -403,10 +403,19 @@ fn pprof_compare_is_go_diff_base_of_the_two_sides() {
     fx.end();
 }
 
-/// tracer's name of a frame in folded stacks (`render/stacks.rs`).
+/// tracer's name of a frame in folded stacks (`render/stacks.rs`): a frame
+/// with no line info named by its site (its JSON has `file`, the module) is
+/// `FUNCTION+0xOFFSET (MODULE)`, or `MODULE+0xOFFSET` with no function.
 fn folded_name(frame: &Value) -> String {
     let file = frame["filename"].as_str().expect("filename");
     let line = frame["lineno"].as_u64().expect("lineno");
+    if let Some(module) = frame["file"].as_str() {
+        let site = file.strip_prefix(module).expect("a site after its module");
+        return match site.strip_prefix('!') {
+            Some(function) => format!("{function} ({module})"),
+            None => file.to_string(),
+        };
+    }
     match (frame["function"].as_str(), line) {
         (Some(function), 0) => format!("{function} ({file})"),
         (Some(function), line) => format!("{function} ({file}:{line})"),

@@ -8,6 +8,7 @@
 mod distro;
 mod gdb;
 mod sites;
+mod stripped;
 
 use std::{path::Path, process::Command, time::Duration};
 

@@ -250,7 +250,9 @@ pub(crate) fn decode_with(bytes: &[u8], budget: &mut Budget) -> Result<Decoded, 
             .unwrap_or_else(|| Arc::from(""));
         let lineno = r.u32("lineno")?;
         let flags = r.byte()?;
-        if flags & !7 != 0 {
+        // Flags 8 and 16 came with version 3.
+        let known = if version >= 3 { 31 } else { 7 };
+        if flags & !known != 0 {
             return Err(r.fail(format!("unknown frame flags {flags:#x}")));
         }
         let string = |r: &mut Reader<'_>| -> Result<Arc<str>, DumpError> {
@@ -272,22 +274,40 @@ pub(crate) fn decode_with(bytes: &[u8], budget: &mut Budget) -> Result<Decoded, 
         } else {
             None
         };
-        if flags != 0 {
+        let site_start = if flags & 8 != 0 {
+            Some(r.varint()?)
+        } else {
+            None
+        };
+        let build_id = if flags & 16 != 0 {
+            Some(string(&mut r)?)
+        } else {
+            None
+        };
+        if flags & !8 != 0 {
             budget.charge(cost::FRAME_EXTRA, || {
                 format!("frame {} of the frames section", frames.len())
             })?;
         }
-        let extra = (flags != 0).then(|| {
-            Arc::new(FrameExtra {
-                function,
-                module,
-                address,
-            })
-        });
-        frames.push(Frame {
-            filename,
-            lineno,
-            extra,
+        // A site start that is not inside the name leaves a frame without
+        // a site (`Frame::with_site`): still the same frame.
+        let frame = match site_start {
+            Some(start) if lineno == 0 => {
+                Frame::with_site(filename, usize::try_from(start).unwrap_or(0))
+            }
+            Some(_) => return Err(r.fail(format!("frame {} has a line and a site", frames.len()))),
+            None => Frame::new(filename, lineno),
+        };
+        let extra = FrameExtra {
+            function,
+            module,
+            address,
+            build_id,
+        };
+        frames.push(if extra == FrameExtra::default() {
+            frame
+        } else {
+            frame.with_extra(extra)
         });
     }
 

@@ -20,8 +20,17 @@ fn put_varint(out: &mut Vec<u8>, mut value: u64) {
     out.push(value as u8);
 }
 
-/// A frame as written: file name, line, function, module, address.
-type FrameKey<'a> = (&'a str, u32, Option<&'a str>, Option<&'a str>, Option<u64>);
+/// A frame as written: file name, line, function, module, address, site
+/// start, build id.
+type FrameKey<'a> = (
+    &'a str,
+    u32,
+    Option<&'a str>,
+    Option<&'a str>,
+    Option<u64>,
+    Option<usize>,
+    Option<&'a str>,
+);
 
 /// The string table being written, in order of first use.
 #[derive(Default)]
@@ -71,7 +80,17 @@ pub fn encode(snapshot: &Snapshot, meta: &Value) -> Vec<u8> {
                 let function = extra.and_then(|e| e.function.as_deref());
                 let module = extra.and_then(|e| e.module.as_deref());
                 let address = extra.and_then(|e| e.address);
-                let key = (&*frame.filename, frame.lineno, function, module, address);
+                let site_start = frame.site_start();
+                let build_id = extra.and_then(|e| e.build_id.as_deref());
+                let key = (
+                    &*frame.filename,
+                    frame.lineno,
+                    function,
+                    module,
+                    address,
+                    site_start,
+                    build_id,
+                );
                 let id = match frame_index.get(&key) {
                     Some(&id) => id,
                     None => {
@@ -79,7 +98,9 @@ pub fn encode(snapshot: &Snapshot, meta: &Value) -> Vec<u8> {
                         put_varint(&mut frames_body, u64::from(frame.lineno));
                         let flags = u8::from(function.is_some())
                             | (u8::from(module.is_some()) << 1)
-                            | (u8::from(address.is_some()) << 2);
+                            | (u8::from(address.is_some()) << 2)
+                            | (u8::from(site_start.is_some()) << 3)
+                            | (u8::from(build_id.is_some()) << 4);
                         frames_body.push(flags);
                         if let Some(function) = function {
                             put_varint(&mut frames_body, strings.intern(function));
@@ -89,6 +110,12 @@ pub fn encode(snapshot: &Snapshot, meta: &Value) -> Vec<u8> {
                         }
                         if let Some(address) = address {
                             put_varint(&mut frames_body, address);
+                        }
+                        if let Some(start) = site_start {
+                            put_varint(&mut frames_body, start as u64);
+                        }
+                        if let Some(build_id) = build_id {
+                            put_varint(&mut frames_body, strings.intern(build_id));
                         }
                         frame_index.insert(key, frame_count);
                         frame_count += 1;

@@ -1,28 +1,31 @@
 //! tracer's own snapshot file format: versioned, compact, self-describing,
 //! checksummed. Pure encode/decode of bytes; the store does the file I/O.
 //!
-//! Layout, version 2 (all integers little-endian; "varint" is unsigned
+//! Layout, version 3 (all integers little-endian; "varint" is unsigned
 //! LEB128):
 //!
 //! | bytes | content |
 //! |---|---|
 //! | 8 | magic `\x89TRSNAP\n` |
-//! | 2 | format version (2; 1 is read too) |
+//! | 2 | format version (3; 1 and 2 are read too) |
 //! | 4 | header length H |
 //! | H | header: a JSON object, see below |
 //! | … | strings: count × (varint byte length, UTF-8 bytes) |
-//! | … | frames: count × (varint filename string, varint lineno, flags byte, then if flag 1 varint function string, if flag 2 varint module string, if flag 4 varint address) |
+//! | … | frames: count × (varint filename string, varint lineno, flags byte, then if flag 1 varint function string, if flag 2 varint module string, if flag 4 varint address, if flag 8 varint site start, if flag 16 varint build id string) |
 //! | … | tracebacks: count × (varint total_nframe + 1 or 0 for unknown, varint depth ≥ 1, depth × varint frame, most recent first) |
 //! | … | traces: count × (varint domain, varint size in bytes, varint traceback, varint source) |
 //! | 4 | CRC-32 (IEEE) of every byte before it |
 //!
 //! The header says what the body holds, so a reader needs nothing else:
-//! `{"format": "tracer-snapshot", "version": 2, "traceback_limit": N,
+//! `{"format": "tracer-snapshot", "version": 3, "traceback_limit": N,
 //! "counts": {"strings": S, "frames": F, "tracebacks": T, "traces": N},
 //! "sources": ["unknown", "glibc", ...], "layout": "...", "meta": {...}}`;
 //! a trace's source is an index of `sources` (a name this reader does not
 //! know reads as unknown). Version 1 had no source per trace: its traces
-//! read with an unknown source. `meta` is free-form (the store keeps
+//! read with an unknown source. Version 3 added the frame flags 8 (where
+//! the site starts in the filename of a frame with no line info, see
+//! [`Frame::site`](crate::Frame::site)) and 16 (the module's build id);
+//! versions 1 and 2 have neither (a frame's filename there is its file). `meta` is free-form (the store keeps
 //! the snapshot's id, pid, label and times there, and its loss as
 //! `complete`, `drops` and `drops_by_pid`: see
 //! [`Completeness`](crate::Completeness)). A reader ignores keys it does not know
@@ -53,13 +56,14 @@ pub const DUMP_MAGIC: [u8; 8] = *b"\x89TRSNAP\n";
 
 /// The format version this code writes; it reads this one and every one
 /// since [`DUMP_OLDEST_VERSION`].
-pub const DUMP_VERSION: u16 = 2;
+pub const DUMP_VERSION: u16 = 3;
 
 /// The oldest format version this code reads (1: no source per trace).
 pub const DUMP_OLDEST_VERSION: u16 = 1;
 
 const LAYOUT: &str = "strings: count x (varint len, utf8); frames: count x (varint filename, \
-    varint lineno, u8 flags [1 function, 2 module, 4 address], varint per flag); tracebacks: \
+    varint lineno, u8 flags [1 function, 2 module, 4 address, 8 site start, 16 build id], varint \
+    per flag); tracebacks: \
     count x (varint total_nframe+1 or 0, varint depth, depth x varint frame, most recent first); \
     traces: count x (varint domain, varint size, varint traceback, varint source index of the \
     header's sources); then crc32 (IEEE, LE) of all bytes before it";

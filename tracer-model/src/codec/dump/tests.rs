@@ -12,15 +12,12 @@ use crate::trace::{Frame, FrameExtra, Source, Trace, Traceback};
 
 fn sample() -> Snapshot {
     let shared: Arc<str> = Arc::from("src/a.c");
-    let rich = Frame {
-        filename: Arc::clone(&shared),
-        lineno: 12,
-        extra: Some(Arc::new(FrameExtra {
-            function: Some("alloc_node".into()),
-            module: Some("/usr/bin/app".into()),
-            address: Some(0x5555_0000_1234),
-        })),
-    };
+    let rich = Frame::new(Arc::clone(&shared), 12).with_extra(FrameExtra {
+        function: Some("alloc_node".into()),
+        module: Some("/usr/bin/app".into()),
+        address: Some(0x5555_0000_1234),
+        build_id: None,
+    });
     let a = Arc::new(Traceback::new(
         vec![rich.clone(), Frame::new("main.c", 7), rich],
         Some(9),
@@ -83,6 +80,7 @@ fn equal_lines_with_other_extras_stay_apart() {
             function: None,
             module: Some("/usr/bin/grep".into()),
             address: Some(address),
+            build_id: None,
         })
     };
     let one = Arc::new(Traceback::new(vec![at(0x10)], None));
@@ -135,7 +133,7 @@ fn corrupt_and_foreign_files_are_refused_with_reasons() {
     version[8] = 9;
     assert_eq!(
         decode(&version).unwrap_err().to_string(),
-        "tracer snapshot format version 9 is not supported (this tracerd reads versions 1 to 2)"
+        "tracer snapshot format version 9 is not supported (this tracerd reads versions 1 to 3)"
     );
     let pickle = b"\x80\x04\x95\x10\x00\x00\x00\x00\x00\x00\x00\x8c\x0btracemalloc";
     assert_eq!(
@@ -269,12 +267,12 @@ fn version_1_files_read_with_unknown_sources() {
     assert_eq!((traces[0].domain, traces[0].size), (7, 100));
     assert_eq!(traces[0].source, Source::UNKNOWN);
     assert_eq!(traces[0].traceback.to_string(), "a.c:3");
-    // The same file as version 3 is refused, by name.
-    bytes[8] = 3;
+    // The same file as version 4 is refused, by name.
+    bytes[8] = 4;
     assert_eq!(
         decode(&bytes).err().map(|e| e.to_string()).as_deref(),
         Some(
-            "tracer snapshot format version 3 is not supported (this tracerd reads versions 1 to 2)"
+            "tracer snapshot format version 4 is not supported (this tracerd reads versions 1 to 3)"
         )
     );
 }
@@ -400,5 +398,100 @@ fn an_interrupt_check_stops_the_decoding() {
         DumpError::Interrupted(Interrupted {
             reason: "the request went past its memory budget".into()
         })
+    );
+}
+
+#[test]
+fn sites_and_build_ids_round_trip_and_keep_two_sites_apart() {
+    let site = |function: Option<&str>, offset| {
+        Frame::without_line("/usr/bin/node", function, offset).with_extra(FrameExtra {
+            function: function.map(Arc::from),
+            module: Some("/usr/bin/node".into()),
+            address: Some(0x5555_0000_0000 + offset),
+            build_id: Some("0f1e2d3c".into()),
+        })
+    };
+    let traces: Vec<Trace> = [
+        (site(Some("Allocate(unsigned long)"), 0x1f), 300),
+        (site(Some("EnsureExtension()"), 0x2a), 200),
+        (site(None, 0x1a_2b30), 100),
+    ]
+    .into_iter()
+    .map(|(frame, size)| Trace {
+        source: Source::UNKNOWN,
+        domain: 1,
+        size,
+        traceback: Arc::new(Traceback::new(vec![frame], None)),
+    })
+    .collect();
+    let snapshot = Snapshot::new(traces, 1);
+    let bytes = encode(&snapshot, &json!({}));
+    assert_eq!(bytes[8..10], DUMP_VERSION.to_le_bytes());
+    let decoded = decode(&bytes).expect("decodes").snapshot;
+    assert_eq!(decoded, snapshot);
+    let frames: Vec<(String, &str, Option<&str>, Option<&str>)> = decoded
+        .traces()
+        .iter()
+        .map(|t| {
+            let frame = &t.traceback.frames()[0];
+            let extra = frame.extra.as_deref().expect("extra");
+            (
+                frame.to_string(),
+                frame.file(),
+                frame.site(),
+                extra.build_id.as_deref(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        frames,
+        [
+            (
+                "/usr/bin/node!Allocate(unsigned long)+0x1f:0".to_string(),
+                "/usr/bin/node",
+                Some("!Allocate(unsigned long)+0x1f"),
+                Some("0f1e2d3c")
+            ),
+            (
+                "/usr/bin/node!EnsureExtension()+0x2a:0".to_string(),
+                "/usr/bin/node",
+                Some("!EnsureExtension()+0x2a"),
+                Some("0f1e2d3c")
+            ),
+            (
+                "/usr/bin/node+0x1a2b30:0".to_string(),
+                "/usr/bin/node",
+                Some("+0x1a2b30"),
+                Some("0f1e2d3c")
+            ),
+        ]
+    );
+    let stats = decoded.statistics(crate::GroupBy::Lineno, false).unwrap();
+    assert_eq!(stats.len(), 3);
+    let files = decoded.statistics(crate::GroupBy::Filename, false).unwrap();
+    assert_eq!(files.len(), 1);
+    assert_eq!(
+        files[0].to_string(),
+        "/usr/bin/node:0: size=600 B, count=3, average=200 B"
+    );
+    assert_eq!(encode(&decoded, &json!({})), bytes, "deterministic");
+}
+
+#[test]
+fn version_2_files_with_the_flags_of_version_3_are_refused() {
+    // One string "a", one frame a:0 with flag 8 (site start 0).
+    let header = json!({"format": "tracer-snapshot", "version": 2, "traceback_limit": 1,
+        "counts": {"strings": 1, "frames": 1, "tracebacks": 0, "traces": 0},
+        "sources": ["unknown"]});
+    let header = header.to_string().into_bytes();
+    let mut out = DUMP_MAGIC.to_vec();
+    out.extend_from_slice(&2u16.to_le_bytes());
+    out.extend_from_slice(&(header.len() as u32).to_le_bytes());
+    out.extend_from_slice(&header);
+    out.extend_from_slice(&[1, b'a', 0, 0, 8, 0]);
+    let err = decode(&with_crc(out)).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "bad tracer snapshot body in frames: unknown frame flags 0x8"
     );
 }

@@ -245,11 +245,12 @@ impl Converter<'_, '_> {
         let &[filename, lineno] = self.heap.tuple(index) else {
             return Err(shape(format!("{at} is not a (filename, lineno) pair")));
         };
-        let frame = Frame {
-            filename: self.name(filename, at)?,
-            lineno: int_in(self.heap, lineno, at.field("lineno"), "0 to 4294967295")?,
-            extra: None,
-        };
+        // tracer writes a frame with no line info as its site's name:
+        // read back, that name is a site again (see `Frame`).
+        let frame = Frame::from_tracemalloc(
+            self.name(filename, at)?,
+            int_in(self.heap, lineno, at.field("lineno"), "0 to 4294967295")?,
+        );
         let key = (
             Arc::as_ptr(&frame.filename).cast::<u8>() as usize,
             frame.lineno,

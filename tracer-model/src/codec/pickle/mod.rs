@@ -18,7 +18,12 @@
 //! [`dump_tracemalloc`] writes a protocol-4 pickle that Python's
 //! `tracemalloc.Snapshot.load()` reads into an equal snapshot (file names,
 //! line numbers, domains, sizes, `total_nframe`, `traceback_limit`; the
-//! extras tracemalloc has no place for are not written).
+//! extras tracemalloc has no place for are not written). A frame with no
+//! line info is written as tracemalloc sees it, `(name, 0)` with its site
+//! in the name (`/usr/bin/node!f+0x1f`, `/usr/bin/node+0x1a2b30`: see
+//! [`Frame`](crate::Frame)), so Python keeps two sites apart and prints
+//! them as tracer does; [`load_tracemalloc`] reads such a name back as a
+//! site ([`Frame::from_tracemalloc`](crate::Frame::from_tracemalloc)).
 //!
 //! Three steps: `vm` runs the opcodes into plain objects (`value`), `load`
 //! turns those into a `Snapshot`, and `dump` writes one.

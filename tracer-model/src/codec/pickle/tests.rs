@@ -302,3 +302,61 @@ fn an_interrupt_check_stops_the_loading() {
         "interrupted: the client left"
     );
 }
+
+#[test]
+fn sites_cross_the_pickle_as_names_and_come_back_as_sites() {
+    use crate::statistic::GroupBy;
+    use crate::trace::{Frame, FrameExtra, Source, Trace, Traceback};
+    let site = |function: Option<&str>, offset| {
+        Frame::without_line("/usr/bin/node", function, offset).with_extra(FrameExtra {
+            function: function.map(Arc::from),
+            module: Some("/usr/bin/node".into()),
+            ..FrameExtra::default()
+        })
+    };
+    let traces: Vec<Trace> = [
+        (site(Some("Allocate(unsigned long)"), 0x1f), 2000),
+        (site(Some("EnsureExtension()"), 0x2a), 700),
+        (site(None, 0x1a_2b30), 5),
+    ]
+    .into_iter()
+    .map(|(frame, size)| Trace {
+        source: Source::UNKNOWN,
+        domain: 1,
+        size,
+        traceback: Arc::new(Traceback::new(vec![frame], Some(1))),
+    })
+    .collect();
+    let snapshot = crate::Snapshot::new(traces, 1);
+    let loaded = load_tracemalloc(&dump_tracemalloc(&snapshot)).expect("loads");
+    assert_eq!(loaded, snapshot);
+    let sites: Vec<(&str, Option<&str>)> = loaded
+        .traces()
+        .iter()
+        .map(|t| {
+            (
+                t.traceback.frames()[0].file(),
+                t.traceback.frames()[0].site(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        sites,
+        [
+            ("/usr/bin/node", Some("!Allocate(unsigned long)+0x1f")),
+            ("/usr/bin/node", Some("!EnsureExtension()+0x2a")),
+            ("/usr/bin/node", Some("+0x1a2b30")),
+        ]
+    );
+    // Matched site by site against the snapshot it came from.
+    let diff = loaded
+        .compare_to(&snapshot, GroupBy::Lineno, false)
+        .unwrap();
+    assert_eq!(diff.len(), 3);
+    assert!(diff.iter().all(|d| d.size_diff == 0 && d.count_diff == 0));
+    let files = loaded.statistics(GroupBy::Filename, false).unwrap();
+    assert_eq!(
+        files.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        ["/usr/bin/node:0: size=2705 B, count=3, average=902 B"]
+    );
+}

@@ -1,8 +1,9 @@
 //! Step 1 of [`Index::build`](super::Index::build): one pass over the
 //! arcs numbers their frames by first appearance (by a loader's hints, or
 //! by the address of the file name and the line, and by text only the
-//! first time either is seen), records each frame's representatives, and
-//! hashes each arc's frame ids.
+//! first time either is seen) and their file names (whole, sites
+//! included), records each frame's representatives, and hashes each arc's
+//! frame ids.
 
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
@@ -29,7 +30,8 @@ pub(crate) struct FrameHints {
 
 /// A frame seen in the first pass.
 pub(super) struct SeenFrame {
-    pub(super) file: u32,
+    /// Its file name's id (in `FirstPass::names`).
+    pub(super) name: u32,
     pub(super) lineno: u32,
     /// The frame at its first occurrence.
     pub(super) first: Frame,
@@ -43,8 +45,15 @@ pub(super) struct SeenFrame {
 pub(super) struct FirstPass<'a> {
     arcs: &'a [Arc<Traceback>],
     by_text: FxHashMap<(&'a str, u32), u32>,
-    file_ids: FxHashMap<&'a str, u32>,
-    pub(super) files: Vec<&'a Arc<str>>,
+    name_ids: FxHashMap<&'a str, u32>,
+    /// The distinct file names (`Frame::filename`, a site included), in
+    /// order of first appearance.
+    pub(super) names: Vec<&'a Arc<str>>,
+    /// Per name: the length of its file ([`Frame::file`]) in the first
+    /// frame seen with it; the name's length when it has no site.
+    pub(super) name_file_len: Vec<usize>,
+    /// Whether some name has a site (a file shorter than the name).
+    pub(super) any_site: bool,
     pub(super) frames: Vec<SeenFrame>,
     /// Per frame: whether it was seen as the most recent frame (dense, for
     /// a check per arc).
@@ -61,8 +70,10 @@ impl<'a> FirstPass<'a> {
         FirstPass {
             arcs,
             by_text: FxHashMap::default(),
-            file_ids: FxHashMap::default(),
-            files: Vec::new(),
+            name_ids: FxHashMap::default(),
+            names: Vec::new(),
+            name_file_len: Vec::new(),
+            any_site: false,
             frames: Vec::new(),
             on_top: Vec::new(),
             arc_start,
@@ -83,13 +94,16 @@ impl<'a> FirstPass<'a> {
             .entry((&*frame.filename, frame.lineno))
             .or_insert(next);
         if found == next {
-            let next_file = id(self.files.len());
-            let file = *self.file_ids.entry(&*frame.filename).or_insert(next_file);
-            if file == next_file {
-                self.files.push(&frame.filename);
+            let next_name = id(self.names.len());
+            let name = *self.name_ids.entry(&*frame.filename).or_insert(next_name);
+            if name == next_name {
+                self.names.push(&frame.filename);
+                let file_len = frame.file().len();
+                self.any_site |= file_len < frame.filename.len();
+                self.name_file_len.push(file_len);
             }
             self.frames.push(SeenFrame {
-                file,
+                name,
                 lineno: frame.lineno,
                 first: frame.clone(),
                 top: None,

@@ -11,8 +11,12 @@
 //!   order (frames compared oldest first), each stored as its frame ids,
 //!   oldest first;
 //! - **frames**: the distinct `(filename, lineno)` pairs, numbered in
-//!   tracemalloc's frame order (file name, then line), each with its file:
-//!   the distinct file names, numbered in text order.
+//!   tracemalloc's frame order (file name, then line), each with its name
+//!   (its whole file name, numbered in text order) and its file (the file
+//!   name without a site, [`Frame::file`]: what `group_by=filename` groups
+//!   by, numbered in text order). Names and files are the same table
+//!   unless some frame has a site (a frame with no line info named
+//!   `FILE!FUNCTION+0xOFFSET`).
 //!
 //! Because ids follow tracemalloc's orders, the last sort key of a
 //! statistic (its traceback) is its id; and because every array is
@@ -75,6 +79,9 @@ pub(crate) struct Index {
     pub(super) tb_top: Vec<u32>,
     /// Per frame: its file id.
     pub(super) frame_file: Vec<u32>,
+    /// The frames' names when some frame has a site; None when every
+    /// name is its file (names are then the files).
+    pub(super) names: Option<Names>,
     /// Per frame: its line number.
     pub(super) frame_lineno: Vec<u32>,
     /// Per frame: the representative without `cumulative`, the frame of the
@@ -87,11 +94,21 @@ pub(crate) struct Index {
     pub(super) first_frames: Arc<[Frame]>,
     /// Per frame: the hash of the one-frame traceback of it.
     pub(super) frame_hash: Vec<u64>,
-    /// Per file: `filename:0` with no extra, the frame of a `filename`
+    /// Per file: `file:0` with no extra, the frame of a `filename`
     /// statistic.
     pub(super) file_frames: Arc<[Frame]>,
     /// Per file: the hash of the one-frame traceback of its frame.
     pub(super) file_hash: Vec<u64>,
+}
+
+/// The whole file names of the frames (sites included), when they are not
+/// the files.
+#[derive(Debug, Default)]
+pub(crate) struct Names {
+    /// Per frame: its name id.
+    frame_name: Vec<u32>,
+    /// The distinct names, in text order.
+    text: Vec<Arc<str>>,
 }
 
 /// Converts an index to `u32`, saturating (ids never reach `u32::MAX`:
@@ -171,6 +188,31 @@ impl Index {
             .map(|frame| &frame.filename)
     }
 
+    /// How many distinct frame names (file names, sites included).
+    pub(super) fn names(&self) -> usize {
+        match &self.names {
+            Some(names) => names.text.len(),
+            None => self.files(),
+        }
+    }
+
+    /// The text of name `name`.
+    pub(super) fn name(&self, name: u32) -> Option<&Arc<str>> {
+        match &self.names {
+            Some(names) => names.text.get(name as usize),
+            None => self.file(name),
+        }
+    }
+
+    /// The name id of frame `frame`.
+    pub(super) fn frame_name(&self, frame: usize) -> u32 {
+        let ids = match &self.names {
+            Some(names) => &names.frame_name,
+            None => &self.frame_file,
+        };
+        ids.get(frame).copied().unwrap_or(NONE)
+    }
+
     /// How many distinct frames.
     pub(super) fn frames(&self) -> usize {
         self.frame_file.len()
@@ -195,9 +237,10 @@ impl Index {
     ///    arc's frame ids are hashed.
     /// 2. Arcs with equal frame ids are one traceback (a table keyed by
     ///    the hashes, prefetched ahead).
-    /// 3. Files are sorted by name, frames by (file, line), tracebacks by
+    /// 3. Names are sorted by text, frames by (name, line), tracebacks by
     ///    their frames oldest first (packed prefixes of the sequences,
-    ///    then whole sequences where prefixes tie), and renumbered.
+    ///    then whole sequences where prefixes tie), and renumbered; files
+    ///    are the names, or with sites the names' files sorted by text.
     pub(crate) fn build(interned: Interned, hints: Option<FrameHints>) -> Self {
         let hints = hints.filter(|h| h.spans.len() == interned.tracebacks.len());
         let mut first = FirstPass::new(&interned.tracebacks);
@@ -219,20 +262,22 @@ impl Index {
             arc_frames,
             arc_hash,
             frames,
-            files,
+            names,
+            name_file_len,
+            any_site,
             ..
         } = first;
         let tracebacks = dedup_tracebacks(&arc_start, &arc_frames, &arc_hash);
         let Tracebacks { arc_tb, tb_arc } = tracebacks;
 
-        // Files in text order, frames by (file, line).
-        let (file_order, file_rank) = ranks_by(files.len(), |f| {
-            files.get(f as usize).map_or("", |name| &***name)
+        // Names in text order, frames by (name, line).
+        let (name_order, name_rank) = ranks_by(names.len(), |n| {
+            names.get(n as usize).map_or("", |name| &***name)
         });
         let frame_keys: Vec<u64> = frames
             .iter()
             .map(|frame| {
-                (u64::from(at(&file_rank, frame.file, NONE)) << 32) | u64::from(frame.lineno)
+                (u64::from(at(&name_rank, frame.name, NONE)) << 32) | u64::from(frame.lineno)
             })
             .collect();
         let (frame_order, frame_rank) = ranks_by(frames.len(), |f| at(&frame_keys, f, 0));
@@ -300,7 +345,9 @@ impl Index {
             .collect();
         let arc_tb: Vec<u32> = arc_tb.iter().map(|&tb| at(&tb_rank, tb, NONE)).collect();
 
+        let files = Files::of(&names, &name_order, &name_rank, &name_file_len, any_site);
         let mut frame_file = Vec::with_capacity(frames.len());
+        let mut frame_name = Vec::with_capacity(if any_site { frames.len() } else { 0 });
         let mut frame_lineno = Vec::with_capacity(frames.len());
         let mut first_frames = Vec::with_capacity(frames.len());
         let mut top_frames = Vec::with_capacity(frames.len());
@@ -310,7 +357,14 @@ impl Index {
             let Some(seen) = frames.get_mut(f as usize).and_then(Option::take) else {
                 continue;
             };
-            frame_file.push(at(&file_rank, seen.file, NONE));
+            let name = at(&name_rank, seen.name, NONE);
+            match &files.name_file {
+                Some(name_file) => {
+                    frame_file.push(at(name_file, name, NONE));
+                    frame_name.push(name);
+                }
+                None => frame_file.push(name),
+            }
             frame_lineno.push(seen.lineno);
             frame_hash.push(Traceback::one_frame_hash(&seen.first));
             top_frames.push(seen.top.unwrap_or_else(|| seen.first.clone()));
@@ -331,15 +385,15 @@ impl Index {
         } else {
             Arc::from(top_frames)
         };
-        let file_frames: Vec<Frame> = file_order
-            .iter()
-            .filter_map(|&f| files.get(f as usize))
-            .map(|name| Frame {
-                filename: Arc::clone(name),
-                lineno: 0,
-                extra: None,
-            })
-            .collect();
+        let names = files.name_file.is_some().then(|| Names {
+            frame_name,
+            text: name_order
+                .iter()
+                .filter_map(|&n| names.get(n as usize))
+                .map(|name| Arc::clone(name))
+                .collect(),
+        });
+        let file_frames = files.frames;
         let file_hash: Vec<u64> = file_frames.iter().map(Traceback::one_frame_hash).collect();
         Index {
             interned,
@@ -351,12 +405,75 @@ impl Index {
             tb_frames,
             tb_top,
             frame_file,
+            names,
             frame_lineno,
             top_frames,
             first_frames,
             frame_hash,
             file_frames: Arc::from(file_frames),
             file_hash,
+        }
+    }
+}
+
+/// The files of an index's frames: the names, or with sites the names'
+/// files.
+struct Files {
+    /// Per file, in text order: `file:0`.
+    frames: Vec<Frame>,
+    /// Per name (by rank): its file id; None when the files are the names
+    /// (same ids).
+    name_file: Option<Vec<u32>>,
+}
+
+impl Files {
+    /// The files of `names` (first-pass ids, `name_order` their text
+    /// order and `name_rank` its inverse), whose files are the first
+    /// `name_file_len` bytes of each; `any_site` when some is shorter than
+    /// its name. A file that is a name too shares its text.
+    fn of(
+        names: &[&Arc<str>],
+        name_order: &[u32],
+        name_rank: &[u32],
+        name_file_len: &[usize],
+        any_site: bool,
+    ) -> Self {
+        let in_order = name_order.iter().filter_map(|&n| names.get(n as usize));
+        if !any_site {
+            return Files {
+                frames: in_order
+                    .map(|name| Frame::new(Arc::clone(name), 0))
+                    .collect(),
+                name_file: None,
+            };
+        }
+        let file_of = |n: usize| -> &str {
+            let name: &str = names.get(n).map_or("", |name| name);
+            let len = name_file_len.get(n).copied().unwrap_or(name.len());
+            name.get(..len).unwrap_or(name)
+        };
+        let mut texts: Vec<&str> = (0..names.len()).map(file_of).collect();
+        texts.sort_unstable();
+        texts.dedup();
+        let whole: crate::hash::FxHashMap<&str, &Arc<str>> =
+            names.iter().map(|name| (&***name, *name)).collect();
+        let frames = texts
+            .iter()
+            .map(|&text| match whole.get(text) {
+                Some(name) => Frame::new(Arc::clone(name), 0),
+                None => Frame::new(text, 0),
+            })
+            .collect();
+        let mut name_file = vec![NONE; names.len()];
+        for n in 0..names.len() {
+            let file = texts.binary_search(&file_of(n)).map_or(NONE, id);
+            if let Some(slot) = name_file.get_mut(at(name_rank, id(n), NONE) as usize) {
+                *slot = file;
+            }
+        }
+        Files {
+            frames,
+            name_file: Some(name_file),
         }
     }
 }

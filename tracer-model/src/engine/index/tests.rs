@@ -18,8 +18,8 @@ fn frames_of(index: &Index, t: usize) -> Vec<String> {
         .tb_frames(t)
         .iter()
         .map(|&f| {
-            let file = index.file(index.frame_file[f as usize]).unwrap();
-            format!("{file}:{}", index.frame_lineno[f as usize])
+            let name = index.name(index.frame_name(f as usize)).unwrap();
+            format!("{name}:{}", index.frame_lineno[f as usize])
         })
         .collect()
 }
@@ -100,6 +100,7 @@ fn representatives_are_the_first_occurrences() {
         function: None,
         module: None,
         address: Some(address),
+        build_id: None,
     };
     let frame = |file: &str, line, address| Frame::new(file, line).with_extra(at(address));
     // a.c:1 first appears below the top (address 1), then on top (2).
@@ -133,11 +134,7 @@ fn hints_give_the_index_built_without_them() {
         .map(|_| {
             let depth = 1 + next(5) as usize;
             let frames = (0..depth)
-                .map(|_| Frame {
-                    filename: Arc::clone(&names[next(7) as usize]),
-                    lineno: next(4) as u32,
-                    extra: None,
-                })
+                .map(|_| Frame::new(Arc::clone(&names[next(7) as usize]), next(4) as u32))
                 .collect();
             Arc::new(Traceback::new(frames, None))
         })
@@ -206,4 +203,53 @@ fn sequences_sort_past_their_packed_prefixes() {
         .collect();
     sequences.sort();
     assert_eq!(sorted, sequences);
+}
+
+#[test]
+fn frames_with_sites_are_ordered_by_name_and_filed_under_their_module() {
+    let site = |file: &str, function, offset| Frame::without_line(file, function, offset);
+    let module_line = Frame::new("/bin/app", 0);
+    let frames = [
+        site("/lib/x.so", Some("g"), 1),
+        site("/bin/app", None, 0x10),
+        Frame::new("/bin/app.c", 3),
+        site("/bin/app", Some("f"), 0x20),
+        module_line.clone(),
+    ];
+    let traces: Vec<Trace> = frames
+        .iter()
+        .map(|frame| trace(1, &Arc::new(Traceback::new(vec![frame.clone()], None))))
+        .collect();
+    let index = Index::build(Interned::of(&traces), None);
+    let names: Vec<String> = (0..index.names() as u32)
+        .map(|n| index.name(n).unwrap().to_string())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "/bin/app",
+            "/bin/app!f+0x20",
+            "/bin/app+0x10",
+            "/bin/app.c",
+            "/lib/x.so!g+0x1"
+        ]
+    );
+    let files: Vec<String> = (0..index.files() as u32)
+        .map(|f| index.file(f).unwrap().to_string())
+        .collect();
+    assert_eq!(files, ["/bin/app", "/bin/app.c", "/lib/x.so"]);
+    // Frames in name order, each filed under its module.
+    assert_eq!(index.frame_file, [0, 0, 0, 1, 2]);
+    assert_eq!(
+        (0..5).map(|f| index.frame_name(f)).collect::<Vec<_>>(),
+        [0, 1, 2, 3, 4]
+    );
+    // The module's file shares the text of the frame named by it.
+    assert!(Arc::ptr_eq(
+        index.file(0).unwrap(),
+        &index.first_frames[0].filename
+    ));
+    // Without a site, names are the files: no second table.
+    let plain = [trace(1, &tb(&[("a.c", 1), ("b.c", 2)], None))];
+    assert!(Index::build(Interned::of(&plain), None).names.is_none());
 }

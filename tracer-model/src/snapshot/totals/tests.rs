@@ -60,6 +60,7 @@ fn random_traces(seed: u64, n: usize, tracebacks: usize) -> Vec<Trace> {
                         function: Some(Arc::from(format!("fn{}", next(7)))),
                         module: Some(Arc::from(format!("/lib/m{}.so", file % 3))),
                         address: Some(next(1 << 20)),
+                        build_id: None,
                     }),
                 }
             })
