@@ -6,9 +6,17 @@
 //! A frame belongs to the machinery when its function name matches a
 //! function pattern of `allocator_frames` or its module path a `module:`
 //! pattern ([`FramePatterns`]). Only the leading run is dropped: a matching
-//! frame after the first one that does not match stays. When every frame
-//! matches, the last one stays: a traceback is never empty. Each distinct
-//! function name and module path is matched once per snapshot.
+//! frame after the first one that does not match stays. A frame of a
+//! stripped binary with no name (a static function: PostgreSQL's
+//! `AllocSetAlloc`, nginx's `ngx_palloc_large`, glib's slice helpers) is
+//! part of the run when its caller (past other nameless frames of its
+//! module) is a machinery frame of the same module: the wrapper called it
+//! (`[?, MemoryContextAlloc, ?, hash_search, ...]` drops the first two);
+//! one whose caller is not (the program's own static function, called by
+//! `main`, itself called by the C library's start) is the caller, and
+//! stays. When every frame matches, the last one stays: a
+//! traceback is never empty. Each distinct function name and module path
+//! is matched once per snapshot.
 use std::{collections::HashMap, sync::Arc};
 
 use serde::{Deserialize, Serialize};
@@ -104,21 +112,55 @@ impl<'a> Machinery<'a> {
     }
 
     /// Drops the leading run of machinery frames of `frames` (most recent
-    /// first), keeping the last frame when every one matches.
+    /// first), nameless frames followed by a machinery frame in the run
+    /// included (see the module doc), keeping the last frame when every
+    /// one matches.
     pub fn drop_leading(&mut self, frames: &mut Vec<Frame>) {
         if self.patterns.is_empty() {
             return;
         }
         let mut leading = 0;
-        for frame in frames.iter() {
-            if !self.is_machinery(frame) {
-                break;
+        while let Some(frame) = frames.get(leading) {
+            if self.is_machinery(frame) {
+                leading += 1;
+                continue;
             }
-            leading += 1;
+            // Nameless frames of one module, then their caller: machinery
+            // of that module makes them the machinery's own.
+            let Some(module) = nameless_module(frame) else {
+                break;
+            };
+            let past = leading
+                + frames[leading..]
+                    .iter()
+                    .take_while(|f| nameless_module(f) == Some(module))
+                    .count();
+            match frames.get(past) {
+                Some(caller) if module_of(caller) == Some(module) && self.is_machinery(caller) => {
+                    leading = past + 1;
+                }
+                _ => break,
+            }
         }
         let leading = leading.min(frames.len().saturating_sub(1));
         frames.drain(..leading);
     }
+}
+
+/// The module of a frame of a stripped binary's code with no name (a
+/// static function whose symbol was stripped: a module, but neither a
+/// function nor a line); None for any other frame.
+fn nameless_module(frame: &Frame) -> Option<&str> {
+    let extra = frame.extra.as_deref()?;
+    if frame.lineno != 0 || extra.function.is_some() {
+        return None;
+    }
+    extra.module.as_deref()
+}
+
+/// The module path of a frame, if known.
+fn module_of(frame: &Frame) -> Option<&str> {
+    frame.extra.as_deref()?.module.as_deref()
 }
 
 #[cfg(test)]
@@ -187,6 +229,59 @@ mod tests {
         ];
         Machinery::new(&p).drop_leading(&mut frames);
         assert_eq!(lines(&frames), [3, 4]);
+    }
+
+    #[test]
+    fn a_nameless_frame_the_machinery_calls_goes_with_it_and_a_nameless_caller_stays() {
+        let p = patterns(&["MemoryContextAlloc", "palloc", "ngx_alloc", "ngx_pcalloc"]);
+        let postgres = Some("/usr/lib/postgresql/15/bin/postgres");
+        // AllocSetAlloc (static, stripped) called by MemoryContextAlloc,
+        // called by a static function of dynahash, called by a named one.
+        let mut frames = vec![
+            frame(None, postgres, 0),
+            frame(Some("MemoryContextAlloc"), postgres, 0),
+            frame(None, postgres, 0),
+            frame(Some("hash_search_with_hash_value"), postgres, 0),
+        ];
+        Machinery::new(&p).drop_leading(&mut frames);
+        assert_eq!(frames.len(), 2);
+        assert!(frames[0].extra.as_deref().unwrap().function.is_none());
+        // nginx: ngx_alloc, the static ngx_palloc_large, ngx_pcalloc.
+        let nginx = Some("/usr/sbin/nginx");
+        let mut frames = vec![
+            frame(Some("ngx_alloc"), nginx, 0),
+            frame(None, nginx, 0),
+            frame(Some("ngx_pcalloc"), nginx, 0),
+            frame(Some("ngx_hash_keys_array_init"), nginx, 0),
+        ];
+        Machinery::new(&p).drop_leading(&mut frames);
+        let first = frames[0].extra.as_deref().unwrap().function.clone();
+        assert_eq!(first.as_deref(), Some("ngx_hash_keys_array_init"));
+        // A nameless first frame with no machinery after it is the caller.
+        let mut frames = vec![
+            frame(None, nginx, 0),
+            frame(Some("ngx_http_init"), nginx, 0),
+        ];
+        Machinery::new(&p).drop_leading(&mut frames);
+        assert_eq!(frames.len(), 2);
+        // A program's nameless main, called by the C library's start
+        // (machinery of another module): the caller of APR, kept.
+        let p = patterns(&["module:*/libapr-1.so*", "module:*/libc.so.6"]);
+        let (apr, ab, libc) = (
+            Some("/usr/lib/x86_64-linux-gnu/libapr-1.so.0.7.2"),
+            Some("/usr/bin/ab"),
+            Some("/usr/lib/x86_64-linux-gnu/libc.so.6"),
+        );
+        let mut frames = vec![
+            frame(Some("apr_allocator_create"), apr, 0),
+            frame(Some("apr_initialize"), apr, 0),
+            frame(None, ab, 0),
+            frame(Some("__libc_start_call_main"), libc, 0),
+            frame(None, ab, 0),
+        ];
+        Machinery::new(&p).drop_leading(&mut frames);
+        assert_eq!(frames.len(), 3);
+        assert_eq!(module_of(&frames[0]), ab);
     }
 
     #[test]

@@ -75,6 +75,7 @@ fn frame_0_of_java_blocks_is_the_caller_of_hotspots_allocators() {
                 "ReallocateHeap(",
                 "Arena::grow(",
                 "Arena::Amalloc",
+                "Arena::Arealloc(",
                 "ChunkPool::allocate(",
                 "ResourceArea::allocate_bytes(",
                 "ResourceObj::operator new(",
