@@ -157,6 +157,7 @@ async fn discover_allocators(service: Arc<Service>, wake: Arc<tokio::sync::Notif
     let _ = tokio::task::spawn_blocking(move || {
         all.probe_installed();
         all.discover_all();
+        all.preload_unwind_tables();
     })
     .await;
     loop {

@@ -138,7 +138,7 @@ impl Service {
     /// Compiles and loads the unwind tables of `objects` that have none,
     /// before the process runs: its first allocations (the loader's, the
     /// constructors') are then walked with them. Compiling holds no lock.
-    fn tables_before_exec(&self, objects: &[(FileKey, &File)]) {
+    pub(super) fn tables_before_exec(&self, objects: &[(FileKey, &File)]) {
         let missing: Vec<(FileKey, &File)> = {
             let held = self.state.locks().kernel_shared();
             objects

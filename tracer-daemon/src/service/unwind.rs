@@ -9,6 +9,41 @@ use crate::lifecycle::unwind;
 use crate::sys::modules::ModuleMaps;
 
 impl Service {
+    /// Compiles, at start, the unwind tables of the host's NSS modules
+    /// (`libnss_*.so*` in the C library's default directories): glibc
+    /// loads them with `dlopen` at a process's first `getpwnam` or
+    /// `getaddrinfo`, and a process that allocates in one a moment later
+    /// (nginx's workers, right after their fork, switching user) would
+    /// have its stack cut there until its `Mapped` event is handled.
+    /// Returns how many files were offered. Nothing with the unwinder off.
+    pub fn preload_unwind_tables(&self) -> usize {
+        let mut files: Vec<(crate::sys::procfs::FileKey, std::fs::File)> = Vec::new();
+        for dir in crate::sys::ldso::DEFAULT_DIRS {
+            let Ok(entries) = std::fs::read_dir(dir) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                let name = entry.file_name();
+                let name = name.to_string_lossy();
+                if !(name.starts_with("libnss_") && name.contains(".so")) {
+                    continue;
+                }
+                let Ok(file) = std::fs::File::open(entry.path()) else {
+                    continue;
+                };
+                if let Some(key) = crate::sys::procfs::FileKey::of_file(&file)
+                    && !files.iter().any(|(k, _)| *k == key)
+                {
+                    files.push((key, file));
+                }
+            }
+        }
+        let objects: Vec<(crate::sys::procfs::FileKey, &std::fs::File)> =
+            files.iter().map(|(key, file)| (*key, file)).collect();
+        self.tables_before_exec(&objects);
+        objects.len()
+    }
+
     /// Queues `image` (mappings `maps`) for [`Service::unwind_pending`].
     pub(super) fn queue_unwind(&self, image: ImageId, maps: Arc<ModuleMaps>) {
         self.unwind_queue

@@ -50,7 +50,7 @@ const MAX_CANDIDATES: usize = 4096;
 const MAX_NAMES: usize = 1024;
 const MAX_DIRS: usize = 64;
 /// glibc's default directories on x86-64 (Debian multiarch first).
-const DEFAULT_DIRS: [&str; 6] = [
+pub const DEFAULT_DIRS: [&str; 6] = [
     "/lib/x86_64-linux-gnu",
     "/usr/lib/x86_64-linux-gnu",
     "/lib64",
