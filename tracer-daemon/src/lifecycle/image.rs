@@ -196,6 +196,16 @@ impl ProcessImage {
         }
     }
 
+    /// True for an image that an exec replaced before it made a single
+    /// allocation: most often a fork's child that exec'd at once (a shell
+    /// starting a command), which held and holds nothing.
+    #[must_use]
+    pub fn replaced_unused(&self) -> bool {
+        self.ended
+            .as_ref()
+            .is_some_and(|e| e.reason == EndReason::Exec && e.stats.allocs == 0)
+    }
+
     /// True when `/proc/PID` shows that the process is gone: no such pid, or
     /// another process (another start time). An image whose start time was
     /// never read counts as gone only when the pid is free.

@@ -157,7 +157,7 @@ impl Service {
                         let held = self.state.locks().registry();
                         let added = held.registry.get(id.pid).filter(|image| image.id == id);
                         if let Some(added) = added {
-                            ::tracing::debug!(pid = id.pid, gen = id.generation, comm = %added.comm, ppid = ?added.ppid, "new image");
+                            ::tracing::debug!(pid = id.pid, gen = id.generation, comm = %added.comm, ppid = ?added.ppid, maps = added.maps.as_ref().map_or(0, |m| m.mappings().len()), "new image");
                         }
                         added.and_then(|image| image.maps.clone())
                     };

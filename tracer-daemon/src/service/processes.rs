@@ -178,7 +178,9 @@ pub type SourceBytes = (&'static str, u64, u64);
 
 impl Service {
     /// Every traced process `viewer` may see: live ones first by pid, then
-    /// ended ones still retained, oldest first. Takes the registry and
+    /// ended ones still retained, oldest first, but those an exec replaced
+    /// before they allocated anything (a fork's child that exec'd at once:
+    /// one per command a shell starts, and nothing to show). Takes the registry and
     /// control locks (held only for short updates), never the kernel's:
     /// the totals are the kernel's of the moment, read through the shared
     /// reader ([`crate::capture::KernelMaps::totals`]).
@@ -195,7 +197,7 @@ impl Service {
         live.extend(
             held.registry
                 .ended()
-                .filter(|image| viewer.sees_image(image))
+                .filter(|image| viewer.sees_image(image) && !image.replaced_unused())
                 .map(|image| status(&held.control, image, stats_of(totals, image))),
         );
         live
