@@ -259,14 +259,27 @@ pub fn processes_table(processes: &[&Value], style: &Style, state: bool) -> Tabl
             row.push(Cell::new(p["state"].as_str().unwrap_or("?")));
         }
         if notes && p["complete"].as_bool() == Some(false) {
-            row.push(Cell::new(format!(
-                "incomplete ({} events lost)",
-                int(p, "drops")
-            )));
+            row.push(Cell::new(format!("incomplete ({})", losses(p))));
         }
         table.add_row(row);
     }
     table
+}
+
+/// What an incomplete process record or answer lost, as a note: `N events
+/// lost` (`drops`: allocator events the full kernel maps refused) and `M
+/// tracebacks cut` (`cut_tracebacks`: blocks with a part of their stack),
+/// each when not 0.
+pub fn losses(body: &Value) -> String {
+    let (drops, cut) = (int(body, "drops"), int(body, "cut_tracebacks"));
+    let mut parts = Vec::new();
+    if drops > 0 || cut == 0 {
+        parts.push(format!("{drops} events lost"));
+    }
+    if cut > 0 {
+        parts.push(format!("{cut} tracebacks cut"));
+    }
+    parts.join(", ")
 }
 
 /// The table as text lines without trailing spaces.
@@ -414,6 +427,16 @@ mod tests {
             ]
             .join("\n")
         );
+    }
+
+    #[test]
+    fn an_incomplete_process_says_what_it_lost() {
+        let note = |drops: u64, cut: u64| losses(&json!({"drops": drops, "cut_tracebacks": cut}));
+        assert_eq!(note(7, 0), "7 events lost");
+        assert_eq!(note(0, 44), "44 tracebacks cut");
+        assert_eq!(note(7, 44), "7 events lost, 44 tracebacks cut");
+        // An older tracerd gives no cut tracebacks.
+        assert_eq!(losses(&json!({"drops": 3})), "3 events lost");
     }
 
     #[test]

@@ -62,22 +62,22 @@ fn emit_body(answer: &Answer) -> Result<(), CliError> {
     emit(&text)
 }
 
-/// Warns on stderr when the data of `what` undercount (`complete: false`
-/// in `body`, a process record or an answer): how many allocator events
-/// were lost (`drops`).
+/// Warns on stderr when the data of `what` are incomplete (`complete:
+/// false` in `body`, a process record or an answer): how many allocator
+/// events were lost (`drops`) and tracebacks cut (`cut_tracebacks`).
 fn warn_incomplete(what: &str, body: &Value) {
     if let Some(why) = incomplete(body) {
         note(&format!("{what}: {why}; see docs/operations.md"));
     }
 }
 
-/// `N allocator events lost (kernel maps full)` when `body` (a process
-/// record or an answer) says `complete: false`, else None.
+/// `incomplete, N events lost, M tracebacks cut: ...` when `body` (a
+/// process record or an answer) says `complete: false`, else None.
 pub fn incomplete(body: &Value) -> Option<String> {
     (body["complete"].as_bool() == Some(false)).then(|| {
         format!(
-            "incomplete, {} allocator events lost (kernel maps full): these figures undercount",
-            int(body, "drops")
+            "incomplete, {} (lost events: the kernel maps were full, these figures undercount; cut tracebacks: blocks with a part of their stack)",
+            crate::format::losses(body)
         )
     })
 }

@@ -34,7 +34,7 @@ pub fn run(ctx: &Context, args: &PsArgs) -> Result<(), CliError> {
         .count();
     if incomplete > 0 {
         note(&format!(
-            "{incomplete} of these processes lost allocator events (kernel maps full): their figures undercount; see docs/operations.md"
+            "{incomplete} of these processes are incomplete: allocator events lost (kernel maps full: their figures undercount) or tracebacks cut (blocks with a part of their stack); see docs/operations.md"
         ));
     }
     emit(&table_text(&processes_table(

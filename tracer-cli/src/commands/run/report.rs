@@ -217,7 +217,7 @@ fn tree(out: &mut Vec<String>, outcome: &Outcome<'_>, members: &[Member], style:
                 note.push("adopted".to_string());
             }
             if r["complete"].as_bool() == Some(false) {
-                note.push(format!("incomplete ({} lost)", int(r, "drops")));
+                note.push(format!("incomplete ({})", crate::format::losses(r)));
             }
             row.push(Cell::new(note.join(", ")));
         }
@@ -240,7 +240,7 @@ fn tree(out: &mut Vec<String>, outcome: &Outcome<'_>, members: &[Member], style:
     }
     if members.iter().any(|m| incomplete(&m.record).is_some()) {
         out.push(
-            "  incomplete: allocator events of it were lost (kernel maps full): its figures undercount"
+            "  incomplete: allocator events of it were lost (kernel maps full: its figures undercount), or tracebacks cut (blocks with a part of their stack)"
                 .to_string(),
         );
     }
@@ -325,7 +325,7 @@ mod tests {
                 "tracer: gzip (pid 6) was killed by signal 15",
                 "  0 allocations, 0 frees, peak 0",
                 "  still held at exit (leaks): 0 in 0 blocks",
-                "  incomplete, 3 allocator events lost (kernel maps full): these figures undercount",
+                "  incomplete, 3 events lost (lost events: the kernel maps were full, these figures undercount; cut tracebacks: blocks with a part of their stack)",
             ]
             .join("\n")
         );
@@ -395,13 +395,13 @@ mod tests {
                 " PID  PPID  COMMAND  STATE     ALLOCATIONS  FREES  PEAK  HELD  BLOCKS  NOTE",
                 "  10    50  sh       exec               40      1  2148  2048      39",
                 "  10    50  a        exited              6      1   600   500       5",
-                "  12    10    b      exited              8      1   800   700       7  incomplete (2 lost)",
+                "  12    10    b      exited              8      1   800   700       7  incomplete (2 events lost)",
                 "  13    50    true   untraced            -      -     -     -       -  adopted",
                 "  14    50    sleep  running             3      1   120    20       2  adopted",
                 "  together: 57 allocations, 4 frees; still held at exit (leaks): 1200 in 12 blocks",
                 "  HELD, BLOCKS: what each held when it ended (at an exec: what the exec discarded; running: now)",
                 "  adopted: its parent had ended when tracerd first saw it, and tracer (pid 50) became its parent",
-                "  incomplete: allocator events of it were lost (kernel maps full): its figures undercount",
+                "  incomplete: allocator events of it were lost (kernel maps full: its figures undercount), or tracebacks cut (blocks with a part of their stack)",
                 "  pid 10 (a), exited, still held 500 in 5 blocks, by lineno (1 of 1):",
                 " SIZE  BLOCKS  AVERAGE  WHERE",
                 "  500       5      100  /t/a.c:9",
