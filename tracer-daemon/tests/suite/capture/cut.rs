@@ -8,42 +8,42 @@ use serde_json::Value;
 
 use crate::suite::support::{Fixture, Program, Tracerd, poll, u64_of};
 
-/// Frames of a statistic's traceback.
-fn frames(statistic: &Value) -> usize {
-    statistic["traceback"].as_array().map_or(0, Vec::len)
+/// Frames of a trace's traceback.
+fn frames(trace: &Value) -> usize {
+    trace["traceback"].as_array().map_or(0, Vec::len)
 }
 
 #[test]
 fn a_full_stack_map_cuts_tracebacks_says_so_and_new_blocks_are_whole_once_it_has_room() {
     let prog = Program::build("stackfill", &[]);
-    let mut fx = Fixture::spawn_ready(&prog.exe, &[]);
-    let pid = fx.pid();
     // A map of 256 stacks, all of them this process's to take (its share
-    // is the whole map), and nobody else's: the scope is this process.
+    // is the whole map), and nobody else's: the scope is this program
+    // (its exec is held until its tables are there).
+    let exe = prog.exe.to_str().expect("utf-8").to_string();
     let tracerd = Tracerd::start_logged(&[
         "--max-stacks",
         "256",
         "--process-share",
         "100",
-        "--scope-pid",
-        &pid.to_string(),
+        "--scope-exe",
+        &exe,
     ]);
+    let mut fx = Fixture::spawn_traced(&tracerd, &prog.exe, &[]);
+    let pid = fx.pid();
     fx.step("full");
-    tracerd.wait_traced(pid);
-    let by_traceback =
-        || tracerd.get_ok(&format!("/pid/{pid}/statistics?group_by=traceback&limit=0"));
-    let body = by_traceback();
-    let stats = body["statistics"].as_array().expect("statistics");
+    let traces = || -> Vec<Value> {
+        tracerd.get_ok(&format!("/pid/{pid}/traces?limit=0"))["traces"]
+            .as_array()
+            .expect("traces")
+            .clone()
+    };
+    let all = traces();
     // 600 call sites, 600 stacks: 256 stored whole, the 344 the full map
-    // refused keep their call site alone, each a group of its own.
-    assert_eq!(
-        stats.iter().filter(|s| frames(s) > 1).count(),
-        256,
-        "{body}"
-    );
-    let cut: Vec<&Value> = stats.iter().filter(|s| frames(s) == 1).collect();
-    assert_eq!(cut.len(), 344, "{body}");
-    assert!(cut.iter().all(|s| s["count"] == 1 && s["size"] == 100));
+    // refused keep their call site alone.
+    assert_eq!(all.len(), 600);
+    assert_eq!(all.iter().filter(|t| frames(t) > 1).count(), 256);
+    assert_eq!(all.iter().filter(|t| frames(t) == 1).count(), 344);
+    let body = tracerd.get_ok(&format!("/pid/{pid}/statistics?limit=0"));
     let process = tracerd.get_ok(&format!("/pid/{pid}"));
     assert_eq!(
         (
@@ -55,7 +55,7 @@ fn a_full_stack_map_cuts_tracebacks_says_so_and_new_blocks_are_whole_once_it_has
         (&600.into(), &0.into(), &344.into(), &false.into()),
         "{process}"
     );
-    // The answer says it too.
+    // An answer of its data says it too.
     assert_eq!(body["complete"], false, "{body}");
     assert_eq!(body["cut_tracebacks"], 344, "{body}");
     assert_eq!(
@@ -97,19 +97,18 @@ fn a_full_stack_map_cuts_tracebacks_says_so_and_new_blocks_are_whole_once_it_has
         },
     );
     fx.step("again");
-    let body = by_traceback();
-    let stats = body["statistics"].as_array().expect("statistics");
+    let again = traces();
     // Ten sites again: each whole, down to main.
-    assert_eq!(stats.len(), 10, "{body}");
-    for statistic in stats {
-        assert!(frames(statistic) > 1, "{statistic}");
+    assert_eq!(again.len(), 10);
+    for trace in &again {
+        assert!(frames(trace) > 1, "{trace}");
         assert!(
-            statistic["traceback"]
+            trace["traceback"]
                 .as_array()
                 .expect("frames")
                 .iter()
                 .any(|f| f["function"] == "main"),
-            "{statistic}"
+            "{trace}"
         );
     }
     // No traceback cut since: the count is the one of the full map.

@@ -464,8 +464,14 @@ fn a_fork_child_is_traced_from_its_fork_allocation_or_not_and_inherits_nothing()
             .any(|p| p["pid"] == child && p["state"] == "alive"),
         "{listed}"
     );
-    let parents = tracerd.get_ok(&format!("/pid/{parent}"));
-    assert_eq!(parents["blocks"], 1000, "{parents}");
+    // The parent keeps its own: the 1000 blocks at their line.
+    let lines = tracerd.get_ok(&format!("/pid/{parent}/statistics?group_by=lineno&limit=0"));
+    let kept = stat_at(&lines["statistics"], &prog.source, prog.line("KEPT")).expect("KEPT");
+    assert_eq!(
+        (&kept["count"], &kept["size"]),
+        (&json!(1000), &json!(300_000)),
+        "{lines}"
+    );
     fx.go();
     fx.expect_line("done");
     // The child's exit ends its image: its last state is kept.

@@ -41,7 +41,7 @@ fn tracer_run_prints_the_bytes_and_blocks_a_program_still_held_at_exit() {
         [
             format!("  {KEEP_BLOCKS} allocations, 0 frees, peak {KEEP_BYTES}"),
             format!("  still held at exit (leaks): {KEEP_BYTES} in {KEEP_BLOCKS} blocks"),
-            "  where it was held, by lineno (2 of 3):".to_string(),
+            "  where it was held, by lineno (2 of 4):".to_string(),
         ],
         "{}",
         ran.stdout

@@ -200,7 +200,7 @@ fn tracer_stat_tables_show_the_exact_bytes_at_each_line() {
         ran.stdout.lines().next(),
         Some(
             format!(
-                "keep (pid {pid}, alive): {KEEP_BYTES} in {KEEP_BLOCKS} blocks, 3 groups by lineno, the top 2 shown"
+                "keep (pid {pid}, alive): {KEEP_BYTES} in {KEEP_BLOCKS} blocks, 4 groups by lineno, the top 2 shown"
             )
             .as_str()
         )

@@ -54,10 +54,21 @@ impl Tracerd {
         tracerd
     }
 
-    /// What tracerd logged so far (started with [`Tracerd::start_logged`]).
+    /// What tracerd logged so far (started with [`Tracerd::start_logged`]),
+    /// without the terminal's colour sequences (`pid=42` reads as such).
     pub fn log(&self) -> String {
         let path = self.log.as_ref().expect("started with start_logged");
-        std::fs::read_to_string(path).expect("read the log")
+        let text = std::fs::read_to_string(path).expect("read the log");
+        let mut plain = String::with_capacity(text.len());
+        let mut rest = text.as_str();
+        while let Some(at) = rest.find("\x1b[") {
+            plain.push_str(&rest[..at]);
+            let after = &rest[at + 2..];
+            let end = after.find('m').map_or(after.len(), |m| m + 1);
+            rest = &after[end..];
+        }
+        plain.push_str(rest);
+        plain
     }
 
     /// Starts tracerd with `state` as its state directory (kept on drop, so
