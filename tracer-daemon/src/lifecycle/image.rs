@@ -118,29 +118,18 @@ impl ProcessImage {
     /// while the process lives.
     pub fn capture(id: ImageId) -> Self {
         let pid = id.pid;
-        let status = procfs::read_status(pid);
-        let (start_time, ppid) = procfs::read_start_time_and_ppid(pid).unwrap_or((0, None));
         Self {
-            id,
-            start_time,
-            ppid,
             comm: procfs::read_comm(pid).unwrap_or_default(),
             exe: procfs::read_exe(pid).ok(),
-            nspid: status.as_ref().and_then(|(text, _)| procfs::nspid_of(text)),
-            cgroup: procfs::read_cgroup(pid),
-            owner: status
-                .as_ref()
-                .and_then(|(text, uid)| procfs::owner_of(text, *uid)),
-            first_seen: SystemTime::now(),
             maps: ModuleMaps::capture(pid).ok().map(Arc::new),
-            ended: None,
+            ..Self::capture_forked(id)
         }
     }
 
-    /// Reads what [`ProcessImage::capture`] does but the executable and the
-    /// mappings: those of an image that started at a fork are its
-    /// parent's (`Registry::add_forked`), and the child may run another
-    /// program by the time `/proc` is read.
+    /// Reads what [`ProcessImage::capture`] does but the command, the
+    /// executable and the mappings: those of an image that started at a
+    /// fork are its parent's (`Registry::add_forked`), and the child may
+    /// run another program by the time `/proc` is read.
     pub fn capture_forked(id: ImageId) -> Self {
         let pid = id.pid;
         let status = procfs::read_status(pid);
