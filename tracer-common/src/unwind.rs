@@ -78,6 +78,15 @@ pub const UNWIND_PAGE_SHIFT: u32 = 16;
 /// unwind info could not be read).
 pub const UNWIND_FILE_NONE: u32 = 0;
 
+/// The file id of a file-backed mapping whose table tracerd has not named
+/// in `FILE_TABLES` (`crate::vma`): not compiled yet (a library `dlopen`ed
+/// a moment ago), evicted, or a file the kernel names by another inode
+/// (overlayfs). Its frame is recorded and the walk is cut there, counted
+/// in `unwind_no_mapping`: frame pointers through code compiled without
+/// them would end the walk early and silently. tracerd never gives a
+/// table this id.
+pub const UNWIND_FILE_PENDING: u32 = u32::MAX;
+
 /// No unwind information covers the offset: one frame-pointer step.
 pub const UNWIND_UNKNOWN: u8 = 0;
 /// `cfa = rsp + cfa_offset`.

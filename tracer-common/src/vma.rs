@@ -9,10 +9,13 @@
 //! kernel's BTF ([`VmaOffsets`], the load-time global
 //! [`GLOBAL_VMA_OFFSETS`]), and names the file's table by its device and
 //! inode in [`MAP_FILE_TABLES`], which tracerd writes for every table it
-//! loads (and clears before it drops one). A VMA that is not executable is
-//! not a frame's (the walk stops, cut); one of a file with no table, or of
-//! no file (JIT code), is stepped with frame pointers, as a `PROC_MAPS`
-//! mapping of table [`crate::UNWIND_FILE_NONE`] is.
+//! loads, and names [`crate::UNWIND_FILE_NONE`] for every file it gave
+//! no table (it clears an entry before it drops a table). A VMA that is
+//! not executable is not a frame's (the walk stops, cut); one of no file
+//! (JIT code) or of a file named [`crate::UNWIND_FILE_NONE`] is stepped
+//! with frame pointers, as a `PROC_MAPS` mapping of that table is; one of
+//! a file `FILE_TABLES` does not name is [`crate::UNWIND_FILE_PENDING`]:
+//! its frame is the walk's last, cut.
 
 use core::mem::size_of;
 

@@ -155,9 +155,11 @@ async fn discover_allocators(service: Arc<Service>, wake: Arc<tokio::sync::Notif
     // meanwhile.
     let all = service.clone();
     let _ = tokio::task::spawn_blocking(move || {
+        // The NSS modules first: a process started meanwhile may load one
+        // at once (a pre-fork server's workers, switching user).
+        all.preload_unwind_tables();
         all.probe_installed();
         all.discover_all();
-        all.preload_unwind_tables();
     })
     .await;
     loop {

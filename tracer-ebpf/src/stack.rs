@@ -51,9 +51,9 @@ use tracer_common::{
     stack_check_frame, stack_check_word,
     unwind::{
         MAX_PROC_MAPPINGS, ProcMapping, ProcMappings, SIGFRAME_RBP, STACK_WINDOW_BYTES,
-        UNWIND_CFA_RBP, UNWIND_CFA_RSP, UNWIND_END, UNWIND_FILE_NONE, UNWIND_PAGE_SHIFT,
-        UNWIND_PLT, UNWIND_SIGNAL, UNWIND_UNKNOWN, UnwindPage, UnwindPageKey, UnwindRow,
-        stack_window_index, stack_window_len,
+        UNWIND_CFA_RBP, UNWIND_CFA_RSP, UNWIND_END, UNWIND_FILE_NONE, UNWIND_FILE_PENDING,
+        UNWIND_PAGE_SHIFT, UNWIND_PLT, UNWIND_SIGNAL, UNWIND_UNKNOWN, UnwindPage, UnwindPageKey,
+        UnwindRow, stack_window_index, stack_window_len,
     },
 };
 
@@ -596,6 +596,12 @@ extern "C" fn unwind_step(index: u64, ctx: *mut c_void) -> i64 {
         ip.wrapping_sub(1)
     };
     walk.exact = 0;
+    if mapping.file == UNWIND_FILE_PENDING {
+        // A file whose table tracerd has not named yet: its frame pointers
+        // are not to be trusted (most code is built without them).
+        walk.cut = CUT_NO_MAPPING;
+        return 1;
+    }
     let row = if mapping.file == UNWIND_FILE_NONE {
         UnwindRow::default()
     } else {

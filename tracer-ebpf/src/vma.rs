@@ -18,7 +18,9 @@ use aya_ebpf::helpers::{
     bpf_probe_read_kernel,
     generated::{bpf_find_vma, bpf_get_current_task_btf},
 };
-use tracer_common::{FileTableKey, ProcMapping, UNWIND_FILE_NONE, VM_EXEC, VmaOffsets};
+use tracer_common::{
+    FileTableKey, ProcMapping, UNWIND_FILE_NONE, UNWIND_FILE_PENDING, VM_EXEC, VmaOffsets,
+};
 
 use crate::{globals, maps::FILE_TABLES};
 
@@ -131,7 +133,7 @@ pub(crate) fn lookup(ip: u64, out: *mut ProcMapping) -> bool {
         // SAFETY: a FILE_TABLES value, copied out at once.
         unsafe { FILE_TABLES.get(&found.key) }
             .copied()
-            .unwrap_or(UNWIND_FILE_NONE)
+            .unwrap_or(UNWIND_FILE_PENDING)
     };
     // SAFETY: out is the caller's ProcMapping (a WALK_SCRATCH field).
     unsafe {

@@ -17,8 +17,8 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use tracer_common::{
-    MAX_PROC_MAPPINGS, ProcMapping, ProcMappings, UNWIND_FILE_NONE, UnwindPage, UnwindPageKey,
-    UnwindRow,
+    MAX_PROC_MAPPINGS, ProcMapping, ProcMappings, UNWIND_FILE_NONE, UNWIND_FILE_PENDING,
+    UnwindPage, UnwindPageKey, UnwindRow,
 };
 
 use super::FileTable;
@@ -241,7 +241,11 @@ impl TableStore {
             Ok(table) if !table.pages.is_empty() => match self.place(sink, table) {
                 Ok(runs) => {
                     let id = self.next_id;
-                    self.next_id = self.next_id.wrapping_add(1).max(1);
+                    // Never NONE nor PENDING: those mean "no table" to the walk.
+                    self.next_id = match self.next_id.wrapping_add(1) {
+                        UNWIND_FILE_NONE | UNWIND_FILE_PENDING => 1,
+                        next => next,
+                    };
                     match write_pages(sink, id, &runs) {
                         Ok(()) => {
                             self.pages_used += u32::try_from(runs.len()).unwrap_or(u32::MAX);
@@ -279,6 +283,14 @@ impl TableStore {
             }
         };
         let id = entry.id;
+        if id == UNWIND_FILE_NONE {
+            // Decided: the walk of a mapping of it that `PROC_MAPS` lacks
+            // steps with frame pointers, as one it holds, rather than
+            // taking the file for one not compiled yet (cut).
+            if let Err(err) = sink.set_file_table(key, UNWIND_FILE_NONE) {
+                tracing::debug!(dev = ?key.dev, inode = key.inode, %err, "no table not named in FILE_TABLES");
+            }
+        }
         self.files.insert(key, entry);
         id
     }
@@ -627,9 +639,10 @@ mod tests {
         );
         assert_eq!(store.usage().files_refused, 2);
         assert_eq!(store.file(key(3)), None);
-        assert!(
-            memory.files.is_empty(),
-            "a refused file has no table to name"
+        assert_eq!(
+            memory.files,
+            HashMap::from([(key(1), UNWIND_FILE_NONE), (key(2), UNWIND_FILE_NONE)]),
+            "a refused file is named as one with no table: frame pointers, not a cut"
         );
     }
 
