@@ -200,11 +200,22 @@ fn system_wide_views_have_one_domain_per_process() {
         pids.contains(&u64::from(p1)) && pids.contains(&u64::from(p2)),
         "{pids:?}"
     );
-    // Other processes of the host may lose events; these two lose none.
+    // Other processes of the host may lose events, and those running
+    // before tracerd have their tracebacks cut until their tables are
+    // compiled (this test's own process); these two lose nothing.
     for pid in [p1, p2] {
         assert_eq!(body["drops_by_pid"].get(pid.to_string()), None, "{body}");
+        assert_eq!(
+            body["cut_tracebacks_by_pid"].get(pid.to_string()),
+            None,
+            "{body}"
+        );
     }
-    assert_eq!(body["complete"], body["drops"] == 0, "{body}");
+    assert_eq!(
+        body["complete"],
+        body["drops"] == 0 && body["cut_tracebacks"] == 0,
+        "{body}"
+    );
     // Traces carry their pid as domain.
     let o = app.line("SITE_OBJ");
     let body = tracerd.get_ok(&format!(
