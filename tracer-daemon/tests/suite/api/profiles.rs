@@ -128,9 +128,24 @@ pub(crate) fn traces(output: &str) -> Vec<(i64, Vec<String>)> {
 /// names, which pprof shows as they are. pprof shows a file name cleaned
 /// as Go's `filepath.Clean` cleans it (the C library's DWARF has
 /// `./libio/filedoalloc.c` and `csu/../sysdeps/...`).
+///
+/// A frame with no line info (JSON `"file"`: its name without the site) is
+/// the function its site names, as the profile documents it
+/// (`render/pprof.rs`, docs/api.md): `FUNCTION+0xOFFSET` of
+/// `FILE!FUNCTION+0xOFFSET`, else all of `FILE+0xOFFSET`, in the file
+/// `FILE`: the program's `_start+0x21 /tmp/.../apifix`.
 fn pprof_name(frame: &Value) -> String {
-    let function = frame["function"].as_str().unwrap_or("");
-    let file = clean(frame["filename"].as_str().expect("filename"));
+    let filename = frame["filename"].as_str().expect("filename");
+    let (function, file) = match frame["file"].as_str() {
+        Some(file) => {
+            let site = filename
+                .strip_prefix(file)
+                .expect("the file starts the name");
+            (site.strip_prefix('!').unwrap_or(filename), file)
+        }
+        None => (frame["function"].as_str().unwrap_or(""), filename),
+    };
+    let file = clean(file);
     let place = match frame["lineno"].as_u64().expect("lineno") {
         0 => file.to_string(),
         line => format!("{file}:{line}"),

@@ -393,40 +393,65 @@ fn tracer_run_waits_for_an_orphan_that_outlives_the_command_up_to_its_bound() {
     let tracerd = Tracerd::start(&[]);
     let exe = tree.exe.to_str().expect("utf-8");
 
-    // The grandchild's parent exits at once: tracer adopts it, and waits
-    // for it (300 ms after the command ended).
+    // The grandchild's parent exits at once, and main only waits for that
+    // parent: tracer, reaper of the command's orphans, waits for the
+    // grandchild (300 ms after the command ended). tracerd knows each
+    // process from its fork, its parent from the kernel's fork event, so
+    // the tree is whole: the middle child under the command, the
+    // grandchild under the middle child (no one adopted), each with its
+    // blocks.
+    let start = Instant::now();
     let ran = finish(&mut tracer(
         &tracerd,
         &["run", "--bytes", "--", exe, "orphan", "100"],
     ));
     assert_eq!(ran.status.code(), Some(0), "{}", ran.stderr);
-    // The middle child lives a moment: when tracerd reads its /proc it may
-    // be gone, its parent unknown, and itself left out of the tree (until
-    // tracerd takes the parent from the kernel's fork event).
+    assert!(
+        start.elapsed() >= Duration::from_millis(300),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(running(&tree.exe), [0u32; 0], "the grandchild ended first");
+    let (root, tracer_pid) = (root_pid(&ran), ran_pid(&ran));
     let rows = tree_rows(&ran);
-    let tracer_pid = ran_pid(&ran);
-    let adopted: Vec<&Vec<String>> = rows.iter().filter(|r| r.len() == 10).collect();
-    assert_eq!(adopted.len(), 1, "{}", ran.stdout);
+    assert_eq!(rows.len(), 3, "{}", ran.stdout);
+    let (child, grandchild) = (rows[1][0].clone(), rows[2][0].clone());
     assert_eq!(
-        adopted[0][1..],
-        strings(&[
-            &tracer_pid,
-            "forktree",
-            "exited",
-            "4",
-            "0",
-            "1200",
-            "1200",
-            "4",
-            "adopted"
-        ]),
+        rows,
+        [
+            strings(&[
+                &root,
+                &tracer_pid,
+                "forktree",
+                "exited",
+                "2",
+                "0",
+                "200",
+                "200",
+                "2"
+            ]),
+            strings(&[
+                &child, &root, "forktree", "exited", "3", "0", "600", "600", "3"
+            ]),
+            strings(&[
+                &grandchild,
+                &child,
+                "forktree",
+                "exited",
+                "4",
+                "0",
+                "1200",
+                "1200",
+                "4"
+            ]),
+        ],
         "{}",
         ran.stdout
     );
-    assert!(
-        ran.stdout.contains(&format!(
-            "  adopted: its parent had ended when tracerd first saw it, and tracer (pid {tracer_pid}) became its parent"
-        )),
+    assert!(!ran.stdout.contains("adopted"), "{}", ran.stdout);
+    assert_eq!(
+        section(&ran, &grandchild)[0][..2],
+        strings(&["1200", "4"]),
         "{}",
         ran.stdout
     );
@@ -452,16 +477,44 @@ fn tracer_run_waits_for_an_orphan_that_outlives_the_command_up_to_its_bound() {
         start.elapsed()
     );
     assert_eq!(ran.status.code(), Some(0), "{}", ran.stderr);
+    let (root, tracer_pid) = (root_pid(&ran), ran_pid(&ran));
     let rows = tree_rows(&ran);
-    let adopted: Vec<&Vec<String>> = rows.iter().filter(|r| r.len() == 10).collect();
-    assert_eq!(adopted.len(), 1, "{}", ran.stdout);
+    assert_eq!(rows.len(), 3, "{}", ran.stdout);
+    let (child, grandchild) = (rows[1][0].clone(), rows[2][0].clone());
     assert_eq!(
-        adopted[0][3..],
-        strings(&["running", "4", "0", "1200", "1200", "4", "adopted"]),
+        rows,
+        [
+            strings(&[
+                &root,
+                &tracer_pid,
+                "forktree",
+                "exited",
+                "2",
+                "0",
+                "200",
+                "200",
+                "2"
+            ]),
+            strings(&[
+                &child, &root, "forktree", "exited", "3", "0", "600", "600", "3"
+            ]),
+            strings(&[
+                &grandchild,
+                &child,
+                "forktree",
+                "running",
+                "4",
+                "0",
+                "1200",
+                "1200",
+                "4"
+            ]),
+        ],
         "{}",
         ran.stdout
     );
-    let orphan: u32 = adopted[0][0].parse().expect("a pid");
+    assert!(!ran.stdout.contains("adopted"), "{}", ran.stdout);
+    let orphan: u32 = grandchild.parse().expect("a pid");
     assert!(
         ran.stderr.contains(&format!(
             "(pid {orphan}) still running 1 s after {exe} ended"
