@@ -7,16 +7,8 @@
 
 use std::{path::Path, process::Command, time::Duration};
 
-use serde_json::Value;
-
-use super::{NFRAME_MANY, assert_frame_0_is_the_wrappers_caller, function, module, settle};
+use super::{NFRAME_MANY, assert_frame_0_is_the_wrappers_caller, settle};
 use crate::suite::support::{Frozen, Held, Nginx, TempDir, Tracerd};
-
-/// Whether `frame`'s function starts with one of `prefixes`.
-fn named(frame: &Value, prefixes: &[&str]) -> bool {
-    let name = function(frame);
-    prefixes.iter().any(|p| name.starts_with(p))
-}
 
 /// tracerd (nframe 16) and `command` held, traced with its unwind tables.
 fn traced(command: &mut Command) -> (Tracerd, Held) {
@@ -54,6 +46,34 @@ public class Work {
 }
 ";
 
+/// HotSpot's allocation layer: its patterns among tracerd's default
+/// `allocator_frames`.
+const HOTSPOT: [&str; 23] = [
+    "os::malloc*",
+    "os::realloc*",
+    "os::strdup*",
+    "AllocateHeap*",
+    "ReallocateHeap*",
+    "CHeapObj<*>::operator new*",
+    "ResourceObj::operator new*",
+    "AnyObj::operator new*",
+    "Arena::grow*",
+    "Arena::Amalloc*",
+    "Arena::Arealloc*",
+    "Chunk::operator new*",
+    "ChunkPool::allocate*",
+    "ResourceArea::allocate_bytes*",
+    "MallocArrayAllocator<*>::*allocate*",
+    "ArrayAllocator<*>::*allocate*",
+    "GrowableArrayCHeapAllocator::allocate*",
+    "GrowableArrayResourceAllocator::allocate*",
+    "GrowableArrayArenaAllocator::allocate*",
+    "GrowableArrayWithAllocator<*>::grow*",
+    "GrowableArrayWithAllocator<*>::expand_to*",
+    "NMTPreInit::*",
+    "NMTPreInitAllocation::*",
+];
+
 #[test]
 fn frame_0_of_java_blocks_is_the_caller_of_hotspots_allocators() {
     let dir = TempDir::new("java");
@@ -64,28 +84,23 @@ fn frame_0_of_java_blocks_is_the_caller_of_hotspots_allocators() {
     java.send("go");
     java.line_starting("done");
     let _frozen = Frozen::new(java.pid());
-    let is_wrapper = |f: &Value| {
-        named(
-            f,
-            &[
-                "os::malloc(",
-                "os::realloc(",
-                "os::strdup(",
-                "AllocateHeap(",
-                "ReallocateHeap(",
-                "Arena::grow(",
-                "Arena::Amalloc",
-                "Arena::Arealloc(",
-                "ChunkPool::allocate(",
-                "ResourceArea::allocate_bytes(",
-                "ResourceObj::operator new(",
-                "AnyObj::operator new(",
-                "NMTPreInit",
-            ],
-        ) || (function(f).starts_with("CHeapObj<") && function(f).contains("::operator new"))
-    };
-    assert_frame_0_is_the_wrappers_caller(&tracerd, java.pid(), &is_wrapper, 100);
+    assert_frame_0_is_the_wrappers_caller(&tracerd, java.pid(), &HOTSPOT, 100);
 }
+
+/// APR's allocation layer: its patterns among tracerd's default
+/// `allocator_frames`.
+const APR: [&str; 10] = [
+    "module:*/libapr-1.so*",
+    "apr_palloc*",
+    "apr_pcalloc*",
+    "apr_allocator_alloc",
+    "apr_pool_create*",
+    "apr_pstr*dup",
+    "apr_pmemdup",
+    "apr_pstrcat*",
+    "apr_p*sprintf",
+    "apr_bucket_alloc",
+];
 
 #[test]
 fn frame_0_of_abs_blocks_is_the_caller_of_apr() {
@@ -97,22 +112,25 @@ fn frame_0_of_abs_blocks_is_the_caller_of_apr() {
     );
     std::thread::sleep(Duration::from_secs(2));
     let _frozen = Frozen::new(ab.pid());
-    let is_wrapper = |f: &Value| {
-        module(f).contains("/libapr-1.so")
-            || named(
-                f,
-                &[
-                    "apr_palloc",
-                    "apr_pcalloc",
-                    "apr_allocator_alloc",
-                    "apr_pool_create",
-                    "apr_pstrdup",
-                    "apr_psprintf",
-                ],
-            )
-    };
-    assert_frame_0_is_the_wrappers_caller(&tracerd, ab.pid(), &is_wrapper, 2);
+    assert_frame_0_is_the_wrappers_caller(&tracerd, ab.pid(), &APR, 2);
 }
+
+/// glib's allocation layer: its patterns among tracerd's default
+/// `allocator_frames`.
+const GLIB: [&str; 12] = [
+    "g_malloc*",
+    "g_realloc*",
+    "g_try_malloc*",
+    "g_try_realloc*",
+    "g_slice_*",
+    "g_strdup*",
+    "g_strndup",
+    "g_memdup*",
+    "g_aligned_alloc*",
+    "g_strconcat",
+    "g_strjoin*",
+    "g_strdupv",
+];
 
 #[test]
 fn frame_0_of_gio_monitors_blocks_is_the_caller_of_glib_allocators() {
@@ -126,26 +144,18 @@ fn frame_0_of_gio_monitors_blocks_is_the_caller_of_glib_allocators() {
     }
     std::thread::sleep(Duration::from_secs(1));
     let _frozen = Frozen::new(gio.pid());
-    let is_wrapper = |f: &Value| {
-        named(
-            f,
-            &[
-                "g_malloc",
-                "g_malloc0",
-                "g_realloc",
-                "g_try_malloc",
-                "g_try_realloc",
-                "g_slice_alloc",
-                "g_strdup",
-                "g_strndup",
-                "g_memdup",
-                "g_strconcat",
-                "g_strjoin",
-            ],
-        )
-    };
-    assert_frame_0_is_the_wrappers_caller(&tracerd, gio.pid(), &is_wrapper, 20);
+    assert_frame_0_is_the_wrappers_caller(&tracerd, gio.pid(), &GLIB, 20);
 }
+
+/// talloc's allocation layer: its patterns among tracerd's default
+/// `allocator_frames`.
+const TALLOC: [&str; 5] = [
+    "module:*/libtalloc.so*",
+    "talloc_*",
+    "_talloc_*",
+    "__talloc*",
+    "_talloc",
+];
 
 #[test]
 fn frame_0_of_ldbadds_blocks_is_the_caller_of_talloc() {
@@ -160,8 +170,5 @@ fn frame_0_of_ldbadds_blocks_is_the_caller_of_talloc() {
     let (tracerd, ldb) = traced(Command::new(ldbadd).args(["-H", &url]));
     std::thread::sleep(Duration::from_secs(1));
     let _frozen = Frozen::new(ldb.pid());
-    let is_wrapper = |f: &Value| {
-        module(f).contains("/libtalloc.so") || named(f, &["talloc_", "_talloc", "__talloc"])
-    };
-    assert_frame_0_is_the_wrappers_caller(&tracerd, ldb.pid(), &is_wrapper, 20);
+    assert_frame_0_is_the_wrappers_caller(&tracerd, ldb.pid(), &TALLOC, 20);
 }
