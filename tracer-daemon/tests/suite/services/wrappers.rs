@@ -2,17 +2,48 @@
 //! their own is the caller of that layer (the default `allocator_frames`):
 //! OpenJDK 17 (HotSpot's `os::malloc`, `AllocateHeap`, arenas), `ab`
 //! (APR's pools, in libapr-1), `gio monitor` (glib) and `ldbadd` (talloc).
-//! Each program is held at a point of its work, traced with its unwind
+//! Each program is held at a point of its work, traced alone (tracerd's
+//! scope is its executable: neither this test nor the host's other
+//! processes fill tracerd's maps or slow its answers) with its unwind
 //! tables, and read frozen.
 
-use std::{path::Path, process::Command, time::Duration};
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    time::Duration,
+};
 
 use super::{NFRAME_MANY, assert_frame_0_is_the_wrappers_caller, settle};
-use crate::suite::support::{Frozen, Held, Nginx, TempDir, Tracerd};
+use crate::suite::support::{Frozen, Held, Nginx, TempDir, Tracerd, output_ok};
 
-/// tracerd (nframe 16) and `command` held, traced with its unwind tables.
+/// The executable `command` runs, as the kernel names it: found in PATH
+/// when its program is a bare name, symlinks resolved (`/usr/bin/java` is
+/// the JDK's `bin/java`).
+fn executable(command: &Command) -> PathBuf {
+    let program = Path::new(command.get_program());
+    let found = if program.components().count() > 1 {
+        Some(program.to_path_buf())
+    } else {
+        std::env::var_os("PATH").and_then(|path| {
+            std::env::split_paths(&path)
+                .map(|dir| dir.join(program))
+                .find(|p| p.is_file())
+        })
+    };
+    let found = found.unwrap_or_else(|| panic!("{} is not in PATH", program.display()));
+    std::fs::canonicalize(&found).unwrap_or_else(|e| panic!("{}: {e}", found.display()))
+}
+
+/// tracerd (nframe 16, its scope `command`'s executable) and `command`
+/// held, traced with its unwind tables.
 fn traced(command: &mut Command) -> (Tracerd, Held) {
-    let tracerd = Tracerd::start(&["--nframe", NFRAME_MANY]);
+    let exe = executable(command);
+    let tracerd = Tracerd::start(&[
+        "--nframe",
+        NFRAME_MANY,
+        "--scope-exe",
+        exe.to_str().expect("utf-8 path"),
+    ]);
     let held = Held::spawn(command);
     tracerd.wait_traced(held.pid());
     settle(&tracerd, held.pid());
@@ -79,7 +110,11 @@ fn frame_0_of_java_blocks_is_the_caller_of_hotspots_allocators() {
     let dir = TempDir::new("java");
     let source = dir.path().join("Work.java");
     std::fs::write(&source, JAVA).expect("write Work.java");
-    let (tracerd, mut java) = traced(Command::new("java").arg(&source));
+    // Compiled beforehand: `java Work.java` runs javac inside the traced
+    // JVM, ten times its classes and blocks (67,000, most of them javac's
+    // symbols) for no wrapper of its own.
+    output_ok(Command::new("javac").arg("-d").arg(dir.path()).arg(&source));
+    let (tracerd, mut java) = traced(Command::new("java").arg("-cp").arg(dir.path()).arg("Work"));
     java.line_starting("ready");
     java.send("go");
     java.line_starting("done");
