@@ -13,7 +13,8 @@
 //!   location (`filename:lineno` when they have a line, else their
 //!   function, module and address);
 //! - frame 0 is the first call site outside the allocation machinery: the
-//!   caller of the service's allocator wrappers (`allocator_frames`).
+//!   caller of the service's allocator wrappers, as tracerd's default
+//!   `allocator_frames` (read from the crate) name the machinery.
 //!
 //! A process whose blocks are read twice is frozen (SIGSTOP) meanwhile.
 
@@ -30,6 +31,8 @@ use std::{
 };
 
 use serde_json::Value;
+
+use tracer_daemon::config::FramePatterns;
 
 use crate::suite::support::{TempDir, Tracerd, output_ok};
 
@@ -318,43 +321,81 @@ fn settle(tracerd: &Tracerd, pid: u32) {
 #[derive(Debug, Default)]
 struct WrapperReport {
     blocks: usize,
-    /// Blocks whose kept traceback has a wrapper frame.
-    through_wrappers: usize,
-    /// ... whose dropped traceback starts at the wrapper's caller.
+    /// Blocks whose kept traceback starts in the machinery (a leading run
+    /// of tracerd's default `allocator_frames`).
+    through_machinery: usize,
+    /// ... of them, those whose run has a frame of the program's family.
+    through_family: usize,
+    /// ... whose dropped traceback starts at the machinery's caller.
     at_caller: usize,
-    /// ... whose kept traceback ends in the wrapper (no caller walked).
-    cut: usize,
+    /// ... whose kept traceback is the call site alone, in the machinery
+    /// (the stack was not stored: a cut traceback).
+    call_site_alone: usize,
+    /// ... whose kept traceback of more than one frame ends in the
+    /// machinery (a walk that stopped in it).
+    ended_inside: usize,
     /// ... whose dropped frame 0 is still inside the machinery.
     inside: usize,
-    /// Blocks whose dropped frame 0 is a wrapper: only those whose walk
-    /// ended in the wrappers (a traceback keeps its last frame).
-    frame_0_wrapper: usize,
+    /// Blocks whose dropped frame 0 is machinery: only those whose walk
+    /// ended in it (a traceback keeps its last frame).
+    frame_0_machinery: usize,
     examples: Vec<String>,
 }
 
-/// The index of the last frame of `frames`' leading run of wrappers
-/// (`is_wrapper`), where a run of nameless frames of one module is part of
-/// it when the frame after them is a wrapper of that module; None when the
-/// traceback does not start in a wrapper.
-fn last_wrapper_of_the_run(frames: &[Value], is_wrapper: &dyn Fn(&Value) -> bool) -> Option<usize> {
+/// tracerd's default `allocator_frames` (`Config::default()`, read through
+/// the crate: the judge cannot drift from what the daemon drops).
+fn default_allocator_frames() -> Vec<String> {
+    tracer_daemon::config::Config::default().allocator_frames
+}
+
+/// `patterns` compiled as tracerd compiles `allocator_frames`.
+fn compiled(patterns: &[String]) -> FramePatterns {
+    FramePatterns::compile(patterns).expect("the allocator_frames patterns compile")
+}
+
+/// Whether `frame` matches `patterns` as tracerd matches a frame: its
+/// function a function pattern, or its module a `module:` pattern (a frame
+/// with neither name never does).
+fn matches(patterns: &FramePatterns, frame: &Value) -> bool {
+    let (function, module) = (function(frame), module(frame));
+    (!function.is_empty() && patterns.matches_function(function))
+        || (!module.is_empty() && patterns.matches_module(module))
+}
+
+/// Whether `frame` is a stripped binary's nameless code: a module, but
+/// neither a function nor a line.
+fn nameless(frame: &Value) -> bool {
+    function(frame).is_empty()
+        && frame["lineno"].as_u64().unwrap_or(0) == 0
+        && !module(frame).is_empty()
+}
+
+/// The index of the last frame of `frames`' leading run of machinery
+/// (`is_machinery`), where a run of nameless frames of one module is part
+/// of it when the frame after them is machinery of that module; None when
+/// the traceback does not start in the machinery.
+fn last_of_the_leading_run(
+    frames: &[Value],
+    is_machinery: &dyn Fn(&Value) -> bool,
+) -> Option<usize> {
     let mut last = None;
     let mut at = 0;
     while let Some(frame) = frames.get(at) {
-        if is_wrapper(frame) {
+        if is_machinery(frame) {
             last = Some(at);
             at += 1;
             continue;
         }
-        if !function(frame).is_empty() {
+        if !nameless(frame) {
             break;
         }
         let past = at
             + frames[at..]
                 .iter()
-                .take_while(|f| function(f).is_empty() && module(f) == module(frame))
+                .take_while(|f| nameless(f) && module(f) == module(frame))
                 .count();
         match frames.get(past) {
-            Some(caller) if module(caller) == module(frame) && is_wrapper(caller) => {
+            Some(caller) if module(caller) == module(frame) && is_machinery(caller) => {
                 last = Some(past);
                 at = past + 1;
             }
@@ -365,16 +406,33 @@ fn last_wrapper_of_the_run(frames: &[Value], is_wrapper: &dyn Fn(&Value) -> bool
 }
 
 /// Asserts that every block of `pid` (frozen meanwhile) starts at the
-/// caller of the wrappers `is_wrapper` names: its dropped traceback has no
-/// wrapper at frame 0, and when its kept one (`allocator_frames=keep`) has
-/// wrapper frames, frame 0 is the frame after the last of them. At least
-/// `min` blocks must pass through a wrapper.
+/// caller of the allocation machinery, as tracerd's default
+/// `allocator_frames` (read from the crate) name it: when its kept
+/// traceback (`allocator_frames=keep`) starts with a run of machinery
+/// frames, its dropped traceback starts at the frame after the last of
+/// them, and no dropped frame 0 is machinery. A walk that ended inside
+/// the machinery is accepted only as a block whose stack was not stored
+/// (its call site alone), and never more of them than the process
+/// declares cut tracebacks. At least `min` blocks must pass through the
+/// program's own layer: `family`, each of them one of the defaults.
 fn assert_frame_0_is_the_wrappers_caller(
     tracerd: &Tracerd,
     pid: u32,
-    is_wrapper: &dyn Fn(&Value) -> bool,
+    family: &[&str],
     min: usize,
 ) -> WrapperReport {
+    let defaults = default_allocator_frames();
+    let unknown: Vec<&&str> = family
+        .iter()
+        .filter(|p| !defaults.iter().any(|d| d == **p))
+        .collect();
+    assert!(
+        unknown.is_empty(),
+        "{unknown:?} are not among tracerd's default allocator_frames"
+    );
+    let machinery = compiled(&defaults);
+    let family = compiled(&family.iter().map(|p| p.to_string()).collect::<Vec<_>>());
+    let is_machinery = |f: &Value| matches(&machinery, f);
     let mut report = WrapperReport::default();
     let names = |frames: &[Value]| -> Vec<String> {
         frames
@@ -418,30 +476,44 @@ fn assert_frame_0_is_the_wrappers_caller(
         report.blocks += kept.len();
         for (k, d) in kept.iter().zip(&dropped) {
             let frame_0 = &d.frames[0];
-            if is_wrapper(frame_0) {
-                report.frame_0_wrapper += 1;
+            if is_machinery(frame_0) {
+                report.frame_0_machinery += 1;
             }
             // The leading run of the allocation layer: its wrappers, and
             // the nameless statics of a stripped binary that a wrapper of
             // their module calls (a wrapper's helper). Wrappers deeper in
             // the stack are callers' business.
-            let Some(last) = last_wrapper_of_the_run(&k.frames, is_wrapper) else {
+            let Some(last) = last_of_the_leading_run(&k.frames, &is_machinery) else {
                 continue;
             };
-            report.through_wrappers += 1;
-            match k.frames.get(last + 1) {
-                None => report.cut += 1,
-                Some(caller) if caller == frame_0 => report.at_caller += 1,
+            report.through_machinery += 1;
+            if k.frames[..=last].iter().any(|f| matches(&family, f)) {
+                report.through_family += 1;
+            }
+            let wrong = match k.frames.get(last + 1) {
+                None if k.frames.len() == 1 => {
+                    report.call_site_alone += 1;
+                    false
+                }
+                None => {
+                    report.ended_inside += 1;
+                    true
+                }
+                Some(caller) if caller == frame_0 => {
+                    report.at_caller += 1;
+                    false
+                }
                 Some(_) => {
                     report.inside += 1;
-                    if report.examples.len() < 6 {
-                        report.examples.push(format!(
-                            "kept {:?}\n    dropped {:?}",
-                            names(&k.frames),
-                            names(&d.frames)
-                        ));
-                    }
+                    true
                 }
+            };
+            if wrong && report.examples.len() < 6 {
+                report.examples.push(format!(
+                    "kept {:?}\n    dropped {:?}",
+                    names(&k.frames),
+                    names(&d.frames)
+                ));
             }
         }
         if kept.len() < PAGE {
@@ -450,27 +522,31 @@ fn assert_frame_0_is_the_wrappers_caller(
         offset += PAGE;
     }
     eprintln!("pid {pid}: {report:?}");
-    // A walk that ended in the wrapper (its caller not walked: JIT code, a
-    // stack that could not be read) is never hidden: the process counts
-    // at least as many cut tracebacks.
+    // A block whose stack was not stored (the stack map refused it, a
+    // preemption of the walk) keeps its call site alone, in the allocator's
+    // wrapper when that called malloc: never hidden, the process counts it
+    // among its cut tracebacks. A walk that stopped inside the machinery
+    // with frames (the unwinder lost its way in a wrapper) is a bug.
     let declared = tracerd.get_ok(&format!("/pid/{pid}"))["cut_tracebacks"]
         .as_u64()
         .unwrap_or(0);
     assert!(
-        report.through_wrappers >= min
-            && report.at_caller + report.cut == report.through_wrappers
-            && report.cut as u64 <= declared
-            && report.frame_0_wrapper <= report.cut,
-        "pid {pid}: of {} blocks, {} pass through a wrapper (at least {min} must): {} start at \
-         its caller, {} have no caller (their walk ended in the wrapper; the process declares \
-         {declared} cut tracebacks), {} start inside the machinery; {} start at a wrapper. \
-         Examples:\n{}",
+        report.through_family >= min
+            && report.at_caller + report.call_site_alone == report.through_machinery
+            && report.call_site_alone as u64 <= declared
+            && report.frame_0_machinery == report.call_site_alone,
+        "pid {pid}: of {} blocks, {} start in the machinery, {} of them through the program's \
+         own layer (at least {min} must): {} start at its caller, {} kept their call site alone \
+         (the process declares {declared} cut tracebacks), {} walks ended inside it, {} start \
+         inside it; {} start at a machinery frame. Examples:\n{}",
         report.blocks,
-        report.through_wrappers,
+        report.through_machinery,
+        report.through_family,
         report.at_caller,
-        report.cut,
+        report.call_site_alone,
+        report.ended_inside,
         report.inside,
-        report.frame_0_wrapper,
+        report.frame_0_machinery,
         report.examples.join("\n")
     );
     report

@@ -6,11 +6,9 @@
 
 use std::process::Command;
 
-use serde_json::Value;
-
 use super::{
     Groups, NFRAME_MANY, assert_frame_0_is_the_wrappers_caller, assert_groups_are_traces_grouped,
-    blocks, function, grouped_by_hand, settle, traceback_key,
+    blocks, grouped_by_hand, settle, traceback_key,
 };
 use crate::suite::support::{Frozen, Held, TempDir, Tracerd};
 
@@ -33,19 +31,15 @@ process.stdin.on('data', () => {
 });
 ";
 
-/// V8's and node's allocation wrappers, as node's symbols name them.
-fn is_wrapper(frame: &Value) -> bool {
-    let name = function(frame);
-    [
-        "v8::internal::Malloced::operator new(",
-        "v8::internal::AllocWithRetry(",
-        "v8::internal::AlignedAllocWithRetry(",
-        "v8::internal::Heap::AllocateExternalBackingStore(",
-        "node::NodeArrayBufferAllocator::",
-    ]
-    .iter()
-    .any(|prefix| name.starts_with(prefix))
-}
+/// V8's and node's allocation layer: its patterns among tracerd's default
+/// `allocator_frames`.
+const WRAPPERS: [&str; 5] = [
+    "v8::internal::Malloced::operator new*",
+    "v8::internal::AllocWithRetry*",
+    "v8::internal::AlignedAllocWithRetry*",
+    "v8::internal::Heap::AllocateExternalBackingStore*",
+    "node::NodeArrayBufferAllocator::*",
+];
 
 /// tracerd (nframe 16) and node holding its Buffers.
 fn holding() -> (Tracerd, Held, TempDir) {
@@ -109,5 +103,5 @@ fn frame_0_of_node_blocks_is_the_caller_of_v8s_and_nodes_allocators() {
     let (tracerd, node, _dir) = holding();
     let pid = node.pid();
     let _frozen = Frozen::new(pid);
-    assert_frame_0_is_the_wrappers_caller(&tracerd, pid, &is_wrapper, 2 * BUFFERS as usize);
+    assert_frame_0_is_the_wrappers_caller(&tracerd, pid, &WRAPPERS, 2 * BUFFERS as usize);
 }
