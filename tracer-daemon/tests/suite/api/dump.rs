@@ -20,12 +20,25 @@ fn python(script: &str, args: &[&str]) -> String {
     String::from_utf8(out.stdout).expect("utf-8")
 }
 
+/// CPython's statistics of a pickle. For `filename`, a site of a module
+/// without lines (`FILE!FUNC+0xOFF`, `FILE+0xOFF`, line 0) is grouped by
+/// its module, as tracer documents (docs/api.md: CPython groups by the
+/// whole name): its frames are renamed to the module and CPython groups.
 const PY_STATS: &str = r#"
-import sys, tracemalloc
+import re, sys, tracemalloc
 snap = tracemalloc.Snapshot.load(sys.argv[1])
 print(type(snap).__module__ + "." + type(snap).__name__, snap.traceback_limit, len(snap.traces))
-for key, cumulative in (("lineno", False), ("filename", True), ("traceback", False)):
-    for stat in snap.statistics(key, cumulative):
+def module(frame):
+    name, lineno = frame
+    if lineno == 0:
+        name = re.sub(r"(![^/]*|\+0x[0-9a-f]+)$", "", name)
+    return (name, lineno)
+by_module = tracemalloc.Snapshot(
+    [(d, size, tuple(module(f) for f in tb), *rest) for (d, size, tb, *rest) in snap.traces._traces],
+    snap.traceback_limit,
+)
+for key, cumulative, of in (("lineno", False, snap), ("filename", True, by_module), ("traceback", False, snap)):
+    for stat in of.statistics(key, cumulative):
         print(stat)
 "#;
 
