@@ -81,10 +81,10 @@ pub const UNWIND_FILE_NONE: u32 = 0;
 /// The file id of a file-backed mapping whose table tracerd has not named
 /// in `FILE_TABLES` (`crate::vma`): not compiled yet (a library `dlopen`ed
 /// a moment ago), evicted, or a file the kernel names by another inode
-/// (overlayfs). Its frame is recorded and the walk is cut there, counted
-/// in `unwind_no_mapping`: frame pointers through code compiled without
-/// them would end the walk early and silently. tracerd never gives a
-/// table this id.
+/// (overlayfs). Its frame is stepped with frame pointers, as a file with no
+/// table, but a walk through it that ends at a zero return address is cut
+/// (`unwind_stopped`), not complete: code built without frame pointers
+/// ends a chain early and silently. tracerd never gives a table this id.
 pub const UNWIND_FILE_PENDING: u32 = u32::MAX;
 
 /// No unwind information covers the offset: one frame-pointer step.

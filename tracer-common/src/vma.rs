@@ -15,7 +15,7 @@
 //! (JIT code) or of a file named [`crate::UNWIND_FILE_NONE`] is stepped
 //! with frame pointers, as a `PROC_MAPS` mapping of that table is; one of
 //! a file `FILE_TABLES` does not name is [`crate::UNWIND_FILE_PENDING`]:
-//! its frame is the walk's last, cut.
+//! stepped with frame pointers too, but a chain that ends there is cut.
 
 use core::mem::size_of;
 

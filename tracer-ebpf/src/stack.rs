@@ -179,6 +179,7 @@ fn walk_and_store(regs: UserRegs, tgid: u32, gen_: u32, stats: *mut ProcStats) -
             &raw mut w.table_frames,
             &raw mut w.fp_frames,
             &raw mut w.exact,
+            &raw mut w.guessed,
             &raw mut w.cut,
             &raw mut w.last_mapping,
             &raw mut w.window_len,
@@ -290,6 +291,11 @@ pub(crate) struct Walk {
     /// `ip` is exact (after a signal frame): look it up as is, not at
     /// `ip - 1`.
     exact: u64,
+    /// The walk followed frame pointers out of a file whose table tracerd
+    /// has not named ([`UNWIND_FILE_PENDING`]): if it ends at a zero
+    /// return address it is cut, not complete (code built without frame
+    /// pointers ends a chain early).
+    guessed: u64,
     /// How the walk ended: 0 running or complete, [`CUT_NO_MAPPING`],
     /// [`CUT_STOPPED`] or [`CUT_LIMIT`].
     cut: u64,
@@ -596,13 +602,11 @@ extern "C" fn unwind_step(index: u64, ctx: *mut c_void) -> i64 {
         ip.wrapping_sub(1)
     };
     walk.exact = 0;
-    if mapping.file == UNWIND_FILE_PENDING {
-        // A file whose table tracerd has not named yet: its frame pointers
-        // are not to be trusted (most code is built without them).
-        walk.cut = CUT_NO_MAPPING;
-        return 1;
-    }
-    let row = if mapping.file == UNWIND_FILE_NONE {
+    // A file whose table tracerd has not named yet: stepped with frame
+    // pointers (a program built with them walks on, into files with
+    // tables), but a chain that ends is not taken for the stack's end.
+    walk.guessed |= u64::from(mapping.file == UNWIND_FILE_PENDING);
+    let row = if mapping.file == UNWIND_FILE_NONE || mapping.file == UNWIND_FILE_PENDING {
         UnwindRow::default()
     } else {
         cached_row(
@@ -634,7 +638,11 @@ extern "C" fn unwind_step(index: u64, ctx: *mut c_void) -> i64 {
     }
     if walk.ip == 0 {
         // A zero return address: nothing called this frame (the end of a
-        // frame-pointer chain, or a thread's start).
+        // frame-pointer chain, or a thread's start), unless the chain went
+        // through code of unknown build.
+        if walk.guessed != 0 {
+            walk.cut = CUT_STOPPED;
+        }
         return 1;
     }
     0

@@ -334,6 +334,10 @@ struct WrapperReport {
     /// ... whose kept traceback of more than one frame ends in the
     /// machinery (a walk that stopped in it).
     ended_inside: usize,
+    /// ... whose kept traceback is machinery to the outermost frame (the
+    /// dynamic loader's own allocations before `main`, up to its
+    /// `_start`): a traceback keeps its last frame.
+    whole_machinery: usize,
     /// ... whose dropped frame 0 is still inside the machinery.
     inside: usize,
     /// Blocks whose dropped frame 0 is machinery: only those whose walk
@@ -495,6 +499,12 @@ fn assert_frame_0_is_the_wrappers_caller(
                     report.call_site_alone += 1;
                     false
                 }
+                None if k.frames.last().is_some_and(|f| function(f) == "_start")
+                    && d.frames.len() == 1 =>
+                {
+                    report.whole_machinery += 1;
+                    false
+                }
                 None => {
                     report.ended_inside += 1;
                     true
@@ -530,21 +540,26 @@ fn assert_frame_0_is_the_wrappers_caller(
     let declared = tracerd.get_ok(&format!("/pid/{pid}"))["cut_tracebacks"]
         .as_u64()
         .unwrap_or(0);
+    // Walks that ended in the machinery, alone or with frames: cut ones,
+    // which the process must declare.
+    let cut_inside = report.call_site_alone + report.ended_inside;
     assert!(
         report.through_family >= min
-            && report.at_caller + report.call_site_alone == report.through_machinery
-            && report.call_site_alone as u64 <= declared
-            && report.frame_0_machinery == report.call_site_alone,
+            && report.at_caller + cut_inside + report.whole_machinery == report.through_machinery
+            && cut_inside as u64 <= declared
+            && report.frame_0_machinery == cut_inside + report.whole_machinery,
         "pid {pid}: of {} blocks, {} start in the machinery, {} of them through the program's \
          own layer (at least {min} must): {} start at its caller, {} kept their call site alone \
-         (the process declares {declared} cut tracebacks), {} walks ended inside it, {} start \
-         inside it; {} start at a machinery frame. Examples:\n{}",
+         (the process declares {declared} cut tracebacks), {} walks ended inside it, {} are \
+         machinery to the loader's _start, {} start inside it; {} start at a machinery frame. \
+         Examples:\n{}",
         report.blocks,
         report.through_machinery,
         report.through_family,
         report.at_caller,
         report.call_site_alone,
         report.ended_inside,
+        report.whole_machinery,
         report.inside,
         report.frame_0_machinery,
         report.examples.join("\n")
