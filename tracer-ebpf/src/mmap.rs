@@ -21,8 +21,10 @@
 //! call unmaps); file and `PROT_NONE` mappings (reservations, no memory);
 //! `MAP_STACK` (thread stacks); `MAP_FIXED` (it replaces part of a mapping
 //! already there: the dynamic loader's `.bss`, an allocator committing its
-//! reservation), which only unmaps what it replaces; processes not traced
-//! yet (no allocation seen: the dynamic loader's first mappings); and
+//! reservation), which only unmaps what it replaces; images with no
+//! allocator call recorded yet (an image starts at its fork or exec: the
+//! dynamic loader's mappings at start, made before its first allocation,
+//! are not the program's); and
 //! mappings made before tracerd has written the image's mappings in
 //! `PROC_MAPS` (its first few hundred milliseconds): until then its stacks
 //! would be walked by frame pointers, which skip the caller of the C
@@ -110,6 +112,14 @@ fn traced_caller() -> Option<(u32, Image, bool)> {
 fn pages(len: u64) -> u64 {
     let mask = page_size().wrapping_sub(1);
     len.wrapping_add(mask) & !mask
+}
+
+/// Whether the image whose totals are `stats` has had an allocator call
+/// recorded (its dynamic loader's start is over, its allocators probed).
+#[inline(always)]
+fn allocated(stats: *mut ProcStats) -> bool {
+    // SAFETY: a word of the image's totals, changed only atomically.
+    unsafe { core::ptr::read_volatile(&raw const (*stats).allocs) != 0 }
 }
 
 /// Whether the image whose totals are `stats` holds any anonymous mapping
@@ -550,9 +560,13 @@ pub(crate) fn mapped(ret: i64) {
     let Some((tgid, image, in_call)) = traced_caller() else {
         return;
     };
-    // A new mapping is recorded only once tracerd has the image's mappings
-    // (see the module doc); a MAP_FIXED one unmaps what it replaced.
-    let settled = !in_call && has_mappings(tgid, image.1);
+    // A new mapping is recorded only once the image has allocated and
+    // tracerd has its mappings (see the module doc); a MAP_FIXED one
+    // unmaps what it replaced. An image starts at its exec now: without
+    // the first condition, the dynamic loader's own mappings at start were
+    // recorded whenever tracerd wrote the mappings before the loader made
+    // them (1, 2 or none of them: a program's runs counted differently).
+    let settled = !in_call && allocated(image.0) && has_mappings(tgid, image.1);
     if !settled && !has_regions(image.0) {
         return;
     }

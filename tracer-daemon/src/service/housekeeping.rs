@@ -183,6 +183,7 @@ impl Service {
             }
         }
         self.end_images(ends, &mut blocks);
+        self.events_applied();
     }
 
     /// Ends images with their blocks (read already: `blocks`), which leave
@@ -248,6 +249,7 @@ impl Service {
             }
         }
         if !unknown.is_empty() {
+            self.events_applied();
             tracing::warn!(
                 images = unknown.len(),
                 events_lost = dropped,

@@ -157,6 +157,10 @@ pub struct Service {
     /// The stacks no block named at the last collection
     /// ([`Service::collect_stacks`]).
     unnamed_stacks: std::sync::Mutex<stacks::Unnamed>,
+    /// Batches of kernel events applied to the registry so far, and the
+    /// signal of each: a query for a pid whose image the kernel has and the
+    /// registry not yet waits for them ([`Service::catch_up`]).
+    events_applied: (std::sync::Mutex<u64>, std::sync::Condvar),
 }
 
 impl Service {
@@ -205,6 +209,7 @@ impl Service {
             events_dropped_seen: std::sync::atomic::AtomicU64::new(0),
             drops_logged: std::sync::Mutex::default(),
             unnamed_stacks: std::sync::Mutex::default(),
+            events_applied: (std::sync::Mutex::new(0), std::sync::Condvar::new()),
             libraries,
             totals,
             stats,

@@ -13,6 +13,11 @@ use crate::lifecycle::{ImageState, ProcessImage, TracingControl, blocks::live_st
 use crate::sys::modules::ModuleMaps;
 use crate::sys::unix_ms;
 
+/// Longest a query for one process waits for the registry to learn of
+/// the image the kernel tracks for it ([`Service::catch_up`]): events are
+/// applied within milliseconds, unless their handler waits for a lock.
+pub const CATCH_UP_LIMIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// A process as the API lists it. Sizes in bytes.
 #[derive(Clone, Debug, Serialize)]
 pub struct ProcessView {
@@ -261,6 +266,7 @@ impl Service {
     /// # Errors
     /// [`ServiceError::NotTraced`].
     pub fn process(&self, pid: u32) -> Result<ProcessStatus, ServiceError> {
+        self.catch_up(pid);
         let held = self.state.locks().registry().control();
         let Some(image) = current_image(&held.registry, pid) else {
             drop(held);
@@ -282,6 +288,7 @@ impl Service {
         &self,
         pid: u32,
     ) -> Result<(ProcessStatus, Vec<SourceBytes>), ServiceError> {
+        self.catch_up(pid);
         let held = self.state.locks().registry().control();
         let Some(image) = current_image(&held.registry, pid) else {
             drop(held);
@@ -302,6 +309,60 @@ impl Service {
             .map(|(name, source)| (*name, source.current, source.peak))
             .collect();
         Ok((status(&held.control, image, totals.stats), sources))
+    }
+
+    /// Waits, at most [`CATCH_UP_LIMIT`], until the registry knows the
+    /// image the kernel tracks for `pid` (its totals' generation): its
+    /// `New` event, sent at its fork or exec, is still on its way (read
+    /// from the ring, its `/proc` read, waiting for a lock). Until then
+    /// the registry has the image before it (a fork's, whose program is
+    /// its parent's) or none, and a query would answer for the wrong image:
+    /// the image a fork started and an exec ended at once reads 0 bytes
+    /// while its exec's image has allocated (a program that printed a line
+    /// read 0 bytes in use), or the pid is not traced at all. A pid the
+    /// kernel tracks no image of, or whose image the registry knows, costs
+    /// a lookup in each. Past the limit (the event handler held long
+    /// behind a lock), the query answers with what the registry has, and
+    /// the debug log says so.
+    pub(super) fn catch_up(&self, pid: u32) {
+        let Some(generation) = self.totals.proc_stats(pid).map(|stats| stats.gen_) else {
+            return;
+        };
+        let image = ImageId::new(pid, generation);
+        let started = std::time::Instant::now();
+        let (applied, signal) = &self.events_applied;
+        loop {
+            // The count before the look: a batch applied after it wakes the
+            // wait below, whatever the look saw.
+            let seen = *super::state::lock(applied);
+            if self.state.locks().registry().registry.knows(image) {
+                return;
+            }
+            let waited = started.elapsed();
+            let Some(left) = CATCH_UP_LIMIT.checked_sub(waited).filter(|d| !d.is_zero()) else {
+                ::tracing::debug!(
+                    pid,
+                    generation,
+                    waited_ms = waited.as_millis() as u64,
+                    "the kernel's image of a process is not in the registry yet: answered with the one before"
+                );
+                return;
+            };
+            let guard = super::state::lock(applied);
+            if *guard == seen {
+                let _ = signal
+                    .wait_timeout(guard, left)
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+            }
+        }
+    }
+
+    /// Records that a batch of kernel events was applied to the registry:
+    /// wakes the queries waiting for it ([`Service::catch_up`]).
+    pub(super) fn events_applied(&self) {
+        let (applied, signal) = &self.events_applied;
+        *super::state::lock(applied) += 1;
+        signal.notify_all();
     }
 
     /// Copies of the registry's images `ids` (those it still has, as the

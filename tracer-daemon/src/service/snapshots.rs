@@ -124,6 +124,7 @@ impl Service {
     /// # Errors
     /// [`ServiceError::NotTraced`].
     pub(super) fn image_of(&self, pid: u32) -> Result<(ImageId, Option<ImageState>), ServiceError> {
+        self.catch_up(pid);
         let held = self.state.locks().registry();
         let Some(image) = super::processes::current_image(&held.registry, pid) else {
             drop(held);
@@ -165,6 +166,7 @@ impl Service {
     /// the registry and control locks, which the cheap routes need, are
     /// taken only for short looks before and after it.
     fn take(&self, pid: u32) -> Result<Taken, ServiceError> {
+        self.catch_up(pid);
         let Some(image) = self.current_image_refreshed(pid) else {
             return Err(self.not_traced(pid));
         };

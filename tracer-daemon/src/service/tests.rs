@@ -567,3 +567,39 @@ fn the_cheap_reads_do_not_wait_for_a_holder_of_the_kernel_lock() {
         (0, 65536, 0)
     );
 }
+
+#[test]
+fn a_query_waits_for_the_image_the_kernel_started_until_its_event_is_applied() {
+    let (kernel, service) = service();
+    let fork = start(&kernel, &service, PID);
+    // The exec: the kernel's image is new, its events still on their way
+    // (the fork's image read 0 bytes in use while the exec's had 135).
+    let exec_end = kernel.exit(PID).expect("traced");
+    let (exec, new) = kernel.start(PID);
+    kernel.alloc(PID, 0x1000, 135, &[]);
+    let applier = {
+        let service = service.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            service.handle_events(&[exec_end, new]);
+        })
+    };
+    let status = service.process(PID).expect("traced");
+    assert_eq!(
+        (status.view.generation, status.view.current),
+        (exec.generation, 135),
+        "the fork's image was {fork:?}"
+    );
+    applier.join().expect("applier");
+    // Never applied: answered with what the registry has, within the limit.
+    let (later, _) = kernel.start(PID);
+    let asked = std::time::Instant::now();
+    let status = service.process(PID).expect("traced");
+    assert_eq!(status.view.generation, exec.generation);
+    assert_ne!(later, exec);
+    let waited = asked.elapsed();
+    assert!(
+        waited >= processes::CATCH_UP_LIMIT && waited < processes::CATCH_UP_LIMIT * 3,
+        "{waited:?}"
+    );
+}
