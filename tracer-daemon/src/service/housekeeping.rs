@@ -90,6 +90,23 @@ impl Service {
             .collect()
     }
 
+    /// Whether the fork of `child` from `parent` is outside the scope: a
+    /// scope is chosen, tracerd has no image of the parent, and neither
+    /// process matches it (`/proc/PID/exe`, `/proc/PID/cgroup`). The kernel
+    /// reports every fork of the host in a scope of pids; such a child is
+    /// not registered (it would be listed among the traced processes).
+    fn fork_out_of_scope(&self, child: u32, parent: u32) -> bool {
+        let scope = self
+            .scope_published
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        if scope.is_all() || self.state.locks().registry().registry.get(parent).is_some() {
+            return false;
+        }
+        !scope.matches(child) && !scope.matches(parent)
+    }
+
     /// [`Service::handle_events`] with the new images read already
     /// ([`Service::read_new_images`] of the same batch).
     pub fn handle_read_events(&self, batch: &[ProcEvent], mut read: Vec<Option<ProcessImage>>) {
@@ -122,6 +139,11 @@ impl Service {
                     // first, so the new image never finds the old one live.
                     if ends.iter().any(|end: &EndEvent| end.image.pid == image.pid) {
                         self.end_images(std::mem::take(&mut ends), &mut blocks);
+                    }
+                    if let Some(parent) = parent
+                        && self.fork_out_of_scope(image.pid, parent)
+                    {
+                        continue;
                     }
                     let read = read
                         .get_mut(index)
