@@ -217,6 +217,21 @@ pub async fn run(config: Config) -> Result<(), AppError> {
             },
         )),
     ];
+    // The processes of a chosen scope ran before tracerd: their tables
+    // before it says ready, so that their walks are whole from the first.
+    if !service.scope_is_all() {
+        let scoped = service.clone();
+        let started = std::time::Instant::now();
+        if let Ok(files) =
+            tokio::task::spawn_blocking(move || scoped.preload_running_tables()).await
+        {
+            tracing::info!(
+                files,
+                ms = started.elapsed().as_millis() as u64,
+                "unwind tables of the scope's running processes compiled"
+            );
+        }
+    }
     notify(&[
         sd_notify::NotifyState::Ready,
         sd_notify::NotifyState::Status(&format!("tracing; API on {}", config.listen)),

@@ -238,6 +238,12 @@ impl Service {
         self.stopping.raise();
     }
 
+    /// Whether every process is in scope (no pids, executables or cgroups
+    /// chosen).
+    pub fn scope_is_all(&self) -> bool {
+        self.scope_is_all.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     /// Whether [`Service::begin_stop`] was called.
     pub fn stopping(&self) -> bool {
         self.stopping.is_raised()

@@ -44,6 +44,37 @@ impl Service {
         objects.len()
     }
 
+    /// Compiles the unwind tables of the files the processes in scope
+    /// run now (every process's for a scope of all; tracerd calls it for
+    /// a chosen scope, before it says ready), named in
+    /// `FILE_TABLES`: a process that ran before tracerd has no image until
+    /// its first allocation, and its walks until its mappings are written
+    /// go through the kernel's VMAs, cut at every file without a table.
+    /// tracerd's own process is left out. Returns how many files were
+    /// offered (read from `/proc/PID/maps`; each file once).
+    pub fn preload_running_tables(&self) -> usize {
+        let scope = self
+            .scope_published
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        let own = std::process::id();
+        let maps: Vec<ModuleMaps> = crate::sys::procfs::all_pids()
+            .into_iter()
+            .filter(|&pid| pid != own && (scope.is_all() || scope.matches(pid)))
+            .filter_map(|pid| ModuleMaps::capture(pid).ok())
+            .collect();
+        let mut seen = std::collections::HashSet::new();
+        let objects: Vec<(crate::sys::procfs::FileKey, &std::fs::File)> = maps
+            .iter()
+            .flat_map(|maps| maps.mappings())
+            .filter_map(|m| Some((m.module.key(), m.module.file()?)))
+            .filter(|(key, _)| seen.insert(*key))
+            .collect();
+        self.tables_before_exec(&objects);
+        objects.len()
+    }
+
     /// Queues `image` (mappings `maps`) for [`Service::unwind_pending`].
     pub(super) fn queue_unwind(&self, image: ImageId, maps: Arc<ModuleMaps>) {
         self.unwind_queue
