@@ -174,12 +174,14 @@ fn every_snapshot_and_answer_says_it_is_incomplete_and_the_drops_survive_a_resta
 
     // Text keeps tracemalloc's lines and says it in headers.
     // The program ran before tracerd, in its scope: its tables were
-    // compiled before tracerd said ready, and no traceback is cut.
+    // compiled before tracerd said ready, and no traceback is cut (the
+    // headers say 0).
     let headers = loss_headers(&tracerd, &format!("/pid/{pid}/statistics?format=text"));
     assert_eq!(
         headers,
         [
             pair("x-tracer-complete", "false"),
+            pair("x-tracer-cut-tracebacks", "0"),
             pair("x-tracer-drops", "462")
         ]
     );
@@ -189,6 +191,7 @@ fn every_snapshot_and_answer_says_it_is_incomplete_and_the_drops_survive_a_resta
         [
             pair("x-tracer-base-drops", "0"),
             pair("x-tracer-complete", "false"),
+            pair("x-tracer-new-cut-tracebacks", "0"),
             pair("x-tracer-new-drops", "462")
         ]
     );
