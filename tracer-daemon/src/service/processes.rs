@@ -240,7 +240,12 @@ impl Service {
                 .iter()
                 .map(|l| (l.key, l.path.display().to_string()))
                 .collect();
-            match crate::sys::procfs::read_maps(pid) {
+            // A kernel thread (or a zombie) maps nothing: no allocator.
+            let maps = match crate::sys::procfs::read_maps(pid) {
+                Err(crate::sys::procfs::ProcError::NoMappings { .. }) => Ok(Vec::new()),
+                read => read,
+            };
+            match maps {
                 Err(_) => Why::NoProcess,
                 Ok(maps)
                     if !maps

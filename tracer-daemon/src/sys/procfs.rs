@@ -47,6 +47,14 @@ pub enum ProcError {
         /// What is wrong with the line.
         reason: &'static str,
     },
+    /// `/proc/PID/maps` lists no mapping: the process has exited and is a
+    /// zombie until its parent reaps it (its address space is gone), or it
+    /// is a kernel thread. Its mappings read earlier are still its last.
+    #[error("pid {pid}: /proc/{pid}/maps is empty (an exited process, or a kernel thread)")]
+    NoMappings {
+        /// The process whose file was read.
+        pid: u32,
+    },
     /// [`parse_stat_start_time`] or [`parse_stat_ppid`] met text that is not
     /// a `/proc/PID/stat` line.
     #[error("malformed stat text: {reason}")]
@@ -296,10 +304,16 @@ pub fn parse_maps(text: &str) -> Result<Vec<MapEntry>, ProcError> {
 }
 
 /// Reads and parses `/proc/PID/maps`. Bytes that are not UTF-8 (in paths) are
-/// replaced with U+FFFD.
+/// replaced with U+FFFD. Errors: [`ProcError::NoMappings`] when it lists no
+/// mapping (a zombie: a process that exited keeps its `/proc/PID` until it is
+/// reaped, with an empty `maps`, and its mappings must not be taken for none).
 pub fn read_maps(pid: u32) -> Result<Vec<MapEntry>, ProcError> {
     let (path, bytes) = read_proc_file(pid, "maps")?;
-    parse_maps(&String::from_utf8_lossy(&bytes)).map_err(|e| e.in_file(pid, path))
+    let entries = parse_maps(&String::from_utf8_lossy(&bytes)).map_err(|e| e.in_file(pid, path))?;
+    if entries.is_empty() {
+        return Err(ProcError::NoMappings { pid });
+    }
+    Ok(entries)
 }
 
 // /proc/PID/stat, comm, exe

@@ -302,6 +302,33 @@ fn missing_process_is_reported_gone() {
 }
 
 #[test]
+fn an_exited_process_not_yet_reaped_has_no_mappings_rather_than_none() {
+    // A child that exited and is not waited for is a zombie: /proc/PID is
+    // there, its start time still its own, its maps empty.
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let pid = child.id();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .unwrap()
+        .contains(") Z ")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "pid {pid} never exited"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert!(read_start_time(pid).is_ok());
+    let err = read_maps(pid).unwrap_err();
+    assert!(
+        matches!(err, ProcError::NoMappings { pid: p } if p == pid),
+        "{err}"
+    );
+    assert!(read_maps(std::process::id()).unwrap().len() > 1);
+    child.wait().unwrap();
+}
+
+#[test]
 fn namespaced_pid_and_container_id() {
     assert_eq!(nspid_of("Name:\tx\nNSpid:\t4242\t7\t1\n"), Some(1));
     assert_eq!(nspid_of("Name:\tx\nNSpid:\t4242\n"), Some(4242));
