@@ -204,12 +204,14 @@ pub fn is_operator(symbol: &str) -> bool {
 /// exit program to measure the physical floor of the probes themselves.
 pub const FLOOR_PROGRAMS: (&str, &str) = ("floor_enter", "floor_exit");
 
-/// The tracepoint that reports a traced image mapping a file's code (a
-/// `dlopen`), so that the unwinder learns the new mapping within
-/// milliseconds rather than at its next periodic refresh: (program,
-/// category, name). Optional: a kernel without syscall tracepoints
+/// The tracepoint that reports a process that mapped a file's code (its
+/// libraries at start, a `dlopen`), at the call's exit, so that tracerd
+/// reads its mappings while it lives and the unwinder learns the new
+/// mapping within milliseconds rather than at its next periodic refresh:
+/// (program, category, name). Optional: a kernel without syscall tracepoints
 /// (`CONFIG_FTRACE_SYSCALLS`) has only the periodic refresh.
-pub const MAPPING_TRACEPOINT: (&str, &str, &str) = ("sys_enter_mmap", "syscalls", "sys_enter_mmap");
+pub const MAPPING_TRACEPOINT: (&str, &str, &str) =
+    ("sys_exit_mmap_code", "syscalls", "sys_exit_mmap");
 
 /// The tracepoints that record a traced image's own anonymous mappings as
 /// blocks of source `mmap` (at each call's exit, where the result is

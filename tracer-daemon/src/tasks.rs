@@ -74,7 +74,7 @@ pub async fn events_and_housekeeping(
             // Then /proc: a program that lives 50 ms is gone soon after its
             // first allocation.
             reader.make_own_levels(&batch);
-            let read = Service::read_new_images(&batch);
+            let read = Service::read_proc(&batch);
             (batch, read)
         })
         .await
@@ -87,8 +87,8 @@ pub async fn events_and_housekeeping(
     }
 }
 
-/// A batch of kernel events with its new images read already.
-type ReadBatch = (Vec<ProcEvent>, Vec<Option<crate::lifecycle::ProcessImage>>);
+/// A batch of kernel events with what it needs from `/proc` read already.
+type ReadBatch = (Vec<ProcEvent>, Vec<crate::service::ProcRead>);
 
 /// Most events [`handle_batches`] applies in one call (about 100 bytes
 /// each): a backlog after a burst of short-lived programs is worked off in

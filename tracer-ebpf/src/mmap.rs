@@ -64,6 +64,8 @@ use crate::{
 const MAP_FIXED: u64 = 0x10;
 const MAP_ANONYMOUS: u64 = 0x20;
 const MAP_STACK: u64 = 0x2_0000;
+/// `PROT_EXEC` of mmap(2).
+const PROT_EXEC: u64 = 4;
 /// The first errno a system call returns (as `-errno`); results above
 /// `-MAX_ERRNO` as unsigned are errors.
 const MAX_ERRNO: i64 = 4095;
@@ -583,6 +585,21 @@ pub(crate) fn mapped(ret: i64) {
         return;
     }
     add_region(regs, tgid, image, start, len);
+}
+
+/// At the exit of `mmap` (result `ret`): whether the call mapped a file's
+/// code (`PROT_EXEC`, not anonymous, a file descriptor given), read from
+/// the task's saved registers.
+#[inline(always)]
+pub(crate) fn mapped_code(ret: i64) -> bool {
+    if ret < 0 && ret >= -MAX_ERRNO {
+        return false;
+    }
+    let Some((_, [_, _, prot, flags, fd])) = syscall_regs() else {
+        return false;
+    };
+    // An anonymous mapping's fd is -1 (as an unsigned long).
+    prot & PROT_EXEC != 0 && flags & MAP_ANONYMOUS == 0 && (fd as i64) >= 0
 }
 
 /// At the exit of `munmap` (result `ret`): the blocks of a traced image in

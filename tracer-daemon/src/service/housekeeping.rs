@@ -2,6 +2,7 @@
 //! periodic passes: expiry of ended images (and of tracing state kept for
 //! images that are gone), and the orphan sweep over the kernel maps.
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use tracer_common::{AllocInfo, AllocKey, ProcEvent};
@@ -10,6 +11,7 @@ use super::Service;
 use crate::lifecycle::events::{self, Event};
 use crate::lifecycle::registry::EndEvent;
 use crate::lifecycle::{ImageId, ProcessImage, orphans, scope};
+use crate::sys::modules::ModuleMaps;
 
 /// The orphan sweeps so far ([`Service::sweep_orphans`]), as
 /// `tracer_orphan_sweeps_total` and the last one's gauges show them.
@@ -33,6 +35,20 @@ pub(super) struct Sweeps {
     last_took_us: std::sync::atomic::AtomicU64,
 }
 
+/// What [`Service::read_proc`] read from `/proc` for one event.
+#[derive(Debug, Default)]
+pub enum ProcRead {
+    /// Nothing (an event that needs nothing, or a process already gone).
+    #[default]
+    Nothing,
+    /// A new image (`New`), read as [`ProcessImage::capture`] or
+    /// [`ProcessImage::capture_forked`] does.
+    Image(Box<ProcessImage>),
+    /// The mappings of an image that mapped code (`Mapped`), from
+    /// `/proc/PID/maps`.
+    Maps(Arc<ModuleMaps>),
+}
+
 impl Service {
     /// Handles a batch of kernel process events in order: a new image is
     /// read from `/proc` at once (while it lives), exec and fork events of a
@@ -43,7 +59,7 @@ impl Service {
     /// [`Service::unwind_pending`].
     pub fn handle_events(&self, batch: &[ProcEvent]) {
         self.make_own_levels(batch);
-        let read = Self::read_new_images(batch);
+        let read = Self::read_proc(batch);
         self.handle_read_events(batch, read);
     }
 
@@ -71,21 +87,40 @@ impl Service {
         }
     }
 
-    /// Reads the new images of `batch` from `/proc` (no lock taken), one
-    /// entry per event (None for other events): done as soon as the batch
-    /// is read from the ring, before its handling waits for any lock, as
-    /// a program that lives 50 ms is gone soon after its first allocation.
-    pub fn read_new_images(batch: &[ProcEvent]) -> Vec<Option<ProcessImage>> {
-        batch
-            .iter()
-            .map(|event| match events::decode(event) {
+    /// Reads from `/proc` (no lock taken) what `batch` needs while its
+    /// processes live, one entry per event: a new image, and the mappings
+    /// of an image that mapped code (`Mapped`: read once per image, at its
+    /// last such event of the batch). Done as soon as the batch is read
+    /// from the ring, before its handling waits for any lock: a program
+    /// that lives 50 ms is gone soon after it loaded its libraries, and
+    /// its stacks are symbolized with the mappings read while it lived.
+    pub fn read_proc(batch: &[ProcEvent]) -> Vec<ProcRead> {
+        let decoded: Vec<Option<Event>> = batch.iter().map(events::decode).collect();
+        let mut last_mapped: HashMap<ImageId, usize> = HashMap::new();
+        for (index, event) in decoded.iter().enumerate() {
+            if let Some(Event::Mapped { image }) = event
+                && image.generation != 0
+            {
+                last_mapped.insert(*image, index);
+            }
+        }
+        decoded
+            .into_iter()
+            .enumerate()
+            .map(|(index, event)| match event {
                 Some(Event::New {
                     image,
                     parent: Some(_),
                     ..
-                }) => Some(ProcessImage::capture_forked(image)),
-                Some(Event::New { image, comm, .. }) => Some(events::new_image(image, &comm)),
-                _ => None,
+                }) => ProcRead::Image(Box::new(ProcessImage::capture_forked(image))),
+                Some(Event::New { image, comm, .. }) => {
+                    ProcRead::Image(Box::new(events::new_image(image, &comm)))
+                }
+                Some(Event::Mapped { image }) if last_mapped.get(&image) == Some(&index) => {
+                    ModuleMaps::capture(image.pid)
+                        .map_or(ProcRead::Nothing, |maps| ProcRead::Maps(Arc::new(maps)))
+                }
+                _ => ProcRead::Nothing,
             })
             .collect()
     }
@@ -107,9 +142,9 @@ impl Service {
         !scope.matches(child) && !scope.matches(parent)
     }
 
-    /// [`Service::handle_events`] with the new images read already
-    /// ([`Service::read_new_images`] of the same batch).
-    pub fn handle_read_events(&self, batch: &[ProcEvent], mut read: Vec<Option<ProcessImage>>) {
+    /// [`Service::handle_events`] with `/proc` read already
+    /// ([`Service::read_proc`] of the same batch).
+    pub fn handle_read_events(&self, batch: &[ProcEvent], mut read: Vec<ProcRead>) {
         let decoded: Vec<Option<Event>> = batch.iter().map(events::decode).collect();
         // The blocks of every image this batch ends, in one pass over the
         // kernel maps (a pass per end made a churn of short-lived programs
@@ -145,10 +180,10 @@ impl Service {
                     {
                         continue;
                     }
-                    let read = read
-                        .get_mut(index)
-                        .and_then(Option::take)
-                        .unwrap_or_else(|| events::new_image(image, &comm));
+                    let read = match read.get_mut(index).map(std::mem::take) {
+                        Some(ProcRead::Image(read)) => *read,
+                        _ => events::new_image(image, &comm),
+                    };
                     let id = read.id;
                     let known = match parent {
                         Some(parent) => self.state.locks().registry().registry.add_forked(
@@ -189,6 +224,14 @@ impl Service {
                 }
                 Some(Event::End(end)) => ends.push(end),
                 Some(Event::Mapped { image }) => {
+                    if let Some(ProcRead::Maps(maps)) = read.get_mut(index).map(std::mem::take)
+                        && let Some(live) =
+                            self.state.locks().registry().registry.get_mut(image.pid)
+                        && live.id == image
+                        && live.ended.is_none()
+                    {
+                        live.maps = Some(maps);
+                    }
                     self.queue_discovery(image.pid, true);
                     self.queue_remap(image);
                 }

@@ -50,6 +50,7 @@ mod unwind;
 pub use access::Viewer;
 pub use compare::{BaseSpec, Side};
 pub use error::{NotTracedWhy, ServiceError};
+pub use housekeeping::ProcRead;
 pub use inspect::{Health, KernelMapsView, LastStop, MapUse, TracerMemory};
 pub use processes::{ProcessStatus, ProcessView, SystemMemory};
 pub use snapshots::{AutoPolicy, Now, SnapshotRef, Target};

@@ -122,31 +122,24 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
     0
 }
 
-/// Offsets of `prot` and `fd` in the sys_enter_mmap record
-/// (/sys/kernel/tracing/events/syscalls/sys_enter_mmap/format).
-const MMAP_PROT_OFFSET: usize = 32;
-const MMAP_FD_OFFSET: usize = 48;
+/// Offset of `ret` in the sys_exit_mmap record
+/// (/sys/kernel/tracing/events/syscalls/sys_exit_mmap/format).
+const MMAP_RET_OFFSET: usize = 16;
 
-/// `PROT_EXEC` of mmap(2).
-const PROT_EXEC: u64 = 4;
-
-/// `tracer_common::MAPPING_TRACEPOINT`: a process mapping a file's code
-/// (the dynamic loader's `mmap` of a library's text, at start or at
-/// `dlopen`) sends a `Mapped` event, so that tracerd probes the allocator
-/// it may define and gives the unwinder the new mapping before the library
-/// runs for long (generation 0: a process not traced yet). Anonymous and
-/// non-executable mappings send nothing.
+/// `tracer_common::MAPPING_TRACEPOINT`: a process that mapped a file's
+/// code (the dynamic loader's `mmap` of a library's text, at start or at
+/// `dlopen`) sends a `Mapped` event once the mapping exists, so that
+/// tracerd reads `/proc/PID/maps` with it at once (a program that lives
+/// 50 ms is gone before a later read, and its stacks could not be
+/// symbolized), probes the allocator it may define and gives the unwinder
+/// the new mapping before the library runs for long (generation 0: a
+/// process not traced yet). Anonymous and non-executable mappings, and
+/// failed calls, send nothing.
 #[tracepoint]
-pub fn sys_enter_mmap(ctx: TracePointContext) -> u32 {
-    // SAFETY: the offsets are within the record (see the format file).
-    let prot: u64 = unsafe { ctx.read_at(MMAP_PROT_OFFSET) }.unwrap_or(0);
-    if prot & PROT_EXEC == 0 {
-        return 0;
-    }
-    // SAFETY: as above.
-    let fd: u64 = unsafe { ctx.read_at(MMAP_FD_OFFSET) }.unwrap_or(u64::MAX);
-    // An anonymous mapping's fd is -1 (as an unsigned long).
-    if (fd as i64) < 0 {
+pub fn sys_exit_mmap_code(ctx: TracePointContext) -> u32 {
+    // SAFETY: the offset is within the record (see the format file).
+    let ret: i64 = unsafe { ctx.read_at(MMAP_RET_OFFSET) }.unwrap_or(-1);
+    if !crate::mmap::mapped_code(ret) {
         return 0;
     }
     let Some((_, tgid)) = current() else { return 0 };
