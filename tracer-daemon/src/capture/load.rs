@@ -171,28 +171,33 @@ impl Capture {
             .load(object.as_bytes())
             .map_err(|e| CaptureError::Load(e.to_string()))?;
 
-        let mut tracepoint_links = Vec::new();
-        for (name, category, event) in TRACEPOINTS {
-            let program: &mut TracePoint = program_mut(&mut ebpf, name)?;
-            program.load().map_err(|source| CaptureError::Program {
-                program: name.into(),
-                source: Box::new(source),
-            })?;
-            let link = program
-                .attach(category, event)
-                .map_err(|source| CaptureError::Attach {
-                    program: name.into(),
-                    target: format!("{category}:{event}"),
-                    source: Box::new(source),
-                })?;
-            tracepoint_links.push((name, link));
-        }
-
-        tracepoint_links.extend(attach_mapping_tracepoint(&mut ebpf));
-        if config.trace_mmap && programs == Programs::Tracer {
-            tracepoint_links.extend(attach_mmap_tracepoints(&mut ebpf));
-        }
-
+        // Every uprobe program is loaded now, while the object still holds
+        // every map its instructions refer to (a map taken out of it below
+        // and dropped, as EXP_TABLE is, would leave a later load with a
+        // closed fd); objects found later, and a scoped tracerd, attach
+        // them only later. For uprobe_multi links where the kernel has
+        // them, else by aya for a perf event per probe.
+        let names: Vec<&'static str> = tracer_common::PROBES
+            .iter()
+            .flat_map(|spec| {
+                let exit = spec.exit.map(|name| programs.program_for(name, true));
+                std::iter::once(programs.program_for(spec.entry, false)).chain(exit)
+            })
+            .collect();
+        // The verifier takes seconds over this object (the stack walk is
+        // in every allocator exit and anonymous-mapping program), one
+        // program at a time on one CPU: the uprobe programs are verified
+        // on a thread of their own while the tracepoints load here.
+        let prepared = MultiPrograms::prepare(object.as_bytes(), &ebpf);
+        let (tracepoint_links, multi) = std::thread::scope(|scope| {
+            let uprobes = scope.spawn(|| prepared.and_then(|p| p.load(names.iter().copied())));
+            let links = attach_tracepoints(&mut ebpf, &config, programs);
+            let multi = uprobes
+                .join()
+                .unwrap_or_else(|_| Err("the thread that loaded them panicked".into()));
+            (links, multi)
+        });
+        let tracepoint_links = tracepoint_links?;
         let libcs = find_libc(&config.libc)?;
         let mut libraries = Vec::new();
         let mut targets = Vec::new();
@@ -212,20 +217,7 @@ impl Capture {
             });
             libraries.push(library);
         }
-        // Every uprobe program is loaded now, while the object still holds
-        // every map its instructions refer to (a map taken out of it below
-        // and dropped, as EXP_TABLE is, would leave a later load with a
-        // closed fd); objects found later, and a scoped tracerd, attach
-        // them only later. For uprobe_multi links where the kernel has
-        // them, else by aya for a perf event per probe.
-        let names: Vec<&'static str> = tracer_common::PROBES
-            .iter()
-            .flat_map(|spec| {
-                let exit = spec.exit.map(|name| programs.program_for(name, true));
-                std::iter::once(programs.program_for(spec.entry, false)).chain(exit)
-            })
-            .collect();
-        let multi = match MultiPrograms::load(object.as_bytes(), &ebpf, names.iter().copied()) {
+        let multi = match multi {
             Ok(multi) => Some(multi),
             Err(reason) => {
                 tracing::warn!(
@@ -489,6 +481,48 @@ fn bump_memlock_rlimit() {
     }
 }
 
+/// Loads and attaches the lifecycle tracepoints ([`TRACEPOINTS`]), then
+/// the optional ones: the mapping tracepoint, and the anonymous-mapping
+/// ones when `config.trace_mmap` (tracer's own programs only). Returns
+/// their links.
+///
+/// # Errors
+/// [`CaptureError::Program`] or [`CaptureError::Attach`] naming the
+/// lifecycle tracepoint that failed.
+fn attach_tracepoints(
+    ebpf: &mut Ebpf,
+    config: &CaptureConfig,
+    programs: Programs,
+) -> Result<Vec<(&'static str, TracePointLinkId)>, CaptureError> {
+    let mut tracepoint_links = Vec::new();
+    for (name, category, event) in TRACEPOINTS {
+        let program: &mut TracePoint = program_mut(ebpf, name)?;
+        let started = std::time::Instant::now();
+        program.load().map_err(|source| CaptureError::Program {
+            program: name.into(),
+            source: Box::new(source),
+        })?;
+        tracing::debug!(
+            program = name,
+            ms = started.elapsed().as_millis() as u64,
+            "program verified"
+        );
+        let link = program
+            .attach(category, event)
+            .map_err(|source| CaptureError::Attach {
+                program: name.into(),
+                target: format!("{category}:{event}"),
+                source: Box::new(source),
+            })?;
+        tracepoint_links.push((name, link));
+    }
+    tracepoint_links.extend(attach_mapping_tracepoint(ebpf));
+    if config.trace_mmap && programs == Programs::Tracer {
+        tracepoint_links.extend(attach_mmap_tracepoints(ebpf));
+    }
+    Ok(tracepoint_links)
+}
+
 /// Attaches [`MMAP_TRACEPOINTS`] (anonymous mappings as blocks); a kernel
 /// without syscall tracepoints gets a warning, and no `mmap` source.
 fn attach_mmap_tracepoints(ebpf: &mut Ebpf) -> Vec<(&'static str, TracePointLinkId)> {
@@ -520,9 +554,15 @@ fn attach_optional_tracepoint(
     without: &str,
 ) -> Option<(&'static str, TracePointLinkId)> {
     let attached = program_mut::<TracePoint>(ebpf, name).and_then(|program| {
+        let started = std::time::Instant::now();
         program
             .load()
             .map_err(|e| CaptureError::Load(e.to_string()))?;
+        tracing::debug!(
+            program = name,
+            ms = started.elapsed().as_millis() as u64,
+            "program verified"
+        );
         program
             .attach(category, event)
             .map_err(|e| CaptureError::Load(e.to_string()))

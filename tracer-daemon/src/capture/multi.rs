@@ -30,22 +30,24 @@ pub(super) struct MultiPrograms {
     programs: HashMap<&'static str, OwnedFd>,
 }
 
+/// The ELF object parsed again and relocated against the maps of the
+/// `Ebpf` aya loaded ([`MultiPrograms::prepare`]): what loading the
+/// uprobe programs needs, and nothing of the `Ebpf` (so that they can be
+/// verified on a thread of their own while aya loads the tracepoints).
+pub(super) struct Prepared {
+    obj: aya_obj::Object,
+    btf: Option<OwnedFd>,
+}
+
 impl MultiPrograms {
-    /// Loads the programs `names` of the ELF object `object` (exactly the
-    /// bytes `ebpf` was loaded from) for uprobe_multi links, their map
-    /// references relocated to the maps of `ebpf` (all of them still in
-    /// it), and checks that the kernel takes such links.
+    /// Parses the ELF object `object` (exactly the bytes `ebpf` was loaded
+    /// from) and relocates its map references to the maps of `ebpf` (all
+    /// of them still in it), for [`Prepared::load`].
     ///
     /// # Errors
-    /// Why not, in words: the kernel has no uprobe_multi links (before
-    /// 6.6, or before its pid filter was fixed), the object does not parse
-    /// or relocate, a map is missing from `ebpf`, or the verifier refused a
-    /// program (its log's end).
-    pub(super) fn load(
-        object: &[u8],
-        ebpf: &Ebpf,
-        names: impl IntoIterator<Item = &'static str>,
-    ) -> Result<Self, String> {
+    /// Why not, in words: the object does not parse or relocate, or a map
+    /// is missing from `ebpf`.
+    pub(super) fn prepare(object: &[u8], ebpf: &Ebpf) -> Result<Prepared, String> {
         let mut obj = aya_obj::Object::parse(object).map_err(|e| format!("parsing: {e}"))?;
         // The object's BTF, fixed up as aya fixes it (aya's copy is not
         // reachable): the verifier wants the programs' function records.
@@ -80,6 +82,25 @@ impl MultiPrograms {
         obj.relocate_calls(&text_sections)
             .map_err(|e| format!("relocating calls: {e}"))?;
         obj.sanitize_functions(aya::features());
+        Ok(Prepared { obj, btf })
+    }
+}
+
+impl Prepared {
+    /// Loads the programs `names` for uprobe_multi links, and checks that
+    /// the kernel takes such links. The maps they refer to are those of
+    /// the `Ebpf` this was prepared from, which must keep them until the
+    /// load returns.
+    ///
+    /// # Errors
+    /// Why not, in words: the kernel has no uprobe_multi links (before
+    /// 6.6, or before its pid filter was fixed), a program is not in the
+    /// object, or the verifier refused one (its log's end).
+    pub(super) fn load(
+        self,
+        names: impl IntoIterator<Item = &'static str>,
+    ) -> Result<MultiPrograms, String> {
+        let Self { obj, btf } = self;
         let mut programs = HashMap::new();
         for name in names {
             if programs.contains_key(name) {
@@ -98,6 +119,7 @@ impl MultiPrograms {
                 func_info: &function.func_info.func_info,
                 line_info: &function.line_info.line_info,
             });
+            let started = std::time::Instant::now();
             let fd = uprobe_multi::load_program(
                 name,
                 &function.instructions,
@@ -105,14 +127,21 @@ impl MultiPrograms {
                 btf.as_ref(),
             )
             .map_err(|e| format!("loading {name}: {e}"))?;
+            tracing::debug!(
+                program = name,
+                ms = started.elapsed().as_millis() as u64,
+                "program verified"
+            );
             if programs.is_empty() && !uprobe_multi::supported(fd.as_fd()) {
                 return Err("this kernel has no uprobe_multi links filtered by process (Linux 6.10, or a stable kernel with the fix)".into());
             }
             programs.insert(name, fd);
         }
-        Ok(Self { programs })
+        Ok(MultiPrograms { programs })
     }
+}
 
+impl MultiPrograms {
     /// Program `name`, if loaded.
     pub(super) fn program(&self, name: &str) -> Option<BorrowedFd<'_>> {
         self.programs.get(name).map(AsFd::as_fd)
