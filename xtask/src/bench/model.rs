@@ -388,6 +388,22 @@ fn run(
              |---|---:|---:|---:|---:|---|\n",
         ),
     }
+    let (worst, against_baseline) = rows(&mut table, &shapes, baseline)?;
+    summary(&mut table, &shapes, &worst, &against_baseline);
+    println!("{table}");
+    fs::write(out.join("report.md"), &table)?;
+    write_json(&out, args, &shapes, baseline)?;
+    Ok(())
+}
+
+/// Adds the table's row of each operation and data shape, checking that
+/// tracer's results are CPython's: the slowest ratio to CPython of each
+/// shape, and each time against the baseline's (when there is one).
+fn rows(
+    table: &mut String,
+    shapes: &[Shape],
+    baseline: Option<&(Baseline, PathBuf)>,
+) -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
     let mut worst = vec![f64::INFINITY; shapes.len()];
     let mut against_baseline = Vec::new();
     let names: Vec<String> = shapes
@@ -449,8 +465,14 @@ fn run(
             }
         }
     }
+    Ok((worst, against_baseline))
+}
+
+/// Adds the load times, the slowest ratio of each shape (`worst`) and the
+/// geometric mean of the times against the baseline's.
+fn summary(table: &mut String, shapes: &[Shape], worst: &[f64], against_baseline: &[f64]) {
     table.push('\n');
-    for shape in &shapes {
+    for shape in shapes {
         if let Some((_, load)) = shape.ours.iter().find(|(n, _)| n == "load") {
             table.push_str(&format!(
                 "{} distinct tracebacks: tracer loaded both dump files (pickle parsing, no execution) in {load:.2} s",
@@ -467,7 +489,7 @@ fn run(
         }
     }
     table.push('\n');
-    for (shape, worst) in shapes.iter().zip(&worst) {
+    for (shape, worst) in shapes.iter().zip(worst) {
         table.push_str(&format!(
             "Slowest ratio, {} distinct tracebacks: {worst:.0}x.\n",
             shape.distinct
@@ -485,8 +507,15 @@ fn run(
             "new/baseline (time; below 1 is faster): geometric mean {geomean:.2}, from {low:.2} to {high:.2}.\n"
         ));
     }
-    println!("{table}");
-    fs::write(out.join("report.md"), &table)?;
+}
+
+/// Writes the timings of every shape to `out/report.json`.
+fn write_json(
+    out: &Path,
+    args: &BenchModelArgs,
+    shapes: &[Shape],
+    baseline: Option<&(Baseline, PathBuf)>,
+) -> anyhow::Result<()> {
     let raw: Vec<serde_json::Value> = shapes
         .iter()
         .map(|shape| {

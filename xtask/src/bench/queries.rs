@@ -156,35 +156,13 @@ pub fn queries_part(root: &Path, dir: &Path) -> anyhow::Result<serde_json::Value
     let big_pid = big.pid();
     wait_known(&http, big_pid)?;
     let beside = small_queries(&http, small_pid, small_base)?;
-    let stacks_exe =
-        crate::util::cc::compile_c(dir, "stacks", STACKS_C, &["-O2", "-fno-omit-frame-pointer"])?;
-    let mut stack_holders = Vec::new();
-    for _ in 0..STACK_PROCESSES {
-        stack_holders.push(keep_blocks(&stacks_exe, u64::from(STACK_DEPTH))?);
-    }
-    for holder in &stack_holders {
-        wait_known(&http, holder.pid())?;
-    }
-    let (reads_before, stack_entries) = stack_totals_use(&http)?;
-    let beside_stacks = small_queries(&http, small_pid, small_base)?;
-    let (reads_after, _) = stack_totals_use(&http)?;
-    // What a pass over them costs: the first statistics of a new process
-    // (its keys not read yet).
-    let fresh = keep_blocks(&exe, SMALL_BLOCKS)?;
-    wait_known(&http, fresh.pid())?;
-    let (first_pass_ms, _) = time_get(
-        &http,
-        &format!("/pid/{}/statistics?group_by=lineno", fresh.pid()),
-        1,
-    )?;
-    finish(fresh);
-    let (by_keys, passes) = (
-        reads_after.0 - reads_before.0,
-        reads_after.1 - reads_before.1,
-    );
-    for holder in stack_holders {
-        finish(holder);
-    }
+    let BesideStacks {
+        queries: beside_stacks,
+        entries: stack_entries,
+        by_keys,
+        passes,
+        first_pass_ms,
+    } = beside_stacks(&http, dir, &exe, small_pid, small_base)?;
     let big_statistics = time_get(
         &http,
         &format!("/pid/{big_pid}/statistics?group_by=lineno"),
@@ -263,4 +241,66 @@ pub fn queries_part(root: &Path, dir: &Path) -> anyhow::Result<serde_json::Value
         "big_snapshot_ms": big_snapshot_ms,
         "big_compare_ms": big_compare.0,
     }))
+}
+
+/// The small process's queries beside processes with many distinct stacks,
+/// and how tracerd read its totals per stack meanwhile.
+struct BesideStacks {
+    /// Statistics and compare (median, max ms), as [`small_queries`].
+    queries: ((f64, f64), (f64, f64)),
+    /// Entries of totals per stack beside the small process.
+    entries: u64,
+    /// Reads of its totals per stack by its keys, and by passes over all.
+    by_keys: u64,
+    passes: u64,
+    /// The first statistics of a new process beside them (a pass), in ms.
+    first_pass_ms: f64,
+}
+
+/// Starts the stack holders (programs `dir`'s stacks build), times the
+/// small process `small_pid` (snapshot `small_base`) beside them and the
+/// first statistics of a new `exe` process, and ends them.
+fn beside_stacks(
+    http: &Client,
+    dir: &Path,
+    exe: &Path,
+    small_pid: u32,
+    small_base: u64,
+) -> anyhow::Result<BesideStacks> {
+    let stacks_exe =
+        crate::util::cc::compile_c(dir, "stacks", STACKS_C, &["-O2", "-fno-omit-frame-pointer"])?;
+    let mut stack_holders = Vec::new();
+    for _ in 0..STACK_PROCESSES {
+        stack_holders.push(keep_blocks(&stacks_exe, u64::from(STACK_DEPTH))?);
+    }
+    for holder in &stack_holders {
+        wait_known(http, holder.pid())?;
+    }
+    let (reads_before, stack_entries) = stack_totals_use(http)?;
+    let beside_stacks = small_queries(http, small_pid, small_base)?;
+    let (reads_after, _) = stack_totals_use(http)?;
+    // What a pass over them costs: the first statistics of a new process
+    // (its keys not read yet).
+    let fresh = keep_blocks(exe, SMALL_BLOCKS)?;
+    wait_known(http, fresh.pid())?;
+    let (first_pass_ms, _) = time_get(
+        http,
+        &format!("/pid/{}/statistics?group_by=lineno", fresh.pid()),
+        1,
+    )?;
+    finish(fresh);
+    let (by_keys, passes) = (
+        reads_after.0 - reads_before.0,
+        reads_after.1 - reads_before.1,
+    );
+    for holder in stack_holders {
+        finish(holder);
+    }
+    Ok(BesideStacks {
+        queries: beside_stacks,
+        entries: stack_entries,
+        by_keys,
+        passes,
+        first_pass_ms,
+    })
 }

@@ -97,6 +97,46 @@ pub fn report(
         }
         println!();
     }
+    let goals = goals(&medians);
+    let tracerd = costs.get("tracerd").cloned().unwrap_or_default();
+    tracerd.print("tracerd");
+    let mut json = serde_json::json!({
+        "rounds": args.rounds,
+        "pairs": args.pairs,
+        "medians": medians,
+        "goals": goals,
+        "tracerd": tracerd.json(),
+    });
+    if let Some(baseline) = baseline {
+        let cost = costs.get("baseline").cloned().unwrap_or_default();
+        cost.print(&format!("baseline {}", baseline.label()));
+        let added = against_baseline(baseline, workloads, &medians);
+        let mut object = serde_json::json!({
+            "rev": baseline.rev,
+            "commit": baseline.commit,
+            "added": added,
+        });
+        if let (Some(object), serde_json::Value::Object(cost)) =
+            (object.as_object_mut(), cost.json())
+        {
+            object.extend(cost);
+        }
+        json["baseline"] = object;
+    }
+    if let Some(parent) = args.json.parent() {
+        fs::create_dir_all(parent)?;
+    }
+    fs::write(&args.json, serde_json::to_string_pretty(&json)?)?;
+    println!("\nJSON: {}", args.json.display());
+    Ok(())
+}
+
+/// The goals' figures from the churn medians (ns per malloc+free pair, by
+/// workload and mode): what tracerd adds, against memleak-style bpftrace
+/// and the floor (empty programs at the same points), printed as found.
+fn goals(
+    medians: &BTreeMap<String, BTreeMap<String, f64>>,
+) -> serde_json::Map<String, serde_json::Value> {
     let mut goals = serde_json::Map::new();
     if let Some(churn) = medians.get("churn")
         && let (Some(none), Some(ours)) = (churn.get("none"), churn.get("tracerd"))
@@ -143,37 +183,7 @@ pub fn report(
             goals.insert(format!("{name}_ratio_vs_floor"), ratio.into());
         }
     }
-    let tracerd = costs.get("tracerd").cloned().unwrap_or_default();
-    tracerd.print("tracerd");
-    let mut json = serde_json::json!({
-        "rounds": args.rounds,
-        "pairs": args.pairs,
-        "medians": medians,
-        "goals": goals,
-        "tracerd": tracerd.json(),
-    });
-    if let Some(baseline) = baseline {
-        let cost = costs.get("baseline").cloned().unwrap_or_default();
-        cost.print(&format!("baseline {}", baseline.label()));
-        let added = against_baseline(baseline, workloads, &medians);
-        let mut object = serde_json::json!({
-            "rev": baseline.rev,
-            "commit": baseline.commit,
-            "added": added,
-        });
-        if let (Some(object), serde_json::Value::Object(cost)) =
-            (object.as_object_mut(), cost.json())
-        {
-            object.extend(cost);
-        }
-        json["baseline"] = object;
-    }
-    if let Some(parent) = args.json.parent() {
-        fs::create_dir_all(parent)?;
-    }
-    fs::write(&args.json, serde_json::to_string_pretty(&json)?)?;
-    println!("\nJSON: {}", args.json.display());
-    Ok(())
+    goals
 }
 
 /// Added cost (mode minus uninstrumented) of tracerd and of the baseline

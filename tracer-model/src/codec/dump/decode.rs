@@ -158,6 +158,56 @@ pub fn decode(bytes: &[u8]) -> Result<Decoded, DumpError> {
 
 /// [`decode`], charging what it materialises to `budget`.
 pub(crate) fn decode_with(bytes: &[u8], budget: &mut Budget) -> Result<Decoded, DumpError> {
+    let Header {
+        version,
+        json: header,
+        content,
+        header_len,
+        traceback_limit,
+        meta,
+        sources,
+    } = read_header(bytes, budget)?;
+    let mut r = Reader {
+        bytes: content,
+        at: 14 + header_len,
+        section: "strings",
+    };
+    let strings = read_strings(&mut r, &header, budget)?;
+    r.section = "frames";
+    let frames = read_frames(&mut r, &header, version, &strings, budget)?;
+    r.section = "tracebacks";
+    let (tracebacks, hints) = read_tracebacks(&mut r, &header, &frames, budget)?;
+    r.section = "traces";
+    let (traces, ids) = read_traces(&mut r, &header, version, &sources, &tracebacks, budget)?;
+    if r.remaining() != 0 {
+        return Err(r.fail(format!("{} bytes after the last trace", r.remaining())));
+    }
+    Ok(Decoded {
+        // The file's traceback table is the interning when its writer
+        // numbered tracebacks by first appearance (this one does).
+        snapshot: Snapshot::with_interned(traces, traceback_limit, tracebacks, ids, hints),
+        meta,
+    })
+}
+
+/// A file's header, checked (magic, version, checksum, JSON), and what it
+/// says.
+struct Header<'a> {
+    version: u16,
+    json: Value,
+    /// The file but its checksum: the header, then the body from byte
+    /// `14 + header_len`.
+    content: &'a [u8],
+    header_len: usize,
+    traceback_limit: u32,
+    meta: Value,
+    /// The writer's sources, by their numbers in the file (version 2 on).
+    sources: Vec<Source>,
+}
+
+/// Checks the file `bytes` up to its body and reads its header (charged to
+/// `budget`).
+fn read_header<'a>(bytes: &'a [u8], budget: &mut Budget) -> Result<Header<'a>, DumpError> {
     if bytes.len() < 18 {
         if !bytes.is_empty() && !bytes.starts_with(&DUMP_MAGIC[..bytes.len().min(8)]) {
             return Err(DumpError::BadMagic {
@@ -213,13 +263,24 @@ pub(crate) fn decode_with(bytes: &[u8], budget: &mut Budget) -> Result<Decoded, 
     } else {
         Vec::new()
     };
-    let mut r = Reader {
-        bytes: content,
-        at: 14 + header_len,
-        section: "strings",
-    };
+    Ok(Header {
+        version,
+        json: header,
+        content,
+        header_len,
+        traceback_limit,
+        meta,
+        sources,
+    })
+}
 
-    let n = count(&header, "strings")?;
+/// The strings section: the header's count of strings, each interned.
+fn read_strings(
+    r: &mut Reader<'_>,
+    header: &Value,
+    budget: &mut Budget,
+) -> Result<Vec<Arc<str>>, DumpError> {
+    let n = count(header, "strings")?;
     r.check_count(n, 1)?;
     budget.charge_n(n, size_of::<Arc<str>>() as u64, || {
         format!("its {n} strings")
@@ -236,9 +297,19 @@ pub(crate) fn decode_with(bytes: &[u8], budget: &mut Budget) -> Result<Decoded, 
             .map_err(|e| r.fail(format!("string {} is not UTF-8: {e}", strings.len())))?;
         strings.push(intern(text));
     }
+    Ok(strings)
+}
 
-    r.section = "frames";
-    let n = count(&header, "frames")?;
+/// The frames section, of a file of `version`: each frame names its file
+/// and extras by their number in `strings`.
+fn read_frames(
+    r: &mut Reader<'_>,
+    header: &Value,
+    version: u16,
+    strings: &[Arc<str>],
+    budget: &mut Budget,
+) -> Result<Vec<Frame>, DumpError> {
+    let n = count(header, "frames")?;
     r.check_count(n, 3)?;
     budget.charge_n(n, cost::FRAME, || format!("its {n} frames"))?;
     let mut frames: Vec<Frame> = Vec::with_capacity(n);
@@ -260,12 +331,12 @@ pub(crate) fn decode_with(bytes: &[u8], budget: &mut Budget) -> Result<Decoded, 
             Ok(strings.get(i).cloned().unwrap_or_else(|| Arc::from("")))
         };
         let function = if flags & 1 != 0 {
-            Some(string(&mut r)?)
+            Some(string(r)?)
         } else {
             None
         };
         let module = if flags & 2 != 0 {
-            Some(string(&mut r)?)
+            Some(string(r)?)
         } else {
             None
         };
@@ -280,7 +351,7 @@ pub(crate) fn decode_with(bytes: &[u8], budget: &mut Budget) -> Result<Decoded, 
             None
         };
         let build_id = if flags & 16 != 0 {
-            Some(string(&mut r)?)
+            Some(string(r)?)
         } else {
             None
         };
@@ -310,9 +381,18 @@ pub(crate) fn decode_with(bytes: &[u8], budget: &mut Budget) -> Result<Decoded, 
             frame.with_extra(extra)
         });
     }
+    Ok(frames)
+}
 
-    r.section = "tracebacks";
-    let n = count(&header, "tracebacks")?;
+/// The tracebacks section: each traceback by the numbers of its `frames`;
+/// with the file's numbers kept for the snapshot's index.
+fn read_tracebacks(
+    r: &mut Reader<'_>,
+    header: &Value,
+    frames: &[Frame],
+    budget: &mut Budget,
+) -> Result<(Vec<Arc<Traceback>>, FrameHints), DumpError> {
+    let n = count(header, "tracebacks")?;
     r.check_count(n, 2)?;
     budget.charge_n(n, cost::TRACEBACK, || format!("its {n} tracebacks"))?;
     let mut tracebacks: Vec<Arc<Traceback>> = Vec::with_capacity(n);
@@ -365,9 +445,21 @@ pub(crate) fn decode_with(bytes: &[u8], budget: &mut Budget) -> Result<Decoded, 
         hints.spans.push((start, hints.ids.len()));
         tracebacks.push(Arc::new(Traceback::from_frames(list, total_nframe)));
     }
+    Ok((tracebacks, hints))
+}
 
-    r.section = "traces";
-    let n = count(&header, "traces")?;
+/// The traces section, of a file of `version`: each trace names its
+/// traceback in `tracebacks` and (version 2 on) its source in `sources`.
+/// The traces, and each one's traceback number.
+fn read_traces(
+    r: &mut Reader<'_>,
+    header: &Value,
+    version: u16,
+    sources: &[Source],
+    tracebacks: &[Arc<Traceback>],
+    budget: &mut Budget,
+) -> Result<(Vec<Trace>, Vec<u32>), DumpError> {
+    let n = count(header, "traces")?;
     r.check_count(n, if version >= 2 { 4 } else { 3 })?;
     budget.charge_n(n, cost::TRACE, || format!("its {n} traces"))?;
     let mut traces = Vec::with_capacity(n);
@@ -393,13 +485,5 @@ pub(crate) fn decode_with(bytes: &[u8], budget: &mut Budget) -> Result<Decoded, 
             ids.push(u32::try_from(i).unwrap_or(u32::MAX));
         }
     }
-    if r.remaining() != 0 {
-        return Err(r.fail(format!("{} bytes after the last trace", r.remaining())));
-    }
-    Ok(Decoded {
-        // The file's traceback table is the interning when its writer
-        // numbered tracebacks by first appearance (this one does).
-        snapshot: Snapshot::with_interned(traces, traceback_limit, tracebacks, ids, hints),
-        meta,
-    })
+    Ok((traces, ids))
 }

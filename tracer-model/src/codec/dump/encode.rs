@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use super::{DUMP_MAGIC, DUMP_VERSION, LAYOUT, crc32};
 use crate::hash::FxHashMap;
 use crate::snapshot::Snapshot;
-use crate::trace::{Source, Traceback};
+use crate::trace::{Frame, Source, Trace, Traceback};
 
 fn put_varint(out: &mut Vec<u8>, mut value: u64) {
     while value >= 0x80 {
@@ -51,6 +51,77 @@ impl<'a> Strings<'a> {
     }
 }
 
+/// The frame table being written, in order of first use: each distinct
+/// frame once.
+#[derive(Default)]
+struct Frames<'a> {
+    body: Vec<u8>,
+    count: u64,
+    index: HashMap<FrameKey<'a>, u64>,
+}
+
+impl<'a> Frames<'a> {
+    /// The number of `frame` in the table, written now (its strings
+    /// interned in `strings`) if it is new.
+    fn id(&mut self, frame: &'a Frame, strings: &mut Strings<'a>) -> u64 {
+        let extra = frame.extra.as_deref();
+        let function = extra.and_then(|e| e.function.as_deref());
+        let module = extra.and_then(|e| e.module.as_deref());
+        let address = extra.and_then(|e| e.address);
+        let site_start = frame.site_start();
+        let build_id = extra.and_then(|e| e.build_id.as_deref());
+        let key = (
+            &*frame.filename,
+            frame.lineno,
+            function,
+            module,
+            address,
+            site_start,
+            build_id,
+        );
+        match self.index.get(&key) {
+            Some(&id) => id,
+            None => {
+                put_varint(&mut self.body, strings.intern(&frame.filename));
+                put_varint(&mut self.body, u64::from(frame.lineno));
+                let flags = u8::from(function.is_some())
+                    | (u8::from(module.is_some()) << 1)
+                    | (u8::from(address.is_some()) << 2)
+                    | (u8::from(site_start.is_some()) << 3)
+                    | (u8::from(build_id.is_some()) << 4);
+                self.body.push(flags);
+                if let Some(function) = function {
+                    put_varint(&mut self.body, strings.intern(function));
+                }
+                if let Some(module) = module {
+                    put_varint(&mut self.body, strings.intern(module));
+                }
+                if let Some(address) = address {
+                    put_varint(&mut self.body, address);
+                }
+                if let Some(start) = site_start {
+                    put_varint(&mut self.body, start as u64);
+                }
+                if let Some(build_id) = build_id {
+                    put_varint(&mut self.body, strings.intern(build_id));
+                }
+                self.index.insert(key, self.count);
+                self.count += 1;
+                self.count - 1
+            }
+        }
+    }
+}
+
+/// Writes one trace to the traces section: its domain, size, traceback
+/// number `index` and source.
+fn put_trace(out: &mut Vec<u8>, trace: &Trace, index: u64) {
+    put_varint(out, u64::from(trace.domain));
+    put_varint(out, trace.size);
+    put_varint(out, index);
+    put_varint(out, u64::from(trace.source.0));
+}
+
 /// Encodes `snapshot` with `meta` (a JSON object) into the format of
 /// [`DUMP_VERSION`].
 #[must_use]
@@ -58,9 +129,7 @@ pub fn encode(snapshot: &Snapshot, meta: &Value) -> Vec<u8> {
     // A snapshot of totals as equivalent traces (`Snapshot::from_totals`).
     let traces = snapshot.dump_traces();
     let mut strings = Strings::default();
-    let mut frames_body = Vec::new();
-    let mut frame_count = 0u64;
-    let mut frame_index: HashMap<FrameKey<'_>, u64> = HashMap::new();
+    let mut frames = Frames::default();
     let mut tracebacks_body = Vec::new();
     let mut traceback_count = 0u64;
     let mut by_pointer: FxHashMap<*const Traceback, u64> = FxHashMap::default();
@@ -76,61 +145,12 @@ pub fn encode(snapshot: &Snapshot, meta: &Value) -> Vec<u8> {
         } else {
             let mut ids = Vec::with_capacity(traceback.frames().len());
             for frame in traceback.frames() {
-                let extra = frame.extra.as_deref();
-                let function = extra.and_then(|e| e.function.as_deref());
-                let module = extra.and_then(|e| e.module.as_deref());
-                let address = extra.and_then(|e| e.address);
-                let site_start = frame.site_start();
-                let build_id = extra.and_then(|e| e.build_id.as_deref());
-                let key = (
-                    &*frame.filename,
-                    frame.lineno,
-                    function,
-                    module,
-                    address,
-                    site_start,
-                    build_id,
-                );
-                let id = match frame_index.get(&key) {
-                    Some(&id) => id,
-                    None => {
-                        put_varint(&mut frames_body, strings.intern(&frame.filename));
-                        put_varint(&mut frames_body, u64::from(frame.lineno));
-                        let flags = u8::from(function.is_some())
-                            | (u8::from(module.is_some()) << 1)
-                            | (u8::from(address.is_some()) << 2)
-                            | (u8::from(site_start.is_some()) << 3)
-                            | (u8::from(build_id.is_some()) << 4);
-                        frames_body.push(flags);
-                        if let Some(function) = function {
-                            put_varint(&mut frames_body, strings.intern(function));
-                        }
-                        if let Some(module) = module {
-                            put_varint(&mut frames_body, strings.intern(module));
-                        }
-                        if let Some(address) = address {
-                            put_varint(&mut frames_body, address);
-                        }
-                        if let Some(start) = site_start {
-                            put_varint(&mut frames_body, start as u64);
-                        }
-                        if let Some(build_id) = build_id {
-                            put_varint(&mut frames_body, strings.intern(build_id));
-                        }
-                        frame_index.insert(key, frame_count);
-                        frame_count += 1;
-                        frame_count - 1
-                    }
-                };
-                ids.push(id);
+                ids.push(frames.id(frame, &mut strings));
             }
             let content = (ids, traceback.total_nframe());
             if let Some(&i) = by_content.get(&content) {
                 by_pointer.insert(pointer, i);
-                put_varint(&mut traces_body, u64::from(trace.domain));
-                put_varint(&mut traces_body, trace.size);
-                put_varint(&mut traces_body, i);
-                put_varint(&mut traces_body, u64::from(trace.source.0));
+                put_trace(&mut traces_body, trace, i);
                 continue;
             }
             let ids = &content.0;
@@ -147,10 +167,7 @@ pub fn encode(snapshot: &Snapshot, meta: &Value) -> Vec<u8> {
             traceback_count += 1;
             traceback_count - 1
         };
-        put_varint(&mut traces_body, u64::from(trace.domain));
-        put_varint(&mut traces_body, trace.size);
-        put_varint(&mut traces_body, index);
-        put_varint(&mut traces_body, u64::from(trace.source.0));
+        put_trace(&mut traces_body, trace, index);
     }
     let header = json!({
         "format": "tracer-snapshot",
@@ -158,7 +175,7 @@ pub fn encode(snapshot: &Snapshot, meta: &Value) -> Vec<u8> {
         "traceback_limit": snapshot.traceback_limit,
         "counts": {
             "strings": strings.list.len(),
-            "frames": frame_count,
+            "frames": frames.count,
             "tracebacks": traceback_count,
             "traces": traces.len(),
         },
@@ -168,7 +185,7 @@ pub fn encode(snapshot: &Snapshot, meta: &Value) -> Vec<u8> {
     });
     let header = header.to_string().into_bytes();
     let mut out = Vec::with_capacity(
-        18 + header.len() + frames_body.len() + tracebacks_body.len() + traces_body.len(),
+        18 + header.len() + frames.body.len() + tracebacks_body.len() + traces_body.len(),
     );
     out.extend_from_slice(&DUMP_MAGIC);
     out.extend_from_slice(&DUMP_VERSION.to_le_bytes());
@@ -182,7 +199,7 @@ pub fn encode(snapshot: &Snapshot, meta: &Value) -> Vec<u8> {
         put_varint(&mut out, text.len() as u64);
         out.extend_from_slice(text.as_bytes());
     }
-    out.extend_from_slice(&frames_body);
+    out.extend_from_slice(&frames.body);
     out.extend_from_slice(&tracebacks_body);
     out.extend_from_slice(&traces_body);
     let crc = crc32(&out);

@@ -284,107 +284,34 @@ impl Index {
         drop(frame_keys);
         // The arcs' frames renumbered and turned oldest first, in place.
         let mut arc_frames = arc_frames;
-        for a in 0..arc_tb.len() {
-            let (Some(&start), Some(&end)) = (arc_start.get(a), arc_start.get(a + 1)) else {
-                continue;
-            };
-            if let Some(ids) = arc_frames.get_mut(start..end) {
-                ids.reverse();
-                for id in ids {
-                    *id = at(&frame_rank, *id, NONE);
-                }
-            }
-        }
-        let sequence = |tb: u32| -> &[u32] {
-            let a = at(&tb_arc, tb, NONE);
-            let start = at(&arc_start, a, 0);
-            let end = at(&arc_start, a + 1, 0);
-            arc_frames.get(start..end).unwrap_or(&[])
-        };
-        let tb_order = sort_sequences(tb_arc.len(), frames.len(), sequence);
-        let mut tb_rank = vec![0u32; tb_order.len()];
-        for (r, &tb) in tb_order.iter().enumerate() {
-            if let Some(slot) = tb_rank.get_mut(tb as usize) {
-                *slot = id(r);
-            }
-        }
-        let mut tb_start = Vec::with_capacity(tb_order.len() + 1);
-        tb_start.push(0);
-        let mut tb_frames = Vec::with_capacity(arc_frames.len());
-        let mut tb_top = Vec::with_capacity(tb_order.len());
-        for (r, &tb) in tb_order.iter().enumerate() {
-            if let Some(&ahead) = tb_order.get(r + AHEAD) {
-                prefetch(sequence(ahead).as_ptr().cast());
-            }
-            let frames = sequence(tb);
-            tb_frames.extend_from_slice(frames);
-            tb_start.push(tb_frames.len());
-            tb_top.push(frames.last().copied().unwrap_or(NONE));
-        }
+        renumber_arcs(&mut arc_frames, &arc_start, arc_tb.len(), &frame_rank);
+        let TracebackColumns {
+            tb_rank,
+            tb_start,
+            tb_frames,
+            tb_top,
+        } = traceback_columns(&tb_arc, &arc_start, &arc_frames, frames.len());
         drop(arc_frames);
         // The views in order of first appearance (the arcs' own order,
         // usually that of their allocation), then in traceback order.
-        let mut views: Vec<Option<Traceback>> = vec![None; tb_order.len()];
-        for (tb, &a) in tb_arc.iter().enumerate() {
-            if let Some(&ahead) = tb_arc.get(tb + AHEAD)
-                && let Some(arc) = interned.tracebacks.get(ahead as usize)
-            {
-                prefetch(Arc::as_ptr(arc).cast());
-            }
-            let view = interned
-                .tracebacks
-                .get(a as usize)
-                .map(|arc| arc.without_total_nframe());
-            if let Some(slot) = views.get_mut(at(&tb_rank, id(tb), NONE) as usize) {
-                *slot = view;
-            }
-        }
-        let tb_views: Vec<Traceback> = views
-            .into_iter()
-            .map(|view| view.unwrap_or_else(|| Traceback::new(Vec::new(), None)))
-            .collect();
+        let tb_views = traceback_views(&interned, &tb_arc, &tb_rank);
         let arc_tb: Vec<u32> = arc_tb.iter().map(|&tb| at(&tb_rank, tb, NONE)).collect();
 
         let files = Files::of(&names, &name_order, &name_rank, &name_file_len, any_site);
-        let mut frame_file = Vec::with_capacity(frames.len());
-        let mut frame_name = Vec::with_capacity(if any_site { frames.len() } else { 0 });
-        let mut frame_lineno = Vec::with_capacity(frames.len());
-        let mut first_frames = Vec::with_capacity(frames.len());
-        let mut top_frames = Vec::with_capacity(frames.len());
-        let mut frame_hash = Vec::with_capacity(frames.len());
-        let mut frames: Vec<Option<SeenFrame>> = frames.into_iter().map(Some).collect();
-        for &f in &frame_order {
-            let Some(seen) = frames.get_mut(f as usize).and_then(Option::take) else {
-                continue;
-            };
-            let name = at(&name_rank, seen.name, NONE);
-            match &files.name_file {
-                Some(name_file) => {
-                    frame_file.push(at(name_file, name, NONE));
-                    frame_name.push(name);
-                }
-                None => frame_file.push(name),
-            }
-            frame_lineno.push(seen.lineno);
-            frame_hash.push(Traceback::one_frame_hash(&seen.first));
-            top_frames.push(seen.top.unwrap_or_else(|| seen.first.clone()));
-            first_frames.push(seen.first);
-        }
-        let same_extra = |a: &Frame, b: &Frame| match (&a.extra, &b.extra) {
-            (Some(x), Some(y)) => Arc::ptr_eq(x, y),
-            (None, None) => true,
-            _ => false,
-        };
-        let first_frames: Arc<[Frame]> = Arc::from(first_frames);
-        let top_frames: Arc<[Frame]> = if top_frames
-            .iter()
-            .zip(first_frames.iter())
-            .all(|(a, b)| same_extra(a, b))
-        {
-            Arc::clone(&first_frames)
-        } else {
-            Arc::from(top_frames)
-        };
+        let FrameColumns {
+            frame_file,
+            frame_name,
+            frame_lineno,
+            first_frames,
+            top_frames,
+            frame_hash,
+        } = frame_columns(
+            frames,
+            &frame_order,
+            &name_rank,
+            files.name_file.as_deref(),
+            any_site,
+        );
         let names = files.name_file.is_some().then(|| Names {
             frame_name,
             text: name_order
@@ -413,6 +340,176 @@ impl Index {
             file_frames: Arc::from(file_frames),
             file_hash,
         }
+    }
+}
+
+/// Renumbers the arcs' frames in place by `frame_rank` and turns each arc's
+/// oldest first: `arc_frames` holds each of the `arcs` arcs at
+/// `arc_start[a]..arc_start[a + 1]`, most recent first.
+fn renumber_arcs(arc_frames: &mut [u32], arc_start: &[usize], arcs: usize, frame_rank: &[u32]) {
+    for a in 0..arcs {
+        let (Some(&start), Some(&end)) = (arc_start.get(a), arc_start.get(a + 1)) else {
+            continue;
+        };
+        if let Some(ids) = arc_frames.get_mut(start..end) {
+            ids.reverse();
+            for id in ids {
+                *id = at(frame_rank, *id, NONE);
+            }
+        }
+    }
+}
+
+/// The tracebacks in tracemalloc's order: each one's rank, and their
+/// frames one after another.
+struct TracebackColumns {
+    /// Per traceback (by first arc): its rank in tracemalloc's order.
+    tb_rank: Vec<u32>,
+    /// Per traceback (by rank): where its frames start in `tb_frames`,
+    /// and one past the last.
+    tb_start: Vec<usize>,
+    /// Every traceback's frame ids, oldest first.
+    tb_frames: Vec<u32>,
+    /// Per traceback (by rank): its most recent frame.
+    tb_top: Vec<u32>,
+}
+
+/// The columns of the tracebacks `tb_arc` (each one's first arc), whose
+/// frames (ids below `frames`) are the arcs' `arc_frames` at `arc_start`,
+/// renumbered and oldest first.
+fn traceback_columns(
+    tb_arc: &[u32],
+    arc_start: &[usize],
+    arc_frames: &[u32],
+    frames: usize,
+) -> TracebackColumns {
+    let sequence = |tb: u32| -> &[u32] {
+        let a = at(tb_arc, tb, NONE);
+        let start = at(arc_start, a, 0);
+        let end = at(arc_start, a + 1, 0);
+        arc_frames.get(start..end).unwrap_or(&[])
+    };
+    let tb_order = sort_sequences(tb_arc.len(), frames, sequence);
+    let mut tb_rank = vec![0u32; tb_order.len()];
+    for (r, &tb) in tb_order.iter().enumerate() {
+        if let Some(slot) = tb_rank.get_mut(tb as usize) {
+            *slot = id(r);
+        }
+    }
+    let mut tb_start = Vec::with_capacity(tb_order.len() + 1);
+    tb_start.push(0);
+    let mut tb_frames = Vec::with_capacity(arc_frames.len());
+    let mut tb_top = Vec::with_capacity(tb_order.len());
+    for (r, &tb) in tb_order.iter().enumerate() {
+        if let Some(&ahead) = tb_order.get(r + AHEAD) {
+            prefetch(sequence(ahead).as_ptr().cast());
+        }
+        let frames = sequence(tb);
+        tb_frames.extend_from_slice(frames);
+        tb_start.push(tb_frames.len());
+        tb_top.push(frames.last().copied().unwrap_or(NONE));
+    }
+    TracebackColumns {
+        tb_rank,
+        tb_start,
+        tb_frames,
+        tb_top,
+    }
+}
+
+/// The tracebacks' views, by rank (`tb_rank`, per traceback of `tb_arc`):
+/// each the first arc of `interned` with its frames, in order of first
+/// appearance (the arcs' own order, usually that of their allocation).
+fn traceback_views(interned: &Interned, tb_arc: &[u32], tb_rank: &[u32]) -> Vec<Traceback> {
+    let mut views: Vec<Option<Traceback>> = vec![None; tb_rank.len()];
+    for (tb, &a) in tb_arc.iter().enumerate() {
+        if let Some(&ahead) = tb_arc.get(tb + AHEAD)
+            && let Some(arc) = interned.tracebacks.get(ahead as usize)
+        {
+            prefetch(Arc::as_ptr(arc).cast());
+        }
+        let view = interned
+            .tracebacks
+            .get(a as usize)
+            .map(|arc| arc.without_total_nframe());
+        if let Some(slot) = views.get_mut(at(tb_rank, id(tb), NONE) as usize) {
+            *slot = view;
+        }
+    }
+    views
+        .into_iter()
+        .map(|view| view.unwrap_or_else(|| Traceback::new(Vec::new(), None)))
+        .collect()
+}
+
+/// The columns of the frames, by rank.
+struct FrameColumns {
+    frame_file: Vec<u32>,
+    /// Each frame's name, when the names are not the files.
+    frame_name: Vec<u32>,
+    frame_lineno: Vec<u32>,
+    first_frames: Arc<[Frame]>,
+    top_frames: Arc<[Frame]>,
+    frame_hash: Vec<u64>,
+}
+
+/// The columns of the first pass's `frames`, in `frame_order`: each one's
+/// name (by `name_rank`), file (by `name_file`, the names' files when
+/// they are not the names: `any_site`), line, hash, and its first and top
+/// frames (one table when no frame's differ).
+fn frame_columns(
+    frames: Vec<SeenFrame>,
+    frame_order: &[u32],
+    name_rank: &[u32],
+    name_file: Option<&[u32]>,
+    any_site: bool,
+) -> FrameColumns {
+    let mut frame_file = Vec::with_capacity(frames.len());
+    let mut frame_name = Vec::with_capacity(if any_site { frames.len() } else { 0 });
+    let mut frame_lineno = Vec::with_capacity(frames.len());
+    let mut first_frames = Vec::with_capacity(frames.len());
+    let mut top_frames = Vec::with_capacity(frames.len());
+    let mut frame_hash = Vec::with_capacity(frames.len());
+    let mut frames: Vec<Option<SeenFrame>> = frames.into_iter().map(Some).collect();
+    for &f in frame_order {
+        let Some(seen) = frames.get_mut(f as usize).and_then(Option::take) else {
+            continue;
+        };
+        let name = at(name_rank, seen.name, NONE);
+        match name_file {
+            Some(name_file) => {
+                frame_file.push(at(name_file, name, NONE));
+                frame_name.push(name);
+            }
+            None => frame_file.push(name),
+        }
+        frame_lineno.push(seen.lineno);
+        frame_hash.push(Traceback::one_frame_hash(&seen.first));
+        top_frames.push(seen.top.unwrap_or_else(|| seen.first.clone()));
+        first_frames.push(seen.first);
+    }
+    let same_extra = |a: &Frame, b: &Frame| match (&a.extra, &b.extra) {
+        (Some(x), Some(y)) => Arc::ptr_eq(x, y),
+        (None, None) => true,
+        _ => false,
+    };
+    let first_frames: Arc<[Frame]> = Arc::from(first_frames);
+    let top_frames: Arc<[Frame]> = if top_frames
+        .iter()
+        .zip(first_frames.iter())
+        .all(|(a, b)| same_extra(a, b))
+    {
+        Arc::clone(&first_frames)
+    } else {
+        Arc::from(top_frames)
+    };
+    FrameColumns {
+        frame_file,
+        frame_name,
+        frame_lineno,
+        first_frames,
+        top_frames,
+        frame_hash,
     }
 }
 

@@ -7,6 +7,10 @@
 //! subtracts it ([`remove_block`], `mmap`'s cut, or a replacement in
 //! [`insert_block`]).
 //!
+//! The own spill, an image's own hash maps for blocks past the fast table
+//! ([`own_spill`]), and the totals per stack ([`stack_totals`]) are files of
+//! their own.
+//!
 //! Protocol of the fast table (see `tracer_common::live_table`): a key slot
 //! goes from `LIVE_EMPTY` to `LIVE_BUSY` by compare-and-swap, the value is
 //! written, then the key stored, so a reader never sees a key with another
@@ -18,35 +22,23 @@
 //! earlier image of the pid (another generation) is never accounted to the
 //! current one: tracerd removes those.
 
-use core::ffi::c_void;
-
 use aya_ebpf::{
-    EbpfContext as _,
-    bindings::BPF_NOEXIST,
-    helpers::{
-        bpf_get_attach_cookie, bpf_map_delete_elem, bpf_map_lookup_elem, bpf_map_update_elem,
-        generated::bpf_loop,
-    },
+    EbpfContext as _, bindings::BPF_NOEXIST, helpers::bpf_get_attach_cookie,
     programs::RetProbeContext,
 };
+use own_spill::{OWN_LOST, OWN_TAKEN, own_lookup, own_put, own_take};
+use stack_totals::{count_in_stack, uncount_in_stack};
+pub(crate) use stack_totals::{count_in_stack_fn, uncount_in_stack_fn};
 use tracer_common::{
-    AllocInfo, AllocKey, Counter, LIVE_BUSY, LIVE_EMPTY, LIVE_WAYS, LiveBucket, OWN_LEVELS_MAX,
-    OwnLevelMaps, ProcStats, STACK_TOTALS_KEY_OFFSET, StackTotalsKey, live_key, own_image_key,
-    own_wants_next,
+    AllocInfo, AllocKey, Counter, LIVE_BUSY, LIVE_EMPTY, LIVE_WAYS, LiveBucket, ProcStats, live_key,
 };
 
 use crate::{
     atomic::{compare_exchange, fetch_add},
     counters::count,
     globals::{live_bucket_mask, process_max_blocks},
-    maps::{
-        EEXIST, LIVE_ALLOCS, LIVE_KEYS, LIVE_VALUES, OWN_LEVELS, OWN_LIVE, STACK_TOTALS,
-        STACK_TOTALS_ZERO,
-    },
-    procs::{
-        add_block, find_proc, own_asked_counter, own_spill_counter, proc_stats, send_spill_event,
-        shared_spill_counter, stack_keys_counter, stack_totals_lost_counter, sub_block,
-    },
+    maps::{EEXIST, LIVE_ALLOCS, LIVE_KEYS, LIVE_VALUES},
+    procs::{add_block, find_proc, proc_stats, shared_spill_counter, sub_block},
     stack::{UserRegs, stack_id},
 };
 
@@ -86,229 +78,9 @@ fn find_way(bucket: *mut LiveBucket, key: u64) -> u32 {
     LIVE_WAYS
 }
 
-/// Levels of image (`tgid`, `gen_`)'s own spill (0: none yet), at most
-/// OWN_LEVELS_MAX.
-#[inline(always)]
-fn own_levels(tgid: u32, gen_: u32) -> u32 {
-    match OWN_LEVELS.get_ptr(own_image_key(tgid, gen_)) {
-        Some(levels) => level_count(levels),
-        None => 0,
-    }
-}
-
-/// The count of `levels` (an image's OWN_LEVELS value), read once, at
-/// most OWN_LEVELS_MAX.
-#[inline(always)]
-fn level_count(levels: *const OwnLevelMaps) -> u32 {
-    // SAFETY: an OWN_LEVELS value (tracerd replaces it whole).
-    unsafe { core::ptr::read_volatile(&raw const (*levels).count) }.min(OWN_LEVELS_MAX)
-}
-
-/// Image (`tgid`, `gen_`)'s own spill map of `level`, as the helpers take a
-/// map: the map OWN_LEVELS names for the level, in OWN_LIVE.
-#[inline(always)]
-fn own_map(tgid: u32, gen_: u32, level: u32) -> Option<*mut c_void> {
-    let levels = OWN_LEVELS.get_ptr(own_image_key(tgid, gen_))?;
-    // SAFETY: an OWN_LEVELS value (tracerd replaces it whole).
-    own_level_map(unsafe { &*levels }, level)
-}
-
-/// The map of `level` among `levels` (an image's OWN_LEVELS value), in
-/// OWN_LIVE, as the helpers take a map.
-#[inline(always)]
-fn own_level_map(levels: &OwnLevelMaps, level: u32) -> Option<*mut c_void> {
-    // Masked, not compared: the verifier must see the index bounded in the
-    // register that indexes (callers pass a level below the count, at
-    // most OWN_LEVELS_MAX, a power of two).
-    let index = (level & (OWN_LEVELS_MAX - 1)) as usize;
-    // SAFETY: index is below the length of the array.
-    let id = unsafe { core::ptr::read_volatile(&raw const levels.maps[index]) };
-    // SAFETY: only the inner map's address is used, and only by the map
-    // helpers (nothing is read through the reference).
-    unsafe { OWN_LIVE.get(&id) }.map(|map| core::ptr::from_ref(map).cast_mut().cast::<c_void>())
-}
-
-/// The block at `addr` in the own spill map `map`, copied out.
-#[inline(always)]
-fn own_get(map: *mut c_void, addr: u64) -> Option<AllocInfo> {
-    // SAFETY: map is an inner map of OWN_LIVE; the key is a whole u64.
-    let value = unsafe { bpf_map_lookup_elem(map, (&raw const addr).cast()) };
-    if value.is_null() {
-        return None;
-    }
-    // SAFETY: a value of an own spill map, an AllocInfo, copied out at once.
-    Some(unsafe { *value.cast::<AllocInfo>() })
-}
-
-/// Deletes the block at `addr` from the own spill map `map`; true for the
-/// one thread whose delete took it.
-#[inline(always)]
-fn own_remove(map: *mut c_void, addr: u64) -> bool {
-    // SAFETY: as in own_get.
-    unsafe { bpf_map_delete_elem(map, (&raw const addr).cast()) == 0 }
-}
-
-/// Puts `info` at `addr` in the own spill map `map` as a new entry; false
-/// when the map is full (or holds the address).
-#[inline(always)]
-fn own_insert(map: *mut c_void, addr: u64, info: &AllocInfo) -> bool {
-    // SAFETY: as in own_get; the value is a whole AllocInfo.
-    unsafe {
-        bpf_map_update_elem(
-            map,
-            (&raw const addr).cast(),
-            core::ptr::from_ref(info).cast(),
-            u64::from(BPF_NOEXIST),
-        ) == 0
-    }
-}
-
-/// The state of [`own_lookup`]'s loop: the image's levels (its OWN_LEVELS
-/// value, looked up once: one lookup a free, not one per level it passes;
-/// a pointer, not a copy, which the 512 bytes of the programs' stack have
-/// no room for), the block looked for, and where it was found.
-#[repr(C)]
-struct OwnLookup {
-    maps: *const OwnLevelMaps,
-    /// The levels' count read once, at most OWN_LEVELS_MAX.
-    levels: u32,
-    /// The level it was found in + 1; 0 while not found.
-    found: u32,
-    addr: u64,
-    info: AllocInfo,
-}
-
-/// One level of [`own_lookup`]: iteration `index` looks in the level
-/// `index` below the newest. Returns 1 to stop (found, or past the oldest
-/// level), 0 to go on (the bpf_loop contract).
-extern "C" fn own_lookup_step(index: u64, ctx: *mut c_void) -> i64 {
-    // SAFETY: ctx is the OwnLookup that own_lookup handed to bpf_loop, on
-    // its stack.
-    let state = unsafe { &mut *ctx.cast::<OwnLookup>() };
-    let i = index as u32;
-    if i >= state.levels {
-        return 1;
-    }
-    let level = state.levels - 1 - i;
-    // SAFETY: an OWN_LEVELS value, looked up by own_lookup in this run of
-    // the program (tracerd replaces a value whole).
-    if let Some(map) = own_level_map(unsafe { &*state.maps }, level)
-        && let Some(info) = own_get(map, state.addr)
-    {
-        state.info = info;
-        state.found = level + 1;
-        return 1;
-    }
-    0
-}
-
-/// Looks for the block at `addr` of image (`tgid`, `gen_`) in its own
-/// spill maps, newest level first, and copies it to `out`: the level it is
-/// in + 1, or 0 when it is in none. The levels are a `bpf_loop` (its step
-/// verified once), in a BPF function of its own, so that the verifier's
-/// work stays small in the programs that look for blocks many times
-/// (`mmap`'s).
-#[inline(never)]
-fn own_lookup(tgid: u32, gen_: u32, addr: u64, out: *mut AllocInfo) -> u32 {
-    let Some(levels) = OWN_LEVELS.get_ptr(own_image_key(tgid, gen_)) else {
-        return 0;
-    };
-    let count = level_count(levels);
-    if count == 0 {
-        return 0;
-    }
-    let mut state = OwnLookup {
-        maps: levels,
-        levels: count,
-        found: 0,
-        addr,
-        info: AllocInfo::default(),
-    };
-    // SAFETY: bpf_loop calls own_lookup_step with a pointer to `state`, on
-    // this stack, at most `count` (<= OWN_LEVELS_MAX) times.
-    unsafe {
-        bpf_loop(
-            count,
-            own_lookup_step as *mut c_void,
-            (&raw mut state).cast::<c_void>(),
-            0,
-        );
-    }
-    if state.found != 0 {
-        // SAFETY: out points at the caller's whole AllocInfo.
-        unsafe { *out = state.info };
-    }
-    state.found
-}
-
-/// What [`own_take`] did.
-const OWN_NOT_THERE: u32 = 0;
-/// The block was taken by this thread.
-const OWN_TAKEN: u32 = 1;
-/// The block was there, but another thread's delete took it first.
-const OWN_LOST: u32 = 2;
-
-/// Takes the block at `addr` of image (`tgid`, `gen_`, totals `stats`)
-/// out of its own spill maps, into `out`: [`OWN_TAKEN`] for the one thread
-/// whose delete took it (the image's `own_spill` lowered), [`OWN_LOST`] for
-/// the others, [`OWN_NOT_THERE`].
-#[inline(never)]
-fn own_take(stats: *mut ProcStats, tgid: u32, gen_: u32, addr: u64, out: *mut AllocInfo) -> u32 {
-    let found = own_lookup(tgid, gen_, addr, out);
-    if found == 0 {
-        return OWN_NOT_THERE;
-    }
-    match own_map(tgid, gen_, found - 1) {
-        Some(map) if own_remove(map, addr) => {
-            fetch_add(own_spill_counter(stats), u64::MAX);
-            OWN_TAKEN
-        }
-        _ => OWN_LOST,
-    }
-}
-
-/// Puts the block `info` at `addr` of image (`tgid`, `gen_`, totals
-/// `stats`) in the newest level of its own spill; false when it has none or
-/// that one is full, having asked tracerd for the next level.
-#[inline(never)]
-fn own_put(stats: *mut ProcStats, tgid: u32, gen_: u32, addr: u64, info: *const AllocInfo) -> bool {
-    let levels = own_levels(tgid, gen_);
-    // SAFETY: info points at the caller's whole AllocInfo.
-    if levels > 0
-        && let Some(map) = own_map(tgid, gen_, levels - 1)
-        && own_insert(map, addr, unsafe { &*info })
-    {
-        // Three quarters full: the next level is asked for now, so that
-        // it is there before this one is full.
-        let held = fetch_add(own_spill_counter(stats), 1).wrapping_add(1);
-        if own_wants_next(levels, held) {
-            ask_level(stats, tgid, gen_, levels);
-        }
-        return true;
-    }
-    ask_level(stats, tgid, gen_, levels);
-    false
-}
-
-/// Asks tracerd for level `level` of the own spill of image (`tgid`,
-/// `gen_`) whose totals are `stats`, once: the thread whose
-/// compare-and-swap raises the image's `own_asked` to `level + 1` sends the
-/// event. A BPF function of its own: the event's stack stays out of the
-/// frame of the program that stores the block.
-#[inline(never)]
-fn ask_level(stats: *mut ProcStats, tgid: u32, gen_: u32, level: u32) {
-    if level >= OWN_LEVELS_MAX {
-        return;
-    }
-    let asked = own_asked_counter(stats);
-    let want = u64::from(level) + 1;
-    // SAFETY: a field of the image's totals, changed only atomically.
-    let seen = unsafe { core::ptr::read_volatile(asked) };
-    if seen >= want || compare_exchange(asked, seen, want) != seen {
-        return;
-    }
-    send_spill_event(tgid, gen_, level);
-}
+// The own spill, here where its code was in one file: see `crate::stack`
+// on the order of definitions.
+mod own_spill;
 
 /// Removes the live block `ptr` of `tgid`; a pointer that is not a live block
 /// of the current image is counted as an unknown free when `count_unknown`.
@@ -595,100 +367,8 @@ pub(crate) fn insert_block<const OWN: bool>(
     inserted.is_some()
 }
 
-/// The [`StackTotalsKey`] of block `info`: the tail of its own value (see
-/// [`STACK_TOTALS_KEY_OFFSET`]), so that no stack space goes to a key.
-#[inline(always)]
-fn stack_key(info: *const AllocInfo) -> *const StackTotalsKey {
-    // SAFETY: the key's layout is the tail of AllocInfo's (pinned in
-    // tracer-common); info points at a whole AllocInfo.
-    unsafe {
-        info.cast::<u8>()
-            .add(STACK_TOTALS_KEY_OFFSET)
-            .cast::<StackTotalsKey>()
-    }
-}
-
-/// Adds block `info` of the image `stats` to its stack's totals: a new key
-/// is put in at 0 (from `STACK_TOTALS_ZERO`, no stack space for a value)
-/// and added to like any other; a key the full map refuses is counted
-/// ([`Counter::StackTotalsRefused`] and the image's `stack_totals_lost`).
-#[inline(always)]
-fn count_in_stack(stats: *mut ProcStats, info: *const AllocInfo) {
-    let key = stack_key(info);
-    // SAFETY: info points at a whole AllocInfo.
-    let size = unsafe { (*info).size };
-    // SAFETY: key points into info (above).
-    if add_to_stack(unsafe { &*key }, size) {
-        return;
-    }
-    if let Some(zero) = STACK_TOTALS_ZERO.get(0) {
-        // SAFETY: as above.
-        let key = unsafe { &*key };
-        match STACK_TOTALS.insert(key, zero, BPF_NOEXIST as u64) {
-            // Another thread may have put the key in meanwhile: either way
-            // it is there now. A key put in is counted before a block is
-            // added to it (tracerd reads an image's totals by the keys it
-            // knows while that count is unchanged).
-            Ok(()) => {
-                fetch_add(stack_keys_counter(stats), 1);
-                if add_to_stack(key, size) {
-                    return;
-                }
-            }
-            Err(e) if e == -EEXIST && add_to_stack(key, size) => return,
-            Err(_) => {}
-        }
-    }
-    count(Counter::StackTotalsRefused);
-    fetch_add(stack_totals_lost_counter(stats), 1);
-}
-
-/// Adds one block of `size` bytes to the totals of `key`; false when the
-/// key is not in the map.
-#[inline(always)]
-fn add_to_stack(key: &StackTotalsKey, size: u64) -> bool {
-    let Some(totals) = STACK_TOTALS.get_ptr_mut(key) else {
-        return false;
-    };
-    // SAFETY: a STACK_TOTALS value; its fields change only atomically.
-    unsafe {
-        fetch_add(&raw mut (*totals).count, 1);
-        fetch_add(&raw mut (*totals).size, size);
-    }
-    true
-}
-
-/// [`count_in_stack`] as a BPF function of its own, for the programs
-/// that put blocks in several places (`mmap`'s partial unmaps): the
-/// verifier then follows its branches once per call, not once per path
-/// through the caller. (The allocator programs inline it: a call costs
-/// their frame the registers it spills.)
-#[inline(never)]
-pub(crate) fn count_in_stack_fn(stats: *mut ProcStats, info: *const AllocInfo) {
-    count_in_stack(stats, info);
-}
-
-/// [`uncount_in_stack`] as a BPF function of its own (see
-/// [`count_in_stack_fn`]).
-#[inline(never)]
-pub(crate) fn uncount_in_stack_fn(info: *const AllocInfo) {
-    uncount_in_stack(info);
-}
-
-/// Takes block `info`, just taken out of the live maps, out of its stack's
-/// totals (nothing when its key is not there: its image counted it lost).
-#[inline(always)]
-pub(crate) fn uncount_in_stack(info: *const AllocInfo) {
-    // SAFETY: key points into info, a whole AllocInfo (see stack_key).
-    let (key, size) = unsafe { (&*stack_key(info), (*info).size) };
-    if let Some(totals) = STACK_TOTALS.get_ptr_mut(key) {
-        // SAFETY: as in add_to_stack.
-        unsafe {
-            fetch_add(&raw mut (*totals).count, u64::MAX);
-            fetch_add(&raw mut (*totals).size, size.wrapping_neg());
-        }
-    }
-}
+// The totals per stack, here where their code was in one file.
+mod stack_totals;
 
 /// Puts `info` under `key` in the fast table (a live block of that key is
 /// replaced: see [`replace_block`]); false when the block must go to
