@@ -14,8 +14,7 @@ use aya::{
     programs::{TracePoint, UProbe, trace_point::TracePointLinkId},
 };
 use tracer_common::{
-    FLOOR_PROGRAMS, LIVE_WAYS, MAP_STACKS, MAPPING_TRACEPOINT, MMAP_TRACEPOINTS, STACK_WORDS,
-    TRACEPOINTS,
+    FLOOR_PROGRAMS, MAP_STACKS, MAPPING_TRACEPOINT, MMAP_TRACEPOINTS, STACK_WORDS, TRACEPOINTS,
 };
 
 use super::attach::Target;
@@ -115,13 +114,7 @@ impl Capture {
         // closed fd); objects found later, and a scoped tracerd, attach
         // them only later. For uprobe_multi links where the kernel has
         // them, else by aya for a perf event per probe.
-        let names: Vec<&'static str> = tracer_common::PROBES
-            .iter()
-            .flat_map(|spec| {
-                let exit = spec.exit.map(|name| programs.program_for(name, true));
-                std::iter::once(programs.program_for(spec.entry, false)).chain(exit)
-            })
-            .collect();
+        let names = uprobe_names(programs);
         // The verifier takes seconds over this object (the stack walk is
         // in every allocator exit and anonymous-mapping program), one
         // program at a time on one CPU: the uprobe programs are verified
@@ -139,19 +132,7 @@ impl Capture {
         let (libraries, targets) = libc_targets(&config.libc)?;
         let multi = multi_or_each(multi, &mut ebpf, &names)?;
         let maps = Taken::take(&mut ebpf, &config, &sizes)?;
-        let config = CaptureConfig {
-            nframe: sizes.nframe,
-            walk_frames: sizes.walk_frames,
-            unwind_table_rows: if maps.unwind_maps.is_some() {
-                sizes.rows_entries
-            } else {
-                0
-            },
-            inflight_slots: sizes.inflight_slots,
-            events_ring_bytes: sizes.events_ring_bytes,
-            live_table_blocks: sizes.live_buckets * LIVE_WAYS,
-            ..config
-        };
+        let config = sizes.applied(config, maps.unwind_maps.is_some());
         let live_table = maps.live_table.map(std::sync::Arc::new);
         let totals =
             std::sync::Arc::new(super::ProcTotalsMaps::new(maps.proc_slots, maps.procs_fd));
@@ -225,6 +206,18 @@ impl Capture {
         }
         Ok(capture)
     }
+}
+
+/// The uprobe programs `programs` attaches, entry and exit of each probed
+/// function, in [`tracer_common::PROBES`] order.
+fn uprobe_names(programs: Programs) -> Vec<&'static str> {
+    tracer_common::PROBES
+        .iter()
+        .flat_map(|spec| {
+            let exit = spec.exit.map(|name| programs.program_for(name, true));
+            std::iter::once(programs.program_for(spec.entry, false)).chain(exit)
+        })
+        .collect()
 }
 
 /// The glibc files `configured` names (or the dynamic loader finds), each

@@ -73,6 +73,20 @@ impl Sizes {
             live_buckets: live_table::buckets_for(config.live_table_blocks),
         }
     }
+
+    /// `config` as loaded: its sizes as clamped here, and the unwinder's
+    /// rows 0 without its maps (`unwinder_on` false).
+    pub(super) fn applied(&self, config: CaptureConfig, unwinder_on: bool) -> CaptureConfig {
+        CaptureConfig {
+            nframe: self.nframe,
+            walk_frames: self.walk_frames,
+            unwind_table_rows: if unwinder_on { self.rows_entries } else { 0 },
+            inflight_slots: self.inflight_slots,
+            events_ring_bytes: self.events_ring_bytes,
+            live_table_blocks: self.live_buckets * LIVE_WAYS,
+            ..config
+        }
+    }
 }
 
 /// Loads `object` into the kernel with its globals and map sizes from
