@@ -1,35 +1,35 @@
 //! Loading: the eBPF object into the kernel, sized from the configuration,
 //! the lifecycle tracepoints attached, every uprobe program loaded, and
 //! handles to every map taken out of the object.
-use std::{collections::HashMap, os::fd::AsFd as _, path::Path, process::Command};
+use std::{
+    collections::HashMap,
+    os::fd::AsFd as _,
+    path::{Path, PathBuf},
+    process::Command,
+};
 
 use aya::{
-    Ebpf, EbpfLoader,
-    maps::{Map, MapData, RingBuf},
+    Ebpf,
+    maps::{Map, MapData},
     programs::{TracePoint, UProbe, trace_point::TracePointLinkId},
 };
 use tracer_common::{
-    FLOOR_PROGRAMS, GLOBAL_INFLIGHT_SLOT_MASK, GLOBAL_LIVE_BUCKET_MASK, GLOBAL_NFRAME,
-    GLOBAL_PAGE_SIZE, GLOBAL_PROCESS_MAX_BLOCKS, GLOBAL_PROCESS_MAX_STACKS, GLOBAL_SAMPLE_MEAN,
-    GLOBAL_TRACERD_TGID, GLOBAL_VMA_OFFSETS, LIVE_WAYS, MAP_COUNTERS, MAP_EVENTS, MAP_EXP_TABLE,
-    MAP_INFLIGHT, MAP_INFLIGHT_SLOTS, MAP_LIVE_ALLOCS, MAP_LIVE_KEYS, MAP_LIVE_VALUES,
-    MAP_PROC_SLOTS, MAP_PROCS, MAP_SCOPE_TGIDS, MAP_STACK_TOTALS, MAP_STACKS, MAP_SWITCHES,
-    MAPPING_TRACEPOINT, MAX_NFRAME, MAX_WALK_FRAMES, MMAP_TRACEPOINTS, STACK_WORDS, TRACEPOINTS,
-    VmaOffsets,
-    unwind::{MAP_PROC_MAPS, MAP_UNWIND_PAGES, MAP_UNWIND_ROWS},
+    FLOOR_PROGRAMS, MAP_STACKS, MAPPING_TRACEPOINT, MMAP_TRACEPOINTS, STACK_WORDS, TRACEPOINTS,
 };
 
 use super::attach::Target;
-use super::events::{RingPositions, ring_size};
-use super::inflight::MAX_INFLIGHT_SLOTS;
-use super::live_table::{self, LiveTable};
 use super::multi::MultiPrograms;
-use super::object::{exponential_table, patch_map_value_size};
+use super::object::patch_map_value_size;
 use super::probes::{AttachedLibrary, find_libc, probe_points};
-use super::proc_slots::ProcSlots;
-use super::unwind::{maps::UnwindMaps, tables::TableStore};
+use super::unwind::tables::TableStore;
 use super::{Capture, CaptureConfig, CaptureError};
 use crate::sys::procfs::FileKey;
+
+mod maps;
+mod sizes;
+
+use maps::Taken;
+use sizes::{Sizes, load_object};
 
 /// The eBPF object built by `build.rs` (empty when built with `AYA_BUILD_SKIP=1`).
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tracer"));
@@ -99,77 +99,14 @@ impl Capture {
         }
         ensure_tracefs();
         bump_memlock_rlimit();
-        let nframe = config.nframe.clamp(1, MAX_NFRAME);
-        let walk_frames = config.walk_frames.clamp(nframe, MAX_WALK_FRAMES);
+        let sizes = Sizes::of(&config);
         let object = patch_map_value_size(
             EBPF_OBJECT,
             MAP_STACKS,
             STACK_WORDS as u32 * 8,
-            (1 + walk_frames) * 8,
+            (1 + sizes.walk_frames) * 8,
         )?;
-        // The unwinder off: the smallest maps (the walk finds no process's
-        // mappings and follows frame pointers).
-        let unwind_rows = config.unwind_table_rows;
-        let (rows_entries, pages_entries, procs_entries) = match unwind_rows {
-            0 => (1, 1, 1),
-            rows => (
-                rows,
-                config.unwind_table_pages.max(1),
-                config.unwind_processes.max(1),
-            ),
-        };
-        let tgid = std::process::id();
-        let page_size = crate::sys::procfs::page_size();
-        let inflight_slots = config
-            .inflight_slots
-            .clamp(1, MAX_INFLIGHT_SLOTS)
-            .next_power_of_two();
-        let slot_mask = inflight_slots - 1;
-        let events_ring_bytes = ring_size(config.events_ring_bytes, page_size);
-        let live_buckets = live_table::buckets_for(config.live_table_blocks);
-        let live_bucket_mask = live_buckets.saturating_sub(1);
-        let process_max_blocks = CaptureConfig {
-            live_table_blocks: live_buckets * LIVE_WAYS,
-            ..config.clone()
-        }
-        .process_max_blocks();
-        // The walk asks the kernel for a mapping PROC_MAPS lacks only with
-        // the unwinder on (off, every stack is a frame-pointer walk).
-        let vma_offsets = match unwind_rows {
-            0 => VmaOffsets::default(),
-            _ => crate::sys::btf::vma_offsets().unwrap_or_else(|err| {
-                tracing::warn!(%err, "the unwinder cannot read the kernel's mappings: a process is walked with frame pointers until tracerd has written its mappings (counted in unwind_no_proc_maps)");
-                VmaOffsets::default()
-            }),
-        };
-        let mut ebpf = EbpfLoader::new()
-            .override_global(GLOBAL_TRACERD_TGID, &tgid, true)
-            .override_global(GLOBAL_VMA_OFFSETS, &vma_offsets, true)
-            .override_global(GLOBAL_PAGE_SIZE, &page_size, true)
-            .override_global(GLOBAL_NFRAME, &walk_frames, true)
-            .override_global(GLOBAL_SAMPLE_MEAN, &config.sample_interval, true)
-            .override_global(GLOBAL_INFLIGHT_SLOT_MASK, &slot_mask, true)
-            .override_global(GLOBAL_LIVE_BUCKET_MASK, &live_bucket_mask, true)
-            .override_global(GLOBAL_PROCESS_MAX_BLOCKS, &process_max_blocks, true)
-            .override_global(
-                GLOBAL_PROCESS_MAX_STACKS,
-                &config.process_max_stacks(),
-                true,
-            )
-            .map_max_entries(MAP_LIVE_ALLOCS, config.max_live_blocks)
-            .map_max_entries(MAP_LIVE_KEYS, live_buckets.max(1))
-            .map_max_entries(MAP_LIVE_VALUES, live_buckets.max(1) * LIVE_WAYS)
-            .map_max_entries(MAP_STACKS, config.max_stacks)
-            .map_max_entries(MAP_STACK_TOTALS, config.stack_totals_entries())
-            .map_max_entries(MAP_PROCS, config.max_procs)
-            .map_max_entries(MAP_INFLIGHT, config.max_inflight)
-            .map_max_entries(MAP_INFLIGHT_SLOTS, inflight_slots)
-            .map_max_entries(MAP_EVENTS, events_ring_bytes)
-            .map_max_entries(MAP_UNWIND_ROWS, rows_entries)
-            .map_max_entries(MAP_UNWIND_PAGES, pages_entries)
-            .map_max_entries(MAP_PROC_MAPS, procs_entries)
-            .load(object.as_bytes())
-            .map_err(|e| CaptureError::Load(e.to_string()))?;
+        let mut ebpf = load_object(object.as_bytes(), &config, &sizes)?;
 
         // Every uprobe program is loaded now, while the object still holds
         // every map its instructions refer to (a map taken out of it below
@@ -177,13 +114,7 @@ impl Capture {
         // closed fd); objects found later, and a scoped tracerd, attach
         // them only later. For uprobe_multi links where the kernel has
         // them, else by aya for a perf event per probe.
-        let names: Vec<&'static str> = tracer_common::PROBES
-            .iter()
-            .flat_map(|spec| {
-                let exit = spec.exit.map(|name| programs.program_for(name, true));
-                std::iter::once(programs.program_for(spec.entry, false)).chain(exit)
-            })
-            .collect();
+        let names = uprobe_names(programs);
         // The verifier takes seconds over this object (the stack walk is
         // in every allocator exit and anonymous-mapping program), one
         // program at a time on one CPU: the uprobe programs are verified
@@ -198,175 +129,58 @@ impl Capture {
             (links, multi)
         });
         let tracepoint_links = tracepoint_links?;
-        let libcs = find_libc(&config.libc)?;
-        let mut libraries = Vec::new();
-        let mut targets = Vec::new();
-        for path in &libcs {
-            let probes = probe_points(path)?;
-            let key = FileKey::of_path(path).ok_or_else(|| CaptureError::Libc {
-                path: path.clone(),
-                reason: "cannot stat it".into(),
-            })?;
-            let library = AttachedLibrary::new(path.clone(), key, None, &probes);
-            targets.push(Target {
-                key,
-                path: path.clone(),
-                file: None,
-                points: probes.points,
-                family: library.family,
-            });
-            libraries.push(library);
-        }
-        let multi = match multi {
-            Ok(multi) => Some(multi),
-            Err(reason) => {
-                tracing::warn!(
-                    %reason,
-                    "no uprobe_multi links: each probe is a perf event of its own, and a stop detaches them one after another (about 0.09 s each)"
-                );
-                for name in &names {
-                    load_uprobe(&mut ebpf, name)?;
-                }
-                None
-            }
-        };
-        let switches = take_map(&mut ebpf, MAP_SWITCHES)?;
-        let scope_tgids = take_map(&mut ebpf, MAP_SCOPE_TGIDS)?;
-        let mut exp_table: aya::maps::Array<MapData, u32> = take_map(&mut ebpf, MAP_EXP_TABLE)?;
-        for (i, value) in exponential_table().into_iter().enumerate() {
-            exp_table
-                .set(i as u32, value, 0)
-                .map_err(|e| CaptureError::Map {
-                    map: MAP_EXP_TABLE,
-                    reason: e.to_string(),
-                })?;
-        }
-        let live = take_map(&mut ebpf, MAP_LIVE_ALLOCS)?;
-        let own = std::sync::Arc::new(super::own_spill::OwnSpill::take(
-            &mut ebpf,
-            u64::from(config.max_live_blocks),
-        )?);
-        let live_keys = take_array(&mut ebpf, MAP_LIVE_KEYS)?;
-        let live_values = take_array(&mut ebpf, MAP_LIVE_VALUES)?;
-        let live_table = match live_buckets {
-            0 => None,
-            buckets => Some(
-                LiveTable::map(live_keys.fd().as_fd(), live_values.fd().as_fd(), buckets).map_err(
-                    |e| CaptureError::Map {
-                        map: MAP_LIVE_KEYS,
-                        reason: format!("cannot map the fast live-block table: {e}"),
-                    },
-                )?,
-            ),
-        };
-        let stacks = match ebpf.take_map(MAP_STACKS) {
-            Some(Map::HashMap(data)) => data,
-            _ => {
-                return Err(CaptureError::Map {
-                    map: MAP_STACKS,
-                    reason: "missing or not a hash map".into(),
-                });
-            }
-        };
-        let procs: aya::maps::HashMap<MapData, u32, tracer_common::ProcTotals> =
-            take_map(&mut ebpf, MAP_PROCS)?;
-        let procs_fd = second_map_fd(aya::maps::IterableMap::map(&procs), MAP_PROCS)?;
-        let stack_totals = take_map(&mut ebpf, MAP_STACK_TOTALS)?;
-        let proc_slots_map = take_array(&mut ebpf, MAP_PROC_SLOTS)?;
-        let proc_slots =
-            ProcSlots::map(proc_slots_map.fd().as_fd()).map_err(|e| CaptureError::Map {
-                map: MAP_PROC_SLOTS,
-                reason: format!("cannot map the process slots: {e}"),
-            })?;
-        let counters = take_map(&mut ebpf, MAP_COUNTERS)?;
-        let inflight: aya::maps::HashMap<MapData, u64, tracer_common::Inflight> =
-            take_map(&mut ebpf, MAP_INFLIGHT)?;
-        let inflight_slots_map = take_array(&mut ebpf, MAP_INFLIGHT_SLOTS)?;
-        let events: RingBuf<MapData> = take_map(&mut ebpf, MAP_EVENTS)?;
-        let events_positions = RingPositions::map(events.as_fd(), page_size);
-        if events_positions.is_none() {
-            tracing::warn!(
-                map = MAP_EVENTS,
-                "cannot map the ring buffer's positions: its use reads 0"
-            );
-        }
-        let unwind_maps = match unwind_rows {
-            0 => UnwindMaps::none(),
-            _ => UnwindMaps::take(&mut ebpf, rows_entries)?,
-        };
-        let config = CaptureConfig {
-            nframe,
-            walk_frames,
-            unwind_table_rows: if unwind_maps.is_some() {
-                rows_entries
-            } else {
-                0
-            },
-            inflight_slots,
-            events_ring_bytes,
-            live_table_blocks: live_buckets * LIVE_WAYS,
-            ..config
-        };
-        let live_table = live_table.map(std::sync::Arc::new);
-        let totals = std::sync::Arc::new(super::ProcTotalsMaps::new(proc_slots, procs_fd));
+        let (libraries, targets) = libc_targets(&config.libc)?;
+        let multi = multi_or_each(multi, &mut ebpf, &names)?;
+        let maps = Taken::take(&mut ebpf, &config, &sizes)?;
+        let config = sizes.applied(config, maps.unwind_maps.is_some());
+        let live_table = maps.live_table.map(std::sync::Arc::new);
+        let totals =
+            std::sync::Arc::new(super::ProcTotalsMaps::new(maps.proc_slots, maps.procs_fd));
         let stopping = super::Stopping::default();
         // The statistics reader's own descriptors of the programs and maps.
-        let second_fd = |e: std::io::Error| {
-            CaptureError::Load(format!(
-                "opening a map or program a second time for the statistics reader: {e}"
-            ))
-        };
-        let mut program_fds = Vec::new();
-        for (name, program) in ebpf.programs() {
-            if let Ok(fd) = program.fd() {
-                let fd = fd.as_fd().try_clone_to_owned().map_err(second_fd)?;
-                program_fds.push((name.to_string(), fd));
-            }
-        }
-        for (name, fd) in multi.iter().flat_map(MultiPrograms::fds) {
-            program_fds.push((name, fd.map_err(second_fd)?));
-        }
+        let program_fds = program_fds(&ebpf, multi.as_ref())?;
         let totals_reader = std::sync::Arc::new(
             super::stack_totals::TotalsReader::new(
-                aya::maps::IterableMap::map(&stack_totals).fd().as_fd(),
-                stacks.fd().as_fd(),
+                aya::maps::IterableMap::map(&maps.stack_totals).fd().as_fd(),
+                maps.stacks.fd().as_fd(),
                 config.walk_frames,
                 stopping.clone(),
             )
             .map_err(second_fd)?,
         );
         let stats = super::usage::KernelStats::new(super::usage::StatsParts {
-            counters,
+            counters: maps.counters,
             programs: program_fds,
-            live: aya::maps::IterableMap::map(&live),
-            stacks: &stacks,
-            stack_totals: aya::maps::IterableMap::map(&stack_totals),
-            procs: aya::maps::IterableMap::map(&procs),
-            inflight: aya::maps::IterableMap::map(&inflight),
-            inflight_slots: &inflight_slots_map,
+            live: aya::maps::IterableMap::map(&maps.live),
+            stacks: &maps.stacks,
+            stack_totals: aya::maps::IterableMap::map(&maps.stack_totals),
+            procs: aya::maps::IterableMap::map(&maps.procs),
+            inflight: aya::maps::IterableMap::map(&maps.inflight),
+            inflight_slots: &maps.inflight_slots_map,
             live_table: live_table.clone(),
             totals: totals.clone(),
-            events_positions,
+            events_positions: maps.events_positions,
             config: config.clone(),
             stopping: stopping.clone(),
         })
         .map_err(second_fd)?;
+        let _exp_table = maps.exp_table;
         let mut capture = Self {
             ebpf,
-            live,
-            own,
+            live: maps.live,
+            own: maps.own,
             live_table,
-            _live_table_maps: (live_keys, live_values),
-            stacks,
-            procs,
-            stack_totals,
+            _live_table_maps: (maps.live_keys, maps.live_values),
+            stacks: maps.stacks,
+            procs: maps.procs,
+            stack_totals: maps.stack_totals,
             totals_reader,
             totals,
-            _proc_slots_map: proc_slots_map,
+            _proc_slots_map: maps.proc_slots_map,
             stats: std::sync::Arc::new(stats),
-            switches,
-            scope_tgids,
-            events: Some(events),
+            switches: maps.switches,
+            scope_tgids: maps.scope_tgids,
+            events: Some(maps.events),
             libraries,
             targets,
             programs,
@@ -376,14 +190,14 @@ impl Capture {
             stopping,
             config,
             unwind: TableStore::new(
-                if unwind_maps.is_some() {
-                    rows_entries
+                if maps.unwind_maps.is_some() {
+                    sizes.rows_entries
                 } else {
                     0
                 },
-                pages_entries,
+                sizes.pages_entries,
             ),
-            unwind_maps,
+            unwind_maps: maps.unwind_maps,
         };
         capture.publish_unwind_usage();
         capture.own_tracepoints(tracepoint_links);
@@ -392,6 +206,103 @@ impl Capture {
         }
         Ok(capture)
     }
+}
+
+/// The uprobe programs `programs` attaches, entry and exit of each probed
+/// function, in [`tracer_common::PROBES`] order.
+fn uprobe_names(programs: Programs) -> Vec<&'static str> {
+    tracer_common::PROBES
+        .iter()
+        .flat_map(|spec| {
+            let exit = spec.exit.map(|name| programs.program_for(name, true));
+            std::iter::once(programs.program_for(spec.entry, false)).chain(exit)
+        })
+        .collect()
+}
+
+/// The glibc files `configured` names (or the dynamic loader finds), each
+/// with its probe points: as attached libraries, and as attach targets.
+///
+/// # Errors
+/// [`CaptureError::Libc`] when one cannot be found, read or stat'ed.
+fn libc_targets(
+    configured: &[PathBuf],
+) -> Result<(Vec<AttachedLibrary>, Vec<Target>), CaptureError> {
+    let libcs = find_libc(configured)?;
+    let mut libraries = Vec::new();
+    let mut targets = Vec::new();
+    for path in &libcs {
+        let probes = probe_points(path)?;
+        let key = FileKey::of_path(path).ok_or_else(|| CaptureError::Libc {
+            path: path.clone(),
+            reason: "cannot stat it".into(),
+        })?;
+        let library = AttachedLibrary::new(path.clone(), key, None, &probes);
+        targets.push(Target {
+            key,
+            path: path.clone(),
+            file: None,
+            points: probes.points,
+            family: library.family,
+        });
+        libraries.push(library);
+    }
+    Ok((libraries, targets))
+}
+
+/// The uprobe_multi programs `multi`, or where the kernel refused them
+/// (logged), every program of `names` loaded by aya to attach as a perf
+/// event per probe (None).
+///
+/// # Errors
+/// [`CaptureError::Program`] naming a program that did not load.
+fn multi_or_each(
+    multi: Result<MultiPrograms, String>,
+    ebpf: &mut Ebpf,
+    names: &[&'static str],
+) -> Result<Option<MultiPrograms>, CaptureError> {
+    Ok(match multi {
+        Ok(multi) => Some(multi),
+        Err(reason) => {
+            tracing::warn!(
+                %reason,
+                "no uprobe_multi links: each probe is a perf event of its own, and a stop detaches them one after another (about 0.09 s each)"
+            );
+            for name in names {
+                load_uprobe(ebpf, name)?;
+            }
+            None
+        }
+    })
+}
+
+/// A descriptor opened a second time, for the statistics reader, failed.
+fn second_fd(e: std::io::Error) -> CaptureError {
+    CaptureError::Load(format!(
+        "opening a map or program a second time for the statistics reader: {e}"
+    ))
+}
+
+/// The statistics reader's own descriptors of the loaded programs of
+/// `ebpf` and of `multi`'s, by name.
+///
+/// # Errors
+/// [`CaptureError::Load`] when one cannot be opened a second time.
+fn program_fds(
+    ebpf: &Ebpf,
+    multi: Option<&MultiPrograms>,
+) -> Result<Vec<(String, std::os::fd::OwnedFd)>, CaptureError> {
+    let mut program_fds = Vec::new();
+    for (name, program) in ebpf.programs() {
+        if let Ok(fd) = program.fd() {
+            let fd = fd.as_fd().try_clone_to_owned().map_err(second_fd)?;
+            program_fds.push((name.to_string(), fd));
+        }
+    }
+    for (name, fd) in multi.into_iter().flat_map(MultiPrograms::fds) {
+        program_fds.push((name, fd.map_err(second_fd)?));
+    }
+    Ok(program_fds)
 }
 
 pub(super) fn program_mut<'a, T>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut T, CaptureError>

@@ -10,7 +10,7 @@
 use std::{
     collections::{BTreeMap, HashMap},
     ops::ControlFlow,
-    os::fd::{AsFd as _, AsRawFd as _, BorrowedFd, OwnedFd},
+    os::fd::{AsFd as _, BorrowedFd, OwnedFd},
     sync::{
         Arc, Mutex, MutexGuard, PoisonError,
         atomic::{AtomicBool, Ordering},
@@ -25,6 +25,10 @@ use tracer_common::{
 
 use super::{CaptureError, ImageId};
 use crate::sys::bpf as bpf_sys;
+
+mod level_map;
+
+use level_map::{LevelMap, create_level, put_in_outer};
 
 /// What the per-image spill maps hold now, for `/maps` and the metrics:
 /// each level map (a descriptor of its own, to count its entries) and
@@ -49,15 +53,6 @@ pub struct OwnSpill {
     outer: MapData,
     /// A refill of the pool is under way ([`OwnSpill::refill`]).
     refilling: AtomicBool,
-}
-
-/// One level map: its id (its key in `OWN_LIVE`), its descriptor, and the
-/// blocks it holds at most.
-#[derive(Clone, Debug)]
-struct LevelMap {
-    id: u32,
-    map: Arc<OwnedFd>,
-    blocks: u64,
 }
 
 /// What [`OwnSpill`]'s lock guards.
@@ -586,50 +581,4 @@ impl Inner {
         }
         bpf_sys::delete_batch(outer, &ids, |_| {});
     }
-}
-
-/// A level map of `blocks` blocks with id `id`; None when the kernel
-/// refused (logged).
-fn create_level(id: u32, blocks: u64) -> Option<LevelMap> {
-    match bpf_sys::create_hash::<u64, AllocInfo>(
-        "own_spill",
-        u32::try_from(blocks).unwrap_or(u32::MAX),
-        bpf_sys::BPF_F_NO_PREALLOC,
-    ) {
-        Ok(map) => Some(LevelMap {
-            id,
-            map: Arc::new(map),
-            blocks,
-        }),
-        Err(e) => {
-            tracing::debug!(blocks, err = %e, "spill map not created: its blocks go to LIVE_ALLOCS");
-            None
-        }
-    }
-}
-
-/// Puts `maps` in `OWN_LIVE` (`outer`) under their ids, in one batch (one
-/// grace period), one at a time for those the batch did not put (a kernel
-/// without the batch command); whether each is there.
-fn put_in_outer(outer: BorrowedFd<'_>, maps: &[&LevelMap]) -> Vec<bool> {
-    if maps.is_empty() {
-        return Vec::new();
-    }
-    let ids: Vec<u32> = maps.iter().map(|level| level.id).collect();
-    let fds: Vec<u32> = maps
-        .iter()
-        .map(|level| level.map.as_raw_fd() as u32)
-        .collect();
-    let put = bpf_sys::update_batch(outer, &ids, &fds, 0).unwrap_or_else(|(put, e)| {
-        tracing::debug!(err = %e, put, of = ids.len(), "spill maps not put in one batch: one at a time");
-        put
-    });
-    (0..ids.len())
-        .map(|index| {
-            index < put
-                || bpf_sys::update(outer, &ids[index], &fds[index], 0)
-                    .inspect_err(|e| tracing::debug!(id = ids[index], err = %e, "spill map not put in OWN_LIVE: its blocks go to LIVE_ALLOCS"))
-                    .is_ok()
-        })
-        .collect()
 }

@@ -121,6 +121,30 @@ fn a_full_live_map_counts_drops_says_incomplete_and_leaves_no_phantom_leak() {
     fx.end();
 }
 
+/// The text statistics and compare of `pid` (which lost 462 blocks, and
+/// no traceback cut) say it in their headers.
+fn assert_text_headers_say_the_loss(tracerd: &Tracerd, pid: u32) {
+    let headers = loss_headers(tracerd, &format!("/pid/{pid}/statistics?format=text"));
+    assert_eq!(
+        headers,
+        [
+            pair("x-tracer-complete", "false"),
+            pair("x-tracer-cut-tracebacks", "0"),
+            pair("x-tracer-drops", "462")
+        ]
+    );
+    let headers = loss_headers(tracerd, &format!("/pid/{pid}/compare?format=text"));
+    assert_eq!(
+        headers,
+        [
+            pair("x-tracer-base-drops", "0"),
+            pair("x-tracer-complete", "false"),
+            pair("x-tracer-new-cut-tracebacks", "0"),
+            pair("x-tracer-new-drops", "462")
+        ]
+    );
+}
+
 #[test]
 fn every_snapshot_and_answer_says_it_is_incomplete_and_the_drops_survive_a_restart() {
     let prog = Program::build("fifteenhundred", &[]);
@@ -176,25 +200,7 @@ fn every_snapshot_and_answer_says_it_is_incomplete_and_the_drops_survive_a_resta
     // The program ran before tracerd, in its scope: its tables were
     // compiled before tracerd said ready, and no traceback is cut (the
     // headers say 0).
-    let headers = loss_headers(&tracerd, &format!("/pid/{pid}/statistics?format=text"));
-    assert_eq!(
-        headers,
-        [
-            pair("x-tracer-complete", "false"),
-            pair("x-tracer-cut-tracebacks", "0"),
-            pair("x-tracer-drops", "462")
-        ]
-    );
-    let headers = loss_headers(&tracerd, &format!("/pid/{pid}/compare?format=text"));
-    assert_eq!(
-        headers,
-        [
-            pair("x-tracer-base-drops", "0"),
-            pair("x-tracer-complete", "false"),
-            pair("x-tracer-new-cut-tracebacks", "0"),
-            pair("x-tracer-new-drops", "462")
-        ]
-    );
+    assert_text_headers_say_the_loss(&tracerd, pid);
 
     // A stored snapshot keeps the drops it was taken with.
     let (status, taken) = tracerd.post(&format!("/pid/{pid}/snapshots"));

@@ -41,6 +41,36 @@ fn files_bytes(dir: &Path) -> u64 {
     total
 }
 
+/// Takes 4 snapshots of `pid` into a store full of automatic ones: each
+/// evicts the oldest automatic snapshot, and those held stay the newest.
+/// The ids taken.
+fn take_four_evicting_the_oldest(tracerd: &Tracerd, pid: u32) -> Vec<u64> {
+    let mut taken = Vec::new();
+    for round in 0..4 {
+        let (before, _) = listed(tracerd);
+        let (status, summary) = tracerd.post(&format!("/pid/{pid}/snapshots"));
+        assert_eq!(status, 201, "round {round}: {summary}");
+        let id = summary["id"].as_u64().expect("id");
+        taken.push(id);
+        let (after, others) = listed(tracerd);
+        assert_eq!(others, taken);
+        assert!(
+            !after.contains(&before[0]),
+            "round {round}: the oldest automatic snapshot {} stays: {before:?} -> {after:?}",
+            before[0]
+        );
+        // Those held are the newest: every automatic id between the oldest
+        // held and the last id is held (ids are handed out in order).
+        if let Some(&oldest) = after.first() {
+            let last = after.iter().chain(&taken).max().copied().unwrap_or(0);
+            let expected: Vec<u64> = (oldest..=last).filter(|i| !taken.contains(i)).collect();
+            assert_eq!(after, expected, "round {round}");
+        }
+        assert_eq!(after.len() + taken.len(), 4, "round {round}: {after:?}");
+    }
+    taken
+}
+
 #[test]
 fn a_full_store_evicts_the_oldest_automatic_snapshots_then_answers_507() {
     let state = TempDir::new("quota-state");
@@ -71,29 +101,7 @@ fn a_full_store_evicts_the_oldest_automatic_snapshots_then_answers_507() {
         }
     });
 
-    let mut taken = Vec::new();
-    for round in 0..4 {
-        let (before, _) = listed(&tracerd);
-        let (status, summary) = tracerd.post(&format!("/pid/{pid}/snapshots"));
-        assert_eq!(status, 201, "round {round}: {summary}");
-        let id = summary["id"].as_u64().expect("id");
-        taken.push(id);
-        let (after, others) = listed(&tracerd);
-        assert_eq!(others, taken);
-        assert!(
-            !after.contains(&before[0]),
-            "round {round}: the oldest automatic snapshot {} stays: {before:?} -> {after:?}",
-            before[0]
-        );
-        // Those held are the newest: every automatic id between the oldest
-        // held and the last id is held (ids are handed out in order).
-        if let Some(&oldest) = after.first() {
-            let last = after.iter().chain(&taken).max().copied().unwrap_or(0);
-            let expected: Vec<u64> = (oldest..=last).filter(|i| !taken.contains(i)).collect();
-            assert_eq!(after, expected, "round {round}");
-        }
-        assert_eq!(after.len() + taken.len(), 4, "round {round}: {after:?}");
-    }
+    let taken = take_four_evicting_the_oldest(&tracerd, pid);
     assert_eq!(listed(&tracerd), (Vec::new(), taken.clone()));
 
     // Nothing left to evict: a 507 naming the quota, nothing stored.

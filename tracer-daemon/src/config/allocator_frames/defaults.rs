@@ -8,531 +8,341 @@
 /// V8 and Node.js, HotSpot, APR, talloc).
 pub(in crate::config) fn defaults() -> Vec<String> {
     [
-        // C++: every operator new and new[] (plain, nothrow, align_val_t),
-        // the standard library's allocator templates and the code leading
-        // to them, and anything in libstdc++ or libc++ itself.
-        "operator new*",
-        "std::*",
-        "__gnu_cxx::*",
-        "module:*/libstdc++.so*",
-        "module:*/libc++.so*",
-        "module:*/libc++abi.so*",
-        // Rust: the allocator shims (`__rustc::__rust_alloc` in recent
-        // Rust; plain or mangled when names were not demangled), the
-        // `GlobalAlloc`/`Allocator` impls, and alloc, core, std and
-        // hashbrown (how Vec, String, Box and HashMap reach them).
-        "__rust_alloc",
-        "__rust_alloc_zeroed",
-        "__rust_realloc",
-        "__rdl_*",
-        "__rg_*",
-        "__rustc::*",
-        "_R*___rust_alloc*",
-        "_R*___rust_realloc*",
-        "_R*___rdl_*",
-        "_R*___rg_*",
-        "_ZN*__rust_alloc*",
-        "_ZN*__rust_realloc*",
-        "_ZN*__rdl_*",
-        "_ZN*__rg_*",
-        "_ZN5alloc*",
-        "_ZN4core*",
-        "_ZN3std*",
-        "_ZN9hashbrown*",
-        "alloc::*",
-        "<alloc::*",
-        "core::*",
-        "<core::*",
-        // (std::* is above, for C++ and Rust alike.)
-        "<std::*",
-        "hashbrown::*",
-        "<hashbrown::*",
-        "<str>::*",
-        "<[*]>::*",
-        // A method of one of alloc's traits, whatever its Self: alloc's
-        // own code (`<str as alloc::string::ToString>::to_string`,
-        // `<u8 as alloc::vec::spec_from_elem::SpecFromElem>::from_elem`
-        // and, inlined, `<T as ...SpecFromElem>::from_elem`, which
-        // `vec![x; n]` runs), but for the rare user type's own impl
-        // of an alloc trait (`alloc::task::Wake`), whose blocks then go
-        // to its caller.
-        "<* as alloc::*",
-        "<* as core::alloc::global::GlobalAlloc>::*",
-        "<* as core::alloc::Allocator>::*",
-        // glib.
-        "g_malloc*",
-        "g_realloc*",
-        "g_try_malloc*",
-        "g_try_realloc*",
-        "g_slice_*",
-        "g_strdup*",
-        "g_strndup",
-        "g_memdup*",
-        // The xmalloc family: libiberty, gnulib, git.
-        "xmalloc",
-        "xmallocz",
-        "xmallocz_gently",
-        "do_xmalloc",
-        "do_xmallocz",
-        "xcalloc",
-        "xrealloc",
-        "xzalloc",
-        "xnmalloc",
-        "xnrealloc",
-        "x2realloc",
-        "x2nrealloc",
-        "xcharalloc",
-        "xstrdup",
-        "xstrndup",
-        "xmemdup",
-        "xmemdupz",
-        "xasprintf",
-        "xvasprintf",
-        "xstrfmt",
-        "xstrvfmt",
-        // The C library allocating for its caller (strdup, asprintf,
-        // getline, fopen, ...): glibc (and its dynamic loader), musl; by
-        // name for static binaries.
-        "module:*/libc.so.6",
-        "module:*/libc-*.so",
-        "module:*/ld-linux-*.so*",
-        "module:*/ld-musl-*.so*",
-        "module:*/libc.musl-*.so*",
-        // The C library's system call wrappers that make an anonymous
-        // mapping (the `mmap` source), by name for static binaries.
-        "mmap",
-        "mmap64",
-        "__mmap",
-        "__mmap64",
-        "mremap",
-        "__mremap",
-        "strdup",
-        "__strdup",
-        "strndup",
-        "__strndup",
-        "asprintf",
-        "__asprintf*",
-        "vasprintf",
-        "__vasprintf*",
-        "getline",
-        "getdelim",
-        "__getdelim",
-        "open_memstream",
-        "open_wmemstream",
-        "fopen*",
-        "fdopen*",
-        "_IO_*",
-        "realpath",
-        // glibc's internal aliases, as its debug symbols name its
-        // functions (__GI__IO_file_doallocate, __GI___strdup).
-        "__GI_*",
-        // CPython's memory layers (PyMem_Malloc, PyObject_Malloc, pymalloc).
-        "PyMem_*",
-        "_PyMem_*",
-        "PyObject_Malloc",
-        "PyObject_Calloc",
-        "PyObject_Realloc",
-        "_PyObject_Malloc*",
-        "_PyObject_Calloc*",
-        "_PyObject_Realloc*",
-        "pymalloc_*",
-        // SQLite's malloc layer.
-        "sqlite3MemMalloc",
-        "sqlite3MemRealloc",
-        "sqlite3Malloc*",
-        "sqlite3_malloc*",
-        "sqlite3Realloc",
-        "sqlite3_realloc*",
-        "sqlite3DbMalloc*",
-        "sqlite3DbRealloc*",
-        "sqlite3DbStrDup",
-        "sqlite3DbStrNDup",
-        "sqlite3DbSpanDup",
-        "dbMallocRawFinish",
-        "mallocWithAlarm",
-        // OpenSSL (OPENSSL_malloc and friends are macros over these).
-        "CRYPTO_malloc",
-        "CRYPTO_zalloc",
-        "CRYPTO_realloc",
-        "CRYPTO_clear_realloc",
-        "CRYPTO_strdup",
-        "CRYPTO_strndup",
-        "CRYPTO_memdup",
-        "CRYPTO_secure_malloc",
-        "CRYPTO_secure_zalloc",
-        // glib's aligned allocation and its string builders (g_new, g_new0
-        // and g_renew are macros over g_malloc_n, g_malloc0_n, g_realloc_n).
-        "g_aligned_alloc*",
-        "g_strconcat",
-        "g_strjoin*",
-        "g_strdupv",
-        // PostgreSQL's memory contexts: palloc and friends, and the context
-        // methods behind them. The methods (AllocSetAlloc, GenerationAlloc,
-        // SlabAlloc, ...) are static: a stripped postgres (Debian's) names
-        // them only with its debug symbols, so there a palloc'd block's
-        // frame 0 is the unnamed method until the symbolizer names it. A
-        // context's creation is an allocation for its creator.
-        "palloc",
-        "palloc0",
-        "palloc_*",
-        "palloc0_*",
-        "repalloc",
-        "repalloc0",
-        "repalloc_*",
-        "MemoryContextAlloc*",
-        "MemoryContextStrdup",
-        "pstrdup",
-        "pnstrdup",
-        "psprintf",
-        "pvsnprintf",
-        "SPI_palloc",
-        "SPI_repalloc",
-        "AllocSetAlloc*",
-        "AllocSetRealloc",
-        "AllocSetContextCreate*",
-        "GenerationAlloc*",
-        "GenerationRealloc",
-        "GenerationContextCreate",
-        "SlabAlloc*",
-        "SlabRealloc",
-        "SlabContextCreate",
-        "BumpAlloc*",
-        "BumpContextCreate",
-        // nginx: its malloc wrappers, its pools (creating one is an
-        // allocation for the connection, request or module that creates
-        // it) and the arrays and lists that grow in them.
-        "ngx_alloc",
-        "ngx_calloc",
-        "ngx_memalign",
-        "ngx_palloc*",
-        "ngx_pnalloc",
-        "ngx_pcalloc",
-        "ngx_pmemalign",
-        "ngx_create_pool",
-        "ngx_pool_cleanup_add",
-        "ngx_pstrdup",
-        "ngx_array_create",
-        "ngx_array_push*",
-        "ngx_list_create",
-        "ngx_list_push",
-        // V8: Malloced (the operator new of its C++ heap objects), its
-        // malloc with retry after a GC, NewArray and StrDup, and the heap's
-        // call of the embedder's ArrayBuffer allocator. Node.js: that
-        // allocator (every Buffer's bytes) and its malloc wrappers.
-        "v8::internal::Malloced::operator new*",
-        "v8::internal::AllocWithRetry*",
-        "v8::internal::AlignedAllocWithRetry*",
-        "v8::internal::AlignedAlloc*",
-        "v8::internal::NewArray*",
-        "v8::internal::StrDup*",
-        "v8::internal::StrNDup*",
-        "v8::internal::Heap::AllocateExternalBackingStore*",
-        "node::NodeArrayBufferAllocator::*",
-        "node::DebuggingArrayBufferAllocator::*",
-        "node::UncheckedMalloc*",
-        "node::UncheckedCalloc*",
-        "node::UncheckedRealloc*",
-        "node::Malloc*",
-        "node::Calloc*",
-        "node::Realloc*",
-        // HotSpot: os::malloc and the layers over it (AllocateHeap, which
-        // NEW_C_HEAP_ARRAY expands to; CHeapObj's operator new), its arenas
-        // and resource areas, the growable arrays' allocators, and NMT's
-        // table of allocations made before it starts.
-        "os::malloc*",
-        "os::realloc*",
-        "os::strdup*",
-        "AllocateHeap*",
-        "ReallocateHeap*",
-        "CHeapObj<*>::operator new*",
-        "ResourceObj::operator new*",
-        "AnyObj::operator new*",
-        "Arena::grow*",
-        "Arena::Amalloc*",
-        "Arena::Arealloc*",
-        "Chunk::operator new*",
-        "ChunkPool::allocate*",
-        "ResourceArea::allocate_bytes*",
-        "MallocArrayAllocator<*>::*allocate*",
-        "ArrayAllocator<*>::*allocate*",
-        "GrowableArrayCHeapAllocator::allocate*",
-        "GrowableArrayResourceAllocator::allocate*",
-        "GrowableArrayArenaAllocator::allocate*",
-        "GrowableArrayWithAllocator<*>::grow*",
-        "GrowableArrayWithAllocator<*>::expand_to*",
-        "NMTPreInit::*",
-        "NMTPreInitAllocation::*",
-        // APR (Apache httpd, ab, subversion): everything in libapr
-        // allocates for its caller (its pool allocator's helpers are
-        // static), and by name where APR is linked in.
-        "module:*/libapr-1.so*",
-        "apr_palloc*",
-        "apr_pcalloc*",
-        "apr_allocator_alloc",
-        "apr_pool_create*",
-        "apr_pstr*dup",
-        "apr_pmemdup",
-        "apr_pstrcat*",
-        "apr_p*sprintf",
-        "apr_bucket_alloc",
-        // talloc (Samba, sssd, ldb): likewise, by module and by name.
-        "module:*/libtalloc.so*",
-        "talloc_*",
-        "_talloc_*",
-        "__talloc*",
-        "_talloc",
+        CXX,
+        RUST,
+        GLIB,
+        XMALLOC,
+        LIBC,
+        CPYTHON,
+        SQLITE,
+        OPENSSL,
+        GLIB_STRINGS,
+        POSTGRESQL,
+        NGINX,
+        V8_NODE,
+        HOTSPOT,
+        APR,
+        TALLOC,
     ]
+    .concat()
     .into_iter()
     .map(String::from)
     .collect()
 }
 
+/// C++: every operator new and new[] (plain, nothrow, align_val_t),
+/// the standard library's allocator templates and the code leading
+/// to them, and anything in libstdc++ or libc++ itself.
+const CXX: &[&str] = &[
+    "operator new*",
+    "std::*",
+    "__gnu_cxx::*",
+    "module:*/libstdc++.so*",
+    "module:*/libc++.so*",
+    "module:*/libc++abi.so*",
+];
+
+/// Rust: the allocator shims (`__rustc::__rust_alloc` in recent
+/// Rust; plain or mangled when names were not demangled), the
+/// `GlobalAlloc`/`Allocator` impls, and alloc, core, std and
+/// hashbrown (how Vec, String, Box and HashMap reach them).
+const RUST: &[&str] = &[
+    "__rust_alloc",
+    "__rust_alloc_zeroed",
+    "__rust_realloc",
+    "__rdl_*",
+    "__rg_*",
+    "__rustc::*",
+    "_R*___rust_alloc*",
+    "_R*___rust_realloc*",
+    "_R*___rdl_*",
+    "_R*___rg_*",
+    "_ZN*__rust_alloc*",
+    "_ZN*__rust_realloc*",
+    "_ZN*__rdl_*",
+    "_ZN*__rg_*",
+    "_ZN5alloc*",
+    "_ZN4core*",
+    "_ZN3std*",
+    "_ZN9hashbrown*",
+    "alloc::*",
+    "<alloc::*",
+    "core::*",
+    "<core::*",
+    // (std::* is above, for C++ and Rust alike.)
+    "<std::*",
+    "hashbrown::*",
+    "<hashbrown::*",
+    "<str>::*",
+    "<[*]>::*",
+    // A method of one of alloc's traits, whatever its Self: alloc's
+    // own code (`<str as alloc::string::ToString>::to_string`,
+    // `<u8 as alloc::vec::spec_from_elem::SpecFromElem>::from_elem`
+    // and, inlined, `<T as ...SpecFromElem>::from_elem`, which
+    // `vec![x; n]` runs), but for the rare user type's own impl
+    // of an alloc trait (`alloc::task::Wake`), whose blocks then go
+    // to its caller.
+    "<* as alloc::*",
+    "<* as core::alloc::global::GlobalAlloc>::*",
+    "<* as core::alloc::Allocator>::*",
+];
+
+/// glib.
+const GLIB: &[&str] = &[
+    "g_malloc*",
+    "g_realloc*",
+    "g_try_malloc*",
+    "g_try_realloc*",
+    "g_slice_*",
+    "g_strdup*",
+    "g_strndup",
+    "g_memdup*",
+];
+
+/// The xmalloc family: libiberty, gnulib, git.
+const XMALLOC: &[&str] = &[
+    "xmalloc",
+    "xmallocz",
+    "xmallocz_gently",
+    "do_xmalloc",
+    "do_xmallocz",
+    "xcalloc",
+    "xrealloc",
+    "xzalloc",
+    "xnmalloc",
+    "xnrealloc",
+    "x2realloc",
+    "x2nrealloc",
+    "xcharalloc",
+    "xstrdup",
+    "xstrndup",
+    "xmemdup",
+    "xmemdupz",
+    "xasprintf",
+    "xvasprintf",
+    "xstrfmt",
+    "xstrvfmt",
+];
+
+/// The C library allocating for its caller (strdup, asprintf,
+/// getline, fopen, ...): glibc (and its dynamic loader), musl; by
+/// name for static binaries.
+const LIBC: &[&str] = &[
+    "module:*/libc.so.6",
+    "module:*/libc-*.so",
+    "module:*/ld-linux-*.so*",
+    "module:*/ld-musl-*.so*",
+    "module:*/libc.musl-*.so*",
+    // The C library's system call wrappers that make an anonymous
+    // mapping (the `mmap` source), by name for static binaries.
+    "mmap",
+    "mmap64",
+    "__mmap",
+    "__mmap64",
+    "mremap",
+    "__mremap",
+    "strdup",
+    "__strdup",
+    "strndup",
+    "__strndup",
+    "asprintf",
+    "__asprintf*",
+    "vasprintf",
+    "__vasprintf*",
+    "getline",
+    "getdelim",
+    "__getdelim",
+    "open_memstream",
+    "open_wmemstream",
+    "fopen*",
+    "fdopen*",
+    "_IO_*",
+    "realpath",
+    // glibc's internal aliases, as its debug symbols name its
+    // functions (__GI__IO_file_doallocate, __GI___strdup).
+    "__GI_*",
+];
+
+/// CPython's memory layers (PyMem_Malloc, PyObject_Malloc, pymalloc).
+const CPYTHON: &[&str] = &[
+    "PyMem_*",
+    "_PyMem_*",
+    "PyObject_Malloc",
+    "PyObject_Calloc",
+    "PyObject_Realloc",
+    "_PyObject_Malloc*",
+    "_PyObject_Calloc*",
+    "_PyObject_Realloc*",
+    "pymalloc_*",
+];
+
+/// SQLite's malloc layer.
+const SQLITE: &[&str] = &[
+    "sqlite3MemMalloc",
+    "sqlite3MemRealloc",
+    "sqlite3Malloc*",
+    "sqlite3_malloc*",
+    "sqlite3Realloc",
+    "sqlite3_realloc*",
+    "sqlite3DbMalloc*",
+    "sqlite3DbRealloc*",
+    "sqlite3DbStrDup",
+    "sqlite3DbStrNDup",
+    "sqlite3DbSpanDup",
+    "dbMallocRawFinish",
+    "mallocWithAlarm",
+];
+
+/// OpenSSL (OPENSSL_malloc and friends are macros over these).
+const OPENSSL: &[&str] = &[
+    "CRYPTO_malloc",
+    "CRYPTO_zalloc",
+    "CRYPTO_realloc",
+    "CRYPTO_clear_realloc",
+    "CRYPTO_strdup",
+    "CRYPTO_strndup",
+    "CRYPTO_memdup",
+    "CRYPTO_secure_malloc",
+    "CRYPTO_secure_zalloc",
+];
+
+/// glib's aligned allocation and its string builders (g_new, g_new0
+/// and g_renew are macros over g_malloc_n, g_malloc0_n, g_realloc_n).
+const GLIB_STRINGS: &[&str] = &["g_aligned_alloc*", "g_strconcat", "g_strjoin*", "g_strdupv"];
+
+/// PostgreSQL's memory contexts: palloc and friends, and the context
+/// methods behind them. The methods (AllocSetAlloc, GenerationAlloc,
+/// SlabAlloc, ...) are static: a stripped postgres (Debian's) names
+/// them only with its debug symbols, so there a palloc'd block's
+/// frame 0 is the unnamed method until the symbolizer names it. A
+/// context's creation is an allocation for its creator.
+const POSTGRESQL: &[&str] = &[
+    "palloc",
+    "palloc0",
+    "palloc_*",
+    "palloc0_*",
+    "repalloc",
+    "repalloc0",
+    "repalloc_*",
+    "MemoryContextAlloc*",
+    "MemoryContextStrdup",
+    "pstrdup",
+    "pnstrdup",
+    "psprintf",
+    "pvsnprintf",
+    "SPI_palloc",
+    "SPI_repalloc",
+    "AllocSetAlloc*",
+    "AllocSetRealloc",
+    "AllocSetContextCreate*",
+    "GenerationAlloc*",
+    "GenerationRealloc",
+    "GenerationContextCreate",
+    "SlabAlloc*",
+    "SlabRealloc",
+    "SlabContextCreate",
+    "BumpAlloc*",
+    "BumpContextCreate",
+];
+
+/// nginx: its malloc wrappers, its pools (creating one is an
+/// allocation for the connection, request or module that creates
+/// it) and the arrays and lists that grow in them.
+const NGINX: &[&str] = &[
+    "ngx_alloc",
+    "ngx_calloc",
+    "ngx_memalign",
+    "ngx_palloc*",
+    "ngx_pnalloc",
+    "ngx_pcalloc",
+    "ngx_pmemalign",
+    "ngx_create_pool",
+    "ngx_pool_cleanup_add",
+    "ngx_pstrdup",
+    "ngx_array_create",
+    "ngx_array_push*",
+    "ngx_list_create",
+    "ngx_list_push",
+];
+
+/// V8: Malloced (the operator new of its C++ heap objects), its
+/// malloc with retry after a GC, NewArray and StrDup, and the heap's
+/// call of the embedder's ArrayBuffer allocator. Node.js: that
+/// allocator (every Buffer's bytes) and its malloc wrappers.
+const V8_NODE: &[&str] = &[
+    "v8::internal::Malloced::operator new*",
+    "v8::internal::AllocWithRetry*",
+    "v8::internal::AlignedAllocWithRetry*",
+    "v8::internal::AlignedAlloc*",
+    "v8::internal::NewArray*",
+    "v8::internal::StrDup*",
+    "v8::internal::StrNDup*",
+    "v8::internal::Heap::AllocateExternalBackingStore*",
+    "node::NodeArrayBufferAllocator::*",
+    "node::DebuggingArrayBufferAllocator::*",
+    "node::UncheckedMalloc*",
+    "node::UncheckedCalloc*",
+    "node::UncheckedRealloc*",
+    "node::Malloc*",
+    "node::Calloc*",
+    "node::Realloc*",
+];
+
+/// HotSpot: os::malloc and the layers over it (AllocateHeap, which
+/// NEW_C_HEAP_ARRAY expands to; CHeapObj's operator new), its arenas
+/// and resource areas, the growable arrays' allocators, and NMT's
+/// table of allocations made before it starts.
+const HOTSPOT: &[&str] = &[
+    "os::malloc*",
+    "os::realloc*",
+    "os::strdup*",
+    "AllocateHeap*",
+    "ReallocateHeap*",
+    "CHeapObj<*>::operator new*",
+    "ResourceObj::operator new*",
+    "AnyObj::operator new*",
+    "Arena::grow*",
+    "Arena::Amalloc*",
+    "Arena::Arealloc*",
+    "Chunk::operator new*",
+    "ChunkPool::allocate*",
+    "ResourceArea::allocate_bytes*",
+    "MallocArrayAllocator<*>::*allocate*",
+    "ArrayAllocator<*>::*allocate*",
+    "GrowableArrayCHeapAllocator::allocate*",
+    "GrowableArrayResourceAllocator::allocate*",
+    "GrowableArrayArenaAllocator::allocate*",
+    "GrowableArrayWithAllocator<*>::grow*",
+    "GrowableArrayWithAllocator<*>::expand_to*",
+    "NMTPreInit::*",
+    "NMTPreInitAllocation::*",
+];
+
+/// APR (Apache httpd, ab, subversion): everything in libapr
+/// allocates for its caller (its pool allocator's helpers are
+/// static), and by name where APR is linked in.
+const APR: &[&str] = &[
+    "module:*/libapr-1.so*",
+    "apr_palloc*",
+    "apr_pcalloc*",
+    "apr_allocator_alloc",
+    "apr_pool_create*",
+    "apr_pstr*dup",
+    "apr_pmemdup",
+    "apr_pstrcat*",
+    "apr_p*sprintf",
+    "apr_bucket_alloc",
+];
+
+/// talloc (Samba, sssd, ldb): likewise, by module and by name.
+const TALLOC: &[&str] = &[
+    "module:*/libtalloc.so*",
+    "talloc_*",
+    "_talloc_*",
+    "__talloc*",
+    "_talloc",
+];
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)] // Tests may unwrap (CONTRIBUTING.md).
-mod tests {
-    use super::super::FramePatterns;
-    use super::defaults;
-
-    /// Names as this machine's libraries, toolchains and services spell
-    /// them (`nm -D ... | c++filt`, rustc 1.9x, Debian 12's glib, CPython
-    /// 3.11, SQLite 3.40, OpenSSL 3.0; PostgreSQL 15, nginx 1.22, Node.js
-    /// 20, OpenJDK 17, APR 1.7 and talloc 2.4 as tracerd's frames name
-    /// them), against the defaults.
-    #[test]
-    fn the_defaults_know_real_allocator_names() {
-        let p = FramePatterns::compile(&defaults()).unwrap();
-        let machinery = [
-            "operator new(unsigned long)",
-            "operator new(unsigned long, std::nothrow_t const&)",
-            "operator new(unsigned long, std::align_val_t)",
-            "operator new(unsigned long, std::align_val_t, std::nothrow_t const&)",
-            "operator new[](unsigned long)",
-            "operator new[](unsigned long, std::nothrow_t const&)",
-            "operator new[](unsigned long, std::align_val_t)",
-            "operator new[](unsigned long, std::align_val_t, std::nothrow_t const&)",
-            "std::__new_allocator<int>::allocate(unsigned long, void const*)",
-            "std::allocator_traits<std::allocator<int> >::allocate(std::allocator<int>&, unsigned long)",
-            "void std::vector<int, std::allocator<int> >::_M_realloc_insert<int const&>(__gnu_cxx::__normal_iterator<int*, std::vector<int, std::allocator<int> > >, int const&)",
-            "std::__cxx11::basic_string<char, std::char_traits<char>, std::allocator<char> >::_M_create(unsigned long&, unsigned long)",
-            "std::_MakeUniq<int>::__single_object std::make_unique<int>()",
-            "__gnu_cxx::new_allocator<int>::allocate(unsigned long, void const*)",
-            "__rustc::__rust_alloc",
-            "__rustc::__rdl_alloc",
-            "__rustc::__rust_alloc_zeroed",
-            "__rustc::__rust_realloc",
-            "__rust_alloc",
-            "__rust_alloc_zeroed",
-            "__rust_realloc",
-            "__rdl_alloc",
-            "__rg_alloc",
-            "_RNvCsfLfy6EI15iL_7___rustc12___rust_alloc",
-            "_RNvCsfLfy6EI15iL_7___rustc19___rust_alloc_zeroed",
-            "_RNvCsfLfy6EI15iL_7___rustc11___rdl_alloc",
-            "_ZN7__rustc12__rust_alloc17h0123456789abcdefE",
-            "_ZN5alloc7raw_vec11finish_grow17h0123456789abcdefE",
-            "alloc::raw_vec::finish_grow::<alloc::alloc::Global>",
-            "<alloc::raw_vec::RawVecInner<_>>::reserve::do_reserve_and_handle::<alloc::alloc::Global>",
-            "<alloc::alloc::Global as core::alloc::Allocator>::allocate",
-            "<alloc::string::String>::push",
-            "<hashbrown::raw::RawTable<(u32, u32)>>::reserve_rehash::<hashbrown::map::make_hasher<u32, u32, std::hash::random::RandomState>::{closure#0}>",
-            "<std::collections::hash::map::HashMap<u32, u32>>::insert",
-            "<[u8]>::to_vec",
-            "<str as alloc::string::ToString>::to_string",
-            // vec![0u8; n] and vec![pixel; n] (inlined: the generic name),
-            // as rustc 1.95 names their frames.
-            "<u8 as alloc::vec::spec_from_elem::SpecFromElem>::from_elem",
-            "<T as alloc::vec::spec_from_elem::SpecFromElem>::from_elem",
-            "<[T] as alloc::slice::hack::ConvertVec>::to_vec",
-            "<myapp::Counting as core::alloc::global::GlobalAlloc>::alloc",
-            "core::fmt::write",
-            "g_malloc",
-            "g_malloc0",
-            "g_malloc_n",
-            "g_malloc0_n",
-            "g_realloc",
-            "g_try_malloc0_n",
-            "g_slice_alloc0",
-            "g_strdup",
-            "g_strdup_printf",
-            "g_strndup",
-            "g_memdup2",
-            "xmalloc",
-            "xstrdup",
-            "xmemdupz",
-            "do_xmalloc",
-            "strdup",
-            "__strdup",
-            "asprintf",
-            "__vasprintf_internal",
-            "getline",
-            "fopen64",
-            "_IO_file_doallocate",
-            "__GI__IO_file_doallocate",
-            "__GI___strdup",
-            "PyMem_Malloc",
-            "PyMem_RawRealloc",
-            "_PyMem_RawMalloc",
-            "_PyMem_DebugRawAlloc",
-            "PyObject_Malloc",
-            "PyObject_Calloc",
-            "PyObject_Realloc",
-            "_PyObject_Malloc",
-            "pymalloc_alloc",
-            "sqlite3MemMalloc",
-            "sqlite3Malloc",
-            "sqlite3MallocZero",
-            "sqlite3_malloc64",
-            "sqlite3Realloc",
-            "sqlite3_realloc64",
-            "sqlite3DbMallocRawNN",
-            "sqlite3DbReallocOrFree",
-            "dbMallocRawFinish",
-            "mallocWithAlarm",
-            "CRYPTO_malloc",
-            "CRYPTO_zalloc",
-            "CRYPTO_clear_realloc",
-            "CRYPTO_strndup",
-            "g_aligned_alloc0",
-            "g_strconcat",
-            "g_strjoinv",
-            "g_strdupv",
-            "palloc",
-            "palloc0",
-            "palloc_extended",
-            "palloc0_mul",
-            "repalloc",
-            "repalloc_huge",
-            "MemoryContextAlloc",
-            "MemoryContextAllocZero",
-            "MemoryContextAllocZeroAligned",
-            "MemoryContextAllocExtended",
-            "MemoryContextAllocHuge",
-            "MemoryContextStrdup",
-            "pstrdup",
-            "psprintf",
-            "AllocSetAlloc",
-            "AllocSetAllocLarge",
-            "AllocSetContextCreateInternal",
-            "GenerationAlloc",
-            "SlabAlloc",
-            "ngx_alloc",
-            "ngx_calloc",
-            "ngx_memalign",
-            "ngx_palloc",
-            "ngx_palloc_small",
-            "ngx_palloc_large",
-            "ngx_palloc_block",
-            "ngx_pnalloc",
-            "ngx_pcalloc",
-            "ngx_create_pool",
-            "ngx_array_push",
-            "ngx_array_push_n",
-            "ngx_list_push",
-            "v8::internal::Malloced::operator new(unsigned long)",
-            "v8::internal::AlignedAllocWithRetry(unsigned long, unsigned long)",
-            "char* v8::internal::NewArray<char>(unsigned long)",
-            "v8::internal::Heap::AllocateExternalBackingStore(std::function<void* (unsigned long)> const&, unsigned long)",
-            "node::NodeArrayBufferAllocator::Allocate(unsigned long)",
-            "node::NodeArrayBufferAllocator::AllocateUninitialized(unsigned long)",
-            "char* node::UncheckedMalloc<char>(unsigned long)",
-            "os::malloc(unsigned long, MEMFLAGS, NativeCallStack const&)",
-            "os::malloc(unsigned long, MEMFLAGS)",
-            "os::realloc(void*, unsigned long, MEMFLAGS, NativeCallStack const&)",
-            "os::strdup(char const*, MEMFLAGS)",
-            "AllocateHeap(unsigned long, MEMFLAGS, AllocFailStrategy::AllocFailEnum)",
-            "AllocateHeap(unsigned long, MEMFLAGS, NativeCallStack const&, AllocFailStrategy::AllocFailEnum)",
-            "CHeapObj<(MEMFLAGS)7>::operator new(unsigned long)",
-            "Arena::grow(unsigned long, AllocFailStrategy::AllocFailEnum)",
-            "ChunkPool::allocate(unsigned long, AllocFailStrategy::AllocFailEnum)",
-            "MallocArrayAllocator<unsigned char>::allocate(unsigned long, MEMFLAGS)",
-            "NMTPreInit::create_table()",
-            "NMTPreInitAllocation::do_alloc(unsigned long)",
-            "apr_palloc",
-            "apr_pcalloc",
-            "apr_pstrdup",
-            "apr_pstrmemdup",
-            "apr_psprintf",
-            "apr_pvsprintf",
-            "apr_pool_create_ex",
-            "apr_allocator_alloc",
-            "_talloc_zero",
-            "_talloc_array",
-            "_talloc",
-            "talloc_strdup",
-            "talloc_asprintf",
-            "__talloc_with_prefix",
-        ];
-        for name in machinery {
-            assert!(p.matches_function(name), "{name} is machinery");
-        }
-        let users = [
-            "main",
-            "make_block",
-            "myapp::main",
-            "myapp::f(int, std::string)",
-            "Cache::insert(std::__cxx11::basic_string<char, std::char_traits<char>, std::allocator<char> > const&)",
-            "_ZN5myapp4main17h0123456789abcdefE",
-            "_RNvCs1234_5myapp4main",
-            "<myapp::Cache>::grow",
-            // A user's impl of a trait of core's (Clone, Display ...), or
-            // of its own, is the user's.
-            "<myapp::Pixel as core::clone::Clone>::clone",
-            "<myapp::Pixel as core::fmt::Display>::fmt",
-            "<myapp::Pool as myapp::Alloc>::alloc",
-            "PyList_Append",
-            "PyMemoryView_FromObject",
-            "sqlite3VdbeExec",
-            "g_hash_table_insert",
-            "xmalloc_wrapper_of_mine",
-            "CRYPTO_free",
-            // The services' own code, and their calls that only look
-            // like an allocator's.
-            "MemoryContextAllowInCriticalSection",
-            "MemoryContextReset",
-            "CreatePortal",
-            "hash_create",
-            "ngx_init_cycle",
-            "ngx_worker_process_cycle",
-            "ngx_http_create_request",
-            "ngx_destroy_pool",
-            "v8::internal::BackingStore::Allocate(v8::internal::Isolate*, unsigned long, v8::internal::SharedFlag, v8::internal::InitializedFlag)",
-            "v8::internal::JSArrayBuffer::EnsureExtension()",
-            "node::Buffer::(anonymous namespace)::CreateUnsafeArrayBuffer(v8::FunctionCallbackInfo<v8::Value> const&)",
-            "Mutex::Mutex(int, char const*, bool, Mutex::SafepointCheckRequired)",
-            "ImmutableOopMapSet::build_from(OopMapSet const*)",
-            "Hashtable<nmethod*, (MEMFLAGS)5>::new_entry(unsigned int, nmethod*)",
-            "apr_pool_destroy",
-            "ldb_msg_add_string",
-        ];
-        for name in users {
-            assert!(!p.matches_function(name), "{name} is the user's");
-        }
-        for module in [
-            "/usr/lib/x86_64-linux-gnu/libstdc++.so.6.0.30",
-            "/usr/lib/x86_64-linux-gnu/libc.so.6",
-            "/lib/x86_64-linux-gnu/libc-2.31.so",
-            "/lib/ld-musl-x86_64.so.1",
-            "/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2",
-            "/usr/lib/x86_64-linux-gnu/libapr-1.so.0.7.2",
-            "/usr/lib/x86_64-linux-gnu/libtalloc.so.2.4.0",
-        ] {
-            assert!(p.matches_module(module), "{module} is machinery");
-        }
-        for module in [
-            "/usr/lib/x86_64-linux-gnu/libglib-2.0.so.0.7400.6",
-            "/usr/bin/python3.11",
-            "/srv/app/bin/server",
-            "/usr/lib/x86_64-linux-gnu/libcrypto.so.3",
-            "/usr/lib/x86_64-linux-gnu/libaprutil-1.so.0.6.3",
-            "/usr/lib/postgresql/15/bin/postgres",
-            "/usr/sbin/nginx",
-            "/usr/bin/node",
-            "/usr/lib/jvm/java-17-openjdk-amd64/lib/server/libjvm.so",
-        ] {
-            assert!(
-                !p.matches_module(module),
-                "{module} is not matched by module"
-            );
-        }
-    }
-}
+mod tests;

@@ -114,59 +114,10 @@ fn cheap_routes_answer_at_once_with_exact_totals_while_a_big_process_is_queried_
         // were asked for MEASURE: every trace (statistics come from the
         // totals per stack now, in milliseconds; the traces still read
         // every block), then a stored snapshot.
-        let long = scope.spawn(|| {
-            let mut took = Vec::new();
-            while !done.load(Ordering::Acquire) {
-                for (method, path, expected) in [
-                    ("GET", format!("/pid/{big_pid}/traces?limit=1"), 200),
-                    ("POST", format!("/pid/{big_pid}/snapshots"), 201),
-                ] {
-                    let start = Instant::now();
-                    let url = format!("{}{path}", tracerd.base);
-                    let request = match method {
-                        "GET" => client.get(&url),
-                        _ => client.post(&url),
-                    };
-                    let response = request.send().expect("long query");
-                    let status = response.status().as_u16();
-                    let _ = response.bytes().expect("long answer");
-                    took.push((method, status, expected, start.elapsed()));
-                }
-            }
-            took
-        });
+        let long = scope.spawn(|| long_work(&tracerd, &client, big_pid, &done));
         // Meanwhile, each cheap route in turn: its status, how long it
         // took, and traced memory's figures.
-        let cheap = scope.spawn(|| {
-            let cheap_client = Client::builder()
-                .timeout(Duration::from_secs(60))
-                .build()
-                .expect("client");
-            let mut answers = Vec::new();
-            // Let the first long query begin.
-            std::thread::sleep(Duration::from_millis(200));
-            let start = Instant::now();
-            while start.elapsed() < MEASURE {
-                for path in [&small_path, &big_path, "/processes", "/health", "/metrics"] {
-                    let asked = Instant::now();
-                    let response = cheap_client
-                        .get(format!("{}{path}", tracerd.base))
-                        .send()
-                        .expect("cheap query");
-                    let status = response.status().as_u16();
-                    let body: Value = if path == "/metrics" {
-                        // Its counters, read without the kernel lock.
-                        let text = response.text().expect("text");
-                        json!(sample(&text, "tracer_orphan_sweeps_total", &[]))
-                    } else {
-                        response.json().expect("json")
-                    };
-                    answers.push((path.to_string(), status, asked.elapsed(), body));
-                }
-            }
-            done.store(true, Ordering::Release);
-            answers
-        });
+        let cheap = scope.spawn(|| cheap_answers(&tracerd, &small_path, &big_path, &done));
         (
             long.join().expect("long queries"),
             cheap.join().expect("cheap queries"),
@@ -181,30 +132,7 @@ fn cheap_routes_answer_at_once_with_exact_totals_while_a_big_process_is_queried_
     }
     let slowest = long.iter().map(|l| l.3).max().unwrap_or_default();
     assert!(slowest > LONG_AT_LEAST, "{long:?}");
-    // A sweep ran while the cheap routes were asked. The first to end
-    // after the window began may have begun in the window and still run
-    // (`/metrics` does not wait for it): its run overlaps the window.
-    poll(Duration::from_secs(120), Duration::from_millis(100), || {
-        let end = tracerd.metric("tracer_orphan_sweep_last_end_seconds");
-        if end > unix_secs(began) {
-            Ok(())
-        } else {
-            Err(format!("the last sweep ended at {end}"))
-        }
-    });
-    let sweeps = tracerd.metric("tracer_orphan_sweeps_total");
-    assert!(
-        sweeps > sweeps_before,
-        "{sweeps} sweeps, {sweeps_before} before"
-    );
-    let sweep_end = tracerd.metric("tracer_orphan_sweep_last_end_seconds");
-    let sweep_took = tracerd.metric("tracer_orphan_sweep_last_seconds");
-    assert!(
-        sweep_end - sweep_took < unix_secs(ended) && sweep_end > unix_secs(began),
-        "the last sweep ({sweep_took} s, ended at {sweep_end}) ran from {} to {}",
-        unix_secs(began),
-        unix_secs(ended)
-    );
+    let sweep_took = assert_a_sweep_overlapped(&tracerd, sweeps_before, began, ended);
     // Every cheap answer: 200, far under the long queries, with traced
     // memory's exact figures.
     let mut took: Vec<Duration> = cheap.iter().map(|(_, _, took, _)| *took).collect();
@@ -237,6 +165,117 @@ fn cheap_routes_answer_at_once_with_exact_totals_while_a_big_process_is_queried_
     // The long work ran on threads of its own at nice 10, and no thread
     // of the cheap routes was lowered (Linux's nice is per thread, and
     // tracerd never raises one back).
+    assert_expensive_threads_alone_are_lowered(&tracerd);
+    drop(small);
+    drop(big);
+}
+
+/// A sweep ran while the cheap routes were asked, from `began` to `ended`
+/// (`sweeps_before`: the sweeps counted before): how long the last one
+/// took, in seconds.
+fn assert_a_sweep_overlapped(
+    tracerd: &Tracerd,
+    sweeps_before: f64,
+    began: SystemTime,
+    ended: SystemTime,
+) -> f64 {
+    // A sweep ran while the cheap routes were asked. The first to end
+    // after the window began may have begun in the window and still run
+    // (`/metrics` does not wait for it): its run overlaps the window.
+    poll(Duration::from_secs(120), Duration::from_millis(100), || {
+        let end = tracerd.metric("tracer_orphan_sweep_last_end_seconds");
+        if end > unix_secs(began) {
+            Ok(())
+        } else {
+            Err(format!("the last sweep ended at {end}"))
+        }
+    });
+    let sweeps = tracerd.metric("tracer_orphan_sweeps_total");
+    assert!(
+        sweeps > sweeps_before,
+        "{sweeps} sweeps, {sweeps_before} before"
+    );
+    let sweep_end = tracerd.metric("tracer_orphan_sweep_last_end_seconds");
+    let sweep_took = tracerd.metric("tracer_orphan_sweep_last_seconds");
+    assert!(
+        sweep_end - sweep_took < unix_secs(ended) && sweep_end > unix_secs(began),
+        "the last sweep ({sweep_took} s, ended at {sweep_end}) ran from {} to {}",
+        unix_secs(began),
+        unix_secs(ended)
+    );
+    sweep_took
+}
+
+/// The long work on `big_pid`, one query after another (with `client`)
+/// until `done`: each query's method, status, expected status and time.
+fn long_work(
+    tracerd: &Tracerd,
+    client: &Client,
+    big_pid: u32,
+    done: &AtomicBool,
+) -> Vec<(&'static str, u16, u16, Duration)> {
+    let mut took = Vec::new();
+    while !done.load(Ordering::Acquire) {
+        for (method, path, expected) in [
+            ("GET", format!("/pid/{big_pid}/traces?limit=1"), 200),
+            ("POST", format!("/pid/{big_pid}/snapshots"), 201),
+        ] {
+            let start = Instant::now();
+            let url = format!("{}{path}", tracerd.base);
+            let request = match method {
+                "GET" => client.get(&url),
+                _ => client.post(&url),
+            };
+            let response = request.send().expect("long query");
+            let status = response.status().as_u16();
+            let _ = response.bytes().expect("long answer");
+            took.push((method, status, expected, start.elapsed()));
+        }
+    }
+    took
+}
+
+/// Each cheap route in turn (the traced memory of `small_path` and
+/// `big_path` among them) for [`MEASURE`], then `done` raised: each
+/// answer's path, status, time and body (`/metrics`: its sweep count).
+fn cheap_answers(
+    tracerd: &Tracerd,
+    small_path: &str,
+    big_path: &str,
+    done: &AtomicBool,
+) -> Vec<(String, u16, Duration, Value)> {
+    let cheap_client = Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .expect("client");
+    let mut answers = Vec::new();
+    // Let the first long query begin.
+    std::thread::sleep(Duration::from_millis(200));
+    let start = Instant::now();
+    while start.elapsed() < MEASURE {
+        for path in [small_path, big_path, "/processes", "/health", "/metrics"] {
+            let asked = Instant::now();
+            let response = cheap_client
+                .get(format!("{}{path}", tracerd.base))
+                .send()
+                .expect("cheap query");
+            let status = response.status().as_u16();
+            let body: Value = if path == "/metrics" {
+                // Its counters, read without the kernel lock.
+                let text = response.text().expect("text");
+                json!(sample(&text, "tracer_orphan_sweeps_total", &[]))
+            } else {
+                response.json().expect("json")
+            };
+            answers.push((path.to_string(), status, asked.elapsed(), body));
+        }
+    }
+    done.store(true, Ordering::Release);
+    answers
+}
+
+/// tracerd's expensive threads run at nice 10, and its tokio threads at 0.
+fn assert_expensive_threads_alone_are_lowered(tracerd: &Tracerd) {
     let threads = thread_nices(tracerd.pid());
     let expensive: Vec<_> = threads
         .iter()
@@ -250,8 +289,6 @@ fn cheap_routes_answer_at_once_with_exact_totals_while_a_big_process_is_queried_
         .collect();
     assert!(tokio.len() >= 2, "{threads:?}");
     assert!(tokio.iter().all(|(_, nice)| *nice == 0), "{threads:?}");
-    drop(small);
-    drop(big);
 }
 
 /// (comm, nice) of every thread of `pid`, from `/proc/PID/task/TID/stat`

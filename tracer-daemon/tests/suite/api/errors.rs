@@ -8,15 +8,12 @@ use reqwest::Method;
 use super::start;
 use crate::suite::support::poll;
 
-/// Every route, every bad parameter: the status and the hint.
-#[test]
-fn bad_parameters_name_the_valid_values() {
-    let (_app, tracerd, fx, _) = start(1);
-    let pid = fx.pid();
-    let (_, snap) = tracerd.post(&format!("/pid/{pid}/snapshots?label=one"));
-    let id = snap["id"].as_u64().expect("id");
-    let missing = 4_000_000_000u32;
-    let cases: Vec<(Method, String, u16, &str)> = vec![
+/// A bad request: its method, path, status and a text its hint holds.
+type Case = (Method, String, u16, &'static str);
+
+/// The bad parameters of `/pid/{pid}/statistics`.
+fn statistics_cases(pid: u32) -> Vec<Case> {
+    vec![
         (
             Method::GET,
             format!("/pid/{pid}/statistics?group_by=line"),
@@ -95,6 +92,12 @@ fn bad_parameters_name_the_valid_values() {
             400,
             "valid parameters: group_by, cumulative, limit, format, source, tb_limit, most_recent_first, include",
         ),
+    ]
+}
+
+/// The bad parameters of `/pid/{pid}/compare` and `/pid/{pid}/traces`.
+fn compare_cases(pid: u32) -> Vec<Case> {
+    vec![
         (
             Method::GET,
             format!("/pid/{pid}/compare?base=0"),
@@ -131,6 +134,13 @@ fn bad_parameters_name_the_valid_values() {
             400,
             "offset is a whole number >= 0",
         ),
+    ]
+}
+
+/// A pid that is no process (0, or `missing`, which is none), on each
+/// route of a process.
+fn unknown_pid_cases(missing: u32) -> Vec<Case> {
+    vec![
         (
             Method::GET,
             "/pid/0/statistics".into(),
@@ -173,6 +183,12 @@ fn bad_parameters_name_the_valid_values() {
             404,
             "GET /processes lists the traced pids",
         ),
+    ]
+}
+
+/// The bad parameters of the actions on `pid` (snapshots, objects, tracing).
+fn pid_action_cases(pid: u32) -> Vec<Case> {
+    vec![
         (
             Method::POST,
             format!("/pid/{pid}/snapshots?label=123"),
@@ -209,6 +225,12 @@ fn bad_parameters_name_the_valid_values() {
             400,
             "valid parameters: nframe",
         ),
+    ]
+}
+
+/// The bad parameters of the snapshot routes (`id`: a stored snapshot).
+fn snapshot_cases(id: u64) -> Vec<Case> {
+    vec![
         (
             Method::GET,
             "/snapshots/0".into(),
@@ -287,6 +309,13 @@ fn bad_parameters_name_the_valid_values() {
             400,
             "format is one of: tracer, tracemalloc",
         ),
+    ]
+}
+
+/// Unknown routes and methods, and the bad parameters of the routes of
+/// every process.
+fn route_cases() -> Vec<Case> {
+    vec![
         (Method::GET, "/nowhere".into(), 404, "GET /health"),
         (Method::PUT, "/statistics".into(), 405, "GET /health"),
         (
@@ -319,7 +348,25 @@ fn bad_parameters_name_the_valid_values() {
             400,
             "valid parameters: ",
         ),
-    ];
+    ]
+}
+/// Every route, every bad parameter: the status and the hint.
+#[test]
+fn bad_parameters_name_the_valid_values() {
+    let (_app, tracerd, fx, _) = start(1);
+    let pid = fx.pid();
+    let (_, snap) = tracerd.post(&format!("/pid/{pid}/snapshots?label=one"));
+    let id = snap["id"].as_u64().expect("id");
+    let missing = 4_000_000_000u32;
+    let cases: Vec<Case> = [
+        statistics_cases(pid),
+        compare_cases(pid),
+        unknown_pid_cases(missing),
+        pid_action_cases(pid),
+        snapshot_cases(id),
+        route_cases(),
+    ]
+    .concat();
     for (method, path, status, hint) in cases {
         let (got, body) = tracerd.send(method.clone(), &path, None);
         assert_eq!(got, status, "{method} {path}: {body}");

@@ -16,6 +16,10 @@ use serde_json::Value;
 use super::{phase2, start};
 use crate::suite::support::{Fixture, Program, TempDir, Tracerd, output_ok};
 
+mod flame;
+
+use flame::{folded, folded_stack, well_formed};
+
 /// GETs `path`, which must answer 200 with `content_type`; its body.
 fn get_as(tracerd: &Tracerd, path: &str, content_type: &str) -> Vec<u8> {
     let response = tracerd.request(Method::GET, path);
@@ -416,66 +420,6 @@ fn pprof_compare_is_go_diff_base_of_the_two_sides() {
         assert_eq!(top(&output).1, count_diff, "{path}: {output}");
     }
     fx.end();
-}
-
-/// tracer's name of a frame in folded stacks (`render/stacks.rs`): a frame
-/// with no line info named by its site (its JSON has `file`, the module) is
-/// `FUNCTION+0xOFFSET (MODULE)`, or `MODULE+0xOFFSET` with no function.
-fn folded_name(frame: &Value) -> String {
-    let file = frame["filename"].as_str().expect("filename");
-    let line = frame["lineno"].as_u64().expect("lineno");
-    if let Some(module) = frame["file"].as_str() {
-        let site = file.strip_prefix(module).expect("a site after its module");
-        return match site.strip_prefix('!') {
-            Some(function) => format!("{function} ({module})"),
-            None => file.to_string(),
-        };
-    }
-    match (frame["function"].as_str(), line) {
-        (Some(function), 0) => format!("{function} ({file})"),
-        (Some(function), line) => format!("{function} ({file}:{line})"),
-        (None, 0) => file.to_string(),
-        (None, line) => format!("{file}:{line}"),
-    }
-}
-
-/// The folded stack of a statistic's traceback, root first.
-fn folded_stack(statistic: &Value) -> String {
-    let frames = statistic["traceback"].as_array().expect("traceback");
-    let names: Vec<String> = frames.iter().rev().map(folded_name).collect();
-    names.join(";")
-}
-
-/// Parses folded lines of `n` values each into (stack, values), sorted.
-fn folded(text: &str, n: usize) -> Vec<(String, Vec<i64>)> {
-    let mut lines: Vec<(String, Vec<i64>)> = text
-        .lines()
-        .map(|line| {
-            let tokens: Vec<&str> = line.split(' ').collect();
-            let at = tokens.len().checked_sub(n).expect("values");
-            let values = tokens[at..]
-                .iter()
-                .map(|t| t.parse().unwrap_or_else(|_| panic!("{line:?}")))
-                .collect();
-            (tokens[..at].join(" "), values)
-        })
-        .collect();
-    lines.sort();
-    lines
-}
-
-/// Python's XML parser reads `svg`; its `<title>` texts and every text.
-fn well_formed(svg: &[u8], dir: &Path) -> String {
-    let file = dir.join("graph.svg");
-    std::fs::write(&file, svg).expect("write svg");
-    let out = output_ok(Command::new("python3").args([
-        "-c",
-        "import sys, xml.etree.ElementTree as E\n\
-         root = E.parse(sys.argv[1]).getroot()\n\
-         print('\\n'.join(''.join(e.itertext()) for e in root.iter() if e.tag.endswith('}title') or e.tag.endswith('}text')))",
-        file.to_str().expect("path"),
-    ]));
-    String::from_utf8(out.stdout).expect("utf-8")
 }
 
 #[test]

@@ -386,6 +386,50 @@ fn running(exe: &Path) -> Vec<u32> {
         .collect()
 }
 
+/// The tree `tracer run` printed of forktree's `orphan`: the command, its
+/// child and its grandchild (of state `state`), with their blocks, under
+/// one another and none adopted; the grandchild's pid.
+fn assert_orphan_tree(ran: &Ran, state: &str) -> String {
+    let (root, tracer_pid) = (root_pid(ran), ran_pid(ran));
+    let rows = tree_rows(ran);
+    assert_eq!(rows.len(), 3, "{}", ran.stdout);
+    let (child, grandchild) = (rows[1][0].clone(), rows[2][0].clone());
+    assert_eq!(
+        rows,
+        [
+            strings(&[
+                &root,
+                &tracer_pid,
+                "forktree",
+                "exited",
+                "2",
+                "0",
+                "200",
+                "200",
+                "2"
+            ]),
+            strings(&[
+                &child, &root, "forktree", "exited", "3", "0", "600", "600", "3"
+            ]),
+            strings(&[
+                &grandchild,
+                &child,
+                "forktree",
+                state,
+                "4",
+                "0",
+                "1200",
+                "1200",
+                "4"
+            ]),
+        ],
+        "{}",
+        ran.stdout
+    );
+    assert!(!ran.stdout.contains("adopted"), "{}", ran.stdout);
+    grandchild
+}
+
 #[test]
 fn tracer_run_waits_for_an_orphan_that_outlives_the_command_up_to_its_bound() {
     let tree = Program::build("forktree", &[]);
@@ -412,43 +456,7 @@ fn tracer_run_waits_for_an_orphan_that_outlives_the_command_up_to_its_bound() {
         start.elapsed()
     );
     assert_eq!(running(&tree.exe), [0u32; 0], "the grandchild ended first");
-    let (root, tracer_pid) = (root_pid(&ran), ran_pid(&ran));
-    let rows = tree_rows(&ran);
-    assert_eq!(rows.len(), 3, "{}", ran.stdout);
-    let (child, grandchild) = (rows[1][0].clone(), rows[2][0].clone());
-    assert_eq!(
-        rows,
-        [
-            strings(&[
-                &root,
-                &tracer_pid,
-                "forktree",
-                "exited",
-                "2",
-                "0",
-                "200",
-                "200",
-                "2"
-            ]),
-            strings(&[
-                &child, &root, "forktree", "exited", "3", "0", "600", "600", "3"
-            ]),
-            strings(&[
-                &grandchild,
-                &child,
-                "forktree",
-                "exited",
-                "4",
-                "0",
-                "1200",
-                "1200",
-                "4"
-            ]),
-        ],
-        "{}",
-        ran.stdout
-    );
-    assert!(!ran.stdout.contains("adopted"), "{}", ran.stdout);
+    let grandchild = assert_orphan_tree(&ran, "exited");
     assert_eq!(
         section(&ran, &grandchild)[0][..2],
         strings(&["1200", "4"]),
@@ -477,43 +485,7 @@ fn tracer_run_waits_for_an_orphan_that_outlives_the_command_up_to_its_bound() {
         start.elapsed()
     );
     assert_eq!(ran.status.code(), Some(0), "{}", ran.stderr);
-    let (root, tracer_pid) = (root_pid(&ran), ran_pid(&ran));
-    let rows = tree_rows(&ran);
-    assert_eq!(rows.len(), 3, "{}", ran.stdout);
-    let (child, grandchild) = (rows[1][0].clone(), rows[2][0].clone());
-    assert_eq!(
-        rows,
-        [
-            strings(&[
-                &root,
-                &tracer_pid,
-                "forktree",
-                "exited",
-                "2",
-                "0",
-                "200",
-                "200",
-                "2"
-            ]),
-            strings(&[
-                &child, &root, "forktree", "exited", "3", "0", "600", "600", "3"
-            ]),
-            strings(&[
-                &grandchild,
-                &child,
-                "forktree",
-                "running",
-                "4",
-                "0",
-                "1200",
-                "1200",
-                "4"
-            ]),
-        ],
-        "{}",
-        ran.stdout
-    );
-    assert!(!ran.stdout.contains("adopted"), "{}", ran.stdout);
+    let grandchild = assert_orphan_tree(&ran, "running");
     let orphan: u32 = grandchild.parse().expect("a pid");
     assert!(
         ran.stderr.contains(&format!(

@@ -409,6 +409,86 @@ fn last_of_the_leading_run(
     last
 }
 
+/// Counts the block `k` (its traceback kept whole) and `d` (the same block,
+/// the allocation machinery dropped) in `report`, by where `d` starts
+/// against the leading run of `machinery` in `k` (through `family`, the
+/// program's own layer, or not); an example of it when it is wrong.
+fn judge_block(
+    report: &mut WrapperReport,
+    k: &Block,
+    d: &Block,
+    machinery: &FramePatterns,
+    family: &FramePatterns,
+) {
+    let is_machinery = |f: &Value| matches(machinery, f);
+    let frame_0 = &d.frames[0];
+    if is_machinery(frame_0) {
+        report.frame_0_machinery += 1;
+    }
+    // The leading run of the allocation layer: its wrappers, and
+    // the nameless statics of a stripped binary that a wrapper of
+    // their module calls (a wrapper's helper). Wrappers deeper in
+    // the stack are callers' business.
+    let Some(last) = last_of_the_leading_run(&k.frames, &is_machinery) else {
+        return;
+    };
+    report.through_machinery += 1;
+    if k.frames[..=last].iter().any(|f| matches(family, f)) {
+        report.through_family += 1;
+    }
+    let wrong = match k.frames.get(last + 1) {
+        None if k.frames.len() == 1 => {
+            report.call_site_alone += 1;
+            false
+        }
+        // The kept traceback reached nframe inside the machinery (a
+        // dlopen's loader is deep): the dropped one starts past it.
+        None if k.frames.len() > 1 && !is_machinery(frame_0) => {
+            report.at_caller += 1;
+            false
+        }
+        None if k.frames.last().is_some_and(|f| function(f) == "_start") && d.frames.len() == 1 => {
+            report.whole_machinery += 1;
+            false
+        }
+        None => {
+            report.ended_inside += 1;
+            true
+        }
+        Some(caller) if caller == frame_0 => {
+            report.at_caller += 1;
+            false
+        }
+        Some(_) => {
+            report.inside += 1;
+            true
+        }
+    };
+    if wrong && report.examples.len() < 6 {
+        report.examples.push(format!(
+            "kept {:?}\n    dropped {:?}",
+            frame_names(&k.frames),
+            frame_names(&d.frames)
+        ));
+    }
+}
+
+/// The first 6 frames of a traceback as `FUNCTION@MODULE` (the module's
+/// file name), for a message.
+fn frame_names(frames: &[Value]) -> Vec<String> {
+    frames
+        .iter()
+        .take(6)
+        .map(|f| {
+            format!(
+                "{}@{}",
+                function(f),
+                module(f).rsplit('/').next().unwrap_or("")
+            )
+        })
+        .collect()
+}
+
 /// Asserts that every block of `pid` (frozen meanwhile) starts at the
 /// caller of the allocation machinery, as tracerd's default
 /// `allocator_frames` (read from the crate) name it: when its kept
@@ -436,21 +516,7 @@ fn assert_frame_0_is_the_wrappers_caller(
     );
     let machinery = compiled(&defaults);
     let family = compiled(&family.iter().map(|p| p.to_string()).collect::<Vec<_>>());
-    let is_machinery = |f: &Value| matches(&machinery, f);
     let mut report = WrapperReport::default();
-    let names = |frames: &[Value]| -> Vec<String> {
-        frames
-            .iter()
-            .take(6)
-            .map(|f| {
-                format!(
-                    "{}@{}",
-                    function(f),
-                    module(f).rsplit('/').next().unwrap_or("")
-                )
-            })
-            .collect()
-    };
     // The same blocks kept and dropped, a page of each at a time (the
     // process is frozen: each answer lists them in one order).
     let page = |offset: usize, query: &str| -> Vec<Block> {
@@ -479,58 +545,7 @@ fn assert_frame_0_is_the_wrappers_caller(
         );
         report.blocks += kept.len();
         for (k, d) in kept.iter().zip(&dropped) {
-            let frame_0 = &d.frames[0];
-            if is_machinery(frame_0) {
-                report.frame_0_machinery += 1;
-            }
-            // The leading run of the allocation layer: its wrappers, and
-            // the nameless statics of a stripped binary that a wrapper of
-            // their module calls (a wrapper's helper). Wrappers deeper in
-            // the stack are callers' business.
-            let Some(last) = last_of_the_leading_run(&k.frames, &is_machinery) else {
-                continue;
-            };
-            report.through_machinery += 1;
-            if k.frames[..=last].iter().any(|f| matches(&family, f)) {
-                report.through_family += 1;
-            }
-            let wrong = match k.frames.get(last + 1) {
-                None if k.frames.len() == 1 => {
-                    report.call_site_alone += 1;
-                    false
-                }
-                // The kept traceback reached nframe inside the machinery (a
-                // dlopen's loader is deep): the dropped one starts past it.
-                None if k.frames.len() > 1 && !is_machinery(frame_0) => {
-                    report.at_caller += 1;
-                    false
-                }
-                None if k.frames.last().is_some_and(|f| function(f) == "_start")
-                    && d.frames.len() == 1 =>
-                {
-                    report.whole_machinery += 1;
-                    false
-                }
-                None => {
-                    report.ended_inside += 1;
-                    true
-                }
-                Some(caller) if caller == frame_0 => {
-                    report.at_caller += 1;
-                    false
-                }
-                Some(_) => {
-                    report.inside += 1;
-                    true
-                }
-            };
-            if wrong && report.examples.len() < 6 {
-                report.examples.push(format!(
-                    "kept {:?}\n    dropped {:?}",
-                    names(&k.frames),
-                    names(&d.frames)
-                ));
-            }
+            judge_block(&mut report, k, d, &machinery, &family);
         }
         if kept.len() < PAGE {
             break;

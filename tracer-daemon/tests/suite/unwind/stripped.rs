@@ -142,6 +142,55 @@ fn groups(body: &Value) -> Vec<(u64, u64, Value)> {
         .collect()
 }
 
+/// pprof's profile of the blocks `only` selects of `pid`: the two sites
+/// `names` (as pprof names them), each with its blocks, in `-top` and
+/// `-traces`.
+fn assert_pprof_has_the_two_sites(
+    tracerd: &Tracerd,
+    pid: u32,
+    only: &str,
+    names: &[&str],
+    exe: &str,
+) {
+    let dir = TempDir::new("pprof-stripped");
+    let profile = save_profile(
+        tracerd,
+        &format!("/pid/{pid}/statistics?format=pprof&{only}"),
+        dir.path(),
+        "stripped.pb.gz",
+    );
+    let profile = profile.to_str().expect("utf-8 path");
+    // pprof's name of a site: FUNCTION+0xOFFSET, else all of it.
+    let pprof_names: Vec<String> = names
+        .iter()
+        .map(|name| match site_of(name, exe) {
+            (Some(function), offset) => format!("{function}+{offset:#x}"),
+            (None, _) => (*name).to_string(),
+        })
+        .collect();
+    let (total, flat) = top(&pprof(dir.path(), &["-top", profile]));
+    assert_eq!(total, 810_000);
+    let leaves: BTreeMap<String, i64> = pprof_names
+        .iter()
+        .cloned()
+        .zip([600_000, 210_000])
+        .collect();
+    assert_eq!(flat, leaves, "go tool pprof -top");
+    let samples = traces(&pprof(dir.path(), &["-traces", profile]));
+    let leaves: Vec<(i64, &str)> = samples
+        .iter()
+        .map(|(value, frames)| (*value, frames[0].as_str()))
+        .collect();
+    assert_eq!(
+        leaves,
+        [
+            (210_000, pprof_names[1].as_str()),
+            (600_000, pprof_names[0].as_str())
+        ],
+        "go tool pprof -traces: {samples:?}"
+    );
+}
+
 fn two_paths_stay_two_groups(rdynamic: bool) {
     let program = build(rdynamic);
     let exe = program.exe.to_str().expect("utf-8 path");
@@ -250,43 +299,7 @@ fn two_paths_stay_two_groups(rdynamic: bool) {
     );
 
     // pprof: two functions, each with its blocks.
-    let dir = TempDir::new("pprof-stripped");
-    let profile = save_profile(
-        &tracerd,
-        &format!("/pid/{pid}/statistics?format=pprof&{only}"),
-        dir.path(),
-        "stripped.pb.gz",
-    );
-    let profile = profile.to_str().expect("utf-8 path");
-    // pprof's name of a site: FUNCTION+0xOFFSET, else all of it.
-    let pprof_names: Vec<String> = names
-        .iter()
-        .map(|name| match site_of(name, exe) {
-            (Some(function), offset) => format!("{function}+{offset:#x}"),
-            (None, _) => (*name).to_string(),
-        })
-        .collect();
-    let (total, flat) = top(&pprof(dir.path(), &["-top", profile]));
-    assert_eq!(total, 810_000);
-    let leaves: BTreeMap<String, i64> = pprof_names
-        .iter()
-        .cloned()
-        .zip([600_000, 210_000])
-        .collect();
-    assert_eq!(flat, leaves, "go tool pprof -top");
-    let samples = traces(&pprof(dir.path(), &["-traces", profile]));
-    let leaves: Vec<(i64, &str)> = samples
-        .iter()
-        .map(|(value, frames)| (*value, frames[0].as_str()))
-        .collect();
-    assert_eq!(
-        leaves,
-        [
-            (210_000, pprof_names[1].as_str()),
-            (600_000, pprof_names[0].as_str())
-        ],
-        "go tool pprof -traces: {samples:?}"
-    );
+    assert_pprof_has_the_two_sites(&tracerd, pid, &only, &names, exe);
     fx.end();
 }
 

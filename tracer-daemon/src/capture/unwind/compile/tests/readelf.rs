@@ -300,20 +300,7 @@ fn compare(file: &Path, unjudged: &[u64]) -> Compared {
         .filter(|e| e.cie.is_none())
         .map(|e| (e.offset, e))
         .collect();
-    // FDEs as the compiler keeps them: in executable segments, not empty,
-    // by start (then place), none overlapping one kept before.
-    let mut fdes: Vec<&Entry> = interp
-        .iter()
-        .filter(|e| e.cie.is_some() && e.pc.0 < e.pc.1)
-        .filter(|e| to_offset(&text, e.pc.0).is_some())
-        .collect();
-    fdes.sort_by_key(|e| e.pc.0);
-    let mut kept: Vec<&Entry> = Vec::new();
-    for fde in fdes {
-        if kept.last().is_none_or(|last| fde.pc.0 >= last.pc.1) {
-            kept.push(fde);
-        }
-    }
+    let kept = kept_fdes(&interp, &text);
     let mut out = Compared::default();
     let no_raw = Raw::default();
     for (i, fde) in kept.iter().enumerate() {
@@ -321,40 +308,8 @@ fn compare(file: &Path, unjudged: &[u64]) -> Compared {
         let cie = cies[&fde.cie.unwrap()];
         let fde_raw = raws.get(&fde.offset).unwrap_or(&no_raw);
         let cie_raw = raws.get(&cie.offset).unwrap_or(&no_raw);
-        let raw = Raw {
-            expressions: cie_raw
-                .expressions
-                .iter()
-                .chain(&fde_raw.expressions)
-                .cloned()
-                .collect::<std::collections::BTreeSet<_>>()
-                .into_iter()
-                .collect(),
-            undefines_rbp: cie_raw.undefines_rbp || fde_raw.undefines_rbp,
-        };
-        // An FDE of only nops prints no table: the CIE's rules hold.
-        let rows: Vec<(u64, &HashMap<String, String>)> = if fde.rows.is_empty() {
-            cie.rows
-                .iter()
-                .map(|(_, c)| (fde.pc.0, c))
-                .take(1)
-                .collect()
-        } else {
-            fde.rows.iter().map(|(loc, c)| (*loc, c)).collect()
-        };
-        // A LOC printed twice (advance by 0): the later row holds.
-        let mut rows: Vec<(u64, &HashMap<String, String>)> = rows
-            .into_iter()
-            .filter(|(loc, _)| *loc < fde.pc.1)
-            .collect();
-        rows.dedup_by(|later, earlier| {
-            if later.0 == earlier.0 {
-                *earlier = *later;
-                true
-            } else {
-                false
-            }
-        });
+        let raw = merged_raw(cie_raw, fde_raw);
+        let rows = fde_rows(fde, cie);
         for (j, &(loc, columns)) in rows.iter().enumerate() {
             let end = rows.get(j + 1).map_or(fde.pc.1, |next| next.0);
             let judged = if unjudged.contains(&fde.pc.0) {
@@ -415,6 +370,69 @@ fn compare(file: &Path, unjudged: &[u64]) -> Compared {
         }
     }
     out
+}
+
+/// FDEs as the compiler keeps them: in executable segments (`text`), not
+/// empty, by start (then place), none overlapping one kept before.
+fn kept_fdes<'a>(interp: &'a [Entry], text: &[Text]) -> Vec<&'a Entry> {
+    let mut fdes: Vec<&Entry> = interp
+        .iter()
+        .filter(|e| e.cie.is_some() && e.pc.0 < e.pc.1)
+        .filter(|e| to_offset(text, e.pc.0).is_some())
+        .collect();
+    fdes.sort_by_key(|e| e.pc.0);
+    let mut kept: Vec<&Entry> = Vec::new();
+    for fde in fdes {
+        if kept.last().is_none_or(|last| fde.pc.0 >= last.pc.1) {
+            kept.push(fde);
+        }
+    }
+    kept
+}
+
+/// The raw facts of an FDE with its CIE's: their expressions together
+/// (sorted, once each), and whether either undefines `rbp`.
+fn merged_raw(cie_raw: &Raw, fde_raw: &Raw) -> Raw {
+    Raw {
+        expressions: cie_raw
+            .expressions
+            .iter()
+            .chain(&fde_raw.expressions)
+            .cloned()
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect(),
+        undefines_rbp: cie_raw.undefines_rbp || fde_raw.undefines_rbp,
+    }
+}
+
+/// The rows `readelf` prints for `fde` (of CIE `cie`): (location, its
+/// columns), in the FDE's range, one per location.
+fn fde_rows<'a>(fde: &'a Entry, cie: &'a Entry) -> Vec<(u64, &'a HashMap<String, String>)> {
+    // An FDE of only nops prints no table: the CIE's rules hold.
+    let rows: Vec<(u64, &HashMap<String, String>)> = if fde.rows.is_empty() {
+        cie.rows
+            .iter()
+            .map(|(_, c)| (fde.pc.0, c))
+            .take(1)
+            .collect()
+    } else {
+        fde.rows.iter().map(|(loc, c)| (*loc, c)).collect()
+    };
+    // A LOC printed twice (advance by 0): the later row holds.
+    let mut rows: Vec<(u64, &HashMap<String, String>)> = rows
+        .into_iter()
+        .filter(|(loc, _)| *loc < fde.pc.1)
+        .collect();
+    rows.dedup_by(|later, earlier| {
+        if later.0 == earlier.0 {
+            *earlier = *later;
+            true
+        } else {
+            false
+        }
+    });
+    rows
 }
 
 /// Compares `file` (but for FDEs at `unjudged`), prints the counts, fails
