@@ -22,7 +22,18 @@ const LARGE_FILES: &[(&str, &str)] = &[];
 
 /// Functions allowed over [`MAX_FN_LINES`]: (path from the workspace root,
 /// function, why).
-const LONG_FUNCTIONS: &[(&str, &str, &str)] = &[];
+const LONG_FUNCTIONS: &[(&str, &str, &str)] = &[
+    (
+        "tracer-daemon/tests/suite/api/ui.rs",
+        "the_page_shows_the_api_s_numbers_and_a_process_s_lines_in_chromium_with_the_token_and_over_the_unix_socket",
+        "one chromium session's steps in order, all on its client and its get_ok/get_text closures; to split next",
+    ),
+    (
+        "tracer-daemon/tests/suite/service/access.rs",
+        "each_user_sees_only_the_processes_they_could_ptrace_and_operators_see_all",
+        "one loop over each viewer's connection whose three checks share ten locals; to split next",
+    ),
+];
 
 /// The workspace's crates whose sources the budget covers.
 const CRATES: [&str; 6] = [
