@@ -91,12 +91,7 @@ pub async fn run(config: Config) -> Result<(), AppError> {
         .as_deref()
         .map(http::bind_unix)
         .transpose()?;
-    crate::sys::fsync::create_private_dir(&config.state_dir).map_err(|source| {
-        AppError::StateDir {
-            path: config.state_dir.clone(),
-            source,
-        }
-    })?;
+    create_state_dir(&config)?;
     // Held open for tracerd's life: the kernel keeps BPF run-time statistics
     // only while some process holds a BPF_ENABLE_STATS fd.
     let bpf_stats = enable_bpf_stats(config.bpf_stats);
@@ -132,13 +127,7 @@ pub async fn run(config: Config) -> Result<(), AppError> {
         )
     });
 
-    let holds = if config.hold_exec {
-        tasks::ExecHolds::start(service.clone())
-            .map_err(|err| tracing::warn!(%err, "execs are not held: a program whose allocator is new to tracerd is traced from a moment after its start"))
-            .ok()
-    } else {
-        None
-    };
+    let holds = hold_execs(&config, &service);
     let background = [
         tokio::spawn(tasks::events_and_housekeeping(service.clone(), events)),
         tokio::spawn(tasks::automatic_snapshots(
@@ -194,6 +183,29 @@ pub async fn run(config: Config) -> Result<(), AppError> {
     detach_and_free(service, deadline, detaching).await;
     drop(bpf_stats);
     Ok(())
+}
+
+/// Creates the state directory (0700) if it does not exist.
+///
+/// # Errors
+/// [`AppError::StateDir`] when it cannot be created.
+fn create_state_dir(config: &Config) -> Result<(), AppError> {
+    crate::sys::fsync::create_private_dir(&config.state_dir).map_err(|source| AppError::StateDir {
+        path: config.state_dir.clone(),
+        source,
+    })
+}
+
+/// Starts holding execs when `hold_exec` is on; None when off or when it
+/// cannot start (logged).
+fn hold_execs(config: &Config, service: &Arc<Service>) -> Option<tasks::ExecHolds> {
+    if config.hold_exec {
+        tasks::ExecHolds::start(service.clone())
+            .map_err(|err| tracing::warn!(%err, "execs are not held: a program whose allocator is new to tracerd is traced from a moment after its start"))
+            .ok()
+    } else {
+        None
+    }
 }
 
 /// Holds BPF_ENABLE_STATS on when `on` (for tracerd's life: the kernel
