@@ -91,88 +91,15 @@ pub async fn run(config: Config) -> Result<(), AppError> {
         .as_deref()
         .map(http::bind_unix)
         .transpose()?;
-    crate::sys::fsync::create_private_dir(&config.state_dir).map_err(|source| {
-        AppError::StateDir {
-            path: config.state_dir.clone(),
-            source,
-        }
-    })?;
+    create_state_dir(&config)?;
     // Held open for tracerd's life: the kernel keeps BPF run-time statistics
     // only while some process holds a BPF_ENABLE_STATS fd.
-    let bpf_stats = if config.bpf_stats {
-        match aya::sys::enable_stats(aya::sys::Stats::RunTime) {
-            Ok(fd) => Some(fd),
-            Err(err) => {
-                tracing::warn!(err = %err, "BPF_ENABLE_STATS refused: tracer_bpf_program_* stay 0");
-                None
-            }
-        }
-    } else {
-        None
-    };
+    let bpf_stats = enable_bpf_stats(config.bpf_stats);
 
-    let scope = Scope {
-        pids: config.scope_pids.iter().copied().collect(),
-        exes: config.scope_exes.iter().cloned().collect(),
-        cgroups: config.scope_cgroups.iter().cloned().collect(),
-    };
-    let mut capture = Capture::load(capture_config(&config, scope.is_all()))?;
-    for library in capture.libraries() {
-        tracing::info!(target = %library.path.display(), probes = library.probes.len(), "probe points");
-    }
-    let events = capture.take_events().ok_or(AppError::Events)?;
-    let service = Service::new(
-        Box::new(capture),
-        Duration::from_secs(config.exited_retention),
-        allocator_frames,
-    );
-    let service = Arc::new(if !config.discover_allocators {
-        service.without_discovery()
-    } else if config.probe_installed_allocators {
-        service.with_installed_allocators()
-    } else {
-        service
-    });
-    if !scope.is_all() {
-        let attached = service.set_scope(scope)?;
-        tracing::info!(
-            processes = attached.len(),
-            "scoped: probes registered per process"
-        );
-    }
-    service.open_store(
-        &config.state_dir,
-        crate::store::Quotas {
-            snapshots: config.max_snapshots,
-            bytes: config.max_snapshot_bytes,
-            snapshots_per_owner: config.max_snapshots_per_owner,
-            bytes_per_owner: config.max_snapshot_bytes_per_owner,
-        },
-    )?;
+    let (service, events) = start_service(&config, allocator_frames)?;
 
-    let mut metrics = Metrics::new();
-    metrics.collect_service(
-        service.clone(),
-        MetricsOptions {
-            top_processes: config.metrics_top_processes as usize,
-            call_sites: config.metrics_call_sites as usize,
-            bpf_stats_enabled: bpf_stats.is_some(),
-            public: config.metrics_public,
-        },
-    );
-    let metrics = Arc::new(metrics);
-    let limits = Limits {
-        body_limit_bytes: usize::try_from(config.body_limit_bytes).unwrap_or(usize::MAX),
-        request_timeout: Duration::from_secs(config.request_timeout_secs),
-        request_read_timeout: Duration::from_secs(config.request_read_timeout_secs),
-        max_expensive_requests: config.max_expensive_requests as usize,
-        request_memory_budget: config.request_memory_budget,
-    };
-    let connections = http::Connections {
-        max_connections: config.max_connections as usize,
-        header_timeout: Duration::from_secs(config.header_timeout_secs),
-        idle_timeout: Duration::from_secs(config.idle_timeout_secs),
-    };
+    let metrics = metrics_of(&config, &service, bpf_stats.is_some());
+    let (limits, connections) = limits_of(&config);
     let operators = Arc::new(http::Operators::named(&config.operators_group));
     if operators.gid.is_none() {
         tracing::info!(group = %config.operators_group, "no such group: only root and token holders may change tracing");
@@ -200,13 +127,7 @@ pub async fn run(config: Config) -> Result<(), AppError> {
         )
     });
 
-    let holds = if config.hold_exec {
-        tasks::ExecHolds::start(service.clone())
-            .map_err(|err| tracing::warn!(%err, "execs are not held: a program whose allocator is new to tracerd is traced from a moment after its start"))
-            .ok()
-    } else {
-        None
-    };
+    let holds = hold_execs(&config, &service);
     let background = [
         tokio::spawn(tasks::events_and_housekeeping(service.clone(), events)),
         tokio::spawn(tasks::automatic_snapshots(
@@ -219,19 +140,7 @@ pub async fn run(config: Config) -> Result<(), AppError> {
     ];
     // The processes of a chosen scope ran before tracerd: their tables
     // before it says ready, so that their walks are whole from the first.
-    if !service.scope_is_all() {
-        let scoped = service.clone();
-        let started = std::time::Instant::now();
-        if let Ok(files) =
-            tokio::task::spawn_blocking(move || scoped.preload_running_tables()).await
-        {
-            tracing::info!(
-                files,
-                ms = started.elapsed().as_millis() as u64,
-                "unwind tables of the scope's running processes compiled"
-            );
-        }
-    }
+    preload_scope_tables(&service).await;
     notify(&[
         sd_notify::NotifyState::Ready,
         sd_notify::NotifyState::Status(&format!("tracing; API on {}", config.listen)),
@@ -271,6 +180,162 @@ pub async fn run(config: Config) -> Result<(), AppError> {
     if let Some(path) = &config.unix_socket {
         let _ = std::fs::remove_file(path);
     }
+    detach_and_free(service, deadline, detaching).await;
+    drop(bpf_stats);
+    Ok(())
+}
+
+/// Creates the state directory (0700) if it does not exist.
+///
+/// # Errors
+/// [`AppError::StateDir`] when it cannot be created.
+fn create_state_dir(config: &Config) -> Result<(), AppError> {
+    crate::sys::fsync::create_private_dir(&config.state_dir).map_err(|source| AppError::StateDir {
+        path: config.state_dir.clone(),
+        source,
+    })
+}
+
+/// Starts holding execs when `hold_exec` is on; None when off or when it
+/// cannot start (logged).
+fn hold_execs(config: &Config, service: &Arc<Service>) -> Option<tasks::ExecHolds> {
+    if config.hold_exec {
+        tasks::ExecHolds::start(service.clone())
+            .map_err(|err| tracing::warn!(%err, "execs are not held: a program whose allocator is new to tracerd is traced from a moment after its start"))
+            .ok()
+    } else {
+        None
+    }
+}
+
+/// Holds BPF_ENABLE_STATS on when `on` (for tracerd's life: the kernel
+/// keeps BPF run-time statistics only while some process holds the fd);
+/// None when off or refused (logged).
+fn enable_bpf_stats(on: bool) -> Option<std::os::fd::OwnedFd> {
+    if on {
+        match aya::sys::enable_stats(aya::sys::Stats::RunTime) {
+            Ok(fd) => Some(fd),
+            Err(err) => {
+                tracing::warn!(err = %err, "BPF_ENABLE_STATS refused: tracer_bpf_program_* stay 0");
+                None
+            }
+        }
+    } else {
+        None
+    }
+}
+
+/// Loads the eBPF programs, makes the service over them (allocator
+/// discovery as configured), attaches within the scope and opens the
+/// snapshot store; returns the service and the ring buffer of its events.
+///
+/// # Errors
+/// [`AppError`] when a program cannot load, the events cannot be taken,
+/// the scope cannot be attached or the store cannot be opened.
+fn start_service(
+    config: &Config,
+    allocator_frames: FramePatterns,
+) -> Result<(Arc<Service>, aya::maps::RingBuf<aya::maps::MapData>), AppError> {
+    let scope = Scope {
+        pids: config.scope_pids.iter().copied().collect(),
+        exes: config.scope_exes.iter().cloned().collect(),
+        cgroups: config.scope_cgroups.iter().cloned().collect(),
+    };
+    let mut capture = Capture::load(capture_config(config, scope.is_all()))?;
+    for library in capture.libraries() {
+        tracing::info!(target = %library.path.display(), probes = library.probes.len(), "probe points");
+    }
+    let events = capture.take_events().ok_or(AppError::Events)?;
+    let service = Service::new(
+        Box::new(capture),
+        Duration::from_secs(config.exited_retention),
+        allocator_frames,
+    );
+    let service = Arc::new(if !config.discover_allocators {
+        service.without_discovery()
+    } else if config.probe_installed_allocators {
+        service.with_installed_allocators()
+    } else {
+        service
+    });
+    if !scope.is_all() {
+        let attached = service.set_scope(scope)?;
+        tracing::info!(
+            processes = attached.len(),
+            "scoped: probes registered per process"
+        );
+    }
+    service.open_store(
+        &config.state_dir,
+        crate::store::Quotas {
+            snapshots: config.max_snapshots,
+            bytes: config.max_snapshot_bytes,
+            snapshots_per_owner: config.max_snapshots_per_owner,
+            bytes_per_owner: config.max_snapshot_bytes_per_owner,
+        },
+    )?;
+    Ok((service, events))
+}
+
+/// The metrics: the service's collected at each scrape, with the options
+/// of `config`.
+fn metrics_of(config: &Config, service: &Arc<Service>, bpf_stats_enabled: bool) -> Arc<Metrics> {
+    let mut metrics = Metrics::new();
+    metrics.collect_service(
+        service.clone(),
+        MetricsOptions {
+            top_processes: config.metrics_top_processes as usize,
+            call_sites: config.metrics_call_sites as usize,
+            bpf_stats_enabled,
+            public: config.metrics_public,
+        },
+    );
+    Arc::new(metrics)
+}
+
+/// The bounds of requests and of connections, from `config`.
+fn limits_of(config: &Config) -> (Limits, http::Connections) {
+    let limits = Limits {
+        body_limit_bytes: usize::try_from(config.body_limit_bytes).unwrap_or(usize::MAX),
+        request_timeout: Duration::from_secs(config.request_timeout_secs),
+        request_read_timeout: Duration::from_secs(config.request_read_timeout_secs),
+        max_expensive_requests: config.max_expensive_requests as usize,
+        request_memory_budget: config.request_memory_budget,
+    };
+    let connections = http::Connections {
+        max_connections: config.max_connections as usize,
+        header_timeout: Duration::from_secs(config.header_timeout_secs),
+        idle_timeout: Duration::from_secs(config.idle_timeout_secs),
+    };
+    (limits, connections)
+}
+
+/// Compiles the unwind tables of the scope's running processes, when a
+/// scope is chosen: they ran before tracerd, and their walks must be whole
+/// from the first.
+async fn preload_scope_tables(service: &Arc<Service>) {
+    if !service.scope_is_all() {
+        let scoped = service.clone();
+        let started = std::time::Instant::now();
+        if let Ok(files) =
+            tokio::task::spawn_blocking(move || scoped.preload_running_tables()).await
+        {
+            tracing::info!(
+                files,
+                ms = started.elapsed().as_millis() as u64,
+                "unwind tables of the scope's running processes compiled"
+            );
+        }
+    }
+}
+
+/// Waits for the probes' detaching until `deadline`, then detaches what is
+/// left and drops the service if nobody else holds it (every map freed).
+async fn detach_and_free(
+    service: Arc<Service>,
+    deadline: Instant,
+    detaching: tokio::task::JoinHandle<()>,
+) {
     if tokio::time::timeout_at(deadline.into(), detaching)
         .await
         .is_err()
@@ -297,8 +362,6 @@ pub async fn run(config: Config) -> Result<(), AppError> {
             "the service is still held (a request cut, or probes still detaching): its maps go at exit"
         ),
     }
-    drop(bpf_stats);
-    Ok(())
 }
 
 /// How long after the signal the stop waits at most for the probes to be

@@ -11,6 +11,19 @@ impl Config {
     /// # Errors
     /// [`ConfigError::OutOfRange`] or [`ConfigError::Invalid`].
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_capture()?;
+        self.validate_retention()?;
+        self.validate_metrics()?;
+        self.validate_http()?;
+        self.validate_paths()?;
+        Ok(())
+    }
+
+    /// The capture: frames, the kernel maps and tables, the events ring.
+    ///
+    /// # Errors
+    /// As [`Config::validate`].
+    fn validate_capture(&self) -> Result<(), ConfigError> {
         range("nframe", self.nframe.into(), 1, 64, "1..=64")?;
         FramePatterns::compile(&self.allocator_frames)?;
         range(
@@ -101,6 +114,15 @@ impl Config {
             )
             .into(),
         )?;
+        Ok(())
+    }
+
+    /// Retention and snapshots: how long exited processes and automatic
+    /// snapshots are kept, sampling, and the snapshot store's quotas.
+    ///
+    /// # Errors
+    /// As [`Config::validate`].
+    fn validate_retention(&self) -> Result<(), ConfigError> {
         range(
             "exited_retention",
             self.exited_retention,
@@ -152,6 +174,14 @@ impl Config {
                 "1024..=1125899906842624 (bytes)",
             )?;
         }
+        Ok(())
+    }
+
+    /// The metrics: how many processes and call sites are shown.
+    ///
+    /// # Errors
+    /// As [`Config::validate`].
+    fn validate_metrics(&self) -> Result<(), ConfigError> {
         range(
             "metrics_top_processes",
             self.metrics_top_processes.into(),
@@ -166,6 +196,15 @@ impl Config {
             1000,
             "0..=1000",
         )?;
+        Ok(())
+    }
+
+    /// The API: request and connection bounds and timeouts, and a listen
+    /// address that is not loopback only with a token.
+    ///
+    /// # Errors
+    /// As [`Config::validate`].
+    fn validate_http(&self) -> Result<(), ConfigError> {
         range(
             "request_timeout_secs",
             self.request_timeout_secs,
@@ -238,6 +277,14 @@ impl Config {
                     .into(),
             });
         }
+        Ok(())
+    }
+
+    /// Paths (absolute) and the log filter.
+    ///
+    /// # Errors
+    /// As [`Config::validate`].
+    fn validate_paths(&self) -> Result<(), ConfigError> {
         absolute("state_dir", &self.state_dir)?;
         if let Some(path) = &self.unix_socket {
             absolute("unix_socket", path)?;

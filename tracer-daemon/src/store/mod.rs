@@ -44,10 +44,9 @@
 //! they are handed out from blocks reserved in `<state_dir>/snapshots/next-id`
 //! before use, so even a SIGKILL never lets an id be given twice.
 use std::{
-    collections::{BTreeMap, HashMap, HashSet},
+    collections::{BTreeMap, HashMap},
     fs,
     path::{Path, PathBuf},
-    time::{Duration, SystemTime},
 };
 
 use serde::Serialize;
@@ -55,15 +54,19 @@ use std::sync::Arc;
 use tracer_model::{Snapshot, encode};
 
 use crate::capture::ImageId;
-use crate::sys::fsync::{WriteError, create_private_dir, sync_dir, write_atomically};
+use crate::sys::fsync::{sync_dir, write_atomically};
 
 mod compact;
 mod disk;
+mod error;
+mod evict;
 mod files;
+mod open;
 mod quota;
 mod stored;
 
 pub use disk::{CACHE_BYTES, CACHE_SNAPSHOTS, Cache, heap_estimate};
+pub use error::StoreError;
 pub use files::{SNAPSHOT_SUFFIX, dir_bytes};
 pub use quota::{Quota, Quotas};
 pub use stored::{
@@ -73,130 +76,9 @@ pub use stored::{
 
 use compact::{Compact, Interner};
 use disk::{OnDisk, check_written};
-use files::{file_of, meta_of, read_next_id, read_snapshot_file};
+use error::{failed_write, io};
+use files::{file_of, meta_of};
 use stored::Shape;
-
-/// How many ids are reserved on disk at a time.
-const ID_BLOCK: u64 = 1024;
-
-/// Errors of the store: file I/O and the rules on labels.
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    /// A file or directory operation failed.
-    #[error("{action} {path}: {source}")]
-    Io {
-        /// What was being done ("writing", "renaming", ...).
-        action: &'static str,
-        /// The file or directory.
-        path: PathBuf,
-        /// What the OS said.
-        #[source]
-        source: std::io::Error,
-    },
-    /// No stored snapshot has this id.
-    #[error("no snapshot with id {id}")]
-    NotFound {
-        /// The id asked for.
-        id: u64,
-    },
-    /// No stored snapshot has this label.
-    #[error("no snapshot labelled {label:?}")]
-    LabelNotFound {
-        /// The label asked for.
-        label: String,
-    },
-    /// The label is already used by another snapshot.
-    #[error("label {label:?} is already used by {}", match id {
-        Some(id) => format!("snapshot {id}"),
-        None => "another snapshot".to_string(),
-    })]
-    LabelTaken {
-        /// The label.
-        label: String,
-        /// The snapshot that has it; None when the caller may not see it
-        /// (`service::access`).
-        id: Option<u64>,
-    },
-    /// Storing the snapshot would exceed a quota, even with every
-    /// automatic snapshot it may evict gone; nothing was stored or evicted.
-    #[error("{}", quota::describe(*quota, *limit, *held, *need, *owner))]
-    QuotaFull {
-        /// The quota.
-        quota: Quota,
-        /// Its value (snapshots, or bytes).
-        limit: u64,
-        /// What is held that counts against it and is never evicted
-        /// automatically (snapshots, or bytes).
-        held: u64,
-        /// What the snapshot needs (1 snapshot, or its bytes).
-        need: u64,
-        /// For a per-owner quota, the owner (uid).
-        owner: Option<u32>,
-    },
-    /// The file of a stored snapshot no longer exists: it was removed
-    /// behind tracerd's back.
-    #[error(
-        "the file of snapshot {id}, {}, was removed behind tracerd's back: its traces are gone",
-        path.display()
-    )]
-    FileGone {
-        /// The snapshot.
-        id: u64,
-        /// Its file.
-        path: PathBuf,
-    },
-    /// The file of a stored snapshot is no longer the one tracerd wrote
-    /// (or read at start): it was replaced or modified behind its back;
-    /// it is not used.
-    #[error("the file of snapshot {id}, {}, changed behind tracerd's back: {reason}", path.display())]
-    FileChanged {
-        /// The snapshot.
-        id: u64,
-        /// Its file.
-        path: PathBuf,
-        /// What differs.
-        reason: String,
-    },
-    /// The label is not a valid one.
-    #[error("invalid label {label:?}: {reason}")]
-    InvalidLabel {
-        /// The label given.
-        label: String,
-        /// Why.
-        reason: &'static str,
-    },
-}
-
-impl From<WriteError> for StoreError {
-    fn from(err: WriteError) -> Self {
-        StoreError::Io {
-            action: err.action,
-            path: err.path,
-            source: err.source,
-        }
-    }
-}
-
-/// A write to the state directory that failed, logged (as an error, with
-/// the file: a full disk must show in the log, not only in one client's
-/// answer) and turned into [`StoreError::Io`].
-fn failed_write(err: WriteError) -> StoreError {
-    tracing::error!(
-        target = %err.path.display(),
-        action = err.action,
-        err = %err.source,
-        "cannot write to the state directory: the snapshot is not stored"
-    );
-    err.into()
-}
-
-fn io<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> StoreError + 'a {
-    move |source| StoreError::Io {
-        action,
-        path: path.to_path_buf(),
-        source,
-    }
-}
 
 /// A file of the state directory that could not be read back.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
@@ -307,12 +189,6 @@ pub struct StoreStats {
     pub quotas: Quotas,
 }
 
-const KINDS: [SnapshotKind; 3] = [
-    SnapshotKind::Taken,
-    SnapshotKind::Auto,
-    SnapshotKind::Loaded,
-];
-
 /// The store: snapshots by id, and their files when it has a directory.
 #[derive(Debug, Default)]
 pub struct SnapshotStore {
@@ -332,73 +208,6 @@ pub struct SnapshotStore {
 }
 
 impl SnapshotStore {
-    /// Opens (creating it if needed) `<state_dir>/snapshots` and reads back
-    /// every stored snapshot. Leftover temporary files of an interrupted
-    /// write are removed; files that do not decode are listed in
-    /// [`SnapshotStore::unreadable`] and left in place.
-    ///
-    /// # Errors
-    /// [`StoreError::Io`] if the directory cannot be created or listed, or
-    /// the id file cannot be written.
-    pub fn open(state_dir: &Path) -> Result<Self, StoreError> {
-        let dir = state_dir.join("snapshots");
-        create_private_dir(&dir).map_err(io("creating", &dir))?;
-        let mut store = Self {
-            dir: Some(dir.clone()),
-            ..Self::default()
-        };
-        let mut max_id = 0;
-        let listing = fs::read_dir(&dir).map_err(io("listing", &dir))?;
-        let mut paths: Vec<PathBuf> = listing.filter_map(|e| e.ok().map(|e| e.path())).collect();
-        paths.sort();
-        for path in paths {
-            let name = path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .unwrap_or_default()
-                .to_string();
-            if name.starts_with('.') && name.ends_with(".tmp") {
-                // An interrupted write: the final file (if any) is intact.
-                let _ = fs::remove_file(&path);
-                continue;
-            }
-            let Some(stem) = name.strip_suffix(&format!(".{SNAPSHOT_SUFFIX}")) else {
-                continue;
-            };
-            // The id its name claims stays reserved whether or not the file
-            // reads back: a refused file is left for inspection, and a new
-            // snapshot must never be written over it.
-            if let Ok(id) = stem.parse::<u64>() {
-                max_id = max_id.max(id);
-            }
-            // Read whole once, to check it and count its summary; its
-            // traces are dropped and read again when it is used.
-            match read_snapshot_file(&path, stem) {
-                Ok(entry) => {
-                    max_id = max_id.max(entry.head.id);
-                    if let Some(label) = &entry.info.label
-                        && let Some(other) = store.id_of_label(label)
-                    {
-                        store.unreadable.push(Unreadable {
-                            path: path.clone(),
-                            error: format!("label {label:?} is also used by snapshot {other}"),
-                        });
-                        continue;
-                    }
-                    store.entries.insert(entry.head.id, entry);
-                }
-                Err(error) => {
-                    tracing::warn!(target = %path.display(), err = %error, "stored snapshot refused");
-                    store.unreadable.push(Unreadable { path, error });
-                }
-            }
-        }
-        let reserved = read_next_id(&dir.join("next-id"));
-        store.next_id = reserved.max(max_id);
-        store.reserved = store.next_id;
-        Ok(store)
-    }
-
     /// Sets the quotas. Snapshots held beyond them stay (a user's are
     /// never removed automatically); new ones are refused until there is
     /// room.
@@ -420,21 +229,6 @@ impl SnapshotStore {
     /// the store has one.
     pub fn state_dir(&self) -> Option<&Path> {
         self.dir.as_deref().and_then(Path::parent)
-    }
-
-    /// The next id, reserving a new block on disk first when needed.
-    fn allocate_id(&mut self) -> Result<u64, StoreError> {
-        let id = self.next_id + 1;
-        if let Some(dir) = &self.dir
-            && id > self.reserved
-        {
-            let reserved = self.next_id + ID_BLOCK;
-            write_atomically(&dir.join("next-id"), format!("{reserved}\n").as_bytes())
-                .map_err(failed_write)?;
-            self.reserved = reserved;
-        }
-        self.next_id = id;
-        Ok(id)
     }
 
     #[cfg(test)]
@@ -595,111 +389,6 @@ impl SnapshotStore {
         Ok(())
     }
 
-    /// The ids of the automatic snapshots to evict, oldest first, so that
-    /// `entry` fits the quotas (replacing the entry `replacing`, if any).
-    ///
-    /// # Errors
-    /// [`StoreError::QuotaFull`]: the first quota it does not fit even with
-    /// every automatic snapshot other than itself evicted.
-    fn room_for(&self, entry: &Entry, replacing: Option<u64>) -> Result<Vec<u64>, StoreError> {
-        let quotas = self.quotas;
-        let full = |quota: Quota, held: u64, need: u64, owner: Option<u32>| StoreError::QuotaFull {
-            quota,
-            limit: quota.of(&quotas),
-            held,
-            need,
-            owner,
-        };
-        let others = || {
-            self.entries
-                .values()
-                .filter(move |e| Some(e.head.id) != replacing)
-        };
-        if let Some(uid) = entry.info.owner {
-            let (count, bytes) = others()
-                .filter(|e| e.info.owner == Some(uid))
-                .fold((0u64, 0u64), |(c, b), e| (c + 1, b.saturating_add(e.bytes)));
-            if count + 1 > quotas.snapshots_per_owner {
-                return Err(full(Quota::SnapshotsPerOwner, count, 1, Some(uid)));
-            }
-            if bytes.saturating_add(entry.bytes) > quotas.bytes_per_owner {
-                return Err(full(Quota::BytesPerOwner, bytes, entry.bytes, Some(uid)));
-            }
-        }
-        let (mut count, mut bytes) = others().fold((1u64, entry.bytes), |(c, b), e| {
-            (c + 1, b.saturating_add(e.bytes))
-        });
-        let mut evict = Vec::new();
-        for victim in others().filter(|e| e.evictable()) {
-            if count <= quotas.snapshots && bytes <= quotas.bytes {
-                break;
-            }
-            evict.push(victim.head.id);
-            count -= 1;
-            bytes = bytes.saturating_sub(victim.bytes);
-        }
-        if count > quotas.snapshots {
-            return Err(full(Quota::Snapshots, count - 1, 1, None));
-        }
-        if bytes > quotas.bytes {
-            return Err(full(
-                Quota::Bytes,
-                bytes.saturating_sub(entry.bytes),
-                entry.bytes,
-                None,
-            ));
-        }
-        Ok(evict)
-    }
-
-    /// Drops the automatic snapshots `ids` (their files too, if any: an
-    /// unlabelled automatic snapshot read back from an earlier run),
-    /// counted as evictions.
-    fn evict(&mut self, ids: &[u64]) {
-        for id in ids {
-            if let Some(entry) = self.entries.remove(id) {
-                self.cache.forget(*id);
-                self.evicted += 1;
-                tracing::debug!(
-                    id,
-                    pid = entry.head.pid,
-                    bytes = entry.bytes,
-                    "automatic snapshot evicted for the quotas"
-                );
-                self.remove_file_of(&entry);
-            }
-        }
-        if !ids.is_empty() {
-            self.forget_unused_interners();
-        }
-    }
-
-    /// Removes the file of a dropped entry, if it has one (best effort:
-    /// logged on failure).
-    fn remove_file_of(&self, entry: &Entry) {
-        if entry.persisted
-            && let Some(dir) = &self.dir
-        {
-            let path = file_of(dir, entry.head.id);
-            if let Err(err) = fs::remove_file(&path)
-                && err.kind() != std::io::ErrorKind::NotFound
-            {
-                tracing::warn!(target = %path.display(), %err, "cannot remove the file of a dropped snapshot");
-            }
-        }
-    }
-
-    /// Drops the interners of images that have no compact snapshot left.
-    fn forget_unused_interners(&mut self) {
-        let used: HashSet<ImageId> = self
-            .entries
-            .values()
-            .filter(|e| matches!(e.body, Body::Compact(_)))
-            .filter_map(|e| e.info.image)
-            .collect();
-        self.interners.retain(|image, _| used.contains(image));
-    }
-
     /// Sets (or with None removes) the label of snapshot `id`. Labelling an
     /// automatic snapshot keeps it: it is written to the state directory and
     /// no longer expires nor is evicted; removing the label of an automatic
@@ -794,29 +483,6 @@ impl SnapshotStore {
         Ok(entry.summary())
     }
 
-    /// Drops automatic snapshots (unlabelled) taken more than `retention`
-    /// before `now`; returns how many.
-    pub fn expire_auto(&mut self, now: SystemTime, retention: Duration) -> usize {
-        let expired: Vec<u64> = self
-            .entries
-            .values()
-            .filter(|e| {
-                e.evictable() && now.duration_since(e.head.taken_at).unwrap_or_default() > retention
-            })
-            .map(|e| e.head.id)
-            .collect();
-        for id in &expired {
-            if let Some(entry) = self.entries.remove(id) {
-                self.cache.forget(*id);
-                self.remove_file_of(&entry);
-            }
-        }
-        if !expired.is_empty() {
-            self.forget_unused_interners();
-        }
-        expired.len()
-    }
-
     /// Number of stored snapshots.
     pub fn len(&self) -> usize {
         self.entries.len()
@@ -825,31 +491,6 @@ impl SnapshotStore {
     /// True when no snapshot is stored.
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
-    }
-
-    /// Counts and bytes per kind, evictions and refusals.
-    pub fn stats(&self) -> StoreStats {
-        let by_kind = KINDS
-            .iter()
-            .map(|kind| {
-                let (count, bytes) = self
-                    .entries
-                    .values()
-                    .filter(|e| e.info.kind == *kind)
-                    .fold((0u64, 0u64), |(c, b), e| (c + 1, b.saturating_add(e.bytes)));
-                (*kind, count, bytes)
-            })
-            .collect();
-        let refused = KINDS
-            .iter()
-            .map(|kind| (*kind, self.refused.get(kind.as_str()).copied().unwrap_or(0)))
-            .collect();
-        StoreStats {
-            by_kind,
-            evicted: self.evicted,
-            refused,
-            quotas: self.quotas,
-        }
     }
 
     /// Snapshot `id`, to be decoded without the store's lock.
