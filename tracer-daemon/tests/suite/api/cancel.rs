@@ -72,7 +72,14 @@ fn streamed_traces_hold_little_and_abandoned_ones_stop_and_give_their_memory_bac
     // mark rises by little.
     let rss_before = status_bytes(tracerd.pid(), "VmRSS");
     let hwm_before = status_bytes(tracerd.pid(), "VmHWM");
-    let response = tracerd.client.get(&url).send().expect("traces");
+    // Hundreds of MB of JSON, about a minute from the debug tracerd: the
+    // client's usual 60 s would cut it (the read's time is not what is
+    // tested here).
+    let patient = Client::builder()
+        .timeout(Duration::from_secs(600))
+        .build()
+        .expect("http client");
+    let response = patient.get(&url).send().expect("traces");
     assert_eq!(response.status().as_u16(), 200);
     let body: Value = response.json().expect("json");
     let traces = body["traces"].as_array().expect("traces");
