@@ -85,13 +85,16 @@ pub fn decode(event: &ProcEvent) -> Option<Event> {
     })
 }
 
-/// A new image as read from `/proc` now; the kernel's `comm` when the
-/// process was gone before `/proc` could be read.
+/// A new image as read from `/proc` now, named by the kernel's `comm` of
+/// its event (`/proc/PID/comm` when the event has none).
 #[must_use]
 pub fn new_image(image: ImageId, kernel_comm: &[u8; 16]) -> ProcessImage {
     let mut read = ProcessImage::capture(image);
-    if read.comm.is_empty() {
-        read.comm = comm_of(kernel_comm);
+    // The kernel's comm is the image's own, sent at its exec; `/proc` read
+    // a moment later may show the next program the process exec'd since.
+    let comm = comm_of(kernel_comm);
+    if !comm.is_empty() {
+        read.comm = comm;
     }
     read
 }

@@ -104,25 +104,29 @@ impl Service {
                 last_mapped.insert(*image, index);
             }
         }
-        decoded
-            .into_iter()
-            .enumerate()
-            .map(|(index, event)| match event {
+        // New images first, then the mappings: a new image read after the
+        // mappings of a batch's other processes could find its process in
+        // the next program it exec'd.
+        let mut read: Vec<ProcRead> = decoded
+            .iter()
+            .map(|event| match event {
                 Some(Event::New {
                     image,
                     parent: Some(_),
                     ..
-                }) => ProcRead::Image(Box::new(ProcessImage::capture_forked(image))),
+                }) => ProcRead::Image(Box::new(ProcessImage::capture_forked(*image))),
                 Some(Event::New { image, comm, .. }) => {
-                    ProcRead::Image(Box::new(events::new_image(image, &comm)))
-                }
-                Some(Event::Mapped { image }) if last_mapped.get(&image) == Some(&index) => {
-                    ModuleMaps::capture(image.pid)
-                        .map_or(ProcRead::Nothing, |maps| ProcRead::Maps(Arc::new(maps)))
+                    ProcRead::Image(Box::new(events::new_image(*image, comm)))
                 }
                 _ => ProcRead::Nothing,
             })
-            .collect()
+            .collect();
+        for (image, index) in last_mapped {
+            if let (Ok(maps), Some(slot)) = (ModuleMaps::capture(image.pid), read.get_mut(index)) {
+                *slot = ProcRead::Maps(Arc::new(maps));
+            }
+        }
+        read
     }
 
     /// Whether the fork of `child` from `parent` is outside the scope: a
