@@ -9,9 +9,12 @@
 //! 2. tests that need root, serially, in the daemon's one integration
 //!    binary: they attach probes host-wide and share the kernel's state
 //!    (its `cli` tests run the `tracer` binary, which they build first
-//!    with the same cargo, target directory and profile);
-//! 3. the hostile suite ([`crate::hostile`]) against a release tracerd
-//!    (built first), unless arguments were given (a filter names tests).
+//!    with the same cargo, target directory and profile). They run
+//!    against the release tracerd, the one users run: the heavy queries
+//!    of the debug build (a process of a million blocks read whole, a
+//!    stripped service symbolized) took most of the pass's time;
+//! 3. the hostile suite ([`crate::hostile`]) against that release tracerd,
+//!    unless arguments were given (a filter names tests).
 //!
 //! Arguments after `--` (e.g. a test-name filter) go to every test binary
 //! of every pass. Each pass prints one summary line: what ran, whether it
@@ -87,6 +90,7 @@ fn passes(extra: &[OsString]) -> Vec<Pass> {
             commands: vec![command(
                 &[
                     "test",
+                    "--release",
                     "-p",
                     "tracer-daemon",
                     "--test",
@@ -208,7 +212,7 @@ mod tests {
         );
         assert_eq!(
             strings(&passes[1]),
-            ["test -p tracer-daemon --test integration -- --test-threads=1"]
+            ["test --release -p tracer-daemon --test integration -- --test-threads=1"]
         );
     }
 

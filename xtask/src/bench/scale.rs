@@ -18,19 +18,7 @@ use crate::util::{cc::compile_c, child::Running, http::Client, paths::release_di
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Allocates N blocks, says `done`, holds them until stdin closes.
-pub(super) const KEEP_C: &str = r#"
-#include <stdio.h>
-#include <stdlib.h>
-int main(int argc, char **argv) {
-    long n = atol(argv[1]);
-    void **keep = malloc(n * sizeof(void *));
-    for (long i = 0; i < n; i++) keep[i] = malloc(16 + (i & 15));
-    printf("done\n");
-    fflush(stdout);
-    getchar();
-    return keep[0] == NULL;
-}
-"#;
+pub(super) const KEEP_C: &str = include_str!("../../workloads/keep.c");
 
 /// Runs the keep-N fixture until it has allocated.
 pub(super) fn keep_blocks(exe: &Path, n: u64) -> anyhow::Result<Running> {

@@ -55,88 +55,15 @@ pub const ALLOCATOR_CHURNS: [(&str, &str, &str); 3] = [
 /// Flags of the C workloads of the overhead table.
 pub const CFLAGS: &[&str] = &["-O2"];
 
-const CHURN_C: &str = r#"
-#include <stdio.h>
-#include <stdlib.h>
-#include <time.h>
-int main(int argc, char **argv) {
-    long n = argc > 1 ? atol(argv[1]) : 200000;
-    void *volatile sink;
-    struct timespec a, b;
-    for (int i = 0; i < 1000; i++) { sink = malloc(64); free(sink); }
-    clock_gettime(CLOCK_MONOTONIC, &a);
-    for (long i = 0; i < n; i++) { sink = malloc(64); free(sink); }
-    clock_gettime(CLOCK_MONOTONIC, &b);
-    printf("%.1f\n", ((b.tv_sec - a.tv_sec) * 1e9 + (b.tv_nsec - a.tv_nsec)) / n);
-    return 0;
-}
-"#;
+const CHURN_C: &str = include_str!("../../workloads/churn.c");
 
 /// `mmap` + `munmap` pairs of 64 KiB, anonymous, from the program itself
 /// (the `mmap` source): after one `malloc` (so that the process is traced)
 /// and 0.5 s (so that tracerd has its mappings: mappings are recorded only
 /// then), ns per pair.
-const MMAP_C: &str = r#"
-#include <stdio.h>
-#include <stdlib.h>
-#include <sys/mman.h>
-#include <time.h>
-#include <unistd.h>
-int main(int argc, char **argv) {
-    long n = argc > 1 ? atol(argv[1]) / 10 : 20000;
-    void *volatile sink = malloc(64);
-    struct timespec a, b;
-    usleep(500000);
-    for (int i = 0; i < 100; i++) {
-        void *p = mmap(NULL, 65536, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        munmap(p, 65536);
-    }
-    clock_gettime(CLOCK_MONOTONIC, &a);
-    for (long i = 0; i < n; i++) {
-        void *p = mmap(NULL, 65536, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        sink = p;
-        munmap(p, 65536);
-    }
-    clock_gettime(CLOCK_MONOTONIC, &b);
-    printf("%.1f\n", ((b.tv_sec - a.tv_sec) * 1e9 + (b.tv_nsec - a.tv_nsec)) / n);
-    return 0;
-}
-"#;
+const MMAP_C: &str = include_str!("../../workloads/mmap.c");
 
-const THREADS_C: &str = r#"
-#include <pthread.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <time.h>
-#define BATCH 256
-static long rounds;
-static void *slots[2][BATCH];
-static pthread_barrier_t barrier;
-static void *worker(void *arg) {
-    long t = (long)arg;
-    for (long r = 0; r < rounds; r++) {
-        for (int i = 0; i < BATCH; i++) slots[t][i] = malloc(32 + (i & 63));
-        pthread_barrier_wait(&barrier);
-        /* free the other thread's blocks */
-        for (int i = 0; i < BATCH; i++) free(slots[1 - t][i]);
-        pthread_barrier_wait(&barrier);
-    }
-    return NULL;
-}
-int main(int argc, char **argv) {
-    long pairs = argc > 1 ? atol(argv[1]) : 200000;
-    rounds = pairs / (2 * BATCH);
-    pthread_t th[2];
-    struct timespec a, b;
-    pthread_barrier_init(&barrier, NULL, 2);
-    clock_gettime(CLOCK_MONOTONIC, &a);
-    for (long t = 0; t < 2; t++) pthread_create(&th[t], NULL, worker, (void *)t);
-    for (int t = 0; t < 2; t++) pthread_join(th[t], NULL);
-    clock_gettime(CLOCK_MONOTONIC, &b);
-    printf("%.1f\n", ((b.tv_sec - a.tv_sec) * 1e9 + (b.tv_nsec - a.tv_nsec)) / (rounds * 2 * BATCH));
-    return 0;
-}
-"#;
+const THREADS_C: &str = include_str!("../../workloads/threads.c");
 
 const PYTHON_JSON: &str = "import json\n\
 doc = [{'id': i, 'name': 'item-%d' % i, 'tags': ['a', 'b', 'c'], 'values': list(range(10))} for i in range(20000)]\n\
