@@ -16,7 +16,10 @@ use tracer_common::{
 use super::kernel::MapUsage;
 use super::unwind::FileTable;
 use super::unwind::tables::{TableError, TableSink, TableStore, UnwindUsage};
-use super::{AttachedLibrary, CaptureConfig, CaptureError, ImageId, KernelMaps};
+use super::{
+    AttachedLibrary, BlockMaps, CaptureConfig, CaptureError, ImageId, ProbeMaps, ScopeMaps,
+    StackMaps, TotalsMaps, UnwindMaps, UsageMaps,
+};
 use crate::sys::procfs::FileKey;
 use tracer_common::{ProcMapping, ProcMappings, UnwindPage, UnwindPageKey, UnwindRow};
 
@@ -278,10 +281,10 @@ impl super::stack_totals::StackTotalsSource for FakeKernel {
         &self,
         generations: Option<&HashSet<u32>>,
     ) -> Vec<(StackTotalsKey, StackTotals)> {
-        KernelMaps::stack_totals(self, generations)
+        StackMaps::stack_totals(self, generations)
     }
     fn stack(&self, id: u64) -> Option<Vec<u64>> {
-        KernelMaps::stack(self, id)
+        StackMaps::stack(self, id)
     }
 }
 
@@ -309,7 +312,7 @@ impl super::ProcTotalsSource for FakeKernel {
     }
 }
 
-impl KernelMaps for FakeKernel {
+impl ProbeMaps for FakeKernel {
     fn config(&self) -> &CaptureConfig {
         &self.config
     }
@@ -345,6 +348,9 @@ impl KernelMaps for FakeKernel {
     fn set_switches(&mut self, bits: u64) {
         self.lock().switches = bits;
     }
+}
+
+impl ScopeMaps for FakeKernel {
     fn set_in_scope(&mut self, pid: u32, in_scope: bool) {
         let mut state = self.lock();
         if in_scope {
@@ -359,6 +365,9 @@ impl KernelMaps for FakeKernel {
     fn is_in_scope(&self, pid: u32) -> bool {
         self.lock().in_scope.contains(&pid)
     }
+}
+
+impl BlockMaps for FakeKernel {
     fn for_each_live_block(
         &self,
         want: Option<&HashSet<ImageId>>,
@@ -390,6 +399,9 @@ impl KernelMaps for FakeKernel {
             .filter(|k| state.blocks.remove(&(k.tgid, k.addr)).is_some())
             .count()
     }
+}
+
+impl StackMaps for FakeKernel {
     fn stack_totals(
         &self,
         generations: Option<&HashSet<u32>>,
@@ -431,6 +443,12 @@ impl KernelMaps for FakeKernel {
     fn stacks_stored(&self) -> u64 {
         self.lock().stacks.len() as u64
     }
+    fn set_stack_counts(&mut self, _counts: &[(u32, u32, u64)]) {
+        // The fake stores every stack: no share to keep.
+    }
+}
+
+impl TotalsMaps for FakeKernel {
     fn totals(&self) -> Arc<dyn super::ProcTotalsSource> {
         Arc::new(self.clone())
     }
@@ -452,12 +470,15 @@ impl KernelMaps for FakeKernel {
             None => false,
         }
     }
-    fn set_stack_counts(&mut self, _counts: &[(u32, u32, u64)]) {
-        // The fake stores every stack: no share to keep.
-    }
+}
+
+impl UsageMaps for FakeKernel {
     fn stats(&self) -> Arc<dyn super::KernelStatsSource> {
         Arc::new(self.clone())
     }
+}
+
+impl UnwindMaps for FakeKernel {
     fn unwind_file(&self, key: FileKey) -> Option<u32> {
         self.lock().unwind.as_ref()?.file(key)
     }
@@ -527,6 +548,6 @@ impl super::KernelStatsSource for FakeKernel {
         )]
     }
     fn unwind_usage(&self) -> UnwindUsage {
-        super::KernelMaps::unwind_usage(self)
+        super::UnwindMaps::unwind_usage(self)
     }
 }

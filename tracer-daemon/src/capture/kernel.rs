@@ -72,7 +72,27 @@ pub type MapUsage = Vec<(&'static str, u64, u64)>;
 
 /// The kernel side as the rest of tracerd uses it. Every method blocks on
 /// map syscalls: call them from blocking threads.
-pub trait KernelMaps: Send + Sync {
+pub trait KernelMaps:
+    ProbeMaps + ScopeMaps + BlockMaps + StackMaps + TotalsMaps + UsageMaps + UnwindMaps + Send + Sync
+{
+}
+
+impl<T> KernelMaps for T where
+    T: ProbeMaps
+        + ScopeMaps
+        + BlockMaps
+        + StackMaps
+        + TotalsMaps
+        + UsageMaps
+        + UnwindMaps
+        + Send
+        + Sync
+{
+}
+
+/// The probes: what is attached, to which objects and processes, and the
+/// programs' runtime switches. A part of [`KernelMaps`].
+pub trait ProbeMaps {
     /// The configuration in force (nframe clamped, sizes rounded as the
     /// kernel has them).
     fn config(&self) -> &CaptureConfig;
@@ -86,7 +106,7 @@ pub trait KernelMaps: Send + Sync {
     /// [`CaptureError::Attach`]; nothing of this attach stays attached.
     fn attach(&mut self, pid: Option<u32>) -> Result<(), CaptureError>;
 
-    /// Detaches what [`KernelMaps::attach`] attached for `pid`.
+    /// Detaches what [`ProbeMaps::attach`] attached for `pid`.
     fn detach(&mut self, pid: Option<u32>);
 
     /// The probes' links (allocator probes, system-wide and per process,
@@ -96,7 +116,7 @@ pub trait KernelMaps: Send + Sync {
     fn probe_links(&self) -> ProbeLinks;
 
     /// Hands the kernel side tracerd's stop: once it is raised,
-    /// [`KernelMaps::live_blocks`] ends early with what it read so far.
+    /// [`BlockMaps::live_blocks`] ends early with what it read so far.
     fn stop_with(&mut self, stopping: Stopping);
 
     /// Probes one more object, found in a process (see
@@ -114,7 +134,11 @@ pub trait KernelMaps: Send + Sync {
 
     /// Sets the programs' runtime switches (`SWITCH_*` of tracer-common).
     fn set_switches(&mut self, bits: u64);
+}
 
+/// The processes recorded while the scope filter is on (`SCOPE_TGIDS`). A part
+/// of [`KernelMaps`].
+pub trait ScopeMaps {
     /// Puts `pid` in or out of the processes recorded while the scope
     /// filter (`SWITCH_SCOPE_FILTER`) is on (`SCOPE_TGIDS`).
     fn set_in_scope(&mut self, pid: u32, in_scope: bool);
@@ -125,9 +149,13 @@ pub trait KernelMaps: Send + Sync {
     /// Whether the kernel records `pid` while the scope filter is on (one
     /// lookup of `SCOPE_TGIDS`).
     fn is_in_scope(&self, pid: u32) -> bool;
+}
 
+/// The live blocks (`LIVE_ALLOCS`, the fast table, the images' own spill maps).
+/// A part of [`KernelMaps`].
+pub trait BlockMaps {
     /// Every live block of the images `want` (None: of every process);
-    /// only some of them once the stop given to [`KernelMaps::stop_with`]
+    /// only some of them once the stop given to [`ProbeMaps::stop_with`]
     /// is raised.
     fn live_blocks(&self, want: Option<&HashSet<ImageId>>) -> Vec<(AllocKey, AllocInfo)> {
         let mut out = Vec::new();
@@ -139,10 +167,10 @@ pub trait KernelMaps: Send + Sync {
     }
 
     /// Calls `f` with every live block of the images `want` (None: of
-    /// every process), in [`KernelMaps::live_blocks`]'s order, until it
+    /// every process), in [`BlockMaps::live_blocks`]'s order, until it
     /// breaks: a pass that keeps what it needs of each block rather than
     /// every key and value. Ends at the next block once the stop given to
-    /// [`KernelMaps::stop_with`] is raised.
+    /// [`ProbeMaps::stop_with`] is raised.
     fn for_each_live_block(
         &self,
         want: Option<&HashSet<ImageId>>,
@@ -191,10 +219,14 @@ pub trait KernelMaps: Send + Sync {
     fn own_spill_images(&self) -> Vec<ImageId> {
         Vec::new()
     }
+}
 
+/// The stacks (`STACKS`) and the totals per stack (`STACK_TOTALS`). A part of
+/// [`KernelMaps`].
+pub trait StackMaps {
     /// The totals per stack (`STACK_TOTALS`) of the images whose
     /// generation is in `generations` (None: of every image); only some of
-    /// them once the stop given to [`KernelMaps::stop_with`] is raised.
+    /// them once the stop given to [`ProbeMaps::stop_with`] is raised.
     fn stack_totals(
         &self,
         generations: Option<&HashSet<u32>>,
@@ -221,6 +253,13 @@ pub trait KernelMaps: Send + Sync {
     /// Stacks stored now.
     fn stacks_stored(&self) -> u64;
 
+    /// Sets the stacks count of each (tgid, generation, stacks) the kernel
+    /// still tracks: the distinct stacks its live blocks reference.
+    fn set_stack_counts(&mut self, counts: &[(u32, u32, u64)]);
+}
+
+/// The per-process totals (`PROC_SLOTS`, `PROCS`). A part of [`KernelMaps`].
+pub trait TotalsMaps {
     /// The per-process totals (`PROC_SLOTS`, `PROCS`) as a reader of its
     /// own, shared: reading through it takes no lock of tracerd's, so the
     /// cheap routes never wait behind a holder of the kernel side's lock
@@ -240,18 +279,22 @@ pub trait KernelMaps: Send + Sync {
 
     /// Sets the peak of `tgid` to its current value; false if unknown.
     fn reset_peak(&mut self, tgid: u32) -> bool;
+}
 
-    /// Sets the stacks count of each (tgid, generation, stacks) the kernel
-    /// still tracks: the distinct stacks its live blocks reference.
-    fn set_stack_counts(&mut self, counts: &[(u32, u32, u64)]);
-
+/// The programs' counters and the maps' use (`COUNTERS`, each map's entries and
+/// capacity). A part of [`KernelMaps`].
+pub trait UsageMaps {
     /// The programs' counters, their run statistics, each map's entries
     /// and capacity, and the unwind tables' use, as a reader of its own,
     /// shared: reading through it takes no lock of tracerd's, so `/metrics`
     /// never waits behind a holder of the kernel side's lock. Each read is
     /// the kernel's value at that moment.
     fn stats(&self) -> Arc<dyn super::KernelStatsSource>;
+}
 
+/// The unwind tables (`UNWIND_*`) and the processes' mappings (`PROC_MAPS`). A
+/// part of [`KernelMaps`].
+pub trait UnwindMaps {
     /// The id of `key`'s unwind table: `Some(id)` once loaded,
     /// `Some(UNWIND_FILE_NONE)` once refused, None if never offered.
     fn unwind_file(&self, key: FileKey) -> Option<u32>;
@@ -285,7 +328,7 @@ pub trait KernelMaps: Send + Sync {
     fn unwind_processes(&self) -> Vec<ImageId>;
 }
 
-impl KernelMaps for super::Capture {
+impl ProbeMaps for super::Capture {
     fn config(&self) -> &CaptureConfig {
         self.config()
     }
@@ -318,6 +361,9 @@ impl KernelMaps for super::Capture {
     fn set_switches(&mut self, bits: u64) {
         self.set_switches(bits);
     }
+}
+
+impl ScopeMaps for super::Capture {
     fn set_in_scope(&mut self, pid: u32, in_scope: bool) {
         self.set_in_scope(pid, in_scope);
     }
@@ -327,6 +373,9 @@ impl KernelMaps for super::Capture {
     fn is_in_scope(&self, pid: u32) -> bool {
         self.is_in_scope(pid)
     }
+}
+
+impl BlockMaps for super::Capture {
     fn for_each_live_block(
         &self,
         want: Option<&HashSet<ImageId>>,
@@ -345,18 +394,6 @@ impl KernelMaps for super::Capture {
     ) -> usize {
         self.remove_image_blocks(image, keys, removed)
     }
-    fn stack_totals(
-        &self,
-        generations: Option<&HashSet<u32>>,
-    ) -> Vec<(StackTotalsKey, StackTotals)> {
-        self.stack_totals(generations)
-    }
-    fn remove_stack_totals(&mut self, keys: &[StackTotalsKey]) -> usize {
-        self.remove_stack_totals(keys)
-    }
-    fn totals_reader(&self) -> Arc<dyn super::stack_totals::StackTotalsSource> {
-        self.totals_reader.clone()
-    }
     fn own_levels(&self) -> Option<super::own_spill::OwnLevels> {
         Some(super::own_spill::OwnLevels::new(
             Arc::clone(&self.own),
@@ -371,6 +408,21 @@ impl KernelMaps for super::Capture {
     fn own_spill_images(&self) -> Vec<ImageId> {
         self.own.images()
     }
+}
+
+impl StackMaps for super::Capture {
+    fn stack_totals(
+        &self,
+        generations: Option<&HashSet<u32>>,
+    ) -> Vec<(StackTotalsKey, StackTotals)> {
+        self.stack_totals(generations)
+    }
+    fn remove_stack_totals(&mut self, keys: &[StackTotalsKey]) -> usize {
+        self.remove_stack_totals(keys)
+    }
+    fn totals_reader(&self) -> Arc<dyn super::stack_totals::StackTotalsSource> {
+        self.totals_reader.clone()
+    }
     fn stack(&self, id: u64) -> Option<Vec<u64>> {
         self.stack(id)
     }
@@ -383,6 +435,12 @@ impl KernelMaps for super::Capture {
     fn stacks_stored(&self) -> u64 {
         self.stacks_stored()
     }
+    fn set_stack_counts(&mut self, counts: &[(u32, u32, u64)]) {
+        self.set_stack_counts(counts);
+    }
+}
+
+impl TotalsMaps for super::Capture {
     fn totals(&self) -> Arc<dyn super::ProcTotalsSource> {
         self.totals()
     }
@@ -398,12 +456,15 @@ impl KernelMaps for super::Capture {
     fn reset_peak(&mut self, tgid: u32) -> bool {
         self.reset_peak(tgid)
     }
-    fn set_stack_counts(&mut self, counts: &[(u32, u32, u64)]) {
-        self.set_stack_counts(counts);
-    }
+}
+
+impl UsageMaps for super::Capture {
     fn stats(&self) -> Arc<dyn super::KernelStatsSource> {
         self.stats()
     }
+}
+
+impl UnwindMaps for super::Capture {
     fn unwind_file(&self, key: FileKey) -> Option<u32> {
         self.unwind_file(key)
     }

@@ -42,7 +42,10 @@ pub mod unwind;
 pub mod usage;
 
 pub use attach::{Detached, OwnedLinks, ProbeLinks};
-pub use kernel::{ImageId, KernelMaps, Stopping};
+pub use kernel::{
+    BlockMaps, ImageId, KernelMaps, ProbeMaps, ScopeMaps, StackMaps, Stopping, TotalsMaps,
+    UnwindMaps, UsageMaps,
+};
 pub use probes::{AttachedLibrary, ProbePoint};
 pub use procs::{ProcTotalsMaps, ProcTotalsSource};
 pub use usage::{KernelStats, KernelStatsSource};
@@ -222,13 +225,13 @@ pub struct Capture {
     /// for statistics read without the kernel lock.
     totals_reader: std::sync::Arc<stack_totals::TotalsReader>,
     /// `PROC_SLOTS`, mapped, and `PROCS` again, shared with the readers
-    /// of [`KernelMaps::totals`] (no lock needed); the slots' map itself
+    /// of [`TotalsMaps::totals`] (no lock needed); the slots' map itself
     /// is kept open beside it.
     totals: std::sync::Arc<procs::ProcTotalsMaps>,
     _proc_slots_map: MapData,
     /// The counters, program statistics, map use and unwind tables' use,
     /// read through descriptors of its own and shared with the readers of
-    /// [`KernelMaps::stats`] (no lock needed; it owns `COUNTERS`, the
+    /// [`UsageMaps::stats`] (no lock needed; it owns `COUNTERS`, the
     /// positions of `EVENTS`, and copies of `INFLIGHT` and `INFLIGHT_SLOTS`,
     /// which nothing else of tracerd reads).
     stats: std::sync::Arc<usage::KernelStats>,

@@ -91,7 +91,7 @@ const POOL: [usize; 8] = [8, 4, 4, 2, 2, 2, 1, 1];
 /// (1/POOL_SHARE).
 const POOL_SHARE: u64 = 8;
 
-/// The event reader's handle on the spill maps ([`super::KernelMaps::own_levels`]):
+/// The event reader's handle on the spill maps ([`super::BlockMaps::own_levels`]):
 /// it makes the levels the programs ask for as soon as their events are
 /// read, without the kernel lock, which a read of millions of blocks may
 /// hold for a second (meanwhile the blocks that find the newest level full

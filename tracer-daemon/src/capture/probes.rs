@@ -75,7 +75,7 @@ impl AttachedLibrary {
 }
 
 /// An object to probe: what allocator discovery (`lifecycle::allocators`) found in a process, for
-/// `KernelMaps::add_library`.
+/// `ProbeMaps::add_library`.
 #[derive(Debug)]
 pub struct Found {
     /// What the API reports of it.

@@ -2,7 +2,7 @@
 //! entry of `PROCS` when its slot is taken by another process.
 //!
 //! They are read through [`ProcTotalsMaps`], shared (an [`Arc`]) between
-//! [`Capture`] and whoever holds [`KernelMaps::totals`](super::KernelMaps::totals):
+//! [`Capture`] and whoever holds [`TotalsMaps::totals`](super::TotalsMaps::totals):
 //! the slots are a shared mapping read with atomics and `PROCS` is read by
 //! lookups on a descriptor of its own, so a reader needs no lock of
 //! tracerd's, and a long pass over the live blocks under the kernel side's

@@ -13,7 +13,7 @@ use crate::sys::bpf as bpf_sys;
 /// What statistics of a live image read: `STACK_TOTALS` and `STACKS`,
 /// through descriptors of their own, without the kernel lock, so that a
 /// statistics request never waits for a sweep or a snapshot's read of
-/// millions of blocks ([`super::KernelMaps::totals_reader`]).
+/// millions of blocks ([`super::StackMaps::totals_reader`]).
 pub trait StackTotalsSource: Send + Sync {
     /// Every entry of `STACK_TOTALS` whose generation is in `generations`
     /// (None: every entry), in one pass of batch lookups over the map (its
@@ -38,7 +38,7 @@ pub trait StackTotalsSource: Send + Sync {
     }
 
     /// The return addresses of stack `id`, frame 0 first, as
-    /// [`super::KernelMaps::stack`].
+    /// [`super::StackMaps::stack`].
     fn stack(&self, id: u64) -> Option<Vec<u64>>;
 
     /// How [`StackTotalsSource::image_stack_totals`] read, since load.
@@ -84,7 +84,7 @@ pub struct TotalsReader {
     stacks: OwnedFd,
     /// Frames a `STACKS` value holds.
     walk_frames: u32,
-    /// tracerd's stop ([`super::KernelMaps::stop_with`]): a read ends at
+    /// tracerd's stop ([`super::ProbeMaps::stop_with`]): a read ends at
     /// its next entry once raised.
     stopping: std::sync::Mutex<super::Stopping>,
     /// The keys of the images whose totals were read: while an image's

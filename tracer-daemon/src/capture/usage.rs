@@ -3,7 +3,7 @@
 //! unwind tables' use.
 //!
 //! They are read through [`KernelStats`], shared (an [`Arc`]) between
-//! [`Capture`] and whoever holds [`KernelMaps::stats`](super::KernelMaps::stats):
+//! [`Capture`] and whoever holds [`UsageMaps::stats`](super::UsageMaps::stats):
 //! it reads through descriptors and mappings of its own, so `/metrics` and
 //! `/kernel-maps` take no lock of tracerd's and never wait behind a long
 //! pass over the live blocks under the kernel side's lock.

@@ -141,7 +141,7 @@ pub fn raw_blocks(
 }
 
 /// The live blocks of `image` read straight from the kernel maps into
-/// blocks ([`raw_blocks`] of [`KernelMaps::live_blocks`] without keeping
+/// blocks ([`raw_blocks`] of [`BlockMaps::live_blocks`] without keeping
 /// each key and value first); `expected` blocks are made room for. Once
 /// `stopping` is raised, or the thread's interrupt check says to stop, the
 /// blocks end at the next entry: only some of them are returned.
@@ -171,7 +171,7 @@ pub fn live_raw_blocks(
 
 /// The kernel's totals of a live image (zeros when the kernel tracks
 /// another generation of its pid, or none), read from `totals` (the
-/// kernel side's shared reader, [`KernelMaps::totals`]: no lock needed).
+/// kernel side's shared reader, [`TotalsMaps::totals`]: no lock needed).
 pub fn live_stats(totals: &dyn ProcTotalsSource, image: ImageId) -> ProcStats {
     totals
         .proc_stats(image.pid)
@@ -196,6 +196,7 @@ pub fn by_image(
 #[allow(clippy::unwrap_used)] // Tests may unwrap (CONTRIBUTING.md).
 mod tests {
     use super::*;
+    use crate::capture::BlockMaps;
     use crate::capture::fake::FakeKernel;
 
     #[test]

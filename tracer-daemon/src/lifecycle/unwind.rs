@@ -133,6 +133,7 @@ pub fn prune(kernel: &mut dyn KernelMaps, is_live: impl Fn(ImageId) -> bool) -> 
 #[allow(clippy::unwrap_used)] // Tests may unwrap (CONTRIBUTING.md).
 mod tests {
     use super::*;
+    use crate::capture::UnwindMaps;
     use crate::capture::fake::FakeKernel;
     use crate::sys::modules::ModuleCache;
 

@@ -139,12 +139,12 @@ pub struct Service {
     /// change holds it for seconds).
     libraries: std::sync::RwLock<Vec<crate::capture::AttachedLibrary>>,
     /// The kernel's per-process totals (`PROC_SLOTS`, `PROCS`), read
-    /// without the kernel lock ([`KernelMaps::totals`]): the process list
+    /// without the kernel lock ([`TotalsMaps::totals`]): the process list
     /// and `get_traced_memory()` never wait behind a pass over the live
     /// blocks, and still show the kernel's totals of the moment.
     totals: std::sync::Arc<dyn crate::capture::ProcTotalsSource>,
     /// The kernel's counters, program statistics, map use and unwind
-    /// tables' use, read without the kernel lock ([`KernelMaps::stats`]):
+    /// tables' use, read without the kernel lock ([`UsageMaps::stats`]):
     /// `/metrics` never waits behind a pass over the live blocks.
     stats: std::sync::Arc<dyn crate::capture::KernelStatsSource>,
     /// The store's counts as last read by [`Service::store_stats`], which

@@ -188,7 +188,7 @@ impl Service {
     /// one per command a shell starts, and nothing to show). Takes the registry and
     /// control locks (held only for short updates), never the kernel's:
     /// the totals are the kernel's of the moment, read through the shared
-    /// reader ([`crate::capture::KernelMaps::totals`]).
+    /// reader ([`crate::capture::TotalsMaps::totals`]).
     pub fn processes(&self, viewer: Viewer) -> Vec<ProcessStatus> {
         let held = self.state.locks().registry().control();
         let totals = &*self.totals;

@@ -157,19 +157,19 @@ fn file_table_key(key: FileKey) -> FileTableKey {
 }
 
 impl Capture {
-    /// See [`crate::capture::KernelMaps::unwind_file`].
+    /// See [`crate::capture::UnwindMaps::unwind_file`].
     pub fn unwind_file(&self, key: FileKey) -> Option<u32> {
         self.unwind.file(key)
     }
 
-    /// See [`crate::capture::KernelMaps::load_unwind_file`].
+    /// See [`crate::capture::UnwindMaps::load_unwind_file`].
     pub fn load_unwind_file(&mut self, key: FileKey, table: Result<&FileTable, &str>) -> u32 {
         let id = self.unwind.load(&mut self.unwind_maps, key, table);
         self.publish_unwind_usage();
         id
     }
 
-    /// See [`crate::capture::KernelMaps::set_process_mappings`].
+    /// See [`crate::capture::UnwindMaps::set_process_mappings`].
     ///
     /// # Errors
     /// [`TableError::Kernel`] when `PROC_MAPS` refuses the entry.
@@ -187,7 +187,7 @@ impl Capture {
         set
     }
 
-    /// See [`crate::capture::KernelMaps::remove_process_mappings`].
+    /// See [`crate::capture::UnwindMaps::remove_process_mappings`].
     pub fn remove_process_mappings(&mut self, tgid: u32, generation: u32) {
         self.unwind
             .remove_process(&mut self.unwind_maps, tgid, generation);
@@ -195,13 +195,13 @@ impl Capture {
     }
 
     /// Publishes the unwind tables' use to the readers of
-    /// [`KernelMaps::stats`](crate::capture::KernelMaps::stats), after a
+    /// [`UsageMaps::stats`](crate::capture::UsageMaps::stats), after a
     /// change of them (and once at load).
     pub(crate) fn publish_unwind_usage(&self) {
         self.stats.publish_unwind(self.unwind.usage());
     }
 
-    /// See [`crate::capture::KernelMaps::unwind_processes`].
+    /// See [`crate::capture::UnwindMaps::unwind_processes`].
     pub fn unwind_processes(&self) -> Vec<crate::capture::ImageId> {
         self.unwind
             .processes()
@@ -210,7 +210,7 @@ impl Capture {
             .collect()
     }
 
-    /// See [`crate::capture::KernelMaps::unwind_usage`].
+    /// See [`crate::capture::UnwindMaps::unwind_usage`].
     pub fn unwind_usage(&self) -> UnwindUsage {
         self.unwind.usage()
     }

@@ -1,6 +1,7 @@
 //! Lifecycle of images: exits, execs, expiry of what is gone, the sweep
 //! of blocks whose end was never seen, scopes and detached probes.
 use super::*;
+use crate::capture::{ProbeMaps, TotalsMaps};
 
 #[test]
 fn an_exited_image_keeps_its_last_state_and_its_blocks_leave_the_kernel() {

@@ -1,6 +1,7 @@
 //! Statistics from the kernel's totals per stack, and those totals leaving
 //! the kernel with their images.
 use super::*;
+use crate::capture::StackMaps;
 
 #[test]
 fn statistics_of_a_live_image_come_from_its_totals_per_stack_minus_what_was_cleared() {
@@ -69,7 +70,7 @@ fn the_totals_per_stack_of_ended_images_leave_the_kernel_at_the_sweep() {
     let exit = kernel.exit(PID).expect("traced");
     service.handle_events(&[exit]);
     assert_eq!(service.sweep_stack_totals(), 1);
-    let left: Vec<u32> = KernelMaps::stack_totals(&kernel, None)
+    let left: Vec<u32> = StackMaps::stack_totals(&kernel, None)
         .iter()
         .map(|(key, _)| key.gen_)
         .collect();
