@@ -1,4 +1,4 @@
-//! No route waits on another's work (issue 15, item 2): while a process
+//! No route waits on another's work: while a process
 //! of 1.5 M live blocks is queried whole (its traces, a
 //! stored snapshot) and the orphan sweep passes over every block, the
 //! cheap routes (`/health`, `/processes`, `GET /pid/N/traced-memory`,

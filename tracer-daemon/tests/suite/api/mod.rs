@@ -1,4 +1,4 @@
-//! The routes of issue 4 through the real tracerd (real eBPF) tracing
+//! The query routes through the real tracerd (real eBPF) tracing
 //! `fixtures/apifix.c`: filters, group_by function and module, system-wide
 //! views, stored snapshots as resources, automatic snapshots and `since=`,
 //! dump/load in both formats (with CPython reading and writing the

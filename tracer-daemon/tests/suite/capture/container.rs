@@ -1,4 +1,4 @@
-//! A real container (issue 12): a Debian bookworm root made by
+//! A real container: a Debian bookworm root made by
 //! `debootstrap --variant=minbase`, run by Debian's podman with runc, with
 //! no network. The C fixture built on the host is the container's `/prog`
 //! and runs on the container's own glibc (its root's file, another inode
