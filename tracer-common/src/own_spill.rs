@@ -99,10 +99,10 @@ const _: () = assert!(size_of::<OwnLevelMaps>() == 72);
 #[cfg(feature = "user")]
 unsafe impl aya::Pod for OwnLevelMaps {}
 
-/// Key of [`MAP_OWN_LEVELS`] for image (`tgid`, `gen_`).
+/// Key of [`MAP_OWN_LEVELS`] for image (`tgid`, `generation`).
 #[must_use]
-pub const fn own_image_key(tgid: u32, gen_: u32) -> u64 {
-    ((tgid as u64) << 32) | gen_ as u64
+pub const fn own_image_key(tgid: u32, generation: u32) -> u64 {
+    ((tgid as u64) << 32) | generation as u64
 }
 
 #[cfg(test)]

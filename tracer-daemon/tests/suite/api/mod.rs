@@ -9,13 +9,13 @@
 mod bounds;
 mod cancel;
 mod cheap;
+mod control;
 mod dump;
 mod errors;
 mod filters;
 mod openapi;
 pub(crate) mod profiles;
 mod snapshots;
-mod tracing;
 mod ui;
 
 use serde_json::{Value, json};
