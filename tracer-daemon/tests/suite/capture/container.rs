@@ -10,8 +10,9 @@
 //! its cgroup and the container's id.
 //!
 //! The root is made once and kept in this test binary's scratch directory
-//! (`CARGO_TARGET_DIR/tmp`, `CARGO_TARGET_TMPDIR`): debootstrap takes 30 to
-//! 55 s here, from deb.debian.org; the test itself about 13 s.
+//! (`CARGO_TARGET_DIR/tmp`, `CARGO_TARGET_TMPDIR`): debootstrap takes far
+//! longer than the test itself (times in
+//! `docs/design/0011-measured-figures.md`).
 
 use std::{
     os::unix::fs::MetadataExt as _,
