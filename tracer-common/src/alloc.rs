@@ -1,7 +1,7 @@
 //! A live block as the kernel records it: its key ([`AllocKey`]: process and
 //! address) and value ([`AllocInfo`]: size, stack, frame 0, generation,
 //! source), the entry of `LIVE_ALLOCS` and the value of the fast table's
-//! `LIVE_VALUES`; and how many sources a block can come from
+//! `LIVE_VALUES`; and how many allocator families a block can come from
 //! ([`FAMILY_COUNT`]).
 
 use core::mem::size_of;
@@ -41,7 +41,7 @@ pub struct AllocInfo {
     /// exec or a reused pid starts a new generation, so stale blocks of an
     /// earlier image are never mixed with the new one.
     pub generation: u32,
-    /// Where the block comes from: a source code below [`FAMILY_COUNT`]
+    /// Where the block comes from: a family code below [`FAMILY_COUNT`]
     /// (the model's `AllocatorFamily`, which names them), the allocator family of
     /// the probe that recorded it (its attach cookie); 0 for a probe
     /// attached without one.
@@ -49,11 +49,11 @@ pub struct AllocInfo {
 }
 const _: () = assert!(size_of::<AllocInfo>() == 32);
 
-/// Source codes ([`AllocInfo::source`]), the entries of
+/// Allocator family codes ([`AllocInfo::source`]), the entries of
 /// [`crate::ProcTotals::sources`]: the model's `AllocatorFamily::all()` names each.
 pub const FAMILY_COUNT: usize = 8;
 
-/// Source code of an anonymous mapping (`mmap`, `mremap`) a traced process
+/// Family code of an anonymous mapping (`mmap`, `mremap`) a traced process
 /// made itself, outside any probed allocator call: the model's `mmap`.
 pub const FAMILY_MMAP: u32 = 7;
 

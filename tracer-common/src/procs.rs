@@ -41,11 +41,11 @@ pub struct ProcSlot {
 }
 const _: () = assert!(size_of::<ProcSlot>() == 296);
 
-/// Bytes of one source's blocks in a process image.
+/// Bytes of one allocator family's blocks in a process image.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FamilyTotals {
-    /// Bytes in live blocks of this source now.
+    /// Bytes in live blocks of this family now.
     pub current: u64,
     /// Highest `current` since tracing began or the last reset.
     pub peak: u64,
@@ -53,7 +53,7 @@ pub struct FamilyTotals {
 const _: () = assert!(size_of::<FamilyTotals>() == 16);
 
 /// Value of [`MAP_PROCS`] and the totals of a [`ProcSlot`]: a process
-/// image's totals, then the same bytes by source. `stats` is the first
+/// image's totals, then the same bytes by allocator family. `stats` is the first
 /// field, so a pointer to it is a pointer to its `ProcTotals` (the programs
 /// reach `sources` that way).
 #[repr(C)]

@@ -177,7 +177,7 @@ pub(super) fn status(
     }
 }
 
-/// One source's bytes in a process image: (source name, current bytes,
+/// One allocator family's bytes in a process image: (family name, current bytes,
 /// peak bytes).
 pub type FamilyBytes = (&'static str, u64, u64);
 
