@@ -1,8 +1,8 @@
 //! A live block as the kernel records it: its key ([`AllocKey`]: process and
 //! address) and value ([`AllocInfo`]: size, stack, frame 0, generation,
 //! source), the entry of `LIVE_ALLOCS` and the value of the fast table's
-//! `LIVE_VALUES`; and how many sources a block can come from
-//! ([`SOURCE_COUNT`]).
+//! `LIVE_VALUES`; and how many allocator families a block can come from
+//! ([`FAMILY_COUNT`]).
 
 use core::mem::size_of;
 
@@ -37,25 +37,25 @@ pub struct AllocInfo {
     /// every block: when the stack could not be stored, statistics by
     /// `lineno` and `filename` are still exact.
     pub frame0: u64,
-    /// The process generation ([`ProcStats::gen_`]) the block belongs to: an
+    /// The process generation ([`ProcStats::generation`]) the block belongs to: an
     /// exec or a reused pid starts a new generation, so stale blocks of an
     /// earlier image are never mixed with the new one.
-    pub gen_: u32,
-    /// Where the block comes from: a source code below [`SOURCE_COUNT`]
-    /// (the model's `Source`, which names them), the allocator family of
+    pub generation: u32,
+    /// Where the block comes from: a family code below [`FAMILY_COUNT`]
+    /// (the model's `AllocatorFamily`, which names them), the allocator family of
     /// the probe that recorded it (its attach cookie); 0 for a probe
     /// attached without one.
     pub source: u32,
 }
 const _: () = assert!(size_of::<AllocInfo>() == 32);
 
-/// Source codes ([`AllocInfo::source`]), the entries of
-/// [`crate::ProcTotals::sources`]: the model's `Source::all()` names each.
-pub const SOURCE_COUNT: usize = 8;
+/// Allocator family codes ([`AllocInfo::source`]), the entries of
+/// [`crate::ProcTotals::sources`]: the model's `AllocatorFamily::all()` names each.
+pub const FAMILY_COUNT: usize = 8;
 
-/// Source code of an anonymous mapping (`mmap`, `mremap`) a traced process
+/// Family code of an anonymous mapping (`mmap`, `mremap`) a traced process
 /// made itself, outside any probed allocator call: the model's `mmap`.
-pub const SOURCE_MMAP: u32 = 7;
+pub const FAMILY_MMAP: u32 = 7;
 
 /// Slots of an [`MmapRegions`] page (a power of two): the anonymous
 /// mappings a process image holds as blocks whose starts fall in one
@@ -98,7 +98,7 @@ const _: () = assert!(size_of::<MmapPageKey>() == 8);
 
 /// Value of [`crate::MAP_MMAP_REGIONS`]: (tgid, page) → the start address of
 /// each anonymous mapping of that page its image holds as a block of
-/// [`SOURCE_MMAP`] (the block itself, size and stack, is in the live maps
+/// [`FAMILY_MMAP`] (the block itself, size and stack, is in the live maps
 /// under that address), so that an `munmap` of any part of it finds it. A
 /// start goes in a free slot of its window (from the slot its address
 /// hashes to), claimed by compare-and-swap from 0, and is cleared by the
@@ -106,9 +106,9 @@ const _: () = assert!(size_of::<MmapPageKey>() == 8);
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MmapRegions {
-    /// The image ([`ProcStats::gen_`]) the slots belong to: slots of an
+    /// The image ([`ProcStats::generation`]) the slots belong to: slots of an
     /// earlier image of the pid are cleared at its first mapping there.
-    pub gen_: u32,
+    pub generation: u32,
     /// Explicit padding, always 0.
     pub _pad: u32,
     /// Start addresses; 0 is a free slot.

@@ -31,7 +31,7 @@ pub enum ProcEventKind {
     Fork = 5,
     /// A process is mapping a file's code (`mmap` with `PROT_EXEC`: a
     /// library loaded at start or `dlopen`ed): re-read its mappings for
-    /// allocator discovery and the unwinder (`gen_` 0: not traced yet).
+    /// allocator discovery and the unwinder (`generation` 0: not traced yet).
     Mapped = 6,
     /// A process image spills blocks past its fast-table buckets and needs
     /// the next level of its own spill map (`level`; see
@@ -67,7 +67,7 @@ pub struct ProcEvent {
     /// The process.
     pub tgid: u32,
     /// The generation the event is about (for Exec/Exit: the one that ended).
-    pub gen_: u32,
+    pub generation: u32,
     /// For Spill: the level of the image's own spill map asked for; for
     /// New: the parent's tgid when the image starts at a fork (0: unknown,
     /// an image first seen at an exec or an allocation); else 0.

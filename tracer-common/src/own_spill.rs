@@ -29,7 +29,7 @@
 //! [`MAP_OWN_LIVE`], then names it in the image's [`MAP_OWN_LEVELS`] value
 //! and raises the count there; it drops an image's maps once the image
 //! ended and its blocks were read. Every change of a map of maps waits for
-//! an RCU grace period (15 ms here), so tracerd keeps maps of the first
+//! an RCU grace period (measured in `docs/design/0011-measured-figures.md`), so tracerd keeps maps of the first
 //! levels' sizes in [`MAP_OWN_LIVE`] ahead, in a pool: an image is given
 //! one by a change of [`MAP_OWN_LEVELS`] alone, a plain hash.
 
@@ -99,10 +99,10 @@ const _: () = assert!(size_of::<OwnLevelMaps>() == 72);
 #[cfg(feature = "user")]
 unsafe impl aya::Pod for OwnLevelMaps {}
 
-/// Key of [`MAP_OWN_LEVELS`] for image (`tgid`, `gen_`).
+/// Key of [`MAP_OWN_LEVELS`] for image (`tgid`, `generation`).
 #[must_use]
-pub const fn own_image_key(tgid: u32, gen_: u32) -> u64 {
-    ((tgid as u64) << 32) | gen_ as u64
+pub const fn own_image_key(tgid: u32, generation: u32) -> u64 {
+    ((tgid as u64) << 32) | generation as u64
 }
 
 #[cfg(test)]

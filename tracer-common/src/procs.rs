@@ -30,7 +30,7 @@ pub const PROC_SLOT_GEN_SHIFT: u32 = 32;
 /// One slot of [`MAP_PROC_SLOTS`]: a word that packs owner tgid (bits
 /// 0..22), spill count (22..32) and the owner's generation (32..64), changed
 /// only atomically, and the owner's totals (zero while the slot is free;
-/// `totals.stats.gen_` is not kept: the word's generation is the one).
+/// `totals.stats.generation` is not kept: the word's generation is the one).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ProcSlot {
@@ -41,19 +41,19 @@ pub struct ProcSlot {
 }
 const _: () = assert!(size_of::<ProcSlot>() == 296);
 
-/// Bytes of one source's blocks in a process image.
+/// Bytes of one allocator family's blocks in a process image.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct SourceTotals {
-    /// Bytes in live blocks of this source now.
+pub struct FamilyTotals {
+    /// Bytes in live blocks of this family now.
     pub current: u64,
     /// Highest `current` since tracing began or the last reset.
     pub peak: u64,
 }
-const _: () = assert!(size_of::<SourceTotals>() == 16);
+const _: () = assert!(size_of::<FamilyTotals>() == 16);
 
 /// Value of [`MAP_PROCS`] and the totals of a [`ProcSlot`]: a process
-/// image's totals, then the same bytes by source. `stats` is the first
+/// image's totals, then the same bytes by allocator family. `stats` is the first
 /// field, so a pointer to it is a pointer to its `ProcTotals` (the programs
 /// reach `sources` that way).
 #[repr(C)]
@@ -62,7 +62,7 @@ pub struct ProcTotals {
     /// The image's totals.
     pub stats: ProcStats,
     /// Current and peak bytes by [`crate::AllocInfo::source`].
-    pub sources: [SourceTotals; crate::SOURCE_COUNT],
+    pub sources: [FamilyTotals; crate::FAMILY_COUNT],
     /// Stacks of this image in `STACKS`: raised by the programs for each
     /// stack they store for it, set by tracerd at each sweep to the
     /// distinct stacks its live blocks reference (so that collected stacks
@@ -124,7 +124,7 @@ pub const fn proc_slot_gen(word: u64) -> u32 {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ProcStats {
     /// Generation: unique per process image, from a global counter.
-    pub gen_: u32,
+    pub generation: u32,
     /// Explicit padding, always 0.
     pub _pad: u32,
     /// Bytes in live blocks now (`get_traced_memory()[0]`).

@@ -38,8 +38,8 @@ pub struct StackTotalsKey {
     /// The blocks' frame 0 (their exact call site; for a stored stack, its
     /// first frame, so it splits no stack's blocks).
     pub frame0: u64,
-    /// The image's generation ([`AllocInfo::gen_`], unique per image).
-    pub gen_: u32,
+    /// The image's generation ([`AllocInfo::generation`], unique per image).
+    pub generation: u32,
     /// The blocks' source ([`AllocInfo::source`]).
     pub source: u32,
 }
@@ -51,7 +51,7 @@ pub const STACK_TOTALS_KEY_OFFSET: usize = core::mem::offset_of!(AllocInfo, stac
 const _: () =
     assert!(STACK_TOTALS_KEY_OFFSET + size_of::<StackTotalsKey>() == size_of::<AllocInfo>());
 const _: () = assert!(core::mem::offset_of!(AllocInfo, frame0) - STACK_TOTALS_KEY_OFFSET == 8);
-const _: () = assert!(core::mem::offset_of!(AllocInfo, gen_) - STACK_TOTALS_KEY_OFFSET == 16);
+const _: () = assert!(core::mem::offset_of!(AllocInfo, generation) - STACK_TOTALS_KEY_OFFSET == 16);
 const _: () = assert!(core::mem::offset_of!(AllocInfo, source) - STACK_TOTALS_KEY_OFFSET == 20);
 
 impl StackTotalsKey {
@@ -62,7 +62,7 @@ impl StackTotalsKey {
         StackTotalsKey {
             stack_id: info.stack_id,
             frame0: info.frame0,
-            gen_: info.gen_,
+            generation: info.generation,
             source: info.source,
         }
     }
@@ -98,7 +98,7 @@ mod tests {
             size: 8,
             stack_id: 42,
             frame0: 0x1234,
-            gen_: 7,
+            generation: 7,
             source: 1,
         };
         // SAFETY: the layouts are pinned above; both are plain integers.
@@ -114,7 +114,7 @@ mod tests {
             StackTotalsKey {
                 stack_id: 42,
                 frame0: 0x1234,
-                gen_: 7,
+                generation: 7,
                 source: 1
             }
         );

@@ -175,9 +175,9 @@ pub const MAX_PROC_MAPPINGS: usize = 256;
 pub struct ProcMappings {
     /// Mappings in use, sorted by `start`, not overlapping.
     pub count: u32,
-    /// The process image these mappings are of (`ProcStats::gen_`); the
+    /// The process image these mappings are of (`ProcStats::generation`); the
     /// walker uses them only for that generation.
-    pub gen_: u32,
+    pub generation: u32,
     /// The mappings; those at `count` and after are unused.
     pub mappings: [ProcMapping; MAX_PROC_MAPPINGS],
 }

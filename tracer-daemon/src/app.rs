@@ -8,17 +8,16 @@
 //! Stop (SIGTERM or SIGINT): start detaching every probe (a uprobe_multi
 //! link costs the kernel one wait for all its probes, and links on several
 //! threads wait at once; a perf event, where the kernel has no such links,
-//! about 0.09 s a probe, one after another), close the API and give
+//! a wait per probe, one after another), close the API and give
 //! requests in flight the grace period (they read the maps as they were
 //! at the signal), then raise the service's stop (every request and pass
 //! still running ends at its next block: none holds a lock of the service
 //! for long), stop the background tasks, record the stop in the state
 //! directory, wait for the probes to be gone, and drop the service, which
 //! frees every map. With the default grace of 3 s, tracerd is gone within
-//! 5 s of the signal whatever it was doing and however many probes it has
-//! (359 with the installed allocators probed detach in about 0.6 s); with
-//! perf events only, as long as it has fewer than about 50 probes (glibc
-//! alone: 18 and 7 tracepoints).
+//! 5 s of the signal whatever it was doing and however many probes it has;
+//! with perf events only, as long as it has few probes (the figures are in
+//! `docs/design/0011-measured-figures.md`).
 use std::{
     path::PathBuf,
     sync::Arc,

@@ -23,9 +23,9 @@ use aya_ebpf::{
     },
 };
 use tracer_common::{
-    Counter, MMAP_PAGES, MmapPageKey, PROC_SLOT_GEN_SHIFT, PROC_SLOT_OWNER_MASK,
-    PROC_SLOT_SPILL_MAX, PROC_SLOT_SPILL_SHIFT, ProcEvent, ProcEventKind, ProcSlot, ProcStats,
-    ProcTotals, SOURCE_COUNT, SourceTotals, proc_slot_gen, proc_slot_index, proc_slot_owner,
+    Counter, FAMILY_COUNT, FamilyTotals, MMAP_PAGES, MmapPageKey, PROC_SLOT_GEN_SHIFT,
+    PROC_SLOT_OWNER_MASK, PROC_SLOT_SPILL_MAX, PROC_SLOT_SPILL_SHIFT, ProcEvent, ProcEventKind,
+    ProcSlot, ProcStats, ProcTotals, proc_slot_gen, proc_slot_index, proc_slot_owner,
     proc_slot_spill,
 };
 
@@ -61,7 +61,7 @@ pub(crate) fn find_proc(tgid: u32) -> Option<(*mut ProcStats, u32)> {
     }
     let totals = PROCS.get_ptr_mut(tgid)?;
     // SAFETY: a PROCS value.
-    Some(unsafe { (&raw mut (*totals).stats, (*totals).stats.gen_) })
+    Some(unsafe { (&raw mut (*totals).stats, (*totals).stats.generation) })
 }
 
 /// A new generation (unique per process image).
@@ -95,7 +95,7 @@ pub(crate) fn start_image(tgid: u32, parent: u32) -> Option<u32> {
     if find_proc(tgid).is_some() || !register_proc(tgid, parent) {
         return None;
     }
-    find_proc(tgid).map(|(_, gen_)| gen_)
+    find_proc(tgid).map(|(_, generation)| generation)
 }
 
 /// Creates the totals of `tgid`'s image (or finds that another thread of it
@@ -129,15 +129,15 @@ fn register_proc(tgid: u32, parent: u32) -> bool {
             return true;
         }
         if fits && proc_slot_owner(word) == 0 && spill == 0 {
-            let Some(gen_) = new_generation() else {
+            let Some(generation) = new_generation() else {
                 return false;
             };
-            let owned = u64::from(tgid) | (u64::from(gen_) << PROC_SLOT_GEN_SHIFT);
+            let owned = u64::from(tgid) | (u64::from(generation) << PROC_SLOT_GEN_SHIFT);
             if compare_exchange(word_ptr, word, owned) == word {
                 send_event_detail(
                     ProcEventKind::New,
                     tgid,
-                    gen_,
+                    generation,
                     parent,
                     &ProcStats::default(),
                 );
@@ -161,13 +161,13 @@ fn register_proc(tgid: u32, parent: u32) -> bool {
 #[inline(always)]
 fn hash_proc(tgid: u32, parent: u32, word: *mut u64) -> bool {
     let unspill = || fetch_add(word, (1u64 << PROC_SLOT_SPILL_SHIFT).wrapping_neg());
-    let Some(gen_) = new_generation() else {
+    let Some(generation) = new_generation() else {
         unspill();
         return false;
     };
     let totals = ProcTotals {
         stats: ProcStats {
-            gen_,
+            generation,
             ..ProcStats::default()
         },
         ..ProcTotals::default()
@@ -176,7 +176,7 @@ fn hash_proc(tgid: u32, parent: u32, word: *mut u64) -> bool {
         Ok(()) => send_event_detail(
             ProcEventKind::New,
             tgid,
-            gen_,
+            generation,
             parent,
             &ProcStats::default(),
         ),
@@ -193,11 +193,11 @@ fn hash_proc(tgid: u32, parent: u32, word: *mut u64) -> bool {
     true
 }
 
-/// Sends a [`ProcEvent`] of `kind` about image (`tgid`, `gen_`) with its
+/// Sends a [`ProcEvent`] of `kind` about image (`tgid`, `generation`) with its
 /// totals `stats` to tracerd (counted; a full ring is counted as a drop).
 #[inline(always)]
-pub(crate) fn send_event(kind: ProcEventKind, tgid: u32, gen_: u32, stats: &ProcStats) {
-    send_event_detail(kind, tgid, gen_, 0, stats);
+pub(crate) fn send_event(kind: ProcEventKind, tgid: u32, generation: u32, stats: &ProcStats) {
+    send_event_detail(kind, tgid, generation, 0, stats);
 }
 
 /// [`send_event`] with its `detail` ([`ProcEvent::detail`]: a `New`
@@ -205,7 +205,13 @@ pub(crate) fn send_event(kind: ProcEventKind, tgid: u32, gen_: u32, stats: &Proc
 /// on the stack: [`register_proc`]'s frame, which sends `New` events, must
 /// stay small beside the allocator program's.
 #[inline(always)]
-fn send_event_detail(kind: ProcEventKind, tgid: u32, gen_: u32, detail: u32, stats: &ProcStats) {
+fn send_event_detail(
+    kind: ProcEventKind,
+    tgid: u32,
+    generation: u32,
+    detail: u32,
+    stats: &ProcStats,
+) {
     let Some(mut entry) = EVENTS.reserve::<ProcEvent>(0) else {
         count(Counter::DropEvents);
         return;
@@ -216,7 +222,7 @@ fn send_event_detail(kind: ProcEventKind, tgid: u32, gen_: u32, detail: u32, sta
     unsafe {
         (*event).kind = kind as u32;
         (*event).tgid = tgid;
-        (*event).gen_ = gen_;
+        (*event).generation = generation;
         (*event).detail = detail;
         (*event).ktime_ns = bpf_ktime_get_ns();
         (*event).stats = *stats;
@@ -232,9 +238,9 @@ fn send_event_detail(kind: ProcEventKind, tgid: u32, gen_: u32, detail: u32, sta
 /// The totals of source `source` ([`tracer_common::AllocInfo::source`]) of
 /// the process whose totals are `stats`; None for a source out of range.
 #[inline(always)]
-fn source_totals(stats: *mut ProcStats, source: u32) -> Option<*mut SourceTotals> {
+fn source_totals(stats: *mut ProcStats, source: u32) -> Option<*mut FamilyTotals> {
     let index = source as usize;
-    if index >= SOURCE_COUNT {
+    if index >= FAMILY_COUNT {
         return None;
     }
     // SAFETY: every ProcStats the programs change is the first field of a
@@ -242,8 +248,8 @@ fn source_totals(stats: *mut ProcStats, source: u32) -> Option<*mut SourceTotals
     // ProcTotals; index is in bounds (masked again for the verifier).
     Some(unsafe {
         (&raw mut (*stats.cast::<ProcTotals>()).sources)
-            .cast::<SourceTotals>()
-            .add(index & (SOURCE_COUNT - 1))
+            .cast::<FamilyTotals>()
+            .add(index & (FAMILY_COUNT - 1))
     })
 }
 
@@ -325,10 +331,10 @@ pub(crate) fn own_spill_counter(stats: *mut ProcStats) -> *mut u64 {
 }
 
 /// Asks tracerd for level `level` of the own spill of image (`tgid`,
-/// `gen_`): a `Spill` event, written in place in the ring (no stack for
+/// `generation`): a `Spill` event, written in place in the ring (no stack for
 /// it), counted like [`send_event`]'s.
 #[inline(always)]
-pub(crate) fn send_spill_event(tgid: u32, gen_: u32, level: u32) {
+pub(crate) fn send_spill_event(tgid: u32, generation: u32, level: u32) {
     let Some(mut entry) = EVENTS.reserve::<ProcEvent>(0) else {
         count(Counter::DropEvents);
         return;
@@ -340,7 +346,7 @@ pub(crate) fn send_spill_event(tgid: u32, gen_: u32, level: u32) {
         core::ptr::write_bytes(event.cast::<u8>(), 0, core::mem::size_of::<ProcEvent>());
         (*event).kind = ProcEventKind::Spill as u32;
         (*event).tgid = tgid;
-        (*event).gen_ = gen_;
+        (*event).generation = generation;
         (*event).detail = level;
     }
     entry.submit(0);
@@ -448,7 +454,7 @@ pub(crate) fn end_generation(kind: ProcEventKind, tgid: u32) {
         // SAFETY: as above. No thread of the process runs any more (exit of
         // the last one, or exec, which ended the others).
         let (mut stats, pages) = unsafe { ((*slot).totals.stats, (*slot).totals.mmap_pages) };
-        stats.gen_ = proc_slot_gen(word);
+        stats.generation = proc_slot_gen(word);
         // SAFETY: as above.
         unsafe { (*slot).totals = ProcTotals::default() };
         // Only the owner and generation go: the spill count may change
@@ -466,7 +472,7 @@ pub(crate) fn end_generation(kind: ProcEventKind, tgid: u32) {
         }
         forget_regions(tgid, pages);
         forget_mappings(tgid);
-        send_event(kind, tgid, stats.gen_, &stats);
+        send_event(kind, tgid, stats.generation, &stats);
         return;
     }
     if proc_slot_spill(word) == 0 {
@@ -482,7 +488,7 @@ pub(crate) fn end_generation(kind: ProcEventKind, tgid: u32) {
     }
     forget_regions(tgid, pages);
     forget_mappings(tgid);
-    send_event(kind, tgid, stats.gen_, &stats);
+    send_event(kind, tgid, stats.generation, &stats);
 }
 
 /// Forgets the executable mappings of `tgid`'s ended image in PROC_MAPS:

@@ -36,7 +36,7 @@
 //!
 //! ```
 //! use std::sync::Arc;
-//! use tracer_model::{Frame, GroupBy, Snapshot, Source, Trace, Traceback};
+//! use tracer_model::{Frame, GroupBy, Snapshot, AllocatorFamily, Trace, Traceback};
 //!
 //! let stack = Arc::new(Traceback::new(
 //!     vec![Frame::new("src/cache.c", 88), Frame::new("src/main.c", 12)],
@@ -47,7 +47,7 @@
 //!         domain: 1234,
 //!         size: 256,
 //!         traceback: Arc::clone(&stack),
-//!         source: Source::UNKNOWN,
+//!         source: AllocatorFamily::UNKNOWN,
 //!     })
 //!     .collect();
 //! let snapshot = Snapshot::new(traces, 25);
@@ -85,13 +85,15 @@ pub use codec::pickle::{PickleError, dump_tracemalloc, load_tracemalloc};
 pub use completeness::Completeness;
 pub use engine::on_helper_thread_start;
 pub use error::ModelError;
-pub use filter::{DomainFilter, Filter, Pattern, SourceFilter, TraceFilter, normalize_filename};
+pub use filter::{
+    AllocatorFamilyFilter, DomainFilter, Filter, Pattern, TraceFilter, normalize_filename,
+};
 pub use snapshot::Snapshot;
 pub use statistic::{GroupBy, Statistic, StatisticDiff};
 pub use text::format::{format_size, format_size_f64, py_repr_str, true_div};
 pub use text::linecache::{LineCache, MAX_SOURCE_BYTES};
 pub use trace::{
-    Frame, FrameExtra, SITE_FUNCTION_MARK, SITE_OFFSET_MARK, SOURCE_NAMES, Source, Trace,
+    AllocatorFamily, FAMILY_NAMES, Frame, FrameExtra, SITE_FUNCTION_MARK, SITE_OFFSET_MARK, Trace,
     Traceback, TracebackTotals, UNKNOWN_FILENAME, is_python_space, parse_site, site_name,
 };
 
@@ -117,7 +119,7 @@ pub(crate) mod testing {
     /// A trace of `size` bytes in domain 1 with `traceback`.
     pub(crate) fn trace(size: u64, traceback: &Arc<Traceback>) -> Trace {
         Trace {
-            source: crate::trace::Source::UNKNOWN,
+            source: crate::trace::AllocatorFamily::UNKNOWN,
             domain: 1,
             size,
             traceback: Arc::clone(traceback),

@@ -296,24 +296,24 @@ pub(crate) fn serialize_traceback<S: Serializer>(
 
 /// Where a block came from, tracer's addition to tracemalloc's `Trace`: the
 /// allocator family whose probe recorded it (`glibc`, `musl`, `jemalloc`,
-/// `tcmalloc`, `mimalloc`, `malloc`) or `mmap`; [`Source::UNKNOWN`] for a
+/// `tcmalloc`, `mimalloc`, `malloc`) or `mmap`; [`AllocatorFamily::UNKNOWN`] for a
 /// trace read from a tracemalloc file or written before sources were kept.
 /// Its code is what the kernel records (`AllocInfo::source`, the index of
-/// its name in [`SOURCE_NAMES`]).
+/// its name in [`FAMILY_NAMES`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Source(pub u8);
+pub struct AllocatorFamily(pub u8);
 
-/// The name of each [`Source`] code.
-pub const SOURCE_NAMES: [&str; 8] = [
+/// The name of each [`AllocatorFamily`] code.
+pub const FAMILY_NAMES: [&str; 8] = [
     "unknown", "glibc", "musl", "jemalloc", "tcmalloc", "mimalloc", "malloc", "mmap",
 ];
 
-impl Source {
+impl AllocatorFamily {
     /// Not known.
-    pub const UNKNOWN: Source = Source(0);
+    pub const UNKNOWN: AllocatorFamily = AllocatorFamily(0);
     /// An anonymous mapping the program made itself (`mmap`): recorded
     /// whole, never sampled.
-    pub const MMAP: Source = Source(7);
+    pub const MMAP: AllocatorFamily = AllocatorFamily(7);
 
     /// The source recorded as `code` by the kernel (`AllocInfo::source`);
     /// unknown for a code out of range.
@@ -321,25 +321,25 @@ impl Source {
     pub fn from_code(code: u32) -> Self {
         u8::try_from(code)
             .ok()
-            .filter(|c| usize::from(*c) < SOURCE_NAMES.len())
-            .map_or(Source::UNKNOWN, Source)
+            .filter(|c| usize::from(*c) < FAMILY_NAMES.len())
+            .map_or(AllocatorFamily::UNKNOWN, AllocatorFamily)
     }
 
-    /// The source named `name` (see [`Source::all`]), or None.
+    /// The source named `name` (see [`AllocatorFamily::all`]), or None.
     #[must_use]
     pub fn from_name(name: &str) -> Option<Self> {
-        SOURCE_NAMES
+        FAMILY_NAMES
             .iter()
             .position(|n| *n == name)
             .and_then(|i| u8::try_from(i).ok())
-            .map(Source)
+            .map(AllocatorFamily)
     }
 
     /// Its name: `unknown`, `glibc`, `musl`, `jemalloc`, `tcmalloc`,
     /// `mimalloc`, `malloc` or `mmap`.
     #[must_use]
     pub fn name(self) -> &'static str {
-        SOURCE_NAMES
+        FAMILY_NAMES
             .get(usize::from(self.0))
             .copied()
             .unwrap_or("unknown")
@@ -348,23 +348,23 @@ impl Source {
     /// Every name, in code order.
     #[must_use]
     pub fn all() -> &'static [&'static str] {
-        &SOURCE_NAMES
+        &FAMILY_NAMES
     }
 
-    /// Whether it is [`Source::UNKNOWN`].
+    /// Whether it is [`AllocatorFamily::UNKNOWN`].
     #[must_use]
     pub fn is_unknown(&self) -> bool {
-        *self == Source::UNKNOWN
+        *self == AllocatorFamily::UNKNOWN
     }
 }
 
-impl fmt::Display for Source {
+impl fmt::Display for AllocatorFamily {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
     }
 }
 
-impl Serialize for Source {
+impl Serialize for AllocatorFamily {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         serializer.serialize_str(self.name())
     }
@@ -386,8 +386,8 @@ pub struct Trace {
     pub traceback: Arc<Traceback>,
     /// Where the block came from (not part of tracemalloc's `Trace`: its
     /// `str()`, statistics and pickles ignore it).
-    #[serde(skip_serializing_if = "Source::is_unknown")]
-    pub source: Source,
+    #[serde(skip_serializing_if = "AllocatorFamily::is_unknown")]
+    pub source: AllocatorFamily,
 }
 
 /// `str(Trace)`: `"<oldest frame>: <size>"`, e.g. `"a.c:3: 256 B"`.
@@ -418,7 +418,7 @@ pub struct TracebackTotals {
     /// Address space of the blocks: the pid of the traced process.
     pub domain: u32,
     /// Where the blocks came from.
-    pub source: Source,
+    pub source: AllocatorFamily,
     /// Number of live blocks.
     pub count: u64,
     /// Their requested sizes summed, in bytes.
@@ -433,7 +433,7 @@ pub(crate) trait Block {
     /// The domain (pid) of the item's blocks.
     fn domain(&self) -> u32;
     /// The source of the item's blocks.
-    fn source(&self) -> Source;
+    fn source(&self) -> AllocatorFamily;
     /// Bytes and blocks of the item: `(size, count)`.
     fn size_count(&self) -> (u64, u64);
 }
@@ -448,7 +448,7 @@ impl Block for Trace {
         self.domain
     }
     #[inline]
-    fn source(&self) -> Source {
+    fn source(&self) -> AllocatorFamily {
         self.source
     }
     #[inline]
@@ -467,7 +467,7 @@ impl Block for TracebackTotals {
         self.domain
     }
     #[inline]
-    fn source(&self) -> Source {
+    fn source(&self) -> AllocatorFamily {
         self.source
     }
     #[inline]
@@ -568,7 +568,7 @@ mod tests {
             ])
         );
         let trace = Trace {
-            source: crate::trace::Source::UNKNOWN,
+            source: crate::trace::AllocatorFamily::UNKNOWN,
             domain: 42,
             size: 10240,
             traceback: Arc::new(t),

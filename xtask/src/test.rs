@@ -5,7 +5,7 @@
 //!    the eBPF crate (the model's unit and differential tests,
 //!    tracer-common, the `tracer` command's unit tests and its test with
 //!    no tracerd, xtask), then the daemon's unit tests and its two test
-//!    binaries that need no root (`layering`, `size_budget`, `symbolize`);
+//!    binaries that need no root (`docs`, `layering`, `size_budget`, `symbolize`);
 //! 2. tests that need root, serially, in the daemon's one integration
 //!    binary: they attach probes host-wide and share the kernel's state
 //!    (its `cli` tests run the `tracer` binary, which they build first
@@ -74,6 +74,8 @@ fn passes(extra: &[OsString]) -> Vec<Pass> {
                         "--lib",
                         "--bins",
                         "--test",
+                        "docs",
+                        "--test",
                         "layering",
                         "--test",
                         "size_budget",
@@ -106,7 +108,13 @@ fn passes(extra: &[OsString]) -> Vec<Pass> {
 
 /// The daemon's test binaries (`tracer-daemon/tests/*.rs`): each must be
 /// in one pass, so that none is silently left out.
-const DAEMON_TEST_BINARIES: [&str; 4] = ["integration", "layering", "size_budget", "symbolize"];
+const DAEMON_TEST_BINARIES: [&str; 5] = [
+    "docs",
+    "integration",
+    "layering",
+    "size_budget",
+    "symbolize",
+];
 
 /// Refuses to run when `tracer-daemon/tests/` holds a test binary that no
 /// pass names.
@@ -207,7 +215,7 @@ mod tests {
             strings(&passes[0]),
             [
                 "test --workspace --exclude tracer-ebpf --exclude tracer-daemon --",
-                "test -p tracer-daemon --lib --bins --test layering --test size_budget --test symbolize --",
+                "test -p tracer-daemon --lib --bins --test docs --test layering --test size_budget --test symbolize --",
             ]
         );
         assert_eq!(

@@ -6,8 +6,8 @@
 //! kernel has them ([`super::multi`]): closing it unregisters them all with
 //! one wait for the kernel's grace periods, and links closed on several
 //! threads wait at once. Elsewhere each probe is a perf event of its own,
-//! which costs the kernel grace periods to detach (about 0.09 s here, one
-//! probe after another: the kernel unregisters perf events' probes in turn
+//! which costs the kernel grace periods to detach (one probe after
+//! another, measured in `docs/design/0011-measured-figures.md`: the kernel unregisters perf events' probes in turn
 //! under its `event_mutex`). Either way links leave on their own threads
 //! ([`detach_all`]) so that no lock waits for them, and are owned apart
 //! from the programs ([`ProbeLinks`]) so that a stop takes them all at its

@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tracer_common::{
-    AllocInfo, AllocKey, ProcEvent, ProcEventKind, ProcStats, ProcTotals, STACK_ID_NONE,
-    SourceTotals, StackTotals, StackTotalsKey,
+    AllocInfo, AllocKey, FamilyTotals, ProcEvent, ProcEventKind, ProcStats, ProcTotals,
+    STACK_ID_NONE, StackTotals, StackTotalsKey,
 };
 
 use super::kernel::MapUsage;
@@ -80,7 +80,7 @@ impl TableSink for FakeTables {
     fn set_mappings(&mut self, tgid: u32, value: &ProcMappings) -> Result<(), String> {
         let count = value.count as usize;
         let used = value.mappings.get(..count).unwrap_or_default().to_vec();
-        self.procs.insert(tgid, (value.gen_, used));
+        self.procs.insert(tgid, (value.generation, used));
         Ok(())
     }
     fn remove_mappings(&mut self, tgid: u32) {
@@ -150,7 +150,7 @@ impl FakeKernel {
         state.procs.insert(
             pid,
             ProcStats {
-                gen_: generation,
+                generation,
                 ..ProcStats::default()
             },
         );
@@ -185,7 +185,7 @@ impl FakeKernel {
             size,
             stack_id,
             frame0: stack.first().copied().unwrap_or(0),
-            gen_: stats.gen_,
+            generation: stats.generation,
             source: FAKE_SOURCE,
         };
         if let Some(old) = state.blocks.insert((pid, addr), info) {
@@ -225,7 +225,7 @@ impl FakeKernel {
         let stats = state.procs.remove(&pid)?;
         Some(event(
             ProcEventKind::Exit,
-            ImageId::new(pid, stats.gen_),
+            ImageId::new(pid, stats.generation),
             stats,
         ))
     }
@@ -257,7 +257,7 @@ pub fn event(kind: ProcEventKind, image: ImageId, stats: ProcStats) -> ProcEvent
     ProcEvent {
         kind: kind as u32,
         tgid: image.pid,
-        gen_: image.generation,
+        generation: image.generation,
         stats,
         ..ProcEvent::default()
     }
@@ -296,8 +296,8 @@ impl super::ProcTotalsSource for FakeKernel {
         let stats = *state.procs.get(&tgid)?;
         // Every fake block comes from FAKE_SOURCE: its bytes are the
         // process's (peak included).
-        let mut sources = [SourceTotals::default(); tracer_common::SOURCE_COUNT];
-        sources[FAKE_SOURCE as usize] = SourceTotals {
+        let mut sources = [FamilyTotals::default(); tracer_common::FAMILY_COUNT];
+        sources[FAKE_SOURCE as usize] = FamilyTotals {
             current: stats.current,
             peak: stats.peak,
         };
@@ -413,7 +413,7 @@ impl StackMaps for FakeKernel {
         let mut out: Vec<_> = state
             .stack_totals
             .iter()
-            .filter(|(key, _)| generations.is_none_or(|want| want.contains(&key.gen_)))
+            .filter(|(key, _)| generations.is_none_or(|want| want.contains(&key.generation)))
             .map(|(key, totals)| (*key, *totals))
             .collect();
         out.sort_by_key(|(key, _)| *key);

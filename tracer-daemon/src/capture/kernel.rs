@@ -26,7 +26,7 @@ pub struct ImageId {
     /// The process id (the kernel's tgid).
     pub pid: u32,
     /// The generation the programs gave the image at its first allocation
-    /// (`ProcStats::gen_`, `AllocInfo::gen_`).
+    /// (`ProcStats::generation`, `AllocInfo::generation`).
     pub generation: u32,
 }
 
@@ -41,7 +41,7 @@ impl ImageId {
     /// `LIVE_ALLOCS` or the fast table.
     #[must_use]
     pub const fn of_block(key: &AllocKey, info: &AllocInfo) -> Self {
-        Self::new(key.tgid, info.gen_)
+        Self::new(key.tgid, info.generation)
     }
 }
 

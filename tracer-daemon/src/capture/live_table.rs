@@ -239,7 +239,7 @@ mod tests {
             size,
             stack_id: size * 3,
             frame0: 0x40_1000 + size,
-            gen_: 7,
+            generation: 7,
             source: 0,
         }
     }

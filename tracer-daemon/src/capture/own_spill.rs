@@ -4,9 +4,10 @@
 //! maps rather than from every spilled block of the host, and drops them
 //! once the image ended and its blocks were read. Maps of the first
 //! levels' sizes wait in `OWN_LIVE` ahead, in a pool: giving one to an
-//! image changes `OWN_LEVELS` alone (microseconds), where putting a map in
-//! `OWN_LIVE` waits for an RCU grace period (15 ms here), in which a
-//! process that allocates at full speed spills 30,000 blocks.
+//! image changes `OWN_LEVELS` alone, where putting a map in `OWN_LIVE`
+//! waits for an RCU grace period, in which a process that allocates at
+//! full speed spills many blocks (figures in
+//! `docs/design/0011-measured-figures.md`).
 use std::{
     collections::{BTreeMap, HashMap},
     ops::ControlFlow,

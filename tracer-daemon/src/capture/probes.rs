@@ -175,8 +175,8 @@ fn host_abi_matches(ldconfig_line: &str) -> bool {
 }
 
 // The kernel's per-source totals have one entry per source the model names.
-const _: () = assert!(tracer_model::SOURCE_NAMES.len() == tracer_common::SOURCE_COUNT);
-const _: () = assert!(tracer_model::Source::MMAP.0 as u32 == tracer_common::SOURCE_MMAP);
+const _: () = assert!(tracer_model::FAMILY_NAMES.len() == tracer_common::FAMILY_COUNT);
+const _: () = assert!(tracer_model::AllocatorFamily::MMAP.0 as u32 == tracer_common::FAMILY_MMAP);
 
 /// The allocator family of an object's probed functions: the `source` its
 /// blocks are reported with.
@@ -214,10 +214,10 @@ impl Family {
     }
 
     /// The [`tracer_common::AllocInfo::source`] of its blocks: the code of
-    /// the model's [`tracer_model::Source`] of its name (the kernel keeps
+    /// the model's [`tracer_model::AllocatorFamily`] of its name (the kernel keeps
     /// totals for as many codes as the model names: checked at build).
     pub fn source(self) -> u32 {
-        tracer_model::Source::from_name(self.name()).map_or(0, |s| u32::from(s.0))
+        tracer_model::AllocatorFamily::from_name(self.name()).map_or(0, |s| u32::from(s.0))
     }
 
     /// The family whose own API the probed function `symbol` (a name of

@@ -12,7 +12,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use tracer_common::{
-    PROC_SLOT_COUNT, ProcSlot, ProcStats, ProcTotals, SOURCE_COUNT, SourceTotals, proc_slot_gen,
+    FAMILY_COUNT, FamilyTotals, PROC_SLOT_COUNT, ProcSlot, ProcStats, ProcTotals, proc_slot_gen,
     proc_slot_index, proc_slot_owner, proc_slot_spill,
 };
 
@@ -22,7 +22,7 @@ const SLOT_WORDS: usize = size_of::<ProcSlot>() / 8;
 /// Word of the first source's `current` within a slot.
 const SOURCES: usize = 1 + size_of::<ProcStats>() / 8;
 /// Word of [`ProcTotals::stacks`] within a slot.
-const STACKS: usize = SOURCES + 2 * SOURCE_COUNT;
+const STACKS: usize = SOURCES + 2 * FAMILY_COUNT;
 /// Word of [`ProcTotals::stack_totals_lost`] within a slot.
 const STACK_TOTALS_LOST: usize = STACKS + 1;
 /// Word of a slot's `totals.shared_spill` (then `own_asked`, `own_spill`).
@@ -33,7 +33,7 @@ const STACK_KEYS: usize = SHARED_SPILL + 3;
 /// `mmap_pages`).
 const MMAP_MAX_LEN: usize = STACK_KEYS + 1;
 /// Word of [`ProcStats::current`] within a slot (after the slot word and
-/// `gen_`/`_pad`).
+/// `generation`/`_pad`).
 const CURRENT: usize = 2;
 /// Word of [`ProcStats::peak`] within a slot.
 const PEAK: usize = 3;
@@ -68,11 +68,11 @@ impl ProcSlots {
     }
 
     /// The totals of slot `index` as owned by the word `word` (its
-    /// generation in `gen_`), read field by field.
+    /// generation in `generation`), read field by field.
     fn stats(&self, index: u32, word: u64) -> ProcStats {
         let field = |n: usize| self.word(index, 1 + n).load(Ordering::Relaxed);
         ProcStats {
-            gen_: proc_slot_gen(word),
+            generation: proc_slot_gen(word),
             _pad: 0,
             current: field(1),
             peak: field(2),
@@ -86,8 +86,8 @@ impl ProcSlots {
     }
 
     /// The bytes by source of slot `index`, read field by field.
-    fn sources(&self, index: u32) -> [SourceTotals; SOURCE_COUNT] {
-        std::array::from_fn(|source| SourceTotals {
+    fn sources(&self, index: u32) -> [FamilyTotals; FAMILY_COUNT] {
+        std::array::from_fn(|source| FamilyTotals {
             current: self
                 .word(index, SOURCES + 2 * source)
                 .load(Ordering::Relaxed),
@@ -126,31 +126,32 @@ impl ProcSlots {
         })
     }
 
-    /// Sets the stacks count of `tgid`'s image of generation `gen_` if it
+    /// Sets the stacks count of `tgid`'s image of generation `generation` if it
     /// owns its slot; false otherwise.
-    pub fn set_stacks(&self, tgid: u32, gen_: u32, stacks: u64) -> bool {
-        let Some(index) = self.slot_of(tgid, gen_) else {
+    pub fn set_stacks(&self, tgid: u32, generation: u32, stacks: u64) -> bool {
+        let Some(index) = self.slot_of(tgid, generation) else {
             return false;
         };
         self.word(index, STACKS).store(stacks, Ordering::Relaxed);
         true
     }
 
-    /// The slot `tgid`'s image of generation `gen_` owns; None when the
+    /// The slot `tgid`'s image of generation `generation` owns; None when the
     /// slot is another's (or free: the image is in `PROCS`, or ended).
-    fn slot_of(&self, tgid: u32, gen_: u32) -> Option<u32> {
+    fn slot_of(&self, tgid: u32, generation: u32) -> Option<u32> {
         let index = proc_slot_index(tgid);
         let word = self.word(index, 0).load(Ordering::Acquire);
-        (proc_slot_owner(word) == tgid && tgid != 0 && proc_slot_gen(word) == gen_).then_some(index)
+        (proc_slot_owner(word) == tgid && tgid != 0 && proc_slot_gen(word) == generation)
+            .then_some(index)
     }
 
-    /// Lowers the counts of `tgid`'s image of generation `gen_` of blocks
+    /// Lowers the counts of `tgid`'s image of generation `generation` of blocks
     /// in its own spill maps (`own`) and in `LIVE_ALLOCS` (`shared`) by
     /// blocks tracerd removed from there, never below 0 (the programs raise
     /// a count before the insert and lower it after the delete, so it stays
     /// at or above the truth); false when the image does not own its slot.
-    pub fn lower_spill(&self, tgid: u32, gen_: u32, own: u64, shared: u64) -> bool {
-        let Some(index) = self.slot_of(tgid, gen_) else {
+    pub fn lower_spill(&self, tgid: u32, generation: u32, own: u64, shared: u64) -> bool {
+        let Some(index) = self.slot_of(tgid, generation) else {
             return false;
         };
         for (at, by) in [(SHARED_SPILL, shared), (SHARED_SPILL + 2, own)] {
@@ -203,7 +204,7 @@ impl ProcSlots {
         }
         let index = proc_slot_index(tgid);
         for (current, peak) in std::iter::once((CURRENT, PEAK))
-            .chain((0..SOURCE_COUNT).map(|source| (SOURCES + 2 * source, SOURCES + 2 * source + 1)))
+            .chain((0..FAMILY_COUNT).map(|source| (SOURCES + 2 * source, SOURCES + 2 * source + 1)))
         {
             let now = self.word(index, current).load(Ordering::Acquire);
             self.word(index, peak).store(now, Ordering::Release);

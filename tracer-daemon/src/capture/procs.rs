@@ -38,7 +38,7 @@ pub trait ProcTotalsSource: Send + Sync {
     /// tracks that generation); None once it ended, or when not tracked.
     fn image_totals(&self, image: super::ImageId) -> Option<ProcTotals> {
         self.proc_totals(image.pid)
-            .filter(|totals| totals.stats.gen_ == image.generation)
+            .filter(|totals| totals.stats.generation == image.generation)
     }
 }
 
@@ -118,13 +118,13 @@ impl Capture {
     /// the distinct stacks its live blocks reference, so that stacks
     /// collected since leave its share.
     pub fn set_stack_counts(&mut self, counts: &[(u32, u32, u64)]) {
-        for &(tgid, gen_, stacks) in counts {
+        for &(tgid, generation, stacks) in counts {
             let slots = &self.totals.slots;
-            if slots.set_stacks(tgid, gen_, stacks) || !slots.spilled(tgid) {
+            if slots.set_stacks(tgid, generation, stacks) || !slots.spilled(tgid) {
                 continue;
             }
             if let Ok(mut totals) = self.procs.get(&tgid, 0)
-                && totals.stats.gen_ == gen_
+                && totals.stats.generation == generation
             {
                 totals.stacks = stacks;
                 let _ = self.procs.insert(tgid, totals, 0);

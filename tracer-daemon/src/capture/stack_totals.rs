@@ -243,7 +243,7 @@ fn read_stack_totals(
             return ControlFlow::Break(());
         }
         seen += 1;
-        if generations.is_none_or(|want| want.contains(&key.gen_)) {
+        if generations.is_none_or(|want| want.contains(&key.generation)) {
             out.push((*key, *totals));
         }
         ControlFlow::Continue(())

@@ -19,7 +19,7 @@ use utoipa::openapi::{
 
 use super::params::spec::{self, Kind, Param};
 use super::routes::{Op, ROUTES, Route, Verb, media};
-use tracer_model::Source;
+use tracer_model::AllocatorFamily;
 
 /// The name of the error body's schema under `components/schemas`.
 const ERROR_SCHEMA: &str = "Error";
@@ -231,7 +231,7 @@ fn schema(kind: Kind) -> RefOr<Schema> {
         }
         Kind::Duration => pattern("^([0-9]{1,12}|([0-9]{1,9}[smhd]){1,4})$".into()),
         Kind::Filter => string().into(),
-        Kind::Source => words(Source::all().iter().copied()),
+        Kind::AllocatorFamily => words(AllocatorFamily::all().iter().copied()),
         Kind::Absolute => pattern("^/".into()),
         Kind::Address => pattern("^(0[xX][0-9a-fA-F]{1,16}|[0-9]{1,19})$".into()),
     }

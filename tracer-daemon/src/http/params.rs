@@ -3,7 +3,9 @@
 //! or value is a 400 whose hint names the valid ones.
 use std::{collections::HashMap, path::PathBuf, time::Duration};
 
-use tracer_model::{DomainFilter, Filter, GroupBy, Source, SourceFilter, TraceFilter};
+use tracer_model::{
+    AllocatorFamily, AllocatorFamilyFilter, DomainFilter, Filter, GroupBy, TraceFilter,
+};
 
 use super::error::ApiError;
 use super::render::TextOptions;
@@ -261,7 +263,7 @@ impl Params {
     /// `PATTERN[:LINENO][@DOMAIN]` (each with `all_frames`), `domain` and
     /// `exclude_domain` as `DomainFilter`s, `allocator` and
     /// `exclude_allocator` (a trace's source: `glibc`, `jemalloc`, ...) as
-    /// `SourceFilter`s.
+    /// `AllocatorFamilyFilter`s.
     ///
     /// # Errors
     /// 400 naming the valid forms.
@@ -289,16 +291,19 @@ impl Params {
         }
         for (name, inclusive) in [("allocator", true), ("exclude_allocator", false)] {
             for value in self.all(name) {
-                let source = Source::from_name(value).ok_or_else(|| {
+                let source = AllocatorFamily::from_name(value).ok_or_else(|| {
                     ApiError::bad(
                         format!("invalid {name} {value:?}"),
                         format!(
                             "{name} is a block's source: one of {}; repeat it for more",
-                            Source::all().join(", ")
+                            AllocatorFamily::all().join(", ")
                         ),
                     )
                 })?;
-                filters.push(TraceFilter::from(SourceFilter { inclusive, source }));
+                filters.push(TraceFilter::from(AllocatorFamilyFilter {
+                    inclusive,
+                    source,
+                }));
             }
         }
         Ok(filters)

@@ -9,7 +9,7 @@ use std::{
 };
 
 use tracer_common::{AllocInfo, AllocKey, ProcStats, STACK_ID_NONE};
-use tracer_model::Source;
+use tracer_model::AllocatorFamily;
 
 use crate::capture::stack_totals::StackTotalsSource;
 use crate::capture::{ImageId, KernelMaps, ProcTotalsSource, Stopping};
@@ -23,7 +23,7 @@ pub struct RawBlock {
     /// frame 0 (kept with every block).
     pub stack: Option<Arc<[u64]>>,
     /// Where it came from (the probe's cookie, `AllocInfo::source`).
-    pub source: Source,
+    pub source: AllocatorFamily,
 }
 
 /// A block's return addresses, frame 0 first (None: unknown).
@@ -47,14 +47,14 @@ pub struct StackReader<'a> {
 #[derive(Clone, Copy)]
 enum Stacks<'a> {
     Kernel(&'a dyn KernelMaps),
-    Source(&'a dyn StackTotalsSource),
+    AllocatorFamily(&'a dyn StackTotalsSource),
 }
 
 impl Stacks<'_> {
     fn stack(self, id: u64) -> Option<Vec<u64>> {
         match self {
             Self::Kernel(kernel) => kernel.stack(id),
-            Self::Source(source) => source.stack(id),
+            Self::AllocatorFamily(source) => source.stack(id),
         }
     }
 }
@@ -68,7 +68,7 @@ impl<'a> StackReader<'a> {
     /// A reader of the stacks of `source` (no kernel lock needed), with
     /// nothing read yet.
     pub fn from_source(source: &'a dyn StackTotalsSource) -> Self {
-        Self::of(Stacks::Source(source))
+        Self::of(Stacks::AllocatorFamily(source))
     }
 
     fn of(kernel: Stacks<'a>) -> Self {
@@ -135,7 +135,7 @@ pub fn raw_blocks(
         .map(|(_, (_, info))| RawBlock {
             size: info.size,
             stack: stacks.stack(info.stack_id, info.frame0),
-            source: Source::from_code(info.source),
+            source: AllocatorFamily::from_code(info.source),
         })
         .collect()
 }
@@ -162,7 +162,7 @@ pub fn live_raw_blocks(
         out.push(RawBlock {
             size: info.size,
             stack: stacks.stack(info.stack_id, info.frame0),
-            source: Source::from_code(info.source),
+            source: AllocatorFamily::from_code(info.source),
         });
         ControlFlow::Continue(())
     });
@@ -175,7 +175,7 @@ pub fn live_raw_blocks(
 pub fn live_stats(totals: &dyn ProcTotalsSource, image: ImageId) -> ProcStats {
     totals
         .proc_stats(image.pid)
-        .filter(|stats| stats.gen_ == image.generation)
+        .filter(|stats| stats.generation == image.generation)
         .unwrap_or_default()
 }
 

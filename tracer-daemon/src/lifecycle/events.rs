@@ -53,7 +53,7 @@ pub enum Event {
 /// Decodes a kernel event; None for an unknown kind.
 #[must_use]
 pub fn decode(event: &ProcEvent) -> Option<Event> {
-    let image = ImageId::new(event.tgid, event.gen_);
+    let image = ImageId::new(event.tgid, event.generation);
     let end = |reason| {
         Event::End(EndEvent {
             image,
@@ -213,7 +213,7 @@ mod tests {
         ProcEvent {
             kind: kind as u32,
             tgid: 42,
-            gen_: 7,
+            generation: 7,
             comm: *b"app\0\0\0\0\0\0\0\0\0\0\0\0\0",
             stats: ProcStats {
                 current: 5,

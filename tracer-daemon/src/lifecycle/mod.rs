@@ -7,24 +7,24 @@
 //! - [`events`]: the kernel's process events, decoded and applied.
 //! - [`orphans`]: the sweep for blocks whose end event was lost.
 //! - [`scope`]: which processes are traced, and attaching accordingly.
-//! - [`tracing`]: tracemalloc's `start`/`stop`/`clear_traces` state.
+//! - [`control`]: tracemalloc's `start`/`stop`/`clear_traces` state.
 //! - [`unwind`]: each live image's unwind tables and mappings in the kernel.
 //!
 //! Everything here works through [`KernelMaps`](crate::capture::KernelMaps),
 //! so it is tested with a fake kernel.
 pub mod allocators;
 pub mod blocks;
+pub mod control;
 pub mod events;
 pub mod image;
 pub mod orphans;
 pub mod registry;
 pub mod scope;
-pub mod tracing;
 pub mod unwind;
 
 pub use crate::capture::ImageId;
 pub use blocks::RawBlock;
+pub use control::{Tracing, TracingControl};
 pub use image::{EndReason, ImageState, ProcessImage};
 pub use registry::Registry;
 pub use scope::Scope;
-pub use tracing::{Tracing, TracingControl};

@@ -106,7 +106,7 @@ pub fn apply(kernel: &mut dyn KernelMaps, digest: Digest) -> Scan {
     let tracked = kernel
         .all_proc_stats()
         .into_iter()
-        .map(|(tgid, stats)| ImageId::new(tgid, stats.gen_))
+        .map(|(tgid, stats)| ImageId::new(tgid, stats.generation))
         .collect();
     Scan {
         entries: digest.walked.entries,

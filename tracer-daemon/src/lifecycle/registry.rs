@@ -185,7 +185,7 @@ impl Registry {
                 reason: EndReason::Exit,
                 at: now,
                 stats: ProcStats {
-                    gen_: id.generation,
+                    generation: id.generation,
                     drops: 1,
                     ..ProcStats::default()
                 },
@@ -277,7 +277,7 @@ mod tests {
         let mut registry = Registry::new(Duration::from_secs(60));
         registry.add(image(7, 1));
         let stats = ProcStats {
-            gen_: 1,
+            generation: 1,
             current: 100,
             ..ProcStats::default()
         };
@@ -286,7 +286,7 @@ mod tests {
             vec![RawBlock {
                 size: 100,
                 stack: None,
-                source: tracer_model::Source::UNKNOWN,
+                source: tracer_model::AllocatorFamily::UNKNOWN,
             }],
         );
         let got = registry.get(7).expect("retained");
@@ -329,7 +329,7 @@ mod tests {
             .and_then(|i| i.ended.as_ref())
             .expect("ended");
         assert_eq!(ended.reason, EndReason::Exit);
-        assert_eq!((ended.stats.gen_, ended.stats.drops), (3, 1));
+        assert_eq!((ended.stats.generation, ended.stats.drops), (3, 1));
         assert!(ended.blocks.is_empty());
         assert_eq!(registry.ended().count(), 2);
     }

@@ -9,9 +9,9 @@
 //! - A scope with executables or cgroups keeps the probes of every
 //!   process (as the default does) and has the kernel record only the
 //!   processes in `SCOPE_TGIDS` (the scope filter): such processes start
-//!   all the time, and one process's own probes took about a second of the
-//!   kernel's time to detach as perf events (each waits a grace period
-//!   under a global lock), which a program started every 50 ms would
+//!   all the time, and one process's own probes take the kernel long to
+//!   detach as perf events (each waits a grace period under a global lock;
+//!   measured in `docs/design/0011-measured-figures.md`), which a program started often would
 //!   outrun (uprobe_multi links cost less, a grace period each with their
 //!   waits overlapping, but a map update costs none). A
 //!   process enters the filter before it runs (its exec is held,

@@ -305,7 +305,7 @@ impl Service {
             let held = self.state.locks().registry();
             tracked
                 .iter()
-                .map(|(tgid, stats)| ImageId::new(*tgid, stats.gen_))
+                .map(|(tgid, stats)| ImageId::new(*tgid, stats.generation))
                 .filter(|image| !held.registry.knows(*image))
                 .collect()
         };
@@ -434,7 +434,7 @@ impl Service {
             .kernel
             .all_proc_stats()
             .iter()
-            .map(|(_, stats)| stats.gen_)
+            .map(|(_, stats)| stats.generation)
             .collect();
         tracked.extend(
             self.state
@@ -446,7 +446,7 @@ impl Service {
         );
         let ended: Vec<_> = entries
             .into_iter()
-            .filter(|(key, _)| !tracked.contains(&key.gen_))
+            .filter(|(key, _)| !tracked.contains(&key.generation))
             .map(|(key, _)| key)
             .collect();
         drop(held);

@@ -112,7 +112,7 @@ impl Service {
             } else if let Some(stacks) = self
                 .totals
                 .proc_totals(image.pid())
-                .filter(|t| t.stats.gen_ == image.id.generation)
+                .filter(|t| t.stats.generation == image.id.generation)
                 .map(|t| t.stacks)
                 .filter(|&stacks| max_stacks != 0 && stacks >= max_stacks)
             {

@@ -11,7 +11,7 @@
 //! - [`processes`]: `get_traced_memory()` and the process list;
 //! - [`snapshots`]: `take_snapshot()` now or stored, loaded files, labels;
 //! - [`compare`]: the two sides of `compare_to()`;
-//! - [`tracing`]: `start`, `stop`, `is_tracing`, `clear_traces`,
+//! - [`control`]: `start`, `stop`, `is_tracing`, `clear_traces`,
 //!   `reset_peak`;
 //! - [`inspect`]: `get_tracemalloc_memory()`, `get_object_traceback()`, the
 //!   kernel maps, health and the last-stop record;
@@ -34,6 +34,7 @@ use crate::symbolize::{Symbolizer, SymbolizerStats};
 pub mod access;
 mod allocators;
 pub mod compare;
+pub mod control;
 mod error;
 pub mod exec_hold;
 pub mod housekeeping;
@@ -44,17 +45,16 @@ pub mod scope;
 pub mod snapshots;
 mod stacks;
 mod state;
-pub mod tracing;
 mod unwind;
 
 pub use access::Viewer;
 pub use compare::{BaseSpec, Side};
+pub use control::{ProcessTracing, TracingState};
 pub use error::{NotTracedWhy, ServiceError};
 pub use housekeeping::ProcRead;
 pub use inspect::{Health, KernelMapsView, LastStop, MapUse, TracerMemory};
 pub use processes::{ProcessStatus, ProcessView, SystemMemory};
 pub use snapshots::{AutoPolicy, Now, SnapshotRef, Target};
-pub use tracing::{ProcessTracing, TracingState};
 
 use state::State;
 

@@ -177,9 +177,9 @@ pub(super) fn status(
     }
 }
 
-/// One source's bytes in a process image: (source name, current bytes,
+/// One allocator family's bytes in a process image: (family name, current bytes,
 /// peak bytes).
-pub type SourceBytes = (&'static str, u64, u64);
+pub type FamilyBytes = (&'static str, u64, u64);
 
 impl Service {
     /// Every traced process `viewer` may see: live ones first by pid, then
@@ -282,7 +282,7 @@ impl Service {
 
     /// [`Service::process`] with the bytes of its image by source: (source
     /// name, current, peak) of each source that has had a block, in
-    /// [`tracer_model::SOURCE_NAMES`] order, from the same read of the
+    /// [`tracer_model::FAMILY_NAMES`] order, from the same read of the
     /// kernel's totals (`PROC_SLOTS`/`PROCS`) as the process's own, so they
     /// add up to its `current`. No sources for an image that ended (the
     /// kernel keeps none past exec or exit).
@@ -292,7 +292,7 @@ impl Service {
     pub fn process_with_sources(
         &self,
         pid: u32,
-    ) -> Result<(ProcessStatus, Vec<SourceBytes>), ServiceError> {
+    ) -> Result<(ProcessStatus, Vec<FamilyBytes>), ServiceError> {
         self.catch_up(pid);
         let held = self.state.locks().registry().control();
         let Some(image) = current_image(&held.registry, pid) else {
@@ -305,9 +305,9 @@ impl Service {
         let totals = self
             .totals
             .proc_totals(pid)
-            .filter(|totals| totals.stats.gen_ == image.id.generation)
+            .filter(|totals| totals.stats.generation == image.id.generation)
             .unwrap_or_default();
-        let sources = tracer_model::SOURCE_NAMES
+        let sources = tracer_model::FAMILY_NAMES
             .iter()
             .zip(totals.sources)
             .filter(|(_, source)| source.peak != 0 || source.current != 0)
@@ -330,7 +330,7 @@ impl Service {
     /// behind a lock), the query answers with what the registry has, and
     /// the debug log says so.
     pub(super) fn catch_up(&self, pid: u32) {
-        let Some(generation) = self.totals.proc_stats(pid).map(|stats| stats.gen_) else {
+        let Some(generation) = self.totals.proc_stats(pid).map(|stats| stats.generation) else {
             return;
         };
         let image = ImageId::new(pid, generation);

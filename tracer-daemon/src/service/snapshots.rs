@@ -259,7 +259,7 @@ impl Service {
             }
             groups.push((
                 stacks.stack(key.stack_id, key.frame0),
-                tracer_model::Source::from_code(key.source),
+                tracer_model::AllocatorFamily::from_code(key.source),
                 count,
                 size,
             ));

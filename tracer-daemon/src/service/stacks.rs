@@ -3,9 +3,9 @@
 //! host that starts processes all the time (a package install, a build)
 //! fills it with the stacks of processes that have ended: each image's
 //! stacks are its own, for address space layouts differ. The orphan
-//! sweep's collection (every 10 s, over every live block) let 65,536
-//! stacks fill in seconds, and the blocks that came next lost their
-//! tracebacks (48,064 in a minute of `apt-get install` beside `pgbench`).
+//! sweep's collection (every 10 s, over every live block) let the map
+//! fill in seconds, and the blocks that came next lost their tracebacks
+//! (measured in `docs/design/0011-measured-figures.md`).
 //!
 //! Which stacks are named comes from the kernel's totals per stack
 //! (`STACK_TOTALS`: every live block is counted under its stack id) rather

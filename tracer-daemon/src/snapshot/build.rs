@@ -8,10 +8,10 @@
 use std::{collections::HashMap, sync::Arc};
 
 use tracer_model::{
-    Frame, FrameExtra, Snapshot, Source, Trace, Traceback, TracebackTotals, interrupt,
+    AllocatorFamily, Frame, FrameExtra, Snapshot, Trace, Traceback, TracebackTotals, interrupt,
 };
 
-use super::machinery::{AllocatorFrames, Machinery};
+use super::machinery::{AllocatorFrameMatcher, AllocatorFrames};
 use crate::capture::Stopping;
 use crate::capture::stacks::STACK_CUT_MARK;
 use crate::config::FramePatterns;
@@ -26,7 +26,7 @@ type EstimatedGroup = (Option<Arc<[u64]>>, f64, f64);
 /// The blocks of one stack of an image, from the kernel's totals per
 /// stack: its return addresses (frame 0 first; None: unknown), source,
 /// blocks and bytes.
-pub type StackGroup = (Option<Arc<[u64]>>, Source, u64, u64);
+pub type StackGroup = (Option<Arc<[u64]>>, AllocatorFamily, u64, u64);
 
 /// Builds snapshots of traced processes; one per daemon.
 pub struct SnapshotBuilder {
@@ -53,7 +53,7 @@ pub struct SnapshotBuilder {
 struct Pass<'a> {
     maps: Option<&'a ModuleMaps>,
     /// None when the build keeps the machinery's frames.
-    machinery: Option<Machinery<'a>>,
+    matcher: Option<AllocatorFrameMatcher<'a>>,
 }
 
 /// The traceback of a block with no stack at all: `<unknown>:0`.
@@ -67,8 +67,8 @@ impl SnapshotBuilder {
     fn pass<'a>(&'a self, maps: Option<&'a ModuleMaps>, frames: AllocatorFrames) -> Pass<'a> {
         Pass {
             maps,
-            machinery: (frames == AllocatorFrames::Drop)
-                .then(|| Machinery::new(&self.allocator_frames)),
+            matcher: (frames == AllocatorFrames::Drop)
+                .then(|| AllocatorFrameMatcher::new(&self.allocator_frames)),
         }
     }
 
@@ -185,14 +185,15 @@ impl SnapshotBuilder {
         pass: &mut Pass<'_>,
         mean: u64,
     ) -> Vec<Trace> {
-        let mut groups: HashMap<(Option<*const u64>, Source), EstimatedGroup> = HashMap::new();
+        let mut groups: HashMap<(Option<*const u64>, AllocatorFamily), EstimatedGroup> =
+            HashMap::new();
         for (step, block) in blocks.iter().enumerate() {
             if self.stopping.is_raised() || interrupt::check_every(step).is_err() {
                 break;
             }
             let s = block.size as f64;
             // Anonymous mappings are recorded whole, never sampled.
-            let p = if block.source == Source::MMAP {
+            let p = if block.source == AllocatorFamily::MMAP {
                 1.0
             } else {
                 -(-s / mean as f64).exp_m1()
@@ -272,7 +273,7 @@ impl SnapshotBuilder {
                 })
             }));
         }
-        cut(frames, pass.machinery.as_mut(), self.nframe, walk_cut)
+        cut(frames, pass.matcher.as_mut(), self.nframe, walk_cut)
     }
 }
 
@@ -299,12 +300,12 @@ fn frame_of(sym: SymFrame) -> Frame {
 /// `<unknown>`:0.
 fn cut(
     mut frames: Vec<Frame>,
-    machinery: Option<&mut Machinery<'_>>,
+    matcher: Option<&mut AllocatorFrameMatcher<'_>>,
     nframe: u32,
     walk_cut: bool,
 ) -> Traceback {
-    if let Some(machinery) = machinery {
-        machinery.drop_leading(&mut frames);
+    if let Some(matcher) = matcher {
+        matcher.drop_leading(&mut frames);
     }
     if frames.is_empty() {
         frames.push(Frame::unknown());
@@ -392,24 +393,24 @@ mod tests {
     #[test]
     fn inlined_machinery_frames_are_dropped_one_by_one_before_nframe_counts() {
         let patterns = defaults();
-        let mut machinery = Machinery::new(&patterns);
-        let tb = cut(vector_stack(), Some(&mut machinery), 1, false);
+        let mut matcher = AllocatorFrameMatcher::new(&patterns);
+        let tb = cut(vector_stack(), Some(&mut matcher), 1, false);
         assert_eq!(functions(&tb), ["main"]);
         assert_eq!(tb.frames()[0].lineno, 12);
         // main and __libc_start_call_main remain: the drop is only leading.
         assert_eq!(tb.total_nframe(), Some(2));
-        let tb = cut(vector_stack(), Some(&mut machinery), 16, false);
+        let tb = cut(vector_stack(), Some(&mut matcher), 16, false);
         assert_eq!(functions(&tb), ["main", "__libc_start_call_main"]);
     }
 
     #[test]
     fn a_cut_walk_counts_one_frame_more_than_it_walked() {
         let patterns = defaults();
-        let mut machinery = Machinery::new(&patterns);
-        let tb = cut(vector_stack(), Some(&mut machinery), 16, true);
+        let mut matcher = AllocatorFrameMatcher::new(&patterns);
+        let tb = cut(vector_stack(), Some(&mut matcher), 16, true);
         assert_eq!(functions(&tb), ["main", "__libc_start_call_main"]);
         assert_eq!(tb.total_nframe(), Some(3));
-        let tb = cut(vector_stack(), Some(&mut machinery), 1, true);
+        let tb = cut(vector_stack(), Some(&mut matcher), 1, true);
         assert_eq!(functions(&tb), ["main"]);
         assert_eq!(tb.total_nframe(), Some(3));
     }
@@ -430,7 +431,7 @@ mod tests {
     #[test]
     fn a_user_call_inlined_into_machinery_stops_the_drop() {
         let patterns = defaults();
-        let mut machinery = Machinery::new(&patterns);
+        let mut matcher = AllocatorFrameMatcher::new(&patterns);
         let stack = vec![
             frame("operator new(unsigned long)", 0, LIBSTDCXX, 0x10),
             frame("Cache::make_entry(int)", 40, APP, 0x20),
@@ -442,7 +443,7 @@ mod tests {
             ),
             frame("main", 9, APP, 0x28),
         ];
-        let tb = cut(stack, Some(&mut machinery), 16, false);
+        let tb = cut(stack, Some(&mut matcher), 16, false);
         assert_eq!(
             functions(&tb),
             [
@@ -457,7 +458,7 @@ mod tests {
     #[test]
     fn rust_frames_mangled_or_not_are_dropped_to_the_users_line() {
         let patterns = defaults();
-        let mut machinery = Machinery::new(&patterns);
+        let mut matcher = AllocatorFrameMatcher::new(&patterns);
         let stack = vec![
             frame("_RNvCsfLfy6EI15iL_7___rustc12___rust_alloc", 0, APP, 0x10),
             frame(
@@ -482,7 +483,7 @@ mod tests {
                 0x40,
             ),
         ];
-        let tb = cut(stack, Some(&mut machinery), 16, false);
+        let tb = cut(stack, Some(&mut matcher), 16, false);
         assert_eq!(
             functions(&tb),
             [
@@ -497,7 +498,7 @@ mod tests {
     #[test]
     fn a_traceback_all_machinery_keeps_its_last_frame() {
         let patterns = defaults();
-        let mut machinery = Machinery::new(&patterns);
+        let mut matcher = AllocatorFrameMatcher::new(&patterns);
         let stack = vec![
             frame(
                 "g_malloc",
@@ -512,7 +513,7 @@ mod tests {
                 0x18,
             ),
         ];
-        let tb = cut(stack, Some(&mut machinery), 16, false);
+        let tb = cut(stack, Some(&mut matcher), 16, false);
         assert_eq!(functions(&tb), ["g_strdup"]);
         assert_eq!(tb.total_nframe(), Some(1));
     }
@@ -520,7 +521,12 @@ mod tests {
     #[test]
     fn no_frame_at_all_is_unknown() {
         let patterns = defaults();
-        let tb = cut(Vec::new(), Some(&mut Machinery::new(&patterns)), 16, false);
+        let tb = cut(
+            Vec::new(),
+            Some(&mut AllocatorFrameMatcher::new(&patterns)),
+            16,
+            false,
+        );
         assert_eq!(tb.frames(), [Frame::unknown()]);
         assert_eq!(tb.total_nframe(), Some(1));
     }
@@ -538,7 +544,7 @@ mod tests {
         let blocks = [RawBlock {
             size: 8,
             stack: Some(stack),
-            source: Source::UNKNOWN,
+            source: AllocatorFamily::UNKNOWN,
         }];
         let snapshot = builder.build(1, &blocks, None, AllocatorFrames::Drop);
         let traceback = &snapshot.traces()[0].traceback;
@@ -560,7 +566,10 @@ mod tests {
             stack: Some(Arc::from([addr])),
             source,
         };
-        let blocks = [block(0x10, Source::MMAP), block(0x20, Source::from_code(1))];
+        let blocks = [
+            block(0x10, AllocatorFamily::MMAP),
+            block(0x20, AllocatorFamily::from_code(1)),
+        ];
         let snapshot = builder.build(1, &blocks, None, AllocatorFrames::Drop);
         let of = |source| -> Vec<u64> {
             snapshot
@@ -570,9 +579,9 @@ mod tests {
                 .map(|t| t.size)
                 .collect()
         };
-        assert_eq!(of(Source::MMAP), [65536]);
+        assert_eq!(of(AllocatorFamily::MMAP), [65536]);
         // p = 1 - exp(-1/8): 8.51 blocks, 557,738 bytes.
-        let sampled = of(Source::from_code(1));
+        let sampled = of(AllocatorFamily::from_code(1));
         assert_eq!(sampled.len(), 9);
         assert_eq!(sampled.iter().sum::<u64>(), 557_738);
     }

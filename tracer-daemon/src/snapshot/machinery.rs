@@ -1,6 +1,6 @@
 //! The allocation machinery's frames: whether a snapshot drops them
 //! ([`AllocatorFrames`]), and how a traceback's leading run of them is
-//! dropped ([`Machinery::drop_leading`]) so that frame 0 is the first frame
+//! dropped ([`AllocatorFrameMatcher::drop_leading`]) so that frame 0 is the first frame
 //! outside allocators and their wrappers.
 //!
 //! A frame belongs to the machinery when its function name matches a
@@ -68,13 +68,13 @@ impl std::fmt::Display for AllocatorFrames {
 
 /// The patterns with what they said of each name so far: one per snapshot
 /// build, so each distinct function name and module path is matched once.
-pub struct Machinery<'a> {
+pub struct AllocatorFrameMatcher<'a> {
     patterns: &'a FramePatterns,
     functions: HashMap<Arc<str>, bool>,
     modules: HashMap<Arc<str>, bool>,
 }
 
-impl<'a> Machinery<'a> {
+impl<'a> AllocatorFrameMatcher<'a> {
     /// An empty memory over `patterns`.
     #[must_use]
     pub fn new(patterns: &'a FramePatterns) -> Self {
@@ -88,7 +88,7 @@ impl<'a> Machinery<'a> {
     /// Whether `frame` belongs to the allocation machinery: its function
     /// matches a function pattern, or its module a module pattern. A frame
     /// with neither name (`<unknown>`) never does.
-    pub fn is_machinery(&mut self, frame: &Frame) -> bool {
+    pub fn is_allocator_frame(&mut self, frame: &Frame) -> bool {
         let Some(extra) = frame.extra.as_deref() else {
             return false;
         };
@@ -121,7 +121,7 @@ impl<'a> Machinery<'a> {
         }
         let mut leading = 0;
         while let Some(frame) = frames.get(leading) {
-            if self.is_machinery(frame) {
+            if self.is_allocator_frame(frame) {
                 leading += 1;
                 continue;
             }
@@ -136,7 +136,9 @@ impl<'a> Machinery<'a> {
                     .take_while(|f| nameless_module(f) == Some(module))
                     .count();
             match frames.get(past) {
-                Some(caller) if module_of(caller) == Some(module) && self.is_machinery(caller) => {
+                Some(caller)
+                    if module_of(caller) == Some(module) && self.is_allocator_frame(caller) =>
+                {
                     leading = past + 1;
                 }
                 _ => break,
@@ -196,7 +198,7 @@ mod tests {
             frame(Some("xmalloc"), None, 4),
             frame(Some("main"), None, 5),
         ];
-        Machinery::new(&p).drop_leading(&mut frames);
+        AllocatorFrameMatcher::new(&p).drop_leading(&mut frames);
         assert_eq!(lines(&frames), [3, 4, 5]);
     }
 
@@ -207,13 +209,13 @@ mod tests {
             frame(Some("g_malloc"), None, 1),
             frame(Some("g_strdup"), None, 2),
         ];
-        Machinery::new(&p).drop_leading(&mut frames);
+        AllocatorFrameMatcher::new(&p).drop_leading(&mut frames);
         assert_eq!(lines(&frames), [2]);
         let mut one = vec![frame(Some("g_malloc"), None, 7)];
-        Machinery::new(&p).drop_leading(&mut one);
+        AllocatorFrameMatcher::new(&p).drop_leading(&mut one);
         assert_eq!(lines(&one), [7]);
         let mut none: Vec<Frame> = Vec::new();
-        Machinery::new(&p).drop_leading(&mut none);
+        AllocatorFrameMatcher::new(&p).drop_leading(&mut none);
         assert!(none.is_empty());
     }
 
@@ -227,7 +229,7 @@ mod tests {
             frame(Some("libc.so.6"), Some("/srv/app"), 3),
             frame(Some("main"), Some("/srv/app"), 4),
         ];
-        Machinery::new(&p).drop_leading(&mut frames);
+        AllocatorFrameMatcher::new(&p).drop_leading(&mut frames);
         assert_eq!(lines(&frames), [3, 4]);
     }
 
@@ -243,7 +245,7 @@ mod tests {
             frame(None, postgres, 0),
             frame(Some("hash_search_with_hash_value"), postgres, 0),
         ];
-        Machinery::new(&p).drop_leading(&mut frames);
+        AllocatorFrameMatcher::new(&p).drop_leading(&mut frames);
         assert_eq!(frames.len(), 2);
         assert!(frames[0].extra.as_deref().unwrap().function.is_none());
         // nginx: ngx_alloc, the static ngx_palloc_large, ngx_pcalloc.
@@ -254,7 +256,7 @@ mod tests {
             frame(Some("ngx_pcalloc"), nginx, 0),
             frame(Some("ngx_hash_keys_array_init"), nginx, 0),
         ];
-        Machinery::new(&p).drop_leading(&mut frames);
+        AllocatorFrameMatcher::new(&p).drop_leading(&mut frames);
         let first = frames[0].extra.as_deref().unwrap().function.clone();
         assert_eq!(first.as_deref(), Some("ngx_hash_keys_array_init"));
         // A nameless first frame with no machinery after it is the caller.
@@ -262,7 +264,7 @@ mod tests {
             frame(None, nginx, 0),
             frame(Some("ngx_http_init"), nginx, 0),
         ];
-        Machinery::new(&p).drop_leading(&mut frames);
+        AllocatorFrameMatcher::new(&p).drop_leading(&mut frames);
         assert_eq!(frames.len(), 2);
         // A program's nameless main, called by the C library's start
         // (machinery of another module): the caller of APR, kept.
@@ -279,7 +281,7 @@ mod tests {
             frame(Some("__libc_start_call_main"), libc, 0),
             frame(None, ab, 0),
         ];
-        Machinery::new(&p).drop_leading(&mut frames);
+        AllocatorFrameMatcher::new(&p).drop_leading(&mut frames);
         assert_eq!(frames.len(), 3);
         assert_eq!(module_of(&frames[0]), ab);
     }
@@ -288,7 +290,7 @@ mod tests {
     fn unknown_frames_and_frames_without_names_stay() {
         let p = patterns(&["*"]);
         let mut frames = vec![Frame::unknown(), frame(Some("main"), None, 2)];
-        Machinery::new(&p).drop_leading(&mut frames);
+        AllocatorFrameMatcher::new(&p).drop_leading(&mut frames);
         assert_eq!(frames.len(), 2);
     }
 
@@ -299,25 +301,25 @@ mod tests {
             frame(Some("xmalloc"), None, 1),
             frame(Some("main"), None, 2),
         ];
-        Machinery::new(&p).drop_leading(&mut frames);
+        AllocatorFrameMatcher::new(&p).drop_leading(&mut frames);
         assert_eq!(lines(&frames), [1, 2]);
     }
 
     #[test]
     fn each_name_is_matched_once() {
         let p = patterns(&["xmalloc"]);
-        let mut machinery = Machinery::new(&p);
+        let mut matcher = AllocatorFrameMatcher::new(&p);
         for _ in 0..3 {
             let mut frames = vec![
                 frame(Some("xmalloc"), Some("/a"), 1),
                 frame(Some("main"), Some("/a"), 2),
             ];
-            machinery.drop_leading(&mut frames);
+            matcher.drop_leading(&mut frames);
             assert_eq!(lines(&frames), [2]);
         }
-        assert_eq!(machinery.functions.len(), 2);
+        assert_eq!(matcher.functions.len(), 2);
         // "main" did not match by name, so its module was looked at; xmalloc's never.
-        assert_eq!(machinery.modules.len(), 1);
+        assert_eq!(matcher.modules.len(), 1);
     }
 
     #[test]

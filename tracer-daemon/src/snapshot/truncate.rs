@@ -70,19 +70,19 @@ mod tests {
         let short = Arc::new(Traceback::new(vec![Frame::new("b.c", 1)], Some(1)));
         let traces = vec![
             Trace {
-                source: tracer_model::Source::UNKNOWN,
+                source: tracer_model::AllocatorFamily::UNKNOWN,
                 domain: 1,
                 size: 1,
                 traceback: Arc::clone(&deep),
             },
             Trace {
-                source: tracer_model::Source::UNKNOWN,
+                source: tracer_model::AllocatorFamily::UNKNOWN,
                 domain: 1,
                 size: 2,
                 traceback: Arc::clone(&short),
             },
             Trace {
-                source: tracer_model::Source::UNKNOWN,
+                source: tracer_model::AllocatorFamily::UNKNOWN,
                 domain: 1,
                 size: 3,
                 traceback: deep,

@@ -21,7 +21,7 @@ use std::{
     sync::Arc,
 };
 
-use tracer_model::{Snapshot, Source, Trace, Traceback};
+use tracer_model::{AllocatorFamily, Snapshot, Trace, Traceback};
 
 /// A traceback as the interner compares it: its frames with everything
 /// symbolization knows of them (function, module, address: two frames at
@@ -188,7 +188,7 @@ impl Compact {
                 domain: u32::try_from(domain).unwrap_or(u32::MAX),
                 size,
                 traceback: Arc::clone(traceback),
-                source: Source::from_code(u32::try_from(source).unwrap_or(0)),
+                source: AllocatorFamily::from_code(u32::try_from(source).unwrap_or(0)),
             };
             let count = usize::try_from(count).unwrap_or(0);
             traces.extend(std::iter::repeat_n(trace, count));

@@ -31,7 +31,7 @@ pub(super) fn meta_of(entry: &Entry) -> Value {
         "id": s.id,
         "pid": s.pid,
         "start_time": s.start_time,
-        "gen": s.gen_,
+        "gen": s.generation,
         "taken_at_ms": unix_ms(s.taken_at),
         "traced_memory": [s.traced_memory.0, s.traced_memory.1],
         "kind": entry.info.kind.as_str(),
@@ -98,7 +98,7 @@ pub(super) fn read_snapshot_file(path: &Path, stem: &str) -> Result<Entry, Strin
             .and_then(|p| u32::try_from(p).ok())
             .unwrap_or(0),
         start_time: field("start_time").unwrap_or(0),
-        gen_: field("gen")
+        generation: field("gen")
             .and_then(|g| u32::try_from(g).ok())
             .unwrap_or(0),
         taken_at: SystemTime::UNIX_EPOCH + Duration::from_millis(field("taken_at_ms").unwrap_or(0)),

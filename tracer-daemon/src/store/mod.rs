@@ -238,7 +238,7 @@ impl SnapshotStore {
     pub(crate) fn insert(&mut self, stored: StoredSnapshot) -> u64 {
         let info = SnapshotInfo::new(
             SnapshotKind::Taken,
-            Some(ImageId::new(stored.pid, stored.gen_)),
+            Some(ImageId::new(stored.pid, stored.generation)),
         );
         match self.add(stored.clone(), info.clone()) {
             Ok(id) => id,

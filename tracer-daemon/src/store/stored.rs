@@ -59,7 +59,7 @@ pub struct StoredSnapshot {
     /// pid never picks up another process's snapshots.
     pub start_time: u64,
     /// The image's kernel generation.
-    pub gen_: u32,
+    pub generation: u32,
     /// When it was taken (wall clock).
     pub taken_at: SystemTime,
     /// `get_traced_memory()` at that moment: (current, peak) in bytes.
@@ -176,8 +176,8 @@ pub struct SnapshotHead {
     pub pid: u32,
     /// As [`StoredSnapshot::start_time`].
     pub start_time: u64,
-    /// As [`StoredSnapshot::gen_`].
-    pub gen_: u32,
+    /// As [`StoredSnapshot::generation`].
+    pub generation: u32,
     /// As [`StoredSnapshot::taken_at`].
     pub taken_at: SystemTime,
     /// As [`StoredSnapshot::traced_memory`].
@@ -220,7 +220,7 @@ impl StoredSnapshot {
                 id: self.id,
                 pid: self.pid,
                 start_time: self.start_time,
-                gen_: self.gen_,
+                generation: self.generation,
                 taken_at: self.taken_at,
                 traced_memory: self.traced_memory,
                 completeness: self.completeness,
@@ -238,7 +238,7 @@ impl SnapshotHead {
             id: self.id,
             pid: self.pid,
             start_time: self.start_time,
-            gen_: self.gen_,
+            generation: self.generation,
             taken_at: self.taken_at,
             traced_memory: self.traced_memory,
             completeness: self.completeness,

@@ -1,4 +1,4 @@
-//! Snapshot quotas through the real tracerd (issue 14, item 3): automatic
+//! Snapshot quotas through the real tracerd: automatic
 //! snapshots fill `max_snapshots`, a snapshot taken on request evicts the
 //! oldest automatic ones, a `POST` beyond what eviction can free is a 507
 //! naming the quota, and `/metrics` shows the store and the state

@@ -90,11 +90,11 @@ mod own_spill;
 pub(crate) fn remove_block(tgid: u32, ptr: u64, count_unknown: bool) {
     // The generation is defined on every path (0 when not found): the
     // verifier refuses a stack slot that LLVM leaves unwritten on some.
-    let (stats, gen_) = match find_proc(tgid) {
-        Some((stats, gen_)) => (Some(stats), gen_),
+    let (stats, generation) = match find_proc(tgid) {
+        Some((stats, generation)) => (Some(stats), generation),
         None => (None, 0),
     };
-    if let Some((stats, info)) = take_block::<true>(tgid, ptr, (stats, gen_), count_unknown) {
+    if let Some((stats, info)) = take_block::<true>(tgid, ptr, (stats, generation), count_unknown) {
         uncount_in_stack(&raw const info);
         sub_block(stats, info.size, info.source);
         count(Counter::Frees);
@@ -115,7 +115,7 @@ pub(crate) fn remove_block(tgid: u32, ptr: u64, count_unknown: bool) {
 pub(crate) fn take_block<const OWN: bool>(
     tgid: u32,
     ptr: u64,
-    (stats, gen_): (Option<*mut ProcStats>, u32),
+    (stats, generation): (Option<*mut ProcStats>, u32),
     count_unknown: bool,
 ) -> Option<(*mut ProcStats, AllocInfo)> {
     let place = live_place(tgid, ptr);
@@ -125,7 +125,7 @@ pub(crate) fn take_block<const OWN: bool>(
             // The value was written before the key was stored, and stays as
             // it is while the key is there.
             let info = LIVE_VALUES.get(index * LIVE_WAYS + way).copied()?;
-            let stats = current_image(stats, gen_, &info, count_unknown)?;
+            let stats = current_image(stats, generation, &info, count_unknown)?;
             if compare_exchange(way_ptr(bucket, way), key, LIVE_EMPTY) == key {
                 return Some((stats, info));
             }
@@ -143,7 +143,7 @@ pub(crate) fn take_block<const OWN: bool>(
     // delete succeeds gets the block.
     if OWN && let Some(stats) = stats {
         let mut info = AllocInfo::default();
-        match own_take(stats, tgid, gen_, ptr, &raw mut info) {
+        match own_take(stats, tgid, generation, ptr, &raw mut info) {
             OWN_TAKEN => {
                 spill_left(place);
                 return Some((stats, info));
@@ -167,7 +167,7 @@ pub(crate) fn take_block<const OWN: bool>(
             return None;
         }
     };
-    let stats = current_image(stats, gen_, &info, count_unknown)?;
+    let stats = current_image(stats, generation, &info, count_unknown)?;
     if LIVE_ALLOCS.remove(key).is_ok() {
         spill_left(place);
         fetch_add(shared_spill_counter(stats), u64::MAX);
@@ -186,16 +186,20 @@ fn spill_left(place: Option<(*mut LiveBucket, u32, u64)>) {
     }
 }
 
-/// The live block `ptr` of `tgid`'s image `gen_`, read and left in place;
+/// The live block `ptr` of `tgid`'s image `generation`, read and left in place;
 /// None when there is none.
 #[inline(always)]
-pub(crate) fn find_block<const OWN: bool>(tgid: u32, ptr: u64, gen_: u32) -> Option<AllocInfo> {
+pub(crate) fn find_block<const OWN: bool>(
+    tgid: u32,
+    ptr: u64,
+    generation: u32,
+) -> Option<AllocInfo> {
     let place = live_place(tgid, ptr);
     if let Some((bucket, index, key)) = place {
         let way = find_way(bucket, key);
         if way < LIVE_WAYS {
             let info = LIVE_VALUES.get(index * LIVE_WAYS + way).copied()?;
-            return (info.gen_ == gen_).then_some(info);
+            return (info.generation == generation).then_some(info);
         }
         // SAFETY: as in take_block.
         if unsafe { core::ptr::read_volatile(&raw const (*bucket).spilled) } == 0 {
@@ -203,7 +207,7 @@ pub(crate) fn find_block<const OWN: bool>(tgid: u32, ptr: u64, gen_: u32) -> Opt
         }
     }
     let mut info = AllocInfo::default();
-    if OWN && own_lookup(tgid, gen_, ptr, &raw mut info) != 0 {
+    if OWN && own_lookup(tgid, generation, ptr, &raw mut info) != 0 {
         return Some(info);
     }
     let key = AllocKey {
@@ -213,22 +217,22 @@ pub(crate) fn find_block<const OWN: bool>(tgid: u32, ptr: u64, gen_: u32) -> Opt
     };
     // SAFETY: a LIVE_ALLOCS value, copied out at once.
     let info = unsafe { *LIVE_ALLOCS.get_ptr(key)? };
-    (info.gen_ == gen_).then_some(info)
+    (info.generation == generation).then_some(info)
 }
 
-/// The totals of the process (`stats` of generation `gen_`, from
+/// The totals of the process (`stats` of generation `generation`, from
 /// [`find_proc`]) when `info` is a block of its current image; else None (a
 /// block of an earlier image of this pid, which userspace removes), counted
 /// as an unknown free when `count_unknown`.
 #[inline(always)]
 fn current_image(
     stats: Option<*mut ProcStats>,
-    gen_: u32,
+    generation: u32,
     info: &AllocInfo,
     count_unknown: bool,
 ) -> Option<*mut ProcStats> {
     let stats = stats?;
-    if gen_ != info.gen_ {
+    if generation != info.generation {
         if count_unknown {
             unknown_free(Some(stats));
         }
@@ -269,12 +273,12 @@ pub(crate) fn record_alloc(ctx: &RetProbeContext, tgid: u32, addr: u64, size: u6
 }
 
 /// Records the new block (`addr`, `size` bytes) of `source` in the image
-/// `(stats, gen_)` of `tgid`, with the user stack walked from `regs`;
+/// `(stats, generation)` of `tgid`, with the user stack walked from `regs`;
 /// returns whether it is live now (else it was dropped, and counted).
 #[inline(always)]
 pub(crate) fn record_block<const OWN: bool>(
     regs: UserRegs,
-    (stats, gen_): (*mut ProcStats, u32),
+    (stats, generation): (*mut ProcStats, u32),
     tgid: u32,
     (addr, size): (u64, u64),
     source: u32,
@@ -289,12 +293,12 @@ pub(crate) fn record_block<const OWN: bool>(
         fetch_add(unsafe { &raw mut (*stats).drops }, 1);
         return false;
     }
-    let stack_id = stack_id(regs, tgid, gen_, stats);
+    let stack_id = stack_id(regs, tgid, generation, stats);
     let info = AllocInfo {
         size,
         stack_id,
         frame0: regs.ip,
-        gen_,
+        generation,
         source,
     };
     store_block::<OWN>(stats, tgid, addr, &raw const info)
@@ -396,7 +400,7 @@ fn table_insert<const OWN: bool>(
             // SAFETY: the way is claimed: its value is ours until the key
             // is stored again.
             unsafe {
-                replace_block(stats, &*value, info.gen_);
+                replace_block(stats, &*value, info.generation);
                 *value = *info;
             }
             // SAFETY: as for read_key.
@@ -411,7 +415,13 @@ fn table_insert<const OWN: bool>(
     // SAFETY: a LIVE_KEYS value.
     if unsafe { core::ptr::read_volatile(&raw const (*bucket).spilled) } != 0
         && (LIVE_ALLOCS.get_ptr(hash_key).is_some()
-            || (OWN && own_lookup(hash_key.tgid, info.gen_, hash_key.addr, &raw mut found) != 0))
+            || (OWN
+                && own_lookup(
+                    hash_key.tgid,
+                    info.generation,
+                    hash_key.addr,
+                    &raw mut found,
+                ) != 0))
     {
         return false;
     }
@@ -438,11 +448,11 @@ fn table_insert<const OWN: bool>(
 }
 
 /// Takes the block `old`, about to be replaced by a new block of the same
-/// address, out of the totals when it belongs to the current image `gen_`,
+/// address, out of the totals when it belongs to the current image `generation`,
 /// so that no phantom leak remains.
 #[inline(always)]
-fn replace_block(stats: *mut ProcStats, old: &AllocInfo, gen_: u32) {
-    if old.gen_ == gen_ {
+fn replace_block(stats: *mut ProcStats, old: &AllocInfo, generation: u32) {
+    if old.generation == generation {
         sub_block(stats, old.size, old.source);
         uncount_in_stack_fn(old);
         count(Counter::Overwrites);
@@ -464,13 +474,13 @@ fn spill_insert<const OWN: bool>(
     if !OWN {
         return hash_insert(stats, key, info);
     }
-    let (tgid, gen_) = (key.tgid, info.gen_);
+    let (tgid, generation) = (key.tgid, info.generation);
     let mut old = AllocInfo::default();
-    let took = own_take(stats, tgid, gen_, key.addr, &raw mut old) == OWN_TAKEN;
+    let took = own_take(stats, tgid, generation, key.addr, &raw mut old) == OWN_TAKEN;
     if took {
-        replace_block(stats, &old, gen_);
+        replace_block(stats, &old, generation);
     }
-    if own_put(stats, tgid, gen_, key.addr, info) {
+    if own_put(stats, tgid, generation, key.addr, info) {
         return Some(!took);
     }
     hash_insert(stats, key, info).map(|new| new && !took)
@@ -507,8 +517,8 @@ fn hash_insert(stats: *mut ProcStats, key: &AllocKey, info: &AllocInfo) -> Optio
     let old = LIVE_ALLOCS.get_ptr(key).map(|old| unsafe { *old });
     let took = LIVE_ALLOCS.remove(key).is_ok();
     if took && let Some(old) = old {
-        replace_block(stats, &old, info.gen_);
-        if old.gen_ == info.gen_ {
+        replace_block(stats, &old, info.generation);
+        if old.generation == info.generation {
             fetch_add(shared, u64::MAX);
         }
     }

@@ -19,11 +19,11 @@ use crate::{
     procs::{own_asked_counter, own_spill_counter, send_spill_event},
 };
 
-/// Levels of image (`tgid`, `gen_`)'s own spill (0: none yet), at most
+/// Levels of image (`tgid`, `generation`)'s own spill (0: none yet), at most
 /// OWN_LEVELS_MAX.
 #[inline(always)]
-fn own_levels(tgid: u32, gen_: u32) -> u32 {
-    match OWN_LEVELS.get_ptr(own_image_key(tgid, gen_)) {
+fn own_levels(tgid: u32, generation: u32) -> u32 {
+    match OWN_LEVELS.get_ptr(own_image_key(tgid, generation)) {
         Some(levels) => level_count(levels),
         None => 0,
     }
@@ -37,11 +37,11 @@ fn level_count(levels: *const OwnLevelMaps) -> u32 {
     unsafe { core::ptr::read_volatile(&raw const (*levels).count) }.min(OWN_LEVELS_MAX)
 }
 
-/// Image (`tgid`, `gen_`)'s own spill map of `level`, as the helpers take a
+/// Image (`tgid`, `generation`)'s own spill map of `level`, as the helpers take a
 /// map: the map OWN_LEVELS names for the level, in OWN_LIVE.
 #[inline(always)]
-fn own_map(tgid: u32, gen_: u32, level: u32) -> Option<*mut c_void> {
-    let levels = OWN_LEVELS.get_ptr(own_image_key(tgid, gen_))?;
+fn own_map(tgid: u32, generation: u32, level: u32) -> Option<*mut c_void> {
+    let levels = OWN_LEVELS.get_ptr(own_image_key(tgid, generation))?;
     // SAFETY: an OWN_LEVELS value (tracerd replaces it whole).
     own_level_map(unsafe { &*levels }, level)
 }
@@ -135,15 +135,15 @@ extern "C" fn own_lookup_step(index: u64, ctx: *mut c_void) -> i64 {
     0
 }
 
-/// Looks for the block at `addr` of image (`tgid`, `gen_`) in its own
+/// Looks for the block at `addr` of image (`tgid`, `generation`) in its own
 /// spill maps, newest level first, and copies it to `out`: the level it is
 /// in + 1, or 0 when it is in none. The levels are a `bpf_loop` (its step
 /// verified once), in a BPF function of its own, so that the verifier's
 /// work stays small in the programs that look for blocks many times
 /// (`mmap`'s).
 #[inline(never)]
-pub(super) fn own_lookup(tgid: u32, gen_: u32, addr: u64, out: *mut AllocInfo) -> u32 {
-    let Some(levels) = OWN_LEVELS.get_ptr(own_image_key(tgid, gen_)) else {
+pub(super) fn own_lookup(tgid: u32, generation: u32, addr: u64, out: *mut AllocInfo) -> u32 {
+    let Some(levels) = OWN_LEVELS.get_ptr(own_image_key(tgid, generation)) else {
         return 0;
     };
     let count = level_count(levels);
@@ -181,7 +181,7 @@ pub(super) const OWN_TAKEN: u32 = 1;
 /// The block was there, but another thread's delete took it first.
 pub(super) const OWN_LOST: u32 = 2;
 
-/// Takes the block at `addr` of image (`tgid`, `gen_`, totals `stats`)
+/// Takes the block at `addr` of image (`tgid`, `generation`, totals `stats`)
 /// out of its own spill maps, into `out`: [`OWN_TAKEN`] for the one thread
 /// whose delete took it (the image's `own_spill` lowered), [`OWN_LOST`] for
 /// the others, [`OWN_NOT_THERE`].
@@ -189,15 +189,15 @@ pub(super) const OWN_LOST: u32 = 2;
 pub(super) fn own_take(
     stats: *mut ProcStats,
     tgid: u32,
-    gen_: u32,
+    generation: u32,
     addr: u64,
     out: *mut AllocInfo,
 ) -> u32 {
-    let found = own_lookup(tgid, gen_, addr, out);
+    let found = own_lookup(tgid, generation, addr, out);
     if found == 0 {
         return OWN_NOT_THERE;
     }
-    match own_map(tgid, gen_, found - 1) {
+    match own_map(tgid, generation, found - 1) {
         Some(map) if own_remove(map, addr) => {
             fetch_add(own_spill_counter(stats), u64::MAX);
             OWN_TAKEN
@@ -206,42 +206,42 @@ pub(super) fn own_take(
     }
 }
 
-/// Puts the block `info` at `addr` of image (`tgid`, `gen_`, totals
+/// Puts the block `info` at `addr` of image (`tgid`, `generation`, totals
 /// `stats`) in the newest level of its own spill; false when it has none or
 /// that one is full, having asked tracerd for the next level.
 #[inline(never)]
 pub(super) fn own_put(
     stats: *mut ProcStats,
     tgid: u32,
-    gen_: u32,
+    generation: u32,
     addr: u64,
     info: *const AllocInfo,
 ) -> bool {
-    let levels = own_levels(tgid, gen_);
+    let levels = own_levels(tgid, generation);
     // SAFETY: info points at the caller's whole AllocInfo.
     if levels > 0
-        && let Some(map) = own_map(tgid, gen_, levels - 1)
+        && let Some(map) = own_map(tgid, generation, levels - 1)
         && own_insert(map, addr, unsafe { &*info })
     {
         // Three quarters full: the next level is asked for now, so that
         // it is there before this one is full.
         let held = fetch_add(own_spill_counter(stats), 1).wrapping_add(1);
         if own_wants_next(levels, held) {
-            ask_level(stats, tgid, gen_, levels);
+            ask_level(stats, tgid, generation, levels);
         }
         return true;
     }
-    ask_level(stats, tgid, gen_, levels);
+    ask_level(stats, tgid, generation, levels);
     false
 }
 
 /// Asks tracerd for level `level` of the own spill of image (`tgid`,
-/// `gen_`) whose totals are `stats`, once: the thread whose
+/// `generation`) whose totals are `stats`, once: the thread whose
 /// compare-and-swap raises the image's `own_asked` to `level + 1` sends the
 /// event. A BPF function of its own: the event's stack stays out of the
 /// frame of the program that stores the block.
 #[inline(never)]
-fn ask_level(stats: *mut ProcStats, tgid: u32, gen_: u32, level: u32) {
+fn ask_level(stats: *mut ProcStats, tgid: u32, generation: u32, level: u32) {
     if level >= OWN_LEVELS_MAX {
         return;
     }
@@ -252,5 +252,5 @@ fn ask_level(stats: *mut ProcStats, tgid: u32, gen_: u32, level: u32) {
     if seen >= want || compare_exchange(asked, seen, want) != seen {
         return;
     }
-    send_spill_event(tgid, gen_, level);
+    send_spill_event(tgid, generation, level);
 }

@@ -46,7 +46,7 @@ use aya_ebpf::{
     },
 };
 use tracer_common::{
-    Counter, MMAP_REGION_SLOTS, MmapPageKey, MmapRegions, ProcStats, SOURCE_MMAP, mmap_page,
+    Counter, FAMILY_MMAP, MMAP_REGION_SLOTS, MmapPageKey, MmapRegions, ProcStats, mmap_page,
 };
 use unmap::unmap;
 
@@ -137,13 +137,18 @@ fn has_regions(stats: *mut ProcStats) -> bool {
     any != 0
 }
 
-/// The page of `MMAP_REGIONS` of image (`stats`, `gen_`) of `tgid` that
+/// The page of `MMAP_REGIONS` of image (`stats`, `generation`) of `tgid` that
 /// holds the mappings starting in `start`'s 64 MiB of address space; when
 /// `create`, made (or taken over from an earlier image of the pid) if
 /// there is none, and named in the image's totals.
 #[inline(always)]
-fn page_of(tgid: u32, (stats, gen_): Image, start: u64, create: bool) -> Option<*mut MmapRegions> {
-    let page = page_lookup(tgid, stats, gen_, start, create);
+fn page_of(
+    tgid: u32,
+    (stats, generation): Image,
+    start: u64,
+    create: bool,
+) -> Option<*mut MmapRegions> {
+    let page = page_lookup(tgid, stats, generation, start, create);
     (!page.is_null()).then_some(page)
 }
 
@@ -154,7 +159,7 @@ fn page_of(tgid: u32, (stats, gen_): Image, start: u64, create: bool) -> Option<
 fn page_lookup(
     tgid: u32,
     stats: *mut ProcStats,
-    gen_: u32,
+    generation: u32,
     start: u64,
     create: bool,
 ) -> *mut MmapRegions {
@@ -162,7 +167,7 @@ fn page_lookup(
     let key = MmapPageKey { tgid, page };
     if let Some(regions) = MMAP_REGIONS.get_ptr_mut(&key) {
         // SAFETY: a MMAP_REGIONS value.
-        if unsafe { (*regions).gen_ } == gen_ {
+        if unsafe { (*regions).generation } == generation {
             return regions;
         }
     }
@@ -185,8 +190,8 @@ fn page_lookup(
                 return core::ptr::null_mut();
             };
             // SAFETY: a MMAP_REGIONS value.
-            let found = unsafe { (*regions).gen_ };
-            if found != 0 && found != gen_ && MMAP_REGIONS.insert(&key, empty, 0).is_err() {
+            let found = unsafe { (*regions).generation };
+            if found != 0 && found != generation && MMAP_REGIONS.insert(&key, empty, 0).is_err() {
                 return core::ptr::null_mut();
             }
         }
@@ -197,7 +202,7 @@ fn page_lookup(
     };
     // SAFETY: a MMAP_REGIONS value; another thread creating it at the same
     // moment writes the same generation.
-    unsafe { (*regions).gen_ = gen_ };
+    unsafe { (*regions).generation = generation };
     fetch_or(mmap_pages_word(stats, page / 64), 1 << (page % 64));
     regions
 }
@@ -318,7 +323,7 @@ fn add_region(regs: UserRegs, tgid: u32, image: Image, start: u64, len: u64) {
         drop_region(stats);
         return;
     }
-    if record_block::<false>(regs, image, tgid, (start, len), SOURCE_MMAP) {
+    if record_block::<false>(regs, image, tgid, (start, len), FAMILY_MMAP) {
         count(Counter::MmapRegions);
     } else {
         release_slot(tgid, image, start);
@@ -326,15 +331,15 @@ fn add_region(regs: UserRegs, tgid: u32, image: Image, start: u64, len: u64) {
 }
 
 /// Claims a slot for the new mapping (`start`, `len` bytes) of image
-/// (`stats`, `gen_`) of `tgid`, and raises the image's longest mapping to
+/// (`stats`, `generation`) of `tgid`, and raises the image's longest mapping to
 /// `len` before the block is there (so that an `munmap` that finds the
 /// block reaching into its range looks back far enough); false when no
 /// slot is free.
 ///
 /// Not inlined, as [`page_of`].
 #[inline(never)]
-fn claim_region(tgid: u32, stats: *mut ProcStats, gen_: u32, start: u64, len: u64) -> bool {
-    if !claim_slot(tgid, (stats, gen_), start) {
+fn claim_region(tgid: u32, stats: *mut ProcStats, generation: u32, start: u64, len: u64) -> bool {
+    if !claim_slot(tgid, (stats, generation), start) {
         return false;
     }
     raise_peak(mmap_max_len_counter(stats), len);

@@ -8,7 +8,7 @@
 use core::ffi::c_void;
 
 use tracer_common::{
-    AllocInfo, MMAP_PAGE_SHIFT, MMAP_PAGES, MMAP_REGION_SLOTS, MmapRegions, ProcStats, SOURCE_MMAP,
+    AllocInfo, FAMILY_MMAP, MMAP_PAGE_SHIFT, MMAP_PAGES, MMAP_REGION_SLOTS, MmapRegions, ProcStats,
 };
 
 use super::{Image, claim_slot, drop_region, has_regions, page_of, release_slot, run_loop};
@@ -55,21 +55,21 @@ struct UnmapPages {
 /// pages of 256 slots but for a process that holds a mapping of more than
 /// 64 MiB).
 #[inline(always)]
-pub(super) fn unmap(tgid: u32, (stats, gen_): Image, start: u64, end: u64) -> u64 {
-    unmap_range(tgid, stats, gen_, start, end)
+pub(super) fn unmap(tgid: u32, (stats, generation): Image, start: u64, end: u64) -> u64 {
+    unmap_range(tgid, stats, generation, start, end)
 }
 
 /// [`unmap`]: a BPF function of its own, not inlined, so that the many
 /// paths of its loops' set-up do not multiply the states the verifier
 /// follows through `sys_exit_mremap`'s stack walk after it.
 #[inline(never)]
-fn unmap_range(tgid: u32, stats: *mut ProcStats, gen_: u32, start: u64, end: u64) -> u64 {
-    let image = (stats, gen_);
+fn unmap_range(tgid: u32, stats: *mut ProcStats, generation: u32, start: u64, end: u64) -> u64 {
+    let image = (stats, generation);
     if !has_regions(stats) {
         return 0;
     }
-    if let Some(block) = find_block::<false>(tgid, start, gen_)
-        && block.source == SOURCE_MMAP
+    if let Some(block) = find_block::<false>(tgid, start, generation)
+        && block.source == FAMILY_MMAP
         && start.wrapping_add(block.size) >= end
     {
         let mut state = Unmap {
@@ -174,17 +174,18 @@ fn cut(state: *mut Unmap, at: u64, slot: *mut u64) {
             compare_exchange(slot, at, 0);
         }
     };
-    let (tgid, gen_) = (state.tgid, state.image.1);
-    let Some(block) = find_block::<false>(tgid, at, gen_) else {
+    let (tgid, generation) = (state.tgid, state.image.1);
+    let Some(block) = find_block::<false>(tgid, at, generation) else {
         // Its block is gone (freed as a pointer, or the maps were cleaned).
         clear(state);
         return;
     };
-    if block.source != SOURCE_MMAP || at.wrapping_add(block.size) <= state.start {
+    if block.source != FAMILY_MMAP || at.wrapping_add(block.size) <= state.start {
         return;
     }
     // Only the thread that takes the block out changes it.
-    let Some((stats, block)) = take_block::<false>(tgid, at, (Some(state.image.0), gen_), false)
+    let Some((stats, block)) =
+        take_block::<false>(tgid, at, (Some(state.image.0), generation), false)
     else {
         return;
     };
@@ -213,19 +214,19 @@ fn cut(state: *mut Unmap, at: u64, slot: *mut u64) {
             size: block_end - state.end,
             ..block
         };
-        if claim_slot(tgid, (stats, gen_), state.end) {
+        if claim_slot(tgid, (stats, generation), state.end) {
             if insert_block::<false>(stats, tgid, state.end, &right) {
                 count_in_stack_fn(stats, &raw const right);
                 kept += right.size;
                 pieces += 1;
             } else {
-                release_slot(tgid, (stats, gen_), state.end);
+                release_slot(tgid, (stats, generation), state.end);
                 drop_region(stats);
             }
         } else {
             drop_region(stats);
         }
     }
-    unmap_bytes(stats, block.size - kept, SOURCE_MMAP, pieces);
+    unmap_bytes(stats, block.size - kept, FAMILY_MMAP, pieces);
     state.unmapped += block.size - kept;
 }

@@ -67,7 +67,7 @@ pub fn task_newtask(ctx: TracePointContext) -> u32 {
         return 0;
     }
     let child = child as u32;
-    let parent_gen = find_proc(parent).map(|(_, gen_)| gen_);
+    let parent_gen = find_proc(parent).map(|(_, generation)| generation);
     if let (Some(parent_gen), Some(child_gen)) = (parent_gen, start_image(child, parent)) {
         inherit_mappings(parent, parent_gen, child, child_gen);
     }
@@ -143,7 +143,12 @@ pub fn sys_exit_mmap_code(ctx: TracePointContext) -> u32 {
         return 0;
     }
     let Some((_, tgid)) = current() else { return 0 };
-    let gen_ = find_proc(tgid).map_or(0, |(_, gen_)| gen_);
-    send_event(ProcEventKind::Mapped, tgid, gen_, &ProcStats::default());
+    let generation = find_proc(tgid).map_or(0, |(_, generation)| generation);
+    send_event(
+        ProcEventKind::Mapped,
+        tgid,
+        generation,
+        &ProcStats::default(),
+    );
     0
 }

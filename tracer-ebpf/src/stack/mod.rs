@@ -61,13 +61,13 @@ use crate::{
     vma,
 };
 
-/// Whether tracerd has written the executable mappings of image `gen_` of
+/// Whether tracerd has written the executable mappings of image `generation` of
 /// `tgid` in PROC_MAPS: its stacks are walked with the unwind tables.
 #[inline(always)]
-pub(crate) fn has_mappings(tgid: u32, gen_: u32) -> bool {
+pub(crate) fn has_mappings(tgid: u32, generation: u32) -> bool {
     match PROC_MAPS.get_ptr(tgid) {
         // SAFETY: a PROC_MAPS value, read only.
-        Some(maps) => (unsafe { (*maps).gen_ }) == gen_,
+        Some(maps) => (unsafe { (*maps).generation }) == generation,
         None => false,
     }
 }
@@ -85,14 +85,14 @@ pub(crate) fn inherit_mappings(parent: u32, parent_gen: u32, child: u32, child_g
     };
     // SAFETY: a PROC_MAPS value, read only; the copy is made by the map
     // update from the value itself (it does not fit on the stack).
-    if unsafe { (*maps).gen_ } != parent_gen
+    if unsafe { (*maps).generation } != parent_gen
         || PROC_MAPS.insert(child, unsafe { &*maps }, 0).is_err()
     {
         return;
     }
     if let Some(copy) = PROC_MAPS.get_ptr_mut(child) {
         // SAFETY: the child's new entry; the child does not run yet.
-        unsafe { (*copy).gen_ = child_gen };
+        unsafe { (*copy).generation = child_gen };
     }
 }
 
@@ -114,13 +114,13 @@ pub(crate) struct UserRegs {
 /// has fewer than its share (`PROCESS_MAX_STACKS`); past it the block keeps
 /// its frame 0 (counted, and a drop of the process).
 ///
-/// `gen_` is the process image's generation: the mappings in PROC_MAPS are
+/// `generation` is the process image's generation: the mappings in PROC_MAPS are
 /// used only when they are of that image; otherwise (tracerd has not
 /// written them yet, or the unwinder is off) the walk follows frame
 /// pointers alone, as the kernel's `bpf_get_stack` does.
 #[inline(always)]
-pub(crate) fn stack_id(regs: UserRegs, tgid: u32, gen_: u32, stats: *mut ProcStats) -> u64 {
-    let (id, lost) = walk_and_store(regs, tgid, gen_, stats);
+pub(crate) fn stack_id(regs: UserRegs, tgid: u32, generation: u32, stats: *mut ProcStats) -> u64 {
+    let (id, lost) = walk_and_store(regs, tgid, generation, stats);
     if lost || id == STACK_ID_NONE {
         count(Counter::CutTracebacks);
         fetch_add(cut_counter(stats), 1);
@@ -171,7 +171,12 @@ fn start_walk(walk: *mut Walk, regs: UserRegs, limit: u32) {
 /// readable memory (a walk that reached its frames' limit is whole as far
 /// as nframe asks).
 #[inline(always)]
-fn walk_and_store(regs: UserRegs, tgid: u32, gen_: u32, stats: *mut ProcStats) -> (u64, bool) {
+fn walk_and_store(
+    regs: UserRegs,
+    tgid: u32,
+    generation: u32,
+    stats: *mut ProcStats,
+) -> (u64, bool) {
     let (Some(buf), Some(walk)) = (STACK_SCRATCH.get_ptr_mut(0), WALK_SCRATCH.get_ptr_mut(0))
     else {
         return (drop_stack(), true);
@@ -194,7 +199,9 @@ fn walk_and_store(regs: UserRegs, tgid: u32, gen_: u32, stats: *mut ProcStats) -
     start_walk(walk, regs, limit);
     match PROC_MAPS.get_ptr(tgid) {
         // SAFETY: a PROC_MAPS value, read only.
-        Some(maps) if unsafe { (*maps).gen_ } == gen_ => unwind::unwind(maps, walk, buf, limit),
+        Some(maps) if unsafe { (*maps).generation } == generation => {
+            unwind::unwind(maps, walk, buf, limit)
+        }
         // Not written yet (or of an earlier image): every address is
         // looked up in the kernel's own VMAs.
         _ => match NO_MAPPINGS.get_ptr(0) {

@@ -12,8 +12,8 @@
 //! cost that covers the node, its share of the tables that find it again
 //! and of the snapshot's index. A file that would go past the budget is
 //! refused with [`OverBudget`], naming where. A file tracer writes, or
-//! Python's `Snapshot.dump()`, costs about 7 to 21 bytes per byte (measured), so
-//! that only crafted files (a traceback of millions of references to one
+//! Python's `Snapshot.dump()`, costs less per byte than the bound allows
+//! (measured in `docs/design/0011-measured-figures.md`), so that only crafted files (a traceback of millions of references to one
 //! frame, a pickle of `DUP` opcodes) meet the bound.
 //!
 //! Work done is charged too: every charge is proportional to the steps

@@ -5,8 +5,8 @@
 //! the allocator may keep the old buffer resident for a while (mimalloc,
 //! tracerd's allocator, does, and its `realloc` always copies): a vector
 //! grown to `n` items can hold up to four times `n` items' memory at its
-//! peak. A 16 MB pickle of `DUP`s, charged 16 bytes a copy, then took 29
-//! bytes a byte of the file, past the load bound ([`super::budget`]).
+//! peak: a pickle of `DUP`s then went past the load bound
+//! ([`super::budget`]; measured in `docs/design/0011-measured-figures.md`).
 //! [`Chunked`] and [`Slab`] allocate in chunks of [`CHUNK`] items that never
 //! move, so what they hold costs its length plus at most one chunk's
 //! growth, whatever the allocator: charging by length is then exact.

@@ -76,7 +76,7 @@ impl Cells {
 mod tests {
     use super::*;
     use crate::testing::trace;
-    use crate::trace::{Frame, Source, Traceback};
+    use crate::trace::{AllocatorFamily, Frame, Traceback};
 
     #[test]
     fn cells_split_by_arc_domain_and_source_in_order_of_first_appearance() {
@@ -85,7 +85,7 @@ mod tests {
         let mut other_domain = trace(4, &a);
         other_domain.domain = 2;
         let mut mmap = trace(8, &a);
-        mmap.source = Source::MMAP;
+        mmap.source = AllocatorFamily::MMAP;
         let traces = [
             trace(1, &b),
             trace(2, &a),
@@ -97,7 +97,7 @@ mod tests {
         let cells = Cells::of(&Interned::of(&traces), &traces);
         assert_eq!(cells.of_trace, [0, 1, 2, 3, 1, 0]);
         assert_eq!(cells.interned.ids(), [0, 1, 1, 1]);
-        let seen: Vec<(*const Traceback, u32, Source, u64, u64)> = cells
+        let seen: Vec<(*const Traceback, u32, AllocatorFamily, u64, u64)> = cells
             .groups
             .iter()
             .map(|g| {
@@ -113,10 +113,10 @@ mod tests {
         assert_eq!(
             seen,
             [
-                (Arc::as_ptr(&b), 1, Source::UNKNOWN, 2, 33),
-                (Arc::as_ptr(&a), 1, Source::UNKNOWN, 2, 18),
-                (Arc::as_ptr(&a), 2, Source::UNKNOWN, 1, 4),
-                (Arc::as_ptr(&a), 1, Source::MMAP, 1, 8),
+                (Arc::as_ptr(&b), 1, AllocatorFamily::UNKNOWN, 2, 33),
+                (Arc::as_ptr(&a), 1, AllocatorFamily::UNKNOWN, 2, 18),
+                (Arc::as_ptr(&a), 2, AllocatorFamily::UNKNOWN, 1, 4),
+                (Arc::as_ptr(&a), 1, AllocatorFamily::MMAP, 1, 8),
             ]
         );
     }

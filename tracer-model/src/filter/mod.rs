@@ -31,7 +31,7 @@ mod tests;
 
 use crate::engine::index::Interned;
 use crate::hash::FxHashMap;
-use crate::trace::{Block, Frame, Source, Traceback};
+use crate::trace::{AllocatorFamily, Block, Frame, Traceback};
 
 pub use fnmatch::Pattern;
 
@@ -137,14 +137,14 @@ pub struct DomainFilter {
     pub domain: u32,
 }
 
-/// tracer's filter on a trace's [`Source`], built like `DomainFilter`: keep
+/// tracer's filter on a trace's [`AllocatorFamily`], built like `DomainFilter`: keep
 /// only (inclusive) or drop (exclusive) the traces of one source.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SourceFilter {
+pub struct AllocatorFamilyFilter {
     /// Keep only this source (true) or drop it (false).
     pub inclusive: bool,
     /// The source.
-    pub source: Source,
+    pub source: AllocatorFamily,
 }
 
 /// Any filter `filter_traces` accepts.
@@ -155,7 +155,7 @@ pub enum TraceFilter {
     /// A domain filter.
     Domain(DomainFilter),
     /// A source filter (tracer's own).
-    Source(SourceFilter),
+    AllocatorFamily(AllocatorFamilyFilter),
 }
 
 impl TraceFilter {
@@ -165,14 +165,14 @@ impl TraceFilter {
         match self {
             TraceFilter::Filter(f) => f.inclusive,
             TraceFilter::Domain(d) => d.inclusive,
-            TraceFilter::Source(s) => s.inclusive,
+            TraceFilter::AllocatorFamily(s) => s.inclusive,
         }
     }
 }
 
-impl From<SourceFilter> for TraceFilter {
-    fn from(filter: SourceFilter) -> Self {
-        TraceFilter::Source(filter)
+impl From<AllocatorFamilyFilter> for TraceFilter {
+    fn from(filter: AllocatorFamilyFilter) -> Self {
+        TraceFilter::AllocatorFamily(filter)
     }
 }
 
@@ -226,7 +226,7 @@ pub(crate) fn kept<B: Block>(
         .iter()
         .filter_map(|f| match f {
             TraceFilter::Filter(f) => Some(f),
-            TraceFilter::Domain(_) | TraceFilter::Source(_) => None,
+            TraceFilter::Domain(_) | TraceFilter::AllocatorFamily(_) => None,
         })
         .collect();
     let mut checks: Vec<(bool, Check)> = Vec::with_capacity(filters.len());
@@ -234,7 +234,7 @@ pub(crate) fn kept<B: Block>(
     for filter in filters {
         let check = match filter {
             TraceFilter::Domain(d) => Check::Domain(*d),
-            TraceFilter::Source(s) => Check::Source(*s),
+            TraceFilter::AllocatorFamily(s) => Check::AllocatorFamily(*s),
             TraceFilter::Filter(_) => {
                 slot += 1;
                 Check::Pattern(slot - 1)
@@ -261,7 +261,7 @@ pub(crate) fn kept<B: Block>(
         let matches = |check: &Check| -> bool {
             match *check {
                 Check::Domain(d) => (trace.domain() == d.domain) == d.inclusive,
-                Check::Source(s) => (trace.source() == s.source) == s.inclusive,
+                Check::AllocatorFamily(s) => (trace.source() == s.source) == s.inclusive,
                 Check::Pattern(slot) => match (patterns.get(slot), tb_verdicts.get(slot)) {
                     (Some(filter), Some(&verdict)) => filter.verdict(verdict, trace.domain()),
                     _ => false,
@@ -287,7 +287,7 @@ pub(crate) fn kept<B: Block>(
 #[derive(Clone, Copy)]
 enum Check {
     Domain(DomainFilter),
-    Source(SourceFilter),
+    AllocatorFamily(AllocatorFamilyFilter),
     /// The pattern filter in this slot of a traceback's verdicts.
     Pattern(usize),
 }

@@ -20,31 +20,31 @@ fn snapshot() -> Snapshot {
     Snapshot::new(
         vec![
             Trace {
-                source: crate::trace::Source::UNKNOWN,
+                source: crate::trace::AllocatorFamily::UNKNOWN,
                 domain: 1,
                 size: 10,
                 traceback: a.clone(),
             },
             Trace {
-                source: crate::trace::Source::UNKNOWN,
+                source: crate::trace::AllocatorFamily::UNKNOWN,
                 domain: 2,
                 size: 20,
                 traceback: b.clone(),
             },
             Trace {
-                source: crate::trace::Source::UNKNOWN,
+                source: crate::trace::AllocatorFamily::UNKNOWN,
                 domain: 1,
                 size: 40,
                 traceback: b,
             },
             Trace {
-                source: crate::trace::Source::UNKNOWN,
+                source: crate::trace::AllocatorFamily::UNKNOWN,
                 domain: 3,
                 size: 80,
                 traceback: py,
             },
             Trace {
-                source: crate::trace::Source::UNKNOWN,
+                source: crate::trace::AllocatorFamily::UNKNOWN,
                 domain: 2,
                 size: 160,
                 traceback: a,

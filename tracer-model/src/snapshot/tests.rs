@@ -13,7 +13,7 @@ fn snapshot(traces: &[RawTrace<'_>]) -> Snapshot {
     let traces = traces
         .iter()
         .map(|&(domain, size, frames)| Trace {
-            source: crate::trace::Source::UNKNOWN,
+            source: crate::trace::AllocatorFamily::UNKNOWN,
             domain,
             size,
             traceback: Arc::new(Traceback::new(
@@ -228,7 +228,7 @@ fn equal_tracebacks_in_separate_arcs_form_one_group() {
         Some(40),
     ));
     let trace = |size, traceback: &Arc<Traceback>| Trace {
-        source: crate::trace::Source::UNKNOWN,
+        source: crate::trace::AllocatorFamily::UNKNOWN,
         domain: 7,
         size,
         traceback: Arc::clone(traceback),
@@ -273,7 +273,7 @@ fn lineno_groups_keep_the_first_frames_extra_and_filename_groups_none() {
         ..extra.clone()
     });
     let trace = |frame: Frame| Trace {
-        source: crate::trace::Source::UNKNOWN,
+        source: crate::trace::AllocatorFamily::UNKNOWN,
         domain: 1,
         size: 8,
         traceback: Arc::new(Traceback::new(vec![frame], None)),
@@ -324,37 +324,37 @@ fn rich_snapshot() -> Snapshot {
     let recursive = tb(vec![alloc.clone(), alloc2.clone(), main.clone()]);
     let traces = vec![
         Trace {
-            source: crate::trace::Source::UNKNOWN,
+            source: crate::trace::AllocatorFamily::UNKNOWN,
             domain: 1,
             size: 100,
             traceback: tb(vec![alloc.clone(), main.clone()]),
         },
         Trace {
-            source: crate::trace::Source::UNKNOWN,
+            source: crate::trace::AllocatorFamily::UNKNOWN,
             domain: 1,
             size: 50,
             traceback: tb(vec![alloc2, main.clone()]),
         },
         Trace {
-            source: crate::trace::Source::UNKNOWN,
+            source: crate::trace::AllocatorFamily::UNKNOWN,
             domain: 1,
             size: 70,
             traceback: tb(vec![dup, main.clone()]),
         },
         Trace {
-            source: crate::trace::Source::UNKNOWN,
+            source: crate::trace::AllocatorFamily::UNKNOWN,
             domain: 1,
             size: 30,
             traceback: recursive,
         },
         Trace {
-            source: crate::trace::Source::UNKNOWN,
+            source: crate::trace::AllocatorFamily::UNKNOWN,
             domain: 1,
             size: 20,
             traceback: tb(vec![Frame::unknown()]),
         },
         Trace {
-            source: crate::trace::Source::UNKNOWN,
+            source: crate::trace::AllocatorFamily::UNKNOWN,
             domain: 1,
             size: 5,
             traceback: tb(vec![Frame::new("src/b.c", 1), main]),
@@ -447,7 +447,7 @@ fn labelled_ties_break_by_label_descending() {
         ["b", "a", "c"]
             .iter()
             .map(|f| Trace {
-                source: crate::trace::Source::UNKNOWN,
+                source: crate::trace::AllocatorFamily::UNKNOWN,
                 domain: 0,
                 size: 8,
                 traceback: tb(f),
@@ -496,7 +496,7 @@ fn threaded_grouping_equals_one_sequential_pass() {
     }
     let traces: Vec<Trace> = (0..120_000)
         .map(|_| Trace {
-            source: crate::trace::Source::UNKNOWN,
+            source: crate::trace::AllocatorFamily::UNKNOWN,
             domain: 0,
             size: 1 + next(5000),
             traceback: Arc::clone(&pool[next(pool.len() as u64) as usize]),

@@ -134,7 +134,7 @@ fn filter_case(rng: &mut StdRng) -> FilterCase {
             .collect();
         raw.push(json!([domain, index, frames, null]));
         traces.push(Trace {
-            source: tracer_model::Source::UNKNOWN,
+            source: tracer_model::AllocatorFamily::UNKNOWN,
             domain,
             size: index,
             traceback,
@@ -221,7 +221,7 @@ fn fnmatch_and_filter_traces_match_cpython() {
             .iter()
             .filter_map(|f| match f {
                 TraceFilter::Filter(f) => Some(f.filename_pattern()),
-                TraceFilter::Domain(_) | TraceFilter::Source(_) => None,
+                TraceFilter::Domain(_) | TraceFilter::AllocatorFamily(_) => None,
             })
             .collect();
         assert_eq!(

@@ -92,7 +92,7 @@ fn random_snapshot(seed: u64) -> Snapshot {
             rng.random_range(0..3)
         };
         traces.push(Trace {
-            source: tracer_model::Source::UNKNOWN,
+            source: tracer_model::AllocatorFamily::UNKNOWN,
             domain,
             size,
             traceback,
@@ -253,7 +253,7 @@ fn the_largest_sizes_domains_and_lines_cross_both_ways() {
         Some(u32::MAX),
     ));
     let traces = vec![Trace {
-        source: tracer_model::Source::UNKNOWN,
+        source: tracer_model::AllocatorFamily::UNKNOWN,
         domain: u32::MAX,
         size: u64::MAX,
         traceback: Arc::clone(&tb),
@@ -288,7 +288,7 @@ fn python_shares_equal_tracebacks_and_so_do_we() {
     ));
     let traces = (0..1000)
         .map(|i| Trace {
-            source: tracer_model::Source::UNKNOWN,
+            source: tracer_model::AllocatorFamily::UNKNOWN,
             domain: 0,
             size: i,
             traceback: Arc::clone(&tb),

@@ -171,7 +171,7 @@ impl Generator {
 
     fn trace(&mut self) -> Trace {
         Trace {
-            source: tracer_model::Source::UNKNOWN,
+            source: tracer_model::AllocatorFamily::UNKNOWN,
             domain: self.rng.random_range(0..3),
             size: self.size(),
             traceback: self.pick_traceback(),
@@ -197,7 +197,7 @@ impl Generator {
                     0..5 => old.push(trace.clone()),
                     5..8 => {}
                     _ => old.push(Trace {
-                        source: tracer_model::Source::UNKNOWN,
+                        source: tracer_model::AllocatorFamily::UNKNOWN,
                         size: self.size(),
                         ..trace.clone()
                     }),

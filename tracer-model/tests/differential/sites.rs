@@ -68,7 +68,7 @@ fn random_snapshot(seed: u64) -> Snapshot {
             tb
         };
         traces.push(Trace {
-            source: tracer_model::Source::UNKNOWN,
+            source: tracer_model::AllocatorFamily::UNKNOWN,
             domain: rng.random_range(0..2),
             // Few sizes: many ties, broken by the frames' order.
             size: 100 * rng.random_range(1..4),

@@ -1,4 +1,4 @@
-//! The bench's cheap-routes part (issue 15): how long `GET
+//! The bench's cheap-routes part: how long `GET
 //! /pid/N/traced-memory` (of a small process), `GET /processes`, `GET
 //! /health` and `GET /metrics` take idle, while a 4,000,000-block
 //! process's snapshot is taken (`POST /pid/N/snapshots`), and while the orphan sweep passes over its

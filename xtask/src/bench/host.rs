@@ -1,4 +1,4 @@
-//! The bench's host-scale part (issue 15, item 4): 10,000,000 live blocks
+//! The bench's host-scale part: 10,000,000 live blocks
 //! across 100 processes at once, with what the kernel and tracerd hold per
 //! block, and what queries about one process cost beside them:
 //!
@@ -115,7 +115,7 @@ pub fn host_part(root: &Path, dir: &Path) -> anyhow::Result<serde_json::Value> {
     }
     finish(small);
     let _ = tracer.stop(STOP_GRACE);
-    println!("\n### Host scale (issue 15)\n");
+    println!("\n### Host scale\n");
     println!(
         "- {total} live blocks across {} processes, {host_blocks} on the host ({in_table} in the fast table of {table_slots}, {in_own} in the processes' own spill maps made for {own_capacity}, {in_spill} in LIVE_ALLOCS), counted by tracerd {allocated_s:.1} s after the first holder started",
         PROCESSES + 1

@@ -1,4 +1,4 @@
-//! The bench's host-scale queries part (issue 15): what a query about a
+//! The bench's host-scale queries part: what a query about a
 //! process costs when another process holds 4,000,000 live blocks, and what
 //! queries about that big process cost, in one run:
 //!
@@ -151,7 +151,7 @@ pub fn queries_part(root: &Path, dir: &Path) -> anyhow::Result<serde_json::Value
     finish(small);
     let _ = tracer.stop(STOP_GRACE);
     let ratio = |beside: f64, alone: f64| beside / alone.max(0.001);
-    println!("\n### Host-scale queries (issue 15)\n");
+    println!("\n### Host-scale queries\n");
     println!(
         "| query | alone ms (median / max) | beside 4,000,000 blocks ms (median / max) | beside / alone | goal |"
     );

@@ -11,7 +11,7 @@ use anyhow::bail;
 use super::{Ctx, Outcome, request};
 
 /// 1,000 connections opened and left idle for 5 s; then 50 `/health`
-/// requests: 95 % of them within 100 ms (the bound; one in a
+/// requests: 95 % of them within 100 ms (the goal's bound; one in a
 /// fresh run here took 168 ms, a 2-core host's scheduling), every one
 /// within 1 s (the watcher's bound, all along).
 pub(super) fn idle_connections(ctx: &Ctx) -> anyhow::Result<Outcome> {

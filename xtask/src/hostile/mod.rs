@@ -13,7 +13,7 @@
 //!   start's own peak is reported beside it,
 //! - `/health` answered 200 every time, each within `--health-bound-ms`
 //!   (1000 ms; the idle-connections attack holds 95 % of its own 50 to
-//!   100 ms, as issue 14 asks),
+//!   100 ms, the goal for idle connections),
 //! - and the attack's own checks hold (its answers, its duration).
 //!
 //! The suite prints one markdown row per attack and fails if any failed.

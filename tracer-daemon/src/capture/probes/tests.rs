@@ -87,7 +87,7 @@ fn each_family_is_the_source_of_its_name() {
         Family::Mimalloc,
         Family::Malloc,
     ] {
-        let source = tracer_model::Source::from_code(family.source());
+        let source = tracer_model::AllocatorFamily::from_code(family.source());
         assert_eq!(source.name(), family.name());
         assert!(!source.is_unknown());
     }

@@ -342,7 +342,7 @@ impl TableStore {
     ) -> Result<(), TableError> {
         let mut value = Box::new(ProcMappings {
             count: 0,
-            gen_: generation,
+            generation,
             mappings: [ProcMapping::default(); MAX_PROC_MAPPINGS],
         });
         let mut sorted: Vec<ProcMapping> = mappings.to_vec();

@@ -39,9 +39,9 @@ pub enum Kind {
     Duration,
     /// `PATTERN[:LINENO][@DOMAIN]` of a `Filter`.
     Filter,
-    /// A block's source (the allocator family): `tracer_model::Source`'s
+    /// A block's source (the allocator family): `tracer_model::AllocatorFamily`'s
     /// names.
-    Source,
+    AllocatorFamily,
     /// An absolute path.
     Absolute,
     /// An address: `0x` hexadecimal or decimal.
@@ -223,10 +223,15 @@ pub const FILTERS: &[Param] = &[
         "an exclusive DomainFilter (a pid)",
     )
     .repeated(),
-    Param::new("allocator", Kind::Source, "only blocks of this source").repeated(),
+    Param::new(
+        "allocator",
+        Kind::AllocatorFamily,
+        "only blocks of this source",
+    )
+    .repeated(),
     Param::new(
         "exclude_allocator",
-        Kind::Source,
+        Kind::AllocatorFamily,
         "no blocks of this source",
     )
     .repeated(),

@@ -7,7 +7,7 @@ use axum::{
 
 use super::Cost::{Cheap, Expensive};
 use super::{METRICS_PATH, OPENAPI_PATH, Op, Route, Verb, media};
-use crate::http::handlers::{openapi, scope, snapshots, status, tracing, ui, views};
+use crate::http::handlers::{control, openapi, scope, snapshots, status, ui, views};
 use crate::http::params::spec;
 
 /// What a statistics or compare route answers: JSON, text (tracemalloc's
@@ -97,19 +97,19 @@ pub static ROUTES: &[Route] = &[
         path: "/pid/{pid}/clear-traces",
         cost: Cheap,
         ops: &[Op::post("clear_traces()").operators_only().refuses(CONFLICT)],
-        handlers: Some(|| post(tracing::pid_clear_traces)),
+        handlers: Some(|| post(control::pid_clear_traces)),
     },
     Route {
         path: "/pid/{pid}/reset-peak",
         cost: Cheap,
         ops: &[Op::post("reset_peak()").refuses(CONFLICT)],
-        handlers: Some(|| post(tracing::pid_reset_peak)),
+        handlers: Some(|| post(control::pid_reset_peak)),
     },
     Route {
         path: "/pid/{pid}/tracing",
         cost: Cheap,
         ops: &[Op::get("is_tracing(), get_traceback_limit()")],
-        handlers: Some(|| get(tracing::pid_tracing)),
+        handlers: Some(|| get(control::pid_tracing)),
     },
     Route {
         path: "/pid/{pid}/tracing/start",
@@ -118,13 +118,13 @@ pub static ROUTES: &[Route] = &[
             .query(spec::START)
             .operators_only()
             .refuses(CONFLICT)],
-        handlers: Some(|| post(tracing::pid_tracing_start)),
+        handlers: Some(|| post(control::pid_tracing_start)),
     },
     Route {
         path: "/pid/{pid}/tracing/stop",
         cost: Cheap,
         ops: &[Op::post("stop()").operators_only().refuses(CONFLICT)],
-        handlers: Some(|| post(tracing::pid_tracing_stop)),
+        handlers: Some(|| post(control::pid_tracing_stop)),
     },
     Route {
         path: "/pid/{pid}/object/{address}",
@@ -133,7 +133,7 @@ pub static ROUTES: &[Route] = &[
             .query(spec::OBJECT)
             .answers(JSON_OR_TEXT)
             .refuses(CONFLICT)],
-        handlers: Some(|| get(tracing::pid_object)),
+        handlers: Some(|| get(control::pid_object)),
     },
     Route {
         path: "/statistics",
@@ -244,7 +244,7 @@ pub static ROUTES: &[Route] = &[
         path: "/tracing",
         cost: Cheap,
         ops: &[Op::get("is_tracing(), get_traceback_limit() system-wide, and per-process exceptions")],
-        handlers: Some(|| get(tracing::system_tracing)),
+        handlers: Some(|| get(control::system_tracing)),
     },
     Route {
         path: "/tracing/start",
@@ -253,7 +253,7 @@ pub static ROUTES: &[Route] = &[
             .query(spec::START)
             .operators_only()
             .refuses(CONFLICT)],
-        handlers: Some(|| post(tracing::system_tracing_start)),
+        handlers: Some(|| post(control::system_tracing_start)),
     },
     Route {
         path: "/tracing/stop",
@@ -261,7 +261,7 @@ pub static ROUTES: &[Route] = &[
         ops: &[Op::post("stop() for every process")
             .operators_only()
             .refuses(CONFLICT)],
-        handlers: Some(|| post(tracing::system_tracing_stop)),
+        handlers: Some(|| post(control::system_tracing_stop)),
     },
     Route {
         path: "/tracing/memory",

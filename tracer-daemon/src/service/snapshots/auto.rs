@@ -39,7 +39,7 @@ impl Service {
                 id: 0,
                 pid: image.id.pid,
                 start_time: image.start_time,
-                gen_: image.id.generation,
+                generation: image.id.generation,
                 taken_at: at,
                 traced_memory: image.traced_memory,
                 completeness: Completeness::of_process(image.id.pid, image.drops, image.cut),

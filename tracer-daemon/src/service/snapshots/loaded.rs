@@ -56,7 +56,7 @@ impl Service {
             id: 0,
             pid: 0,
             start_time: 0,
-            gen_: 0,
+            generation: 0,
             taken_at: field("taken_at_ms").map_or_else(SystemTime::now, |ms| {
                 SystemTime::UNIX_EPOCH + Duration::from_millis(ms)
             }),

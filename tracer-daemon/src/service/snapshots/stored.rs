@@ -33,7 +33,7 @@ impl Service {
             id: 0,
             pid: image.pid,
             start_time,
-            gen_: image.generation,
+            generation: image.generation,
             taken_at: now.at,
             traced_memory: now.traced_memory,
             completeness: now.completeness,

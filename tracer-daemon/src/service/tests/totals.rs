@@ -72,7 +72,7 @@ fn the_totals_per_stack_of_ended_images_leave_the_kernel_at_the_sweep() {
     assert_eq!(service.sweep_stack_totals(), 1);
     let left: Vec<u32> = StackMaps::stack_totals(&kernel, None)
         .iter()
-        .map(|(key, _)| key.gen_)
+        .map(|(key, _)| key.generation)
         .collect();
     assert_eq!(left, vec![live.generation]);
     assert_ne!(ended.generation, live.generation);

@@ -68,7 +68,7 @@ fn automatic_snapshots_are_compact_and_share_their_tracebacks() {
     };
     let traces = [0x10, 0x20]
         .map(|address| Trace {
-            source: tracer_model::Source::UNKNOWN,
+            source: tracer_model::AllocatorFamily::UNKNOWN,
             domain: 5,
             size: 8,
             traceback: with_address(address),
@@ -123,7 +123,7 @@ fn big_snapshot(blocks: usize, sites: usize, sizes: u64) -> StoredSnapshot {
         .collect();
     let traces = (0..blocks)
         .map(|i| Trace {
-            source: tracer_model::Source(1),
+            source: tracer_model::AllocatorFamily(1),
             domain: 5,
             size: 16 * (1 + (i as u64 * 7919) % sizes),
             traceback: Arc::clone(&tbs[(i * 31) % sites]),

@@ -9,7 +9,7 @@ fn unordered() -> StoredSnapshot {
         .iter()
         .enumerate()
         .map(|(i, &size)| Trace {
-            source: tracer_model::Source(1),
+            source: tracer_model::AllocatorFamily(1),
             domain: 5,
             size,
             traceback: Arc::new(Traceback::new(

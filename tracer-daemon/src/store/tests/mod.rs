@@ -17,19 +17,19 @@ mod files;
 mod ids;
 mod quota;
 
-fn stored(pid: u32, gen_: u32) -> StoredSnapshot {
+fn stored(pid: u32, generation: u32) -> StoredSnapshot {
     let tb = Arc::new(Traceback::new(vec![Frame::new("a.c", 3)], Some(1)));
     StoredSnapshot {
         id: 0,
         pid,
         start_time: 77,
-        gen_,
+        generation,
         taken_at: SystemTime::UNIX_EPOCH + Duration::from_millis(1_700_000_000_123),
         traced_memory: (300, 400),
         completeness: Completeness::complete(),
         snapshot: Arc::new(Snapshot::new(
             vec![Trace {
-                source: tracer_model::Source::UNKNOWN,
+                source: tracer_model::AllocatorFamily::UNKNOWN,
                 domain: pid,
                 size: 300,
                 traceback: tb,
@@ -79,7 +79,7 @@ fn auto_snapshot(traces: usize) -> StoredSnapshot {
         .collect();
     let traces = (0..traces)
         .map(|i| Trace {
-            source: tracer_model::Source(1),
+            source: tracer_model::AllocatorFamily(1),
             domain: 5,
             size: if i % 2 == 0 { 16 } else { 32 },
             traceback: Arc::clone(&tbs[i % 3]),

@@ -1,8 +1,8 @@
-//! Files crafted to expand when loaded (issue 14, item 2): a tracer file
+//! Files crafted to expand when loaded: a tracer file
 //! whose one traceback repeats one frame 16 million times behind a valid
 //! checksum, and tracemalloc pickles of 16 million `DUP` or 8 million
-//! `BINGET` (16 MB each: the test's tracerd is a debug build; the 60 MB
-//! files of the issue behave alike, see the model's tests). Each is
+//! `BINGET` (16 MB each: the test's tracerd is a debug build; 60 MB
+//! files behave alike, see the model's tests). Each is
 //! refused with a 413 naming the bound (24 bytes of memory per byte of
 //! the file plus 64 MiB), nothing is stored, tracerd's peak memory grows
 //! by less than that bound plus two copies of the body (under 512 MB),

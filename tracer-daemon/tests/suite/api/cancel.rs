@@ -1,4 +1,4 @@
-//! Work is bounded and cancellable (issue 14, item 1): the work of a
+//! Work is bounded and cancellable: the work of a
 //! request whose client left stops and frees its memory, the expensive
 //! routes' limit counts running work, traces are streamed in memory
 //! independent of their number, and a request past its memory budget is

@@ -1,11 +1,11 @@
-//! No route waits on another's work (issue 15, item 2): while a process
+//! No route waits on another's work: while a process
 //! of 1.5 M live blocks is queried whole (its traces, a
 //! stored snapshot) and the orphan sweep passes over every block, the
 //! cheap routes (`/health`, `/processes`, `GET /pid/N/traced-memory`,
 //! `/metrics`) answer at once, with the kernel's exact totals, and the
 //! long work runs on threads at a lower priority than theirs. Before, a
 //! process's traced memory waited for the kernel lock that a whole-table
-//! scan held (1.04 s measured behind a 2.57 M-block statistics query), and
+//! scan held (measured in `docs/design/0011-measured-figures.md`), and
 //! `/metrics` waited for it to read the counters and the maps' use.
 use std::{
     sync::atomic::{AtomicBool, Ordering},

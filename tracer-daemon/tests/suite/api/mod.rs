@@ -1,4 +1,4 @@
-//! The routes of issue 4 through the real tracerd (real eBPF) tracing
+//! The query routes through the real tracerd (real eBPF) tracing
 //! `fixtures/apifix.c`: filters, group_by function and module, system-wide
 //! views, stored snapshots as resources, automatic snapshots and `since=`,
 //! dump/load in both formats (with CPython reading and writing the
@@ -9,13 +9,13 @@
 mod bounds;
 mod cancel;
 mod cheap;
+mod control;
 mod dump;
 mod errors;
 mod filters;
 mod openapi;
 pub(crate) mod profiles;
 mod snapshots;
-mod tracing;
 mod ui;
 
 use serde_json::{Value, json};

@@ -1,4 +1,4 @@
-//! Issue 15: a large `LIVE_ALLOCS` or own spill map is read by two walks
+//! A large `LIVE_ALLOCS` or own spill map is read by two walks
 //! at once (`sys::bpf::lookup_batch_halves`), which must give exactly the
 //! entries of one walk (`lookup_batch`) in its order, whatever bucket count
 //! it is told and however far its helper got (done before the caller's

@@ -1,4 +1,4 @@
-//! A real container (issue 12): a Debian bookworm root made by
+//! A real container: a Debian bookworm root made by
 //! `debootstrap --variant=minbase`, run by Debian's podman with runc, with
 //! no network. The C fixture built on the host is the container's `/prog`
 //! and runs on the container's own glibc (its root's file, another inode
@@ -10,8 +10,9 @@
 //! its cgroup and the container's id.
 //!
 //! The root is made once and kept in this test binary's scratch directory
-//! (`CARGO_TARGET_DIR/tmp`, `CARGO_TARGET_TMPDIR`): debootstrap takes 30 to
-//! 55 s here, from deb.debian.org; the test itself about 13 s.
+//! (`CARGO_TARGET_DIR/tmp`, `CARGO_TARGET_TMPDIR`): debootstrap takes far
+//! longer than the test itself (times in
+//! `docs/design/0011-measured-figures.md`).
 
 use std::{
     os::unix::fs::MetadataExt as _,

@@ -1,4 +1,4 @@
-//! Rust programs on a crate's global allocator (issue 12): the fixture
+//! Rust programs on a crate's global allocator: the fixture
 //! crate `fixtures/rust_allocators` built as a user builds a release
 //! (`cargo build --release`, debug info, rustc's default frame-pointer
 //! settings) with tikv-jemallocator (jemalloc linked into the executable,

@@ -1,4 +1,4 @@
-//! Issue 15: statistics of a live process read the kernel's totals per
+//! Statistics of a live process read the kernel's totals per
 //! (image, stack) (`STACK_TOTALS`), and give exactly what its blocks give
 //! (a stored snapshot, built from the blocks themselves), through alloc,
 //! free, realloc, `clear-traces`, exec and a full map.

@@ -1,4 +1,4 @@
-//! The `tracer` command (issue 16, the `tracer-cli` crate) against the real
+//! The `tracer` command (the `tracer-cli` crate) against the real
 //! tracerd tracing `fixtures/keep.c`: `ps`, `stat`, `snapshot`, `diff`,
 //! `top`, `load` and `run` show the fixture's exact bytes and blocks at its
 //! lines, `--json` is the API's JSON, and tracerd's 4xx messages are shown.

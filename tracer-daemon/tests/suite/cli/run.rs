@@ -130,11 +130,11 @@ fn tracer_run_keeps_the_commands_status_when_tracerd_is_gone_before_the_report()
     );
 }
 
-/// `tracer run -- gzip` as issue 33 saw it: gzip maps the probed glibc and
+/// `tracer run -- gzip`, as a user reported it: gzip maps the probed glibc and
 /// never calls malloc. Its report is a normal one with zeros, never another
 /// process's object, and tracer exits with gzip's status. tracerd keeps a
 /// record of a process that never allocated only once it makes an image at
-/// every exec (the kernel side's exec event, the lead's part of issue 33):
+/// every exec (the kernel side's exec event):
 /// until then this test fails on "0 allocations" (tracer says tracerd has
 /// no record of it).
 #[test]

@@ -1,4 +1,4 @@
-//! Connections under hostile and heavy use (issue 14, item 4): a thousand
+//! Connections under hostile and heavy use: a thousand
 //! idle connections do not slow `/health`, and each is closed at its
 //! timeout, on TCP and on the Unix socket.
 

@@ -1,4 +1,4 @@
-//! Prompt, clean stops under load (issue 13, item 6): SIGTERM during a
+//! Prompt, clean stops under load: SIGTERM during a
 //! snapshot of a process holding 4,000,000 live blocks, during 64 clients
 //! hammering the heavy routes, during a churn of 1,000 processes a second,
 //! and with hundreds of probes attached (the installed allocators probed
@@ -25,7 +25,7 @@ use crate::suite::support::{
     uprobe_events_of,
 };
 
-/// The longest a stop may take (the issue's goal, with the default grace
+/// The longest a stop may take (the goal, with the default grace
 /// period of 3 s).
 const STOP_LIMIT: Duration = Duration::from_secs(5);
 
@@ -224,7 +224,7 @@ fn sigterm_during_a_snapshot_of_4m_blocks_stops_within_5s_and_loses_nothing() {
     let state = TempDir::new("stop-snapshot");
     // One expensive request at a time: a second one answers 429 while the
     // snapshot runs, which tells the test that it is in flight. No grace
-    // period: the snapshot of 4 M blocks takes about 1 s (issue 15), less
+    // period: the snapshot of 4 M blocks takes about 1 s, less
     // than the default grace of 3 s, and the stop must find it reading.
     let mut tracerd = Tracerd::start_at(
         state.path(),

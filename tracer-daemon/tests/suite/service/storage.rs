@@ -1,4 +1,4 @@
-//! A full state directory (issue 14, item 9): a snapshot that cannot be
+//! A full state directory: a snapshot that cannot be
 //! written is a 507 with a hint, the log names the file, and tracerd goes
 //! on (and stores again once there is room).
 

@@ -319,11 +319,11 @@ fn settle(tracerd: &Tracerd, pid: u32) {
 
 /// What [`assert_frame_0_is_the_wrappers_caller`] found.
 #[derive(Debug, Default)]
-struct WrapperReport {
+struct AllocatorFramesReport {
     blocks: usize,
     /// Blocks whose kept traceback starts in the machinery (a leading run
     /// of tracerd's default `allocator_frames`).
-    through_machinery: usize,
+    through_allocator_frames: usize,
     /// ... of them, those whose run has a frame of the program's family.
     through_family: usize,
     /// ... whose dropped traceback starts at the machinery's caller.
@@ -337,12 +337,12 @@ struct WrapperReport {
     /// ... whose kept traceback is machinery to the outermost frame (the
     /// dynamic loader's own allocations before `main`, up to its
     /// `_start`): a traceback keeps its last frame.
-    whole_machinery: usize,
+    all_allocator_frames: usize,
     /// ... whose dropped frame 0 is still inside the machinery.
     inside: usize,
     /// Blocks whose dropped frame 0 is machinery: only those whose walk
     /// ended in it (a traceback keeps its last frame).
-    frame_0_machinery: usize,
+    frame_0_allocator_frame: usize,
     examples: Vec<String>,
 }
 
@@ -375,17 +375,17 @@ fn nameless(frame: &Value) -> bool {
 }
 
 /// The index of the last frame of `frames`' leading run of machinery
-/// (`is_machinery`), where a run of nameless frames of one module is part
+/// (`is_allocator_frame`), where a run of nameless frames of one module is part
 /// of it when the frame after them is machinery of that module; None when
 /// the traceback does not start in the machinery.
 fn last_of_the_leading_run(
     frames: &[Value],
-    is_machinery: &dyn Fn(&Value) -> bool,
+    is_allocator_frame: &dyn Fn(&Value) -> bool,
 ) -> Option<usize> {
     let mut last = None;
     let mut at = 0;
     while let Some(frame) = frames.get(at) {
-        if is_machinery(frame) {
+        if is_allocator_frame(frame) {
             last = Some(at);
             at += 1;
             continue;
@@ -399,7 +399,7 @@ fn last_of_the_leading_run(
                 .take_while(|f| nameless(f) && module(f) == module(frame))
                 .count();
         match frames.get(past) {
-            Some(caller) if module(caller) == module(frame) && is_machinery(caller) => {
+            Some(caller) if module(caller) == module(frame) && is_allocator_frame(caller) => {
                 last = Some(past);
                 at = past + 1;
             }
@@ -414,25 +414,25 @@ fn last_of_the_leading_run(
 /// against the leading run of `machinery` in `k` (through `family`, the
 /// program's own layer, or not); an example of it when it is wrong.
 fn judge_block(
-    report: &mut WrapperReport,
+    report: &mut AllocatorFramesReport,
     k: &Block,
     d: &Block,
-    machinery: &FramePatterns,
+    matcher: &FramePatterns,
     family: &FramePatterns,
 ) {
-    let is_machinery = |f: &Value| matches(machinery, f);
+    let is_allocator_frame = |f: &Value| matches(matcher, f);
     let frame_0 = &d.frames[0];
-    if is_machinery(frame_0) {
-        report.frame_0_machinery += 1;
+    if is_allocator_frame(frame_0) {
+        report.frame_0_allocator_frame += 1;
     }
     // The leading run of the allocation layer: its wrappers, and
     // the nameless statics of a stripped binary that a wrapper of
     // their module calls (a wrapper's helper). Wrappers deeper in
     // the stack are callers' business.
-    let Some(last) = last_of_the_leading_run(&k.frames, &is_machinery) else {
+    let Some(last) = last_of_the_leading_run(&k.frames, &is_allocator_frame) else {
         return;
     };
-    report.through_machinery += 1;
+    report.through_allocator_frames += 1;
     if k.frames[..=last].iter().any(|f| matches(family, f)) {
         report.through_family += 1;
     }
@@ -443,12 +443,12 @@ fn judge_block(
         }
         // The kept traceback reached nframe inside the machinery (a
         // dlopen's loader is deep): the dropped one starts past it.
-        None if k.frames.len() > 1 && !is_machinery(frame_0) => {
+        None if k.frames.len() > 1 && !is_allocator_frame(frame_0) => {
             report.at_caller += 1;
             false
         }
         None if k.frames.last().is_some_and(|f| function(f) == "_start") && d.frames.len() == 1 => {
-            report.whole_machinery += 1;
+            report.all_allocator_frames += 1;
             false
         }
         None => {
@@ -504,7 +504,7 @@ fn assert_frame_0_is_the_wrappers_caller(
     pid: u32,
     family: &[&str],
     min: usize,
-) -> WrapperReport {
+) -> AllocatorFramesReport {
     let defaults = default_allocator_frames();
     let unknown: Vec<&&str> = family
         .iter()
@@ -514,9 +514,9 @@ fn assert_frame_0_is_the_wrappers_caller(
         unknown.is_empty(),
         "{unknown:?} are not among tracerd's default allocator_frames"
     );
-    let machinery = compiled(&defaults);
+    let matcher = compiled(&defaults);
     let family = compiled(&family.iter().map(|p| p.to_string()).collect::<Vec<_>>());
-    let mut report = WrapperReport::default();
+    let mut report = AllocatorFramesReport::default();
     // The same blocks kept and dropped, a page of each at a time (the
     // process is frozen: each answer lists them in one order).
     let page = |offset: usize, query: &str| -> Vec<Block> {
@@ -545,7 +545,7 @@ fn assert_frame_0_is_the_wrappers_caller(
         );
         report.blocks += kept.len();
         for (k, d) in kept.iter().zip(&dropped) {
-            judge_block(&mut report, k, d, &machinery, &family);
+            judge_block(&mut report, k, d, &matcher, &family);
         }
         if kept.len() < PAGE {
             break;
@@ -566,23 +566,24 @@ fn assert_frame_0_is_the_wrappers_caller(
     let cut_inside = report.call_site_alone + report.ended_inside;
     assert!(
         report.through_family >= min
-            && report.at_caller + cut_inside + report.whole_machinery == report.through_machinery
+            && report.at_caller + cut_inside + report.all_allocator_frames
+                == report.through_allocator_frames
             && cut_inside as u64 <= declared
-            && report.frame_0_machinery == cut_inside + report.whole_machinery,
+            && report.frame_0_allocator_frame == cut_inside + report.all_allocator_frames,
         "pid {pid}: of {} blocks, {} start in the machinery, {} of them through the program's \
          own layer (at least {min} must): {} start at its caller, {} kept their call site alone \
          (the process declares {declared} cut tracebacks), {} walks ended inside it, {} are \
-         machinery to the loader's _start, {} start inside it; {} start at a machinery frame. \
+         matcher to the loader's _start, {} start inside it; {} start at a matcher frame. \
          Examples:\n{}",
         report.blocks,
-        report.through_machinery,
+        report.through_allocator_frames,
         report.through_family,
         report.at_caller,
         report.call_site_alone,
         report.ended_inside,
-        report.whole_machinery,
+        report.all_allocator_frames,
         report.inside,
-        report.frame_0_machinery,
+        report.frame_0_allocator_frame,
         report.examples.join("\n")
     );
     report

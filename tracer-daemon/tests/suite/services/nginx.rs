@@ -22,7 +22,7 @@ const CYCLE_POOL: u64 = 16384;
 
 /// nginx's allocation layer: its patterns among tracerd's default
 /// `allocator_frames`.
-const WRAPPERS: [&str; 14] = [
+const ALLOCATOR_FRAMES: [&str; 14] = [
     "ngx_alloc",
     "ngx_calloc",
     "ngx_memalign",
@@ -149,6 +149,6 @@ fn frame_0_of_nginx_blocks_is_the_caller_of_its_pools() {
     let (tracerd, nginx) = loaded();
     for pid in std::iter::once(nginx.master()).chain(nginx.workers()) {
         let _frozen = Frozen::new(pid);
-        assert_frame_0_is_the_wrappers_caller(&tracerd, pid, &WRAPPERS, 5);
+        assert_frame_0_is_the_wrappers_caller(&tracerd, pid, &ALLOCATOR_FRAMES, 5);
     }
 }

@@ -33,7 +33,7 @@ process.stdin.on('data', () => {
 
 /// V8's and node's allocation layer: its patterns among tracerd's default
 /// `allocator_frames`.
-const WRAPPERS: [&str; 5] = [
+const ALLOCATOR_FRAMES: [&str; 5] = [
     "v8::internal::Malloced::operator new*",
     "v8::internal::AllocWithRetry*",
     "v8::internal::AlignedAllocWithRetry*",
@@ -103,5 +103,5 @@ fn frame_0_of_node_blocks_is_the_caller_of_v8s_and_nodes_allocators() {
     let (tracerd, node, _dir) = holding();
     let pid = node.pid();
     let _frozen = Frozen::new(pid);
-    assert_frame_0_is_the_wrappers_caller(&tracerd, pid, &WRAPPERS, 2 * BUFFERS as usize);
+    assert_frame_0_is_the_wrappers_caller(&tracerd, pid, &ALLOCATOR_FRAMES, 2 * BUFFERS as usize);
 }

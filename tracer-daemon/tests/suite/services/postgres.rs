@@ -13,7 +13,7 @@ use crate::suite::support::{Frozen, Postgres, Tracerd, kill_if_running, output_o
 
 /// PostgreSQL's allocation layer (palloc, the memory contexts): its
 /// patterns among tracerd's default `allocator_frames`.
-const WRAPPERS: [&str; 12] = [
+const ALLOCATOR_FRAMES: [&str; 12] = [
     "palloc",
     "palloc0",
     "palloc_*",
@@ -101,6 +101,6 @@ fn a_postgres_backends_groups_by_traceback_are_its_traces_grouped() {
 #[test]
 fn frame_0_of_a_postgres_backends_blocks_is_the_caller_of_palloc() {
     with_a_backend(|tracerd, backend| {
-        assert_frame_0_is_the_wrappers_caller(tracerd, backend, &WRAPPERS, 20);
+        assert_frame_0_is_the_wrappers_caller(tracerd, backend, &ALLOCATOR_FRAMES, 20);
     });
 }

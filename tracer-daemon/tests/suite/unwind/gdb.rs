@@ -146,7 +146,7 @@ pub fn backtraces(exe: &Path, sizes: &[u64], scratch: &Path) -> BTreeMap<u64, Ve
 /// The leading frames gdb names that tracerd's default `allocator_frames`
 /// drop: C++'s `operator new` and standard library, Rust's allocator shims
 /// and its alloc, core, std and hashbrown crates.
-const MACHINERY: [&str; 12] = [
+const ALLOCATOR_FRAMES: [&str; 12] = [
     "operator new",
     "std::",
     "__gnu_cxx::",
@@ -163,12 +163,12 @@ const MACHINERY: [&str; 12] = [
 
 /// gdb's frames after the allocation machinery, as tracerd's default
 /// `allocator_frames` drops them: `malloc` (or `realloc`) itself, then the
-/// leading frames of [`MACHINERY`].
-pub fn after_machinery(frames: &[Frame]) -> Vec<Frame> {
+/// leading frames of [`ALLOCATOR_FRAMES`].
+pub fn after_allocator_frames(frames: &[Frame]) -> Vec<Frame> {
     frames
         .iter()
         .skip(1)
-        .skip_while(|f| MACHINERY.iter().any(|p| f.function.starts_with(p)))
+        .skip_while(|f| ALLOCATOR_FRAMES.iter().any(|p| f.function.starts_with(p)))
         .cloned()
         .collect()
 }

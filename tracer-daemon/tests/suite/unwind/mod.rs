@@ -54,7 +54,7 @@ fn judge(exe: &Path, sizes: &[u64], flags: &[&str]) {
         let want = gdb
             .get(&size)
             .unwrap_or_else(|| panic!("gdb did not stop at a malloc of {size} bytes"));
-        let want = gdb::after_machinery(want);
+        let want = gdb::after_allocator_frames(want);
         let got = tracer_frames(&tracerd, pid, size);
         assert_eq!(got.len(), 1, "one block of {size} bytes");
         if !gdb::same(&want, &got[0]) {

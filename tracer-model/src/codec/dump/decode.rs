@@ -12,7 +12,7 @@ use crate::codec::budget::{Budget, cost};
 use crate::codec::intern::intern;
 use crate::engine::index::FrameHints;
 use crate::snapshot::Snapshot;
-use crate::trace::{Frame, FrameExtra, Source, Trace, Traceback};
+use crate::trace::{AllocatorFamily, Frame, FrameExtra, Trace, Traceback};
 
 /// Reads the body with bounds checks; every read names its section.
 struct Reader<'a> {
@@ -119,7 +119,7 @@ fn count(header: &Value, name: &str) -> Result<usize, DumpError> {
 
 /// The header's `sources` (version 2): the writer's source names, each as
 /// this reader knows it (a name it does not know is unknown).
-fn header_sources(header: &Value) -> Result<Vec<Source>, DumpError> {
+fn header_sources(header: &Value) -> Result<Vec<AllocatorFamily>, DumpError> {
     let bad = || DumpError::Header {
         reason: "sources is not a list of at most 256 names".into(),
     };
@@ -133,7 +133,7 @@ fn header_sources(header: &Value) -> Result<Vec<Source>, DumpError> {
     list.iter()
         .map(|name| {
             let name = name.as_str().ok_or_else(bad)?;
-            Ok(Source::from_name(name).unwrap_or(Source::UNKNOWN))
+            Ok(AllocatorFamily::from_name(name).unwrap_or(AllocatorFamily::UNKNOWN))
         })
         .collect()
 }
@@ -202,7 +202,7 @@ struct Header<'a> {
     traceback_limit: u32,
     meta: Value,
     /// The writer's sources, by their numbers in the file (version 2 on).
-    sources: Vec<Source>,
+    sources: Vec<AllocatorFamily>,
 }
 
 /// Checks the file `bytes` up to its body and reads its header (charged to
@@ -455,7 +455,7 @@ fn read_traces(
     r: &mut Reader<'_>,
     header: &Value,
     version: u16,
-    sources: &[Source],
+    sources: &[AllocatorFamily],
     tracebacks: &[Arc<Traceback>],
     budget: &mut Budget,
 ) -> Result<(Vec<Trace>, Vec<u32>), DumpError> {
@@ -471,9 +471,9 @@ fn read_traces(
         let i = r.index("traceback", tracebacks.len())?;
         let source = if version >= 2 {
             let s = r.index("source", sources.len())?;
-            sources.get(s).copied().unwrap_or(Source::UNKNOWN)
+            sources.get(s).copied().unwrap_or(AllocatorFamily::UNKNOWN)
         } else {
-            Source::UNKNOWN
+            AllocatorFamily::UNKNOWN
         };
         if let Some(traceback) = tracebacks.get(i) {
             traces.push(Trace {

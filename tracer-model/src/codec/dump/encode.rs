@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use super::{DUMP_MAGIC, DUMP_VERSION, LAYOUT, crc32};
 use crate::hash::FxHashMap;
 use crate::snapshot::Snapshot;
-use crate::trace::{Frame, Source, Trace, Traceback};
+use crate::trace::{AllocatorFamily, Frame, Trace, Traceback};
 
 fn put_varint(out: &mut Vec<u8>, mut value: u64) {
     while value >= 0x80 {
@@ -179,7 +179,7 @@ pub fn encode(snapshot: &Snapshot, meta: &Value) -> Vec<u8> {
             "tracebacks": traceback_count,
             "traces": traces.len(),
         },
-        "sources": Source::all(),
+        "sources": AllocatorFamily::all(),
         "layout": LAYOUT,
         "meta": meta,
     });

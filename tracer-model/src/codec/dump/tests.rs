@@ -8,7 +8,7 @@ use rand::{Rng, SeedableRng};
 use serde_json::json;
 
 use super::*;
-use crate::trace::{Frame, FrameExtra, Source, Trace, Traceback};
+use crate::trace::{AllocatorFamily, Frame, FrameExtra, Trace, Traceback};
 
 fn sample() -> Snapshot {
     let shared: Arc<str> = Arc::from("src/a.c");
@@ -26,19 +26,19 @@ fn sample() -> Snapshot {
     Snapshot::new(
         vec![
             Trace {
-                source: Source::from_name("jemalloc").expect("a source"),
+                source: AllocatorFamily::from_name("jemalloc").expect("a source"),
                 domain: 42,
                 size: 256,
                 traceback: Arc::clone(&a),
             },
             Trace {
-                source: Source::from_name("mmap").expect("a source"),
+                source: AllocatorFamily::from_name("mmap").expect("a source"),
                 domain: 42,
                 size: u64::MAX,
                 traceback: b,
             },
             Trace {
-                source: Source::UNKNOWN,
+                source: AllocatorFamily::UNKNOWN,
                 domain: u32::MAX,
                 size: 0,
                 traceback: a,
@@ -88,13 +88,13 @@ fn equal_lines_with_other_extras_stay_apart() {
     let snapshot = Snapshot::new(
         vec![
             Trace {
-                source: Source::UNKNOWN,
+                source: AllocatorFamily::UNKNOWN,
                 domain: 1,
                 size: 1,
                 traceback: one,
             },
             Trace {
-                source: Source::UNKNOWN,
+                source: AllocatorFamily::UNKNOWN,
                 domain: 1,
                 size: 2,
                 traceback: two,
@@ -265,7 +265,7 @@ fn version_1_files_read_with_unknown_sources() {
     let traces = decoded.snapshot.traces();
     assert_eq!(traces.len(), 1);
     assert_eq!((traces[0].domain, traces[0].size), (7, 100));
-    assert_eq!(traces[0].source, Source::UNKNOWN);
+    assert_eq!(traces[0].source, AllocatorFamily::UNKNOWN);
     assert_eq!(traces[0].traceback.to_string(), "a.c:3");
     // The same file as version 4 is refused, by name.
     bytes[8] = 4;
@@ -282,7 +282,7 @@ fn a_source_index_past_the_header_list_is_refused() {
     let mut snapshot_bytes = encode(&sample(), &json!({}));
     // Change the header's sources to one name: the traces' sources 3 and 7
     // then point past it.
-    let names = serde_json::to_string(Source::all()).unwrap();
+    let names = serde_json::to_string(AllocatorFamily::all()).unwrap();
     let short = format!("{:<width$}", "[\"unknown\"]", width = names.len());
     let at = snapshot_bytes
         .windows(names.len())
@@ -418,7 +418,7 @@ fn sites_and_build_ids_round_trip_and_keep_two_sites_apart() {
     ]
     .into_iter()
     .map(|(frame, size)| Trace {
-        source: Source::UNKNOWN,
+        source: AllocatorFamily::UNKNOWN,
         domain: 1,
         size,
         traceback: Arc::new(Traceback::new(vec![frame], None)),

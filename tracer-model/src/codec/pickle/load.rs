@@ -434,7 +434,7 @@ impl Converter<'_, '_> {
             };
             let (traceback, id) = self.traceback(traceback, total_nframe, at)?;
             out.push(Trace {
-                source: crate::trace::Source::UNKNOWN,
+                source: crate::trace::AllocatorFamily::UNKNOWN,
                 domain: int_in(self.heap, domain, at.field("domain"), "0 to 4294967295")?,
                 size: int_in(self.heap, size, at.field("size"), "0 to 2**64-1")?,
                 traceback,

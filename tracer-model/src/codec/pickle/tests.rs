@@ -306,7 +306,7 @@ fn an_interrupt_check_stops_the_loading() {
 #[test]
 fn sites_cross_the_pickle_as_names_and_come_back_as_sites() {
     use crate::statistic::GroupBy;
-    use crate::trace::{Frame, FrameExtra, Source, Trace, Traceback};
+    use crate::trace::{AllocatorFamily, Frame, FrameExtra, Trace, Traceback};
     let site = |function: Option<&str>, offset| {
         Frame::without_line("/usr/bin/node", function, offset).with_extra(FrameExtra {
             function: function.map(Arc::from),
@@ -321,7 +321,7 @@ fn sites_cross_the_pickle_as_names_and_come_back_as_sites() {
     ]
     .into_iter()
     .map(|(frame, size)| Trace {
-        source: Source::UNKNOWN,
+        source: AllocatorFamily::UNKNOWN,
         domain: 1,
         size,
         traceback: Arc::new(Traceback::new(vec![frame], Some(1))),

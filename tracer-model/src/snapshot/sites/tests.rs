@@ -50,7 +50,7 @@ fn paths(named: bool) -> [Arc<Traceback>; 2] {
 fn stripped(named: bool, a: usize, b: usize) -> Snapshot {
     let [path_a, path_b] = paths(named);
     let block = |traceback: &Arc<Traceback>| Trace {
-        source: crate::trace::Source::UNKNOWN,
+        source: crate::trace::AllocatorFamily::UNKNOWN,
         domain: 1,
         size: 300,
         traceback: Arc::clone(traceback),
@@ -244,7 +244,7 @@ fn frames_with_lines_keep_their_groups_next_to_sites() {
     ]
     .into_iter()
     .map(|(traceback, size)| Trace {
-        source: crate::trace::Source::UNKNOWN,
+        source: crate::trace::AllocatorFamily::UNKNOWN,
         domain: 1,
         size,
         traceback: Arc::clone(traceback),

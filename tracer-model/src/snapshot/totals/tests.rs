@@ -6,8 +6,8 @@
 use std::collections::HashMap;
 
 use super::*;
-use crate::filter::{DomainFilter, Filter, SourceFilter};
-use crate::trace::{Frame, FrameExtra, Source};
+use crate::filter::{AllocatorFamilyFilter, DomainFilter, Filter};
+use crate::trace::{AllocatorFamily, Frame, FrameExtra};
 use crate::{dump_tracemalloc, load_tracemalloc};
 
 const GROUPINGS: [GroupBy; 5] = [
@@ -21,7 +21,7 @@ const GROUPINGS: [GroupBy; 5] = [
 /// `traces` added up per (traceback `Arc`, domain, source), in order of
 /// first appearance: what the kernel's totals per stack are.
 fn aggregate(traces: &[Trace]) -> Vec<TracebackTotals> {
-    let mut at: HashMap<(*const Traceback, u32, Source), usize> = HashMap::new();
+    let mut at: HashMap<(*const Traceback, u32, AllocatorFamily), usize> = HashMap::new();
     let mut groups: Vec<TracebackTotals> = Vec::new();
     for trace in traces {
         let key = (Arc::as_ptr(&trace.traceback), trace.domain, trace.source);
@@ -78,9 +78,9 @@ fn random_traces(seed: u64, n: usize, tracebacks: usize) -> Vec<Trace> {
             size: 1 + next(3000),
             traceback: Arc::clone(&pool[next(pool.len() as u64) as usize]),
             source: if next(6) == 0 {
-                Source::MMAP
+                AllocatorFamily::MMAP
             } else {
-                Source::UNKNOWN
+                AllocatorFamily::UNKNOWN
             },
         })
         .collect()
@@ -178,9 +178,9 @@ fn filter_sets() -> Vec<Vec<TraceFilter>> {
             .into(),
         ],
         vec![
-            SourceFilter {
+            AllocatorFamilyFilter {
                 inclusive: true,
-                source: Source::MMAP,
+                source: AllocatorFamily::MMAP,
             }
             .into(),
         ],
@@ -211,7 +211,7 @@ fn kept_by_hand(traces: &[Trace], filters: &[TraceFilter]) -> Vec<Trace> {
     let matches = |filter: &TraceFilter, trace: &Trace| -> bool {
         match filter {
             TraceFilter::Domain(d) => (trace.domain == d.domain) == d.inclusive,
-            TraceFilter::Source(s) => (trace.source == s.source) == s.inclusive,
+            TraceFilter::AllocatorFamily(s) => (trace.source == s.source) == s.inclusive,
             TraceFilter::Filter(f) => {
                 if let Some(domain) = f.domain
                     && domain != trace.domain
@@ -281,7 +281,7 @@ fn a_snapshot_of_totals_dumps_count_traces_summing_to_size() {
     let group = |traceback: &Arc<Traceback>, count, size| TracebackTotals {
         traceback: Arc::clone(traceback),
         domain: 9,
-        source: Source::UNKNOWN,
+        source: AllocatorFamily::UNKNOWN,
         count,
         size,
     };

@@ -31,7 +31,7 @@ impl TableSink for Memory {
     }
     fn set_mappings(&mut self, tgid: u32, value: &ProcMappings) -> Result<(), String> {
         let used = value.mappings[..value.count as usize].to_vec();
-        self.procs.insert(tgid, (value.gen_, used));
+        self.procs.insert(tgid, (value.generation, used));
         Ok(())
     }
     fn remove_mappings(&mut self, tgid: u32) {

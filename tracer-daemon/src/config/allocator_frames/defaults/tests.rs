@@ -3,7 +3,7 @@ use super::super::FramePatterns;
 use super::defaults;
 
 /// Names of allocators and their layers: machinery.
-const MACHINERY: &[&str] = &[
+const ALLOCATOR_FRAMES: &[&str] = &[
     "operator new(unsigned long)",
     "operator new(unsigned long, std::nothrow_t const&)",
     "operator new(unsigned long, std::align_val_t)",
@@ -208,7 +208,7 @@ const USERS: &[&str] = &[
 ];
 
 /// Modules all of whose frames are machinery.
-const MACHINERY_MODULES: &[&str] = &[
+const ALLOCATOR_FRAME_MODULES: &[&str] = &[
     "/usr/lib/x86_64-linux-gnu/libstdc++.so.6.0.30",
     "/usr/lib/x86_64-linux-gnu/libc.so.6",
     "/lib/x86_64-linux-gnu/libc-2.31.so",
@@ -239,13 +239,13 @@ const USER_MODULES: &[&str] = &[
 #[test]
 fn the_defaults_know_real_allocator_names() {
     let p = FramePatterns::compile(&defaults()).unwrap();
-    for &name in MACHINERY {
+    for &name in ALLOCATOR_FRAMES {
         assert!(p.matches_function(name), "{name} is machinery");
     }
     for &name in USERS {
         assert!(!p.matches_function(name), "{name} is the user's");
     }
-    for &module in MACHINERY_MODULES {
+    for &module in ALLOCATOR_FRAME_MODULES {
         assert!(p.matches_module(module), "{module} is machinery");
     }
     for &module in USER_MODULES {
