@@ -13,11 +13,13 @@
 //! 5. [`symbolize`]: return addresses to `file:line` with DWARF.
 //! 6. [`snapshot`]: kernel blocks and frames into a model `Snapshot`.
 //! 7. [`store`]: stored snapshots and their files.
-//! 8. [`service`]: one façade over the state; the only way to a process's
+//! 8. [`profile`]: statistics and compares as profiles (pprof, folded
+//!    stacks, flame graphs), for an HTTP answer, an exporter or a file.
+//! 9. [`service`]: one façade over the state; the only way to a process's
 //!    numbers.
-//! 9. [`metrics`] (Prometheus) and [`http`] (the API, the only user of
-//!    axum).
-//! 10. [`tasks`] (background loops) and [`app`] (start-up and shutdown).
+//! 10. [`metrics`] (Prometheus) and [`http`] (the API, the only user of
+//!     axum).
+//! 11. [`tasks`] (background loops) and [`app`] (start-up and shutdown).
 //!
 //! The snapshot engine itself (statistics, compare_to, filters, formats,
 //! file codecs) is the `tracer-model` crate: pure, no I/O, no root.
@@ -27,6 +29,7 @@ pub mod config;
 pub mod http;
 pub mod lifecycle;
 pub mod metrics;
+pub mod profile;
 pub mod service;
 pub mod snapshot;
 pub mod store;

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 /// The stages, earliest first. `main.rs` (the binary) may use any.
-const STAGES: [&str; 12] = [
+const STAGES: [&str; 13] = [
     "sys",
     "config",
     "capture",
@@ -15,6 +15,7 @@ const STAGES: [&str; 12] = [
     "symbolize",
     "snapshot",
     "store",
+    "profile",
     "service",
     "metrics",
     "http",
