@@ -10,7 +10,8 @@
 //!    the [`capture::KernelMaps`] trait.
 //! 4. [`lifecycle`]: process images (id, state, registry), kernel events,
 //!    scope, tracemalloc's start/stop state.
-//! 5. [`symbolize`]: return addresses to `file:line` with DWARF.
+//! 5. [`symbolize`]: return addresses to `file:line` with DWARF; the source
+//!    lines `Traceback.format()` shows.
 //! 6. [`snapshot`]: kernel blocks and frames into a model `Snapshot`.
 //! 7. [`store`]: stored snapshots and their files.
 //! 8. [`profile`]: statistics and compares as profiles (pprof, folded

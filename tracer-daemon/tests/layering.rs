@@ -2,7 +2,7 @@
 //! `src/` is a stage, and a stage may import only itself and earlier
 //! stages, in the order data flows (see `src/lib.rs` and
 //! `docs/architecture.md`). Also: only `http` imports axum, and the model
-//! crate depends on no aya, tokio or axum. Needs no root and no eBPF.
+//! crate depends on no aya, tokio, axum or libc. Needs no root and no eBPF.
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
@@ -187,7 +187,14 @@ fn the_model_crate_depends_on_no_kernel_runtime_or_web_crate() {
         .nth(1)
         .and_then(|rest| rest.split("\n[").next())
         .expect("a [dependencies] table");
-    for forbidden in ["aya", "tokio", "axum", "tracer-daemon", "tracer-common"] {
+    for forbidden in [
+        "aya",
+        "tokio",
+        "axum",
+        "tracer-daemon",
+        "tracer-common",
+        "libc",
+    ] {
         assert!(
             !dependencies
                 .lines()

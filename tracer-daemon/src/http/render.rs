@@ -15,8 +15,7 @@ use axum::{
 use serde::Serialize;
 use serde_json::{Value, json};
 use tracer_model::{
-    Completeness, GroupBy, LineCache, ModelError, Snapshot, Statistic, StatisticDiff, Trace,
-    Traceback,
+    Completeness, GroupBy, ModelError, Snapshot, Statistic, StatisticDiff, Trace, Traceback,
 };
 
 use super::error::ApiError;
@@ -25,6 +24,7 @@ use super::params::{Format, Params};
 use super::work::Sink;
 use crate::profile::{Collapsed, Pprof, ProfileFormat, Selection, Stacks, Svg};
 use crate::service::{ServiceError, Side};
+use crate::symbolize::LineCache;
 
 /// How text output shows tracebacks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
