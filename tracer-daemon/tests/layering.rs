@@ -7,8 +7,9 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 /// The stages, earliest first. `main.rs` (the binary) may use any.
-const STAGES: [&str; 13] = [
+const STAGES: [&str; 14] = [
     "sys",
+    "elf",
     "config",
     "capture",
     "lifecycle",

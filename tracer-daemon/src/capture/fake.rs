@@ -14,9 +14,9 @@ use tracer_common::{
 };
 
 use super::kernel::MapUsage;
-use super::unwind::FileTable;
 use super::unwind::tables::{TableError, TableSink, TableStore, UnwindUsage};
 use super::{AttachedLibrary, CaptureConfig, CaptureError, ImageId, KernelMaps};
+use crate::elf::unwind::FileTable;
 use crate::sys::procfs::FileKey;
 use tracer_common::{ProcMapping, ProcMappings, UnwindPage, UnwindPageKey, UnwindRow};
 
