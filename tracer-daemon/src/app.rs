@@ -132,10 +132,7 @@ pub async fn run(config: Config) -> Result<(), AppError> {
         tokio::spawn(tasks::events_and_housekeeping(service.clone(), events)),
         tokio::spawn(tasks::automatic_snapshots(
             service.clone(),
-            AutoPolicy {
-                interval_secs: config.snapshot_interval,
-                retention_secs: config.snapshot_retention,
-            },
+            AutoPolicy::from(&config),
         )),
     ];
     // The processes of a chosen scope ran before tracerd: their tables

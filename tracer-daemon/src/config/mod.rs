@@ -128,6 +128,7 @@ pub struct Config {
     pub state_dir: PathBuf,
     /// Seconds an exited process's last state stays queryable.
     pub exited_retention: u64,
+    // Triggered snapshots (`service::triggers::AutoPolicy`).
     /// Seconds between automatic snapshots of every traced process (what
     /// `compare?since=` compares against); 0 turns them off.
     pub snapshot_interval: u64,
