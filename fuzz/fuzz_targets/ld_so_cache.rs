@@ -5,5 +5,5 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let _ = tracer_daemon::sys::ldso::parse_ld_so_cache(data);
+    let _ = tracer_daemon::elf::ldso::parse_ld_so_cache(data);
 });

@@ -6,7 +6,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tracer_daemon::capture::unwind::compile::{MAX_FILE_ROWS, compile, row_at};
+use tracer_daemon::elf::unwind::{MAX_FILE_ROWS, compile, row_at};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(table) = compile(data) else { return };

@@ -131,10 +131,7 @@ pub async fn run(config: Config) -> Result<(), AppError> {
         tokio::spawn(tasks::events_and_housekeeping(service.clone(), events)),
         tokio::spawn(tasks::automatic_snapshots(
             service.clone(),
-            AutoPolicy {
-                interval_secs: config.snapshot_interval,
-                retention_secs: config.snapshot_retention,
-            },
+            AutoPolicy::from(&config),
         )),
     ];
     // The processes of a chosen scope ran before tracerd: their tables
@@ -235,12 +232,8 @@ fn start_service(
     config: &Config,
     allocator_frames: FramePatterns,
 ) -> Result<(Arc<Service>, aya::maps::RingBuf<aya::maps::MapData>), AppError> {
-    let scope = Scope {
-        pids: config.scope_pids.iter().copied().collect(),
-        exes: config.scope_exes.iter().cloned().collect(),
-        cgroups: config.scope_cgroups.iter().cloned().collect(),
-    };
-    let mut capture = Capture::load(capture_config(config, scope.is_all()))?;
+    let scope = Scope::from(config);
+    let mut capture = Capture::load(CaptureConfig::from(config))?;
     for library in capture.libraries() {
         tracing::info!(target = %library.path.display(), probes = library.probes.len(), "probe points");
     }
@@ -264,15 +257,7 @@ fn start_service(
             "scoped: probes registered per process"
         );
     }
-    service.open_store(
-        &config.state_dir,
-        crate::store::Quotas {
-            snapshots: config.max_snapshots,
-            bytes: config.max_snapshot_bytes,
-            snapshots_per_owner: config.max_snapshots_per_owner,
-            bytes_per_owner: config.max_snapshot_bytes_per_owner,
-        },
-    )?;
+    service.open_store(&config.state_dir, crate::store::Quotas::from(config))?;
     Ok((service, events))
 }
 
@@ -283,10 +268,8 @@ fn metrics_of(config: &Config, service: &Arc<Service>, bpf_stats_enabled: bool) 
     metrics.collect_service(
         service.clone(),
         MetricsOptions {
-            top_processes: config.metrics_top_processes as usize,
-            call_sites: config.metrics_call_sites as usize,
             bpf_stats_enabled,
-            public: config.metrics_public,
+            ..MetricsOptions::from(config)
         },
     );
     Arc::new(metrics)
@@ -294,19 +277,7 @@ fn metrics_of(config: &Config, service: &Arc<Service>, bpf_stats_enabled: bool) 
 
 /// The bounds of requests and of connections, from `config`.
 fn limits_of(config: &Config) -> (Limits, http::Connections) {
-    let limits = Limits {
-        body_limit_bytes: usize::try_from(config.body_limit_bytes).unwrap_or(usize::MAX),
-        request_timeout: Duration::from_secs(config.request_timeout_secs),
-        request_read_timeout: Duration::from_secs(config.request_read_timeout_secs),
-        max_expensive_requests: config.max_expensive_requests as usize,
-        request_memory_budget: config.request_memory_budget,
-    };
-    let connections = http::Connections {
-        max_connections: config.max_connections as usize,
-        header_timeout: Duration::from_secs(config.header_timeout_secs),
-        idle_timeout: Duration::from_secs(config.idle_timeout_secs),
-    };
-    (limits, connections)
+    (Limits::from(config), http::Connections::from(config))
 }
 
 /// Compiles the unwind tables of the scope's running processes, when a
@@ -401,33 +372,6 @@ async fn detach_probes(service: &Arc<Service>, deadline: Instant) {
         Ok(Err(_)) | Err(_) => tracing::warn!(
             "the probes were not detached in time: the kernel detaches the rest at exit"
         ),
-    }
-}
-
-/// The kernel side's settings from tracerd's.
-fn capture_config(config: &Config, system_wide: bool) -> CaptureConfig {
-    CaptureConfig {
-        nframe: config.nframe,
-        walk_frames: config.nframe + config.allocator_frames_depth,
-        unwind_table_rows: if config.unwind {
-            config.unwind_table_rows
-        } else {
-            0
-        },
-        unwind_table_pages: config.unwind_table_pages,
-        unwind_processes: config.unwind_processes,
-        max_live_blocks: config.max_live_blocks,
-        live_table_blocks: config.live_table_blocks,
-        process_share: config.process_share,
-        trace_mmap: config.trace_mmap,
-        max_stacks: config.max_stacks,
-        max_procs: config.max_procs,
-        max_inflight: config.max_inflight,
-        inflight_slots: config.inflight_slots,
-        events_ring_bytes: config.events_ring_bytes,
-        libc: config.libc.clone(),
-        sample_interval: config.sample_interval,
-        system_wide,
     }
 }
 

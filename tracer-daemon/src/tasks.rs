@@ -236,8 +236,9 @@ fn housekeeping(service: &Service, tick: u64) {
     unsafe { libc::malloc_trim(0) };
 }
 
-/// Takes automatic snapshots every `policy.interval_secs` (none when 0),
-/// each kept for `policy.retention_secs`. Runs until aborted.
+/// The loop of the triggered snapshots (`service::triggers`): takes
+/// automatic snapshots every `policy.interval_secs` (none when 0), each
+/// kept for `policy.retention_secs`. Runs until aborted.
 pub async fn automatic_snapshots(service: Arc<Service>, policy: AutoPolicy) {
     if policy.interval_secs == 0 {
         return;

@@ -16,7 +16,7 @@
 //! below (the unit test in `layering.rs` checks it):
 //!
 //! - `text/` (`format`: `_format_size`, `repr()`, `int / int`;
-//!   `linecache`), `hash` (the model's hasher) and `interrupt` (checks
+//!   `source`: a file's bytes as linecache's lines), `hash` (the model's hasher) and `interrupt` (checks
 //!   that stop long work);
 //! - `error` ([`ModelError`]) and `completeness` ([`Completeness`]);
 //! - `trace` ([`Frame`], [`Traceback`], [`Trace`]);
@@ -91,7 +91,7 @@ pub use filter::{
 pub use snapshot::Snapshot;
 pub use statistic::{GroupBy, Statistic, StatisticDiff};
 pub use text::format::{format_size, format_size_f64, py_repr_str, true_div};
-pub use text::linecache::{LineCache, MAX_SOURCE_BYTES};
+pub use text::source::{has_source, line_of, source_lines};
 pub use trace::{
     AllocatorFamily, FAMILY_NAMES, Frame, FrameExtra, SITE_FUNCTION_MARK, SITE_OFFSET_MARK, Trace,
     Traceback, TracebackTotals, UNKNOWN_FILENAME, is_python_space, parse_site, site_name,

@@ -14,12 +14,12 @@ use tracer_common::{
 };
 
 use super::kernel::MapUsage;
-use super::unwind::FileTable;
 use super::unwind::tables::{TableError, TableSink, TableStore, UnwindUsage};
 use super::{
     AttachedLibrary, BlockMaps, CaptureConfig, CaptureError, ImageId, ProbeMaps, ScopeMaps,
     StackMaps, TotalsMaps, UnwindMaps, UsageMaps,
 };
+use crate::elf::unwind::FileTable;
 use crate::sys::procfs::FileKey;
 use tracer_common::{ProcMapping, ProcMappings, UnwindPage, UnwindPageKey, UnwindRow};
 

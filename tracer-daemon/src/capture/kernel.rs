@@ -13,9 +13,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use serde::Serialize;
 use tracer_common::{AllocInfo, AllocKey, ProcStats, ProcTotals, StackTotals, StackTotalsKey};
 
-use super::unwind::FileTable;
 use super::unwind::tables::{TableError, UnwindUsage};
 use super::{AttachedLibrary, CaptureConfig, CaptureError, ProbeLinks};
+use crate::elf::unwind::FileTable;
 use crate::sys::procfs::FileKey;
 use tracer_common::ProcMapping;
 

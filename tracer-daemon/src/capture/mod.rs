@@ -21,6 +21,8 @@ use aya::{
 };
 use tracer_common::{AllocInfo, AllocKey, ProcTotals, StackTotals, StackTotalsKey};
 
+use crate::config::Config;
+
 pub mod attach;
 pub mod events;
 #[cfg(test)]
@@ -111,7 +113,8 @@ pub enum CaptureError {
     },
 }
 
-/// Capacities and limits of the kernel side, set at load time.
+/// Capacities and limits of the kernel side, set at load time (from
+/// tracerd's settings: [`CaptureConfig::from`]).
 #[derive(Clone, Debug)]
 pub struct CaptureConfig {
     /// Frames kept per stack, 1..=64 ([`MAX_NFRAME`]): the kernel's walk
@@ -166,6 +169,36 @@ pub struct CaptureConfig {
     /// until [`Capture::attach`] (a scoped tracerd, so no process outside
     /// its scope is traced even while it starts).
     pub system_wide: bool,
+}
+
+impl From<&Config> for CaptureConfig {
+    /// The kernel side's settings of tracerd's: system-wide when no scope
+    /// is chosen, no unwind table rows when `unwind` is off.
+    fn from(config: &Config) -> Self {
+        CaptureConfig {
+            nframe: config.nframe,
+            walk_frames: config.nframe + config.allocator_frames_depth,
+            unwind_table_rows: if config.unwind {
+                config.unwind_table_rows
+            } else {
+                0
+            },
+            unwind_table_pages: config.unwind_table_pages,
+            unwind_processes: config.unwind_processes,
+            max_live_blocks: config.max_live_blocks,
+            live_table_blocks: config.live_table_blocks,
+            process_share: config.process_share,
+            trace_mmap: config.trace_mmap,
+            max_stacks: config.max_stacks,
+            max_procs: config.max_procs,
+            max_inflight: config.max_inflight,
+            inflight_slots: config.inflight_slots,
+            events_ring_bytes: config.events_ring_bytes,
+            libc: config.libc.clone(),
+            sample_interval: config.sample_interval,
+            system_wide: config.traces_every_process(),
+        }
+    }
 }
 
 impl CaptureConfig {

@@ -75,7 +75,11 @@ pub enum ConfigError {
 }
 
 /// tracerd's settings, after merging every source. Field names are the TOML
-/// keys; flags are the same names with `-` for `_`.
+/// keys; flags are the same names with `-` for `_`. Each consumer takes its
+/// part with a `From<&Config>` of its own settings type:
+/// `capture::CaptureConfig`, `lifecycle::Scope`, `store::Quotas`,
+/// `service::AutoPolicy`, `metrics::MetricsOptions`, `http::Limits` and
+/// `http::Connections`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
@@ -128,6 +132,7 @@ pub struct Config {
     pub state_dir: PathBuf,
     /// Seconds an exited process's last state stays queryable.
     pub exited_retention: u64,
+    // Triggered snapshots (`service::triggers::AutoPolicy`).
     /// Seconds between automatic snapshots of every traced process (what
     /// `compare?since=` compares against); 0 turns them off.
     pub snapshot_interval: u64,
@@ -375,6 +380,13 @@ impl Config {
         let config = Self::from_table(table, &origin)?;
         config.validate()?;
         Ok(config)
+    }
+
+    /// True when no scope is chosen (`scope_pids`, `scope_exes` and
+    /// `scope_cgroups` all empty): every process is traced.
+    #[must_use]
+    pub fn traces_every_process(&self) -> bool {
+        self.scope_pids.is_empty() && self.scope_exes.is_empty() && self.scope_cgroups.is_empty()
     }
 
     /// Reads and validates a TOML file alone (over the defaults), as

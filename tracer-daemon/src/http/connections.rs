@@ -45,6 +45,7 @@ use tokio::{
 use tower::ServiceExt as _;
 
 use super::auth::Caller;
+use crate::config::Config;
 
 /// The limits of every listener's connections (from `max_connections`,
 /// `header_timeout_secs` and `idle_timeout_secs`).
@@ -56,6 +57,16 @@ pub struct Connections {
     pub header_timeout: Duration,
     /// With no request in progress, without a byte received or sent.
     pub idle_timeout: Duration,
+}
+
+impl From<&Config> for Connections {
+    fn from(config: &Config) -> Self {
+        Connections {
+            max_connections: config.max_connections as usize,
+            header_timeout: Duration::from_secs(config.header_timeout_secs),
+            idle_timeout: Duration::from_secs(config.idle_timeout_secs),
+        }
+    }
 }
 
 /// Where a connection is in its request cycle, and since when.

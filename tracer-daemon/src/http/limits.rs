@@ -12,6 +12,7 @@ use axum::{
 };
 
 use super::ApiError;
+use crate::config::Config;
 
 /// The limits put around every route.
 #[derive(Clone, Debug)]
@@ -27,6 +28,18 @@ pub struct Limits {
     /// Bytes the work of one request may hold (`request_memory_budget`;
     /// 413 beyond).
     pub request_memory_budget: u64,
+}
+
+impl From<&Config> for Limits {
+    fn from(config: &Config) -> Self {
+        Limits {
+            body_limit_bytes: usize::try_from(config.body_limit_bytes).unwrap_or(usize::MAX),
+            request_timeout: Duration::from_secs(config.request_timeout_secs),
+            request_read_timeout: Duration::from_secs(config.request_read_timeout_secs),
+            max_expensive_requests: config.max_expensive_requests as usize,
+            request_memory_budget: config.request_memory_budget,
+        }
+    }
 }
 
 /// Longest request path accepted, in bytes.

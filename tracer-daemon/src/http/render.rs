@@ -1,14 +1,11 @@
 //! Rendering answers: tracemalloc's text (`str()` lines, with
 //! `Traceback.format()` lines and source when asked) or JSON with the query
 //! and the data's completeness; statistics and compares also as profiles
-//! (`format=pprof`, `collapsed`, `svg`: `render/`). The statistics, compare
-//! and traces answers of every target (a process, the system, a stored
+//! (`format=pprof`, `collapsed`, `svg`, built by `crate::profile`; here
+//! only their content types and headers). The statistics, compare and
+//! traces answers of every target (a process, the system, a stored
 //! snapshot) are made here.
 use std::io::Write as _;
-
-mod flame;
-mod pprof;
-mod stacks;
 
 use axum::{
     Json,
@@ -18,15 +15,16 @@ use axum::{
 use serde::Serialize;
 use serde_json::{Value, json};
 use tracer_model::{
-    Completeness, GroupBy, LineCache, ModelError, Snapshot, Statistic, StatisticDiff, Trace,
-    TraceFilter, Traceback,
+    Completeness, GroupBy, ModelError, Snapshot, Statistic, StatisticDiff, Trace, Traceback,
 };
 
 use super::error::ApiError;
 use super::params::spec::FILTERS;
 use super::params::{Format, Params};
 use super::work::Sink;
+use crate::profile::{Collapsed, Pprof, ProfileFormat, Selection, Stacks, Svg};
 use crate::service::{ServiceError, Side};
+use crate::symbolize::LineCache;
 
 /// How text output shows tracebacks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -84,10 +82,10 @@ impl TextOptions {
 /// Adds the query's `group_by`, `cumulative`, `filters` and `limit`, and
 /// the number of groups before the limit (`total`), to a response head.
 fn insert_query(head: &mut serde_json::Map<String, Value>, query: &StatsQuery, total: usize) {
-    head.insert("group_by".into(), json!(query.group_by.as_str()));
-    head.insert("cumulative".into(), json!(query.cumulative));
+    head.insert("group_by".into(), json!(query.selection.group_by.as_str()));
+    head.insert("cumulative".into(), json!(query.selection.cumulative));
     head.insert("filters".into(), query.filters_json.clone());
-    head.insert("limit".into(), json!(query.limit));
+    head.insert("limit".into(), json!(query.selection.limit));
     head.insert("total".into(), json!(total));
 }
 
@@ -108,14 +106,6 @@ pub fn text_response(lines: &[String], headers: &[(&'static str, String)]) -> Re
         }
     }
     response
-}
-
-fn cut<T>(mut items: Vec<T>, limit: usize) -> (Vec<T>, usize) {
-    let total = items.len();
-    if limit > 0 {
-        items.truncate(limit);
-    }
-    (items, total)
 }
 
 #[derive(Serialize)]
@@ -142,12 +132,9 @@ struct TraceOut<'a> {
 /// What every statistics-like route parses.
 #[derive(Clone, Debug)]
 pub struct StatsQuery {
-    group_by: GroupBy,
-    cumulative: bool,
-    limit: usize,
+    selection: Selection,
     format: Format,
     options: TextOptions,
-    filters: Vec<TraceFilter>,
     filters_json: Value,
 }
 
@@ -172,7 +159,7 @@ pub fn filters_json(params: &Params) -> Value {
 pub fn stats_query(params: &Params) -> Result<StatsQuery, ApiError> {
     let format = params.format()?;
     let profile = format.is_profile();
-    let query = StatsQuery {
+    let selection = Selection {
         group_by: match params.get("group_by") {
             None if profile => GroupBy::Traceback,
             _ => params.group_by()?,
@@ -182,18 +169,26 @@ pub fn stats_query(params: &Params) -> Result<StatsQuery, ApiError> {
             None if profile => 0,
             _ => params.limit()?,
         },
+        filters: Vec::new(),
+    };
+    let options = params.text_options(format == Format::Text)?;
+    let query = StatsQuery {
+        selection: Selection {
+            filters: params.filters()?,
+            ..selection
+        },
         format,
-        options: params.text_options(format == Format::Text)?,
-        filters: params.filters()?,
+        options,
         filters_json: filters_json(params),
     };
-    if query.cumulative && profile {
+    let selection = &query.selection;
+    if selection.cumulative && profile {
         return Err(ApiError::bad(
             "cumulative=true does not apply to format=pprof, collapsed or svg",
             "leave cumulative out: a profile's stacks give the cumulative sizes (pprof's cum column, a flame graph's widths)",
         ));
     }
-    if query.cumulative && query.group_by == GroupBy::Traceback {
+    if selection.cumulative && selection.group_by == GroupBy::Traceback {
         return Err(ModelError::CumulativeTraceback.into());
     }
     Ok(query)
@@ -220,23 +215,17 @@ pub fn statistics_response(
     query: &StatsQuery,
     mut head: serde_json::Map<String, Value>,
 ) -> Result<Response, ApiError> {
-    let filtered = snapshot.filter_traces(&query.filters);
-    let stats = filtered.statistics(query.group_by, query.cumulative)?;
-    let (stats, total) = cut(stats, query.limit);
+    let filtered = query.selection.filter(snapshot);
+    let grouped = query.selection.statistics(&filtered)?;
+    let (stats, total) = (grouped.groups, grouped.total);
     if query.format == Format::Text {
         let lines = query.options.all_lines(&stats, |s| &s.traceback);
         return Ok(text_response(&lines, &completeness_headers(completeness)));
     }
     if query.format.is_profile() {
-        let rows = stacks::of_statistics(&stats, query.group_by);
         let title = format!("tracer: {}: bytes in use", target_name(&head));
-        return profile_response(
-            query.format,
-            &rows,
-            false,
-            &title,
-            &completeness_headers(completeness),
-        );
+        let stacks = Stacks::of_statistics(&stats, query.selection.group_by, title);
+        return profile_response(query.format, &stacks, &completeness_headers(completeness));
     }
     let out: Vec<_> = stats
         .iter()
@@ -261,10 +250,8 @@ pub fn compare_response(
     query: &StatsQuery,
     mut head: serde_json::Map<String, Value>,
 ) -> Result<Response, ApiError> {
-    let new_filtered = new.snapshot.filter_traces(&query.filters);
-    let base_filtered = base.snapshot.filter_traces(&query.filters);
-    let diffs = new_filtered.compare_to(&base_filtered, query.group_by, query.cumulative)?;
-    let (diffs, total) = cut(diffs, query.limit);
+    let grouped = query.selection.compare(&base.snapshot, &new.snapshot)?;
+    let (diffs, total) = (grouped.groups, grouped.total);
     let complete = base.completeness.is_complete() && new.completeness.is_complete();
     let base_header = match (
         base.info.get("kind").and_then(Value::as_str),
@@ -289,7 +276,6 @@ pub fn compare_response(
         return Ok(text_response(&lines, &headers));
     }
     if query.format.is_profile() {
-        let rows = stacks::of_diffs(&diffs, query.group_by);
         let target = match head.get("pid") {
             Some(pid) => format!("pid {pid}, "),
             None => String::new(),
@@ -299,7 +285,8 @@ pub fn compare_response(
             side_name(&base.info),
             side_name(&new.info)
         );
-        return profile_response(query.format, &rows, true, &title, &headers);
+        let stacks = Stacks::of_diffs(&diffs, query.selection.group_by, title);
+        return profile_response(query.format, &stacks, &headers);
     }
     let out: Vec<_> = diffs
         .iter()
@@ -362,33 +349,24 @@ fn side_name(info: &Value) -> String {
     }
 }
 
-/// `rows` as a profile answer (`format` is pprof, collapsed or svg), of
-/// statistics or of a compare (`diff`), with `headers`.
+/// `stacks` as a profile answer in `format` (pprof, collapsed or svg),
+/// with its content type and `headers`.
 ///
 /// # Errors
 /// 500 when encoding fails (it writes into memory: never in practice).
 fn profile_response(
     format: Format,
-    rows: &[stacks::Row<'_>],
-    diff: bool,
-    title: &str,
+    stacks: &Stacks<'_>,
     headers: &[(&'static str, String)],
 ) -> Result<Response, ApiError> {
-    let encoding = |err: std::io::Error| ApiError::internal(format!("encoding the profile: {err}"));
-    let (body, content_type) = match format {
-        Format::Pprof => (
-            pprof::gzipped(&pprof::profile(rows, diff, &[title.to_string()])).map_err(encoding)?,
-            "application/octet-stream",
-        ),
-        Format::Collapsed => (
-            flame::collapsed(rows, diff).into_bytes(),
-            "text/plain; charset=utf-8",
-        ),
-        Format::Svg | Format::Json | Format::Text => (
-            flame::svg(&flame::collapsed(rows, diff), title).map_err(encoding)?,
-            "image/svg+xml",
-        ),
+    let (encoder, content_type): (&dyn ProfileFormat, _) = match format {
+        Format::Pprof => (&Pprof, "application/octet-stream"),
+        Format::Collapsed => (&Collapsed, "text/plain; charset=utf-8"),
+        Format::Svg | Format::Json | Format::Text => (&Svg, "image/svg+xml"),
     };
+    let body = encoder
+        .encode(stacks)
+        .map_err(|err| ApiError::internal(format!("encoding the profile: {err}")))?;
     let mut response = body.into_response();
     response
         .headers_mut()

@@ -26,6 +26,7 @@ use std::{collections::BTreeSet, path::PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::capture::KernelMaps;
+use crate::config::Config;
 use crate::sys::procfs::{self, FileKey};
 
 /// Which processes are traced. All sets empty: every process.
@@ -45,6 +46,18 @@ pub struct Scope {
     /// a process matches when it is in that cgroup or below it.
     #[serde(default)]
     pub cgroups: BTreeSet<String>,
+}
+
+impl From<&Config> for Scope {
+    /// The scope chosen at start (`scope_pids`, `scope_exes`,
+    /// `scope_cgroups`).
+    fn from(config: &Config) -> Self {
+        Scope {
+            pids: config.scope_pids.iter().copied().collect(),
+            exes: config.scope_exes.iter().cloned().collect(),
+            cgroups: config.scope_cgroups.iter().cloned().collect(),
+        }
+    }
 }
 
 impl Scope {

@@ -12,8 +12,8 @@ use std::sync::Arc;
 
 use tracer_common::{ProcMapping, UNWIND_FILE_NONE};
 
-use crate::capture::unwind::{FileTable, compile::compile_file};
 use crate::capture::{ImageId, KernelMaps};
+use crate::elf::unwind::{FileTable, compile_file};
 use crate::sys::modules::{Module, ModuleMaps};
 use crate::sys::procfs::FileKey;
 

@@ -26,6 +26,7 @@ use prometheus_client::{
     registry::Registry,
 };
 
+use crate::config::Config;
 use crate::service::Service;
 
 mod collector;
@@ -48,6 +49,19 @@ pub struct MetricsOptions {
     /// Whether every caller gets the per-process series
     /// (`metrics_public`), not only operators.
     pub public: bool,
+}
+
+impl From<&Config> for MetricsOptions {
+    /// The options of `/metrics`; `bpf_stats_enabled` as asked
+    /// (`bpf_stats`): the caller sets whether the kernel agreed.
+    fn from(config: &Config) -> Self {
+        MetricsOptions {
+            top_processes: config.metrics_top_processes as usize,
+            call_sites: config.metrics_call_sites as usize,
+            bpf_stats_enabled: config.bpf_stats,
+            public: config.metrics_public,
+        }
+    }
 }
 
 /// Labels of `tracer_api_requests_total`.

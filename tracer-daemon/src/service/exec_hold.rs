@@ -8,7 +8,7 @@
 //! waits, [`Service::exec_held`] examines what the image will run: the
 //! file itself (a static allocator, musl's `libc.so` as interpreter) and,
 //! for a dynamic program, the objects its loader will map at start
-//! (`sys::ldso`, resolved in the process's root, so a container's own
+//! (`elf::ldso`, resolved in the process's root, so a container's own
 //! glibc is found), and probes each that defines an allocator. In a scoped
 //! tracerd, a process that matches is put in the kernel's scope filter
 //! (a scope of executables or cgroups), or attached (a scope of pids: its
@@ -27,9 +27,9 @@ use std::time::Duration;
 
 use super::Service;
 use super::state::lock;
-use crate::capture::unwind::compile::compile_file;
+use crate::elf::ldso;
+use crate::elf::unwind::compile_file;
 use crate::lifecycle::allocators::Allocators;
-use crate::sys::ldso;
 use crate::sys::procfs::FileKey;
 
 /// Longest an exec is held: it is let go then, whatever is still running

@@ -10,6 +10,7 @@
 //!
 //! - [`processes`]: `get_traced_memory()` and the process list;
 //! - [`snapshots`]: `take_snapshot()` now or stored, loaded files, labels;
+//! - [`triggers`]: snapshots taken and kept by a policy (every interval);
 //! - [`compare`]: the two sides of `compare_to()`;
 //! - [`control`]: `start`, `stop`, `is_tracing`, `clear_traces`,
 //!   `reset_peak`;
@@ -45,6 +46,7 @@ pub mod scope;
 pub mod snapshots;
 mod stacks;
 mod state;
+pub mod triggers;
 mod unwind;
 
 pub use access::Viewer;
@@ -54,7 +56,8 @@ pub use error::{NotTracedWhy, ServiceError};
 pub use housekeeping::ProcRead;
 pub use inspect::{Health, KernelMapsView, LastStop, MapUse, TracerMemory};
 pub use processes::{ProcessStatus, ProcessView, SystemMemory};
-pub use snapshots::{AutoPolicy, Now, SnapshotRef, Target};
+pub use snapshots::{Now, SnapshotRef, Target};
+pub use triggers::AutoPolicy;
 
 use state::State;
 

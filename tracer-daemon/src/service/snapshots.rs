@@ -1,6 +1,7 @@
 //! `take_snapshot()` of a process or of every process now; stored
 //! snapshots as resources (ids, labels, files) in [`stored`], snapshot files
-//! loaded from users in [`loaded`], automatic snapshots in [`auto`].
+//! loaded from users in [`loaded`]; automatic snapshots in
+//! [`super::triggers`].
 use std::{collections::HashSet, sync::Arc, time::SystemTime};
 
 use tracer_model::{Completeness, Snapshot};
@@ -12,11 +13,8 @@ use crate::lifecycle::blocks::{StackReader, by_image, live_raw_blocks, live_stat
 use crate::lifecycle::{ImageState, ProcessImage, RawBlock};
 use crate::snapshot::{AllocatorFrames, truncate};
 
-mod auto;
 mod loaded;
 mod stored;
-
-pub use auto::AutoPolicy;
 
 /// What a live view covers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -60,17 +58,17 @@ pub struct Now {
 }
 
 /// One traced image's traces now, for system-wide views and automatic
-/// snapshots.
-struct ImageNow {
-    id: ImageId,
-    start_time: u64,
-    comm: String,
-    snapshot: Snapshot,
-    traced_memory: (u64, u64),
+/// snapshots (`super::triggers`).
+pub(super) struct ImageNow {
+    pub(super) id: ImageId,
+    pub(super) start_time: u64,
+    pub(super) comm: String,
+    pub(super) snapshot: Snapshot,
+    pub(super) traced_memory: (u64, u64),
     /// Events of the image lost since its tracing began.
-    drops: u64,
+    pub(super) drops: u64,
     /// Its blocks recorded with a cut traceback since its tracing began.
-    cut: u64,
+    pub(super) cut: u64,
 }
 
 /// An image's blocks as read now (or kept at its end), with what the view
@@ -389,7 +387,7 @@ impl Service {
     ///
     /// # Errors
     /// [`ServiceError::Stopping`] when tracerd began to stop meanwhile.
-    fn images_now(
+    pub(super) fn images_now(
         &self,
         viewer: Viewer,
         frames: AllocatorFrames,

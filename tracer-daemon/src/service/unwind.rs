@@ -18,7 +18,7 @@ impl Service {
     /// Returns how many files were offered. Nothing with the unwinder off.
     pub fn preload_unwind_tables(&self) -> usize {
         let mut files: Vec<(crate::sys::procfs::FileKey, std::fs::File)> = Vec::new();
-        for dir in crate::sys::ldso::DEFAULT_DIRS {
+        for dir in crate::elf::ldso::DEFAULT_DIRS {
             let Ok(entries) = std::fs::read_dir(dir) else {
                 continue;
             };

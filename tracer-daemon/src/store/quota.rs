@@ -3,6 +3,8 @@
 //! snapshot would have exceeded ([`Quota`]).
 use serde::Serialize;
 
+use crate::config::Config;
+
 /// The limits of the store (the settings `max_snapshots`,
 /// `max_snapshot_bytes`, `max_snapshots_per_owner`,
 /// `max_snapshot_bytes_per_owner`). A snapshot's bytes are its file's size
@@ -19,6 +21,17 @@ pub struct Quotas {
     pub snapshots_per_owner: u64,
     /// Bytes of the snapshots one unprivileged user stores.
     pub bytes_per_owner: u64,
+}
+
+impl From<&Config> for Quotas {
+    fn from(config: &Config) -> Self {
+        Quotas {
+            snapshots: config.max_snapshots,
+            bytes: config.max_snapshot_bytes,
+            snapshots_per_owner: config.max_snapshots_per_owner,
+            bytes_per_owner: config.max_snapshot_bytes_per_owner,
+        }
+    }
 }
 
 impl Quotas {

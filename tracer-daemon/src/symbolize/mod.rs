@@ -24,6 +24,8 @@
 //! `MODULE+0xOFFSET` (its offset in the module's file), never an absolute address;
 //! with nothing at all, `<unknown>`:0. Each module's GNU build id is read once, when
 //! blazesym first loads it, and carried by its frames.
+//!
+//! [`linecache`] reads the source lines that `Traceback.format()` shows.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
@@ -34,7 +36,10 @@ use std::time::Duration;
 use crate::sys::modules::{Module, ModuleMaps};
 
 mod cache;
+pub mod linecache;
 mod worker;
+
+pub use linecache::LineCache;
 
 use worker::run_worker;
 

@@ -3,8 +3,7 @@
 //! ([`modules`]), raw `bpf(2)` map calls ([`bpf`]), execs held until
 //! tracerd answers ([`fanotify`]), the user on the other end of a local
 //! connection ([`peer`]), atomic file writes
-//! ([`fsync`]), the shared objects the dynamic loader of a process's
-//! root would load for an executable ([`ldso`]) and uprobe_multi links,
+//! ([`fsync`]), uprobe_multi links,
 //! which aya does not offer ([`uprobe_multi`]), a global allocator
 //! that counts each thread's bytes ([`alloc`]), and the lowered threads of
 //! work that grows with the traced data ([`threads`]), and the running
@@ -15,7 +14,6 @@ pub mod bpf;
 pub mod btf;
 pub mod fanotify;
 pub mod fsync;
-pub mod ldso;
 pub mod modules;
 pub mod peer;
 pub mod procfs;

@@ -10,11 +10,34 @@ use std::sync::Arc;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
-use tracer_model::LineCache;
-use tracer_model::{Frame, Traceback};
+use tracer_model::{Frame, Traceback, has_source, line_of, source_lines};
 
 use crate::common;
 use crate::oracle;
+
+/// `linecache.getline` for the test: the files read whole (they are the
+/// test's own), their bytes made lines by the model, as tracerd's
+/// `symbolize::linecache` makes them after its checks of who may read them.
+#[derive(Default)]
+struct LineCache {
+    files: std::collections::HashMap<String, Vec<String>>,
+}
+
+impl LineCache {
+    fn new() -> Self {
+        Self::default()
+    }
+
+    fn getline(&mut self, filename: &str, lineno: u32) -> String {
+        let lines = self.files.entry(filename.to_string()).or_insert_with(|| {
+            if !has_source(filename) {
+                return Vec::new();
+            }
+            std::fs::read(filename).map_or_else(|_| Vec::new(), |bytes| source_lines(&bytes))
+        });
+        line_of(lines, lineno)
+    }
+}
 
 const FILES: [(&str, &[u8]); 8] = [
     (

@@ -6,10 +6,10 @@ use tracer_common::{
     kernel_dev,
 };
 
-use super::FileTable;
 use super::tables::{TableError, TableSink, UnwindUsage};
 use crate::capture::load::{take_array, take_map};
 use crate::capture::{Capture, CaptureError};
+use crate::elf::unwind::FileTable;
 use crate::sys::procfs::FileKey;
 use aya::maps::MapData;
 use tracer_common::unwind::{MAP_PROC_MAPS, MAP_UNWIND_PAGES, MAP_UNWIND_ROWS};

@@ -21,7 +21,7 @@ use tracer_common::{
     UnwindPage, UnwindPageKey, UnwindRow,
 };
 
-use super::FileTable;
+use crate::elf::unwind::FileTable;
 use crate::sys::procfs::FileKey;
 
 mod rows;

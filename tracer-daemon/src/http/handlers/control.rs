@@ -9,12 +9,12 @@ use axum::{
     response::{IntoResponse, Response},
 };
 use serde_json::json;
-use tracer_model::LineCache;
 
 use crate::http::params::{Params, nframe_param, parse_address, parse_pid, spec};
 use crate::http::render::text_response;
 use crate::http::{ApiError, blocking};
 use crate::service::{Service, Viewer};
+use crate::symbolize::LineCache;
 
 /// `GET /pid/{pid}/tracing`.
 pub async fn pid_tracing(

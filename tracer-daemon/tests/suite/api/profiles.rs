@@ -135,7 +135,7 @@ pub(crate) fn traces(output: &str) -> Vec<(i64, Vec<String>)> {
 ///
 /// A frame with no line info (JSON `"file"`: its name without the site) is
 /// the function its site names, as the profile documents it
-/// (`render/pprof.rs`, docs/api.md): `FUNCTION+0xOFFSET` of
+/// (`profile/pprof.rs`, docs/api.md): `FUNCTION+0xOFFSET` of
 /// `FILE!FUNCTION+0xOFFSET`, else all of `FILE+0xOFFSET`, in the file
 /// `FILE`: the program's `_start+0x21 /tmp/.../apifix`.
 fn pprof_name(frame: &Value) -> String {

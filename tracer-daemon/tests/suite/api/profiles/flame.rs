@@ -6,7 +6,7 @@ use serde_json::Value;
 
 use crate::suite::support::output_ok;
 
-/// tracer's name of a frame in folded stacks (`render/stacks.rs`): a frame
+/// tracer's name of a frame in folded stacks (`profile/stacks.rs`): a frame
 /// with no line info named by its site (its JSON has `file`, the module) is
 /// `FUNCTION+0xOFFSET (MODULE)`, or `MODULE+0xOFFSET` with no function.
 pub(super) fn folded_name(frame: &Value) -> String {

@@ -23,7 +23,7 @@ use tracer_common::{
     UNWIND_CFA_RBP, UNWIND_CFA_RSP, UNWIND_END, UNWIND_PLT, UNWIND_SIGNAL, UNWIND_UNKNOWN,
 };
 
-use super::super::super::FileTable;
+use super::super::FileTable;
 use super::super::{compile, row_at};
 use super::{Scratch, assert_invariants, build, system_files};
 

@@ -8,8 +8,8 @@ use tracer_common::{
     UNWIND_CFA_RBP, UNWIND_CFA_RSP, UNWIND_PLT, UNWIND_SIGNAL, UNWIND_UNKNOWN, UnwindRow,
 };
 
-use super::super::super::{FileTable, TableStats};
 use super::super::{CompileError, MAX_FILE_ROWS, Rule, Span, flatten::pages, row_at};
+use super::super::{FileTable, TableStats};
 use super::assert_invariants;
 
 /// `cfa = rsp + offset`, `rbp` unchanged.

@@ -10,8 +10,7 @@ use std::process::Command;
 
 use tracer_common::{UNWIND_END, UNWIND_PAGE_SHIFT, UNWIND_UNKNOWN};
 
-use super::super::FileTable;
-use super::MAX_FILE_ROWS;
+use super::{FileTable, MAX_FILE_ROWS};
 
 mod flatten;
 mod readelf;

@@ -1,4 +1,4 @@
-//! Spans of rules into the pages of a [`super::super::FileTable`].
+//! Spans of rules into the pages of a [`super::FileTable`].
 //!
 //! Input: spans sorted by file offset, not overlapping (others are ignored).
 //! Output: for each 64 KiB page of file offsets that some span with a rule

@@ -1,5 +1,8 @@
-//! Automatic snapshots: taken every interval of every traced process, kept
-//! for their retention.
+//! Triggered snapshots: when tracerd takes and keeps a snapshot on its own,
+//! and what it keeps. Today's one policy: every interval, of every traced
+//! process, kept for its retention ([`AutoPolicy`], set by
+//! `snapshot_interval` and `snapshot_retention`); its loop is
+//! `tasks::automatic_snapshots`.
 use std::{
     sync::Arc,
     time::{Duration, SystemTime},
@@ -8,6 +11,7 @@ use std::{
 use serde::Serialize;
 use tracer_model::Completeness;
 
+use crate::config::Config;
 use crate::service::{Service, Viewer};
 use crate::snapshot::AllocatorFrames;
 use crate::store::{SnapshotInfo, SnapshotKind, StoreError, StoredSnapshot};
@@ -19,6 +23,15 @@ pub struct AutoPolicy {
     pub interval_secs: u64,
     /// Seconds each is kept.
     pub retention_secs: u64,
+}
+
+impl From<&Config> for AutoPolicy {
+    fn from(config: &Config) -> Self {
+        AutoPolicy {
+            interval_secs: config.snapshot_interval,
+            retention_secs: config.snapshot_retention,
+        }
+    }
 }
 
 impl Service {
