@@ -40,6 +40,7 @@ pub mod store;
 pub mod symbolize;
 pub mod sys;
 pub mod tasks;
+pub mod work;
 
 /// The lib's tests run on the allocator tracerd runs on (its `main`):
 /// counted per thread, so that memory budgets are tested as they work.

@@ -58,9 +58,7 @@ fn daemon(flags: &Flags) -> anyhow::Result<()> {
     // request's: at the request's own nice, so that the cheap routes get a
     // CPU first.
     tracer_model::on_helper_thread_start(|| {
-        tracer_daemon::sys::lower_this_threads_priority(
-            tracer_daemon::sys::threads::EXPENSIVE_NICE,
-        );
+        tracer_daemon::sys::lower_this_threads_priority(tracer_daemon::sys::EXPENSIVE_NICE);
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

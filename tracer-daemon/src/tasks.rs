@@ -205,7 +205,7 @@ fn housekeeping(service: &Service, tick: u64) {
         std::thread::Builder::new()
             .name("tracerd-sweep".into())
             .spawn_scoped(scope, || {
-                crate::sys::lower_this_threads_priority(crate::sys::threads::EXPENSIVE_NICE);
+                crate::sys::lower_this_threads_priority(crate::sys::EXPENSIVE_NICE);
                 (service.sweep_orphans(), service.sweep_stack_totals())
             })
             .map(|thread| thread.join().unwrap_or((0, 0)))
@@ -252,7 +252,7 @@ pub async fn automatic_snapshots(service: Arc<Service>, policy: AutoPolicy) {
         let service = Arc::clone(&service);
         let retention = Duration::from_secs(policy.retention_secs);
         let _ =
-            crate::sys::threads::spawn_expensive(move || service.auto_snapshots(retention)).await;
+            crate::work::threads::spawn_expensive(move || service.auto_snapshots(retention)).await;
     }
 }
 

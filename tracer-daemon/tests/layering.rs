@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 /// The stages, earliest first. `main.rs` (the binary) may use any.
-const STAGES: [&str; 14] = [
+const STAGES: [&str; 15] = [
     "sys",
     "elf",
     "config",
@@ -17,6 +17,7 @@ const STAGES: [&str; 14] = [
     "snapshot",
     "store",
     "profile",
+    "work",
     "service",
     "metrics",
     "http",

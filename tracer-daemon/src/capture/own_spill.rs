@@ -142,7 +142,7 @@ impl OwnLevels {
             let spawned = std::thread::Builder::new()
                 .name("tracerd-pool".into())
                 .spawn(move || {
-                    crate::sys::lower_this_threads_priority(crate::sys::threads::EXPENSIVE_NICE);
+                    crate::sys::lower_this_threads_priority(crate::sys::EXPENSIVE_NICE);
                     own.refill();
                 });
             if let Err(e) = spawned {

@@ -6,7 +6,7 @@
 //! ([`fsync`]), uprobe_multi links,
 //! which aya does not offer ([`uprobe_multi`]), a global allocator
 //! that counts each thread's bytes ([`alloc`]), and the lowered threads of
-//! work that grows with the traced data ([`threads`]), and the running
+//! work that grows with the traced data ([`EXPENSIVE_NICE`]), and the running
 //! kernel's structure layouts from its BTF ([`btf`]). One implementation
 //! of each, for every later stage.
 pub mod alloc;
@@ -17,7 +17,6 @@ pub mod fsync;
 pub mod modules;
 pub mod peer;
 pub mod procfs;
-pub mod threads;
 pub mod uprobe_multi;
 
 /// Milliseconds since the Unix epoch of a wall-clock time (0 before it).
@@ -72,6 +71,13 @@ pub fn idle_this_thread() {
         tracing::debug!(err = %std::io::Error::last_os_error(), "the thread keeps its scheduling class");
     }
 }
+
+/// The nice value of the threads of `work::threads::spawn_expensive`: a snapshot of
+/// millions of blocks takes a CPU for a second or more, and a cheap
+/// route's thread (nice 0) must get one first, even on a host whose other
+/// CPUs are busy. (The model's helper threads, the sweeps and the refill
+/// of the spill maps' pool run at this nice too.)
+pub const EXPENSIVE_NICE: i32 = 10;
 
 /// Sets the calling thread's nice value to `nice` (Linux's nice is per
 /// thread): for a thread of its own that ends with its work, since going

@@ -184,7 +184,7 @@ pub async fn streamed(
             },
             runtime,
         };
-        let result = run(admission, state, || {
+        let result = run(admission, &state, || {
             work(&mut sink)?;
             sink.finish().map_err(ApiError::internal)
         });

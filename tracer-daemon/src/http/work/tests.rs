@@ -15,6 +15,9 @@ use super::*;
 use crate::http::{Limits, Operators, app};
 use crate::metrics::Metrics;
 use crate::service::ServiceError;
+use crate::sys::alloc::thread_net_bytes;
+use std::sync::atomic::Ordering;
+use tracer_model::interrupt::Interrupted;
 
 fn limits(budget: u64) -> Limits {
     Limits {
@@ -297,10 +300,9 @@ async fn an_expensive_streamed_answer_read_slower_than_it_is_made_arrives_whole_
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
-    let expected: String =
-        std::iter::once(format!("nice {}\n", crate::sys::threads::EXPENSIVE_NICE))
-            .chain((0..400_000).map(|line| format!("{line}\n")))
-            .collect();
+    let expected: String = std::iter::once(format!("nice {}\n", crate::sys::EXPENSIVE_NICE))
+        .chain((0..400_000).map(|line| format!("{line}\n")))
+        .collect();
     assert_eq!(read.len(), expected.len());
     assert!(read == expected.as_bytes());
 }

@@ -3,12 +3,7 @@
 //! than the cheap routes' ([`spawn_expensive`]).
 use std::sync::LazyLock;
 
-/// The nice value of the threads of [`spawn_expensive`]: a snapshot of
-/// millions of blocks takes a CPU for a second or more, and a cheap
-/// route's thread (nice 0) must get one first, even on a host whose other
-/// CPUs are busy. (The model's helper threads, the sweeps and the refill
-/// of the spill maps' pool run at this nice too.)
-pub const EXPENSIVE_NICE: i32 = 10;
+use crate::sys::EXPENSIVE_NICE;
 
 /// The threads of [`spawn_expensive`]: the blocking pool of a runtime of
 /// their own (none of its futures run: it only lends its threads), each
@@ -21,7 +16,7 @@ pub const EXPENSIVE_NICE: i32 = 10;
 static EXPENSIVE_THREADS: LazyLock<Option<tokio::runtime::Runtime>> = LazyLock::new(|| {
     tokio::runtime::Builder::new_current_thread()
         .thread_name("tracerd-expensive")
-        .on_thread_start(|| super::lower_this_threads_priority(EXPENSIVE_NICE))
+        .on_thread_start(|| crate::sys::lower_this_threads_priority(EXPENSIVE_NICE))
         .build()
         .inspect_err(
             |err| tracing::warn!(%err, "expensive work runs at the cheap routes' priority"),
