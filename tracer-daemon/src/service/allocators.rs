@@ -8,29 +8,64 @@ use super::Service;
 use crate::lifecycle::allocators::Allocators;
 use crate::sys::modules::ModuleCache;
 
+/// Allocator discovery, owned by the service and driven from `tasks.rs`
+/// ([`Service::discover_allocators`]): its state and its queues.
+pub(super) struct Discovery {
+    /// Allocator discovery's state (`lifecycle::allocators`); None when
+    /// it is off (only the glibc probed from the start).
+    pub(super) allocators: Option<std::sync::Mutex<crate::lifecycle::allocators::Allocators>>,
+    /// Processes whose mappings discovery reads next (exec, code mapped,
+    /// new image).
+    pub(super) queue: std::sync::Mutex<Vec<u32>>,
+    /// Processes read from events, read once more at the next tick (a
+    /// library mapped after its event was handled).
+    pub(super) again: std::sync::Mutex<Vec<u32>>,
+    /// Whether discovery probes the allocator libraries installed on the
+    /// host at start ([`Service::probe_installed`]).
+    pub(super) probe_installed: bool,
+}
+
+impl Discovery {
+    /// Discovery on, with `pinned` (the objects probed from the start)
+    /// never dropped; the installed libraries not probed at start.
+    pub(super) fn new(pinned: Vec<crate::sys::procfs::FileKey>) -> Self {
+        Self {
+            allocators: Some(std::sync::Mutex::new(
+                crate::lifecycle::allocators::Allocators::new(pinned),
+            )),
+            queue: std::sync::Mutex::default(),
+            again: std::sync::Mutex::default(),
+            probe_installed: false,
+        }
+    }
+}
+
 impl Service {
     /// Turns allocator discovery off (`discover_allocators = false`): only
     /// the glibc probed from the start is.
     #[must_use]
     pub fn without_discovery(mut self) -> Self {
-        self.allocators = None;
+        self.discovery.allocators = None;
         self
     }
 
     /// Discovery that also probes the allocator libraries installed on the
     /// host at start ([`Service::probe_installed`]).
     pub fn with_installed_allocators(mut self) -> Self {
-        self.probe_installed = true;
+        self.discovery.probe_installed = true;
         self
     }
 
     /// Queues process `pid` for [`Service::discover_pending`]; `again`:
     /// read it once more at the next tick too.
     pub(super) fn queue_discovery(&self, pid: u32, again: bool) {
-        if self.allocators.is_none() {
+        if self.discovery.allocators.is_none() {
             return;
         }
-        for (queue, wanted) in [(&self.discover_queue, true), (&self.discover_again, again)] {
+        for (queue, wanted) in [
+            (&self.discovery.queue, true),
+            (&self.discovery.again, again),
+        ] {
             if !wanted {
                 continue;
             }
@@ -49,7 +84,12 @@ impl Service {
     /// process maps them: a program that links one is traced from its first
     /// allocation. They stay probed (pinned). Returns how many it probed.
     pub fn probe_installed(&self) -> usize {
-        let Some(allocators) = self.allocators.as_ref().filter(|_| self.probe_installed) else {
+        let Some(allocators) = self
+            .discovery
+            .allocators
+            .as_ref()
+            .filter(|_| self.discovery.probe_installed)
+        else {
             return 0;
         };
         let lock = || super::state::lock(allocators);
@@ -103,7 +143,8 @@ impl Service {
     pub fn discover_again(&self) {
         let again = std::mem::take(
             &mut *self
-                .discover_again
+                .discovery
+                .again
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner),
         );
@@ -117,13 +158,14 @@ impl Service {
     /// allocators of the objects among them not examined yet. Returns how
     /// many objects it began to probe.
     pub fn discover_pending(&self) -> usize {
-        let Some(allocators) = &self.allocators else {
+        let Some(allocators) = &self.discovery.allocators else {
             return 0;
         };
         let lock = || super::state::lock(allocators);
         let pids = std::mem::take(
             &mut *self
-                .discover_queue
+                .discovery
+                .queue
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner),
         );
@@ -168,7 +210,7 @@ impl Service {
     /// Stops probing the objects found by discovery that no process has
     /// mapped for `lifecycle::allocators::UNUSED_GRACE`; returns how many.
     pub fn drop_unused_allocators(&self) -> usize {
-        let Some(allocators) = &self.allocators else {
+        let Some(allocators) = &self.discovery.allocators else {
             return 0;
         };
         let unused = allocators
@@ -178,7 +220,8 @@ impl Service {
         if unused.is_empty() {
             return 0;
         }
-        self.holds_epoch
+        self.exec_holds
+            .epoch
             .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         let mut held = self.state.locks().kernel();
         for key in &unused {

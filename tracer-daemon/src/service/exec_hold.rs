@@ -32,6 +32,31 @@ use crate::elf::unwind::compile_file;
 use crate::lifecycle::allocators::Allocators;
 use crate::sys::procfs::FileKey;
 
+/// What the exec holds read without the service's locks, owned by the
+/// service and driven from `tasks.rs` ([`Service::exec_held`]).
+pub(super) struct ExecHolds {
+    /// The objects each program held at its exec needs at start
+    /// ([`Service::exec_held`]).
+    pub(super) objects: std::sync::Mutex<ExecObjects>,
+    /// Whether the scope in force is every process (read by the exec
+    /// holds' fast path without the scope's lock).
+    pub(super) scope_is_all: std::sync::atomic::AtomicBool,
+    /// Raised when what an exec needs of tracerd may have changed (the
+    /// scope, an object no longer probed): the exec holds hold every
+    /// program again ([`Service::holds_epoch`]).
+    pub(super) epoch: std::sync::atomic::AtomicU64,
+}
+
+impl Default for ExecHolds {
+    fn default() -> Self {
+        Self {
+            objects: std::sync::Mutex::default(),
+            scope_is_all: std::sync::atomic::AtomicBool::new(true),
+            epoch: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+}
+
 /// Longest an exec is held: it is let go then, whatever is still running
 /// for it.
 pub const HOLD_LIMIT: Duration = Duration::from_millis(500);
@@ -101,13 +126,17 @@ impl Service {
     /// start were examined at an earlier exec. The exec can go at once,
     /// without a trip to the worker thread.
     pub fn exec_needs_nothing(&self, key: FileKey) -> bool {
-        if !self.scope_is_all.load(std::sync::atomic::Ordering::Acquire) {
+        if !self
+            .exec_holds
+            .scope_is_all
+            .load(std::sync::atomic::Ordering::Acquire)
+        {
             return false;
         }
-        let Some(allocators) = &self.allocators else {
+        let Some(allocators) = &self.discovery.allocators else {
             return true;
         };
-        let Ok(memo) = self.exec_objects.try_lock() else {
+        let Ok(memo) = self.exec_holds.objects.try_lock() else {
             return false;
         };
         let Some(needs) = memo.needs.get(&key) else {
@@ -165,13 +194,15 @@ impl Service {
     /// program let go at once before ([`Service::exec_needs_nothing`]) may
     /// need tracerd again.
     pub fn holds_epoch(&self) -> u64 {
-        self.holds_epoch.load(std::sync::atomic::Ordering::Acquire)
+        self.exec_holds
+            .epoch
+            .load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Remembers what the program `key` runs at start: `objects`, itself
     /// included (none for a script, whose interpreter's open decides).
     fn remember(&self, key: FileKey, objects: Vec<FileKey>) {
-        let mut memo = lock(&self.exec_objects);
+        let mut memo = lock(&self.exec_holds.objects);
         if memo.needs.len() >= MAX_PROGRAMS {
             memo.needs.clear();
         }
@@ -186,14 +217,14 @@ impl Service {
     /// Probes the allocators among `file` (object `key`) and the objects
     /// it needs at start that discovery has not examined.
     fn probe_before_exec(&self, pid: u32, file: &File, key: FileKey) {
-        let Some(allocators) = &self.allocators else {
+        let Some(allocators) = &self.discovery.allocators else {
             return;
         };
         let known = |keys: &[FileKey]| {
             let held = lock(allocators);
             keys.iter().all(|k| held.knows(*k))
         };
-        let remembered = lock(&self.exec_objects).needs.get(&key).cloned();
+        let remembered = lock(&self.exec_holds.objects).needs.get(&key).cloned();
         if remembered.is_some_and(|needs| known(&needs) && self.have_tables(&needs, true)) {
             return;
         }

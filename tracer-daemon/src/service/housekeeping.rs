@@ -13,6 +13,22 @@ use crate::lifecycle::registry::EndEvent;
 use crate::lifecycle::{ImageId, ProcessImage, orphans, scope};
 use crate::sys::modules::ModuleMaps;
 
+/// What the housekeeping passes remember between ticks, owned by the
+/// service and driven from `tasks.rs`.
+#[derive(Default)]
+pub(super) struct Upkeep {
+    /// `drop_events` (the kernel's count of events the full ring lost)
+    /// when [`Service::reconcile_lost_images`] last looked.
+    pub(super) events_dropped_seen: std::sync::atomic::AtomicU64,
+    /// The orphan sweeps so far ([`Service::sweep_record`]).
+    pub(super) sweeps: Sweeps,
+    /// The losses last logged, and when ([`Service::log_drops`]).
+    pub(super) drops_logged: std::sync::Mutex<super::losses::LossLog>,
+    /// The stacks no block named at the last collection
+    /// ([`Service::collect_stacks`]).
+    pub(super) unnamed_stacks: std::sync::Mutex<super::stacks::Unnamed>,
+}
+
 /// The orphan sweeps so far ([`Service::sweep_orphans`]), as
 /// `tracer_orphan_sweeps_total` and the last one's gauges show them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -297,7 +313,12 @@ impl Service {
             .into_iter()
             .find_map(|(name, value)| (name == "drop_events").then_some(value))
             .unwrap_or(0);
-        if self.events_dropped_seen.swap(dropped, Ordering::AcqRel) == dropped {
+        if self
+            .upkeep
+            .events_dropped_seen
+            .swap(dropped, Ordering::AcqRel)
+            == dropped
+        {
             return 0;
         }
         let tracked = self.totals.all_proc_stats();
@@ -395,11 +416,15 @@ impl Service {
         held.kernel.drop_own_spill(&stale);
         drop(held.kernel);
         let took = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
-        self.sweeps.last_took_us.store(took, Ordering::Release);
-        self.sweeps
+        self.upkeep
+            .sweeps
+            .last_took_us
+            .store(took, Ordering::Release);
+        self.upkeep
+            .sweeps
             .last_ended_ms
             .store(crate::sys::unix_ms(SystemTime::now()), Ordering::Release);
-        self.sweeps.sweeps.fetch_add(1, Ordering::AcqRel);
+        self.upkeep.sweeps.sweeps.fetch_add(1, Ordering::AcqRel);
         removed
     }
 
@@ -408,9 +433,9 @@ impl Service {
     pub fn sweep_record(&self) -> SweepRecord {
         use std::sync::atomic::Ordering;
         SweepRecord {
-            sweeps: self.sweeps.sweeps.load(Ordering::Acquire),
-            last_ended_ms: self.sweeps.last_ended_ms.load(Ordering::Acquire),
-            last_took_us: self.sweeps.last_took_us.load(Ordering::Acquire),
+            sweeps: self.upkeep.sweeps.sweeps.load(Ordering::Acquire),
+            last_ended_ms: self.upkeep.sweeps.last_ended_ms.load(Ordering::Acquire),
+            last_took_us: self.upkeep.sweeps.last_took_us.load(Ordering::Acquire),
         }
     }
 

@@ -55,7 +55,7 @@ impl Service {
             .into_iter()
             .find_map(|(name, value)| (name == "drop_stack").then_some(value))
             .unwrap_or(0);
-        let mut log = lock(&self.drops_logged);
+        let mut log = lock(&self.upkeep.drops_logged);
         let (last_full, full_at) = log.stack_store_full.unwrap_or((0, now - DROPS_LOG_EVERY));
         if store_full > last_full && now.duration_since(full_at) >= DROPS_LOG_EVERY {
             log.stack_store_full = Some((store_full, now));

@@ -72,60 +72,21 @@ pub struct Service {
     /// statistics of live images.
     totals_reader: std::sync::Arc<dyn crate::capture::stack_totals::StackTotalsSource>,
     builder: SnapshotBuilder,
+    /// The unwinder's work: new images waiting for their tables and mappings, images that mapped code, and what the kernel was given ([`Service::unwind_pending`]).
+    unwind: unwind::UnwindWork,
+    /// Allocator discovery's state and queues ([`Service::discover_allocators`]).
+    discovery: allocators::Discovery,
+    /// What the exec holds read without the service's locks ([`Service::exec_held`]).
+    exec_holds: exec_hold::ExecHolds,
+    /// What the housekeeping passes remember between ticks: the lost events seen, the sweeps, the losses logged, the stacks unnamed.
+    upkeep: housekeeping::Upkeep,
     /// When tracing began (wall clock).
     started_at: SystemTime,
-    /// New images waiting for their unwind tables and mappings
-    /// ([`Service::unwind_pending`]), kept out of the event loop: compiling
-    /// a large file takes long enough that the next events' processes
-    /// could be gone before they are read.
-    unwind_queue: std::sync::Mutex<
-        Vec<(
-            crate::capture::ImageId,
-            std::sync::Arc<crate::sys::modules::ModuleMaps>,
-        )>,
-    >,
-    /// Images that mapped code since their mappings were read (`Mapped`
-    /// events), for [`Service::unwind_pending`] to re-read.
-    remap_queue: std::sync::Mutex<Vec<crate::capture::ImageId>>,
-    /// The mappings last given to the unwinder, by image: what a re-read
-    /// of `/proc/PID/maps` is compared with (the registry's copy is
-    /// re-read by snapshots too, so it cannot tell what the kernel has).
-    unwound: std::sync::Mutex<
-        std::collections::HashMap<
-            crate::capture::ImageId,
-            std::sync::Arc<crate::sys::modules::ModuleMaps>,
-        >,
-    >,
-    /// Allocator discovery's state (`lifecycle::allocators`); None when
-    /// it is off (only the glibc probed from the start).
-    allocators: Option<std::sync::Mutex<crate::lifecycle::allocators::Allocators>>,
-    /// Processes whose mappings discovery reads next (exec, code mapped,
-    /// new image).
-    discover_queue: std::sync::Mutex<Vec<u32>>,
-    /// Processes read from events, read once more at the next tick (a
-    /// library mapped after its event was handled).
-    discover_again: std::sync::Mutex<Vec<u32>>,
-    /// Whether discovery probes the allocator libraries installed on the
-    /// host at start ([`Service::probe_installed`]).
-    probe_installed: bool,
-    /// The objects each program held at its exec needs at start
-    /// ([`Service::exec_held`]).
-    exec_objects: std::sync::Mutex<exec_hold::ExecObjects>,
-    /// Whether the scope in force is every process (read by the exec
-    /// holds' fast path without the scope's lock).
-    scope_is_all: std::sync::atomic::AtomicBool,
     /// The scope in force, a copy published by [`Service::set_scope`] as
     /// it stores the scope: why a pid is not traced is told without the
     /// scope's lock, which a scope change holds while it attaches (seconds
     /// for hundreds of processes).
     scope_published: std::sync::RwLock<std::sync::Arc<crate::lifecycle::Scope>>,
-    /// Raised when what an exec needs of tracerd may have changed (the
-    /// scope, an object no longer probed): the exec holds hold every
-    /// program again ([`Service::holds_epoch`]).
-    holds_epoch: std::sync::atomic::AtomicU64,
-    /// `drop_events` (the kernel's count of events the full ring lost)
-    /// when [`Service::reconcile_lost_images`] last looked.
-    events_dropped_seen: std::sync::atomic::AtomicU64,
     /// Raised once tracerd is stopping ([`Service::begin_stop`]): the long
     /// background passes end at their next item, and reads of the kernel
     /// maps and snapshot builds at their next block (the kernel side and
@@ -154,13 +115,6 @@ pub struct Service {
     /// `/metrics` answers with while a snapshot is being stored.
     store_stats_seen:
         std::sync::Mutex<Option<(crate::store::StoreStats, Option<std::path::PathBuf>)>>,
-    /// The orphan sweeps so far ([`Service::sweep_record`]).
-    sweeps: housekeeping::Sweeps,
-    /// The losses last logged, and when ([`Service::log_drops`]).
-    drops_logged: std::sync::Mutex<losses::LossLog>,
-    /// The stacks no block named at the last collection
-    /// ([`Service::collect_stacks`]).
-    unnamed_stacks: std::sync::Mutex<stacks::Unnamed>,
     /// Batches of kernel events applied to the registry so far, and the
     /// signal of each: a query for a pid whose image the kernel has and the
     /// registry not yet waits for them ([`Service::catch_up`]).
@@ -192,36 +146,24 @@ impl Service {
         Self {
             own_levels,
             totals_reader,
+            unwind: unwind::UnwindWork::default(),
+            discovery: allocators::Discovery::new(pinned),
+            exec_holds: exec_hold::ExecHolds::default(),
+            upkeep: housekeeping::Upkeep::default(),
             state: State::new(
                 kernel,
                 Registry::new(retention),
                 TracingControl::new(nframe),
                 SnapshotStore::default(),
             ),
-            unwind_queue: std::sync::Mutex::default(),
-            remap_queue: std::sync::Mutex::default(),
-            unwound: std::sync::Mutex::default(),
-            allocators: Some(std::sync::Mutex::new(
-                crate::lifecycle::allocators::Allocators::new(pinned),
-            )),
-            discover_queue: std::sync::Mutex::default(),
-            discover_again: std::sync::Mutex::default(),
-            exec_objects: std::sync::Mutex::default(),
-            scope_is_all: std::sync::atomic::AtomicBool::new(true),
             scope_published: std::sync::RwLock::default(),
-            holds_epoch: std::sync::atomic::AtomicU64::new(0),
-            events_dropped_seen: std::sync::atomic::AtomicU64::new(0),
-            drops_logged: std::sync::Mutex::default(),
-            unnamed_stacks: std::sync::Mutex::default(),
             events_applied: (std::sync::Mutex::new(0), std::sync::Condvar::new()),
             libraries,
             totals,
             stats,
             store_stats_seen: std::sync::Mutex::default(),
-            sweeps: housekeeping::Sweeps::default(),
             stopping: stopping.clone(),
             probe_links,
-            probe_installed: false,
             builder: SnapshotBuilder {
                 symbolizer: Symbolizer::new(),
                 nframe,
@@ -245,7 +187,9 @@ impl Service {
     /// Whether every process is in scope (no pids, executables or cgroups
     /// chosen).
     pub fn scope_is_all(&self) -> bool {
-        self.scope_is_all.load(std::sync::atomic::Ordering::Acquire)
+        self.exec_holds
+            .scope_is_all
+            .load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Whether [`Service::begin_stop`] was called.

@@ -70,9 +70,11 @@ impl Service {
             let mut held = self.state.locks().kernel().scope();
             let attached = scope::apply(&mut **held.kernel, &new)
                 .map_err(|reason| ServiceError::Scope { reason })?;
-            self.scope_is_all
+            self.exec_holds
+                .scope_is_all
                 .store(new.is_all(), std::sync::atomic::Ordering::Release);
-            self.holds_epoch
+            self.exec_holds
+                .epoch
                 .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
             *held.scope = new.clone();
             *self

@@ -40,7 +40,7 @@ impl Service {
         let held = self.state.locks().kernel_shared();
         let capacity = u64::from(held.kernel.config().max_stacks);
         if held.kernel.stacks_stored() * 2 < capacity || self.stopping() {
-            lock(&self.unnamed_stacks).ids.clear();
+            lock(&self.upkeep.unnamed_stacks).ids.clear();
             return 0;
         }
         let inexact = held.kernel.all_proc_stats().into_iter().any(|(tgid, _)| {
@@ -67,7 +67,7 @@ impl Service {
             .filter(|id| !named.contains(id))
             .collect();
         let doomed: Vec<u64> = {
-            let mut last = lock(&self.unnamed_stacks);
+            let mut last = lock(&self.upkeep.unnamed_stacks);
             let doomed = unnamed.intersection(&last.ids).copied().collect();
             last.ids = unnamed;
             doomed

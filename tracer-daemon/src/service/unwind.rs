@@ -8,6 +8,36 @@ use crate::capture::ImageId;
 use crate::lifecycle::unwind;
 use crate::sys::modules::ModuleMaps;
 
+/// The unwinder's work, owned by the service and driven from `tasks.rs`
+/// ([`Service::unwind_pending`]): new images waiting for their unwind
+/// tables and mappings, images that mapped code, and the mappings the
+/// kernel was given.
+#[derive(Default)]
+pub(super) struct UnwindWork {
+    /// New images waiting for their unwind tables and mappings
+    /// ([`Service::unwind_pending`]), kept out of the event loop: compiling
+    /// a large file takes long enough that the next events' processes
+    /// could be gone before they are read.
+    pub(super) queue: std::sync::Mutex<
+        Vec<(
+            crate::capture::ImageId,
+            std::sync::Arc<crate::sys::modules::ModuleMaps>,
+        )>,
+    >,
+    /// Images that mapped code since their mappings were read (`Mapped`
+    /// events), for [`Service::unwind_pending`] to re-read.
+    pub(super) remap: std::sync::Mutex<Vec<crate::capture::ImageId>>,
+    /// The mappings last given to the unwinder, by image: what a re-read
+    /// of `/proc/PID/maps` is compared with (the registry's copy is
+    /// re-read by snapshots too, so it cannot tell what the kernel has).
+    pub(super) unwound: std::sync::Mutex<
+        std::collections::HashMap<
+            crate::capture::ImageId,
+            std::sync::Arc<crate::sys::modules::ModuleMaps>,
+        >,
+    >,
+}
+
 impl Service {
     /// Compiles, at start, the unwind tables of the host's NSS modules
     /// (`libnss_*.so*` in the C library's default directories): glibc
@@ -77,7 +107,8 @@ impl Service {
 
     /// Queues `image` (mappings `maps`) for [`Service::unwind_pending`].
     pub(super) fn queue_unwind(&self, image: ImageId, maps: Arc<ModuleMaps>) {
-        self.unwind_queue
+        self.unwind
+            .queue
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .push((image, maps));
@@ -87,7 +118,8 @@ impl Service {
     /// [`Service::unwind_pending`] to re-read its mappings.
     pub(super) fn queue_remap(&self, image: ImageId) {
         let mut queue = self
-            .remap_queue
+            .unwind
+            .remap
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if !queue.contains(&image) {
@@ -105,7 +137,8 @@ impl Service {
         loop {
             let remap = std::mem::take(
                 &mut *self
-                    .remap_queue
+                    .unwind
+                    .remap
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner),
             );
@@ -114,7 +147,8 @@ impl Service {
             }
             let pending = std::mem::take(
                 &mut *self
-                    .unwind_queue
+                    .unwind
+                    .queue
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner),
             );
@@ -143,7 +177,8 @@ impl Service {
             unwind::plan(&**held.kernel, image, maps.clone())
         };
         let compiled = unwind::compile_missing(&plan.missing);
-        self.unwound
+        self.unwind
+            .unwound
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .insert(image, maps.clone());
@@ -184,7 +219,8 @@ impl Service {
         };
         {
             let held = self.state.locks().registry();
-            self.unwound
+            self.unwind
+                .unwound
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .retain(|image, _| held.registry.has_live(*image));
@@ -202,6 +238,7 @@ impl Service {
         let refreshed = self.refreshed_images(images);
         let changed = {
             let unwound = self
+                .unwind
                 .unwound
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
