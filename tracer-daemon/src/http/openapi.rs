@@ -40,9 +40,70 @@ pub fn document() -> &'static OpenApi {
 /// # Errors
 /// What serde_json said (never, for this document).
 pub fn json() -> Result<&'static str, &'static str> {
-    static TEXT: LazyLock<Result<String, String>> =
-        LazyLock::new(|| document().to_json().map_err(|e| e.to_string()));
+    static TEXT: LazyLock<Result<String, String>> = LazyLock::new(|| {
+        let mut doc = serde_json::to_value(document()).map_err(|e| e.to_string())?;
+        add_answer_schemas(&mut doc);
+        serde_json::to_string(&doc).map_err(|e| e.to_string())
+    });
     TEXT.as_deref().map_err(String::as_str)
+}
+
+/// The JSON schema of what `method path` answers with its success status,
+/// from the API's types (`tracer_api::schema`); None where the answer has
+/// no type there (`/maps`, `/tracing/memory`: free-form objects).
+fn answer_schema(path: &str, method: Verb) -> Option<Value> {
+    use tracer_api::schema::Schema as _;
+    use tracer_api::{
+        ClearedTraces, CompareAnswer, Health, ObjectTraceback, PeakReset, ProcessList,
+        ProcessView, ScopeView, SnapshotDeleted, SnapshotList, SnapshotSummary, StatisticsAnswer,
+        SystemMemory, TracedMemory, TracesAnswer, TracingState,
+    };
+    let view = path
+        .strip_prefix("/pid/{pid}")
+        .or_else(|| path.strip_prefix("/snapshots/{id}"))
+        .unwrap_or(path);
+    Some(match (method, path, view) {
+        (Verb::Get, "/health", _) => Health::schema(),
+        (Verb::Get, "/processes", _) => ProcessList::schema(),
+        (Verb::Get, "/pid/{pid}", _) => ProcessView::schema(),
+        (Verb::Get, "/pid/{pid}/traced-memory", _) => TracedMemory::schema(),
+        (Verb::Get, "/traced-memory", _) => SystemMemory::schema(),
+        (Verb::Post, "/pid/{pid}/clear-traces", _) => ClearedTraces::schema(),
+        (Verb::Post, "/pid/{pid}/reset-peak", _) => PeakReset::schema(),
+        (Verb::Get, "/pid/{pid}/object/{address}", _) => ObjectTraceback::<()>::schema(),
+        (Verb::Get, "/pid/{pid}/snapshots" | "/snapshots", _) => SnapshotList::schema(),
+        (Verb::Post, "/pid/{pid}/snapshots" | "/snapshots", _) => SnapshotSummary::schema(),
+        (Verb::Get | Verb::Patch, "/snapshots/{id}", _) => SnapshotSummary::schema(),
+        (Verb::Delete, "/snapshots/{id}", _) => SnapshotDeleted::schema(),
+        (Verb::Get | Verb::Put, "/scope", _) => ScopeView::schema(),
+        (_, _, "/tracing" | "/tracing/start" | "/tracing/stop") => TracingState::schema(),
+        (Verb::Get, _, "/statistics") => StatisticsAnswer::<()>::schema(),
+        (Verb::Get, _, "/compare") => CompareAnswer::<()>::schema(),
+        (Verb::Get, _, "/traces") => TracesAnswer::<()>::schema(),
+        _ => return None,
+    })
+}
+
+/// Puts each route's answer schema ([`answer_schema`]) in its JSON
+/// success responses of `doc`, and the error body's in the components.
+fn add_answer_schemas(doc: &mut Value) {
+    use tracer_api::schema::Schema as _;
+    for route in ROUTES {
+        for op in route.ops {
+            let Some(schema) = answer_schema(route.path, op.method) else {
+                continue;
+            };
+            let method = op.method.as_str().to_ascii_lowercase();
+            let responses = &mut doc["paths"][route.path][method.as_str()]["responses"];
+            for status in op.statuses(route).into_iter().filter(|s| *s < 300) {
+                let content = &mut responses[status.to_string()]["content"];
+                if let Some(json) = content.get_mut(media::JSON) {
+                    json["schema"] = schema.clone();
+                }
+            }
+        }
+    }
+    doc["components"]["schemas"][ERROR_SCHEMA] = tracer_api::ErrorBody::schema();
 }
 
 fn build() -> OpenApi {
