@@ -52,7 +52,7 @@ pub use compare::{BaseSpec, Side};
 pub use error::{NotTracedWhy, ServiceError};
 pub use housekeeping::ProcRead;
 pub use inspect::{Health, KernelMapsView, LastStop, MapUse, TracerMemory};
-pub use processes::{ProcessStatus, ProcessView, SystemMemory};
+pub use processes::{ProcessStatus, ProcessView, SystemMemory, state_of};
 pub use snapshots::{AutoPolicy, Now, SnapshotRef, Target};
 pub use tracing::{ProcessTracing, TracingState};
 
