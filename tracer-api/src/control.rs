@@ -85,9 +85,10 @@ pub struct Scope {
     /// Process ids.
     #[serde(default)]
     pub pids: BTreeSet<u32>,
-    /// Executables, as given (a process matches by `/proc/PID/exe`).
+    /// Executables, as given (a process matches by `/proc/PID/exe`), in
+    /// the order of paths (component by component, as tracerd keeps them).
     #[serde(default)]
-    pub exes: BTreeSet<String>,
+    pub exes: Vec<String>,
     /// cgroup v2 paths: a process matches in that cgroup or below it.
     #[serde(default)]
     pub cgroups: BTreeSet<String>,

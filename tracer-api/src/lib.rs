@@ -32,7 +32,7 @@ pub use process::{
     ProcessView, SourceMemory, SystemMemory, TracedMemory,
 };
 pub use snapshot::{
-    AllocatorFrames, Completeness, SnapshotHeader, SnapshotKind, SnapshotDeleted, SnapshotList,
+    AllocatorFrames, Completeness, SnapshotDeleted, SnapshotHeader, SnapshotKind, SnapshotList,
     SnapshotSummary, StoreHeader,
 };
 pub use views::{

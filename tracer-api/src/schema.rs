@@ -89,7 +89,10 @@ fn state() -> Value {
 
 impl Schema for crate::ErrorBody {
     fn schema() -> Value {
-        let mut schema = object(&[("error", string()), ("hint", string())], &["error", "hint"]);
+        let mut schema = object(
+            &[("error", string()), ("hint", string())],
+            &["error", "hint"],
+        );
         schema["additionalProperties"] = json!(false);
         schema["description"] = json!("Every error's body: what is wrong, and what would be right");
         schema
@@ -154,10 +157,7 @@ impl Schema for crate::ProcessList {
 
 impl Schema for crate::TracedMemory {
     fn schema() -> Value {
-        let source = object(
-            &[("current", int()), ("peak", int())],
-            &["current", "peak"],
-        );
+        let source = object(&[("current", int()), ("peak", int())], &["current", "peak"]);
         object(
             &[
                 ("blocks", int()),
@@ -300,10 +300,7 @@ impl Schema for crate::SnapshotSummary {
             ("peak", int()),
             ("traceback_limit", int()),
             ("comm", nullable("string")),
-            (
-                "allocator_frames",
-                json!({"enum": ["drop", "keep", null]}),
-            ),
+            ("allocator_frames", json!({"enum": ["drop", "keep", null]})),
             ("owner_uid", nullable("integer")),
             ("this_run", boolean()),
             ("persisted", boolean()),
@@ -399,7 +396,14 @@ impl<D> Schema for crate::CompareAnswer<D> {
                 ("text", string()),
                 ("traceback", array(frame())),
             ],
-            &["count", "count_diff", "size", "size_diff", "text", "traceback"],
+            &[
+                "count",
+                "count_diff",
+                "size",
+                "size_diff",
+                "text",
+                "traceback",
+            ],
         );
         let side = object(
             &[(

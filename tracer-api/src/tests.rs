@@ -65,7 +65,13 @@ fn small_answers_are_the_json_objects_they_were() {
                      "by_source": by_source});
     let typed = TracedMemory {
         blocks: 3,
-        by_source: BTreeMap::from([("glibc".to_string(), SourceMemory { current: 5, peak: 6 })]),
+        by_source: BTreeMap::from([(
+            "glibc".to_string(),
+            SourceMemory {
+                current: 5,
+                peak: 6,
+            },
+        )]),
         current: 1,
         peak: 2,
         pid: 42,
@@ -264,7 +270,9 @@ fn a_file_header_is_the_object_the_store_wrote_and_reads_leniently() {
         "traced_memory": [64, 128], "kind": "auto", "label": null, "comm": "app",
         "source_format": null, "allocator_frames": "keep", "owner_uid": 1000,
     });
-    if let (Some(map), serde_json::Value::Object(fields)) = (old.as_object_mut(), json!(completeness)) {
+    if let (Some(map), serde_json::Value::Object(fields)) =
+        (old.as_object_mut(), json!(completeness))
+    {
         map.extend(fields);
     }
     let header = SnapshotHeader {
@@ -302,5 +310,9 @@ fn a_file_header_is_the_object_the_store_wrote_and_reads_leniently() {
     assert_eq!(read.pid, None);
     assert_eq!(read.traced_memory, Some([5, 0]));
     assert_eq!(read.allocator_frames, None);
-    assert!(SnapshotHeader::from_meta(&json!({})).traced_memory.is_none());
+    assert!(
+        SnapshotHeader::from_meta(&json!({}))
+            .traced_memory
+            .is_none()
+    );
 }

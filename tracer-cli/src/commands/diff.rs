@@ -80,10 +80,7 @@ mod tests {
             describe(json!({"kind": "snapshot", "id": 1, "label": "lab1"})),
             "snapshot 1 (lab1)"
         );
-        assert_eq!(
-            describe(json!({"kind": "snapshot", "id": 4})),
-            "snapshot 4"
-        );
+        assert_eq!(describe(json!({"kind": "snapshot", "id": 4})), "snapshot 4");
         assert_eq!(
             describe(json!({"kind": "tracing_start", "at_ms": 1})),
             "the start of tracing (nothing allocated)"

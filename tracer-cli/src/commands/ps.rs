@@ -24,10 +24,7 @@ pub fn run(ctx: &Context, args: &PsArgs) -> Result<(), CliError> {
         note("no traced process (tracerd lists a process once it has allocated)");
         return Ok(());
     }
-    let incomplete = shown
-        .iter()
-        .filter(|p| !p.view.complete)
-        .count();
+    let incomplete = shown.iter().filter(|p| !p.view.complete).count();
     if incomplete > 0 {
         note(&format!(
             "{incomplete} of these processes are incomplete: allocator events lost (kernel maps full: their figures undercount) or tracebacks cut (blocks with a part of their stack); see docs/operations.md"

@@ -54,9 +54,9 @@ pub fn json() -> Result<&'static str, &'static str> {
 fn answer_schema(path: &str, method: Verb) -> Option<Value> {
     use tracer_api::schema::Schema as _;
     use tracer_api::{
-        ClearedTraces, CompareAnswer, Health, ObjectTraceback, PeakReset, ProcessList,
-        ProcessView, ScopeView, SnapshotDeleted, SnapshotList, SnapshotSummary, StatisticsAnswer,
-        SystemMemory, TracedMemory, TracesAnswer, TracingState,
+        ClearedTraces, CompareAnswer, Health, ObjectTraceback, PeakReset, ProcessList, ProcessView,
+        ScopeView, SnapshotDeleted, SnapshotList, SnapshotSummary, StatisticsAnswer, SystemMemory,
+        TracedMemory, TracesAnswer, TracingState,
     };
     let view = path
         .strip_prefix("/pid/{pid}")
@@ -447,6 +447,44 @@ mod tests {
         let error = &doc["components"]["schemas"]["Error"];
         assert_eq!(error["required"], serde_json::json!(["error", "hint"]));
         assert_eq!(error["additionalProperties"], false);
+    }
+
+    #[test]
+    fn json_answers_have_the_schemas_of_their_types() {
+        let doc = doc();
+        let schema = |path: &str, method: &str, status: &str| {
+            doc["paths"][path][method]["responses"][status]["content"][media::JSON]["schema"]
+                .clone()
+        };
+        let required = |schema: &Value| -> BTreeSet<String> {
+            schema["required"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|v| v.as_str().map(str::to_string))
+                .collect()
+        };
+        for path in [
+            "/pid/{pid}/statistics",
+            "/statistics",
+            "/snapshots/{id}/statistics",
+        ] {
+            let stats = schema(path, "get", "200");
+            assert!(required(&stats).contains("statistics"), "{path}");
+            assert!(!required(&stats).contains("pid"), "{path}");
+        }
+        assert_eq!(
+            schema("/health", "get", "200")["properties"]["status"]["type"],
+            "string"
+        );
+        assert!(required(&schema("/snapshots", "post", "201")).contains("id"));
+        assert_eq!(
+            schema("/pid/{pid}", "get", "200")["properties"]["ppid"]["type"],
+            serde_json::json!(["integer", "null"])
+        );
+        // No type: any object.
+        assert_eq!(schema("/maps", "get", "200")["type"], "object");
+        assert!(schema("/maps", "get", "200").get("required").is_none());
     }
 
     #[test]

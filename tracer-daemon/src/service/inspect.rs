@@ -7,8 +7,8 @@ use serde::Serialize;
 use tracer_model::Trace;
 
 use super::{Service, ServiceError, Viewer};
-use crate::capture::unwind::tables::UnwindUsage;
 use crate::capture::ImageId;
+use crate::capture::unwind::tables::UnwindUsage;
 use crate::lifecycle::blocks::raw_blocks;
 use crate::snapshot::{AllocatorFrames, truncate};
 use crate::sys::procfs::{self, BpfMapInfo};

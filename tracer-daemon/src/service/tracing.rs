@@ -10,7 +10,6 @@
 //! [`TracingControl`](crate::lifecycle::TracingControl).
 use std::collections::{HashMap, HashSet};
 
-
 use super::processes::ProcessStatus;
 use super::{Service, ServiceError, Viewer};
 use crate::capture::ImageId;

@@ -47,8 +47,8 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
-use serde_json::{Value, json};
 use serde::Deserialize as _;
+use serde_json::{Value, json};
 use tracer_api::{ProcessState, ScopeView};
 
 use super::{Context, warn_incomplete};
@@ -171,7 +171,8 @@ impl Helper {
 
     /// True when `records` show the helper ended.
     fn seen_ended(&self, records: &[Value]) -> bool {
-        latest(records, self.pid, self.since_ms).is_some_and(|r| state(r) == Some(ProcessState::Exited))
+        latest(records, self.pid, self.since_ms)
+            .is_some_and(|r| state(r) == Some(ProcessState::Exited))
     }
 }
 
@@ -289,7 +290,8 @@ fn settle(
             .iter()
             .map(|(pid, _)| *pid)
             .filter(|pid| {
-                latest(&records, *pid, since_ms).is_some_and(|r| state(r) == Some(ProcessState::Alive))
+                latest(&records, *pid, since_ms)
+                    .is_some_and(|r| state(r) == Some(ProcessState::Alive))
             })
             .collect();
         let handled = helper.is_some_and(|h| h.seen_ended(&records));

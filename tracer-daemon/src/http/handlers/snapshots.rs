@@ -236,7 +236,11 @@ pub async fn snapshot_dump(
             };
             encode(&stored.snapshot, &header.to_meta())
         };
-        let name = format!("snapshot-{}.{}", summary.id, if tracemalloc { "pickle" } else { "tsnap" });
+        let name = format!(
+            "snapshot-{}.{}",
+            summary.id,
+            if tracemalloc { "pickle" } else { "tsnap" }
+        );
         Ok::<_, ApiError>((bytes, name))
     })
     .await?;

@@ -18,7 +18,9 @@ use crate::http::params::{
     ALLOCATOR_FRAMES, Params, compare_specs, parse_pid, parse_ref, refuse_allocator_frames, spec,
     stored_allocator_frames,
 };
-use crate::http::render::{compare_response, object, statistics_response, stats_query, write_traces};
+use crate::http::render::{
+    compare_response, object, statistics_response, stats_query, write_traces,
+};
 use crate::http::{ApiError, blocking, streamed};
 use crate::service::{Now, Service, Side, SnapshotRef, Viewer};
 use crate::snapshot::AllocatorFrames;
@@ -91,10 +93,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Target {
 
 /// `allocator_frames` of a compare, refused when `new` is a stored
 /// snapshot (only now is taken here).
-fn compare_frames(
-    params: &Params,
-    new: Option<&SnapshotRef>,
-) -> Result<AllocatorFrames, ApiError> {
+fn compare_frames(params: &Params, new: Option<&SnapshotRef>) -> Result<AllocatorFrames, ApiError> {
     if new.is_some() && params.get(ALLOCATOR_FRAMES).is_some() {
         return Err(stored_allocator_frames(
             "new is a stored snapshot (allocator_frames goes with new=now)",
@@ -113,7 +112,9 @@ fn totals(now: &Now) -> Totals {
 }
 
 /// A view's head as the map the render functions take.
-fn head_of<T: serde::Serialize>(target: &T) -> Result<serde_json::Map<String, serde_json::Value>, ApiError> {
+fn head_of<T: serde::Serialize>(
+    target: &T,
+) -> Result<serde_json::Map<String, serde_json::Value>, ApiError> {
     tracer_api::to_wire(target)
         .map(object)
         .map_err(|err| ApiError::internal(format!("encoding the answer: {err}")))
@@ -230,8 +231,11 @@ pub async fn traces(
     streamed(move |sink| {
         let (snapshot, completeness, head) = match target {
             Target::Process(pid) => {
-                let now =
-                    service.snapshot_now_with(viewer, crate::service::Target::Process(pid), frames)?;
+                let now = service.snapshot_now_with(
+                    viewer,
+                    crate::service::Target::Process(pid),
+                    frames,
+                )?;
                 let head = head_of(&TracesTarget::Process {
                     allocator_frames: wire_frames(now.allocator_frames),
                     pid,
@@ -239,7 +243,8 @@ pub async fn traces(
                 (now.snapshot, now.completeness, head)
             }
             Target::System => {
-                let now = service.snapshot_now_with(viewer, crate::service::Target::System, frames)?;
+                let now =
+                    service.snapshot_now_with(viewer, crate::service::Target::System, frames)?;
                 let head = head_of(&TracesTarget::System {
                     allocator_frames: wire_frames(now.allocator_frames),
                     pids: now.pids.clone(),

@@ -60,13 +60,22 @@ fn an_exec_ends_the_image_once_and_the_next_generation_starts_empty() {
     assert_ne!(first, second);
     assert_eq!(kernel.block_count(), 0);
     let now = service.process(PID).expect("traced");
-    assert_eq!((now.view.state, now.view.current), (tracer_api::ProcessState::Alive, 0));
+    assert_eq!(
+        (now.view.state, now.view.current),
+        (tracer_api::ProcessState::Alive, 0)
+    );
     let ended: Vec<_> = service
         .processes(Viewer::Operator)
         .into_iter()
         .map(|p| (p.view.state, p.view.current))
         .collect();
-    assert_eq!(ended, [(tracer_api::ProcessState::Alive, 0), (tracer_api::ProcessState::Exec, 100)]);
+    assert_eq!(
+        ended,
+        [
+            (tracer_api::ProcessState::Alive, 0),
+            (tracer_api::ProcessState::Exec, 100)
+        ]
+    );
 }
 
 #[test]
