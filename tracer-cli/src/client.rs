@@ -94,6 +94,17 @@ impl Answer {
         })
     }
 
+    /// The body as one of the API's answers (`tracer_api`).
+    ///
+    /// # Errors
+    /// [`ClientError::BadAnswer`] when it is not that answer.
+    pub fn typed<T: serde::de::DeserializeOwned>(&self, what: &str) -> Result<T, ClientError> {
+        serde_json::from_slice(&self.body).map_err(|e| ClientError::BadAnswer {
+            what: what.to_string(),
+            reason: e.to_string(),
+        })
+    }
+
     /// A header's value as text, if present.
     pub fn header(&self, name: &str) -> Option<String> {
         self.headers

@@ -8,6 +8,7 @@ use std::io::IsTerminal as _;
 use comfy_table::{Cell, CellAlignment, Color, ContentArrangement, Table, presets};
 use owo_colors::OwoColorize as _;
 use serde_json::Value;
+use tracer_api::ProcessStatus;
 use tracer_model::{format_size, format_size_f64};
 
 use crate::cli::ColorChoice;
@@ -235,31 +236,34 @@ pub fn diff_table(stats: &[Value], style: &Style) -> Table {
 /// given: pid, command, current, peak, blocks, the state when `state`, and
 /// a NOTE column, when any of them undercounts (`complete: false`), that
 /// says which and how many allocator events each lost.
-pub fn processes_table(processes: &[&Value], style: &Style, state: bool) -> Table {
+pub fn processes_table(processes: &[&ProcessStatus], style: &Style, state: bool) -> Table {
     let mut header = vec!["PID", "COMMAND", "CURRENT", "PEAK", "BLOCKS"];
     if state {
         header.push("STATE");
     }
-    let notes = processes
-        .iter()
-        .any(|p| p["complete"].as_bool() == Some(false));
+    let notes = processes.iter().any(|p| !p.view.complete);
     if notes {
         header.push("NOTE");
     }
     let mut table = style.table(&header, &["PID", "CURRENT", "PEAK", "BLOCKS"]);
+    let size = |bytes: u64| i64::try_from(bytes).unwrap_or(i64::MAX);
     for p in processes {
+        let p = &p.view;
         let mut row = vec![
-            style.number(int(p, "pid").to_string()),
-            Cell::new(p["comm"].as_str().unwrap_or("?")),
-            style.number(style.size(int(p, "current"))),
-            style.number(style.size(int(p, "peak"))),
-            style.number(int(p, "blocks").to_string()),
+            style.number(p.pid.to_string()),
+            Cell::new(&p.comm),
+            style.number(style.size(size(p.current))),
+            style.number(style.size(size(p.peak))),
+            style.number(p.blocks.to_string()),
         ];
         if state {
-            row.push(Cell::new(p["state"].as_str().unwrap_or("?")));
+            row.push(Cell::new(p.state.as_str()));
         }
-        if notes && p["complete"].as_bool() == Some(false) {
-            row.push(Cell::new(format!("incomplete ({})", losses(p))));
+        if notes && !p.complete {
+            row.push(Cell::new(format!(
+                "incomplete ({})",
+                lost(size(p.drops), size(p.cut_tracebacks))
+            )));
         }
         table.add_row(row);
     }
@@ -271,7 +275,11 @@ pub fn processes_table(processes: &[&Value], style: &Style, state: bool) -> Tabl
 /// tracebacks cut` (`cut_tracebacks`: blocks with a part of their stack),
 /// each when not 0.
 pub fn losses(body: &Value) -> String {
-    let (drops, cut) = (int(body, "drops"), int(body, "cut_tracebacks"));
+    lost(int(body, "drops"), int(body, "cut_tracebacks"))
+}
+
+/// [`losses`] of `drops` events lost and `cut` tracebacks cut.
+fn lost(drops: i64, cut: i64) -> String {
     let mut parts = Vec::new();
     if drops > 0 || cut == 0 {
         parts.push(format!("{drops} events lost"));
@@ -300,10 +308,42 @@ pub const PLAIN: Style = Style {
 };
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use serde_json::json;
+    use tracer_api::{ProcessState, ProcessView};
 
     use super::*;
+
+    /// A complete process of `current` bytes (peak the same, no blocks).
+    pub fn process(pid: u32, comm: &str, current: u64, state: ProcessState) -> ProcessStatus {
+        ProcessStatus {
+            view: ProcessView {
+                pid,
+                generation: 1,
+                ppid: None,
+                comm: comm.into(),
+                exe: None,
+                nspid: None,
+                cgroup: None,
+                container_id: None,
+                owner_uid: None,
+                state,
+                first_seen_ms: 0,
+                ended_ms: None,
+                current,
+                peak: current,
+                blocks: 0,
+                allocs: 0,
+                frees: 0,
+                unknown_frees: 0,
+                drops: 0,
+                cut_tracebacks: 0,
+                complete: true,
+            },
+            is_tracing: true,
+            traceback_limit: 1,
+        }
+    }
 
     #[test]
     fn sizes_are_tracemallocs_or_exact() {
@@ -401,8 +441,10 @@ mod tests {
 
     #[test]
     fn a_process_table_lists_pid_command_and_sizes() {
-        let a = json!({"pid": 12, "comm": "keep", "current": 5_288_192, "peak": 5_288_192, "blocks": 20003, "state": "alive"});
-        let b = json!({"pid": 7, "comm": "bash", "current": 5937, "peak": 6560, "blocks": 67, "state": "exited"});
+        let mut a = process(12, "keep", 5_288_192, ProcessState::Alive);
+        (a.view.peak, a.view.blocks) = (5_288_192, 20003);
+        let mut b = process(7, "bash", 5937, ProcessState::Exited);
+        (b.view.peak, b.view.blocks) = (6560, 67);
         assert_eq!(
             table_text(&processes_table(&[&a, &b], &PLAIN, true)),
             [
@@ -416,8 +458,10 @@ mod tests {
 
     #[test]
     fn a_process_that_lost_events_is_marked_in_the_table() {
-        let a = json!({"pid": 12, "comm": "keep", "current": 4096, "peak": 4096, "blocks": 1, "complete": false, "drops": 7});
-        let b = json!({"pid": 7, "comm": "bash", "current": 5937, "peak": 6560, "blocks": 67, "complete": true, "drops": 0});
+        let mut a = process(12, "keep", 4096, ProcessState::Alive);
+        (a.view.peak, a.view.blocks, a.view.complete, a.view.drops) = (4096, 1, false, 7);
+        let mut b = process(7, "bash", 5937, ProcessState::Alive);
+        (b.view.peak, b.view.blocks) = (6560, 67);
         assert_eq!(
             table_text(&processes_table(&[&a, &b], &PLAIN, false)),
             [

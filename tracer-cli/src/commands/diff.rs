@@ -4,14 +4,15 @@
 //! (`format=text`), a table (`--table`), or the JSON. What the base was
 //! goes to stderr.
 
-use serde_json::Value;
+use serde::Deserialize as _;
+use tracer_api::{CompareSide, SideKind};
 
 use super::{Context, emit_body};
 use crate::{
     cli::DiffArgs,
     client::query,
     error::CliError,
-    format::{diff_table, int, table_text},
+    format::{diff_table, table_text},
     output::{emit, note, with_progress},
 };
 
@@ -34,7 +35,8 @@ pub fn run(ctx: &Context, args: &DiffArgs) -> Result<(), CliError> {
         return emit_body(&answer);
     }
     let body = answer.json(&format!("GET {path}"))?;
-    note(&format!("compared with {}", describe_base(&body["base"])));
+    let base = tracer_api::CompareSide::deserialize(&body["base"]).ok();
+    note(&format!("compared with {}", describe_base(base.as_ref())));
     let stats = body["statistics"]
         .as_array()
         .map(Vec::as_slice)
@@ -46,15 +48,19 @@ pub fn run(ctx: &Context, args: &DiffArgs) -> Result<(), CliError> {
 }
 
 /// What a compare answer's `base` was, in words.
-pub fn describe_base(base: &Value) -> String {
-    match base["kind"].as_str() {
-        Some("snapshot") => match base["label"].as_str() {
-            Some(label) => format!("snapshot {} ({label})", int(base, "id")),
-            None => format!("snapshot {}", int(base, "id")),
+pub fn describe_base(base: Option<&CompareSide>) -> String {
+    let Some(base) = base else {
+        return "the default base".to_string();
+    };
+    let id = base.number("id").unwrap_or_default();
+    match base.kind {
+        SideKind::Snapshot => match base.text("label") {
+            Some(label) => format!("snapshot {id} ({label})"),
+            None => format!("snapshot {id}"),
         },
-        Some("tracing_start") => "the start of tracing (nothing allocated)".to_string(),
-        Some(other) => other.replace('_', " "),
-        None => "the default base".to_string(),
+        SideKind::TracingStart => "the start of tracing (nothing allocated)".to_string(),
+        SideKind::Now => "now".to_string(),
+        SideKind::Since => "since".to_string(),
     }
 }
 
@@ -64,18 +70,19 @@ mod tests {
 
     use super::*;
 
+    fn describe(side: serde_json::Value) -> String {
+        describe_base(CompareSide::deserialize(&side).ok().as_ref())
+    }
+
     #[test]
     fn the_base_is_named_in_words() {
         assert_eq!(
-            describe_base(&json!({"kind": "snapshot", "id": 1, "label": "lab1"})),
+            describe(json!({"kind": "snapshot", "id": 1, "label": "lab1"})),
             "snapshot 1 (lab1)"
         );
+        assert_eq!(describe(json!({"kind": "snapshot", "id": 4})), "snapshot 4");
         assert_eq!(
-            describe_base(&json!({"kind": "snapshot", "id": 4})),
-            "snapshot 4"
-        );
-        assert_eq!(
-            describe_base(&json!({"kind": "tracing_start", "at_ms": 1})),
+            describe(json!({"kind": "tracing_start", "at_ms": 1})),
             "the start of tracing (nothing allocated)"
         );
     }

@@ -3,13 +3,13 @@
 //! them, the images that ended and their state. A process whose figures
 //! undercount (`complete: false`) is marked in a NOTE column and on stderr.
 
-use serde_json::Value;
+use tracer_api::{ProcessList, ProcessStatus};
 
 use super::{Context, emit_body};
 use crate::{
     cli::PsArgs,
     error::CliError,
-    format::{int, processes_table, table_text},
+    format::{processes_table, table_text},
     output::{emit, note},
 };
 
@@ -18,20 +18,13 @@ pub fn run(ctx: &Context, args: &PsArgs) -> Result<(), CliError> {
     if ctx.json {
         return emit_body(&answer);
     }
-    let body = answer.json("GET /processes")?;
-    let listed = body["processes"]
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or(&[]);
-    let shown = select(listed, args.all);
+    let body: ProcessList = answer.typed("GET /processes")?;
+    let shown = select(&body.processes, args.all);
     if shown.is_empty() {
         note("no traced process (tracerd lists a process once it has allocated)");
         return Ok(());
     }
-    let incomplete = shown
-        .iter()
-        .filter(|p| p["complete"].as_bool() == Some(false))
-        .count();
+    let incomplete = shown.iter().filter(|p| !p.view.complete).count();
     if incomplete > 0 {
         note(&format!(
             "{incomplete} of these processes are incomplete: allocator events lost (kernel maps full: their figures undercount) or tracebacks cut (blocks with a part of their stack); see docs/operations.md"
@@ -47,16 +40,16 @@ pub fn run(ctx: &Context, args: &PsArgs) -> Result<(), CliError> {
 /// The processes to show: the live ones by current bytes, largest first,
 /// then by pid; with `all`, then the images that ended (exited, or
 /// replaced by an exec) in the same order.
-pub fn select(listed: &[Value], all: bool) -> Vec<&Value> {
-    let mut shown: Vec<&Value> = listed
+pub fn select(listed: &[ProcessStatus], all: bool) -> Vec<&ProcessStatus> {
+    let mut shown: Vec<&ProcessStatus> = listed
         .iter()
-        .filter(|p| all || p["state"].as_str() == Some("alive"))
+        .filter(|p| all || p.view.state.is_alive())
         .collect();
     shown.sort_by_key(|p| {
         (
-            p["state"].as_str() != Some("alive"),
-            std::cmp::Reverse(int(p, "current")),
-            int(p, "pid"),
+            !p.view.state.is_alive(),
+            std::cmp::Reverse(p.view.current),
+            p.view.pid,
         )
     });
     shown
@@ -64,20 +57,20 @@ pub fn select(listed: &[Value], all: bool) -> Vec<&Value> {
 
 #[cfg(test)]
 mod tests {
-    use serde_json::json;
+    use tracer_api::ProcessState;
 
     use super::*;
+    use crate::format::tests::process;
 
     #[test]
     fn live_processes_come_first_largest_first_and_ended_ones_only_with_all() {
         let listed = [
-            json!({"pid": 3, "current": 10, "state": "alive"}),
-            json!({"pid": 1, "current": 500, "state": "exited"}),
-            json!({"pid": 2, "current": 99, "state": "alive"}),
-            json!({"pid": 4, "current": 99, "state": "alive"}),
+            process(3, "a", 10, ProcessState::Alive),
+            process(1, "b", 500, ProcessState::Exited),
+            process(2, "c", 99, ProcessState::Alive),
+            process(4, "d", 99, ProcessState::Alive),
         ];
-        let pids =
-            |all| -> Vec<i64> { select(&listed, all).iter().map(|p| int(p, "pid")).collect() };
+        let pids = |all| -> Vec<u32> { select(&listed, all).iter().map(|p| p.view.pid).collect() };
         assert_eq!(pids(false), [2, 4, 3]);
         assert_eq!(pids(true), [2, 4, 3, 1]);
     }

@@ -19,7 +19,6 @@ use axum::{
     middleware::Next,
     response::{IntoResponse, Response},
 };
-use serde_json::json;
 use tracer_model::interrupt::Interrupted;
 use tracer_model::{DumpError, ModelError, PickleError};
 
@@ -71,7 +70,12 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut response = (
             self.status,
-            Json(json!({"error": self.error, "hint": self.hint})),
+            // Its keys in this order are the sorted order of the map it
+            // was built as before.
+            Json(tracer_api::ErrorBody {
+                error: self.error,
+                hint: self.hint,
+            }),
         )
             .into_response();
         response.extensions_mut().insert(JsonErrorBody);

@@ -42,3 +42,17 @@ pub use limits::Limits;
 pub use routes::api_router;
 pub use server::{ServerError, app, bind_tcp, bind_unix, serve};
 pub use work::{blocking, streamed};
+
+/// An answer of the typed API that tracerd built as a `json!` object
+/// before: sent through a [`serde_json::Value`] (`tracer_api::to_wire`),
+/// so its keys are sorted at every level, as they were.
+///
+/// # Errors
+/// 500 when it does not serialize (never: the API's types have string
+/// keys and UTF-8 text).
+pub fn wire<T: serde::Serialize>(value: &T) -> Result<axum::response::Response, ApiError> {
+    use axum::response::IntoResponse as _;
+    let value = tracer_api::to_wire(value)
+        .map_err(|err| ApiError::internal(format!("encoding the answer: {err}")))?;
+    Ok(axum::Json(value).into_response())
+}

@@ -40,9 +40,70 @@ pub fn document() -> &'static OpenApi {
 /// # Errors
 /// What serde_json said (never, for this document).
 pub fn json() -> Result<&'static str, &'static str> {
-    static TEXT: LazyLock<Result<String, String>> =
-        LazyLock::new(|| document().to_json().map_err(|e| e.to_string()));
+    static TEXT: LazyLock<Result<String, String>> = LazyLock::new(|| {
+        let mut doc = serde_json::to_value(document()).map_err(|e| e.to_string())?;
+        add_answer_schemas(&mut doc);
+        serde_json::to_string(&doc).map_err(|e| e.to_string())
+    });
     TEXT.as_deref().map_err(String::as_str)
+}
+
+/// The JSON schema of what `method path` answers with its success status,
+/// from the API's types (`tracer_api::schema`); None where the answer has
+/// no type there (`/maps`, `/tracing/memory`: free-form objects).
+fn answer_schema(path: &str, method: Verb) -> Option<Value> {
+    use tracer_api::schema::Schema as _;
+    use tracer_api::{
+        ClearedTraces, CompareAnswer, Health, ObjectTraceback, PeakReset, ProcessList, ProcessView,
+        ScopeView, SnapshotDeleted, SnapshotList, SnapshotSummary, StatisticsAnswer, SystemMemory,
+        TracedMemory, TracesAnswer, TracingState,
+    };
+    let view = path
+        .strip_prefix("/pid/{pid}")
+        .or_else(|| path.strip_prefix("/snapshots/{id}"))
+        .unwrap_or(path);
+    Some(match (method, path, view) {
+        (Verb::Get, "/health", _) => Health::schema(),
+        (Verb::Get, "/processes", _) => ProcessList::schema(),
+        (Verb::Get, "/pid/{pid}", _) => ProcessView::schema(),
+        (Verb::Get, "/pid/{pid}/traced-memory", _) => TracedMemory::schema(),
+        (Verb::Get, "/traced-memory", _) => SystemMemory::schema(),
+        (Verb::Post, "/pid/{pid}/clear-traces", _) => ClearedTraces::schema(),
+        (Verb::Post, "/pid/{pid}/reset-peak", _) => PeakReset::schema(),
+        (Verb::Get, "/pid/{pid}/object/{address}", _) => ObjectTraceback::<()>::schema(),
+        (Verb::Get, "/pid/{pid}/snapshots" | "/snapshots", _) => SnapshotList::schema(),
+        (Verb::Post, "/pid/{pid}/snapshots" | "/snapshots", _) => SnapshotSummary::schema(),
+        (Verb::Get | Verb::Patch, "/snapshots/{id}", _) => SnapshotSummary::schema(),
+        (Verb::Delete, "/snapshots/{id}", _) => SnapshotDeleted::schema(),
+        (Verb::Get | Verb::Put, "/scope", _) => ScopeView::schema(),
+        (_, _, "/tracing" | "/tracing/start" | "/tracing/stop") => TracingState::schema(),
+        (Verb::Get, _, "/statistics") => StatisticsAnswer::<()>::schema(),
+        (Verb::Get, _, "/compare") => CompareAnswer::<()>::schema(),
+        (Verb::Get, _, "/traces") => TracesAnswer::<()>::schema(),
+        _ => return None,
+    })
+}
+
+/// Puts each route's answer schema ([`answer_schema`]) in its JSON
+/// success responses of `doc`, and the error body's in the components.
+fn add_answer_schemas(doc: &mut Value) {
+    use tracer_api::schema::Schema as _;
+    for route in ROUTES {
+        for op in route.ops {
+            let Some(schema) = answer_schema(route.path, op.method) else {
+                continue;
+            };
+            let method = op.method.as_str().to_ascii_lowercase();
+            let responses = &mut doc["paths"][route.path][method.as_str()]["responses"];
+            for status in op.statuses(route).into_iter().filter(|s| *s < 300) {
+                let content = &mut responses[status.to_string()]["content"];
+                if let Some(json) = content.get_mut(media::JSON) {
+                    json["schema"] = schema.clone();
+                }
+            }
+        }
+    }
+    doc["components"]["schemas"][ERROR_SCHEMA] = tracer_api::ErrorBody::schema();
 }
 
 fn build() -> OpenApi {
@@ -386,6 +447,44 @@ mod tests {
         let error = &doc["components"]["schemas"]["Error"];
         assert_eq!(error["required"], serde_json::json!(["error", "hint"]));
         assert_eq!(error["additionalProperties"], false);
+    }
+
+    #[test]
+    fn json_answers_have_the_schemas_of_their_types() {
+        let doc = doc();
+        let schema = |path: &str, method: &str, status: &str| {
+            doc["paths"][path][method]["responses"][status]["content"][media::JSON]["schema"]
+                .clone()
+        };
+        let required = |schema: &Value| -> BTreeSet<String> {
+            schema["required"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|v| v.as_str().map(str::to_string))
+                .collect()
+        };
+        for path in [
+            "/pid/{pid}/statistics",
+            "/statistics",
+            "/snapshots/{id}/statistics",
+        ] {
+            let stats = schema(path, "get", "200");
+            assert!(required(&stats).contains("statistics"), "{path}");
+            assert!(!required(&stats).contains("pid"), "{path}");
+        }
+        assert_eq!(
+            schema("/health", "get", "200")["properties"]["status"]["type"],
+            "string"
+        );
+        assert!(required(&schema("/snapshots", "post", "201")).contains("id"));
+        assert_eq!(
+            schema("/pid/{pid}", "get", "200")["properties"]["ppid"]["type"],
+            serde_json::json!(["integer", "null"])
+        );
+        // No type: any object.
+        assert_eq!(schema("/maps", "get", "200")["type"], "object");
+        assert!(schema("/maps", "get", "200").get("required").is_none());
     }
 
     #[test]

@@ -10,8 +10,6 @@
 //! [`TracingControl`](crate::lifecycle::TracingControl).
 use std::collections::{HashMap, HashSet};
 
-use serde::Serialize;
-
 use super::processes::ProcessStatus;
 use super::{Service, ServiceError, Viewer};
 use crate::capture::ImageId;
@@ -23,36 +21,7 @@ const CLEAR_BATCH: usize = 65_536;
 
 /// `is_tracing()` and `get_traceback_limit()` of a process image or of the
 /// whole host, as the API shows them.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct TracingState {
-    /// The process asked about; absent system-wide.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub pid: Option<u32>,
-    /// `is_tracing()`.
-    pub is_tracing: bool,
-    /// `get_traceback_limit()`.
-    pub traceback_limit: u32,
-    /// The most frames `start(nframe)` accepts (tracerd's `--nframe`).
-    pub max_nframe: u32,
-    /// System-wide: the images whose state differs from the host's, by pid.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub processes: Option<Vec<ProcessTracing>>,
-    /// After `start()`: whether it started anything (false when tracing
-    /// already, as tracemalloc does nothing then).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub started: Option<bool>,
-}
-
-/// One image whose tracing state differs from the host's.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-pub struct ProcessTracing {
-    /// Its pid.
-    pub pid: u32,
-    /// `is_tracing()`.
-    pub is_tracing: bool,
-    /// `get_traceback_limit()`.
-    pub traceback_limit: u32,
-}
+pub use tracer_api::{ProcessTracing, TracingState};
 
 impl Service {
     /// `tracemalloc.is_tracing()` and `get_traceback_limit()`: system-wide

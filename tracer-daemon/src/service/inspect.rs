@@ -7,8 +7,8 @@ use serde::Serialize;
 use tracer_model::Trace;
 
 use super::{Service, ServiceError, Viewer};
+use crate::capture::ImageId;
 use crate::capture::unwind::tables::UnwindUsage;
-use crate::capture::{AttachedLibrary, ImageId};
 use crate::lifecycle::blocks::raw_blocks;
 use crate::snapshot::{AllocatorFrames, truncate};
 use crate::sys::procfs::{self, BpfMapInfo};
@@ -82,17 +82,7 @@ pub struct KernelMapsView {
 }
 
 /// Readiness (`GET /health`): the probes are attached.
-#[derive(Clone, Debug, Serialize)]
-pub struct Health {
-    /// Always `ready` once tracerd answers.
-    pub status: &'static str,
-    /// The traceback limit in frames.
-    pub nframe: u32,
-    /// The libraries probed, with their probe points.
-    pub libraries: Vec<AttachedLibrary>,
-    /// Unix ms when tracing began.
-    pub started_at_ms: u64,
-}
+pub use tracer_api::Health;
 
 /// What `last-stop.json` in the state directory records of a stop.
 #[derive(Clone, Debug, Serialize)]
@@ -139,9 +129,16 @@ impl Service {
             .libraries
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone();
+            .iter()
+            .map(|library| tracer_api::Library {
+                path: library.path.to_string_lossy().into_owned(),
+                family: library.family.name().to_string(),
+                found_in: library.found_in,
+                probes: library.probes.clone(),
+            })
+            .collect();
         Health {
-            status: "ready",
+            status: "ready".to_string(),
             nframe: self.nframe(),
             libraries,
             started_at_ms: unix_ms(self.started_at),

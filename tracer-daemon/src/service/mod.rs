@@ -55,7 +55,7 @@ pub use control::{ProcessTracing, TracingState};
 pub use error::{NotTracedWhy, ServiceError};
 pub use housekeeping::ProcRead;
 pub use inspect::{Health, KernelMapsView, LastStop, MapUse, TracerMemory};
-pub use processes::{ProcessStatus, ProcessView, SystemMemory};
+pub use processes::{ProcessStatus, ProcessView, SystemMemory, state_of};
 pub use snapshots::{Now, SnapshotRef, Target};
 pub use triggers::AutoPolicy;
 

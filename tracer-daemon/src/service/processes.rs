@@ -4,7 +4,6 @@
 //! tracing). The process list, one process, the system-wide sums,
 //! `/metrics` and the last-stop record all come from [`Service::processes`]
 //! or [`Service::process`].
-use serde::Serialize;
 use tracer_common::ProcStats;
 
 use super::{Service, ServiceError, Viewer};
@@ -18,76 +17,19 @@ use crate::sys::unix_ms;
 /// applied within milliseconds, unless their handler waits for a lock.
 pub const CATCH_UP_LIMIT: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// A process as the API lists it. Sizes in bytes.
-#[derive(Clone, Debug, Serialize)]
-pub struct ProcessView {
-    /// Process id.
-    pub pid: u32,
-    /// The image's generation (the kernel's): tells apart the images of
-    /// one pid (before and after an exec, or a reused pid).
-    pub generation: u32,
-    /// The parent's pid: the forking process's for an image that started
-    /// at a fork (the kernel's `New` event), else `/proc/PID/stat` field 4
-    /// when first seen (as the host sees it); null when unknown (gone
-    /// before it could be read) or none.
-    pub ppid: Option<u32>,
-    /// `/proc/PID/comm` when first seen.
-    pub comm: String,
-    /// `/proc/PID/exe` when first seen.
-    pub exe: Option<String>,
-    /// Its pid in its own pid namespace (`NSpid` of `/proc/PID/status`):
-    /// inside a container, the pid the container sees; else `pid`.
-    pub nspid: Option<u32>,
-    /// Its cgroup v2 path (`/proc/PID/cgroup`) when first seen.
-    pub cgroup: Option<String>,
-    /// The container id in `cgroup` (a runtime's 64-hex-digit id), if any.
-    pub container_id: Option<String>,
-    /// The unprivileged user who may see it (all its uids theirs and
-    /// dumpable, from `/proc/PID` when first seen); null: only operators.
-    pub owner_uid: Option<u32>,
-    /// Alive, or how the image ended.
-    pub state: ImageState,
-    /// Unix ms tracerd learned of the image (its fork or exec; for a
-    /// process running before tracerd, its first allocation seen).
-    pub first_seen_ms: u64,
-    /// Unix ms the image ended, if it did.
-    pub ended_ms: Option<u64>,
-    /// Bytes in live blocks (`get_traced_memory()[0]`).
-    pub current: u64,
-    /// Peak of `current` in bytes (`get_traced_memory()[1]`).
-    pub peak: u64,
-    /// Live blocks.
-    pub blocks: u64,
-    /// Allocations seen.
-    pub allocs: u64,
-    /// Frees of traced blocks seen.
-    pub frees: u64,
-    /// Frees of untraced pointers.
-    pub unknown_frees: u64,
-    /// Blocks not traced because a kernel map was full.
-    pub drops: u64,
-    /// Blocks recorded with a cut traceback since its tracing began (the
-    /// kernel's `ProcStats::cut`: its stack not stored, or its walk stopped
-    /// for want of mappings or readable memory).
-    pub cut_tracebacks: u64,
-    /// True when no event of this image was lost and no traceback cut
-    /// (`drops == 0 && cut_tracebacks == 0`): its traces, totals and
-    /// tracebacks are exact. False means the data undercounts or some
-    /// tracebacks are shorter than their stacks.
-    pub complete: bool,
-}
+/// A process as the API lists it ([`tracer_api::ProcessView`]), and with
+/// its tracing state ([`tracer_api::ProcessStatus`]): `current`, `peak`
+/// and `blocks` adjusted as tracemalloc reports them.
+pub use tracer_api::{ProcessStatus, ProcessView, SystemMemory};
 
-/// A process with its traced memory as tracemalloc reports it, and its
-/// tracing state (`is_tracing()`, `get_traceback_limit()`).
-#[derive(Clone, Debug, Serialize)]
-pub struct ProcessStatus {
-    /// The process; `current`, `peak` and `blocks` adjusted.
-    #[serde(flatten)]
-    pub view: ProcessView,
-    /// `is_tracing()` of its image.
-    pub is_tracing: bool,
-    /// `get_traceback_limit()` of its image.
-    pub traceback_limit: u32,
+/// The API's word for where an image is in its life.
+#[must_use]
+pub fn state_of(state: ImageState) -> tracer_api::ProcessState {
+    match state {
+        ImageState::Alive => tracer_api::ProcessState::Alive,
+        ImageState::Exited => tracer_api::ProcessState::Exited,
+        ImageState::Exec => tracer_api::ProcessState::Exec,
+    }
 }
 
 /// The image a query for `pid` means: its live image, else its last ended
@@ -104,19 +46,6 @@ pub(super) fn current_image(
         .as_ref()
         .is_some_and(|ended| ended.reason == crate::lifecycle::image::EndReason::Exec);
     (!execd || !crate::sys::procfs::exists(pid)).then_some(image)
-}
-
-/// `get_traced_memory()` summed over the live processes.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct SystemMemory {
-    /// Sum of current bytes.
-    pub current: u64,
-    /// Sum of peaks in bytes.
-    pub peak: u64,
-    /// Sum of live blocks.
-    pub blocks: u64,
-    /// Live processes summed.
-    pub processes: usize,
 }
 
 /// The kernel's totals of an image: its final ones once it ended, else
@@ -143,7 +72,7 @@ pub(super) fn view(image: &ProcessImage, stats: ProcStats) -> ProcessView {
             .as_deref()
             .and_then(crate::sys::procfs::container_id),
         owner_uid: image.owner,
-        state: image.state(),
+        state: state_of(image.state()),
         first_seen_ms: unix_ms(image.first_seen),
         ended_ms: image.ended.as_ref().map(|e| unix_ms(e.at)),
         current: stats.current,

@@ -25,6 +25,25 @@ pub struct ScopeView {
     pub filter_pids: Vec<u32>,
 }
 
+impl ScopeView {
+    /// As the API sends it.
+    #[must_use]
+    pub fn wire(&self) -> tracer_api::ScopeView {
+        let path = |p: &std::path::PathBuf| p.to_string_lossy().into_owned();
+        tracer_api::ScopeView {
+            scope: tracer_api::Scope {
+                pids: self.scope.pids.clone(),
+                exes: self.scope.exes.iter().map(path).collect(),
+                cgroups: self.scope.cgroups.clone(),
+            },
+            all_processes: self.all_processes,
+            attached_pids: self.attached_pids.clone(),
+            filtered: self.filtered,
+            filter_pids: self.filter_pids.clone(),
+        }
+    }
+}
+
 impl Service {
     /// The scope in force and what is attached; the processes listed
     /// (attached, in the filter) are those `viewer` may see.

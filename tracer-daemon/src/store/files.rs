@@ -7,13 +7,16 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use serde_json::{Value, json};
+use serde_json::Value;
+use tracer_api::{SnapshotHeader, StoreHeader};
 use tracer_model::{Completeness, decode};
 
 use super::disk::{FileCheck, OnDisk};
-use super::stored::{Shape, SnapshotHead, SnapshotInfo, SnapshotKind, check_label};
+use super::stored::{
+    Shape, SnapshotHead, SnapshotInfo, SnapshotKind, check_label, store_frames, wire_completeness,
+    wire_frames, wire_kind,
+};
 use super::{Body, Entry};
-use crate::snapshot::AllocatorFrames;
 use crate::sys::fsync::{open_regular, read_regular};
 use crate::sys::unix_ms;
 
@@ -27,24 +30,24 @@ pub(super) fn file_of(dir: &Path, id: u64) -> PathBuf {
 /// The metadata kept in a snapshot file's header.
 pub(super) fn meta_of(entry: &Entry) -> Value {
     let s = &entry.head;
-    let mut meta = json!({
-        "id": s.id,
-        "pid": s.pid,
-        "start_time": s.start_time,
-        "gen": s.generation,
-        "taken_at_ms": unix_ms(s.taken_at),
-        "traced_memory": [s.traced_memory.0, s.traced_memory.1],
-        "kind": entry.info.kind.as_str(),
-        "label": entry.info.label,
-        "comm": entry.info.comm,
-        "source_format": entry.info.source_format,
-        "allocator_frames": entry.info.allocator_frames,
-        "owner_uid": entry.info.owner,
-    });
-    if let Some(map) = meta.as_object_mut() {
-        s.completeness.insert_into(map);
+    SnapshotHeader {
+        allocator_frames: entry.info.allocator_frames.map(wire_frames),
+        comm: entry.info.comm.clone(),
+        id: Some(s.id),
+        kind: Some(wire_kind(entry.info.kind)),
+        label: entry.info.label.clone(),
+        pid: Some(s.pid),
+        taken_at_ms: Some(unix_ms(s.taken_at)),
+        traced_memory: Some([s.traced_memory.0, s.traced_memory.1]),
+        store: Some(StoreHeader {
+            generation: Some(s.generation),
+            owner_uid: entry.info.owner,
+            source_format: entry.info.source_format.map(str::to_string),
+            start_time: Some(s.start_time),
+        }),
+        completeness: wire_completeness(&s.completeness),
     }
-    meta
+    .to_meta()
 }
 
 /// The entry of the snapshot file `path` (named `<stem>.tsnap`), kept on
@@ -61,48 +64,34 @@ pub(super) fn read_snapshot_file(path: &Path, stem: &str) -> Result<Entry, Strin
     file.read_to_end(&mut bytes).map_err(cannot)?;
     let decoded = decode(&bytes).map_err(|e| e.to_string())?;
     let meta = &decoded.meta;
-    let field = |name: &str| meta.get(name).and_then(Value::as_u64);
-    let id = field("id").ok_or("its header has no snapshot id")?;
+    let header = SnapshotHeader::from_meta(meta);
+    let id = header.id.ok_or("its header has no snapshot id")?;
     if stem != id.to_string() {
         return Err(format!(
             "its header says snapshot {id}, its name says {stem}"
         ));
     }
-    let kind = meta
-        .get("kind")
-        .and_then(Value::as_str)
-        .and_then(SnapshotKind::parse)
-        .unwrap_or(SnapshotKind::Taken);
-    let label = meta
-        .get("label")
-        .and_then(Value::as_str)
-        .map(str::to_string);
+    let kind = header
+        .kind
+        .map_or(SnapshotKind::Taken, SnapshotKind::from_wire);
+    let label = header.label;
     if let Some(label) = &label {
         check_label(label).map_err(|e| e.to_string())?;
     }
-    let traced = meta.get("traced_memory").and_then(Value::as_array);
-    let traced_at = |i: usize| {
-        traced
-            .and_then(|t| t.get(i))
-            .and_then(Value::as_u64)
-            .unwrap_or(0)
-    };
-    let source_format = match meta.get("source_format").and_then(Value::as_str) {
+    let own = header.store.unwrap_or_default();
+    let source_format = match own.source_format.as_deref() {
         Some("tracemalloc") => Some("tracemalloc"),
         Some("tracer") => Some("tracer"),
         _ => None,
     };
+    let [current, peak] = header.traced_memory.unwrap_or([0, 0]);
     let head = SnapshotHead {
         id,
-        pid: field("pid")
-            .and_then(|p| u32::try_from(p).ok())
-            .unwrap_or(0),
-        start_time: field("start_time").unwrap_or(0),
-        generation: field("gen")
-            .and_then(|g| u32::try_from(g).ok())
-            .unwrap_or(0),
-        taken_at: SystemTime::UNIX_EPOCH + Duration::from_millis(field("taken_at_ms").unwrap_or(0)),
-        traced_memory: (traced_at(0), traced_at(1)),
+        pid: header.pid.unwrap_or(0),
+        start_time: own.start_time.unwrap_or(0),
+        generation: own.generation.unwrap_or(0),
+        taken_at: SystemTime::UNIX_EPOCH + Duration::from_millis(header.taken_at_ms.unwrap_or(0)),
+        traced_memory: (current, peak),
         completeness: Completeness::from_meta(meta),
     };
     let info = SnapshotInfo {
@@ -110,13 +99,10 @@ pub(super) fn read_snapshot_file(path: &Path, stem: &str) -> Result<Entry, Strin
         label,
         // An earlier run's pid and generation name no live image.
         image: None,
-        comm: meta.get("comm").and_then(Value::as_str).map(str::to_string),
+        comm: header.comm,
         source_format,
-        allocator_frames: meta
-            .get("allocator_frames")
-            .and_then(Value::as_str)
-            .and_then(AllocatorFrames::parse),
-        owner: field("owner_uid").and_then(|u| u32::try_from(u).ok()),
+        allocator_frames: header.allocator_frames.map(store_frames),
+        owner: own.owner_uid,
     };
     let check = FileCheck::new(&file_meta, &bytes);
     Ok(Entry {

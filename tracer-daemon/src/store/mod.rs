@@ -71,7 +71,7 @@ pub use files::{SNAPSHOT_SUFFIX, dir_bytes};
 pub use quota::{Quota, Quotas};
 pub use stored::{
     MAX_LABEL_LEN, SnapshotHead, SnapshotInfo, SnapshotKind, SnapshotSummary, StoredSnapshot,
-    check_label,
+    check_label, store_frames, wire_completeness, wire_frames, wire_kind,
 };
 
 use compact::{Compact, Interner};

@@ -37,12 +37,13 @@ impl SnapshotKind {
         }
     }
 
-    pub(super) fn parse(text: &str) -> Option<Self> {
-        match text {
-            "taken" => Some(SnapshotKind::Taken),
-            "auto" => Some(SnapshotKind::Auto),
-            "loaded" => Some(SnapshotKind::Loaded),
-            _ => None,
+    /// The kind the API's word names.
+    #[must_use]
+    pub fn from_wire(kind: tracer_api::SnapshotKind) -> Self {
+        match kind {
+            tracer_api::SnapshotKind::Taken => SnapshotKind::Taken,
+            tracer_api::SnapshotKind::Auto => SnapshotKind::Auto,
+            tracer_api::SnapshotKind::Loaded => SnapshotKind::Loaded,
         }
     }
 }
@@ -164,6 +165,73 @@ pub struct SnapshotSummary {
     /// distinct traceback; the tracebacks are shared with the process's
     /// other automatic snapshots and not counted).
     pub bytes: u64,
+}
+
+impl SnapshotSummary {
+    /// As the API sends it.
+    #[must_use]
+    pub fn wire(&self) -> tracer_api::SnapshotSummary {
+        tracer_api::SnapshotSummary {
+            id: self.id,
+            pid: self.pid,
+            kind: wire_kind(self.kind),
+            label: self.label.clone(),
+            taken_at_ms: self.taken_at_ms,
+            traces: self.traces,
+            size: self.size,
+            current: self.current,
+            peak: self.peak,
+            traceback_limit: self.traceback_limit,
+            comm: self.comm.clone(),
+            allocator_frames: self.allocator_frames.map(wire_frames),
+            owner_uid: self.owner_uid,
+            completeness: wire_completeness(&self.completeness),
+            this_run: self.this_run,
+            persisted: self.persisted,
+            bytes: self.bytes,
+        }
+    }
+}
+
+/// The API's word for how a snapshot came to be.
+#[must_use]
+pub fn wire_kind(kind: SnapshotKind) -> tracer_api::SnapshotKind {
+    match kind {
+        SnapshotKind::Taken => tracer_api::SnapshotKind::Taken,
+        SnapshotKind::Auto => tracer_api::SnapshotKind::Auto,
+        SnapshotKind::Loaded => tracer_api::SnapshotKind::Loaded,
+    }
+}
+
+/// The API's word for what a snapshot did with the allocation machinery.
+#[must_use]
+pub fn wire_frames(frames: AllocatorFrames) -> tracer_api::AllocatorFrames {
+    match frames {
+        AllocatorFrames::Drop => tracer_api::AllocatorFrames::Drop,
+        AllocatorFrames::Keep => tracer_api::AllocatorFrames::Keep,
+    }
+}
+
+/// What a header's or a query's `allocator_frames` says, as the store
+/// keeps it.
+#[must_use]
+pub fn store_frames(frames: tracer_api::AllocatorFrames) -> AllocatorFrames {
+    match frames {
+        tracer_api::AllocatorFrames::Drop => AllocatorFrames::Drop,
+        tracer_api::AllocatorFrames::Keep => AllocatorFrames::Keep,
+    }
+}
+
+/// A snapshot's completeness as the API and the files carry it.
+#[must_use]
+pub fn wire_completeness(completeness: &Completeness) -> tracer_api::Completeness {
+    tracer_api::Completeness {
+        complete: completeness.is_complete(),
+        drops: completeness.drops(),
+        drops_by_pid: completeness.by_pid().clone(),
+        cut_tracebacks: completeness.cut_tracebacks(),
+        cut_tracebacks_by_pid: completeness.cut_by_pid().clone(),
+    }
 }
 
 /// Everything the store keeps of a snapshot but its traces: what lists,

@@ -47,7 +47,9 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
+use serde::Deserialize as _;
 use serde_json::{Value, json};
+use tracer_api::{ProcessState, ScopeView};
 
 use super::{Context, warn_incomplete};
 use crate::{
@@ -169,8 +171,17 @@ impl Helper {
 
     /// True when `records` show the helper ended.
     fn seen_ended(&self, records: &[Value]) -> bool {
-        latest(records, self.pid, self.since_ms).is_some_and(|r| r["state"] == "exited")
+        latest(records, self.pid, self.since_ms)
+            .is_some_and(|r| state(r) == Some(ProcessState::Exited))
     }
+}
+
+/// Where a record's image is in its life (None: an untraced record, which
+/// has no state).
+fn state(record: &Value) -> Option<ProcessState> {
+    record
+        .get("state")
+        .and_then(|state| ProcessState::deserialize(state).ok())
 }
 
 /// The last image of `pid` first seen since `since_ms` in `records`.
@@ -205,7 +216,7 @@ fn gather(
     // of: none of it, or none since an exec.
     for (pid, _) in &waited.ended {
         let last = latest(&records, *pid, since_ms);
-        if last.is_some_and(|r| r["state"] != "exec") {
+        if last.is_some_and(|r| state(r) != Some(ProcessState::Exec)) {
             continue;
         }
         let seen = last.map_or(since_ms, |r| {
@@ -219,10 +230,12 @@ fn gather(
     let mut tables = Vec::new();
     for (index, member) in members.iter().enumerate() {
         let record = &member.record;
-        let state = record["state"].as_str();
         if !member.latest
             || tree::is_untraced(record)
-            || !matches!(state, Some("exited" | "alive"))
+            || !matches!(
+                state(record),
+                Some(ProcessState::Exited | ProcessState::Alive)
+            )
             || int(record, "blocks") == 0
         {
             continue;
@@ -260,8 +273,9 @@ fn settle(
 ) -> Result<Vec<Value>, ClientError> {
     let every_process = ctx
         .client
-        .get_json("/scope")
-        .is_ok_and(|scope| scope["all_processes"] == true);
+        .get("/scope")
+        .and_then(|answer| answer.typed::<ScopeView>("GET /scope"))
+        .is_ok_and(|scope| scope.all_processes);
     let record_within = if every_process && helper.is_some() {
         LAG_WITHIN
     } else {
@@ -275,7 +289,10 @@ fn settle(
             .ended
             .iter()
             .map(|(pid, _)| *pid)
-            .filter(|pid| latest(&records, *pid, since_ms).is_some_and(|r| r["state"] == "alive"))
+            .filter(|pid| {
+                latest(&records, *pid, since_ms)
+                    .is_some_and(|r| state(r) == Some(ProcessState::Alive))
+            })
             .collect();
         let handled = helper.is_some_and(|h| h.seen_ended(&records));
         let elapsed = start.elapsed();

@@ -10,6 +10,7 @@
 
 use comfy_table::Cell;
 use serde_json::Value;
+use tracer_api::ProcessState;
 
 use super::{
     children::Ending,
@@ -63,8 +64,8 @@ pub fn render(outcome: &Outcome<'_>, style: &Style) -> String {
                     continue;
                 };
                 let record = &member.record;
-                let state = match record["state"].as_str() {
-                    Some("alive") => "still running, holds now",
+                let state = match super::state(record) {
+                    Some(ProcessState::Alive) => "still running, holds now",
                     _ => "exited, still held",
                 };
                 let head = format!(

@@ -8,11 +8,11 @@ use axum::{
     extract::{Path, RawQuery, State},
     response::{IntoResponse, Response},
 };
-use serde_json::json;
+use tracer_api::{AllocatorFrames, ClearedTraces, ObjectTraceback, PeakReset};
 
 use crate::http::params::{Params, nframe_param, parse_address, parse_pid, spec};
 use crate::http::render::text_response;
-use crate::http::{ApiError, blocking};
+use crate::http::{ApiError, blocking, wire};
 use crate::service::{Service, Viewer};
 use crate::symbolize::LineCache;
 
@@ -95,8 +95,13 @@ pub async fn pid_clear_traces(
     Params::parse(query.as_deref(), spec::NONE)?;
     let (cleared, status) = blocking(move || service.clear_traces(pid)).await?;
     let view = status.view;
-    Ok(Json(json!({"pid": pid, "cleared_blocks": cleared, "current": view.current, "peak": view.peak, "blocks": view.blocks}))
-        .into_response())
+    wire(&ClearedTraces {
+        blocks: view.blocks,
+        cleared_blocks: cleared,
+        current: view.current,
+        peak: view.peak,
+        pid,
+    })
 }
 
 /// `POST /pid/{pid}/reset-peak`.
@@ -108,10 +113,11 @@ pub async fn pid_reset_peak(
     let pid = parse_pid(&pid)?;
     Params::parse(query.as_deref(), spec::NONE)?;
     let status = blocking(move || service.reset_peak(pid)).await?;
-    Ok(
-        Json(json!({"pid": pid, "current": status.view.current, "peak": status.view.peak}))
-            .into_response(),
-    )
+    wire(&PeakReset {
+        current: status.view.current,
+        peak: status.view.peak,
+        pid,
+    })
 }
 
 /// `GET /pid/{pid}/object/{address}`: `get_object_traceback()`.
@@ -135,8 +141,16 @@ pub async fn pid_object(
         options.lines(String::new(), &trace.traceback, &mut cache, &mut lines);
         return Ok(text_response(lines.get(1..).unwrap_or_default(), &[]));
     }
-    Ok(Json(json!({"pid": pid, "address": address, "size": trace.size, "traceback": trace.traceback.as_ref(),
-                   "total_nframe": trace.traceback.total_nframe(), "text": trace.to_string(),
-                   "allocator_frames": frames}))
-    .into_response())
+    wire(&ObjectTraceback {
+        address,
+        allocator_frames: match frames {
+            crate::snapshot::AllocatorFrames::Drop => AllocatorFrames::Drop,
+            crate::snapshot::AllocatorFrames::Keep => AllocatorFrames::Keep,
+        },
+        pid,
+        size: trace.size,
+        text: trace.to_string(),
+        total_nframe: trace.traceback.total_nframe(),
+        traceback: trace.traceback.frames().iter().collect(),
+    })
 }

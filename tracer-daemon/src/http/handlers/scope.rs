@@ -20,7 +20,7 @@ pub async fn get_scope(
 ) -> Result<Response, ApiError> {
     Params::parse(query.as_deref(), spec::NONE)?;
     let view = blocking(move || Ok::<_, ApiError>(service.scope(viewer))).await?;
-    Ok(Json(view).into_response())
+    Ok(Json(view.wire()).into_response())
 }
 
 /// `PUT /scope`: sets the scope and attaches accordingly.
@@ -34,5 +34,5 @@ pub async fn put_scope(
         Ok::<_, ApiError>(service.scope(Viewer::Operator))
     })
     .await?;
-    Ok(Json(view).into_response())
+    Ok(Json(view.wire()).into_response())
 }

@@ -10,16 +10,16 @@ use axum::{
     http::{HeaderValue, StatusCode, header},
     response::{IntoResponse, Response},
 };
-use serde_json::{Value, json};
+use tracer_api::{SnapshotDeleted, SnapshotHeader, SnapshotList};
 use tracer_model::{dump_tracemalloc, encode};
 
 use crate::http::params::{
     ALLOCATOR_FRAMES, Params, parse_pid, parse_ref, refuse_allocator_frames, spec,
     stored_allocator_frames,
 };
-use crate::http::render::object;
-use crate::http::{ApiError, blocking};
+use crate::http::{ApiError, blocking, wire};
 use crate::service::{Service, Target, Viewer};
+use crate::store::{wire_completeness, wire_frames, wire_kind};
 
 /// Largest snapshot file accepted by `POST /snapshots`, in bytes.
 pub const MAX_UPLOAD_BYTES: usize = 1 << 30;
@@ -53,7 +53,7 @@ pub async fn pid_take_snapshot(
     let frames = params.allocator_frames()?;
     let summary =
         blocking(move || service.store_now(viewer, Target::Process(pid), label, frames)).await?;
-    Ok((StatusCode::CREATED, Json(summary)).into_response())
+    Ok((StatusCode::CREATED, Json(summary.wire())).into_response())
 }
 
 /// `GET /pid/{pid}/snapshots`: the stored snapshots of its current image.
@@ -66,7 +66,11 @@ pub async fn pid_snapshots(
     let pid = parse_pid(&pid)?;
     Params::parse(query.as_deref(), spec::NONE)?;
     let list = blocking(move || service.list_snapshots(viewer, Some(pid))).await?;
-    Ok(Json(json!({ "pid": pid, "snapshots": list })).into_response())
+    wire(&SnapshotList {
+        pid: Some(pid),
+        snapshots: list.iter().map(|s| s.wire()).collect(),
+        unreadable: None,
+    })
 }
 
 /// `GET /snapshots?pid=&kind=`: every stored snapshot, and the files that
@@ -105,7 +109,16 @@ pub async fn list_snapshots(
         .filter(|s| pid.is_none_or(|p| s.pid == Some(p)))
         .filter(|s| kind.as_deref().is_none_or(|k| s.kind.as_str() == k))
         .collect();
-    Ok(Json(json!({ "snapshots": list, "unreadable": unreadable })).into_response())
+    let unreadable = unreadable
+        .iter()
+        .map(serde_json::to_value)
+        .collect::<Result<_, _>>()
+        .map_err(|err| ApiError::internal(format!("encoding the answer: {err}")))?;
+    wire(&SnapshotList {
+        pid: None,
+        snapshots: list.iter().map(|s| s.wire()).collect(),
+        unreadable: Some(unreadable),
+    })
 }
 
 /// `POST /snapshots`: with no body, takes a system-wide snapshot
@@ -138,7 +151,7 @@ pub async fn post_snapshots(
     } else {
         blocking(move || service.load_snapshot(viewer, &body, tracemalloc, label)).await?
     };
-    Ok((StatusCode::CREATED, Json(summary)).into_response())
+    Ok((StatusCode::CREATED, Json(summary.wire())).into_response())
 }
 
 /// `GET /snapshots/{id}`: one stored snapshot's summary.
@@ -152,7 +165,7 @@ pub async fn snapshot_summary(
     refuse_allocator_frames(query.as_deref())?;
     Params::parse(query.as_deref(), spec::NONE)?;
     let summary = blocking(move || service.stored_summary(viewer, &reference)).await?;
-    Ok(Json(summary).into_response())
+    Ok(Json(summary.wire()).into_response())
 }
 
 /// `DELETE /snapshots/{id}`.
@@ -165,7 +178,9 @@ pub async fn delete_snapshot(
     let reference = parse_ref("id", &id)?;
     Params::parse(query.as_deref(), spec::NONE)?;
     let summary = blocking(move || service.delete_snapshot(viewer, &reference)).await?;
-    Ok(Json(json!({"deleted": summary})).into_response())
+    wire(&SnapshotDeleted {
+        deleted: summary.wire(),
+    })
 }
 
 /// `PATCH /snapshots/{id}?label=`: sets (or with an empty value removes) a
@@ -185,7 +200,7 @@ pub async fn label_snapshot(
         )
     })?;
     let summary = blocking(move || service.label_snapshot(viewer, &reference, label)).await?;
-    Ok(Json(summary).into_response())
+    Ok(Json(summary.wire()).into_response())
 }
 
 /// `GET /snapshots/{id}/dump?format=`: the snapshot as a file, tracer's
@@ -205,15 +220,27 @@ pub async fn snapshot_dump(
         let bytes = if tracemalloc {
             dump_tracemalloc(&stored.snapshot)
         } else {
-            let mut meta = object(json!({
-                "id": summary.id, "pid": summary.pid, "kind": summary.kind, "label": summary.label,
-                "taken_at_ms": summary.taken_at_ms, "traced_memory": [summary.current, summary.peak],
-                "comm": summary.comm, "allocator_frames": summary.allocator_frames,
-            }));
-            stored.completeness.insert_into(&mut meta);
-            encode(&stored.snapshot, &Value::Object(meta))
+            // The store's header without its own fields (generation,
+            // start time, owner, source format).
+            let header = SnapshotHeader {
+                allocator_frames: summary.allocator_frames.map(wire_frames),
+                comm: summary.comm.clone(),
+                id: Some(summary.id),
+                kind: Some(wire_kind(summary.kind)),
+                label: summary.label.clone(),
+                pid: summary.pid,
+                taken_at_ms: Some(summary.taken_at_ms),
+                traced_memory: Some([summary.current, summary.peak]),
+                store: None,
+                completeness: wire_completeness(&stored.completeness),
+            };
+            encode(&stored.snapshot, &header.to_meta())
         };
-        let name = format!("snapshot-{}.{}", summary.id, if tracemalloc { "pickle" } else { "tsnap" });
+        let name = format!(
+            "snapshot-{}.{}",
+            summary.id,
+            if tracemalloc { "pickle" } else { "tsnap" }
+        );
         Ok::<_, ApiError>((bytes, name))
     })
     .await?;

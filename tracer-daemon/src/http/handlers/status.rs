@@ -8,9 +8,9 @@ use axum::{
     extract::{Path, RawQuery, State},
     response::{IntoResponse, Response},
 };
-use serde_json::json;
+use tracer_api::{ProcessList, SourceMemory, TracedMemory};
 
-use crate::http::{ApiError, blocking, params::Params, params::parse_pid, params::spec};
+use crate::http::{ApiError, blocking, params::Params, params::parse_pid, params::spec, wire};
 use crate::service::{Service, Viewer};
 
 /// `GET /health`: readiness, what is probed.
@@ -32,7 +32,7 @@ pub async fn processes(
 ) -> Result<Response, ApiError> {
     Params::parse(query.as_deref(), spec::NONE)?;
     let list = blocking(move || Ok::<_, ApiError>(service.processes(viewer))).await?;
-    Ok(Json(json!({ "processes": list })).into_response())
+    wire(&ProcessList { processes: list })
 }
 
 /// `GET /maps`: the kernel maps' use and the programs' counters.
@@ -70,19 +70,18 @@ pub async fn pid_traced_memory(
     Params::parse(query.as_deref(), spec::NONE)?;
     let (status, sources) = blocking(move || service.process_with_sources(pid)).await?;
     let view = status.view;
-    let by_source: serde_json::Map<String, serde_json::Value> = sources
+    let by_source = sources
         .into_iter()
-        .map(|(name, current, peak)| (name.into(), json!({"current": current, "peak": peak})))
+        .map(|(name, current, peak)| (name.into(), SourceMemory { current, peak }))
         .collect();
-    Ok(Json(json!({
-        "pid": pid,
-        "current": view.current,
-        "peak": view.peak,
-        "blocks": view.blocks,
-        "state": view.state,
-        "by_source": by_source,
-    }))
-    .into_response())
+    wire(&TracedMemory {
+        blocks: view.blocks,
+        by_source,
+        current: view.current,
+        peak: view.peak,
+        pid,
+        state: view.state,
+    })
 }
 
 /// `GET /traced-memory`: `get_traced_memory()` summed over live processes.

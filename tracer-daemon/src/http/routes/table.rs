@@ -55,7 +55,7 @@ pub static ROUTES: &[Route] = &[
             .query(spec::STATISTICS_NOW)
             .answers(PROFILES)
             .refuses(CONFLICT)],
-        handlers: Some(|| get(views::pid_statistics)),
+        handlers: Some(|| get(views::statistics)),
     },
     Route {
         path: "/pid/{pid}/compare",
@@ -64,7 +64,7 @@ pub static ROUTES: &[Route] = &[
             .query(spec::COMPARE_NOW)
             .answers(PROFILES)
             .refuses(CONFLICT)],
-        handlers: Some(|| get(views::pid_compare)),
+        handlers: Some(|| get(views::compare)),
     },
     Route {
         path: "/pid/{pid}/traces",
@@ -73,7 +73,7 @@ pub static ROUTES: &[Route] = &[
             .query(spec::TRACES_NOW)
             .answers(JSON_OR_TEXT)
             .refuses(CONFLICT)],
-        handlers: Some(|| get(views::pid_traces)),
+        handlers: Some(|| get(views::traces)),
     },
     Route {
         path: "/pid/{pid}/snapshots",
@@ -142,7 +142,7 @@ pub static ROUTES: &[Route] = &[
             .query(spec::STATISTICS_NOW)
             .answers(PROFILES)
             .refuses(CONFLICT)],
-        handlers: Some(|| get(views::system_statistics)),
+        handlers: Some(|| get(views::statistics)),
     },
     Route {
         path: "/compare",
@@ -151,7 +151,7 @@ pub static ROUTES: &[Route] = &[
             .query(spec::COMPARE_NOW)
             .answers(PROFILES)
             .refuses(&[404, 409])],
-        handlers: Some(|| get(views::system_compare)),
+        handlers: Some(|| get(views::compare)),
     },
     Route {
         path: "/traces",
@@ -160,7 +160,7 @@ pub static ROUTES: &[Route] = &[
             .query(spec::TRACES_NOW)
             .answers(JSON_OR_TEXT)
             .refuses(CONFLICT)],
-        handlers: Some(|| get(views::system_traces)),
+        handlers: Some(|| get(views::traces)),
     },
     Route {
         path: "/traced-memory",
@@ -211,7 +211,7 @@ pub static ROUTES: &[Route] = &[
             .query(spec::STATISTICS_STORED)
             .answers(PROFILES)
             .refuses(CONFLICT)],
-        handlers: Some(|| get(views::snapshot_statistics)),
+        handlers: Some(|| get(views::statistics)),
     },
     Route {
         path: "/snapshots/{id}/compare",
@@ -220,7 +220,7 @@ pub static ROUTES: &[Route] = &[
             .query(spec::COMPARE_STORED)
             .answers(PROFILES)
             .refuses(CONFLICT)],
-        handlers: Some(|| get(views::snapshot_compare)),
+        handlers: Some(|| get(views::compare)),
     },
     Route {
         path: "/snapshots/{id}/traces",
@@ -229,7 +229,7 @@ pub static ROUTES: &[Route] = &[
             .query(spec::TRACES_STORED)
             .answers(JSON_OR_TEXT)
             .refuses(CONFLICT)],
-        handlers: Some(|| get(views::snapshot_traces)),
+        handlers: Some(|| get(views::traces)),
     },
     Route {
         path: "/snapshots/{id}/dump",

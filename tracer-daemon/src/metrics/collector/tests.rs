@@ -16,7 +16,7 @@ fn view(pid: u32, comm: &str, current: u64) -> ProcessView {
         cgroup: None,
         owner_uid: None,
         container_id: None,
-        state: crate::lifecycle::ImageState::Alive,
+        state: tracer_api::ProcessState::Alive,
         first_seen_ms: 0,
         ended_ms: None,
         current,

@@ -5,12 +5,13 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use serde_json::{Value, json};
+use serde_json::json;
 use tracer_model::{Completeness, decode, load_tracemalloc};
 
 use crate::service::{Service, ServiceError, Viewer};
-use crate::snapshot::AllocatorFrames;
-use crate::store::{SnapshotInfo, SnapshotKind, SnapshotSummary, StoredSnapshot, check_label};
+use crate::store::{
+    SnapshotInfo, SnapshotKind, SnapshotSummary, StoredSnapshot, check_label, store_frames,
+};
 
 impl Service {
     /// Loads a snapshot file (tracer's format, or a tracemalloc pickle when
@@ -38,16 +39,8 @@ impl Service {
             let decoded = decode(bytes)?;
             (decoded.snapshot, decoded.meta, "tracer")
         };
-        let field = |name: &str| meta.get(name).and_then(Value::as_u64);
-        let traced_memory = meta
-            .get("traced_memory")
-            .and_then(Value::as_array)
-            .map(|t| {
-                (
-                    t.first().and_then(Value::as_u64).unwrap_or(0),
-                    t.get(1).and_then(Value::as_u64).unwrap_or(0),
-                )
-            });
+        let header = tracer_api::SnapshotHeader::from_meta(&meta);
+        let traced_memory = header.traced_memory.map(|[current, peak]| (current, peak));
         let size = snapshot
             .traces()
             .iter()
@@ -57,7 +50,7 @@ impl Service {
             pid: 0,
             start_time: 0,
             generation: 0,
-            taken_at: field("taken_at_ms").map_or_else(SystemTime::now, |ms| {
+            taken_at: header.taken_at_ms.map_or_else(SystemTime::now, |ms| {
                 SystemTime::UNIX_EPOCH + Duration::from_millis(ms)
             }),
             traced_memory: traced_memory.unwrap_or((size, size)),
@@ -66,12 +59,9 @@ impl Service {
         };
         let mut info = SnapshotInfo::new(SnapshotKind::Loaded, None);
         info.label = label;
-        info.comm = meta.get("comm").and_then(Value::as_str).map(str::to_string);
+        info.comm = header.comm;
         info.source_format = Some(format);
-        info.allocator_frames = meta
-            .get("allocator_frames")
-            .and_then(Value::as_str)
-            .and_then(AllocatorFrames::parse);
+        info.allocator_frames = header.allocator_frames.map(store_frames);
         info.owner = viewer.owner();
         let mut held = self.state.locks().store();
         let id = held

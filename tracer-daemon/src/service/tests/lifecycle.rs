@@ -18,7 +18,7 @@ fn an_exited_image_keeps_its_last_state_and_its_blocks_leave_the_kernel() {
         "the ended image's blocks leave the maps"
     );
     let ended = service.process(PID).expect("retained");
-    assert_eq!(ended.view.state, ImageState::Exited);
+    assert_eq!(ended.view.state, tracer_api::ProcessState::Exited);
     assert_eq!((ended.view.current, ended.view.blocks), (135, 3));
     let now = service
         .snapshot_now(Target::Process(PID))
@@ -61,13 +61,22 @@ fn an_exec_ends_the_image_once_and_the_next_generation_starts_empty() {
     assert_ne!(first, second);
     assert_eq!(kernel.block_count(), 0);
     let now = service.process(PID).expect("traced");
-    assert_eq!((now.view.state, now.view.current), (ImageState::Alive, 0));
+    assert_eq!(
+        (now.view.state, now.view.current),
+        (tracer_api::ProcessState::Alive, 0)
+    );
     let ended: Vec<_> = service
         .processes(Viewer::Operator)
         .into_iter()
         .map(|p| (p.view.state, p.view.current))
         .collect();
-    assert_eq!(ended, [(ImageState::Alive, 0), (ImageState::Exec, 100)]);
+    assert_eq!(
+        ended,
+        [
+            (tracer_api::ProcessState::Alive, 0),
+            (tracer_api::ProcessState::Exec, 100)
+        ]
+    );
 }
 
 #[test]
