@@ -28,31 +28,10 @@ use tracer_common::{MAP_SCOPE_TGIDS, MAP_SWITCHES};
 
 use super::load::program_mut;
 use super::multi::MultiPrograms;
-use super::probes::{AttachedLibrary, Family, ProbePoint};
+use super::probes::{AttachedLibrary, ProbePoint, Target};
 use super::{Capture, CaptureError};
 use crate::sys::procfs::FileKey;
 use crate::sys::uprobe_multi::{self, MultiAttach};
-
-/// One probed object: its probe points and the path they are attached
-/// through.
-#[derive(Debug)]
-pub(super) struct Target {
-    /// The object's (device, inode).
-    pub(super) key: FileKey,
-    /// The path the kernel resolves to the object when a probe is
-    /// attached: a host path, or `/proc/self/fd/N` of a descriptor tracerd
-    /// holds open (an object inside a container's root).
-    pub(super) path: PathBuf,
-    /// The descriptor `path` names, held open while the object is probed
-    /// (None: a host path).
-    #[expect(dead_code, reason = "held open for `path`, never read")]
-    pub(super) file: Option<std::fs::File>,
-    /// Where its probes go.
-    pub(super) points: Vec<ProbePoint>,
-    /// Its allocator's family: every probe's attach cookie, which the
-    /// programs record as each block's source.
-    pub(super) family: Family,
-}
 
 /// One attached link: the object, and its ticket in the [`ProbeLinks`]
 /// that own the links.

@@ -17,9 +17,9 @@ use tracer_common::{
     FLOOR_PROGRAMS, MAP_STACKS, MAPPING_TRACEPOINT, MMAP_TRACEPOINTS, STACK_WORDS, TRACEPOINTS,
 };
 
-use super::attach::Target;
 use super::multi::MultiPrograms;
 use super::object::patch_map_value_size;
+use super::probes::Target;
 use super::probes::{AttachedLibrary, find_libc, probe_points};
 use super::unwind::tables::TableStore;
 use super::{Capture, CaptureConfig, CaptureError};

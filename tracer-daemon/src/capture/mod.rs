@@ -40,6 +40,7 @@ pub mod proc_slots;
 pub mod procs;
 pub mod stack_totals;
 pub mod stacks;
+pub mod stopping;
 pub mod unwind;
 pub mod usage;
 
@@ -274,7 +275,7 @@ pub struct Capture {
     events: Option<RingBuf<MapData>>,
     libraries: Vec<AttachedLibrary>,
     /// Each probed object with its probe points.
-    targets: Vec<attach::Target>,
+    targets: Vec<probes::Target>,
     programs: Programs,
     /// The uprobe programs loaded for uprobe_multi links; None where the
     /// kernel has none (aya's programs are loaded instead, and each probe

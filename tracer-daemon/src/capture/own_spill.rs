@@ -31,16 +31,7 @@ mod level_map;
 
 use level_map::{LevelMap, create_level, put_in_outer};
 
-/// What the per-image spill maps hold now, for `/maps` and the metrics:
-/// each level map (a descriptor of its own, to count its entries) and
-/// their capacity in blocks together.
-#[derive(Clone, Debug, Default)]
-pub struct OwnUsage {
-    /// Every level map of every image.
-    pub maps: Vec<Arc<OwnedFd>>,
-    /// Their capacities together, in blocks.
-    pub capacity: u64,
-}
+pub use super::usage::OwnUsage;
 
 /// The per-image spill maps and the level maps tracerd created. Shared
 /// (its state behind a lock of its own, held only for bookkeeping and the

@@ -14,6 +14,7 @@ pub use crate::elf::probes::{
 };
 
 use super::CaptureError;
+use crate::sys::procfs::FileKey;
 
 /// One probed object (a library or an executable): where it is, whose
 /// allocator it is, and the probes on it.
@@ -183,3 +184,24 @@ pub fn probe_points(path: &Path) -> Result<ObjectProbes, CaptureError> {
 
 #[cfg(test)]
 mod tests;
+
+/// One probed object: its probe points and the path they are attached
+/// through.
+#[derive(Debug)]
+pub(super) struct Target {
+    /// The object's (device, inode).
+    pub(super) key: FileKey,
+    /// The path the kernel resolves to the object when a probe is
+    /// attached: a host path, or `/proc/self/fd/N` of a descriptor tracerd
+    /// holds open (an object inside a container's root).
+    pub(super) path: PathBuf,
+    /// The descriptor `path` names, held open while the object is probed
+    /// (None: a host path).
+    #[expect(dead_code, reason = "held open for `path`, never read")]
+    pub(super) file: Option<std::fs::File>,
+    /// Where its probes go.
+    pub(super) points: Vec<ProbePoint>,
+    /// Its allocator's family: every probe's attach cookie, which the
+    /// programs record as each block's source.
+    pub(super) family: Family,
+}

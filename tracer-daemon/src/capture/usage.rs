@@ -19,13 +19,27 @@ use tracer_common::{
 };
 
 use super::events::RingPositions;
-use super::kernel::{MapUsage, Stopping};
 use super::live_table::LiveTable;
 use super::procs::ProcTotalsMaps;
+use super::stopping::Stopping;
 use super::unwind::tables::UnwindUsage;
 use super::{Capture, CaptureConfig};
 use crate::sys::bpf as bpf_sys;
 use tracer_common::unwind::{MAP_PROC_MAPS, MAP_UNWIND_PAGES, MAP_UNWIND_ROWS};
+
+/// What the per-image spill maps hold now, for `/maps` and the metrics:
+/// each level map (a descriptor of its own, to count its entries) and
+/// their capacity in blocks together.
+#[derive(Clone, Debug, Default)]
+pub struct OwnUsage {
+    /// Every level map of every image.
+    pub maps: Vec<Arc<OwnedFd>>,
+    /// Their capacities together, in blocks.
+    pub capacity: u64,
+}
+
+/// A reading of every kernel map's use: (map name, entries, capacity).
+pub type MapUsage = Vec<(&'static str, u64, u64)>;
 
 /// The kernel side's counters, program statistics, map use and unwind
 /// tables' use, as a reader without the kernel side's lock sees them: each
@@ -76,7 +90,7 @@ pub struct KernelStats {
     /// The unwind tables' use, published by [`Capture`] after each change.
     unwind: Mutex<UnwindUsage>,
     /// The per-image spill maps, published by [`Capture`] after each change.
-    own: Mutex<super::own_spill::OwnUsage>,
+    own: Mutex<OwnUsage>,
     /// The configuration in force (capacities).
     config: CaptureConfig,
     /// tracerd's stop: the count of `LIVE_ALLOCS` ends early once raised
@@ -122,7 +136,7 @@ impl KernelStats {
             totals: parts.totals,
             events_positions: parts.events_positions,
             unwind: Mutex::new(UnwindUsage::default()),
-            own: Mutex::new(super::own_spill::OwnUsage::default()),
+            own: Mutex::new(OwnUsage::default()),
             config: parts.config,
             stopping: Mutex::new(parts.stopping),
         })
@@ -139,7 +153,7 @@ impl KernelStats {
     }
 
     /// Publishes the per-image spill maps after a change of them.
-    pub(super) fn publish_own(&self, usage: super::own_spill::OwnUsage) {
+    pub(super) fn publish_own(&self, usage: OwnUsage) {
         *self.own.lock().unwrap_or_else(PoisonError::into_inner) = usage;
     }
 

@@ -15,7 +15,7 @@
 //! into 32 bits (both dumps print `0x100000008` as 8), so the fixture's one
 //! FDE with such an offset is skipped by address.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -508,7 +508,7 @@ fn compiled_fixtures_match_readelf() {
         let binary = build(&dir, source, flags, name);
         // The 4 GiB CFA offset readelf reads as 8 (rules.rs pins it).
         let unjudged = if *name == "cfi" {
-            vec![super::rules::symbols(&binary)["cfi_cfa_huge"]]
+            vec![symbols(&binary)["cfi_cfa_huge"]]
         } else {
             Vec::new()
         };
@@ -563,4 +563,20 @@ fn debug_frame_only_file_matches_readelf() {
     let table = compile(&std::fs::read(&only).unwrap()).unwrap();
     assert!(table.stats.from_debug_frame);
     assert_same_as_readelf(&only, &[]);
+}
+
+/// The value of every defined symbol of `binary`, by `nm`.
+pub(super) fn symbols(binary: &Path) -> BTreeMap<String, u64> {
+    let out = Command::new("nm").arg(binary).output().expect("running nm");
+    assert!(out.status.success());
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .filter_map(|line| {
+            let mut words = line.split_whitespace();
+            let value = u64::from_str_radix(words.next()?, 16).ok()?;
+            let _kind = words.next()?;
+            Some((words.next()?.to_string(), value))
+        })
+        .collect()
 }

@@ -4,7 +4,6 @@
 //! (overlapping FDEs, FDEs outside the segments, addresses that are not
 //! file offsets). Also the errors: other machines, not ELF at all.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
 
@@ -26,29 +25,13 @@ const fn rsp(offset: i32, slot: i8) -> Want {
     (UNWIND_CFA_RSP, slot, offset)
 }
 
-/// The value of every defined symbol of `binary`, by `nm`.
-pub(super) fn symbols(binary: &Path) -> BTreeMap<String, u64> {
-    let out = Command::new("nm").arg(binary).output().expect("running nm");
-    assert!(out.status.success());
-    String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .filter_map(|line| {
-            let mut words = line.split_whitespace();
-            let value = u64::from_str_radix(words.next()?, 16).ok()?;
-            let _kind = words.next()?;
-            Some((words.next()?.to_string(), value))
-        })
-        .collect()
-}
-
 /// The rule the table of `binary` has at `symbol + delta` (PIE: the text
 /// segment's addresses are its file offsets; checked).
 fn rules_at(binary: &Path, checks: &[(&str, i64, Want)]) {
     let bytes = std::fs::read(binary).unwrap();
     let table = compile(&bytes).expect("compile the fixture");
     assert_invariants(&table);
-    let symbols = symbols(binary);
+    let symbols = super::readelf::symbols(binary);
     let text = super::readelf::segments(binary);
     let mut wrong = Vec::new();
     for &(symbol, delta, want) in checks {
