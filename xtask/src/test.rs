@@ -17,7 +17,7 @@
 //!    unless arguments were given (a filter names tests).
 //!
 //! Arguments after `--` (e.g. a test-name filter) go to every test binary
-//! of every pass. Each pass prints one summary line: what ran, whether it
+//! of every pass (pass 2 builds `tracer` first, with none). Each pass prints one summary line: what ran, whether it
 //! passed, how long it took. A failed pass does not stop the next one, so
 //! one run reports on everything; the task fails if any pass failed.
 use std::{ffi::OsString, time::Instant};
@@ -89,22 +89,31 @@ fn passes(extra: &[OsString]) -> Vec<Pass> {
         },
         Pass {
             name: "pass 2 (root, serial)",
-            commands: vec![command(
-                &[
-                    "test",
-                    "--release",
-                    "-p",
-                    "tracer-daemon",
-                    "--test",
-                    "integration",
-                    "--",
-                    "--test-threads=1",
-                ],
-                extra,
-            )],
+            // `tracer` first: the `cli` tests build it in the tests'
+            // profile if it is missing, which would be a release build of
+            // its dependencies under a tracer that traces every process.
+            commands: vec![
+                BUILD_TRACER.iter().map(OsString::from).collect(),
+                command(
+                    &[
+                        "test",
+                        "--release",
+                        "-p",
+                        "tracer-daemon",
+                        "--test",
+                        "integration",
+                        "--",
+                        "--test-threads=1",
+                    ],
+                    extra,
+                ),
+            ],
         },
     ]
 }
+
+/// `tracer` in the release profile, which pass 2's `cli` tests run.
+const BUILD_TRACER: [&str; 6] = ["build", "--release", "-p", "tracer-cli", "--bin", "tracer"];
 
 /// The daemon's test binaries (`tracer-daemon/tests/*.rs`): each must be
 /// in one pass, so that none is silently left out.
@@ -220,7 +229,10 @@ mod tests {
         );
         assert_eq!(
             strings(&passes[1]),
-            ["test --release -p tracer-daemon --test integration -- --test-threads=1"]
+            [
+                "build --release -p tracer-cli --bin tracer",
+                "test --release -p tracer-daemon --test integration -- --test-threads=1"
+            ]
         );
     }
 
@@ -243,10 +255,10 @@ mod tests {
     }
 
     #[test]
-    fn extra_arguments_go_to_every_command() {
+    fn extra_arguments_go_to_every_test_command() {
         let extra = [OsString::from("realloc"), OsString::from("--nocapture")];
         for pass in passes(&extra) {
-            for command in &pass.commands {
+            for command in pass.commands.iter().filter(|c| c[0] == "test") {
                 assert!(
                     command.ends_with(&extra),
                     "{} lacks the extra arguments",
