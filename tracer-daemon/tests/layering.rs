@@ -62,54 +62,14 @@ pub(crate) fn code(text: &str) -> String {
 }
 
 /// The stages a piece of code names through `crate::`: `crate::x::...`
-/// and every top-level item of `crate::{x, y::{...}}`.
+/// and every top-level item of `crate::{x, y::{...}}` (the paths the loop
+/// check reads too, [`cycles::named_paths`]).
 fn stages_used(code: &str) -> BTreeSet<String> {
-    let mut used = BTreeSet::new();
-    let mut rest = code;
-    while let Some(at) = rest.find("crate::") {
-        // `crate` as a word: `mycrate::x` names no stage.
-        let before = rest[..at].chars().next_back();
-        rest = &rest[at + "crate::".len()..];
-        if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
-            continue;
-        }
-        if let Some(list) = rest.strip_prefix('{') {
-            // Top-level names of a brace list, braces nested.
-            let mut depth = 0;
-            let mut item = String::new();
-            for c in list.chars() {
-                match c {
-                    '{' => depth += 1,
-                    '}' if depth == 0 => break,
-                    '}' => depth -= 1,
-                    ',' if depth == 0 => {
-                        push_first(&item, &mut used);
-                        item.clear();
-                        continue;
-                    }
-                    _ => {}
-                }
-                if depth == 0 || item.is_empty() {
-                    item.push(c);
-                }
-            }
-            push_first(&item, &mut used);
-        } else {
-            push_first(rest, &mut used);
-        }
-    }
-    used
-}
-
-fn push_first(path: &str, used: &mut BTreeSet<String>) {
-    let name: String = path
-        .trim_start()
-        .chars()
-        .take_while(|c| c.is_alphanumeric() || *c == '_')
-        .collect();
-    if !name.is_empty() {
-        used.insert(name);
-    }
+    cycles::named_paths(code)
+        .into_iter()
+        .filter(|path| path.first().is_some_and(|root| root == "crate"))
+        .filter_map(|mut path| (path.len() > 1).then(|| path.swap_remove(1)))
+        .collect()
 }
 
 /// The stage a source file belongs to (`src/capture/live.rs` → `capture`,

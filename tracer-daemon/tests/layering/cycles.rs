@@ -30,7 +30,7 @@ fn module_of(src: &Path, file: &Path) -> Vec<String> {
 /// The paths `code` names from `crate`, `super` or `self`, each as its
 /// segments (a brace list gives one path per item, with the item's first
 /// segment).
-fn named_paths(code: &str) -> Vec<Vec<String>> {
+pub fn named_paths(code: &str) -> Vec<Vec<String>> {
     let mut out = Vec::new();
     let bytes = code.as_bytes();
     for root in ["crate::", "super::", "self::"] {
