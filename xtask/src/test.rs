@@ -14,7 +14,9 @@
 //!    of the debug build (a process of a million blocks read whole, a
 //!    stripped service symbolized) took most of the pass's time;
 //! 3. the hostile suite ([`crate::hostile`]) against that release tracerd,
-//!    unless arguments were given (a filter names tests).
+//!    the very binary pass 2 ran (built as pass 2 builds it, with the test
+//!    build's features: `cargo build` alone would build another, minutes
+//!    of it), unless arguments were given (a filter names tests).
 //!
 //! Arguments after `--` (e.g. a test-name filter) go to every test binary
 //! of every pass (pass 2 builds `tracer` first, with none). Each pass prints one summary line: what ran, whether it
@@ -26,10 +28,7 @@ use anyhow::bail;
 
 use crate::{
     setup::setup,
-    util::{
-        cmd::{cargo, display, is_root},
-        daemon::BUILD_TRACERD,
-    },
+    util::cmd::{cargo, display, is_root},
 };
 
 /// One pass: cargo commands run one after the other.
@@ -112,6 +111,19 @@ fn passes(extra: &[OsString]) -> Vec<Pass> {
     ]
 }
 
+/// The release tracerd that pass 2 ran: built by the command that built
+/// it there (the dev-dependencies' features unified in), so pass 3 builds
+/// nothing after pass 2.
+const TRACERD_AS_TESTED: [&str; 7] = [
+    "test",
+    "--release",
+    "-p",
+    "tracer-daemon",
+    "--test",
+    "integration",
+    "--no-run",
+];
+
 /// `tracer` in the release profile, which pass 2's `cli` tests run.
 const BUILD_TRACER: [&str; 6] = ["build", "--release", "-p", "tracer-cli", "--bin", "tracer"];
 
@@ -182,14 +194,14 @@ pub fn run(extra: &[OsString]) -> anyhow::Result<()> {
     }
     if extra.is_empty() {
         let start = Instant::now();
-        let outcome = cargo(&BUILD_TRACERD)
+        let outcome = cargo(&TRACERD_AS_TESTED)
             .and_then(|()| crate::hostile::suite(&crate::hostile::HostileArgs::default()));
         if let Err(err) = &outcome {
             eprintln!("xtask: {err:#}");
         }
         let summary = format!(
             "xtask test: pass 3 (hostile): cargo {}; xtask hostile: {} in {:.0} s",
-            display(&BUILD_TRACERD),
+            display(&TRACERD_AS_TESTED),
             if outcome.is_ok() { "passed" } else { "FAILED" },
             start.elapsed().as_secs_f64()
         );
