@@ -12,8 +12,9 @@ use anyhow::{Context as _, bail};
 
 use crate::{
     setup::setup,
-    util::{child::Running, cmd::run_checked, paths::workspace_root},
+    util::{cmd::run_checked, paths::workspace_root},
 };
+use tracer_testkit::Running;
 
 /// `cargo xtask fuzz`.
 #[derive(clap::Args)]

@@ -13,11 +13,12 @@ use std::{
 
 use anyhow::bail;
 
+use tracer_testkit::Running;
+
 use crate::{
     setup::setup,
     util::{
         cc::compile_c,
-        child::Running,
         cmd::cargo,
         daemon::{BUILD_TRACERD, Daemon},
         paths::{TempDir, workspace_root},
@@ -53,13 +54,13 @@ pub fn task(args: &LoadArgs) -> anyhow::Result<()> {
 /// `clients` threads on statistics, compare and metrics for `seconds`
 /// while the churn workload is traced.
 fn load(args: &LoadArgs) -> anyhow::Result<()> {
-    let scratch = TempDir::new("load")?;
+    let scratch = TempDir::try_new("load")?;
     let churn = compile_c(scratch.path(), "churn", CHURN, &["-O1"])?;
     let daemon = Daemon::start(&workspace_root(), &args.tracerd_args)?;
     // Stopped (by pid) when this function returns, on error paths too.
     let workload = Running::spawn(Command::new(&churn).stdout(Stdio::null()))?;
     let pid = workload.pid();
-    let client = daemon.client();
+    let client = daemon.client().clone();
     let deadline = Instant::now() + Duration::from_secs(30);
     while client.get(&format!("/pid/{pid}"))?.status != 200 {
         if Instant::now() > deadline {
@@ -84,6 +85,7 @@ fn load(args: &LoadArgs) -> anyhow::Result<()> {
         .map(|first| {
             let routes = routes.clone();
             let errors = errors.clone();
+            let client = client.clone();
             std::thread::spawn(move || {
                 let mut samples: Vec<(usize, u16, u64)> = Vec::new();
                 let mut i = first;

@@ -23,6 +23,14 @@ use std::{ffi::OsString, process::ExitCode};
 
 use clap::{Parser, Subcommand};
 
+/// xtask's allocator: TLSF (rlsf), which no tracerd probes. The tracerd
+/// that `hostile`, `bench`, `load` and `soak` start traces every process
+/// but itself: with glibc's malloc, xtask's own allocations (the answers
+/// it reads and parses) would trap at that tracerd's probes and fill its
+/// maps, measured and attacked alongside the workloads.
+#[global_allocator]
+static ALLOCATOR: rlsf::GlobalTlsf = rlsf::GlobalTlsf::new();
+
 mod bench;
 mod fuzz;
 mod hostile;

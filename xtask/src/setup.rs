@@ -269,7 +269,7 @@ mod tests {
 
     #[test]
     fn walk_for_finds_a_nested_suffix() {
-        let dir = TempDir::new("walk-test").unwrap();
+        let dir = TempDir::new("walk-test");
         let deep = dir.path().join("rust-src-x/rust-src/lib/rustlib/src");
         std::fs::create_dir_all(deep.join("rust")).unwrap();
         assert_eq!(walk_for(dir.path(), "lib/rustlib/src"), Some(deep));

@@ -124,7 +124,7 @@ fn dead_blocks(maps: &str, alive: impl Fn(&str) -> bool) -> u64 {
 /// `seconds`; tracerd's RSS and every map's entries are compared before and
 /// after.
 fn soak(args: &SoakArgs) -> anyhow::Result<()> {
-    let scratch = TempDir::new("soak")?;
+    let scratch = TempDir::try_new("soak")?;
     let exe = compile_c(scratch.path(), "shortlived", SHORT_LIVED, &["-O1"])?;
     // Ended images are kept for exited_retention: 5 s, so "after" is
     // measured with every ended process expired.

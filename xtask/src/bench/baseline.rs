@@ -179,7 +179,7 @@ mod tests {
 
     #[test]
     fn bench_model_comes_from_the_model_crate_else_the_daemon() {
-        let dir = TempDir::new("baseline-test").unwrap();
+        let dir = TempDir::new("baseline-test");
         assert_eq!(bench_model_package(dir.path()), None);
         let daemon = dir.path().join("tracer-daemon/examples");
         std::fs::create_dir_all(&daemon).unwrap();

@@ -21,7 +21,8 @@ use anyhow::bail;
 
 use super::modes::{LISTEN, STOP_GRACE, start_tracerd};
 use super::scale::{KEEP_C, finish, keep_blocks};
-use crate::util::{cc::compile_c, http::Client, stats::percentile};
+use crate::util::{cc::compile_c, stats::percentile};
+use tracer_testkit::Client;
 
 /// Blocks the big process holds.
 const BIG_BLOCKS: u64 = 4_000_000;
@@ -205,7 +206,7 @@ fn measure(tracerd: &Path, dir: &Path, exe: &Path) -> anyhow::Result<(Measured, 
         ],
     )?;
     let addr: SocketAddr = LISTEN.parse()?;
-    let http = Client::new(addr, REQUEST_TIMEOUT);
+    let http = Client::new(addr, REQUEST_TIMEOUT)?;
     let small = keep_blocks(exe, SMALL_BLOCKS)?;
     let big = keep_blocks(exe, BIG_BLOCKS)?;
     let big_pid = big.pid();

@@ -18,7 +18,8 @@ use anyhow::bail;
 use super::modes::{LISTEN, STOP_GRACE, bpf_map_memory};
 use super::queries::{store, time_get};
 use super::scale::{finish, keep_and_tracerd, keep_blocks};
-use crate::util::{daemon::status_kib, http::Client};
+use crate::util::daemon::status_kib;
+use tracer_testkit::Client;
 
 /// Processes holding blocks.
 const PROCESSES: u64 = 100;
@@ -45,12 +46,12 @@ pub fn host_part(root: &Path, dir: &Path) -> anyhow::Result<serde_json::Value> {
     let (exe, tracer) = keep_and_tracerd(root, dir, "host-state", 12 << 20)?;
     let tracerd_pid = tracer.pid();
     let addr: SocketAddr = LISTEN.parse()?;
-    let http = Client::new(addr, REQUEST_TIMEOUT);
+    let http = Client::new(addr, REQUEST_TIMEOUT)?;
     let small = keep_blocks(&exe, SMALL_BLOCKS)?;
     let small_pid = small.pid();
     let (small_base, _) = store(&http, small_pid)?;
     let maps_before = bpf_map_memory(tracerd_pid);
-    let rss_before = status_kib(tracerd_pid, "VmRSS:") * 1024;
+    let rss_before = status_kib(tracerd_pid, "VmRSS") * 1024;
     let started = Instant::now();
     let mut holders = Vec::new();
     for _ in 0..PROCESSES {
@@ -81,7 +82,7 @@ pub fn host_part(root: &Path, dir: &Path) -> anyhow::Result<serde_json::Value> {
     let kernel_per_block = (bpf_map_memory(tracerd_pid).saturating_sub(maps_before) + table_bytes)
         as f64
         / host_blocks as f64;
-    let daemon_per_block = (status_kib(tracerd_pid, "VmRSS:") * 1024).saturating_sub(rss_before)
+    let daemon_per_block = (status_kib(tracerd_pid, "VmRSS") * 1024).saturating_sub(rss_before)
         as f64
         / host_blocks as f64;
     let big_pid = holders.first().map_or(0, |h| h.pid());

@@ -16,7 +16,8 @@ use std::{
 use anyhow::{Context as _, bail};
 
 use super::baseline::Baseline;
-use crate::util::{child::Running, paths::release_dir};
+use crate::util::paths::release_dir;
+use tracer_testkit::{Running, TracerdProcess};
 
 /// Every mode, in the table's order (`baseline` only with `--baseline`).
 pub const ALL_MODES: [&str; 7] = [
@@ -101,14 +102,21 @@ pub fn start_until(
 }
 
 /// A tracerd (ours or the baseline's) on [`LISTEN`] with its state in
-/// `state`, ready once it logs `tracerd ready`.
+/// `state`, by the root suite's runner: ready once `/health` answers 200.
 pub fn start_tracerd(tracerd: &Path, state: &Path, extra: &[&str]) -> anyhow::Result<Running> {
-    let mut command = Command::new(tracerd);
-    command
-        .args(["--listen", LISTEN, "--state-dir"])
-        .arg(state)
-        .args(extra);
-    start_until(command, "tracerd ready", true)
+    let listen = LISTEN.parse().context("LISTEN")?;
+    let process = TracerdProcess::start_on(
+        listen,
+        tracerd,
+        state,
+        extra,
+        Stdio::null(),
+        Duration::from_secs(120),
+    )
+    .with_context(|| format!("starting {}", tracerd.display()))?;
+    // Give the kernel a moment to finish installing breakpoints.
+    std::thread::sleep(Duration::from_millis(300));
+    Ok(process.into_running())
 }
 
 /// The objects the floor and tracerd probe from the start: the host's
@@ -222,14 +230,7 @@ pub fn cpu_and_rss(pid: u32) -> (u64, u64) {
             .get(12)
             .and_then(|v| v.parse::<u64>().ok())
             .unwrap_or(0);
-    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let hwm = status
-        .lines()
-        .find(|l| l.starts_with("VmHWM:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    (ticks, hwm)
+    (ticks, tracer_testkit::status_kib(pid, "VmHWM").unwrap_or(0))
 }
 
 /// Kernel memory of a process's BPF maps in bytes (the `memlock:` of each

@@ -19,7 +19,8 @@ use anyhow::bail;
 
 use super::modes::{LISTEN, STOP_GRACE};
 use super::scale::{finish, keep_and_tracerd, keep_blocks};
-use crate::util::{http::Client, stats::median};
+use crate::util::stats::median;
+use tracer_testkit::Client;
 
 /// Blocks of the big process.
 const BIG_BLOCKS: u64 = 4_000_000;
@@ -120,7 +121,7 @@ fn small_queries(http: &Client, pid: u32, base: u64) -> anyhow::Result<((f64, f6
 pub fn queries_part(root: &Path, dir: &Path) -> anyhow::Result<serde_json::Value> {
     let (exe, tracer) = keep_and_tracerd(root, dir, "queries-state", 8 << 20)?;
     let addr: SocketAddr = LISTEN.parse()?;
-    let http = Client::new(addr, REQUEST_TIMEOUT);
+    let http = Client::new(addr, REQUEST_TIMEOUT)?;
     let small = keep_blocks(&exe, SMALL_BLOCKS)?;
     let small_pid = small.pid();
     let (small_base, _) = store(&http, small_pid)?;

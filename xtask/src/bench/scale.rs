@@ -12,7 +12,8 @@ use std::{
 use anyhow::{Context as _, bail};
 
 use super::modes::{LISTEN, STOP_GRACE, bpf_map_memory, start_tracerd};
-use crate::util::{cc::compile_c, child::Running, http::Client, paths::release_dir};
+use crate::util::{cc::compile_c, paths::release_dir};
+use tracer_testkit::{Client, Running};
 
 /// How long one of the scale part's requests may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(300);
@@ -72,7 +73,7 @@ pub fn scale_part(root: &Path, dir: &Path) -> anyhow::Result<serde_json::Value> 
     let (exe, tracer) = keep_and_tracerd(root, dir, "state", 8 << 20)?;
     let pid = tracer.pid();
     let addr: SocketAddr = LISTEN.parse()?;
-    let http = Client::new(addr, REQUEST_TIMEOUT);
+    let http = Client::new(addr, REQUEST_TIMEOUT)?;
     let maps_before = bpf_map_memory(pid);
     let child = keep_blocks(&exe, 4_000_000)?;
     let maps: serde_json::Value = serde_json::from_str(&http.get("/maps")?.body)?;

@@ -12,7 +12,8 @@ use super::{
     BenchArgs,
     modes::{LISTEN, STOP_GRACE, start_tracerd},
 };
-use crate::util::{child::Running, http::Client, paths::release_dir, stats::median};
+use crate::util::{paths::release_dir, stats::median};
+use tracer_testkit::{Client, Running};
 
 pub fn scope_part(root: &Path, dir: &Path, args: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     let churn = dir.join("churn");
@@ -23,7 +24,7 @@ pub fn scope_part(root: &Path, dir: &Path, args: &BenchArgs) -> anyhow::Result<s
             .parse::<f64>()
             .context("churn figure")
     };
-    let http = Client::new(LISTEN.parse::<SocketAddr>()?, Duration::from_secs(300));
+    let http = Client::new(LISTEN.parse::<SocketAddr>()?, Duration::from_secs(300))?;
     let mut none = Vec::new();
     let mut scoped = Vec::new();
     let mut filtered = Vec::new();

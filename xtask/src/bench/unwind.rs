@@ -31,7 +31,8 @@ use super::{
     modes::{LISTEN, STOP_GRACE, start_tracerd, start_until},
     workloads::{self, Workload},
 };
-use crate::util::{cc::compile_c, child::Running, http::Client, paths::release_dir, stats::median};
+use crate::util::{cc::compile_c, paths::release_dir, stats::median};
+use tracer_testkit::{Client, Running};
 
 /// Recursion depth under the allocating loop: deeper than the most frames
 /// walked (64), so every walk goes the whole `nframe`.
@@ -236,7 +237,7 @@ fn table_memory(tracerd: &Path, dir: &Path) -> anyhow::Result<Memory> {
             "echo x\\n\n",
         ),
     ];
-    let http = Client::new(LISTEN.parse::<SocketAddr>()?, Duration::from_secs(60));
+    let http = Client::new(LISTEN.parse::<SocketAddr>()?, Duration::from_secs(60))?;
     let mut measured = Vec::new();
     for (name, argv, line) in programs {
         let mut command = Command::new(&argv[0]);

@@ -284,7 +284,7 @@ mod tests {
 
     #[test]
     fn workloads_are_named_as_the_table_names_them() {
-        let dir = crate::util::paths::TempDir::new("workloads-test").unwrap();
+        let dir = crate::util::paths::TempDir::new("workloads-test");
         let names: Vec<&str> = prepare(dir.path(), 1000)
             .unwrap()
             .iter()

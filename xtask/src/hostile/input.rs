@@ -166,7 +166,7 @@ pub(super) fn pickle_bombs(ctx: &Ctx) -> anyhow::Result<Outcome> {
         ("setitems", setitems),
         ("laughs", laughs),
     ] {
-        let before = status_kib(pid, "VmRSS:");
+        let before = status_kib(pid, "VmRSS");
         std::fs::write(format!("/proc/{pid}/clear_refs"), "5")?;
         let start = Instant::now();
         let (status, raw) = request(
@@ -186,7 +186,7 @@ pub(super) fn pickle_bombs(ctx: &Ctx) -> anyhow::Result<Outcome> {
         if start.elapsed() > Duration::from_secs(30) {
             bail!("the {name} pickle took {:?}", start.elapsed());
         }
-        let rise = status_kib(pid, "VmHWM:").saturating_sub(before) * 1024;
+        let rise = status_kib(pid, "VmHWM").saturating_sub(before) * 1024;
         let bound = 26 * body.len() as u64 + (64 << 20);
         if rise > bound {
             bail!(

@@ -15,7 +15,8 @@ use std::{
 use anyhow::bail;
 
 use super::{Ctx, Outcome, holder, request};
-use crate::util::{child::Running, daemon::status_kib};
+use crate::util::daemon::status_kib;
+use tracer_testkit::Running;
 
 /// 64 clients for 8 s on the expensive routes of a 20,000-block process:
 /// each answer 200 or 429 (the concurrency limit), never a 5xx. (Routes of
@@ -101,7 +102,7 @@ pub(super) fn abandoned_traces(ctx: &Ctx) -> anyhow::Result<Outcome> {
         }
     }
     std::thread::sleep(Duration::from_secs(10));
-    let rss_mib = status_kib(ctx.daemon.pid(), "VmRSS:") / 1024;
+    let rss_mib = status_kib(ctx.daemon.pid(), "VmRSS") / 1024;
     let (status, _) = request(
         ctx.addr(),
         "GET",
@@ -140,7 +141,7 @@ pub(super) fn snapshot_flood(ctx: &Ctx) -> anyhow::Result<Outcome> {
             );
         }
     }
-    let rss_mib = status_kib(ctx.daemon.pid(), "VmRSS:") / 1024;
+    let rss_mib = status_kib(ctx.daemon.pid(), "VmRSS") / 1024;
     outcome.note = format!("RSS {rss_mib} MiB after 300 snapshots of 50,000 blocks");
     Ok(outcome)
 }

@@ -21,10 +21,11 @@
 //!
 //! This module holds the harness (tracerd's start, the watcher, the
 //! bounds); the attacks are in one file per family: [`connections`],
-//! [`input`] and [`load`].
+//! [`input`] and [`load`]; [`raw`] sends their requests byte for byte.
 mod connections;
 mod input;
 mod load;
+mod raw;
 
 use std::{
     collections::BTreeMap,
@@ -44,13 +45,12 @@ use crate::{
     setup::setup,
     util::{
         cc::compile_c,
-        child::Running,
         cmd::cargo,
         daemon::{BUILD_TRACERD, Daemon, status_kib},
-        http::Client,
         paths::{TempDir, workspace_root},
     },
 };
+use tracer_testkit::Running;
 
 /// `cargo xtask hostile`.
 #[derive(clap::Args, Clone, Debug)]
@@ -169,7 +169,7 @@ const ATTACKS: &[Attack] = &[
 /// Runs every attack (or those `--only` names); fails if any failed.
 pub fn suite(args: &HostileArgs) -> anyhow::Result<()> {
     let documented = documented_statuses(&workspace_root())?;
-    let scratch = TempDir::new("hostile")?;
+    let scratch = TempDir::try_new("hostile")?;
     println!(
         "hostile: tracerd with its defaults, fresh for each attack; peak RSS bound {} MiB",
         args.rss_bound_mib
@@ -209,7 +209,7 @@ fn run_attack(
     // The start's passes (allocator discovery, unwind tables of the running
     // programs) run in the background after /health answers.
     std::thread::sleep(Duration::from_secs(3));
-    let start_peak_mib = status_kib(daemon.pid(), "VmHWM:") / 1024;
+    let start_peak_mib = status_kib(daemon.pid(), "VmHWM") / 1024;
     std::fs::write(format!("/proc/{}/clear_refs", daemon.pid()), "5")
         .context("resetting tracerd's peak RSS")?;
     let watcher = HealthWatch::start(daemon.client().addr());
@@ -220,7 +220,7 @@ fn run_attack(
     });
     let took = start.elapsed();
     let health = watcher.stop();
-    let peak_mib = status_kib(daemon.pid(), "VmHWM:") / 1024;
+    let peak_mib = status_kib(daemon.pid(), "VmHWM") / 1024;
     let stopped = daemon.stop();
     let health_bound = Duration::from_millis(args.health_bound_ms);
     let slowest = health.iter().map(|h| h.1).max().unwrap_or_default();
@@ -367,7 +367,7 @@ fn request(
     body: &[u8],
     timeout: Duration,
 ) -> std::io::Result<(u16, Vec<u8>)> {
-    Client::new(addr, timeout).send(method, path, body)
+    raw::send(addr, method, path, body, timeout)
 }
 
 /// A C program that keeps `argv[1]` live blocks of 64 to 4159 bytes from

@@ -1,7 +1,9 @@
-//! The one HTTP client of xtask: HTTP/1.1 over a fresh loopback
-//! `TcpStream` per request (`Connection: close`), enough for tracerd's API
-//! (no client library for a few calls to a local daemon). Reads the whole
-//! response; understands `Content-Length` and chunked bodies.
+//! The attacks' own HTTP/1.1: one request written byte for byte on a fresh
+//! loopback `TcpStream` (`Connection: close`), the whole response read. An
+//! attack sends paths a client library would rewrite before sending
+//! (`%2e%2e`, `..`, NUL escapes, 3,000 parameters); tracerd must refuse
+//! them as they arrive. Everything else of xtask talks to tracerd through
+//! `tracer_testkit::Client`.
 use std::{
     io::{Read as _, Write as _},
     net::{SocketAddr, TcpStream},
@@ -11,79 +13,35 @@ use std::{
 /// How long connecting may take (loopback: a refusal is immediate).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// tracerd's address and how long a response may take.
-#[derive(Clone, Copy, Debug)]
-pub struct Client {
+/// `METHOD PATH` with `body`, exactly as given, on a fresh connection to
+/// `addr`, answered within `timeout`: the status and the body's bytes
+/// (de-chunked).
+pub fn send(
     addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: &[u8],
     timeout: Duration,
+) -> std::io::Result<(u16, Vec<u8>)> {
+    let mut stream = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT)?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )?;
+    stream.write_all(body)?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw)?;
+    parse_bytes(&raw)
 }
 
-/// A status and a body (lossily UTF-8).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Response {
-    pub status: u16,
-    pub body: String,
-}
-
-impl Client {
-    /// A client of `addr` whose reads give up after `timeout`.
-    pub fn new(addr: SocketAddr, timeout: Duration) -> Self {
-        Self { addr, timeout }
-    }
-
-    /// tracerd's address.
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-
-    pub fn get(&self, path: &str) -> std::io::Result<Response> {
-        self.request("GET", path)
-    }
-
-    pub fn post(&self, path: &str) -> std::io::Result<Response> {
-        self.request("POST", path)
-    }
-
-    pub fn put(&self, path: &str) -> std::io::Result<Response> {
-        self.request("PUT", path)
-    }
-
-    /// `METHOD PATH` with an empty body.
-    pub fn request(&self, method: &str, path: &str) -> std::io::Result<Response> {
-        let (status, body) = self.send(method, path, &[])?;
-        Ok(Response {
-            status,
-            body: String::from_utf8_lossy(&body).into_owned(),
-        })
-    }
-
-    /// `METHOD PATH` with `body`; the status and the body's bytes
-    /// (de-chunked).
-    pub fn send(&self, method: &str, path: &str, body: &[u8]) -> std::io::Result<(u16, Vec<u8>)> {
-        let mut stream = TcpStream::connect_timeout(&self.addr, CONNECT_TIMEOUT)?;
-        stream.set_read_timeout(Some(self.timeout))?;
-        stream.set_write_timeout(Some(self.timeout))?;
-        write!(
-            stream,
-            "{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-            self.addr,
-            body.len()
-        )?;
-        stream.write_all(body)?;
-        let mut raw = Vec::new();
-        stream.read_to_end(&mut raw)?;
-        parse_bytes(&raw)
-    }
-}
-
-/// Parses a whole HTTP/1.1 response.
+/// Parses a whole HTTP/1.1 response: its status and body as text.
 #[cfg(test)]
-fn parse(raw: &[u8]) -> std::io::Result<Response> {
+fn parse(raw: &[u8]) -> std::io::Result<(u16, String)> {
     let (status, body) = parse_bytes(raw)?;
-    Ok(Response {
-        status,
-        body: String::from_utf8_lossy(&body).into_owned(),
-    })
+    Ok((status, String::from_utf8_lossy(&body).into_owned()))
 }
 
 /// The status and the body's bytes of a whole HTTP/1.1 response.
@@ -140,21 +98,14 @@ mod tests {
     #[test]
     fn parses_a_content_length_response() {
         let r = parse(b"HTTP/1.1 201 Created\r\ncontent-length: 8\r\n\r\n{\"id\":1}").unwrap();
-        assert_eq!(
-            r,
-            Response {
-                status: 201,
-                body: "{\"id\":1}".into()
-            }
-        );
+        assert_eq!(r, (201, "{\"id\":1}".to_string()));
     }
 
     #[test]
     fn parses_a_chunked_response() {
         let raw = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n7;x=y\r\n, world\r\n0\r\n\r\n";
         let r = parse(raw).unwrap();
-        assert_eq!(r.status, 200);
-        assert_eq!(r.body, "hello, world");
+        assert_eq!(r, (200, "hello, world".to_string()));
     }
 
     #[test]
@@ -164,7 +115,7 @@ mod tests {
     }
 
     #[test]
-    fn sends_the_method_and_path_and_reads_the_answer() {
+    fn sends_the_path_as_given_and_reads_the_answer() {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let server = std::thread::spawn(move || {
@@ -180,12 +131,20 @@ mod tests {
                 .unwrap();
             String::from_utf8(request).unwrap()
         });
-        let client = Client::new(addr, Duration::from_secs(5));
-        let response = client.put("/scope").unwrap();
-        assert_eq!(response.status, 200);
-        assert_eq!(response.body, "ok");
+        let (status, body) = send(
+            addr,
+            "PUT",
+            "/snapshots/%2e%2e",
+            &[],
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        assert_eq!((status, body.as_slice()), (200, b"ok".as_slice()));
         let request = server.join().unwrap();
-        assert!(request.starts_with("PUT /scope HTTP/1.1\r\n"), "{request}");
+        assert!(
+            request.starts_with("PUT /snapshots/%2e%2e HTTP/1.1\r\n"),
+            "{request}"
+        );
         assert!(request.contains("Content-Length: 0\r\n"));
     }
 }

@@ -1,14 +1,10 @@
-//! The one way a C workload is compiled: gcc with debug info and frame
-//! pointers (tracer walks frame pointers), the caller's optimisation and
-//! link flags, the source written next to the executable; gcc's messages
-//! are in the error when it fails.
-use std::{
-    fs,
-    path::{Path, PathBuf},
-    process::Command,
-};
+//! A C workload of xtask: its source (a file of `xtask/workloads/`, read
+//! in with `include_str!`) written next to the executable, compiled by
+//! `tracer_testkit::compile` (gcc, with debug info and frame pointers: tracer
+//! walks them) with the caller's optimisation and link flags.
+use std::{fs, path::Path, path::PathBuf};
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 
 /// Writes `DIR/NAME.c`, compiles it to `DIR/NAME` with
 /// `gcc -g -fno-omit-frame-pointer -o DIR/NAME DIR/NAME.c FLAGS`.
@@ -17,20 +13,7 @@ pub fn compile_c(dir: &Path, name: &str, source: &str, flags: &[&str]) -> anyhow
     let src = dir.join(format!("{name}.c"));
     fs::write(&src, source).with_context(|| format!("writing {}", src.display()))?;
     let exe = dir.join(name);
-    let out = Command::new("gcc")
-        .args(["-g", "-fno-omit-frame-pointer", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .args(flags)
-        .output()
-        .context("running gcc")?;
-    if !out.status.success() {
-        bail!(
-            "compiling {name}.c failed ({}):\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    tracer_testkit::compile("gcc", &src, &exe, flags)?;
     Ok(exe)
 }
 
@@ -40,8 +23,8 @@ mod tests {
     use crate::util::paths::TempDir;
 
     #[test]
-    fn compiles_and_runs_a_program() {
-        let dir = TempDir::new("cc-test").unwrap();
+    fn writes_compiles_and_runs_a_program() {
+        let dir = TempDir::new("cc-test");
         let exe = compile_c(
             dir.path(),
             "answer",
@@ -49,14 +32,8 @@ mod tests {
             &["-O2"],
         )
         .unwrap();
-        let status = Command::new(exe).status().unwrap();
+        assert!(dir.path().join("answer.c").is_file());
+        let status = std::process::Command::new(exe).status().unwrap();
         assert_eq!(status.code(), Some(42));
-    }
-
-    #[test]
-    fn a_compile_error_is_an_error() {
-        let dir = TempDir::new("cc-test-bad").unwrap();
-        let err = compile_c(dir.path(), "bad", "int main(void) { return }\n", &[]).unwrap_err();
-        assert!(err.to_string().contains("bad.c:1:"), "{err}");
     }
 }

@@ -1,20 +1,13 @@
-//! A release `tracerd` for `load` and `soak`: on a free loopback port, its
-//! state in a scratch directory, ready once `/health` answers 200, stopped
-//! by pid (SIGTERM, then SIGKILL) when asked or dropped.
-use std::{
-    net::{SocketAddr, TcpListener},
-    path::Path,
-    process::{Command, Stdio},
-    time::{Duration, Instant},
-};
+//! A release `tracerd` for `load`, `soak` and `hostile`: the root suite's
+//! runner (`tracer_testkit::TracerdProcess`: a free loopback port, ready
+//! once `/health` answers 200, stopped by pid), with its state in a scratch
+//! directory and the release binary of the workspace.
+use std::{path::Path, process::Stdio, time::Duration};
 
 use anyhow::{Context as _, bail};
+use tracer_testkit::{Client, TracerdProcess};
 
-use super::{
-    child::Running,
-    http::Client,
-    paths::{TempDir, release_dir},
-};
+use super::paths::{TempDir, release_dir};
 
 /// The cargo arguments that build the release tracerd alone (in the
 /// workspace, or in a baseline's worktree).
@@ -34,8 +27,7 @@ const STOP_GRACE: Duration = Duration::from_secs(60);
 
 pub struct Daemon {
     // Declared first: dropped (stopped) before its state directory goes.
-    process: Running,
-    client: Client,
+    process: TracerdProcess,
     _state: TempDir,
 }
 
@@ -44,40 +36,23 @@ impl Daemon {
     /// (at most 60 s) until it is healthy.
     pub fn start(root: &Path, extra: &[String]) -> anyhow::Result<Self> {
         let tracerd = release_dir(root).join("tracerd");
-        let state = TempDir::new("state")?;
-        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        let process = Running::spawn(
-            Command::new(&tracerd)
-                .arg("--listen")
-                .arg(addr.to_string())
-                .arg("--state-dir")
-                .arg(state.path())
-                .args(extra)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null()),
+        let state = TempDir::try_new("state")?;
+        let process = TracerdProcess::start(
+            &tracerd,
+            state.path(),
+            extra,
+            Stdio::null(),
+            REQUEST_TIMEOUT,
         )
         .with_context(|| format!("starting {}", tracerd.display()))?;
-        let mut daemon = Self {
+        Ok(Self {
             process,
-            client: Client::new(addr, REQUEST_TIMEOUT),
             _state: state,
-        };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while daemon.client.get("/health").map(|r| r.status).ok() != Some(200) {
-            if let Some(status) = daemon.process.child().try_wait()? {
-                bail!("tracerd exited at start: {status}");
-            }
-            if Instant::now() > deadline {
-                bail!("tracerd not ready in 60 s");
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        Ok(daemon)
+        })
     }
 
-    pub fn client(&self) -> Client {
-        self.client
+    pub fn client(&self) -> &Client {
+        self.process.client()
     }
 
     pub fn pid(&self) -> u32 {
@@ -86,13 +61,13 @@ impl Daemon {
 
     /// Resident memory of tracerd now, in KiB (0 if unknown).
     pub fn rss_kib(&self) -> u64 {
-        status_kib(self.pid(), "VmRSS:")
+        status_kib(self.pid(), "VmRSS")
     }
 
     /// SIGTERM; fails unless tracerd exits cleanly. Returns how long it
     /// took to exit.
-    pub fn stop(self) -> anyhow::Result<Duration> {
-        let (status, took) = self.process.stop(STOP_GRACE)?;
+    pub fn stop(mut self) -> anyhow::Result<Duration> {
+        let (status, took) = self.process.terminate(STOP_GRACE)?;
         if !status.success() {
             bail!("tracerd exited with {status} after SIGTERM");
         }
@@ -100,15 +75,8 @@ impl Daemon {
     }
 }
 
-/// A field of `/proc/PID/status` given in kB (`VmRSS:`, `VmHWM:`), in KiB
+/// A field of `/proc/PID/status` given in kB (`VmRSS`, `VmHWM`), in KiB
 /// (0 if unknown).
 pub fn status_kib(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix(field))
-                .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
-        })
-        .unwrap_or(0)
+    tracer_testkit::status_kib(pid, field).unwrap_or(0)
 }

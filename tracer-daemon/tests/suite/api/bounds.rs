@@ -20,14 +20,7 @@ fn bound(len: usize) -> u64 {
 
 /// tracerd's peak resident memory (`VmHWM` of `/proc/PID/status`), bytes.
 fn vm_hwm(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmHWM:"))
-        .and_then(|kb| kb.trim().strip_suffix("kB"))
-        .and_then(|kb| kb.trim().parse::<u64>().ok())
-        .expect("VmHWM")
-        * 1024
+    tracer_testkit::status_kib(pid, "VmHWM").expect("VmHWM") * 1024
 }
 
 /// A tracer file (version 2, valid CRC) of one string, one frame, one

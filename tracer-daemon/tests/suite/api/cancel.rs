@@ -28,13 +28,7 @@ fn holder(tracerd: &Tracerd, blocks: u64) -> Fixture {
 
 /// A field of tracerd's `/proc/PID/status`, in bytes (`VmRSS`, `VmHWM`).
 fn status_bytes(pid: u32, field: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
-        .and_then(|v| v.trim().strip_suffix("kB")?.trim().parse::<u64>().ok())
-        .map(|kb| kb * 1024)
-        .expect("field")
+    tracer_testkit::status_kib(pid, field).unwrap_or_else(|| panic!("{field} of {pid}")) * 1024
 }
 
 fn cancelled(tracerd: &Tracerd, reason: &str) -> f64 {

@@ -12,7 +12,7 @@ use std::{
 
 use super::{
     files::{TempDir, fixture_path, fixture_text, line_of},
-    process::{kill_if_running, output_ok},
+    process::kill_if_running,
     tracerd::Tracerd,
 };
 
@@ -48,15 +48,16 @@ impl Program {
         std::fs::set_permissions(&source, std::fs::Permissions::from_mode(0o644))
             .expect("chmod the source copy");
         let exe = dir.path().join(name);
-        output_ok(
-            Command::new(compiler)
-                .args(["-g", "-O0", "-fno-omit-frame-pointer", "-I"])
-                .arg(fixture_path(""))
-                .arg("-o")
-                .arg(&exe)
-                .arg(&source)
-                .args(flags),
-        );
+        let include = fixture_path("");
+        let flags: Vec<&std::ffi::OsStr> = [
+            std::ffi::OsStr::new("-O0"),
+            "-I".as_ref(),
+            include.as_os_str(),
+        ]
+        .into_iter()
+        .chain(flags.iter().map(std::ffi::OsStr::new))
+        .collect();
+        tracer_testkit::compile(compiler, &source, &exe, &flags).unwrap_or_else(|e| panic!("{e}"));
         Self {
             exe,
             source,

@@ -3,10 +3,11 @@
 //! process's cgroup, and waiting for a condition with a deadline.
 
 use std::{
-    net::TcpListener,
     process::{Child, Command, Output},
-    time::{Duration, Instant},
+    time::Duration,
 };
+
+pub use tracer_testkit::signal;
 
 /// Fails the test at once with a clear message when not root: these tests
 /// load eBPF programs and must not be skipped where root is available.
@@ -21,8 +22,7 @@ pub fn require_root() {
 
 /// A loopback port that was free a moment ago.
 pub fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
-    listener.local_addr().expect("local addr").port()
+    tracer_testkit::free_port().expect("bind an ephemeral port")
 }
 
 /// Runs `command` to its end and asserts that it exits 0 (with its stderr
@@ -39,30 +39,11 @@ pub fn output_ok(command: &mut Command) -> Output {
     out
 }
 
-/// Sends `SIG{name}` to `pid` (only ever a process the test started).
-pub fn signal(pid: u32, name: &str) {
-    let _ = Command::new("kill")
-        .arg(format!("-{name}"))
-        .arg(pid.to_string())
-        .status();
-}
-
 /// Sends `SIG{name}` to `child` and waits for its exit; after `grace`,
 /// SIGKILL. Returns (exited with status 0, time taken).
 pub fn stop(child: &mut Child, name: &str, grace: Duration) -> (bool, Duration) {
-    let start = Instant::now();
-    signal(child.id(), name);
-    loop {
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            return (status.success(), start.elapsed());
-        }
-        if start.elapsed() > grace {
-            signal(child.id(), "KILL");
-            let _ = child.wait();
-            return (false, start.elapsed());
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let (status, took) = tracer_testkit::stop_child(child, name, grace).expect("wait for a child");
+    (status.success(), took)
 }
 
 /// Whether `child` has not exited yet (for the `Drop`s).
@@ -72,10 +53,7 @@ pub fn running(child: &mut Child) -> bool {
 
 /// SIGKILL to `child` if it still runs, then reaps it (for the `Drop`s).
 pub fn kill_if_running(child: &mut Child) {
-    if running(child) {
-        signal(child.id(), "KILL");
-        let _ = child.wait();
-    }
+    let _ = tracer_testkit::kill_child(child);
 }
 
 /// The cgroup v2 path of `pid`: the `0::` line of `/proc/{pid}/cgroup`.
@@ -89,17 +67,6 @@ pub fn cgroup_v2(pid: u32) -> String {
 
 /// Calls `attempt` every `every` until it returns `Ok`; fails the test with
 /// the last `Err` once `within` has passed.
-pub fn poll<T>(
-    within: Duration,
-    every: Duration,
-    mut attempt: impl FnMut() -> Result<T, String>,
-) -> T {
-    let deadline = Instant::now() + within;
-    loop {
-        match attempt() {
-            Ok(value) => return value,
-            Err(why) => assert!(Instant::now() < deadline, "{why} (after {within:?})"),
-        }
-        std::thread::sleep(every);
-    }
+pub fn poll<T>(within: Duration, every: Duration, attempt: impl FnMut() -> Result<T, String>) -> T {
+    tracer_testkit::poll(within, every, attempt).unwrap_or_else(|why| panic!("{why}"))
 }

@@ -2,27 +2,28 @@
 //! API. Stopped by pid on drop (SIGTERM, then SIGKILL), even when a test
 //! fails.
 
-use std::{
-    path::Path,
-    process::{Child, Command, Stdio},
-    time::Duration,
-};
+use std::{path::Path, process::Stdio, time::Duration};
 
 use reqwest::{
     Method,
     blocking::{Client, Response},
 };
 use serde_json::Value;
+use tracer_testkit::TracerdProcess;
 
 use super::{
     files::TempDir,
     json::{sample, u64_of},
-    process::{free_port, poll, require_root, running, signal, stop},
+    process::{poll, require_root},
 };
+
+/// How long an answer of tracerd may take.
+const ANSWER_WITHIN: Duration = Duration::from_secs(60);
 
 /// A running tracerd and an HTTP client for it.
 pub struct Tracerd {
-    child: Child,
+    // Declared first: stopped before its state directory goes.
+    process: TracerdProcess,
     pub base: String,
     pub client: Client,
     /// The state directory when this Tracerd made it (removed on drop).
@@ -79,40 +80,25 @@ impl Tracerd {
 
     fn spawn(state: &Path, extra: &[&str], stderr: Stdio) -> Self {
         require_root();
-        let listen = format!("127.0.0.1:{}", free_port());
-        let child = Command::new(env!("CARGO_BIN_EXE_tracerd"))
-            .args(["--listen", &listen, "--state-dir"])
-            .arg(state)
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .spawn()
-            .expect("spawn tracerd");
-        let client = Client::builder()
-            .timeout(Duration::from_secs(60))
-            .build()
-            .expect("http client");
-        let mut tracerd = Self {
-            child,
-            base: format!("http://{listen}"),
-            client,
+        let process = TracerdProcess::start(
+            Path::new(env!("CARGO_BIN_EXE_tracerd")),
+            state,
+            extra,
+            stderr,
+            ANSWER_WITHIN,
+        )
+        .unwrap_or_else(|e| panic!("tracerd {extra:?}: {e}"));
+        Self {
+            base: process.client().base().to_string(),
+            client: process.client().inner().clone(),
+            process,
             _state: None,
             log: None,
-        };
-        poll(Duration::from_secs(60), Duration::from_millis(50), || {
-            if let Some(status) = tracerd.child.try_wait().expect("try_wait") {
-                panic!("tracerd exited at start: {status}");
-            }
-            match tracerd.client.get(tracerd.url("/health")).send() {
-                Ok(r) if r.status().is_success() => Ok(()),
-                _ => Err("tracerd not ready".to_string()),
-            }
-        });
-        tracerd
+        }
     }
 
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.process.pid()
     }
 
     fn url(&self, path: &str) -> String {
@@ -197,14 +183,17 @@ impl Tracerd {
 
     /// SIGKILL, and waits until it is gone.
     pub fn kill9(&mut self) {
-        signal(self.child.id(), "KILL");
-        let _ = self.child.wait();
+        self.process.kill().expect("wait for tracerd");
     }
 
     /// Sends SIGTERM and waits for the exit (SIGKILL after 20 s); returns
     /// (exited cleanly, time taken).
     pub fn terminate(&mut self) -> (bool, Duration) {
-        stop(&mut self.child, "TERM", Duration::from_secs(20))
+        let (status, took) = self
+            .process
+            .terminate(Duration::from_secs(20))
+            .expect("wait for tracerd");
+        (status.success(), took)
     }
 
     /// Waits until tracerd lists `pid` (its `New` event was handled) with
@@ -234,14 +223,6 @@ fn decode(r: Response) -> (u16, Value) {
     let text = r.text().expect("body");
     let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
     (status, value)
-}
-
-impl Drop for Tracerd {
-    fn drop(&mut self) {
-        if running(&mut self.child) {
-            self.terminate();
-        }
-    }
 }
 
 /// `dir/token` holding `token`, readable by its owner only (as tracerd's
