@@ -35,7 +35,7 @@ pub mod work;
 #[cfg(test)]
 mod tests;
 
-pub use auth::{Caller, Operators, Token};
+pub use auth::{Caller, Operators, Token, TokenError};
 pub use connections::Connections;
 pub use error::ApiError;
 pub use limits::Limits;
