@@ -15,14 +15,10 @@ use crate::snapshot::AllocatorFrames;
 use crate::store::check_label;
 
 pub mod spec;
-use spec::Query;
+use spec::{ALLOCATOR_FRAMES, Query};
 
 /// Default number of statistics or traces returned (`limit`); 0 means all.
 pub const DEFAULT_LIMIT: usize = 50;
-
-/// Whether a snapshot taken now drops the allocation machinery's leading
-/// frames (`drop`, the default) or keeps them (`keep`).
-pub const ALLOCATOR_FRAMES: &str = "allocator_frames";
 
 /// `format` of a statistics or compare answer.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

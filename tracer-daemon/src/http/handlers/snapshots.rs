@@ -14,8 +14,7 @@ use tracer_api::{SnapshotDeleted, SnapshotHeader, SnapshotList};
 use tracer_model::{dump_tracemalloc, encode};
 
 use crate::http::params::{
-    ALLOCATOR_FRAMES, Params, parse_pid, parse_ref, refuse_allocator_frames, spec,
-    stored_allocator_frames,
+    Params, parse_pid, parse_ref, refuse_allocator_frames, spec, stored_allocator_frames,
 };
 use crate::http::{ApiError, blocking, wire};
 use crate::service::{Service, Target, Viewer};
@@ -144,7 +143,7 @@ pub async fn post_snapshots(
             ));
         }
         blocking(move || service.store_now(viewer, Target::System, label, frames)).await?
-    } else if params.get(ALLOCATOR_FRAMES).is_some() {
+    } else if params.get(spec::ALLOCATOR_FRAMES).is_some() {
         return Err(stored_allocator_frames(
             "a loaded file keeps what it records (send an empty body to take a snapshot)",
         ));
