@@ -20,9 +20,6 @@ use crate::http::{ApiError, blocking, wire};
 use crate::service::{Service, Target, Viewer};
 use crate::store::{wire_completeness, wire_frames, wire_kind};
 
-/// Largest snapshot file accepted by `POST /snapshots`, in bytes.
-pub const MAX_UPLOAD_BYTES: usize = 1 << 30;
-
 /// `format=tracer` (the default) or `format=tracemalloc`: true for the
 /// latter.
 fn file_format(params: &Params) -> Result<bool, ApiError> {
