@@ -28,7 +28,7 @@ use tokio::signal::unix::SignalKind;
 
 use crate::capture::{Capture, CaptureConfig, CaptureError};
 use crate::config::{Config, ConfigError, FramePatterns};
-use crate::http::{self, Limits, ServerError, Token};
+use crate::http::{self, Limits, ServerError, Token, TokenError};
 use crate::lifecycle::Scope;
 use crate::metrics::{Metrics, MetricsOptions};
 use crate::service::{AutoPolicy, LastStop, Service, ServiceError};
@@ -42,9 +42,12 @@ pub const LAST_STOP_FILE: &str = "last-stop.json";
 /// What can stop tracerd from starting.
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
-    /// A listener or the token file.
+    /// A listener.
     #[error(transparent)]
     Server(#[from] ServerError),
+    /// The token file.
+    #[error(transparent)]
+    Token(#[from] TokenError),
     /// The state directory cannot be created.
     #[error("creating state_dir {}: {source}", path.display())]
     StateDir {

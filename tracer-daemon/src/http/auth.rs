@@ -1,6 +1,10 @@
 //! Bearer-token authentication for TCP clients: the token is read from a
 //! file only its owner can read, and compared in constant time.
-use std::{os::unix::fs::PermissionsExt as _, path::Path, sync::Arc};
+use std::{
+    os::unix::fs::PermissionsExt as _,
+    path::{Path, PathBuf},
+    sync::Arc,
+};
 
 use axum::{
     extract::{RawPathParams, Request, State},
@@ -11,7 +15,6 @@ use axum::{
 use subtle::ConstantTimeEq as _;
 
 use super::ApiError;
-use super::server::ServerError;
 use crate::service::{NotTracedWhy, Service, ServiceError, Viewer};
 
 /// Fewest bytes a bearer token may have: shorter ones can be guessed.
@@ -20,6 +23,16 @@ pub const MIN_TOKEN_BYTES: usize = 16;
 /// The authentication scheme of a token (`Authorization: Bearer TOKEN`),
 /// compared without regard to case.
 const BEARER: &[u8] = b"Bearer";
+
+/// A token file that cannot be used (tracerd does not start).
+#[derive(Debug, thiserror::Error)]
+#[error("auth token file {path}: {reason}")]
+pub struct TokenError {
+    /// The file.
+    pub path: PathBuf,
+    /// What is wrong with it.
+    pub reason: String,
+}
 
 /// A bearer token, read from a file.
 #[derive(Clone)]
@@ -36,10 +49,10 @@ impl Token {
     /// whitespace. The file must not be readable by other users.
     ///
     /// # Errors
-    /// [`ServerError::Token`] if the file cannot be read, is readable by
-    /// group or others, or holds fewer than [`MIN_TOKEN_BYTES`] bytes.
-    pub fn read(path: &Path) -> Result<Self, ServerError> {
-        let err = |reason: String| ServerError::Token {
+    /// [`TokenError`] if the file cannot be read, is readable by group or
+    /// others, or holds fewer than [`MIN_TOKEN_BYTES`] bytes.
+    pub fn read(path: &Path) -> Result<Self, TokenError> {
+        let err = |reason: String| TokenError {
             path: path.to_path_buf(),
             reason,
         };

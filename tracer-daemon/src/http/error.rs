@@ -22,6 +22,7 @@ use axum::{
 use tracer_model::interrupt::Interrupted;
 use tracer_model::{DumpError, ModelError, PickleError};
 
+use super::routes::{MAX_UPLOAD_BYTES, route_list};
 use crate::service::ServiceError;
 use crate::store::StoreError;
 
@@ -146,12 +147,12 @@ pub async fn json_errors(
 fn hint_for(status: StatusCode, hints: &ErrorHints) -> String {
     match status {
         StatusCode::NOT_FOUND | StatusCode::METHOD_NOT_ALLOWED => {
-            super::routes::route_list().to_string()
+            route_list().to_string()
         }
         StatusCode::PAYLOAD_TOO_LARGE => format!(
             "request bodies are at most {} bytes (body_limit_bytes; POST /snapshots takes a file of up to {} bytes)",
             hints.body_limit_bytes,
-            super::handlers::snapshots::MAX_UPLOAD_BYTES,
+            MAX_UPLOAD_BYTES,
         ),
         StatusCode::REQUEST_TIMEOUT => format!(
             "send the request body without a pause of {} s or more (request_read_timeout_secs)",

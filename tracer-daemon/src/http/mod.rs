@@ -2,8 +2,9 @@
 //! as routes over the [`Service`](crate::service::Service), and
 //! `/metrics`, served safely.
 //!
-//! - [`routes`]: the one route table (router, 404 hint, cost class, each
-//!   method's parameters and statuses).
+//! - [`routes`]: the one route table (404 hint, cost class, each method's
+//!   parameters and statuses), naming no handler.
+//! - [`router`]: each route's handlers, and the JSON 404 and 405.
 //! - [`openapi`]: the OpenAPI description (`GET /openapi.json`), from it.
 //! - [`handlers`]: one file per family of routes.
 //! - [`params`]: query and path parsing (400s that name the valid values).
@@ -28,6 +29,7 @@ pub mod limits;
 pub mod openapi;
 pub mod params;
 pub mod render;
+pub mod router;
 pub mod routes;
 pub mod server;
 pub mod work;
@@ -35,11 +37,11 @@ pub mod work;
 #[cfg(test)]
 mod tests;
 
-pub use auth::{Caller, Operators, Token};
+pub use auth::{Caller, Operators, Token, TokenError};
 pub use connections::Connections;
 pub use error::ApiError;
 pub use limits::Limits;
-pub use routes::api_router;
+pub use router::api_router;
 pub use server::{ServerError, app, bind_tcp, bind_unix, serve};
 pub use work::{blocking, streamed};
 

@@ -8,21 +8,31 @@ use tracer_model::{
 };
 
 use super::error::ApiError;
-use super::render::TextOptions;
 use crate::lifecycle::Scope;
 use crate::service::{BaseSpec, SnapshotRef};
 use crate::snapshot::AllocatorFrames;
 use crate::store::check_label;
 
 pub mod spec;
-use spec::Query;
+use spec::{ALLOCATOR_FRAMES, Query};
 
 /// Default number of statistics or traces returned (`limit`); 0 means all.
 pub const DEFAULT_LIMIT: usize = 50;
 
-/// Whether a snapshot taken now drops the allocation machinery's leading
-/// frames (`drop`, the default) or keeps them (`keep`).
-pub const ALLOCATOR_FRAMES: &str = "allocator_frames";
+/// How text output shows tracebacks, as the query asks (`source`,
+/// `tb_limit`, `most_recent_first`; [`Params::text_options`]); the lines
+/// are written by `http::render`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TextOptions {
+    /// Append `Traceback.format()` lines after each line.
+    pub tracebacks: bool,
+    /// With source lines (as linecache).
+    pub source: bool,
+    /// `Traceback.format(limit=...)`.
+    pub tb_limit: Option<i64>,
+    /// `Traceback.format(most_recent_first=...)`.
+    pub most_recent_first: bool,
+}
 
 /// `format` of a statistics or compare answer.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -20,25 +20,13 @@ use tracer_model::{
 
 use super::error::ApiError;
 use super::params::spec::FILTERS;
-use super::params::{Format, Params};
+use super::params::{Format, Params, TextOptions};
 use super::work::Sink;
 use crate::profile::{Collapsed, Pprof, ProfileFormat, Selection, Stacks, Svg};
 use crate::service::{ServiceError, Side};
 use crate::symbolize::LineCache;
 
-/// How text output shows tracebacks.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct TextOptions {
-    /// Append `Traceback.format()` lines after each line.
-    pub tracebacks: bool,
-    /// With source lines (as linecache).
-    pub source: bool,
-    /// `Traceback.format(limit=...)`.
-    pub tb_limit: Option<i64>,
-    /// `Traceback.format(most_recent_first=...)`.
-    pub most_recent_first: bool,
-}
-
+/// Text output as the query's options ask.
 impl TextOptions {
     /// The lines for one item: its `str()`, then its traceback's
     /// `format()` lines if asked.

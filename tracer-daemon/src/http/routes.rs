@@ -1,18 +1,15 @@
 //! The route table: every route once, with its methods (what each takes
-//! and answers: [`Op`]), handlers and cost class. It feeds the router
-//! ([`api_router`]), the hint of a 404 ([`route_list`]), the concurrency
-//! limit ([`cost_of`]), the query parser of each handler (the [`Op::query`]
-//! it passes to `Params::parse`) and the OpenAPI description
-//! (`GET /openapi.json`, [`super::openapi`]). The table itself, [`ROUTES`],
-//! is in `table`; here the shapes of its entries and what is made of it.
-use std::sync::{Arc, LazyLock};
+//! and answers: [`Op`]) and cost class. It feeds the router
+//! ([`super::router`], which gives each path its handlers), the hint of a 404
+//! ([`route_list`]), the concurrency limit ([`cost_of`]), the query parser
+//! of each handler (the [`Op::query`] it passes to `Params::parse`) and the
+//! OpenAPI description (`GET /openapi.json`, [`super::openapi`]). It names no
+//! handler, so that the errors and the admission of work below the
+//! handlers read it. The table itself, [`ROUTES`], is in `table`; here the
+//! shapes of its entries and what is made of it.
+use std::sync::LazyLock;
 
-use axum::{Router, http::StatusCode, routing::MethodRouter};
-
-use super::ApiError;
-use super::auth::gate_pid;
 use super::params::spec::{self, Query};
-use crate::service::Service;
 
 mod table;
 
@@ -194,9 +191,6 @@ pub struct Route {
     pub cost: Cost,
     /// Its methods, what each takes and answers.
     pub ops: &'static [Op],
-    /// Its handlers; `None` for `/metrics`, which `http::server::app`
-    /// serves beside the API with the metrics' own state.
-    handlers: Option<fn() -> MethodRouter<Arc<Service>>>,
 }
 
 impl Route {
@@ -217,6 +211,8 @@ use Cost::{Cheap, Expensive};
 pub const METRICS_PATH: &str = "/metrics";
 /// The API's OpenAPI description.
 pub const OPENAPI_PATH: &str = "/openapi.json";
+/// Largest snapshot file accepted by `POST /snapshots`, in bytes.
+pub const MAX_UPLOAD_BYTES: usize = 1 << 30;
 
 /// Every route as `METHODS /path`, for the hint of a 404 or 405.
 pub fn route_list() -> &'static str {
@@ -237,42 +233,6 @@ pub fn cost_of(path: &str) -> Cost {
         .iter()
         .find(|r| r.path == path)
         .map_or(Cheap, |r| r.cost)
-}
-
-/// The API's router over a service: every route of [`ROUTES`] (those of
-/// a process behind [`gate_pid`]: a process the caller may not see does
-/// not exist for them), and a JSON 404 or 405 that lists them.
-pub fn api_router(service: Arc<Service>) -> Router {
-    ROUTES
-        .iter()
-        .filter_map(|route| route.handlers.map(|handlers| (route, handlers)))
-        .fold(Router::new(), |router, (route, handlers)| {
-            let handlers = handlers();
-            let handlers = if route.path.starts_with("/pid/{pid}") {
-                handlers.route_layer(axum::middleware::from_fn_with_state(
-                    service.clone(),
-                    gate_pid,
-                ))
-            } else {
-                handlers
-            };
-            router.route(route.path, handlers)
-        })
-        .fallback(not_found)
-        .method_not_allowed_fallback(method_not_allowed)
-        .with_state(service)
-}
-
-async fn not_found() -> ApiError {
-    ApiError::new(StatusCode::NOT_FOUND, "no such route", route_list())
-}
-
-async fn method_not_allowed() -> ApiError {
-    ApiError::new(
-        StatusCode::METHOD_NOT_ALLOWED,
-        "method not allowed on this route",
-        route_list(),
-    )
 }
 
 #[cfg(test)]

@@ -48,14 +48,6 @@ pub enum ServerError {
         /// What went wrong.
         reason: String,
     },
-    /// The token file is unusable.
-    #[error("auth token file {path}: {reason}")]
-    Token {
-        /// The file.
-        path: PathBuf,
-        /// What is wrong with it.
-        reason: String,
-    },
 }
 
 /// The whole HTTP surface: `api` (the API's routes) and `/metrics`, wrapped

@@ -14,15 +14,11 @@ use tracer_api::{SnapshotDeleted, SnapshotHeader, SnapshotList};
 use tracer_model::{dump_tracemalloc, encode};
 
 use crate::http::params::{
-    ALLOCATOR_FRAMES, Params, parse_pid, parse_ref, refuse_allocator_frames, spec,
-    stored_allocator_frames,
+    Params, parse_pid, parse_ref, refuse_allocator_frames, spec, stored_allocator_frames,
 };
 use crate::http::{ApiError, blocking, wire};
 use crate::service::{Service, Target, Viewer};
 use crate::store::{wire_completeness, wire_frames, wire_kind};
-
-/// Largest snapshot file accepted by `POST /snapshots`, in bytes.
-pub const MAX_UPLOAD_BYTES: usize = 1 << 30;
 
 /// `format=tracer` (the default) or `format=tracemalloc`: true for the
 /// latter.
@@ -144,7 +140,7 @@ pub async fn post_snapshots(
             ));
         }
         blocking(move || service.store_now(viewer, Target::System, label, frames)).await?
-    } else if params.get(ALLOCATOR_FRAMES).is_some() {
+    } else if params.get(spec::ALLOCATOR_FRAMES).is_some() {
         return Err(stored_allocator_frames(
             "a loaded file keeps what it records (send an empty body to take a snapshot)",
         ));

@@ -12,27 +12,25 @@ use axum::{
 use crate::http::{ApiError, params::Params, params::spec};
 
 /// The page, its script and its style: (name under `/ui/`, content type,
-/// bytes). The page itself is `/ui`.
+/// bytes), named as the path's spec names them (`spec::ASSET_NAMES`). The
+/// page itself is `/ui`.
 const ASSETS: [(&str, &str, &str); 3] = [
     (
-        "index.html",
+        spec::ASSET_NAMES[0],
         "text/html; charset=utf-8",
         include_str!("../ui/index.html"),
     ),
     (
-        "app.js",
+        spec::ASSET_NAMES[1],
         "text/javascript; charset=utf-8",
         include_str!("../ui/app.js"),
     ),
     (
-        "style.css",
+        spec::ASSET_NAMES[2],
         "text/css; charset=utf-8",
         include_str!("../ui/style.css"),
     ),
 ];
-
-/// The names of [`ASSETS`], the values of `/ui/{asset}`.
-pub const ASSET_NAMES: [&str; 3] = [ASSETS[0].0, ASSETS[1].0, ASSETS[2].0];
 
 /// What the page may load: itself, and the flame graph it fetched (a
 /// `blob:` image); no inline script, no other host.

@@ -15,7 +15,7 @@ use axum::{
 use tracer_api::{StatisticsTarget, Totals, TracesTarget};
 
 use crate::http::params::{
-    ALLOCATOR_FRAMES, Params, compare_specs, parse_pid, parse_ref, refuse_allocator_frames, spec,
+    Params, compare_specs, parse_pid, parse_ref, refuse_allocator_frames, spec,
     stored_allocator_frames,
 };
 use crate::http::render::{
@@ -94,7 +94,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Target {
 /// `allocator_frames` of a compare, refused when `new` is a stored
 /// snapshot (only now is taken here).
 fn compare_frames(params: &Params, new: Option<&SnapshotRef>) -> Result<AllocatorFrames, ApiError> {
-    if new.is_some() && params.get(ALLOCATOR_FRAMES).is_some() {
+    if new.is_some() && params.get(spec::ALLOCATOR_FRAMES).is_some() {
         return Err(stored_allocator_frames(
             "new is a stored snapshot (allocator_frames goes with new=now)",
         ));

@@ -116,8 +116,13 @@ pub const TEXT_FORMATS: [&str; 2] = ["json", "text"];
 pub const FILE_FORMATS: [&str; 2] = ["tracer", "tracemalloc"];
 /// `kind` of `GET /snapshots`.
 pub const KINDS: [&str; 3] = ["taken", "auto", "loaded"];
+/// Whether a snapshot taken now drops the allocation machinery's leading
+/// frames (`drop`, the default) or keeps them (`keep`).
+pub const ALLOCATOR_FRAMES: &str = "allocator_frames";
 /// `allocator_frames`.
 pub const ALLOCATOR_FRAMES_VALUES: [&str; 2] = ["keep", "drop"];
+/// `{asset}` of `/ui/{asset}`: the files of the web page.
+pub const ASSET_NAMES: [&str; 3] = ["index.html", "app.js", "style.css"];
 
 const U32: u64 = u32::MAX as u64;
 
@@ -239,7 +244,7 @@ pub const FILTERS: &[Param] = &[
 /// Whether a snapshot taken now drops the allocation machinery's leading
 /// frames.
 pub const NOW: &[Param] = &[Param::new(
-    super::ALLOCATOR_FRAMES,
+    ALLOCATOR_FRAMES,
     Kind::Words(&ALLOCATOR_FRAMES_VALUES),
     "drop (default) or keep the allocators' and their wrappers' leading frames",
 )];
@@ -356,10 +361,5 @@ pub const PATH: &[Param] = &[
         "where a block starts: 0x-prefixed hexadecimal or decimal",
     )
     .required(),
-    Param::new(
-        "asset",
-        Kind::Words(&crate::http::handlers::ui::ASSET_NAMES),
-        "a file of the web page",
-    )
-    .required(),
+    Param::new("asset", Kind::Words(&ASSET_NAMES), "a file of the web page").required(),
 ];

@@ -1,13 +1,7 @@
 //! The table itself: every route of the API with its methods, what each
-//! takes and answers, its handlers and its cost.
-use axum::{
-    extract::DefaultBodyLimit,
-    routing::{get, post},
-};
-
+//! takes and answers, and its cost (its handlers are `http::router`'s).
 use super::Cost::{Cheap, Expensive};
 use super::{METRICS_PATH, OPENAPI_PATH, Op, Route, Verb, media};
-use crate::http::handlers::{control, openapi, scope, snapshots, status, ui, views};
 use crate::http::params::spec;
 
 /// What a statistics or compare route answers: JSON, text (tracemalloc's
@@ -28,25 +22,21 @@ pub static ROUTES: &[Route] = &[
         path: "/health",
         cost: Cheap,
         ops: &[Op::get("readiness: probes attached")],
-        handlers: Some(|| get(status::health)),
     },
     Route {
         path: "/processes",
         cost: Cheap,
         ops: &[Op::get("the traced processes the caller may see")],
-        handlers: Some(|| get(status::processes)),
     },
     Route {
         path: "/maps",
         cost: Expensive,
         ops: &[Op::get("the kernel maps' use, the eBPF counters, the unwind tables")],
-        handlers: Some(|| get(status::kernel_maps)),
     },
     Route {
         path: "/pid/{pid}",
         cost: Cheap,
         ops: &[Op::get("one process (live, or its last state once it exited)")],
-        handlers: Some(|| get(status::process)),
     },
     Route {
         path: "/pid/{pid}/statistics",
@@ -55,7 +45,6 @@ pub static ROUTES: &[Route] = &[
             .query(spec::STATISTICS_NOW)
             .answers(PROFILES)
             .refuses(CONFLICT)],
-        handlers: Some(|| get(views::statistics)),
     },
     Route {
         path: "/pid/{pid}/compare",
@@ -64,7 +53,6 @@ pub static ROUTES: &[Route] = &[
             .query(spec::COMPARE_NOW)
             .answers(PROFILES)
             .refuses(CONFLICT)],
-        handlers: Some(|| get(views::compare)),
     },
     Route {
         path: "/pid/{pid}/traces",
@@ -73,7 +61,6 @@ pub static ROUTES: &[Route] = &[
             .query(spec::TRACES_NOW)
             .answers(JSON_OR_TEXT)
             .refuses(CONFLICT)],
-        handlers: Some(|| get(views::traces)),
     },
     Route {
         path: "/pid/{pid}/snapshots",
@@ -85,31 +72,26 @@ pub static ROUTES: &[Route] = &[
                 .creates()
                 .refuses(STORING),
         ],
-        handlers: Some(|| get(snapshots::pid_snapshots).post(snapshots::pid_take_snapshot)),
     },
     Route {
         path: "/pid/{pid}/traced-memory",
         cost: Cheap,
         ops: &[Op::get("get_traced_memory(), and by source")],
-        handlers: Some(|| get(status::pid_traced_memory)),
     },
     Route {
         path: "/pid/{pid}/clear-traces",
         cost: Cheap,
         ops: &[Op::post("clear_traces()").operators_only().refuses(CONFLICT)],
-        handlers: Some(|| post(control::pid_clear_traces)),
     },
     Route {
         path: "/pid/{pid}/reset-peak",
         cost: Cheap,
         ops: &[Op::post("reset_peak()").refuses(CONFLICT)],
-        handlers: Some(|| post(control::pid_reset_peak)),
     },
     Route {
         path: "/pid/{pid}/tracing",
         cost: Cheap,
         ops: &[Op::get("is_tracing(), get_traceback_limit()")],
-        handlers: Some(|| get(control::pid_tracing)),
     },
     Route {
         path: "/pid/{pid}/tracing/start",
@@ -118,13 +100,11 @@ pub static ROUTES: &[Route] = &[
             .query(spec::START)
             .operators_only()
             .refuses(CONFLICT)],
-        handlers: Some(|| post(control::pid_tracing_start)),
     },
     Route {
         path: "/pid/{pid}/tracing/stop",
         cost: Cheap,
         ops: &[Op::post("stop()").operators_only().refuses(CONFLICT)],
-        handlers: Some(|| post(control::pid_tracing_stop)),
     },
     Route {
         path: "/pid/{pid}/object/{address}",
@@ -133,7 +113,6 @@ pub static ROUTES: &[Route] = &[
             .query(spec::OBJECT)
             .answers(JSON_OR_TEXT)
             .refuses(CONFLICT)],
-        handlers: Some(|| get(control::pid_object)),
     },
     Route {
         path: "/statistics",
@@ -142,7 +121,6 @@ pub static ROUTES: &[Route] = &[
             .query(spec::STATISTICS_NOW)
             .answers(PROFILES)
             .refuses(CONFLICT)],
-        handlers: Some(|| get(views::statistics)),
     },
     Route {
         path: "/compare",
@@ -151,7 +129,6 @@ pub static ROUTES: &[Route] = &[
             .query(spec::COMPARE_NOW)
             .answers(PROFILES)
             .refuses(&[404, 409])],
-        handlers: Some(|| get(views::compare)),
     },
     Route {
         path: "/traces",
@@ -160,13 +137,11 @@ pub static ROUTES: &[Route] = &[
             .query(spec::TRACES_NOW)
             .answers(JSON_OR_TEXT)
             .refuses(CONFLICT)],
-        handlers: Some(|| get(views::traces)),
     },
     Route {
         path: "/traced-memory",
         cost: Cheap,
         ops: &[Op::get("get_traced_memory() summed over live processes")],
-        handlers: Some(|| get(status::system_traced_memory)),
     },
     Route {
         path: "/snapshots",
@@ -182,11 +157,6 @@ pub static ROUTES: &[Route] = &[
             .operators_only()
             .refuses(STORING),
         ],
-        handlers: Some(|| {
-            get(snapshots::list_snapshots)
-                .post(snapshots::post_snapshots)
-                .layer(DefaultBodyLimit::max(snapshots::MAX_UPLOAD_BYTES))
-        }),
     },
     Route {
         path: "/snapshots/{id}",
@@ -198,11 +168,6 @@ pub static ROUTES: &[Route] = &[
                 .refuses(STORING),
             Op::new(Verb::Delete, "forget the snapshot and its file").refuses(CONFLICT),
         ],
-        handlers: Some(|| {
-            get(snapshots::snapshot_summary)
-                .delete(snapshots::delete_snapshot)
-                .patch(snapshots::label_snapshot)
-        }),
     },
     Route {
         path: "/snapshots/{id}/statistics",
@@ -211,7 +176,6 @@ pub static ROUTES: &[Route] = &[
             .query(spec::STATISTICS_STORED)
             .answers(PROFILES)
             .refuses(CONFLICT)],
-        handlers: Some(|| get(views::statistics)),
     },
     Route {
         path: "/snapshots/{id}/compare",
@@ -220,7 +184,6 @@ pub static ROUTES: &[Route] = &[
             .query(spec::COMPARE_STORED)
             .answers(PROFILES)
             .refuses(CONFLICT)],
-        handlers: Some(|| get(views::compare)),
     },
     Route {
         path: "/snapshots/{id}/traces",
@@ -229,7 +192,6 @@ pub static ROUTES: &[Route] = &[
             .query(spec::TRACES_STORED)
             .answers(JSON_OR_TEXT)
             .refuses(CONFLICT)],
-        handlers: Some(|| get(views::traces)),
     },
     Route {
         path: "/snapshots/{id}/dump",
@@ -238,13 +200,11 @@ pub static ROUTES: &[Route] = &[
             .query(spec::DUMP)
             .answers(&[media::OCTETS])
             .refuses(CONFLICT)],
-        handlers: Some(|| get(snapshots::snapshot_dump)),
     },
     Route {
         path: "/tracing",
         cost: Cheap,
         ops: &[Op::get("is_tracing(), get_traceback_limit() system-wide, and per-process exceptions")],
-        handlers: Some(|| get(control::system_tracing)),
     },
     Route {
         path: "/tracing/start",
@@ -253,7 +213,6 @@ pub static ROUTES: &[Route] = &[
             .query(spec::START)
             .operators_only()
             .refuses(CONFLICT)],
-        handlers: Some(|| post(control::system_tracing_start)),
     },
     Route {
         path: "/tracing/stop",
@@ -261,13 +220,11 @@ pub static ROUTES: &[Route] = &[
         ops: &[Op::post("stop() for every process")
             .operators_only()
             .refuses(CONFLICT)],
-        handlers: Some(|| post(control::system_tracing_stop)),
     },
     Route {
         path: "/tracing/memory",
         cost: Cheap,
         ops: &[Op::get("get_tracemalloc_memory()")],
-        handlers: Some(|| get(status::tracing_memory)),
     },
     Route {
         path: "/scope",
@@ -279,31 +236,26 @@ pub static ROUTES: &[Route] = &[
                 .operators_only()
                 .refuses(CONFLICT),
         ],
-        handlers: Some(|| get(scope::get_scope).put(scope::put_scope)),
     },
     Route {
         path: METRICS_PATH,
         cost: Cheap,
         ops: &[Op::get("Prometheus metrics, OpenMetrics text (docs/metrics.md)")
             .answers(&[media::OPENMETRICS])],
-        handlers: None,
     },
     Route {
         path: "/ui",
         cost: Cheap,
         ops: &[Op::get("the web page").answers(&[media::HTML])],
-        handlers: Some(|| get(ui::page)),
     },
     Route {
         path: "/ui/{asset}",
         cost: Cheap,
         ops: &[Op::get("the web page's files").answers(&[media::HTML, media::JS, media::CSS])],
-        handlers: Some(|| get(ui::asset)),
     },
     Route {
         path: OPENAPI_PATH,
         cost: Cheap,
         ops: &[Op::get("this description of the API, OpenAPI 3.1")],
-        handlers: Some(|| get(openapi::document)),
     },
 ];
