@@ -35,5 +35,34 @@ fn main() -> anyhow::Result<()> {
             .as_str(),
         ..Default::default()
     };
-    aya_build::build_ebpf([ebpf_package], Toolchain::default())
+    build_shared(ebpf_package)
+}
+
+/// Builds the eBPF object once for every profile of the host build: aya-build
+/// builds it in release, for the BPF target, in a target directory under
+/// `OUT_DIR`, and each profile (dev for the no-root tests, release for
+/// tracerd) has an `OUT_DIR` of its own, so a fresh `cargo xtask test`
+/// built the same object twice (about a minute each). Here aya-build's
+/// `OUT_DIR` is `TARGET/ebpf`, shared, under a lock (two profiles may build
+/// at once), and the object is copied to this profile's `OUT_DIR`.
+fn build_shared(package: aya_build::Package<'_>) -> anyhow::Result<()> {
+    let out = std::path::PathBuf::from(std::env::var_os("OUT_DIR").context("OUT_DIR")?);
+    // OUT_DIR is TARGET/PROFILE/build/tracer-daemon-HASH/out.
+    let shared = out
+        .ancestors()
+        .nth(4)
+        .ok_or_else(|| anyhow!("no target directory above {}", out.display()))?
+        .join("ebpf");
+    std::fs::create_dir_all(&shared)?;
+    let lock = std::fs::File::create(shared.join(".lock"))?;
+    lock.lock()?;
+    // SAFETY: the build script is one thread; aya-build reads OUT_DIR only.
+    unsafe { std::env::set_var("OUT_DIR", &shared) };
+    let built = aya_build::build_ebpf([package], Toolchain::default());
+    // SAFETY: as above.
+    unsafe { std::env::set_var("OUT_DIR", &out) };
+    built?;
+    std::fs::copy(shared.join("tracer"), out.join("tracer"))
+        .with_context(|| format!("copying the eBPF object from {}", shared.display()))?;
+    Ok(())
 }
