@@ -18,18 +18,25 @@ pub struct ProbeSpec {
     pub exit: Option<&'static str>,
 }
 
-/// The program pair of each shape of allocator call: (entry, exit).
+/// The program pair of each shape of allocator call: (entry, exit). The
+/// entries differ in where they read the size; the exits only in what the
+/// result is, so calls that return the new block share `malloc_exit` and
+/// calls that resize one share `realloc_exit`. The kernel verifies each
+/// program once, and the exits are the costly ones (each holds the stack
+/// walk): one program per shape of result, not per function, is most of
+/// tracerd's start.
 const MALLOC: (&str, Option<&str>) = ("malloc_enter", Some("malloc_exit"));
-const CALLOC: (&str, Option<&str>) = ("calloc_enter", Some("calloc_exit"));
+const CALLOC: (&str, Option<&str>) = ("calloc_enter", Some("malloc_exit"));
 const REALLOC: (&str, Option<&str>) = ("realloc_enter", Some("realloc_exit"));
-const REALLOCARRAY: (&str, Option<&str>) = ("reallocarray_enter", Some("reallocarray_exit"));
+const REALLOCARRAY: (&str, Option<&str>) = ("reallocarray_enter", Some("realloc_exit"));
 const FREE: (&str, Option<&str>) = ("free_enter", None);
+/// The block is written through the first argument: an exit of its own.
 const POSIX_MEMALIGN: (&str, Option<&str>) = ("posix_memalign_enter", Some("posix_memalign_exit"));
 /// `(alignment, size)`: the size is the second argument.
-const ALIGNED_ALLOC: (&str, Option<&str>) = ("aligned_alloc_enter", Some("aligned_alloc_exit"));
-const MEMALIGN: (&str, Option<&str>) = ("memalign_enter", Some("memalign_exit"));
-const VALLOC: (&str, Option<&str>) = ("valloc_enter", Some("valloc_exit"));
-const PVALLOC: (&str, Option<&str>) = ("pvalloc_enter", Some("pvalloc_exit"));
+const ALIGNED_ALLOC: (&str, Option<&str>) = ("aligned_alloc_enter", Some("malloc_exit"));
+const MEMALIGN: (&str, Option<&str>) = ("memalign_enter", Some("malloc_exit"));
+const VALLOC: (&str, Option<&str>) = ("valloc_enter", Some("malloc_exit"));
+const PVALLOC: (&str, Option<&str>) = ("pvalloc_enter", Some("malloc_exit"));
 
 const fn spec(
     symbol: &'static str,

@@ -1,6 +1,9 @@
 //! The allocator's uprobes (at each function's entry) and uretprobes (at
-//! its return): one program per probe of `tracer_common::PROBES`. Each
-//! reads the call's arguments or result and hands them to [`crate::calls`].
+//! its return), by the names of `tracer_common::PROBES`: an entry per
+//! shape of arguments, an exit per shape of result (`malloc_exit` for every
+//! call that returns a new block, `realloc_exit` for those that resize
+//! one, `posix_memalign_exit`). Each reads the call's arguments or result
+//! and hands them to [`crate::calls`].
 
 use aya_ebpf::{
     macros::{uprobe, uretprobe},
@@ -93,50 +96,19 @@ pub fn free_enter(ctx: ProbeContext) -> u32 {
     calls::free(tgid, arg(&ctx, 0))
 }
 
+/// The exit of every call that returns a new block (malloc, calloc,
+/// aligned_alloc, memalign, valloc, pvalloc and their kin): what it
+/// records was read at its entry.
 #[uretprobe]
 pub fn malloc_exit(ctx: RetProbeContext) -> u32 {
     on_task_stack(&ctx);
     calls::alloc_exit(&ctx)
 }
 
-#[uretprobe]
-pub fn calloc_exit(ctx: RetProbeContext) -> u32 {
-    on_task_stack(&ctx);
-    calls::alloc_exit(&ctx)
-}
-
-#[uretprobe]
-pub fn aligned_alloc_exit(ctx: RetProbeContext) -> u32 {
-    on_task_stack(&ctx);
-    calls::alloc_exit(&ctx)
-}
-
-#[uretprobe]
-pub fn memalign_exit(ctx: RetProbeContext) -> u32 {
-    on_task_stack(&ctx);
-    calls::alloc_exit(&ctx)
-}
-
-#[uretprobe]
-pub fn valloc_exit(ctx: RetProbeContext) -> u32 {
-    on_task_stack(&ctx);
-    calls::alloc_exit(&ctx)
-}
-
-#[uretprobe]
-pub fn pvalloc_exit(ctx: RetProbeContext) -> u32 {
-    on_task_stack(&ctx);
-    calls::alloc_exit(&ctx)
-}
-
+/// The exit of every call that resizes a block (realloc, reallocarray and
+/// their kin).
 #[uretprobe]
 pub fn realloc_exit(ctx: RetProbeContext) -> u32 {
-    on_task_stack(&ctx);
-    calls::realloc_exit(&ctx)
-}
-
-#[uretprobe]
-pub fn reallocarray_exit(ctx: RetProbeContext) -> u32 {
     on_task_stack(&ctx);
     calls::realloc_exit(&ctx)
 }
