@@ -94,16 +94,7 @@ fn passes(extra: &[OsString]) -> Vec<Pass> {
             commands: vec![
                 BUILD_TRACER.iter().map(OsString::from).collect(),
                 command(
-                    &[
-                        "test",
-                        "--release",
-                        "-p",
-                        "tracer-daemon",
-                        "--test",
-                        "integration",
-                        "--",
-                        "--test-threads=1",
-                    ],
+                    &[&INTEGRATION_RELEASE[..], &["--", "--test-threads=1"]].concat(),
                     extra,
                 ),
             ],
@@ -111,17 +102,17 @@ fn passes(extra: &[OsString]) -> Vec<Pass> {
     ]
 }
 
-/// The release tracerd that pass 2 ran: built by the command that built
-/// it there (the dev-dependencies' features unified in), so pass 3 builds
-/// nothing after pass 2.
-const TRACERD_AS_TESTED: [&str; 7] = [
+/// The root suite in the release profile: pass 2 runs it, and pass 3 runs
+/// the hostile suite on the tracerd it built (with `--no-run`: built by
+/// the same command, the dev-dependencies' features unified in, so pass 3
+/// builds nothing after pass 2).
+const INTEGRATION_RELEASE: [&str; 6] = [
     "test",
     "--release",
     "-p",
     "tracer-daemon",
     "--test",
     "integration",
-    "--no-run",
 ];
 
 /// `tracer` in the release profile, which pass 2's `cli` tests run.
@@ -194,14 +185,15 @@ pub fn run(extra: &[OsString]) -> anyhow::Result<()> {
     }
     if extra.is_empty() {
         let start = Instant::now();
-        let outcome = cargo(&TRACERD_AS_TESTED)
+        let tracerd_as_tested = [&INTEGRATION_RELEASE[..], &["--no-run"]].concat();
+        let outcome = cargo(&tracerd_as_tested)
             .and_then(|()| crate::hostile::suite(&crate::hostile::HostileArgs::default()));
         if let Err(err) = &outcome {
             eprintln!("xtask: {err:#}");
         }
         let summary = format!(
             "xtask test: pass 3 (hostile): cargo {}; xtask hostile: {} in {:.0} s",
-            display(&TRACERD_AS_TESTED),
+            display(&tracerd_as_tested),
             if outcome.is_ok() { "passed" } else { "FAILED" },
             start.elapsed().as_secs_f64()
         );

@@ -27,6 +27,9 @@ mod input;
 mod load;
 mod raw;
 
+/// One request on a fresh connection, byte for byte: what every attack sends.
+use raw::send as request;
+
 use std::{
     collections::BTreeMap,
     net::SocketAddr,
@@ -356,18 +359,6 @@ impl HealthWatch {
         self.done.store(true, Ordering::Release);
         self.thread.join().unwrap_or_default()
     }
-}
-
-/// One request on a fresh connection with `body`, answered within
-/// `timeout`: the status and the body's bytes.
-fn request(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    body: &[u8],
-    timeout: Duration,
-) -> std::io::Result<(u16, Vec<u8>)> {
-    raw::send(addr, method, path, body, timeout)
 }
 
 /// A C program that keeps `argv[1]` live blocks of 64 to 4159 bytes from

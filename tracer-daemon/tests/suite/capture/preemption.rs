@@ -301,8 +301,20 @@ fn no_allocator_program_keeps_its_frame_in_a_per_cpu_private_stack() {
     say(&format!(
         "private stacks: allocator programs {uprobes:?}; tracepoints {tracepoints:?}"
     ));
-    // Every allocator entry and return of tracer_common::PROBES.
-    assert_eq!(uprobes.len(), 19, "allocator programs: {uprobes:?}");
+    // Every allocator entry and return program of tracer_common::PROBES,
+    // each loaded once (the calls of one shape share theirs).
+    let expected: std::collections::BTreeSet<&str> = tracer_common::PROBES
+        .iter()
+        .flat_map(|spec| std::iter::once(spec.entry).chain(spec.exit))
+        .collect();
+    let loaded: std::collections::BTreeSet<&str> =
+        uprobes.iter().map(|(name, _)| name.as_str()).collect();
+    assert_eq!(loaded, expected, "allocator programs: {uprobes:?}");
+    assert_eq!(
+        uprobes.len(),
+        expected.len(),
+        "allocator programs: {uprobes:?}"
+    );
     let private: Vec<_> = uprobes.iter().filter(|(_, n)| *n != 0).collect();
     assert!(
         private.is_empty(),
