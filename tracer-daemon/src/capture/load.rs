@@ -115,37 +115,7 @@ impl Capture {
         // them only later. For uprobe_multi links where the kernel has
         // them, else by aya for a perf event per probe.
         let names = uprobe_names(programs);
-        // The verifier takes seconds over this object (the stack walk is
-        // in every allocator exit and anonymous-mapping program), one
-        // program at a time on one CPU: the uprobe programs and the last
-        // anonymous-mapping program are verified on a thread of their own
-        // while the other two are verified here (about 1.3 s and 1.4 s
-        // against 2.6 s), then every tracepoint is attached.
-        let prepared = MultiPrograms::prepare(object.as_bytes(), &ebpf);
-        let costly: &[&str] = if config.trace_mmap && programs == Programs::Tracer {
-            &MMAP_TRACEPOINTS.map(|(name, _, _)| name)
-        } else {
-            &[]
-        };
-        let (mut here, mut there) = (Vec::new(), Vec::new());
-        for (name, program) in ebpf.programs_mut() {
-            match costly.iter().position(|c| *c == name) {
-                Some(i) if i + 1 == costly.len() => there.push(program),
-                Some(_) => here.push(program),
-                None => {}
-            }
-        }
-        let multi = std::thread::scope(|scope| {
-            let uprobes = scope.spawn(|| {
-                let multi = prepared.and_then(|p| p.load(names.iter().copied()));
-                verify_tracepoints(there);
-                multi
-            });
-            verify_tracepoints(here);
-            uprobes
-                .join()
-                .unwrap_or_else(|_| Err("the thread that loaded them panicked".into()))
-        });
+        let multi = verify_on_both_cpus(object.as_bytes(), &mut ebpf, &names, &config, programs);
         let tracepoint_links = attach_tracepoints(&mut ebpf, &config, programs)?;
         let (libraries, targets) = libc_targets(&config.libc)?;
         let multi = multi_or_each(multi, &mut ebpf, &names)?;
@@ -418,6 +388,47 @@ fn bump_memlock_rlimit() {
 /// # Errors
 /// [`CaptureError::Program`] or [`CaptureError::Attach`] naming the
 /// lifecycle tracepoint that failed.
+/// Verifies the programs before anything is attached. The verifier takes
+/// seconds over this object (the stack walk is in every allocator exit and
+/// anonymous-mapping program), one program at a time on one CPU: the
+/// uprobe programs (for uprobe_multi links, from `object`) and the last
+/// anonymous-mapping program are verified on a thread of their own while
+/// the other two are verified here (about 1.3 s and 1.4 s against 2.6 s).
+/// The uprobe programs, or why they could not be loaded so.
+fn verify_on_both_cpus(
+    object: &[u8],
+    ebpf: &mut Ebpf,
+    names: &[&'static str],
+    config: &CaptureConfig,
+    programs: Programs,
+) -> Result<MultiPrograms, String> {
+    let prepared = MultiPrograms::prepare(object, ebpf);
+    let costly: &[&str] = if config.trace_mmap && programs == Programs::Tracer {
+        &MMAP_TRACEPOINTS.map(|(name, _, _)| name)
+    } else {
+        &[]
+    };
+    let (mut here, mut there) = (Vec::new(), Vec::new());
+    for (name, program) in ebpf.programs_mut() {
+        match costly.iter().position(|c| *c == name) {
+            Some(i) if i + 1 == costly.len() => there.push(program),
+            Some(_) => here.push(program),
+            None => {}
+        }
+    }
+    std::thread::scope(|scope| {
+        let uprobes = scope.spawn(|| {
+            let multi = prepared.and_then(|p| p.load(names.iter().copied()));
+            verify_tracepoints(there);
+            multi
+        });
+        verify_tracepoints(here);
+        uprobes
+            .join()
+            .unwrap_or_else(|_| Err("the thread that loaded them panicked".into()))
+    })
+}
+
 /// Verifies (loads) each of `programs` that is a tracepoint program not
 /// loaded yet, ahead of its attach. One that fails stays unloaded: it is
 /// loaded again where it is attached, which reports why.
