@@ -49,11 +49,6 @@ impl Running {
         &mut self.child
     }
 
-    /// Whether it has not exited yet.
-    pub fn is_running(&mut self) -> bool {
-        self.child.try_wait().ok().flatten().is_none()
-    }
-
     /// SIGTERM, up to `grace` for it to exit, then SIGKILL; its exit
     /// status and how long stopping took (nothing is sent to a child that
     /// already exited).
@@ -61,15 +56,7 @@ impl Running {
     /// # Errors
     /// Waiting for the child failed.
     pub fn terminate(&mut self, grace: Duration) -> io::Result<(ExitStatus, Duration)> {
-        self.stop_with("TERM", grace)
-    }
-
-    /// As [`Running::terminate`] with `SIG{name}` first (`INT`, `TERM`).
-    ///
-    /// # Errors
-    /// Waiting for the child failed.
-    pub fn stop_with(&mut self, name: &str, grace: Duration) -> io::Result<(ExitStatus, Duration)> {
-        stop_child(&mut self.child, name, grace)
+        stop_child(&mut self.child, "TERM", grace)
     }
 
     /// [`Running::terminate`], consuming it.

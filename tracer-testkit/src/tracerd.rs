@@ -100,11 +100,6 @@ impl TracerdProcess {
         self.process.pid()
     }
 
-    /// Whether it has not exited yet.
-    pub fn is_running(&mut self) -> bool {
-        self.process.is_running()
-    }
-
     /// SIGTERM, then SIGKILL after `grace`: its exit status and how long
     /// it took to exit.
     ///

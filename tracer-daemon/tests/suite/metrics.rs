@@ -298,7 +298,7 @@ fn prometheus_scrapes_tracerd_and_reads_back_a_processs_current_bytes() {
     assert_eq!(status, 200);
     let current = memory["current"].as_u64().expect("current");
 
-    let target = tracerd.base.trim_start_matches("http://");
+    let target = tracerd.base().trim_start_matches("http://");
     let prometheus = Prometheus::start(target);
     let client = reqwest::blocking::Client::new();
     let query = format!("tracer_process_current_bytes{{pid=\"{pid}\"}}");

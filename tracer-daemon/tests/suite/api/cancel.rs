@@ -60,7 +60,7 @@ fn streamed_traces_hold_little_and_abandoned_ones_stop_and_give_their_memory_bac
     let tracerd = Tracerd::start(&["--max-expensive-requests", "4"]);
     let fx = holder(&tracerd, BLOCKS);
     let pid = fx.pid();
-    let url = format!("{}/pid/{pid}/traces?limit=0", tracerd.base);
+    let url = format!("{}/pid/{pid}/traces?limit=0", tracerd.base());
 
     // One read whole: every block, exactly, while tracerd's high-water
     // mark rises by little.
@@ -154,8 +154,8 @@ fn an_abandoned_expensive_request_gives_its_permit_back_once_its_work_stopped() 
     let fx = holder(&tracerd, 300_000);
     let pid = fx.pid();
     let status = leave_after_first_bytes(
-        &tracerd.client,
-        &format!("{}/pid/{pid}/traces?limit=0", tracerd.base),
+        tracerd.client(),
+        &format!("{}/pid/{pid}/traces?limit=0", tracerd.base()),
     );
     assert_eq!(status, 200);
     // The one permit is the abandoned work's until it stops; then the

@@ -222,7 +222,7 @@ fn long_work(
             ("POST", format!("/pid/{big_pid}/snapshots"), 201),
         ] {
             let start = Instant::now();
-            let url = format!("{}{path}", tracerd.base);
+            let url = format!("{}{path}", tracerd.base());
             let request = match method {
                 "GET" => client.get(&url),
                 _ => client.post(&url),
@@ -257,7 +257,7 @@ fn cheap_answers(
         for path in [small_path, big_path, "/processes", "/health", "/metrics"] {
             let asked = Instant::now();
             let response = cheap_client
-                .get(format!("{}{path}", tracerd.base))
+                .get(format!("{}{path}", tracerd.base()))
                 .send()
                 .expect("cheap query");
             let status = response.status().as_u16();

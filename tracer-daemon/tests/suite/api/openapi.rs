@@ -48,7 +48,7 @@ fn schemathesis_finds_no_server_error_and_nothing_the_description_does_not_give(
     // tracerd, which is part of what is judged).
     let child = Command::new(SCHEMATHESIS)
         .arg("run")
-        .arg(format!("{}/openapi.json", tracerd.base))
+        .arg(format!("{}/openapi.json", tracerd.base()))
         .args([
             "--checks",
             "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance,response_headers_conformance",

@@ -129,7 +129,10 @@ fn the_page_shows_the_api_s_numbers_and_a_process_s_lines_in_chromium_with_the_t
 
         // A wrong token: tracerd's 401 in the status line, the form shown.
         client
-            .goto(&format!("{}/ui#token=wrong-token-0123456789", tracerd.base))
+            .goto(&format!(
+                "{}/ui#token=wrong-token-0123456789",
+                tracerd.base()
+            ))
             .await
             .expect("goto /ui");
         let status = until(&client, "the 401", || async {

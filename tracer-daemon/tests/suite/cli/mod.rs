@@ -53,7 +53,7 @@ fn tracer_bin() -> &'static Path {
 /// of the caller's `TRACER_*` settings.
 fn tracer(tracerd: &Tracerd, args: &[&str]) -> Command {
     let mut command = bare_tracer();
-    command.arg("--addr").arg(&tracerd.base).args(args);
+    command.arg("--addr").arg(tracerd.base()).args(args);
     command
 }
 

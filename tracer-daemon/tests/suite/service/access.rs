@@ -231,7 +231,7 @@ fn each_user_sees_only_the_processes_they_could_ptrace_and_operators_see_all() {
         "--auth-token-file",
         token_file.to_str().expect("utf-8"),
     ]);
-    let tcp = tracerd.base.trim_start_matches("http://").to_string();
+    let tcp = tracerd.base().trim_start_matches("http://").to_string();
 
     let keep = Program::build("keep", &[]);
     let exe = keep.exe.to_str().expect("utf-8");

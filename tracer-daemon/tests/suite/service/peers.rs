@@ -121,12 +121,12 @@ fn only_an_operator_changes_tracing_and_anyone_reads() {
         ("POST", "/tracing/start"),
         ("POST", "/pid/1/clear-traces"),
     ] {
-        let (status, body) = as_nobody_request(&tracerd.base, method, path);
+        let (status, body) = as_nobody_request(tracerd.base(), method, path);
         assert_eq!(status, 403, "{method} {path}: {body}");
         assert_eq!(body["hint"], hint, "{method} {path}");
     }
     // Nothing changed; reading is open.
-    let (status, health) = as_nobody_request(&tracerd.base, "GET", "/health");
+    let (status, health) = as_nobody_request(tracerd.base(), "GET", "/health");
     assert_eq!(status, 200, "{health}");
     let scope = tracerd.get_ok("/scope");
     assert_eq!(scope["all_processes"], true, "{scope}");

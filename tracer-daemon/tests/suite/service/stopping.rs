@@ -250,7 +250,7 @@ fn sigterm_during_a_snapshot_of_4m_blocks_stops_within_5s_and_loses_nothing() {
             .timeout(Duration::from_secs(60))
             .build()
             .expect("client");
-        let url = format!("{}/pid/{}/snapshots", tracerd.base, big.pid());
+        let url = format!("{}/pid/{}/snapshots", tracerd.base(), big.pid());
         // The poll below takes the one permit for a moment at a time: a
         // POST that meets it gets 429 and is sent again.
         move || -> Result<u16, reqwest::Error> {
@@ -307,7 +307,7 @@ fn sigterm_during_64_clients_on_heavy_routes_stops_within_5s_and_loses_nothing()
     let clients: Vec<_> = (0..64)
         .map(|i| {
             let (method, path) = routes[i % routes.len()].clone();
-            let url = format!("{}{path}", tracerd.base);
+            let url = format!("{}{path}", tracerd.base());
             let (done, answered, heavy_ok) = (done.clone(), answered.clone(), heavy_ok.clone());
             std::thread::spawn(move || {
                 let client = Client::builder()

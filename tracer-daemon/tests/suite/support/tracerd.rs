@@ -24,8 +24,6 @@ const ANSWER_WITHIN: Duration = Duration::from_secs(60);
 pub struct Tracerd {
     // Declared first: stopped before its state directory goes.
     process: TracerdProcess,
-    pub base: String,
-    pub client: Client,
     /// The state directory when this Tracerd made it (removed on drop).
     _state: Option<TempDir>,
     /// The file its stderr (its log) goes to, when started with
@@ -89,8 +87,6 @@ impl Tracerd {
         )
         .unwrap_or_else(|e| panic!("tracerd {extra:?}: {e}"));
         Self {
-            base: process.client().base().to_string(),
-            client: process.client().inner().clone(),
             process,
             _state: None,
             log: None,
@@ -101,13 +97,23 @@ impl Tracerd {
         self.process.pid()
     }
 
+    /// `http://127.0.0.1:PORT`, what the API's paths are appended to.
+    pub fn base(&self) -> &str {
+        self.process.client().base()
+    }
+
+    /// reqwest's client of the API (its connections kept alive).
+    pub fn client(&self) -> &Client {
+        self.process.client().inner()
+    }
+
     fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.base)
+        format!("{}{path}", self.base())
     }
 
     /// The raw response to `method path` (for its headers).
     pub fn request(&self, method: Method, path: &str) -> Response {
-        self.client
+        self.client()
             .request(method.clone(), self.url(path))
             .send()
             .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
@@ -149,7 +155,7 @@ impl Tracerd {
 
     /// A request with an optional body; returns (status, JSON or text).
     pub fn send(&self, method: Method, path: &str, body: Option<Vec<u8>>) -> (u16, Value) {
-        let mut request = self.client.request(method, self.url(path));
+        let mut request = self.client().request(method, self.url(path));
         if let Some(body) = body {
             request = request.body(body);
         }
