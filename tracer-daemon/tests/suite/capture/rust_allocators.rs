@@ -37,8 +37,10 @@ fn source() -> PathBuf {
 /// --locked`, its own Cargo.lock) into a target directory of its own under
 /// this test binary's scratch directory (`CARGO_TARGET_TMPDIR`), which is
 /// kept between runs: jemalloc's C build takes about a minute the first
-/// time, later runs only check that nothing changed. Returns the
-/// executable.
+/// time, later runs only check that nothing changed. `cargo xtask test`
+/// starts this very command for each feature in the background at its
+/// start (`RUST_FIXTURE_FEATURES` in xtask/src/test.rs), so a whole run
+/// finds it built or waits on cargo's lock. Returns the executable.
 fn build(feature: &str) -> PathBuf {
     let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("rust_allocators-{feature}"));
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
