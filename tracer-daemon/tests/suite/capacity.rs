@@ -7,7 +7,9 @@
 
 use std::{collections::HashMap, process::Command, time::Duration};
 
-use super::support::{Fixture, Program, Tracerd, bpf_ids, bpftool_json, poll, sample, u64_of};
+use super::support::{
+    Fixture, Program, Tracerd, bpf_ids, bpftool_json, poll, sample, stop_shared, u64_of,
+};
 
 /// The BPF maps process `pid` holds, by name: (type, key bytes, value
 /// bytes, max_entries), as the kernel has them (bpftool, for the ids in the
@@ -89,6 +91,7 @@ fn configured_in_flight_table_and_ring_sizes_are_the_kernels_and_maps_and_metric
 fn a_ring_size_that_is_not_a_power_of_two_of_pages_is_refused_at_start() {
     // SAFETY: sysconf has no preconditions.
     let three_pages = 3 * unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    stop_shared();
     let out = Command::new(env!("CARGO_BIN_EXE_tracerd"))
         .args(["--events-ring-bytes", &three_pages.to_string()])
         .output()

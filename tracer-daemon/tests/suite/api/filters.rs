@@ -174,7 +174,7 @@ fn group_by_function_and_module_with_cumulative() {
 #[test]
 fn system_wide_views_have_one_domain_per_process() {
     let app = app();
-    let tracerd = Tracerd::start(&[]);
+    let tracerd = Tracerd::shared(&[]);
     let (one, _) = run(&app, &tracerd, 2);
     let (two, _) = run(&app, &tracerd, 2);
     let (p1, p2) = (one.pid(), two.pid());

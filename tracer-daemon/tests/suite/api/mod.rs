@@ -20,16 +20,28 @@ mod ui;
 
 use serde_json::{Value, json};
 
-use super::support::{Fixture, Program, Tracerd};
+use super::support::{Fixture, Program, SharedTracerd, Tracerd};
 
 /// `fixtures/apifix.c`, compiled.
 fn app() -> Program {
     Program::build("apifix", &[])
 }
 
-/// `fixtures/apifix.c` under a tracerd of its own (default flags), run to
-/// the end of phase 1, or of phase 2 (with the address it printed).
-fn start(phases: u32) -> (Program, Tracerd, Fixture, Option<u64>) {
+/// `fixtures/apifix.c` under the shared tracerd of default flags
+/// ([`Tracerd::shared`]: the test reads its own process and snapshots
+/// only), run to the end of phase 1, or of phase 2 (with the address it
+/// printed).
+fn start(phases: u32) -> (Program, SharedTracerd, Fixture, Option<u64>) {
+    let app = app();
+    let tracerd = Tracerd::shared(&[]);
+    let (fx, address) = run(&app, &tracerd, phases);
+    (app, tracerd, fx, address)
+}
+
+/// [`start`] under a tracerd of its own (default flags), for a test that
+/// changes what others would read (its snapshots' labels, a fuzzer's
+/// requests).
+fn start_alone(phases: u32) -> (Program, Tracerd, Fixture, Option<u64>) {
     let app = app();
     let tracerd = Tracerd::start(&[]);
     let (fx, address) = run(&app, &tracerd, phases);

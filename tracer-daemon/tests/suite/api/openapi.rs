@@ -15,7 +15,7 @@ use std::{
 
 use tracer_daemon::http::routes::{OPENAPI_PATH, ROUTES};
 
-use super::start;
+use super::start_alone;
 use crate::suite::support::{TempDir, kill_if_running};
 
 /// Where `cargo xtask setup` installs schemathesis (xtask/src/setup.rs).
@@ -32,7 +32,7 @@ impl Drop for Judge {
 
 #[test]
 fn schemathesis_finds_no_server_error_and_nothing_the_description_does_not_give() {
-    let (_app, tracerd, fx, _address) = start(2);
+    let (_app, tracerd, fx, _address) = start_alone(2);
     // A stored snapshot, so that the {id} routes have one to find.
     let (status, body) = tracerd.post(&format!("/pid/{}/snapshots?label=before", fx.pid()));
     assert_eq!(status, 201, "{body}");

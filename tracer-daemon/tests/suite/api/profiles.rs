@@ -14,7 +14,7 @@ use reqwest::{Method, header::CONTENT_TYPE};
 use serde_json::Value;
 
 use super::{phase2, start};
-use crate::suite::support::{Fixture, Program, TempDir, Tracerd, output_ok};
+use crate::suite::support::{Fixture, Program, SharedTracerd, TempDir, Tracerd, output_ok};
 
 mod flame;
 
@@ -193,7 +193,7 @@ fn take(tracerd: &Tracerd, pid: u32, query: &str) -> u64 {
 
 /// The fixture under a tracerd, with a snapshot after its phase 1 (`query`
 /// gives it a label) and one after its phase 2: their ids.
-fn two_snapshots(query: &str) -> (Program, Tracerd, Fixture, u64, u64) {
+fn two_snapshots(query: &str) -> (Program, SharedTracerd, Fixture, u64, u64) {
     let (app, tracerd, mut fx, _) = start(1);
     let id1 = take(&tracerd, fx.pid(), query);
     phase2(&mut fx);

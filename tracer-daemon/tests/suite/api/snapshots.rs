@@ -6,12 +6,12 @@ use std::time::Duration;
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use super::{app, enc, phase2, run, start, texts};
+use super::{app, enc, phase2, run, start_alone, texts};
 use crate::suite::support::{Program, Tracerd, poll, snapshot_ids};
 
 #[test]
 fn stored_snapshots_are_resources_with_labels() {
-    let (app, tracerd, mut fx, _) = start(1);
+    let (app, tracerd, mut fx, _) = start_alone(1);
     let pid = fx.pid();
     let (status, first) = tracerd.post(&format!("/pid/{pid}/snapshots?label=before"));
     assert_eq!(status, 201, "{first}");

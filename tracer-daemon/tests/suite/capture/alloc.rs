@@ -9,7 +9,7 @@ use crate::suite::support::{Fixture, Tracerd, stat_at};
 fn twenty_thousand_mallocs_at_one_line_show_exactly_in_compare() {
     let prog = build("keep");
     let line = prog.line("ALLOC_SITE");
-    let tracerd = Tracerd::start(&[]);
+    let tracerd = Tracerd::shared(&[]);
     let (mut fx, base, body) = super::snapshot_step_compare(&tracerd, &prog.exe);
     let pid = fx.pid();
     assert_eq!(body["base"]["kind"], "snapshot");
@@ -56,7 +56,7 @@ fn twenty_thousand_mallocs_at_one_line_show_exactly_in_compare() {
 #[test]
 fn every_allocator_records_its_exact_size_and_failures_record_nothing() {
     let prog = build("allocators");
-    let tracerd = Tracerd::start(&[]);
+    let tracerd = Tracerd::shared(&[]);
     let mut fx = Fixture::spawn_traced(&tracerd, &prog.exe, &[]);
     let pid = fx.pid();
     let (status, _) = tracerd.post(&format!("/pid/{pid}/snapshots"));
@@ -114,7 +114,7 @@ fn every_allocator_records_its_exact_size_and_failures_record_nothing() {
 fn four_threads_freeing_across_threads_give_exact_totals() {
     let prog = build("threads");
     let line = prog.line("THREAD_ALLOC");
-    let tracerd = Tracerd::start(&[]);
+    let tracerd = Tracerd::shared(&[]);
     let mut fx = Fixture::spawn_traced(&tracerd, &prog.exe, &[]);
     let pid = fx.pid();
     let (_, before) = tracerd.get(&format!("/pid/{pid}/traced-memory"));

@@ -22,7 +22,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::support::{Fixture, Program, Tracerd, kill_if_running, output_ok, running, signal};
+use super::support::{
+    Fixture, Program, SharedTracerd, Tracerd, kill_if_running, output_ok, running, signal,
+};
 
 /// `tracer`, built (once per test run) into the directory tracerd was
 /// built in.
@@ -185,13 +187,13 @@ fn finish(command: &mut Command) -> Ran {
     Started::spawn(command, b"").wait(Duration::from_secs(120))
 }
 
-/// `fixtures/keep.c` compiled, traced by a tracerd of its own (`extra`
-/// flags), and stepped to "done": it holds its `calloc` of 20000 pointers
+/// `fixtures/keep.c` compiled, traced by the shared tracerd of `extra`
+/// flags ([`Tracerd::shared`]), and stepped to "done": it holds its `calloc` of 20000 pointers
 /// (160000 bytes), 20000 blocks of 256 bytes at `ALLOC_SITE`, and the
 /// 4096-byte buffers glibc gave its stdin and stdout (pipes).
-fn keep_done(extra: &[&str]) -> (Program, Tracerd, Fixture) {
+fn keep_done(extra: &[&str]) -> (Program, SharedTracerd, Fixture) {
     let keep = Program::build("keep", &[]);
-    let tracerd = Tracerd::start(extra);
+    let tracerd = Tracerd::shared(extra);
     let mut fx = Fixture::spawn_traced(&tracerd, &keep.exe, &[]);
     fx.step("done");
     (keep, tracerd, fx)

@@ -222,7 +222,7 @@ fn tracer_stat_tables_show_the_exact_bytes_at_each_line() {
 #[test]
 fn tracer_snapshot_then_diff_shows_the_new_blocks_at_their_line() {
     let keep = Program::build("keep", &[]);
-    let tracerd = Tracerd::start(&[]);
+    let tracerd = Tracerd::shared(&[]);
     let mut fx = Fixture::spawn_traced(&tracerd, &keep.exe, &[]);
     let pid = fx.pid().to_string();
     let src = keep.src();

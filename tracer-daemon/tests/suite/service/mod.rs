@@ -26,7 +26,7 @@ use std::{
 
 use serde_json::Value;
 
-use super::support::{TempDir, free_port, kill_if_running, poll, require_root, stop};
+use super::support::{TempDir, free_port, kill_if_running, poll, require_root, stop, stop_shared};
 
 const TRACERD: &str = env!("CARGO_BIN_EXE_tracerd");
 
@@ -59,6 +59,7 @@ impl Running {
     /// Starts `prefix... tracerd --listen ... --state-dir ... args...`,
     /// without waiting; `listen` may hold `PORT` for the free port chosen.
     fn spawn(prefix: &[&str], args: &[&str], env: &[(&str, &str)], listen: Option<&str>) -> Self {
+        stop_shared();
         let state = TempDir::new("svc-state");
         let port = free_port();
         let listen = listen.map_or_else(
@@ -178,6 +179,7 @@ fn exchange<S: std::io::Read + std::io::Write>(
 
 /// Runs tracerd to its exit with exactly `args` and `env`.
 fn run_tracerd(args: &[&str], env: &[(&str, &str)]) -> Output {
+    stop_shared();
     let mut command = Command::new(TRACERD);
     command.args(args);
     exact_env(&mut command, env);

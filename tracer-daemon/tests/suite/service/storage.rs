@@ -10,7 +10,9 @@ use std::{
 };
 
 use super::{TRACERD, exact_env, http};
-use crate::suite::support::{TempDir, free_port, kill_if_running, output_ok, poll, require_root};
+use crate::suite::support::{
+    TempDir, free_port, kill_if_running, output_ok, poll, require_root, stop_shared,
+};
 
 /// A tmpfs of `size` mounted on a fresh directory, unmounted on drop.
 struct Tmpfs {
@@ -75,6 +77,7 @@ fn a_full_state_directory_is_a_507_with_a_hint_and_an_error_in_the_log() {
     let logs = TempDir::new("full-log");
     let log = logs.path().join("tracerd.log");
     let port = free_port();
+    stop_shared();
     let mut command = Command::new(TRACERD);
     command
         .args(["--listen", &format!("127.0.0.1:{port}"), "--state-dir"])

@@ -5,7 +5,7 @@ use super::{
     Block, NFRAME, assert_frame_0_is_the_wrappers_caller, assert_no_cut_walk, blocks, cut_walks,
     function, reaches, settle,
 };
-use crate::suite::support::{Frozen, Nginx, Tracerd};
+use crate::suite::support::{Frozen, Nginx, SharedTracerd, Tracerd};
 
 /// The function that calls a worker's cycle (`ngx_worker_process_cycle`,
 /// static: Debian's stripped nginx names it nowhere), in the child right
@@ -41,8 +41,8 @@ const ALLOCATOR_FRAMES: [&str; 14] = [
 
 /// tracerd (nframe 64), then nginx with two workers, both traced with their
 /// unwind tables, after 20,000 requests of `ab`.
-fn loaded() -> (Tracerd, Nginx) {
-    let tracerd = Tracerd::start(&["--nframe", NFRAME]);
+fn loaded() -> (SharedTracerd, Nginx) {
+    let tracerd = Tracerd::shared(&["--nframe", NFRAME]);
     let nginx = Nginx::start(2);
     tracerd.wait_traced(nginx.master());
     for worker in nginx.workers() {

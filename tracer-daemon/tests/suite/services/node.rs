@@ -10,7 +10,7 @@ use super::{
     Groups, NFRAME_MANY, assert_frame_0_is_the_wrappers_caller, assert_groups_are_traces_grouped,
     blocks, grouped_by_hand, settle, traceback_key,
 };
-use crate::suite::support::{Frozen, Held, TempDir, Tracerd};
+use crate::suite::support::{Frozen, Held, SharedTracerd, TempDir, Tracerd};
 
 /// Buffers the script holds, and the size of each.
 const BUFFERS: u64 = 2_000;
@@ -42,8 +42,8 @@ const ALLOCATOR_FRAMES: [&str; 5] = [
 ];
 
 /// tracerd (nframe 16) and node holding its Buffers.
-fn holding() -> (Tracerd, Held, TempDir) {
-    let tracerd = Tracerd::start(&["--nframe", NFRAME_MANY]);
+fn holding() -> (SharedTracerd, Held, TempDir) {
+    let tracerd = Tracerd::shared(&["--nframe", NFRAME_MANY]);
     let dir = TempDir::new("node");
     let script = dir.path().join("buffers.js");
     std::fs::write(&script, SCRIPT).expect("write the script");

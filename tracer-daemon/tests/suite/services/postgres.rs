@@ -41,7 +41,7 @@ impl Drop for Bench {
 /// `pgbench -c 2 -T 5`: calls `judge` with a backend of that run, traced
 /// with its unwind tables, two seconds into it, frozen.
 fn with_a_backend(judge: impl FnOnce(&Tracerd, u32)) {
-    let tracerd = Tracerd::start(&["--nframe", NFRAME]);
+    let tracerd = Tracerd::shared(&["--nframe", NFRAME]);
     let postgres = Postgres::start();
     output_ok(&mut postgres.pgbench(&["-i", "-s", "1"]));
     let mut bench = Bench(

@@ -14,7 +14,7 @@ use std::{
 };
 
 use super::{NFRAME_MANY, assert_frame_0_is_the_wrappers_caller, settle};
-use crate::suite::support::{Frozen, Held, Nginx, TempDir, Tracerd, output_ok};
+use crate::suite::support::{Frozen, Held, Nginx, SharedTracerd, TempDir, Tracerd, output_ok};
 
 /// The executable `command` runs, as the kernel names it: found in PATH
 /// when its program is a bare name, symlinks resolved (`/usr/bin/java` is
@@ -36,9 +36,9 @@ fn executable(command: &Command) -> PathBuf {
 
 /// tracerd (nframe 16, its scope `command`'s executable) and `command`
 /// held, traced with its unwind tables.
-fn traced(command: &mut Command) -> (Tracerd, Held) {
+fn traced(command: &mut Command) -> (SharedTracerd, Held) {
     let exe = executable(command);
-    let tracerd = Tracerd::start(&[
+    let tracerd = Tracerd::shared(&[
         "--nframe",
         NFRAME_MANY,
         "--scope-exe",

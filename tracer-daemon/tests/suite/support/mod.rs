@@ -11,6 +11,7 @@ mod json;
 mod kernel;
 mod process;
 mod services;
+mod shared;
 mod tracerd;
 
 pub use files::{TempDir, fixture_path, fixture_text, line_of};
@@ -24,4 +25,5 @@ pub use process::{
     cgroup_v2, free_port, kill_if_running, output_ok, poll, require_root, running, signal, stop,
 };
 pub use services::{Frozen, Held, Nginx, Postgres};
+pub use shared::{SharedTracerd, stop_shared};
 pub use tracerd::{Tracerd, token_file};

@@ -15,6 +15,7 @@ use super::{
     files::TempDir,
     json::{sample, u64_of},
     process::{poll, require_root},
+    shared::stop_shared,
 };
 
 /// How long an answer of tracerd may take.
@@ -35,8 +36,15 @@ impl Tracerd {
     /// Starts tracerd with `extra` arguments and a state directory of its
     /// own; returns once `/health` answers 200.
     pub fn start(extra: &[&str]) -> Self {
+        stop_shared();
+        Self::start_own(extra)
+    }
+
+    /// [`Tracerd::start`] without stopping the shared tracerd (what
+    /// [`Tracerd::shared`] starts it with).
+    pub(super) fn start_own(extra: &[&str]) -> Self {
         let state = TempDir::new("state");
-        let mut tracerd = Self::start_at(state.path(), extra);
+        let mut tracerd = Self::spawn(state.path(), extra, Stdio::inherit());
         tracerd._state = Some(state);
         tracerd
     }
@@ -44,6 +52,7 @@ impl Tracerd {
     /// [`Tracerd::start`] with its log (stderr) in a file of its state
     /// directory, read by [`Tracerd::log`].
     pub fn start_logged(extra: &[&str]) -> Self {
+        stop_shared();
         let state = TempDir::new("state");
         let log = state.path().join("tracerd.log");
         let file = std::fs::File::create(&log).expect("log file");
@@ -73,6 +82,7 @@ impl Tracerd {
     /// Starts tracerd with `state` as its state directory (kept on drop, so
     /// another tracerd can start on it).
     pub fn start_at(state: &Path, extra: &[&str]) -> Self {
+        stop_shared();
         Self::spawn(state, extra, Stdio::inherit())
     }
 

@@ -4,6 +4,8 @@ use std::{collections::BTreeMap, path::Path, process::Command};
 
 use serde_json::Value;
 
+use crate::suite::support::stop_shared;
+
 /// One frame as gdb or tracer names it: the function (without its
 /// parameters), the source file's name (not its directory) and the line; 0
 /// and empty where there is no line information.
@@ -113,6 +115,9 @@ pub fn backtraces(exe: &Path, sizes: &[u64], scratch: &Path) -> BTreeMap<u64, Ve
         ),
     )
     .expect("write gdb script");
+    // gdb's breakpoint would be a uprobe's int3, which the kernel handles
+    // without gdb: no tracerd may run meanwhile.
+    stop_shared();
     let out = Command::new("gdb")
         .args(["-batch", "-nx", "-x"])
         .arg(&script)
@@ -460,6 +465,7 @@ pub fn allocation_stacks(
         ),
     )
     .expect("write gdb script");
+    stop_shared();
     let mut command = Command::new("gdb");
     command
         .args(["-batch", "-nx", "-x"])

@@ -200,7 +200,7 @@ fn a_frame_is_always_in_an_executable_mapping() {
     // reports for the no-frame-pointer chain is in a module, with a line.
     let dir = TempDir::new("unwind-maps");
     let exe = build_chain(dir.path());
-    let tracerd = Tracerd::start(&[]);
+    let tracerd = Tracerd::shared(&[]);
     let mut fx = Fixture::spawn_traced(&tracerd, &exe, &[]);
     fx.go();
     fx.expect_line("done");

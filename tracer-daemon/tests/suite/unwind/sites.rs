@@ -17,7 +17,7 @@ use crate::suite::support::{
 fn compare_sites(exe: &Path, source: &str, sites: &[(&str, i64, i64)]) {
     let path = fixture_path(source);
     let text = fixture_text(source);
-    let tracerd = Tracerd::start(&[]);
+    let tracerd = Tracerd::shared(&[]);
     let mut fx = Fixture::spawn_traced(&tracerd, exe, &["sites"]);
     let pid = fx.pid();
     super::wait_unwinder(&tracerd, pid);

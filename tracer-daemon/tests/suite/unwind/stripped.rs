@@ -195,7 +195,7 @@ fn two_paths_stay_two_groups(rdynamic: bool) {
     let program = build(rdynamic);
     let exe = program.exe.to_str().expect("utf-8 path");
     let build_id = build_id(&program.exe);
-    let tracerd = Tracerd::start(&[]);
+    let tracerd = Tracerd::shared(&[]);
     let mut fx = Fixture::spawn_traced(&tracerd, &program.exe, &[]);
     let pid = fx.pid();
     super::wait_unwinder(&tracerd, pid);
