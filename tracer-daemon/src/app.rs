@@ -80,31 +80,33 @@ pub enum AppError {
 /// # Errors
 /// [`AppError`] when start-up fails; nothing is left attached then.
 pub async fn run(config: Config) -> Result<(), AppError> {
-    let allocator_frames = FramePatterns::compile(&config.allocator_frames)?;
+    let allocator_frames = FramePatterns::compile(&config.capture.allocator_frames)?;
     let token = config
+        .api
         .auth_token_file
         .as_deref()
         .map(Token::read)
         .transpose()?;
     // Bind first: a port in use fails at once, before any probe is attached.
-    let tcp = http::bind_tcp(config.listen).await?;
+    let tcp = http::bind_tcp(config.api.listen).await?;
     let unix = config
+        .api
         .unix_socket
         .as_deref()
         .map(http::bind_unix)
         .transpose()?;
-    create_state_dir(&config)?;
+    create_state_dir(&config.store.state_dir)?;
     // Held open for tracerd's life: the kernel keeps BPF run-time statistics
     // only while some process holds a BPF_ENABLE_STATS fd.
-    let bpf_stats = enable_bpf_stats(config.bpf_stats);
+    let bpf_stats = enable_bpf_stats(config.metrics.bpf_stats);
 
     let (service, events) = start_service(&config, allocator_frames)?;
 
     let metrics = metrics_of(&config, &service, bpf_stats.is_some());
     let (limits, connections) = limits_of(&config);
-    let operators = Arc::new(http::Operators::named(&config.operators_group));
+    let operators = Arc::new(http::Operators::named(&config.api.operators_group));
     if operators.gid.is_none() {
-        tracing::info!(group = %config.operators_group, "no such group: only root and token holders may change tracing");
+        tracing::info!(group = %config.api.operators_group, "no such group: only root and token holders may change tracing");
     }
     let tcp_app = http::app(
         http::api_router(service.clone()),
@@ -129,7 +131,7 @@ pub async fn run(config: Config) -> Result<(), AppError> {
         )
     });
 
-    let holds = hold_execs(&config, &service);
+    let holds = hold_execs(config.allocators.hold_exec, &service);
     let background = [
         tokio::spawn(tasks::events_and_housekeeping(service.clone(), events)),
         tokio::spawn(tasks::automatic_snapshots(
@@ -142,11 +144,11 @@ pub async fn run(config: Config) -> Result<(), AppError> {
     preload_scope_tables(&service).await;
     notify(&[
         sd_notify::NotifyState::Ready,
-        sd_notify::NotifyState::Status(&format!("tracing; API on {}", config.listen)),
+        sd_notify::NotifyState::Status(&format!("tracing; API on {}", config.api.listen)),
     ]);
-    tracing::info!(listen = %config.listen, unix_socket = ?config.unix_socket, nframe = config.nframe, "tracerd ready");
+    tracing::info!(listen = %config.api.listen, unix_socket = ?config.api.unix_socket, nframe = config.capture.nframe, "tracerd ready");
 
-    let grace = Duration::from_secs(config.shutdown_grace_secs);
+    let grace = Duration::from_secs(config.api.shutdown_grace_secs);
     // The signal starts the probes' detaching at once: it costs the kernel
     // grace periods (about 0.6 s for hundreds of probes in uprobe_multi
     // links, 0.09 s a probe as perf events), and so runs beside the grace
@@ -175,8 +177,8 @@ pub async fn run(config: Config) -> Result<(), AppError> {
         let _ = task.await;
     }
     drop(metrics);
-    record_stop(&service, &config.state_dir, drained).await;
-    if let Some(path) = &config.unix_socket {
+    record_stop(&service, &config.store.state_dir, drained).await;
+    if let Some(path) = &config.api.unix_socket {
         let _ = std::fs::remove_file(path);
     }
     detach_and_free(service, deadline, detaching).await;
@@ -184,21 +186,21 @@ pub async fn run(config: Config) -> Result<(), AppError> {
     Ok(())
 }
 
-/// Creates the state directory (0700) if it does not exist.
+/// Creates the state directory `state_dir` (0700) if it does not exist.
 ///
 /// # Errors
 /// [`AppError::StateDir`] when it cannot be created.
-fn create_state_dir(config: &Config) -> Result<(), AppError> {
-    crate::sys::fsync::create_private_dir(&config.state_dir).map_err(|source| AppError::StateDir {
-        path: config.state_dir.clone(),
+fn create_state_dir(state_dir: &std::path::Path) -> Result<(), AppError> {
+    crate::sys::fsync::create_private_dir(state_dir).map_err(|source| AppError::StateDir {
+        path: state_dir.to_path_buf(),
         source,
     })
 }
 
 /// Starts holding execs when `hold_exec` is on; None when off or when it
 /// cannot start (logged).
-fn hold_execs(config: &Config, service: &Arc<Service>) -> Option<tasks::ExecHolds> {
-    if config.hold_exec {
+fn hold_execs(hold_exec: bool, service: &Arc<Service>) -> Option<tasks::ExecHolds> {
+    if hold_exec {
         tasks::ExecHolds::start(service.clone())
             .map_err(|err| tracing::warn!(%err, "execs are not held: a program whose allocator is new to tracerd is traced from a moment after its start"))
             .ok()
@@ -243,12 +245,13 @@ fn start_service(
     let events = capture.take_events().ok_or(AppError::Events)?;
     let service = Service::new(
         Box::new(capture),
-        Duration::from_secs(config.exited_retention),
+        Duration::from_secs(config.processes.exited_retention),
         allocator_frames,
     );
-    let service = Arc::new(if !config.discover_allocators {
+    let allocators = &config.allocators;
+    let service = Arc::new(if !allocators.discover_allocators {
         service.without_discovery()
-    } else if config.probe_installed_allocators {
+    } else if allocators.probe_installed_allocators {
         service.with_installed_allocators()
     } else {
         service
@@ -260,7 +263,7 @@ fn start_service(
             "scoped: probes registered per process"
         );
     }
-    service.open_store(&config.state_dir, crate::store::Quotas::from(config))?;
+    service.open_store(&config.store.state_dir, crate::store::Quotas::from(config))?;
     Ok((service, events))
 }
 

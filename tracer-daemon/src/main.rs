@@ -51,7 +51,9 @@ fn check(file: &std::path::Path) -> anyhow::Result<()> {
 fn daemon(flags: &Flags) -> anyhow::Result<()> {
     let config = Config::load(flags)?;
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_new(&config.log).context("log")?)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_new(&config.logging.log).context("log")?,
+        )
         .with_writer(std::io::stderr)
         .init();
     // A big snapshot's grouping runs on helper threads besides the

@@ -173,31 +173,34 @@ pub struct CaptureConfig {
 }
 
 impl From<&Config> for CaptureConfig {
-    /// The kernel side's settings of tracerd's: system-wide when no scope
-    /// is chosen, no unwind table rows when `unwind` is off.
+    /// The kernel side's settings of tracerd's (sections `capture`,
+    /// `unwind`, `maps`, the `libc` of `allocators` and the scope of
+    /// `processes`): system-wide when no scope is chosen, no unwind table
+    /// rows when `unwind` is off.
     fn from(config: &Config) -> Self {
+        let (capture, unwind, maps) = (&config.capture, &config.unwind, &config.maps);
         CaptureConfig {
-            nframe: config.nframe,
-            walk_frames: config.nframe + config.allocator_frames_depth,
-            unwind_table_rows: if config.unwind {
-                config.unwind_table_rows
+            nframe: capture.nframe,
+            walk_frames: capture.nframe + capture.allocator_frames_depth,
+            unwind_table_rows: if unwind.unwind {
+                unwind.unwind_table_rows
             } else {
                 0
             },
-            unwind_table_pages: config.unwind_table_pages,
-            unwind_processes: config.unwind_processes,
-            max_live_blocks: config.max_live_blocks,
-            live_table_blocks: config.live_table_blocks,
-            process_share: config.process_share,
-            trace_mmap: config.trace_mmap,
-            max_stacks: config.max_stacks,
-            max_procs: config.max_procs,
-            max_inflight: config.max_inflight,
-            inflight_slots: config.inflight_slots,
-            events_ring_bytes: config.events_ring_bytes,
-            libc: config.libc.clone(),
-            sample_interval: config.sample_interval,
-            system_wide: config.traces_every_process(),
+            unwind_table_pages: unwind.unwind_table_pages,
+            unwind_processes: unwind.unwind_processes,
+            max_live_blocks: maps.max_live_blocks,
+            live_table_blocks: maps.live_table_blocks,
+            process_share: maps.process_share,
+            trace_mmap: capture.trace_mmap,
+            max_stacks: maps.max_stacks,
+            max_procs: maps.max_procs,
+            max_inflight: maps.max_inflight,
+            inflight_slots: maps.inflight_slots,
+            events_ring_bytes: maps.events_ring_bytes,
+            libc: config.allocators.libc.clone(),
+            sample_interval: capture.sample_interval,
+            system_wide: config.processes.traces_every_process(),
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The command line: `tracerd [OPTIONS]`, `tracerd config check FILE`,
-//! `tracerd config default`. Every flag is an `Option` named as the
-//! [`Config`](super::Config) field it sets, with its `TRACERD_*` variable.
+//! `tracerd config default`. Every flag is an `Option` named as the TOML
+//! key it sets (a field of a section of [`Config`](super::Config)), with
+//! its `TRACERD_*` variable.
 use std::{net::SocketAddr, path::PathBuf};
 
 use clap::{Args, Parser, Subcommand};

@@ -12,11 +12,11 @@ fn flags(args: &[&str]) -> Flags {
 #[test]
 fn defaults_are_the_documented_ones() {
     let config = Config::default();
-    assert_eq!(config.listen.to_string(), "127.0.0.1:7466");
-    assert_eq!(config.nframe, 16);
-    assert_eq!(config.state_dir, PathBuf::from("/var/lib/tracer"));
-    assert_eq!(config.metrics_top_processes, 20);
-    assert_eq!(config.metrics_call_sites, 0);
+    assert_eq!(config.api.listen.to_string(), "127.0.0.1:7466");
+    assert_eq!(config.capture.nframe, 16);
+    assert_eq!(config.store.state_dir, PathBuf::from("/var/lib/tracer"));
+    assert_eq!(config.metrics.metrics_top_processes, 20);
+    assert_eq!(config.metrics.metrics_call_sites, 0);
     config.validate().expect("must succeed");
 }
 
@@ -44,11 +44,11 @@ fn flags_override_the_file_which_overrides_defaults() {
     std::fs::write(&file, "nframe = 8\nmax_stacks = 1024\n").expect("must succeed");
     let path = file.to_str().expect("must succeed");
     let config = Config::load(&flags(&["--config", path, "--nframe", "20"])).expect("must succeed");
-    assert_eq!(config.nframe, 20);
-    assert_eq!(config.max_stacks, 1024);
-    assert_eq!(config.max_procs, 65536);
+    assert_eq!(config.capture.nframe, 20);
+    assert_eq!(config.maps.max_stacks, 1024);
+    assert_eq!(config.maps.max_procs, 65536);
     let config = Config::load(&flags(&["--config", path])).expect("must succeed");
-    assert_eq!(config.nframe, 8);
+    assert_eq!(config.capture.nframe, 8);
     std::fs::remove_dir_all(&dir).expect("must succeed");
 }
 
@@ -145,9 +145,9 @@ fn in_flight_and_event_ring_sizes_outside_their_range_are_refused_with_it() {
         ],
     ] {
         let config = Config::load(&flags(&args)).expect("must succeed");
-        assert_eq!(config.max_inflight.to_string(), args[1]);
-        assert_eq!(config.inflight_slots.to_string(), args[3]);
-        assert_eq!(config.events_ring_bytes.to_string(), args[5]);
+        assert_eq!(config.maps.max_inflight.to_string(), args[1]);
+        assert_eq!(config.maps.inflight_slots.to_string(), args[3]);
+        assert_eq!(config.maps.events_ring_bytes.to_string(), args[5]);
     }
 }
 
@@ -182,7 +182,7 @@ fn libc_flag_is_repeatable() {
     let config = Config::load(&flags(&["--libc", "/lib/a.so.6", "--libc", "/lib/b.so.6"]))
         .expect("must succeed");
     assert_eq!(
-        config.libc,
+        config.allocators.libc,
         vec![PathBuf::from("/lib/a.so.6"), PathBuf::from("/lib/b.so.6")]
     );
 }
@@ -197,8 +197,8 @@ fn the_shipped_file_spells_out_every_allocator_frames_default() {
         .iter()
         .map(|v| v.as_str().expect("a string"))
         .collect();
-    assert_eq!(listed, Config::default().allocator_frames);
-    assert!(FramePatterns::compile(&Config::default().allocator_frames).is_ok());
+    assert_eq!(listed, Config::default().capture.allocator_frames);
+    assert!(FramePatterns::compile(&Config::default().capture.allocator_frames).is_ok());
 }
 
 #[test]
@@ -233,7 +233,7 @@ fn allocator_frames_flags_replace_the_defaults_and_split_on_bars() {
     ]))
     .expect("must succeed");
     assert_eq!(
-        config.allocator_frames,
+        config.capture.allocator_frames,
         [
             "my_alloc*",
             "module:*/libmine.so",
@@ -241,10 +241,46 @@ fn allocator_frames_flags_replace_the_defaults_and_split_on_bars() {
         ]
     );
     let config = Config::from_toml_str("allocator_frames = []", "t").expect("must succeed");
-    assert!(config.allocator_frames.is_empty());
+    assert!(config.capture.allocator_frames.is_empty());
     assert!(
-        FramePatterns::compile(&config.allocator_frames)
+        FramePatterns::compile(&config.capture.allocator_frames)
             .expect("must succeed")
             .is_empty()
     );
+}
+
+/// Every field of every section has its line in `file.rs`'s list, once, and
+/// the list names nothing else: the file's keys are exactly the sections'
+/// fields (a field left out would keep its default whatever the file says).
+#[test]
+fn the_file_has_one_key_per_field_of_the_sections() {
+    let mut config = Config::default();
+    config.api.unix_socket = Some(PathBuf::from("/run/tracer.sock"));
+    config.api.auth_token_file = Some(PathBuf::from("/etc/tracer/token"));
+    let sections = [
+        toml::Table::try_from(&config.api),
+        toml::Table::try_from(&config.capture),
+        toml::Table::try_from(&config.unwind),
+        toml::Table::try_from(&config.maps),
+        toml::Table::try_from(&config.allocators),
+        toml::Table::try_from(&config.processes),
+        toml::Table::try_from(&config.snapshots),
+        toml::Table::try_from(&config.store),
+        toml::Table::try_from(&config.metrics),
+        toml::Table::try_from(&config.logging),
+    ];
+    let mut fields = Vec::new();
+    for section in sections {
+        fields.extend(section.expect("a section is a table").keys().cloned());
+    }
+    let count = fields.len();
+    fields.sort();
+    fields.dedup();
+    assert_eq!(fields.len(), count, "a field name in two sections");
+    let file = toml::Table::try_from(file::ConfigFile::from(&config)).expect("a table");
+    let mut keys: Vec<String> = file.keys().cloned().collect();
+    keys.sort();
+    assert_eq!(keys, fields);
+    let back = Config::from_toml_str(&config.to_toml().expect("TOML"), "t").expect("valid");
+    assert_eq!(back, config);
 }

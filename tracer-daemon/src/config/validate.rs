@@ -1,29 +1,42 @@
-//! Validation: every value, whatever its source, is checked here, and an
-//! invalid one is refused with the range or form that is valid.
+//! Validation: every value, whatever its source, is checked here, section
+//! by section, and an invalid one is refused with the range or form that is
+//! valid.
 use std::path::Path;
 
-use super::{Config, ConfigError, FramePatterns};
+use super::{
+    AllocatorsSection, ApiSection, CaptureSection, Config, ConfigError, FramePatterns,
+    LoggingSection, MapsSection, MetricsSection, ProcessesSection, SnapshotsSection, StoreSection,
+    UnwindSection,
+};
 use crate::sys::procfs::page_size;
 
 impl Config {
-    /// Refuses any value outside its valid range, naming the range.
+    /// Refuses any value outside its valid range, naming the range: each
+    /// section in turn, the first bad value found.
     ///
     /// # Errors
     /// [`ConfigError::OutOfRange`] or [`ConfigError::Invalid`].
     pub fn validate(&self) -> Result<(), ConfigError> {
-        self.validate_capture()?;
-        self.validate_retention()?;
-        self.validate_metrics()?;
-        self.validate_http()?;
-        self.validate_paths()?;
+        self.capture.validate()?;
+        self.unwind.validate()?;
+        self.maps.validate()?;
+        self.processes.validate()?;
+        self.snapshots.validate()?;
+        self.store.validate()?;
+        self.metrics.validate()?;
+        self.api.validate()?;
+        self.allocators.validate()?;
+        self.logging.validate()?;
         Ok(())
     }
+}
 
-    /// The capture: frames, the kernel maps and tables, the events ring.
+impl CaptureSection {
+    /// Frames, the allocation machinery's patterns and depth, sampling.
     ///
     /// # Errors
     /// As [`Config::validate`].
-    fn validate_capture(&self) -> Result<(), ConfigError> {
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
         range("nframe", self.nframe.into(), 1, 64, "1..=64")?;
         FramePatterns::compile(&self.allocator_frames)?;
         range(
@@ -33,6 +46,25 @@ impl Config {
             64,
             "0..=64 (frames)",
         )?;
+        if self.sample_interval != 0 {
+            range(
+                "sample_interval",
+                self.sample_interval,
+                64,
+                1 << 30,
+                "0 (exact) or 64..=1073741824 (bytes)",
+            )?;
+        }
+        Ok(())
+    }
+}
+
+impl UnwindSection {
+    /// The unwinder's tables.
+    ///
+    /// # Errors
+    /// As [`Config::validate`].
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
         range(
             "unwind_table_rows",
             self.unwind_table_rows.into(),
@@ -54,6 +86,16 @@ impl Config {
             1 << 20,
             "16..=1048576",
         )?;
+        Ok(())
+    }
+}
+
+impl MapsSection {
+    /// The kernel maps' capacities, one process's share, the events ring.
+    ///
+    /// # Errors
+    /// As [`Config::validate`].
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
         range(
             "max_live_blocks",
             self.max_live_blocks.into(),
@@ -116,13 +158,14 @@ impl Config {
         )?;
         Ok(())
     }
+}
 
-    /// Retention and snapshots: how long exited processes and automatic
-    /// snapshots are kept, sampling, and the snapshot store's quotas.
+impl ProcessesSection {
+    /// The retention of exited processes.
     ///
     /// # Errors
     /// As [`Config::validate`].
-    fn validate_retention(&self) -> Result<(), ConfigError> {
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
         range(
             "exited_retention",
             self.exited_retention,
@@ -130,6 +173,16 @@ impl Config {
             7 * 86400,
             "0..=604800 (seconds)",
         )?;
+        Ok(())
+    }
+}
+
+impl SnapshotsSection {
+    /// The interval and retention of automatic snapshots.
+    ///
+    /// # Errors
+    /// As [`Config::validate`].
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
         range(
             "snapshot_interval",
             self.snapshot_interval,
@@ -137,15 +190,6 @@ impl Config {
             86_400,
             "0..=86400 (seconds; 0: off)",
         )?;
-        if self.sample_interval != 0 {
-            range(
-                "sample_interval",
-                self.sample_interval,
-                64,
-                1 << 30,
-                "0 (exact) or 64..=1073741824 (bytes)",
-            )?;
-        }
         range(
             "snapshot_retention",
             self.snapshot_retention,
@@ -153,6 +197,17 @@ impl Config {
             30 * 86_400,
             "0..=2592000 (seconds)",
         )?;
+        Ok(())
+    }
+}
+
+impl StoreSection {
+    /// The state directory (absolute) and the store's quotas.
+    ///
+    /// # Errors
+    /// As [`Config::validate`].
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        absolute("state_dir", &self.state_dir)?;
         for (field, value) in [
             ("max_snapshots", self.max_snapshots),
             ("max_snapshots_per_owner", self.max_snapshots_per_owner),
@@ -176,12 +231,14 @@ impl Config {
         }
         Ok(())
     }
+}
 
-    /// The metrics: how many processes and call sites are shown.
+impl MetricsSection {
+    /// How many processes and call sites are shown.
     ///
     /// # Errors
     /// As [`Config::validate`].
-    fn validate_metrics(&self) -> Result<(), ConfigError> {
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
         range(
             "metrics_top_processes",
             self.metrics_top_processes.into(),
@@ -198,13 +255,15 @@ impl Config {
         )?;
         Ok(())
     }
+}
 
-    /// The API: request and connection bounds and timeouts, and a listen
-    /// address that is not loopback only with a token.
+impl ApiSection {
+    /// Request and connection bounds and timeouts, a listen address that
+    /// is not loopback only with a token, and absolute paths.
     ///
     /// # Errors
     /// As [`Config::validate`].
-    fn validate_http(&self) -> Result<(), ConfigError> {
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
         range(
             "request_timeout_secs",
             self.request_timeout_secs,
@@ -277,24 +336,35 @@ impl Config {
                     .into(),
             });
         }
-        Ok(())
-    }
-
-    /// Paths (absolute) and the log filter.
-    ///
-    /// # Errors
-    /// As [`Config::validate`].
-    fn validate_paths(&self) -> Result<(), ConfigError> {
-        absolute("state_dir", &self.state_dir)?;
         if let Some(path) = &self.unix_socket {
             absolute("unix_socket", path)?;
         }
         if let Some(path) = &self.auth_token_file {
             absolute("auth_token_file", path)?;
         }
+        Ok(())
+    }
+}
+
+impl AllocatorsSection {
+    /// The glibc files' paths (absolute).
+    ///
+    /// # Errors
+    /// As [`Config::validate`].
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
         for path in &self.libc {
             absolute("libc", path)?;
         }
+        Ok(())
+    }
+}
+
+impl LoggingSection {
+    /// The log filter.
+    ///
+    /// # Errors
+    /// As [`Config::validate`].
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
         if let Err(err) = tracing_subscriber::EnvFilter::try_new(&self.log) {
             return Err(ConfigError::Invalid {
                 field: "log",

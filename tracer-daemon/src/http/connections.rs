@@ -62,9 +62,9 @@ pub struct Connections {
 impl From<&Config> for Connections {
     fn from(config: &Config) -> Self {
         Connections {
-            max_connections: config.max_connections as usize,
-            header_timeout: Duration::from_secs(config.header_timeout_secs),
-            idle_timeout: Duration::from_secs(config.idle_timeout_secs),
+            max_connections: config.api.max_connections as usize,
+            header_timeout: Duration::from_secs(config.api.header_timeout_secs),
+            idle_timeout: Duration::from_secs(config.api.idle_timeout_secs),
         }
     }
 }

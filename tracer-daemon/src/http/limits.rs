@@ -32,12 +32,13 @@ pub struct Limits {
 
 impl From<&Config> for Limits {
     fn from(config: &Config) -> Self {
+        let api = &config.api;
         Limits {
-            body_limit_bytes: usize::try_from(config.body_limit_bytes).unwrap_or(usize::MAX),
-            request_timeout: Duration::from_secs(config.request_timeout_secs),
-            request_read_timeout: Duration::from_secs(config.request_read_timeout_secs),
-            max_expensive_requests: config.max_expensive_requests as usize,
-            request_memory_budget: config.request_memory_budget,
+            body_limit_bytes: usize::try_from(api.body_limit_bytes).unwrap_or(usize::MAX),
+            request_timeout: Duration::from_secs(api.request_timeout_secs),
+            request_read_timeout: Duration::from_secs(api.request_read_timeout_secs),
+            max_expensive_requests: api.max_expensive_requests as usize,
+            request_memory_budget: api.request_memory_budget,
         }
     }
 }

@@ -53,9 +53,9 @@ impl From<&Config> for Scope {
     /// `scope_cgroups`).
     fn from(config: &Config) -> Self {
         Scope {
-            pids: config.scope_pids.iter().copied().collect(),
-            exes: config.scope_exes.iter().cloned().collect(),
-            cgroups: config.scope_cgroups.iter().cloned().collect(),
+            pids: config.processes.scope_pids.iter().copied().collect(),
+            exes: config.processes.scope_exes.iter().cloned().collect(),
+            cgroups: config.processes.scope_cgroups.iter().cloned().collect(),
         }
     }
 }

@@ -56,10 +56,10 @@ impl From<&Config> for MetricsOptions {
     /// (`bpf_stats`): the caller sets whether the kernel agreed.
     fn from(config: &Config) -> Self {
         MetricsOptions {
-            top_processes: config.metrics_top_processes as usize,
-            call_sites: config.metrics_call_sites as usize,
-            bpf_stats_enabled: config.bpf_stats,
-            public: config.metrics_public,
+            top_processes: config.metrics.metrics_top_processes as usize,
+            call_sites: config.metrics.metrics_call_sites as usize,
+            bpf_stats_enabled: config.metrics.bpf_stats,
+            public: config.metrics.metrics_public,
         }
     }
 }

@@ -28,8 +28,8 @@ pub struct AutoPolicy {
 impl From<&Config> for AutoPolicy {
     fn from(config: &Config) -> Self {
         AutoPolicy {
-            interval_secs: config.snapshot_interval,
-            retention_secs: config.snapshot_retention,
+            interval_secs: config.snapshots.snapshot_interval,
+            retention_secs: config.snapshots.snapshot_retention,
         }
     }
 }

@@ -338,7 +338,7 @@ mod tests {
     }
 
     fn defaults() -> FramePatterns {
-        FramePatterns::compile(&Config::default().allocator_frames).unwrap()
+        FramePatterns::compile(&Config::default().capture.allocator_frames).unwrap()
     }
 
     fn functions(traceback: &Traceback) -> Vec<&str> {

@@ -26,10 +26,10 @@ pub struct Quotas {
 impl From<&Config> for Quotas {
     fn from(config: &Config) -> Self {
         Quotas {
-            snapshots: config.max_snapshots,
-            bytes: config.max_snapshot_bytes,
-            snapshots_per_owner: config.max_snapshots_per_owner,
-            bytes_per_owner: config.max_snapshot_bytes_per_owner,
+            snapshots: config.store.max_snapshots,
+            bytes: config.store.max_snapshot_bytes,
+            snapshots_per_owner: config.store.max_snapshots_per_owner,
+            bytes_per_owner: config.store.max_snapshot_bytes_per_owner,
         }
     }
 }

@@ -238,5 +238,5 @@ fn systemd_sysusers_creates_the_operators_group_the_unit_names() {
     // A system group (below the first user's gid, 1000 on Debian).
     assert!(gid < 1000, "{line}");
     let config = tracer_daemon::config::Config::default();
-    assert_eq!(config.operators_group, "tracer");
+    assert_eq!(config.api.operators_group, "tracer");
 }

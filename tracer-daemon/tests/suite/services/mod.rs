@@ -349,7 +349,9 @@ struct AllocatorFramesReport {
 /// tracerd's default `allocator_frames` (`Config::default()`, read through
 /// the crate: the judge cannot drift from what the daemon drops).
 fn default_allocator_frames() -> Vec<String> {
-    tracer_daemon::config::Config::default().allocator_frames
+    tracer_daemon::config::Config::default()
+        .capture
+        .allocator_frames
 }
 
 /// `patterns` compiled as tracerd compiles `allocator_frames`.
