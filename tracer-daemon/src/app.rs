@@ -27,11 +27,12 @@ use std::{
 use tokio::signal::unix::SignalKind;
 
 use crate::capture::{Capture, CaptureConfig, CaptureError};
-use crate::config::{Config, ConfigError, FramePatterns};
+use crate::config::{Config, ConfigError};
 use crate::http::{self, Limits, ServerError, Token, TokenError};
 use crate::lifecycle::Scope;
 use crate::metrics::{Metrics, MetricsOptions};
 use crate::service::{AutoPolicy, LastStop, Service, ServiceError};
+use crate::snapshot::FramePatterns;
 use crate::store::StoreError;
 use crate::sys::fsync::{WriteError, write_atomically};
 use crate::tasks;

@@ -25,7 +25,9 @@ mod allocator_frames;
 mod flags;
 mod validate;
 
-pub use allocator_frames::{FramePatterns, Glob, MODULE_PREFIX, without_return_type};
+pub use allocator_frames::{
+    FrameName, FramePattern, MODULE_PREFIX, glob_to_fnmatch, parse_frame_patterns,
+};
 pub use flags::{Cli, Command, ConfigCommand, Flags};
 
 /// Where tracerd looks for its configuration file when `--config` is not given.

@@ -2,7 +2,7 @@
 //! invalid one is refused with the range or form that is valid.
 use std::path::Path;
 
-use super::{Config, ConfigError, FramePatterns};
+use super::{Config, ConfigError, parse_frame_patterns};
 use crate::sys::procfs::page_size;
 
 impl Config {
@@ -25,7 +25,7 @@ impl Config {
     /// As [`Config::validate`].
     fn validate_capture(&self) -> Result<(), ConfigError> {
         range("nframe", self.nframe.into(), 1, 64, "1..=64")?;
-        FramePatterns::compile(&self.allocator_frames)?;
+        parse_frame_patterns(&self.allocator_frames)?;
         range(
             "allocator_frames_depth",
             self.allocator_frames_depth.into(),

@@ -26,8 +26,8 @@
 use std::time::{Duration, SystemTime};
 
 use crate::capture::KernelMaps;
-use crate::config::FramePatterns;
 use crate::lifecycle::{Registry, TracingControl};
+use crate::snapshot::FramePatterns;
 use crate::snapshot::SnapshotBuilder;
 use crate::store::{SnapshotStore, StoreError};
 use crate::symbolize::{Symbolizer, SymbolizerStats};

@@ -11,9 +11,9 @@ use tracer_model::GroupBy;
 use super::*;
 use crate::capture::ImageId;
 use crate::capture::fake::{FakeKernel, event};
-use crate::config::FramePatterns;
 use crate::lifecycle::{ImageState, Scope};
 use crate::snapshot::AllocatorFrames;
+use crate::snapshot::FramePatterns;
 use crate::store::StoreError;
 
 mod lifecycle;
