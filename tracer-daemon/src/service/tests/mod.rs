@@ -39,6 +39,6 @@ pub(crate) fn service() -> (FakeKernel, Arc<Service>) {
 /// Starts `pid` on the fake kernel and tells the service.
 pub(crate) fn start(kernel: &FakeKernel, service: &Service, pid: u32) -> ImageId {
     let (image, new) = kernel.start(pid);
-    service.handle_events(&[new]);
+    Housekeeping::new(service).handle_events(&[new]);
     image
 }
