@@ -27,11 +27,12 @@ use std::{
 use tokio::signal::unix::SignalKind;
 
 use crate::capture::{Capture, CaptureConfig, CaptureError};
-use crate::config::{Config, ConfigError, FramePatterns};
+use crate::config::{Config, ConfigError};
 use crate::http::{self, Limits, ServerError, Token, TokenError};
 use crate::lifecycle::Scope;
 use crate::metrics::{Metrics, MetricsOptions};
-use crate::service::{AutoPolicy, LastStop, Service, ServiceError};
+use crate::service::{AutoPolicy, LastStop, Service, ServiceError, Unwinder};
+use crate::snapshot::FramePatterns;
 use crate::store::StoreError;
 use crate::sys::fsync::{WriteError, write_atomically};
 use crate::tasks;
@@ -294,7 +295,8 @@ async fn preload_scope_tables(service: &Arc<Service>) {
         let scoped = service.clone();
         let started = std::time::Instant::now();
         if let Ok(files) =
-            tokio::task::spawn_blocking(move || scoped.preload_running_tables()).await
+            tokio::task::spawn_blocking(move || Unwinder::new(&scoped).preload_running_tables())
+                .await
         {
             tracing::info!(
                 files,

@@ -7,7 +7,9 @@ use std::{sync::Arc, time::Duration};
 use tokio::io::unix::AsyncFd;
 use tracer_common::{MAP_EVENTS, MAP_LIVE_ALLOCS, MAP_STACK_TOTALS, ProcEvent};
 
-use crate::service::{AutoPolicy, Service};
+use crate::service::{
+    AutoPolicy, Discoverer, ExecHolder, Housekeeping, Service, Triggers, Unwinder,
+};
 
 /// Ticks of the housekeeping loop between two orphan sweeps.
 const SWEEP_EVERY_TICKS: u64 = 10;
@@ -73,8 +75,8 @@ pub async fn events_and_housekeeping(
             // process that allocates at full speed spills to LIVE_ALLOCS.
             // Then /proc: a program that lives 50 ms is gone soon after its
             // first allocation.
-            reader.make_own_levels(&batch);
-            let read = Service::read_proc(&batch);
+            Housekeeping::new(&reader).make_own_levels(&batch);
+            let read = Housekeeping::read_proc(&batch);
             (batch, read)
         })
         .await
@@ -95,7 +97,7 @@ type ReadBatch = (Vec<ProcEvent>, Vec<crate::service::ProcRead>);
 /// a few passes over the kernel maps, not one per batch read.
 const MAX_EVENTS_HANDLED_AT_ONCE: usize = 1 << 16;
 
-/// Applies the batches in order ([`Service::handle_read_events`]), then
+/// Applies the batches in order ([`Housekeeping::handle_read_events`]), then
 /// wakes discovery and the unwinder. Runs until the reader ends.
 async fn handle_batches(
     service: Arc<Service>,
@@ -113,7 +115,10 @@ async fn handle_batches(
             read.extend(more_read);
         }
         let service = service.clone();
-        let _ = tokio::task::spawn_blocking(move || service.handle_read_events(&batch, read)).await;
+        let _ = tokio::task::spawn_blocking(move || {
+            Housekeeping::new(&service).handle_read_events(&batch, read);
+        })
+        .await;
         discovery_wake.notify_one();
         unwind_wake.notify_one();
     }
@@ -140,7 +145,7 @@ async fn unwind_new_images(service: Arc<Service>, wake: Arc<tokio::sync::Notify>
     loop {
         wake.notified().await;
         let service = service.clone();
-        let _ = tokio::task::spawn_blocking(move || service.unwind_pending()).await;
+        let _ = tokio::task::spawn_blocking(move || Unwinder::new(&service).unwind_pending()).await;
     }
 }
 
@@ -157,15 +162,17 @@ async fn discover_allocators(service: Arc<Service>, wake: Arc<tokio::sync::Notif
     let _ = tokio::task::spawn_blocking(move || {
         // The NSS modules first: a process started meanwhile may load one
         // at once (a pre-fork server's workers, switching user).
-        all.preload_unwind_tables();
-        all.probe_installed();
-        all.discover_all();
+        Unwinder::new(&all).preload_unwind_tables();
+        let discoverer = Discoverer::new(&all);
+        discoverer.probe_installed();
+        discoverer.discover_all();
     })
     .await;
     loop {
         wake.notified().await;
         let service = service.clone();
-        let _ = tokio::task::spawn_blocking(move || service.discover_pending()).await;
+        let _ =
+            tokio::task::spawn_blocking(move || Discoverer::new(&service).discover_pending()).await;
     }
 }
 
@@ -185,19 +192,21 @@ fn housekeeping(service: &Service, tick: u64) {
     if service.stopping() {
         return;
     }
-    service.expire();
+    let upkeep = Housekeeping::new(service);
+    let discoverer = Discoverer::new(service);
+    upkeep.expire();
     // Images whose start event the full ring lost, from the kernel's totals.
-    service.reconcile_lost_images();
-    service.discover_again();
+    upkeep.reconcile_lost_images();
+    discoverer.discover_again();
     // Libraries dlopen'd since an image was seen get their unwind tables.
-    service.refresh_unwind();
+    Unwinder::new(service).refresh_unwind();
     // A stack map half full of ended processes' stacks gets room again.
-    service.collect_stacks();
+    upkeep.collect_stacks();
     if !tick.is_multiple_of(SWEEP_EVERY_TICKS) || service.stopping() {
         return;
     }
-    service.drop_unused_allocators();
-    service.log_drops();
+    discoverer.drop_unused_allocators();
+    upkeep.log_drops();
     // The sweeps walk every live block: on a thread of their own at a
     // lower priority, which ends with them, so that on a host of few CPUs
     // the cheap routes' threads get a CPU first.
@@ -206,10 +215,10 @@ fn housekeeping(service: &Service, tick: u64) {
             .name("tracerd-sweep".into())
             .spawn_scoped(scope, || {
                 crate::sys::lower_this_threads_priority(crate::sys::EXPENSIVE_NICE);
-                (service.sweep_orphans(), service.sweep_stack_totals())
+                (upkeep.sweep_orphans(), upkeep.sweep_stack_totals())
             })
             .map(|thread| thread.join().unwrap_or((0, 0)))
-            .unwrap_or_else(|_| (service.sweep_orphans(), service.sweep_stack_totals()))
+            .unwrap_or_else(|_| (upkeep.sweep_orphans(), upkeep.sweep_stack_totals()))
     });
     if swept.0 > 0 {
         tracing::info!(
@@ -251,8 +260,10 @@ pub async fn automatic_snapshots(service: Arc<Service>, policy: AutoPolicy) {
         tick.tick().await;
         let service = Arc::clone(&service);
         let retention = Duration::from_secs(policy.retention_secs);
-        let _ =
-            crate::work::threads::spawn_expensive(move || service.auto_snapshots(retention)).await;
+        let _ = crate::work::threads::spawn_expensive(move || {
+            Triggers::new(&service).auto_snapshots(retention)
+        })
+        .await;
     }
 }
 
@@ -265,7 +276,7 @@ pub struct ExecHolds {
 
 impl ExecHolds {
     /// Holds every exec on the filesystems of tracerd's mount table
-    /// (`sys::fanotify`) until [`Service::exec_held`] has run for it, or
+    /// (`sys::fanotify`) until [`ExecHolder::exec_held`] has run for it, or
     /// for `service::exec_hold::HOLD_LIMIT` at most. One thread reads the
     /// holds and lets each go at its limit; another does the work, one
     /// exec after another.
@@ -291,7 +302,7 @@ impl ExecHolds {
                 move || {
                     for held in work {
                         if !held.answered() {
-                            service.exec_held(held.pid, &held.file);
+                            ExecHolder::new(&service).exec_held(held.pid, &held.file);
                         }
                         watch.allow(&held);
                     }
@@ -324,8 +335,8 @@ impl ExecHolds {
 const MAX_IGNORED: usize = 16_384;
 
 /// Reads held execs and lets those that need nothing go at once
-/// ([`Service::exec_needs_nothing`]: a program run before), and holds
-/// them no more until [`Service::holds_epoch`] changes; hands each
+/// ([`ExecHolder::exec_needs_nothing`]: a program run before), and holds
+/// them no more until [`ExecHolder::holds_epoch`] changes; hands each
 /// other to the worker through `jobs`, letting it go at its `HOLD_LIMIT`
 /// if the worker has not; marks the filesystems of new mounts. Returns once `stop` is set, every exec let go.
 fn read_holds(
@@ -337,15 +348,16 @@ fn read_holds(
     use crate::service::exec_hold::HOLD_LIMIT;
     use std::time::Instant;
     let own = std::process::id();
+    let holder = ExecHolder::new(service);
     // Files no longer held (they need nothing of tracerd), and the epoch
     // they were found in.
-    let (mut ignored, mut epoch) = (0usize, service.holds_epoch());
+    let (mut ignored, mut epoch) = (0usize, holder.holds_epoch());
     let mut pending: std::collections::VecDeque<(Instant, Arc<crate::sys::fanotify::HeldExec>)> =
         std::collections::VecDeque::new();
     while !stop.load(std::sync::atomic::Ordering::Acquire) {
-        if service.holds_epoch() != epoch || ignored >= MAX_IGNORED {
+        if holder.holds_epoch() != epoch || ignored >= MAX_IGNORED {
             watch.hold_all_again();
-            (ignored, epoch) = (0, service.holds_epoch());
+            (ignored, epoch) = (0, holder.holds_epoch());
         }
         let now = Instant::now();
         while let Some((deadline, held)) = pending.front() {
@@ -405,7 +417,7 @@ fn read_holds(
         for exec in held {
             let known = || {
                 crate::sys::procfs::FileKey::of_file(&exec.file)
-                    .is_some_and(|key| service.exec_needs_nothing(key))
+                    .is_some_and(|key| holder.exec_needs_nothing(key))
             };
             if exec.pid == own {
                 watch.allow(&exec);

@@ -30,7 +30,9 @@ mod flags;
 mod sections;
 mod validate;
 
-pub use allocator_frames::{FramePatterns, Glob, MODULE_PREFIX, without_return_type};
+pub use allocator_frames::{
+    FrameName, FramePattern, MODULE_PREFIX, glob_to_fnmatch, parse_frame_patterns,
+};
 pub use flags::{Cli, Command, ConfigCommand, Flags};
 pub use sections::{
     AllocatorsSection, ApiSection, CaptureSection, LoggingSection, MapsSection, MetricsSection,

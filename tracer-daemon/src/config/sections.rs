@@ -96,7 +96,7 @@ impl Default for ApiSection {
 /// before them, sampling, anonymous mappings. Read by
 /// `capture::CaptureConfig` (the kernel's walk) and, for
 /// `allocator_frames`, by `app`, which compiles them into the service's
-/// `FramePatterns`.
+/// `snapshot::FramePatterns`.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct CaptureSection {
     /// Frames kept per traceback (tracemalloc's nframe), 1 to 64; default 16.

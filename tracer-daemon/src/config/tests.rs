@@ -198,7 +198,7 @@ fn the_shipped_file_spells_out_every_allocator_frames_default() {
         .map(|v| v.as_str().expect("a string"))
         .collect();
     assert_eq!(listed, Config::default().capture.allocator_frames);
-    assert!(FramePatterns::compile(&Config::default().capture.allocator_frames).is_ok());
+    assert!(parse_frame_patterns(&Config::default().capture.allocator_frames).is_ok());
 }
 
 #[test]
@@ -243,7 +243,7 @@ fn allocator_frames_flags_replace_the_defaults_and_split_on_bars() {
     let config = Config::from_toml_str("allocator_frames = []", "t").expect("must succeed");
     assert!(config.capture.allocator_frames.is_empty());
     assert!(
-        FramePatterns::compile(&config.capture.allocator_frames)
+        parse_frame_patterns(&config.capture.allocator_frames)
             .expect("must succeed")
             .is_empty()
     );

@@ -4,9 +4,9 @@
 use std::path::Path;
 
 use super::{
-    AllocatorsSection, ApiSection, CaptureSection, Config, ConfigError, FramePatterns,
-    LoggingSection, MapsSection, MetricsSection, ProcessesSection, SnapshotsSection, StoreSection,
-    UnwindSection,
+    AllocatorsSection, ApiSection, CaptureSection, Config, ConfigError, LoggingSection,
+    MapsSection, MetricsSection, ProcessesSection, SnapshotsSection, StoreSection, UnwindSection,
+    parse_frame_patterns,
 };
 use crate::sys::procfs::page_size;
 
@@ -38,7 +38,7 @@ impl CaptureSection {
     /// As [`Config::validate`].
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
         range("nframe", self.nframe.into(), 1, 64, "1..=64")?;
-        FramePatterns::compile(&self.allocator_frames)?;
+        parse_frame_patterns(&self.allocator_frames)?;
         range(
             "allocator_frames_depth",
             self.allocator_frames_depth.into(),

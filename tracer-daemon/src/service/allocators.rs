@@ -9,7 +9,7 @@ use crate::lifecycle::allocators::Allocators;
 use crate::sys::modules::ModuleCache;
 
 /// Allocator discovery, owned by the service and driven from `tasks.rs`
-/// ([`Service::discover_allocators`]): its state and its queues.
+/// ([`Discoverer`]): its state and its queues.
 pub(super) struct Discovery {
     /// Allocator discovery's state (`lifecycle::allocators`); None when
     /// it is off (only the glibc probed from the start).
@@ -21,7 +21,7 @@ pub(super) struct Discovery {
     /// library mapped after its event was handled).
     pub(super) again: std::sync::Mutex<Vec<u32>>,
     /// Whether discovery probes the allocator libraries installed on the
-    /// host at start ([`Service::probe_installed`]).
+    /// host at start ([`Discoverer::probe_installed`]).
     pub(super) probe_installed: bool,
 }
 
@@ -50,21 +50,36 @@ impl Service {
     }
 
     /// Discovery that also probes the allocator libraries installed on the
-    /// host at start ([`Service::probe_installed`]).
+    /// host at start ([`Discoverer::probe_installed`]).
     pub fn with_installed_allocators(mut self) -> Self {
         self.discovery.probe_installed = true;
         self
     }
+}
 
-    /// Queues process `pid` for [`Service::discover_pending`]; `again`:
+/// Allocator discovery, driven from `tasks.rs` and queued by the events'
+/// handling: reads the queued processes' mappings and probes the
+/// allocators among them, over the service's `Discovery`.
+pub struct Discoverer<'a> {
+    service: &'a Service,
+}
+
+impl<'a> Discoverer<'a> {
+    /// The discovery over `service`'s state.
+    #[must_use]
+    pub fn new(service: &'a Service) -> Self {
+        Self { service }
+    }
+
+    /// Queues process `pid` for [`Discoverer::discover_pending`]; `again`:
     /// read it once more at the next tick too.
     pub(super) fn queue_discovery(&self, pid: u32, again: bool) {
-        if self.discovery.allocators.is_none() {
+        if self.service.discovery.allocators.is_none() {
             return;
         }
         for (queue, wanted) in [
-            (&self.discovery.queue, true),
-            (&self.discovery.again, again),
+            (&self.service.discovery.queue, true),
+            (&self.service.discovery.again, again),
         ] {
             if !wanted {
                 continue;
@@ -85,17 +100,18 @@ impl Service {
     /// allocation. They stay probed (pinned). Returns how many it probed.
     pub fn probe_installed(&self) -> usize {
         let Some(allocators) = self
+            .service
             .discovery
             .allocators
             .as_ref()
-            .filter(|_| self.discovery.probe_installed)
+            .filter(|_| self.service.discovery.probe_installed)
         else {
             return 0;
         };
         let lock = || super::state::lock(allocators);
         let mut probed = 0;
         for path in crate::lifecycle::allocators::installed_libraries() {
-            if self.stopping() {
+            if self.service.stopping() {
                 break;
             }
             let Some(key) = crate::sys::procfs::FileKey::of_path(&path) else {
@@ -143,6 +159,7 @@ impl Service {
     pub fn discover_again(&self) {
         let again = std::mem::take(
             &mut *self
+                .service
                 .discovery
                 .again
                 .lock()
@@ -158,12 +175,13 @@ impl Service {
     /// allocators of the objects among them not examined yet. Returns how
     /// many objects it began to probe.
     pub fn discover_pending(&self) -> usize {
-        let Some(allocators) = &self.discovery.allocators else {
+        let Some(allocators) = &self.service.discovery.allocators else {
             return 0;
         };
         let lock = || super::state::lock(allocators);
         let pids = std::mem::take(
             &mut *self
+                .service
                 .discovery
                 .queue
                 .lock()
@@ -172,10 +190,10 @@ impl Service {
         let own = std::process::id();
         let mut probed = 0;
         for pid in pids {
-            if self.stopping() {
+            if self.service.stopping() {
                 break;
             }
-            if pid == own || !self.state.locks().scope().scope.matches(pid) {
+            if pid == own || !self.service.state.locks().scope().scope.matches(pid) {
                 continue;
             }
             let Ok(maps) = ModuleCache::global().capture(pid) else {
@@ -210,7 +228,7 @@ impl Service {
     /// Stops probing the objects found by discovery that no process has
     /// mapped for `lifecycle::allocators::UNUSED_GRACE`; returns how many.
     pub fn drop_unused_allocators(&self) -> usize {
-        let Some(allocators) = &self.discovery.allocators else {
+        let Some(allocators) = &self.service.discovery.allocators else {
             return 0;
         };
         let unused = allocators
@@ -220,10 +238,11 @@ impl Service {
         if unused.is_empty() {
             return 0;
         }
-        self.exec_holds
+        self.service
+            .exec_holds
             .epoch
             .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-        let mut held = self.state.locks().kernel();
+        let mut held = self.service.state.locks().kernel();
         for key in &unused {
             if held.kernel.remove_library(*key) {
                 tracing::info!(dev = ?key.dev, inode = key.inode, "no process maps an allocator any more: no longer probed");
@@ -242,7 +261,7 @@ impl Service {
         &self,
         found: crate::capture::probes::Found,
     ) -> Result<(), crate::capture::CaptureError> {
-        let mut held = self.state.locks().kernel();
+        let mut held = self.service.state.locks().kernel();
         let added = held.kernel.add_library(found);
         self.publish_libraries(held.kernel.libraries());
         added
@@ -252,6 +271,7 @@ impl Service {
     /// held, so that publications follow the kernel's order).
     fn publish_libraries(&self, libraries: &[crate::capture::AttachedLibrary]) {
         *self
+            .service
             .libraries
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = libraries.to_vec();

@@ -5,7 +5,7 @@
 //!
 //! The kernel holds each `execve` at the opening of its program and of its
 //! interpreter (`sys::fanotify`), before the new image runs. While it
-//! waits, [`Service::exec_held`] examines what the image will run: the
+//! waits, [`ExecHolder::exec_held`] examines what the image will run: the
 //! file itself (a static allocator, musl's `libc.so` as interpreter) and,
 //! for a dynamic program, the objects its loader will map at start
 //! (`elf::ldso`, resolved in the process's root, so a container's own
@@ -26,6 +26,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::Service;
+use super::allocators::Discoverer;
 use super::state::lock;
 use crate::elf::ldso;
 use crate::elf::unwind::compile_file;
@@ -33,17 +34,17 @@ use crate::lifecycle::allocators::Allocators;
 use crate::sys::procfs::FileKey;
 
 /// What the exec holds read without the service's locks, owned by the
-/// service and driven from `tasks.rs` ([`Service::exec_held`]).
+/// service and driven from `tasks.rs` ([`ExecHolder::exec_held`]).
 pub(super) struct ExecHolds {
     /// The objects each program held at its exec needs at start
-    /// ([`Service::exec_held`]).
+    /// ([`ExecHolder::exec_held`]).
     pub(super) objects: std::sync::Mutex<ExecObjects>,
     /// Whether the scope in force is every process (read by the exec
     /// holds' fast path without the scope's lock).
     pub(super) scope_is_all: std::sync::atomic::AtomicBool,
     /// Raised when what an exec needs of tracerd may have changed (the
     /// scope, an object no longer probed): the exec holds hold every
-    /// program again ([`Service::holds_epoch`]).
+    /// program again ([`ExecHolder::holds_epoch`]).
     pub(super) epoch: std::sync::atomic::AtomicU64,
 }
 
@@ -75,7 +76,20 @@ pub(super) struct ExecObjects {
     needs: HashMap<FileKey, Vec<FileKey>>,
 }
 
-impl Service {
+/// What the exec holds' threads (`tasks.rs`) ask: whether an exec needs
+/// nothing, and the probes and tables put in place before a held exec
+/// goes on, over the service's `ExecHolds`.
+pub struct ExecHolder<'a> {
+    service: &'a Service,
+}
+
+impl<'a> ExecHolder<'a> {
+    /// The exec holds' work over `service`'s state.
+    #[must_use]
+    pub fn new(service: &'a Service) -> Self {
+        Self { service }
+    }
+
     /// Process `pid` is held opening `file` for exec (its program, or its
     /// interpreter): probes the allocators the new image will run on that
     /// tracerd does not probe yet and, when tracerd is scoped, puts the
@@ -84,7 +98,7 @@ impl Service {
     /// (pids). Nothing for tracerd itself, a process out of scope, or once
     /// stopping.
     pub fn exec_held(&self, pid: u32, file: &File) {
-        if pid == std::process::id() || self.stopping() {
+        if pid == std::process::id() || self.service.stopping() {
             return;
         }
         let Some(key) = FileKey::of_file(file) else {
@@ -95,7 +109,7 @@ impl Service {
             self.remember(key, Vec::new());
             return;
         }
-        let scope = self.state.locks().scope().scope.clone();
+        let scope = self.service.state.locks().scope().scope.clone();
         // A program's interpreter (a shared object) says nothing of the
         // scope: its program's open, just before, decided.
         let matches = scope.matches_exec(pid, key);
@@ -104,7 +118,7 @@ impl Service {
         } else if ldso::is_shared_object(file) {
             self.filter_has(pid)
         } else {
-            let mut held = self.state.locks().kernel();
+            let mut held = self.service.state.locks().kernel();
             held.kernel.set_in_scope(pid, matches);
             matches
         };
@@ -113,7 +127,7 @@ impl Service {
         }
         self.probe_before_exec(pid, file, key);
         if !scope.is_all() && !scope.is_filtered() {
-            let mut held = self.state.locks().kernel();
+            let mut held = self.service.state.locks().kernel();
             if let Err(err) = held.kernel.attach(Some(pid)) {
                 tracing::debug!(pid, %err, "could not attach to a process in scope at its exec");
             }
@@ -127,16 +141,17 @@ impl Service {
     /// without a trip to the worker thread.
     pub fn exec_needs_nothing(&self, key: FileKey) -> bool {
         if !self
+            .service
             .exec_holds
             .scope_is_all
             .load(std::sync::atomic::Ordering::Acquire)
         {
             return false;
         }
-        let Some(allocators) = &self.discovery.allocators else {
+        let Some(allocators) = &self.service.discovery.allocators else {
             return true;
         };
-        let Ok(memo) = self.exec_holds.objects.try_lock() else {
+        let Ok(memo) = self.service.exec_holds.objects.try_lock() else {
             return false;
         };
         let Some(needs) = memo.needs.get(&key) else {
@@ -153,9 +168,9 @@ impl Service {
     /// kernel lock is not free to read at once.
     fn have_tables(&self, objects: &[FileKey], wait: bool) -> bool {
         let held = if wait {
-            Some(self.state.locks().kernel_shared())
+            Some(self.service.state.locks().kernel_shared())
         } else {
-            self.state.locks().try_kernel_shared()
+            self.service.state.locks().try_kernel_shared()
         };
         held.is_some_and(|held| {
             objects
@@ -169,7 +184,7 @@ impl Service {
     /// constructors') are then walked with them. Compiling holds no lock.
     pub(super) fn tables_before_exec(&self, objects: &[(FileKey, &File)]) {
         let missing: Vec<(FileKey, &File)> = {
-            let held = self.state.locks().kernel_shared();
+            let held = self.service.state.locks().kernel_shared();
             objects
                 .iter()
                 .filter(|(key, _)| held.kernel.unwind_file(*key).is_none())
@@ -177,24 +192,25 @@ impl Service {
                 .collect()
         };
         for (key, file) in missing {
-            if self.stopping() {
+            if self.service.stopping() {
                 return;
             }
             let table = file
                 .try_clone()
                 .map_err(|e| e.to_string())
                 .and_then(|file| compile_file(file).map_err(|e| e.to_string()));
-            let mut held = self.state.locks().kernel();
+            let mut held = self.service.state.locks().kernel();
             held.kernel
                 .load_unwind_file(key, table.as_ref().map_err(String::as_str));
         }
     }
 
     /// Raised when the scope changes or an object stops being probed: a
-    /// program let go at once before ([`Service::exec_needs_nothing`]) may
+    /// program let go at once before ([`ExecHolder::exec_needs_nothing`]) may
     /// need tracerd again.
     pub fn holds_epoch(&self) -> u64 {
-        self.exec_holds
+        self.service
+            .exec_holds
             .epoch
             .load(std::sync::atomic::Ordering::Acquire)
     }
@@ -202,7 +218,7 @@ impl Service {
     /// Remembers what the program `key` runs at start: `objects`, itself
     /// included (none for a script, whose interpreter's open decides).
     fn remember(&self, key: FileKey, objects: Vec<FileKey>) {
-        let mut memo = lock(&self.exec_holds.objects);
+        let mut memo = lock(&self.service.exec_holds.objects);
         if memo.needs.len() >= MAX_PROGRAMS {
             memo.needs.clear();
         }
@@ -211,20 +227,23 @@ impl Service {
 
     /// Whether `pid` is in the kernel's scope filter now.
     fn filter_has(&self, pid: u32) -> bool {
-        self.state.locks().kernel().kernel.is_in_scope(pid)
+        self.service.state.locks().kernel().kernel.is_in_scope(pid)
     }
 
     /// Probes the allocators among `file` (object `key`) and the objects
     /// it needs at start that discovery has not examined.
     fn probe_before_exec(&self, pid: u32, file: &File, key: FileKey) {
-        let Some(allocators) = &self.discovery.allocators else {
+        let Some(allocators) = &self.service.discovery.allocators else {
             return;
         };
         let known = |keys: &[FileKey]| {
             let held = lock(allocators);
             keys.iter().all(|k| held.knows(*k))
         };
-        let remembered = lock(&self.exec_holds.objects).needs.get(&key).cloned();
+        let remembered = lock(&self.service.exec_holds.objects)
+            .needs
+            .get(&key)
+            .cloned();
         if remembered.is_some_and(|needs| known(&needs) && self.have_tables(&needs, true)) {
             return;
         }
@@ -246,7 +265,7 @@ impl Service {
         self.remember(key, objects.iter().map(|o| o.1).collect());
         for (path, object_key, opened) in &objects {
             let object_key = *object_key;
-            if self.stopping() {
+            if self.service.stopping() {
                 return;
             }
             if lock(allocators).knows(object_key) {
@@ -259,7 +278,7 @@ impl Service {
             };
             let family = found.probes.family;
             let points = found.probes.points.len();
-            let added = self.probe_library(found);
+            let added = Discoverer::new(self.service).probe_library(found);
             match &added {
                 Ok(()) => {
                     tracing::info!(pid, object = %path.display(), family = family.name(), points, "probing an allocator before its process runs");

@@ -8,6 +8,8 @@ use std::time::SystemTime;
 use tracer_common::{AllocInfo, AllocKey, ProcEvent};
 
 use super::Service;
+use super::allocators::Discoverer;
+use super::unwind::Unwinder;
 use crate::lifecycle::events::{self, Event};
 use crate::lifecycle::registry::EndEvent;
 use crate::lifecycle::{ImageId, ProcessImage, orphans, scope};
@@ -18,18 +20,18 @@ use crate::sys::modules::ModuleMaps;
 #[derive(Default)]
 pub(super) struct Upkeep {
     /// `drop_events` (the kernel's count of events the full ring lost)
-    /// when [`Service::reconcile_lost_images`] last looked.
+    /// when [`Housekeeping::reconcile_lost_images`] last looked.
     pub(super) events_dropped_seen: std::sync::atomic::AtomicU64,
     /// The orphan sweeps so far ([`Service::sweep_record`]).
     pub(super) sweeps: Sweeps,
-    /// The losses last logged, and when ([`Service::log_drops`]).
+    /// The losses last logged, and when ([`Housekeeping::log_drops`]).
     pub(super) drops_logged: std::sync::Mutex<super::losses::LossLog>,
     /// The stacks no block named at the last collection
-    /// ([`Service::collect_stacks`]).
+    /// ([`Housekeeping::collect_stacks`]).
     pub(super) unnamed_stacks: std::sync::Mutex<super::stacks::Unnamed>,
 }
 
-/// The orphan sweeps so far ([`Service::sweep_orphans`]), as
+/// The orphan sweeps so far ([`Housekeeping::sweep_orphans`]), as
 /// `tracer_orphan_sweeps_total` and the last one's gauges show them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SweepRecord {
@@ -51,7 +53,7 @@ pub(super) struct Sweeps {
     last_took_us: std::sync::atomic::AtomicU64,
 }
 
-/// What [`Service::read_proc`] read from `/proc` for one event.
+/// What [`Housekeeping::read_proc`] read from `/proc` for one event.
 #[derive(Debug, Default)]
 pub enum ProcRead {
     /// Nothing (an event that needs nothing, or a process already gone).
@@ -66,13 +68,40 @@ pub enum ProcRead {
 }
 
 impl Service {
+    /// The orphan sweeps so far: how many, when the last ended, how long
+    /// it took. No lock taken.
+    pub fn sweep_record(&self) -> SweepRecord {
+        use std::sync::atomic::Ordering;
+        SweepRecord {
+            sweeps: self.upkeep.sweeps.sweeps.load(Ordering::Acquire),
+            last_ended_ms: self.upkeep.sweeps.last_ended_ms.load(Ordering::Acquire),
+            last_took_us: self.upkeep.sweeps.last_took_us.load(Ordering::Acquire),
+        }
+    }
+}
+
+/// Housekeeping, driven from `tasks.rs`: the kernel's process events as
+/// they come, and the periodic passes (expiry, lost images, the stacks'
+/// collection, the losses logged, the orphan sweeps) over the service's
+/// state, remembering between ticks in the service's `Upkeep`.
+pub struct Housekeeping<'a> {
+    pub(super) service: &'a Service,
+}
+
+impl<'a> Housekeeping<'a> {
+    /// The passes over `service`'s state.
+    #[must_use]
+    pub fn new(service: &'a Service) -> Self {
+        Self { service }
+    }
+
     /// Handles a batch of kernel process events in order: a new image is
     /// read from `/proc` at once (while it lives), exec and fork events of a
     /// scoped tracerd attach or detach, and the ended images' blocks are
     /// collected in one pass over the kernel maps per batch, and applied in
     /// order (before a new image of the same pid). New images, and images
     /// that mapped code, wait for their unwind tables in
-    /// [`Service::unwind_pending`].
+    /// [`Unwinder::unwind_pending`].
     pub fn handle_events(&self, batch: &[ProcEvent]) {
         self.make_own_levels(batch);
         let read = Self::read_proc(batch);
@@ -88,7 +117,7 @@ impl Service {
     /// level the programs wait for must not wait for a read of millions of
     /// blocks.
     pub fn make_own_levels(&self, batch: &[ProcEvent]) {
-        let Some(own) = &self.own_levels else {
+        let Some(own) = &self.service.own_levels else {
             return;
         };
         let asks: Vec<(ImageId, u32)> = batch
@@ -152,18 +181,28 @@ impl Service {
     /// not registered (it would be listed among the traced processes).
     fn fork_out_of_scope(&self, child: u32, parent: u32) -> bool {
         let scope = self
+            .service
             .scope_published
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone();
-        if scope.is_all() || self.state.locks().registry().registry.get(parent).is_some() {
+        if scope.is_all()
+            || self
+                .service
+                .state
+                .locks()
+                .registry()
+                .registry
+                .get(parent)
+                .is_some()
+        {
             return false;
         }
         !scope.matches(child) && !scope.matches(parent)
     }
 
-    /// [`Service::handle_events`] with `/proc` read already
-    /// ([`Service::read_proc`] of the same batch).
+    /// [`Housekeeping::handle_events`] with `/proc` read already
+    /// ([`Housekeeping::read_proc`] of the same batch).
     pub fn handle_read_events(&self, batch: &[ProcEvent], mut read: Vec<ProcRead>) {
         let decoded: Vec<Option<Event>> = batch.iter().map(events::decode).collect();
         // The blocks of every image this batch ends, in one pass over the
@@ -177,9 +216,9 @@ impl Service {
             })
             .collect();
         // (The own spill maps the batch asks for were made when it was
-        // read: [`Service::make_own_levels`].)
+        // read: [`Housekeeping::make_own_levels`].)
         let mut blocks = {
-            let held = self.state.locks().kernel();
+            let held = self.service.state.locks().kernel();
             events::blocks_of(&**held.kernel, &ending)
         };
         let mut ends = Vec::new();
@@ -206,13 +245,13 @@ impl Service {
                     };
                     let id = read.id;
                     let known = match parent {
-                        Some(parent) => self.state.locks().registry().registry.add_forked(
+                        Some(parent) => self.service.state.locks().registry().registry.add_forked(
                             read,
                             parent,
                             events::comm_of(&comm),
                         ),
                         None => {
-                            self.state.locks().registry().registry.add(read);
+                            self.service.state.locks().registry().registry.add(read);
                             true
                         }
                     };
@@ -223,7 +262,13 @@ impl Service {
                         let maps = crate::sys::modules::ModuleMaps::capture(id.pid)
                             .ok()
                             .map(std::sync::Arc::new);
-                        if let Some(image) = self.state.locks().registry().registry.get_mut(id.pid)
+                        if let Some(image) = self
+                            .service
+                            .state
+                            .locks()
+                            .registry()
+                            .registry
+                            .get_mut(id.pid)
                             && image.id == id
                         {
                             image.exe = exe;
@@ -231,7 +276,7 @@ impl Service {
                         }
                     }
                     let maps = {
-                        let held = self.state.locks().registry();
+                        let held = self.service.state.locks().registry();
                         let added = held.registry.get(id.pid).filter(|image| image.id == id);
                         if let Some(added) = added {
                             ::tracing::debug!(pid = id.pid, gen = id.generation, comm = %added.comm, ppid = ?added.ppid, maps = added.maps.as_ref().map_or(0, |m| m.mappings().len()), "new image");
@@ -239,36 +284,41 @@ impl Service {
                         added.and_then(|image| image.maps.clone())
                     };
                     if let Some(maps) = maps {
-                        self.queue_unwind(id, maps);
+                        Unwinder::new(self.service).queue_unwind(id, maps);
                     }
                 }
                 Some(Event::End(end)) => ends.push(end),
                 Some(Event::Mapped { image }) => {
                     if let Some(ProcRead::Maps(maps)) = read.get_mut(index).map(std::mem::take)
-                        && let Some(live) =
-                            self.state.locks().registry().registry.get_mut(image.pid)
+                        && let Some(live) = self
+                            .service
+                            .state
+                            .locks()
+                            .registry()
+                            .registry
+                            .get_mut(image.pid)
                         && live.id == image
                         && live.ended.is_none()
                     {
                         live.maps = Some(maps);
                     }
-                    self.queue_discovery(image.pid, true);
-                    self.queue_remap(image);
+                    Discoverer::new(self.service).queue_discovery(image.pid, true);
+                    Unwinder::new(self.service).queue_remap(image);
                 }
                 // Its map was made when the batch was read.
                 Some(Event::Spill { .. }) => {}
                 Some(Event::ScopeCandidate { pid, is_fork }) => {
                     if !is_fork {
-                        self.queue_discovery(pid, true);
+                        Discoverer::new(self.service).queue_discovery(pid, true);
                     }
-                    let mut held = self.state.locks().kernel().scope();
+                    let mut held = self.service.state.locks().kernel().scope();
                     scope::on_exec_or_fork(&mut **held.kernel, &held.scope, pid, is_fork);
                 }
                 None => {}
             }
         }
         self.end_images(ends, &mut blocks);
-        self.events_applied();
+        self.service.events_applied();
     }
 
     /// Ends images with their blocks (read already: `blocks`), which leave
@@ -281,7 +331,7 @@ impl Service {
         if ends.is_empty() {
             return;
         }
-        let mut held = self.state.locks().kernel();
+        let mut held = self.service.state.locks().kernel();
         for end in &ends {
             held.kernel
                 .remove_process_mappings(end.image.pid, end.image.generation);
@@ -290,7 +340,8 @@ impl Service {
         // the registry's (which the cheap routes need) is held only to
         // record the ends.
         let images: Vec<ImageId> = ends.iter().map(|end| end.image).collect();
-        let (ended, keys) = events::collect_ended(&**held.kernel, ends, blocks, &self.stopping);
+        let (ended, keys) =
+            events::collect_ended(&**held.kernel, ends, blocks, &self.service.stopping);
         let mut held = held.registry();
         for (end, kept) in ended {
             held.registry.end(end, kept);
@@ -309,11 +360,13 @@ impl Service {
     pub fn reconcile_lost_images(&self) -> usize {
         use std::sync::atomic::Ordering;
         let dropped = self
+            .service
             .counters()
             .into_iter()
             .find_map(|(name, value)| (name == "drop_events").then_some(value))
             .unwrap_or(0);
         if self
+            .service
             .upkeep
             .events_dropped_seen
             .swap(dropped, Ordering::AcqRel)
@@ -321,9 +374,9 @@ impl Service {
         {
             return 0;
         }
-        let tracked = self.totals.all_proc_stats();
+        let tracked = self.service.totals.all_proc_stats();
         let unknown: Vec<ImageId> = {
-            let held = self.state.locks().registry();
+            let held = self.service.state.locks().registry();
             tracked
                 .iter()
                 .map(|(tgid, stats)| ImageId::new(*tgid, stats.generation))
@@ -333,13 +386,13 @@ impl Service {
         for &image in &unknown {
             let read = events::new_image(image, &[0; 16]);
             let maps = read.maps.clone();
-            self.state.locks().registry().registry.add(read);
+            self.service.state.locks().registry().registry.add(read);
             if let Some(maps) = maps {
-                self.queue_unwind(image, maps);
+                Unwinder::new(self.service).queue_unwind(image, maps);
             }
         }
         if !unknown.is_empty() {
-            self.events_applied();
+            self.service.events_applied();
             tracing::warn!(
                 images = unknown.len(),
                 events_lost = dropped,
@@ -353,7 +406,7 @@ impl Service {
     /// process is gone without an end event), then forgets the tracing
     /// state of images the registry no longer knows.
     pub fn expire(&self) {
-        let mut held = self.state.locks().registry().control();
+        let mut held = self.service.state.locks().registry().control();
         held.registry.expire(SystemTime::now());
         let registry = &held.registry;
         held.control.retain(|image| registry.knows(image));
@@ -370,7 +423,7 @@ impl Service {
         // The walk over every live block (seconds over millions) holds the
         // kernel lock shared: a snapshot's scan runs beside it, and only
         // what changes the kernel side (an image's end) waits for it.
-        let held = self.state.locks().kernel_shared();
+        let held = self.service.state.locks().kernel_shared();
         // The images with own spill maps before the scan: only they may be
         // found stale by it. One whose maps were made during the scan (its
         // first blocks came after the scan read what the kernel tracks,
@@ -378,22 +431,24 @@ impl Service {
         // maps were dropped while it lived: its blocks in them lost, the
         // rest sent to LIVE_ALLOCS.
         let had_maps: HashSet<ImageId> = held.kernel.own_spill_images().into_iter().collect();
-        let walked = orphans::walk(&**held.kernel, &self.stopping);
+        let walked = orphans::walk(&**held.kernel, &self.service.stopping);
         drop(held);
-        let Some(digest) = walked.and_then(|walked| orphans::digest(walked, &self.stopping)) else {
+        let Some(digest) =
+            walked.and_then(|walked| orphans::digest(walked, &self.service.stopping))
+        else {
             return 0;
         };
         let scan = {
-            let mut held = self.state.locks().kernel();
+            let mut held = self.service.state.locks().kernel();
             scope::prune(&mut **held.kernel);
             orphans::apply(&mut **held.kernel, digest)
         };
         // Blocks of images ended since the walk are among the untracked:
         // the registry dooms only those seen so in two sweeps in a row.
-        let Some(untracked) = orphans::untracked(&scan, &self.stopping) else {
+        let Some(untracked) = orphans::untracked(&scan, &self.service.stopping) else {
             return 0;
         };
-        let held = self.state.locks().kernel();
+        let held = self.service.state.locks().kernel();
         let mut held = held.registry();
         let doomed = orphans::doomed(&scan, &untracked, &mut held.registry);
         drop(held.registry);
@@ -416,27 +471,22 @@ impl Service {
         held.kernel.drop_own_spill(&stale);
         drop(held.kernel);
         let took = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
-        self.upkeep
+        self.service
+            .upkeep
             .sweeps
             .last_took_us
             .store(took, Ordering::Release);
-        self.upkeep
+        self.service
+            .upkeep
             .sweeps
             .last_ended_ms
             .store(crate::sys::unix_ms(SystemTime::now()), Ordering::Release);
-        self.upkeep.sweeps.sweeps.fetch_add(1, Ordering::AcqRel);
+        self.service
+            .upkeep
+            .sweeps
+            .sweeps
+            .fetch_add(1, Ordering::AcqRel);
         removed
-    }
-
-    /// The orphan sweeps so far: how many, when the last ended, how long
-    /// it took. No lock taken.
-    pub fn sweep_record(&self) -> SweepRecord {
-        use std::sync::atomic::Ordering;
-        SweepRecord {
-            sweeps: self.upkeep.sweeps.sweeps.load(Ordering::Acquire),
-            last_ended_ms: self.upkeep.sweeps.last_ended_ms.load(Ordering::Acquire),
-            last_took_us: self.upkeep.sweeps.last_took_us.load(Ordering::Acquire),
-        }
     }
 
     /// Removes the kernel's totals per stack (`STACK_TOTALS`) of images it
@@ -447,12 +497,12 @@ impl Service {
     /// are seen. Read with the kernel lock shared; it is held alone only to
     /// remove them (the generations of ended images never come back).
     /// Those of an image whose end tracerd has not handled yet stay: they
-    /// name its stacks, which its end reads ([`Service::collect_stacks`]
+    /// name its stacks, which its end reads ([`Housekeeping::collect_stacks`]
     /// leaves a named stack). Returns how many were removed.
     pub fn sweep_stack_totals(&self) -> usize {
-        let held = self.state.locks().kernel_shared();
+        let held = self.service.state.locks().kernel_shared();
         let entries = held.kernel.stack_totals(None);
-        if entries.is_empty() || self.stopping.is_raised() {
+        if entries.is_empty() || self.service.stopping.is_raised() {
             return 0;
         }
         let mut tracked: HashSet<u32> = held
@@ -462,7 +512,8 @@ impl Service {
             .map(|(_, stats)| stats.generation)
             .collect();
         tracked.extend(
-            self.state
+            self.service
+                .state
                 .locks()
                 .registry()
                 .registry
@@ -478,7 +529,8 @@ impl Service {
         if ended.is_empty() {
             return 0;
         }
-        self.state
+        self.service
+            .state
             .locks()
             .kernel()
             .kernel

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use tracer_common::{MAP_LIVE_ALLOCS, MAP_STACKS};
 
-use super::Service;
+use super::Housekeeping;
 use super::state::lock;
 use crate::capture::ImageId;
 use crate::lifecycle::blocks::live_stats;
@@ -33,7 +33,7 @@ pub(super) struct LossLog {
     stack_store_full: Option<(u64, Instant)>,
 }
 
-impl Service {
+impl Housekeeping<'_> {
     /// Logs the losses since they were last logged (see the module doc):
     /// per live process, its pid and command, what it lost and why when the
     /// kernel tells (past its share of the live-block maps, or of the stack
@@ -41,7 +41,7 @@ impl Service {
     /// its cut tracebacks; host-wide, a full stack map with what to raise.
     pub fn log_drops(&self) {
         let (max, max_stacks, stacks_capacity) = {
-            let held = self.state.locks().kernel_shared();
+            let held = self.service.state.locks().kernel_shared();
             let config = held.kernel.config();
             (
                 config.process_max_blocks(),
@@ -51,11 +51,12 @@ impl Service {
         };
         let now = Instant::now();
         let store_full = self
+            .service
             .counters()
             .into_iter()
             .find_map(|(name, value)| (name == "drop_stack").then_some(value))
             .unwrap_or(0);
-        let mut log = lock(&self.upkeep.drops_logged);
+        let mut log = lock(&self.service.upkeep.drops_logged);
         let (last_full, full_at) = log.stack_store_full.unwrap_or((0, now - DROPS_LOG_EVERY));
         if store_full > last_full && now.duration_since(full_at) >= DROPS_LOG_EVERY {
             log.stack_store_full = Some((store_full, now));
@@ -68,11 +69,11 @@ impl Service {
         }
         // The totals through the shared reader: the registry's lock only,
         // not held behind a pass over the kernel maps.
-        let held = self.state.locks().registry();
+        let held = self.service.state.locks().registry();
         let mut seen = std::collections::HashSet::new();
         for image in held.registry.live() {
             seen.insert(image.id);
-            let stats = live_stats(&*self.totals, image.id);
+            let stats = live_stats(&*self.service.totals, image.id);
             let last = log.images.get(&image.id).copied().unwrap_or(Logged {
                 drops: 0,
                 cut: 0,
@@ -110,6 +111,7 @@ impl Service {
                     "a process is past its share of the live-block maps: its new blocks are not traced (process_share)"
                 );
             } else if let Some(stacks) = self
+                .service
                 .totals
                 .proc_totals(image.pid())
                 .filter(|t| t.stats.generation == image.id.generation)

@@ -6,28 +6,40 @@
 //! process images, tracemalloc's start/stop/clear state, the scope and the
 //! snapshot store, behind the locks of [`state`] (taken in one order by one
 //! function), and the [`SnapshotBuilder`] that symbolizes. Its methods are
-//! tracemalloc's module API over processes:
+//! tracemalloc's module API over processes, what the HTTP layer, `/metrics`
+//! and `app.rs` ask:
 //!
 //! - [`processes`]: `get_traced_memory()` and the process list;
 //! - [`snapshots`]: `take_snapshot()` now or stored, loaded files, labels;
-//! - [`triggers`]: snapshots taken and kept by a policy (every interval);
 //! - [`compare`]: the two sides of `compare_to()`;
 //! - [`control`]: `start`, `stop`, `is_tracing`, `clear_traces`,
 //!   `reset_peak`;
 //! - [`inspect`]: `get_tracemalloc_memory()`, `get_object_traceback()`, the
 //!   kernel maps, health and the last-stop record;
-//! - [`housekeeping`]: kernel events, expiry and the orphan sweep;
 //! - [`scope`]: which processes are traced;
-//! - [`exec_hold`]: execs held until their probes are in place;
 //! - [`access`]: who sees which processes and snapshots ([`Viewer`]).
+//!
+//! The background work is not the façade's: each has an owner of its own
+//! over the service's state, which `tasks.rs` drives (`app.rs` too, for the
+//! tables of the processes found at start):
+//!
+//! - [`Housekeeping`] ([`housekeeping`], [`losses`], `stacks`): kernel
+//!   events, expiry, lost images, the stacks' collection, the losses
+//!   logged and the orphan sweeps;
+//! - [`Discoverer`] (`allocators`): allocator discovery;
+//! - [`Unwinder`] (`unwind`): the unwind queue;
+//! - [`ExecHolder`] ([`exec_hold`]): execs held until their probes are in
+//!   place;
+//! - [`Triggers`] ([`triggers`]): snapshots taken and kept by a policy
+//!   (every interval).
 //!
 //! Every method blocks (map syscalls, DWARF, files): call them from
 //! blocking threads. Results are typed; errors are [`ServiceError`].
 use std::time::{Duration, SystemTime};
 
 use crate::capture::KernelMaps;
-use crate::config::FramePatterns;
 use crate::lifecycle::{Registry, TracingControl};
+use crate::snapshot::FramePatterns;
 use crate::snapshot::SnapshotBuilder;
 use crate::store::{SnapshotStore, StoreError};
 use crate::symbolize::{Symbolizer, SymbolizerStats};
@@ -50,14 +62,17 @@ pub mod triggers;
 mod unwind;
 
 pub use access::Viewer;
+pub use allocators::Discoverer;
 pub use compare::{BaseSpec, Side};
 pub use control::{ProcessTracing, TracingState};
 pub use error::{NotTracedWhy, ServiceError};
-pub use housekeeping::ProcRead;
+pub use exec_hold::ExecHolder;
+pub use housekeeping::{Housekeeping, ProcRead};
 pub use inspect::{Health, KernelMapsView, LastStop, MapUse, TracerMemory};
 pub use processes::{ProcessStatus, ProcessView, SystemMemory, state_of};
 pub use snapshots::{Now, SnapshotRef, Target};
-pub use triggers::AutoPolicy;
+pub use triggers::{AutoPolicy, Triggers};
+pub use unwind::Unwinder;
 
 use state::State;
 
@@ -65,18 +80,18 @@ use state::State;
 pub struct Service {
     state: State,
     /// Makes the images' own spill maps as the events ask, without the
-    /// kernel lock ([`Service::make_own_levels`]); None for the fake
+    /// kernel lock ([`Housekeeping::make_own_levels`]); None for the fake
     /// kernel.
     own_levels: Option<crate::capture::own_spill::OwnLevels>,
     /// `STACK_TOTALS` and `STACKS` read without the kernel lock, for
     /// statistics of live images.
     totals_reader: std::sync::Arc<dyn crate::capture::stack_totals::StackTotalsSource>,
     builder: SnapshotBuilder,
-    /// The unwinder's work: new images waiting for their tables and mappings, images that mapped code, and what the kernel was given ([`Service::unwind_pending`]).
+    /// The unwinder's work: new images waiting for their tables and mappings, images that mapped code, and what the kernel was given ([`Unwinder::unwind_pending`]).
     unwind: unwind::UnwindWork,
-    /// Allocator discovery's state and queues ([`Service::discover_allocators`]).
+    /// Allocator discovery's state and queues ([`Discoverer`]).
     discovery: allocators::Discovery,
-    /// What the exec holds read without the service's locks ([`Service::exec_held`]).
+    /// What the exec holds read without the service's locks ([`ExecHolder::exec_held`]).
     exec_holds: exec_hold::ExecHolds,
     /// What the housekeeping passes remember between ticks: the lost events seen, the sweeps, the losses logged, the stacks unnamed.
     upkeep: housekeeping::Upkeep,
@@ -98,7 +113,7 @@ pub struct Service {
     probe_links: crate::capture::ProbeLinks,
     /// The libraries probed, as `/health` shows them: a copy published
     /// under the kernel lock whenever the list changes
-    /// ([`Service::probe_library`], [`Service::drop_unused_allocators`]),
+    /// ([`Discoverer::probe_library`], [`Discoverer::drop_unused_allocators`]),
     /// so that `/health` never waits on the kernel lock (a wide scope
     /// change holds it for seconds).
     libraries: std::sync::RwLock<Vec<crate::capture::AttachedLibrary>>,

@@ -22,25 +22,25 @@ use std::collections::HashSet;
 
 use tracer_common::MAP_STACKS;
 
-use super::Service;
+use super::Housekeeping;
 use super::state::lock;
 
-/// The stacks seen unnamed at the last collection ([`Service::collect_stacks`]).
+/// The stacks seen unnamed at the last collection ([`Housekeeping::collect_stacks`]).
 #[derive(Debug, Default)]
 pub(super) struct Unnamed {
     ids: HashSet<u64>,
 }
 
-impl Service {
+impl Housekeeping<'_> {
     /// Removes the stacks of `STACKS` that no live block named at this
     /// collection nor at the last one, when the map is at least half full
     /// and every image's totals per stack are exact (see the module doc).
     /// Returns how many were removed.
     pub fn collect_stacks(&self) -> usize {
-        let held = self.state.locks().kernel_shared();
+        let held = self.service.state.locks().kernel_shared();
         let capacity = u64::from(held.kernel.config().max_stacks);
-        if held.kernel.stacks_stored() * 2 < capacity || self.stopping() {
-            lock(&self.upkeep.unnamed_stacks).ids.clear();
+        if held.kernel.stacks_stored() * 2 < capacity || self.service.stopping() {
+            lock(&self.service.upkeep.unnamed_stacks).ids.clear();
             return 0;
         }
         let inexact = held.kernel.all_proc_stats().into_iter().any(|(tgid, _)| {
@@ -67,15 +67,21 @@ impl Service {
             .filter(|id| !named.contains(id))
             .collect();
         let doomed: Vec<u64> = {
-            let mut last = lock(&self.upkeep.unnamed_stacks);
+            let mut last = lock(&self.service.upkeep.unnamed_stacks);
             let doomed = unnamed.intersection(&last.ids).copied().collect();
             last.ids = unnamed;
             doomed
         };
-        if doomed.is_empty() || self.stopping() {
+        if doomed.is_empty() || self.service.stopping() {
             return 0;
         }
-        let removed = self.state.locks().kernel().kernel.remove_stacks(&doomed);
+        let removed = self
+            .service
+            .state
+            .locks()
+            .kernel()
+            .kernel
+            .remove_stacks(&doomed);
         tracing::debug!(
             removed,
             map = MAP_STACKS,

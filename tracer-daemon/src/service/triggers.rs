@@ -34,17 +34,32 @@ impl From<&Config> for AutoPolicy {
     }
 }
 
-impl Service {
+/// The triggered snapshots, driven from `tasks.rs` ([`AutoPolicy`]): takes
+/// and keeps them through the service.
+pub struct Triggers<'a> {
+    service: &'a Service,
+}
+
+impl<'a> Triggers<'a> {
+    /// The triggered snapshots over `service`'s state.
+    #[must_use]
+    pub fn new(service: &'a Service) -> Self {
+        Self { service }
+    }
+
     /// Takes one automatic snapshot of every traced live image (one pass
     /// over the kernel maps) and drops those past `retention`. Returns how
     /// many were taken: none once tracerd is stopping (what was read may be
     /// partial, and is never stored).
     pub fn auto_snapshots(&self, retention: Duration) -> usize {
-        let Ok(images) = self.images_now(Viewer::Operator, AllocatorFrames::Drop) else {
+        let Ok(images) = self
+            .service
+            .images_now(Viewer::Operator, AllocatorFrames::Drop)
+        else {
             return 0;
         };
         let at = SystemTime::now();
-        let mut held = self.state.locks().store();
+        let mut held = self.service.state.locks().store();
         let mut taken = 0;
         let (mut refused, mut last_refusal) = (0usize, None);
         for image in images {

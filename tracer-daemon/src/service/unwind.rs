@@ -4,18 +4,19 @@
 use std::sync::Arc;
 
 use super::Service;
+use super::exec_hold::ExecHolder;
 use crate::capture::ImageId;
 use crate::lifecycle::unwind;
 use crate::sys::modules::ModuleMaps;
 
 /// The unwinder's work, owned by the service and driven from `tasks.rs`
-/// ([`Service::unwind_pending`]): new images waiting for their unwind
+/// ([`Unwinder::unwind_pending`]): new images waiting for their unwind
 /// tables and mappings, images that mapped code, and the mappings the
 /// kernel was given.
 #[derive(Default)]
 pub(super) struct UnwindWork {
     /// New images waiting for their unwind tables and mappings
-    /// ([`Service::unwind_pending`]), kept out of the event loop: compiling
+    /// ([`Unwinder::unwind_pending`]), kept out of the event loop: compiling
     /// a large file takes long enough that the next events' processes
     /// could be gone before they are read.
     pub(super) queue: std::sync::Mutex<
@@ -25,7 +26,7 @@ pub(super) struct UnwindWork {
         )>,
     >,
     /// Images that mapped code since their mappings were read (`Mapped`
-    /// events), for [`Service::unwind_pending`] to re-read.
+    /// events), for [`Unwinder::unwind_pending`] to re-read.
     pub(super) remap: std::sync::Mutex<Vec<crate::capture::ImageId>>,
     /// The mappings last given to the unwinder, by image: what a re-read
     /// of `/proc/PID/maps` is compared with (the registry's copy is
@@ -38,7 +39,21 @@ pub(super) struct UnwindWork {
     >,
 }
 
-impl Service {
+/// The unwinder's work, driven from `tasks.rs` and queued by the events'
+/// handling and the exec holds: new images' unwind tables and mappings,
+/// images that mapped code, the tables of the libraries found at start,
+/// over the service's `UnwindWork`.
+pub struct Unwinder<'a> {
+    service: &'a Service,
+}
+
+impl<'a> Unwinder<'a> {
+    /// The unwinder over `service`'s state.
+    #[must_use]
+    pub fn new(service: &'a Service) -> Self {
+        Self { service }
+    }
+
     /// Compiles, at start, the unwind tables of the host's NSS modules
     /// (`libnss_*.so*` in the C library's default directories): glibc
     /// loads them with `dlopen` at a process's first `getpwnam` or
@@ -70,7 +85,7 @@ impl Service {
         }
         let objects: Vec<(crate::sys::procfs::FileKey, &std::fs::File)> =
             files.iter().map(|(key, file)| (*key, file)).collect();
-        self.tables_before_exec(&objects);
+        ExecHolder::new(self.service).tables_before_exec(&objects);
         objects.len()
     }
 
@@ -84,6 +99,7 @@ impl Service {
     /// offered (read from `/proc/PID/maps`; each file once).
     pub fn preload_running_tables(&self) -> usize {
         let scope = self
+            .service
             .scope_published
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -101,13 +117,14 @@ impl Service {
             .filter_map(|m| Some((m.module.key(), m.module.file()?)))
             .filter(|(key, _)| seen.insert(*key))
             .collect();
-        self.tables_before_exec(&objects);
+        ExecHolder::new(self.service).tables_before_exec(&objects);
         objects.len()
     }
 
-    /// Queues `image` (mappings `maps`) for [`Service::unwind_pending`].
+    /// Queues `image` (mappings `maps`) for [`Unwinder::unwind_pending`].
     pub(super) fn queue_unwind(&self, image: ImageId, maps: Arc<ModuleMaps>) {
-        self.unwind
+        self.service
+            .unwind
             .queue
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -115,9 +132,10 @@ impl Service {
     }
 
     /// Queues `image`, which mapped code (a `Mapped` event), for
-    /// [`Service::unwind_pending`] to re-read its mappings.
+    /// [`Unwinder::unwind_pending`] to re-read its mappings.
     pub(super) fn queue_remap(&self, image: ImageId) {
         let mut queue = self
+            .service
             .unwind
             .remap
             .lock()
@@ -128,7 +146,7 @@ impl Service {
     }
 
     /// Gives every queued new image its unwind tables and mappings (see
-    /// [`Service::unwind_image`]), and re-reads the mappings of the queued
+    /// [`Unwinder::unwind_image`]), and re-reads the mappings of the queued
     /// images that mapped code, updating those that changed; returns how
     /// many images it handled. Run outside the event loop (`tasks`), after
     /// each batch of events.
@@ -137,6 +155,7 @@ impl Service {
         loop {
             let remap = std::mem::take(
                 &mut *self
+                    .service
                     .unwind
                     .remap
                     .lock()
@@ -147,6 +166,7 @@ impl Service {
             }
             let pending = std::mem::take(
                 &mut *self
+                    .service
                     .unwind
                     .queue
                     .lock()
@@ -156,7 +176,7 @@ impl Service {
                 return done;
             }
             for (image, maps) in pending {
-                if self.stopping() {
+                if self.service.stopping() {
                     return done;
                 }
                 self.unwind_image(image, maps);
@@ -170,19 +190,20 @@ impl Service {
     /// without a lock, then its mappings. Nothing when the unwinder is off.
     fn unwind_image(&self, image: ImageId, maps: Arc<ModuleMaps>) {
         let plan = {
-            let held = self.state.locks().kernel_shared();
+            let held = self.service.state.locks().kernel_shared();
             if held.kernel.config().unwind_table_rows == 0 {
                 return;
             }
             unwind::plan(&**held.kernel, image, maps.clone())
         };
         let compiled = unwind::compile_missing(&plan.missing);
-        self.unwind
+        self.service
+            .unwind
             .unwound
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .insert(image, maps.clone());
-        let mut held = self.state.locks().kernel().registry();
+        let mut held = self.service.state.locks().kernel().registry();
         // The image may have ended while its files were compiled (its end
         // removes its mappings under the kernel lock, held from here on:
         // the registry's, which the cheap routes need, is not).
@@ -204,13 +225,13 @@ impl Service {
         // are mappings to remove (a writer waiting for a long read, a
         // snapshot's scan, would hold up every read after it).
         let (stale, images) = {
-            let held = self.state.locks().kernel_shared().registry();
+            let held = self.service.state.locks().kernel_shared().registry();
             let images = held.kernel.unwind_processes();
             let stale = images.iter().any(|image| !held.registry.has_live(*image));
             (stale, images)
         };
         let (images, pruned) = if stale {
-            let mut held = self.state.locks().kernel().registry();
+            let mut held = self.service.state.locks().kernel().registry();
             let registry = &held.registry;
             let pruned = unwind::prune(&mut **held.kernel, |image| registry.has_live(image));
             (held.kernel.unwind_processes(), pruned)
@@ -218,8 +239,9 @@ impl Service {
             (images, 0)
         };
         {
-            let held = self.state.locks().registry();
-            self.unwind
+            let held = self.service.state.locks().registry();
+            self.service
+                .unwind
                 .unwound
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -235,9 +257,10 @@ impl Service {
     /// those that differ from what it was given; returns how many.
     fn remap(&self, images: &[ImageId]) -> usize {
         // Each process's mappings read without the registry's lock.
-        let refreshed = self.refreshed_images(images);
+        let refreshed = self.service.refreshed_images(images);
         let changed = {
             let unwound = self
+                .service
                 .unwind
                 .unwound
                 .lock()

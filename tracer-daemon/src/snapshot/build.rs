@@ -11,10 +11,10 @@ use tracer_model::{
     AllocatorFamily, Frame, FrameExtra, Snapshot, Trace, Traceback, TracebackTotals, interrupt,
 };
 
+use super::frame_patterns::FramePatterns;
 use super::machinery::{AllocatorFrameMatcher, AllocatorFrames};
 use crate::capture::Stopping;
 use crate::capture::stacks::STACK_CUT_MARK;
-use crate::config::FramePatterns;
 use crate::lifecycle::RawBlock;
 use crate::symbolize::{SymFrame, Symbolizer};
 use crate::sys::modules::ModuleMaps;

@@ -22,7 +22,7 @@ use std::{collections::HashMap, sync::Arc};
 use serde::{Deserialize, Serialize};
 use tracer_model::Frame;
 
-use crate::config::FramePatterns;
+use super::frame_patterns::FramePatterns;
 
 /// What a snapshot does with the allocation machinery's leading frames
 /// (the query parameter `allocator_frames`).

@@ -1,6 +1,7 @@
 //! The default `allocator_frames` (what `Config::default()` holds, and
-//! `deploy/tracerd.toml` spells out), by family, and the names as the real
-//! programs spell them that they must and must not match.
+//! `deploy/tracerd.toml` spells out), by family. The names as the real
+//! programs spell them that they must and must not match are
+//! `snapshot::frame_patterns`' tests, beside the matcher.
 
 /// The default patterns (what `Config::default()` holds): pprof's
 /// `drop_frames` for the allocators and wrappers found on Linux hosts,
@@ -342,7 +343,3 @@ const TALLOC: &[&str] = &[
     "__talloc*",
     "_talloc",
 ];
-
-#[cfg(test)]
-#[allow(clippy::unwrap_used)] // Tests may unwrap (CONTRIBUTING.md).
-mod tests;

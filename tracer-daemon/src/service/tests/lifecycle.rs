@@ -11,7 +11,7 @@ fn an_exited_image_keeps_its_last_state_and_its_blocks_leave_the_kernel() {
     kernel.alloc(PID, 0x2000, 28, &[0x40_1000]);
     kernel.alloc(PID, 0x3000, 7, &[]);
     let exit = kernel.exit(PID).expect("traced");
-    service.handle_events(&[exit]);
+    Housekeeping::new(&service).handle_events(&[exit]);
     assert_eq!(
         kernel.block_count(),
         0,
@@ -57,7 +57,7 @@ fn an_exec_ends_the_image_once_and_the_next_generation_starts_empty() {
     kernel.lose_exit(PID);
     let exec = event(ProcEventKind::Exec, first, stats);
     let (second, new) = kernel.start(PID);
-    service.handle_events(&[exec, new]);
+    Housekeeping::new(&service).handle_events(&[exec, new]);
     assert_ne!(first, second);
     assert_eq!(kernel.block_count(), 0);
     let now = service.process(PID).expect("traced");
@@ -98,9 +98,9 @@ fn tracing_state_of_images_that_are_gone_is_forgotten_at_expiry() {
     };
     assert_eq!(overrides(&service), Some(1));
     let exit = kernel.exit(PID).expect("traced");
-    service.handle_events(&[exit]);
+    Housekeeping::new(&service).handle_events(&[exit]);
     std::thread::sleep(Duration::from_millis(5));
-    service.expire();
+    Housekeeping::new(&service).expire();
     assert!(service.process(PID).is_err(), "past its retention");
     assert_eq!(overrides(&service), Some(0));
 }
@@ -115,10 +115,18 @@ fn blocks_whose_end_was_never_seen_are_swept_at_the_second_pass() {
     let traced = PID + 1;
     start(&kernel, &service, traced);
     kernel.alloc(traced, 0x1000, 10, &[0x40_1000]);
-    assert_eq!(service.sweep_orphans(), 0, "its totals are still tracked");
+    assert_eq!(
+        Housekeeping::new(&service).sweep_orphans(),
+        0,
+        "its totals are still tracked"
+    );
     kernel.lose_exit(PID);
-    assert_eq!(service.sweep_orphans(), 0, "once is not enough");
-    assert_eq!(service.sweep_orphans(), 2);
+    assert_eq!(
+        Housekeeping::new(&service).sweep_orphans(),
+        0,
+        "once is not enough"
+    );
+    assert_eq!(Housekeeping::new(&service).sweep_orphans(), 2);
     assert_eq!(
         kernel.block_count(),
         1,

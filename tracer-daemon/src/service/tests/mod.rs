@@ -11,9 +11,9 @@ use tracer_model::GroupBy;
 use super::*;
 use crate::capture::ImageId;
 use crate::capture::fake::{FakeKernel, event};
-use crate::config::FramePatterns;
 use crate::lifecycle::{ImageState, Scope};
 use crate::snapshot::AllocatorFrames;
+use crate::snapshot::FramePatterns;
 use crate::store::StoreError;
 
 mod lifecycle;
@@ -39,6 +39,6 @@ pub(crate) fn service() -> (FakeKernel, Arc<Service>) {
 /// Starts `pid` on the fake kernel and tells the service.
 pub(crate) fn start(kernel: &FakeKernel, service: &Service, pid: u32) -> ImageId {
     let (image, new) = kernel.start(pid);
-    service.handle_events(&[new]);
+    Housekeeping::new(service).handle_events(&[new]);
     image
 }

@@ -170,12 +170,15 @@ fn once_stopping_snapshots_answer_stopping_and_nothing_partial_is_stored() {
         service.object_traceback(PID, 0x1000, AllocatorFrames::Drop),
         Err(ServiceError::NoBlock { .. } | ServiceError::Stopping)
     ));
-    assert_eq!(service.auto_snapshots(Duration::from_secs(60)), 0);
+    assert_eq!(
+        Triggers::new(&service).auto_snapshots(Duration::from_secs(60)),
+        0
+    );
     assert_eq!(service.stored_count(), 1, "only the snapshot of before");
     // The sweep removes nothing from a scan cut short.
     kernel.lose_exit(PID);
-    assert_eq!(service.sweep_orphans(), 0);
-    assert_eq!(service.sweep_orphans(), 0);
+    assert_eq!(Housekeeping::new(&service).sweep_orphans(), 0);
+    assert_eq!(Housekeeping::new(&service).sweep_orphans(), 0);
     assert_eq!(kernel.block_count(), 2);
 }
 

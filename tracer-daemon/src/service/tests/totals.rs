@@ -66,10 +66,14 @@ fn the_totals_per_stack_of_ended_images_leave_the_kernel_at_the_sweep() {
     let live = start(&kernel, &service, PID + 1);
     kernel.alloc(PID, 0x1000, 100, &[0x40_1000]);
     kernel.alloc(PID + 1, 0x1000, 10, &[0x40_1000]);
-    assert_eq!(service.sweep_stack_totals(), 0, "both are tracked");
+    assert_eq!(
+        Housekeeping::new(&service).sweep_stack_totals(),
+        0,
+        "both are tracked"
+    );
     let exit = kernel.exit(PID).expect("traced");
-    service.handle_events(&[exit]);
-    assert_eq!(service.sweep_stack_totals(), 1);
+    Housekeeping::new(&service).handle_events(&[exit]);
+    assert_eq!(Housekeeping::new(&service).sweep_stack_totals(), 1);
     let left: Vec<u32> = StackMaps::stack_totals(&kernel, None)
         .iter()
         .map(|(key, _)| key.generation)

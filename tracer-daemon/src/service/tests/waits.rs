@@ -60,7 +60,7 @@ fn a_query_waits_for_the_image_the_kernel_started_until_its_event_is_applied() {
         let service = service.clone();
         std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(100));
-            service.handle_events(&[exec_end, new]);
+            Housekeeping::new(&service).handle_events(&[exec_end, new]);
         })
     };
     let status = service.process(PID).expect("traced");

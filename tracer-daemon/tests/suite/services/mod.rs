@@ -32,7 +32,7 @@ use std::{
 
 use serde_json::Value;
 
-use tracer_daemon::config::FramePatterns;
+use tracer_daemon::snapshot::FramePatterns;
 
 use crate::suite::support::{TempDir, Tracerd, output_ok};
 

@@ -1,6 +1,7 @@
-//! The defaults against names as the real programs spell them.
-use super::super::FramePatterns;
-use super::defaults;
+//! The default `allocator_frames` against names as the real programs
+//! spell them.
+use super::FramePatterns;
+use crate::config::Config;
 
 /// Names of allocators and their layers: machinery.
 const ALLOCATOR_FRAMES: &[&str] = &[
@@ -238,7 +239,7 @@ const USER_MODULES: &[&str] = &[
 /// them), against the defaults.
 #[test]
 fn the_defaults_know_real_allocator_names() {
-    let p = FramePatterns::compile(&defaults()).unwrap();
+    let p = FramePatterns::compile(&Config::default().capture.allocator_frames).unwrap();
     for &name in ALLOCATOR_FRAMES {
         assert!(p.matches_function(name), "{name} is machinery");
     }
