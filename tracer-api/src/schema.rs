@@ -405,13 +405,34 @@ impl<D> Schema for crate::CompareAnswer<D> {
                 "traceback",
             ],
         );
-        let side = object(
-            &[(
-                "kind",
-                words(&["snapshot", "tracing_start", "now", "since"]),
-            )],
-            &["kind"],
+        let kinds = || words(&["snapshot", "tracing_start", "now", "since"]);
+        let snapshot_kind = || words(&["taken", "auto", "loaded"]);
+        let part = object(
+            &[
+                ("pid", int()),
+                ("kind", kinds()),
+                ("id", int()),
+                ("snapshot_kind", snapshot_kind()),
+                ("taken_at_ms", int()),
+                ("at_ms", int()),
+            ],
+            &["pid", "kind"],
         );
+        let mut side = vec![
+            ("kind", kinds()),
+            ("id", int()),
+            ("snapshot_kind", snapshot_kind()),
+            ("label", nullable("string")),
+            ("taken_at_ms", int()),
+            ("allocator_frames", json!({"enum": ["drop", "keep", null]})),
+            ("at_ms", int()),
+            ("since_ms", int()),
+            ("processes", array(part)),
+        ];
+        side.extend(completeness());
+        let mut side_required = vec!["kind"];
+        side_required.extend(COMPLETENESS);
+        let side = object(&side, &side_required);
         let mut properties = query();
         properties.extend([
             ("base", side.clone()),
