@@ -2,8 +2,9 @@
 //! beside their types: tracerd's OpenAPI description gives them as the
 //! response schemas of its routes. Conservative on purpose: a key is
 //! required only where every answer has it, extra keys are allowed, and a
-//! nested value of the model (a frame, a compare side's fields) is only
-//! checked for its type.
+//! nested value of the model (a frame) is only checked for its type; a
+//! compare side names every key its kinds may have, requiring its `kind`
+//! and its completeness.
 use serde_json::{Value, json};
 
 /// A type with a JSON Schema of its wire form.

@@ -490,3 +490,97 @@ fn write_json_traces(
     }
     sink.write_all(b"}")
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use tracer_model::{AllocatorFamily, Frame};
+
+    use super::*;
+    use crate::http::params::spec;
+
+    /// The JSON body of `response`.
+    fn body(response: Response) -> String {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("a runtime");
+        let bytes = runtime
+            .block_on(axum::body::to_bytes(response.into_body(), 1 << 20))
+            .expect("a body");
+        String::from_utf8(bytes.to_vec()).expect("UTF-8")
+    }
+
+    fn snapshot(size: u64) -> Arc<Snapshot> {
+        let trace = Trace {
+            domain: 42,
+            size,
+            traceback: Arc::new(Traceback::new(vec![Frame::new("a.c", 3)], Some(1))),
+            source: AllocatorFamily::default(),
+        };
+        Arc::new(Snapshot::new(vec![trace], 1))
+    }
+
+    #[test]
+    fn a_compare_answer_is_the_json_it_was() {
+        let params =
+            Params::parse(Some("limit=5&include=a.c"), spec::COMPARE_NOW).expect("a query");
+        let query = stats_query(&params).expect("a query");
+        let base = Side {
+            snapshot: snapshot(8),
+            info: SideKind::Snapshot {
+                id: 3,
+                snapshot_kind: tracer_api::SnapshotKind::Taken,
+                label: Some(Some("before".into())),
+                taken_at_ms: 5,
+                allocator_frames: Some(None),
+                since_ms: None,
+            },
+            completeness: Completeness::of_process(42, 2, 0),
+            allocator_frames: None,
+        };
+        let new = Side {
+            snapshot: snapshot(24),
+            info: SideKind::Now {
+                at_ms: 9,
+                allocator_frames: tracer_api::AllocatorFrames::Drop,
+            },
+            completeness: Completeness::complete(),
+            allocator_frames: None,
+        };
+        let response = compare_response(&base, &new, &query, Some(42)).expect("an answer");
+        assert_eq!(
+            body(response),
+            concat!(
+                r#"{"base":{"allocator_frames":null,"complete":false,"cut_tracebacks":0,"cut_tracebacks_by_pid":{},"drops":2,"drops_by_pid":{"42":2},"id":3,"kind":"snapshot","label":"before","snapshot_kind":"taken","taken_at_ms":5},"#,
+                r#""complete":false,"cumulative":false,"filters":{"include":["a.c"]},"group_by":"lineno","limit":5,"#,
+                r#""new":{"allocator_frames":"drop","at_ms":9,"complete":true,"cut_tracebacks":0,"cut_tracebacks_by_pid":{},"drops":0,"drops_by_pid":{},"kind":"now"},"#,
+                r#""pid":42,"statistics":[{"count":1,"count_diff":0,"size":24,"size_diff":16,"text":"a.c:3: size=24 B (+16 B), count=1 (+0), average=24 B","traceback":[{"filename":"a.c","lineno":3}]}],"total":1}"#,
+            )
+        );
+    }
+
+    #[test]
+    fn a_statistics_answer_is_the_json_it_was() {
+        let params = Params::parse(None, spec::STATISTICS_NOW).expect("a query");
+        let query = stats_query(&params).expect("a query");
+        let target = tracer_api::StatisticsTarget::System {
+            allocator_frames: tracer_api::AllocatorFrames::Drop,
+            current: 8,
+            peak: 9,
+            pids: vec![42],
+            totals: tracer_api::Totals::PerBlock,
+        };
+        let response = statistics_response(&snapshot(8), &Completeness::complete(), &query, target)
+            .expect("an answer");
+        assert_eq!(
+            body(response),
+            concat!(
+                r#"{"allocator_frames":"drop","complete":true,"cumulative":false,"current":8,"cut_tracebacks":0,"cut_tracebacks_by_pid":{},"drops":0,"drops_by_pid":{},"#,
+                r#""filters":{},"group_by":"lineno","limit":50,"peak":9,"pids":[42],"#,
+                r#""statistics":[{"count":1,"size":8,"text":"a.c:3: size=8 B, count=1, average=8 B","traceback":[{"filename":"a.c","lineno":3}]}],"#,
+                r#""total":1,"totals":"per_block","traceback_limit":1,"traces":1}"#,
+            )
+        );
+    }
+}

@@ -47,7 +47,7 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
-use serde_json::json;
+use serde::Serialize;
 use tracer_api::{ProcessList, ProcessState, ScopeView, StatisticsAnswer, StatisticsTarget};
 
 use super::{Context, warn_incomplete};
@@ -322,38 +322,34 @@ fn print(
     gathered: &Gathered,
 ) -> Result<(), CliError> {
     if ctx.json {
-        let processes: Vec<serde_json::Value> = gathered
-            .members
-            .iter()
-            .map(|m| {
-                let mut record = json!(m.record);
-                record["depth"] = json!(m.depth);
-                record["adopted"] = json!(m.adopted);
-                record
-            })
-            .collect();
-        let statistics: serde_json::Map<String, serde_json::Value> = gathered
-            .tables
-            .iter()
-            .filter_map(|(index, stats)| {
-                let member = gathered.members.get(*index)?;
-                Some((member.record.pid().to_string(), json!(stats)))
-            })
-            .collect();
-        let ended = match ending {
-            Ending::Code(code) => json!({"status": code}),
-            Ending::Signal(signal) => json!({"signal": signal}),
+        let report = JsonReport {
+            pid: root,
+            ended: match ending {
+                Ending::Code(status) => Ended::Status { status },
+                Ending::Signal(signal) => Ended::Signal { signal },
+            },
+            exit_code: ending.exit_code(),
+            processes: gathered
+                .members
+                .iter()
+                .map(|m| JsonMember {
+                    record: &m.record,
+                    depth: m.depth,
+                    adopted: m.adopted,
+                })
+                .collect(),
+            statistics: gathered
+                .tables
+                .iter()
+                .filter_map(|(index, stats)| {
+                    let member = gathered.members.get(*index)?;
+                    Some((member.record.pid().to_string(), stats))
+                })
+                .collect(),
         };
-        return emit(
-            &json!({
-                "pid": root,
-                "ended": ended,
-                "exit_code": ending.exit_code(),
-                "processes": processes,
-                "statistics": statistics,
-            })
-            .to_string(),
-        );
+        // Through a Value, as it was built: its keys sorted at every level.
+        let text = serde_json::to_value(&report).map_err(|e| CliError::Run(e.to_string()))?;
+        return emit(&text.to_string());
     }
     for member in &gathered.members {
         if !member.record.complete() {
@@ -373,4 +369,84 @@ fn print(
         tracer_pid: std::process::id(),
     };
     emit(&report::render(&outcome, &ctx.style(args.bytes)))
+}
+
+/// `tracer run --json`: the command, how it ended, its tree and the
+/// statistics of the members that held blocks (sent through a Value:
+/// keys sorted at every level).
+#[derive(Serialize)]
+struct JsonReport<'a> {
+    /// The command's pid.
+    pid: u32,
+    /// How the command ended.
+    ended: Ended,
+    /// tracer's exit status (the command's, or 128 + the signal).
+    exit_code: u8,
+    /// The tree's images, in the report's order.
+    processes: Vec<JsonMember<'a>>,
+    /// The statistics answers of the members that held blocks, by pid.
+    statistics: std::collections::BTreeMap<String, &'a StatisticsAnswer>,
+}
+
+/// How the command ended: `{"status": N}` or `{"signal": N}`.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum Ended {
+    /// It exited with this status.
+    Status { status: i32 },
+    /// This signal killed it.
+    Signal { signal: i32 },
+}
+
+/// One image of the tree: its record, its depth (0: the command's pid)
+/// and whether tracer adopted it.
+#[derive(Serialize)]
+struct JsonMember<'a> {
+    #[serde(flatten)]
+    record: &'a Record,
+    depth: usize,
+    adopted: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use tracer_api::ProcessState;
+
+    use super::*;
+    use crate::format::tests::{answer, process};
+
+    #[test]
+    fn the_json_report_is_sorted_at_every_level() {
+        let traced = Record::Traced(process(5, "names", 64, ProcessState::Exited));
+        let untraced = tree::untraced(6, Some(5), "true", 7);
+        let stats = answer(Vec::new());
+        let report = JsonReport {
+            pid: 5,
+            ended: Ended::Signal { signal: 9 },
+            exit_code: 137,
+            processes: vec![
+                JsonMember {
+                    record: &traced,
+                    depth: 0,
+                    adopted: false,
+                },
+                JsonMember {
+                    record: &untraced,
+                    depth: 1,
+                    adopted: true,
+                },
+            ],
+            statistics: [("5".to_string(), &stats)].into_iter().collect(),
+        };
+        let text = serde_json::to_value(&report).unwrap().to_string();
+        assert_eq!(
+            text,
+            concat!(
+                r#"{"ended":{"signal":9},"exit_code":137,"pid":5,"processes":["#,
+                r#"{"adopted":false,"allocs":0,"blocks":0,"cgroup":null,"comm":"names","complete":true,"container_id":null,"current":64,"cut_tracebacks":0,"depth":0,"drops":0,"ended_ms":null,"exe":null,"first_seen_ms":0,"frees":0,"generation":1,"is_tracing":true,"nspid":null,"owner_uid":null,"peak":64,"pid":5,"ppid":null,"state":"exited","traceback_limit":1,"unknown_frees":0},"#,
+                r#"{"adopted":true,"comm":"true","depth":1,"first_seen_ms":7,"pid":6,"ppid":5,"state":"exited","untraced":true}],"#,
+                r#""statistics":{"5":{"allocator_frames":"drop","complete":true,"cumulative":false,"cut_tracebacks":0,"cut_tracebacks_by_pid":{},"drops":0,"drops_by_pid":{},"filters":{},"group_by":"lineno","limit":10,"pid":1,"process":null,"statistics":[],"total":0,"totals":"per_block","traceback_limit":1,"traces":0}}}"#,
+            )
+        );
+    }
 }
