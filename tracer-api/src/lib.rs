@@ -36,8 +36,8 @@ pub use snapshot::{
     SnapshotSummary, StoreHeader,
 };
 pub use views::{
-    CompareAnswer, CompareSide, Frame, SideKind, Statistic, StatisticDiff, StatisticsAnswer,
-    StatisticsTarget, Totals, Trace, TracesAnswer, TracesTarget,
+    CompareAnswer, CompareSide, Frame, SideKind, SincePart, Statistic, StatisticDiff,
+    StatisticsAnswer, StatisticsTarget, Totals, Trace, TracesAnswer, TracesTarget,
 };
 
 /// `value` as tracerd sends the answers that were `json!` objects: through

@@ -2,8 +2,9 @@
 //! beside their types: tracerd's OpenAPI description gives them as the
 //! response schemas of its routes. Conservative on purpose: a key is
 //! required only where every answer has it, extra keys are allowed, and a
-//! nested value of the model (a frame, a compare side's fields) is only
-//! checked for its type.
+//! nested value of the model (a frame) is only checked for its type; a
+//! compare side names every key its kinds may have, requiring its `kind`
+//! and its completeness.
 use serde_json::{Value, json};
 
 /// A type with a JSON Schema of its wire form.
@@ -405,13 +406,34 @@ impl<D> Schema for crate::CompareAnswer<D> {
                 "traceback",
             ],
         );
-        let side = object(
-            &[(
-                "kind",
-                words(&["snapshot", "tracing_start", "now", "since"]),
-            )],
-            &["kind"],
+        let kinds = || words(&["snapshot", "tracing_start", "now", "since"]);
+        let snapshot_kind = || words(&["taken", "auto", "loaded"]);
+        let part = object(
+            &[
+                ("pid", int()),
+                ("kind", kinds()),
+                ("id", int()),
+                ("snapshot_kind", snapshot_kind()),
+                ("taken_at_ms", int()),
+                ("at_ms", int()),
+            ],
+            &["pid", "kind"],
         );
+        let mut side = vec![
+            ("kind", kinds()),
+            ("id", int()),
+            ("snapshot_kind", snapshot_kind()),
+            ("label", nullable("string")),
+            ("taken_at_ms", int()),
+            ("allocator_frames", json!({"enum": ["drop", "keep", null]})),
+            ("at_ms", int()),
+            ("since_ms", int()),
+            ("processes", array(part)),
+        ];
+        side.extend(completeness());
+        let mut side_required = vec!["kind"];
+        side_required.extend(COMPLETENESS);
+        let side = object(&side, &side_required);
         let mut properties = query();
         properties.extend([
             ("base", side.clone()),

@@ -255,9 +255,18 @@ fn statistics_of_each_target_are_the_json_objects_they_were() {
 fn a_compare_reads_back_with_its_sides() {
     let text = r#"{"base":{"complete":true,"cut_tracebacks":0,"cut_tracebacks_by_pid":{},"drops":0,"drops_by_pid":{},"id":3,"kind":"snapshot","label":null,"snapshot_kind":"taken","taken_at_ms":5},"complete":true,"cumulative":false,"filters":{},"group_by":"lineno","limit":10,"new":{"allocator_frames":"drop","at_ms":9,"complete":true,"cut_tracebacks":0,"cut_tracebacks_by_pid":{},"drops":0,"drops_by_pid":{},"kind":"now"},"pid":42,"statistics":[{"count":1,"count_diff":1,"size":8,"size_diff":-8,"text":"t","traceback":[{"filename":"a.c","lineno":1}]}],"total":1}"#;
     let answer: CompareAnswer = serde_json::from_str(text).unwrap();
-    assert_eq!(answer.base.kind, SideKind::Snapshot);
-    assert_eq!(answer.base.number("id"), Some(3));
-    assert_eq!(answer.base.text("label"), None);
+    assert_eq!(
+        answer.base.kind,
+        SideKind::Snapshot {
+            id: 3,
+            snapshot_kind: SnapshotKind::Taken,
+            label: Some(None),
+            taken_at_ms: 5,
+            allocator_frames: None,
+            since_ms: None,
+        }
+    );
+    assert!(answer.base.completeness.complete);
     assert_eq!(answer.statistics[0].size_diff, -8);
     assert_eq!(wire(&answer), text);
 }
@@ -315,4 +324,92 @@ fn a_file_header_is_the_object_the_store_wrote_and_reads_leniently() {
             .traced_memory
             .is_none()
     );
+}
+
+#[test]
+fn compare_sides_are_what_tracerd_built_as_json() {
+    let complete = Completeness {
+        complete: true,
+        ..Completeness::default()
+    };
+    let side = |kind: SideKind| CompareSide {
+        kind,
+        completeness: complete.clone(),
+    };
+    let tail = r#""complete":true,"cut_tracebacks":0,"cut_tracebacks_by_pid":{},"drops":0,"drops_by_pid":{}"#;
+    let cases = [
+        (
+            side(SideKind::Snapshot {
+                id: 3,
+                snapshot_kind: SnapshotKind::Taken,
+                label: Some(None),
+                taken_at_ms: 5,
+                allocator_frames: Some(Some(AllocatorFrames::Drop)),
+                since_ms: None,
+            }),
+            format!(
+                r#"{{"allocator_frames":"drop",{tail},"id":3,"kind":"snapshot","label":null,"snapshot_kind":"taken","taken_at_ms":5}}"#
+            ),
+        ),
+        (
+            side(SideKind::Snapshot {
+                id: 3,
+                snapshot_kind: SnapshotKind::Auto,
+                label: None,
+                taken_at_ms: 5,
+                allocator_frames: None,
+                since_ms: Some(7),
+            }),
+            format!(
+                r#"{{{tail},"id":3,"kind":"snapshot","since_ms":7,"snapshot_kind":"auto","taken_at_ms":5}}"#
+            ),
+        ),
+        (
+            side(SideKind::TracingStart {
+                at_ms: 1,
+                since_ms: None,
+            }),
+            format!(r#"{{"at_ms":1,{tail},"kind":"tracing_start"}}"#),
+        ),
+        (
+            side(SideKind::Now {
+                at_ms: 9,
+                allocator_frames: AllocatorFrames::Keep,
+            }),
+            format!(r#"{{"allocator_frames":"keep","at_ms":9,{tail},"kind":"now"}}"#),
+        ),
+        (
+            side(SideKind::Since {
+                since_ms: 4,
+                processes: vec![
+                    SincePart {
+                        pid: 7,
+                        kind: SideKind::TracingStart {
+                            at_ms: 2,
+                            since_ms: None,
+                        },
+                    },
+                    SincePart {
+                        pid: 8,
+                        kind: SideKind::Snapshot {
+                            id: 1,
+                            snapshot_kind: SnapshotKind::Auto,
+                            label: None,
+                            taken_at_ms: 3,
+                            allocator_frames: None,
+                            since_ms: None,
+                        },
+                    },
+                ],
+            }),
+            format!(
+                r#"{{{tail},"kind":"since","processes":[{{"at_ms":2,"kind":"tracing_start","pid":7}},{{"id":1,"kind":"snapshot","pid":8,"snapshot_kind":"auto","taken_at_ms":3}}],"since_ms":4}}"#
+            ),
+        ),
+    ];
+    for (side, text) in cases {
+        assert_eq!(wire(&side), text);
+        let back: CompareSide = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, side);
+    }
 }

@@ -3,10 +3,9 @@
 //! carry as a reader sees them.
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde::{Deserialize, Deserializer, Serialize};
 
-use crate::{AllocatorFrames, Completeness, ProcessView, SnapshotSummary};
+use crate::{AllocatorFrames, Completeness, ProcessView, SnapshotKind, SnapshotSummary};
 
 /// One frame of a traceback (`{"filename", "lineno"}` as tracemalloc's,
 /// plus what symbolization knew).
@@ -187,44 +186,116 @@ pub struct StatisticsAnswer<S = Statistic> {
     pub traces: u64,
 }
 
-/// The kind of a compare side.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+/// What a compare side is: its `kind` (the tag) and what that kind says
+/// of it. Times are Unix ms.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
 pub enum SideKind {
-    /// A stored snapshot: `id`, `snapshot_kind`, `label`, `taken_at_ms`
-    /// (and `since_ms` when chosen by `since=`).
-    Snapshot,
-    /// The empty state when tracing began: `at_ms`.
-    TracingStart,
-    /// A snapshot taken now: `at_ms`, `allocator_frames`.
-    Now,
-    /// Every process's side at `since_ms`: `processes`, one side each.
-    Since,
+    /// A stored snapshot.
+    Snapshot {
+        /// Its id.
+        id: u64,
+        /// How it came to be.
+        snapshot_kind: SnapshotKind,
+        /// Its label (`Some(None)`: the key with null), on a side chosen
+        /// by id or as the default base; absent on one chosen by `since=`.
+        #[serde(
+            default,
+            skip_serializing_if = "Option::is_none",
+            deserialize_with = "present"
+        )]
+        label: Option<Option<String>>,
+        /// Unix ms when it was taken.
+        taken_at_ms: u64,
+        /// What it did with the allocation machinery's frames (`Some(None)`:
+        /// the key with null, unknown), as `label`.
+        #[serde(
+            default,
+            skip_serializing_if = "Option::is_none",
+            deserialize_with = "present"
+        )]
+        allocator_frames: Option<Option<AllocatorFrames>>,
+        /// Unix ms of the moment `since=` asked for, when chosen by it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        since_ms: Option<u64>,
+    },
+    /// The empty state when tracing (of the image) began.
+    TracingStart {
+        /// Unix ms when tracing began.
+        at_ms: u64,
+        /// Unix ms of the moment `since=` asked for, when chosen by it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        since_ms: Option<u64>,
+    },
+    /// A snapshot taken now.
+    Now {
+        /// Unix ms when it was taken.
+        at_ms: u64,
+        /// What it did with the allocation machinery's frames.
+        allocator_frames: AllocatorFrames,
+    },
+    /// Every process's state at `since_ms`, one side each.
+    Since {
+        /// Unix ms of the moment `since=` asked for.
+        since_ms: u64,
+        /// The side of each process (a stored snapshot, or its tracing
+        /// start).
+        processes: Vec<SincePart>,
+    },
 }
 
-/// One side of a compare: its kind, what the kind says of it, and its
-/// completeness (all in `fields`, as documented at [`SideKind`]).
+impl SideKind {
+    /// The stored snapshot's id, for a [`SideKind::Snapshot`].
+    #[must_use]
+    pub fn snapshot_id(&self) -> Option<u64> {
+        match self {
+            SideKind::Snapshot { id, .. } => Some(*id),
+            _ => None,
+        }
+    }
+
+    /// The stored snapshot's label, for a [`SideKind::Snapshot`] that has
+    /// one.
+    #[must_use]
+    pub fn label(&self) -> Option<&str> {
+        match self {
+            SideKind::Snapshot {
+                label: Some(Some(label)),
+                ..
+            } => Some(label),
+            _ => None,
+        }
+    }
+}
+
+/// One process's part of a [`SideKind::Since`] side: `{"pid": ...}` and
+/// its side's keys (no completeness of its own).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SincePart {
+    /// Process id.
+    pub pid: u32,
+    /// Its side ([`SideKind::Snapshot`] or [`SideKind::TracingStart`]).
+    #[serde(flatten)]
+    pub kind: SideKind,
+}
+
+/// One side of a compare (`base` or `new`): what it is, and its
+/// completeness, in one object.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CompareSide {
-    /// What the side is.
-    pub kind: SideKind,
-    /// The rest of its keys.
+    /// What the side is (`kind` and its keys).
     #[serde(flatten)]
-    pub fields: BTreeMap<String, Value>,
+    pub kind: SideKind,
+    /// Its completeness.
+    #[serde(flatten)]
+    pub completeness: Completeness,
 }
 
-impl CompareSide {
-    /// A whole-number field (`id`, `at_ms`, `since_ms`, `taken_at_ms`).
-    #[must_use]
-    pub fn number(&self, name: &str) -> Option<u64> {
-        self.fields.get(name).and_then(Value::as_u64)
-    }
-
-    /// A text field (`label`).
-    #[must_use]
-    pub fn text(&self, name: &str) -> Option<&str> {
-        self.fields.get(name).and_then(Value::as_str)
-    }
+/// A field that may be absent (None), null (`Some(None)`) or a value.
+fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+    d: D,
+) -> Result<Option<Option<T>>, D::Error> {
+    Option::<T>::deserialize(d).map(Some)
 }
 
 /// A compare answer (`format=json`, through a Value: keys sorted):

@@ -83,17 +83,6 @@ impl Answer {
         String::from_utf8_lossy(&self.body).into_owned()
     }
 
-    /// The body as JSON.
-    ///
-    /// # Errors
-    /// [`ClientError::BadAnswer`] when it does not parse.
-    pub fn json(&self, what: &str) -> Result<Value, ClientError> {
-        serde_json::from_slice(&self.body).map_err(|e| ClientError::BadAnswer {
-            what: what.to_string(),
-            reason: e.to_string(),
-        })
-    }
-
     /// The body as one of the API's answers (`tracer_api`).
     ///
     /// # Errors
@@ -154,12 +143,12 @@ impl Client {
         self.ok(Method::GET, path, None)
     }
 
-    /// `GET path` as JSON.
+    /// `GET path` as one of the API's answers (`tracer_api`).
     ///
     /// # Errors
     /// See [`ClientError`].
-    pub fn get_json(&self, path: &str) -> Result<Value, ClientError> {
-        self.get(path)?.json(&format!("GET {path}"))
+    pub fn get_typed<T: serde::de::DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
+        self.get(path)?.typed(&format!("GET {path}"))
     }
 
     /// `POST path` with an optional body (sent as `application/octet-stream`).

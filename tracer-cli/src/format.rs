@@ -7,8 +7,9 @@ use std::io::IsTerminal as _;
 
 use comfy_table::{Cell, CellAlignment, Color, ContentArrangement, Table, presets};
 use owo_colors::OwoColorize as _;
-use serde_json::Value;
-use tracer_api::ProcessStatus;
+use tracer_api::{
+    Completeness, Frame, ProcessStatus, ProcessView, SnapshotSummary, Statistic, StatisticDiff,
+};
 use tracer_model::{format_size, format_size_f64};
 
 use crate::cli::ColorChoice;
@@ -151,40 +152,61 @@ pub fn decide_color(choice: ColorChoice, tty: bool, no_color: bool) -> bool {
     }
 }
 
-/// `value[key]` as a whole number (0 when absent).
-pub fn int(value: &Value, key: &str) -> i64 {
-    value[key]
-        .as_i64()
-        .or_else(|| value[key].as_u64().and_then(|n| i64::try_from(n).ok()))
-        .unwrap_or(0)
+/// A count or size of the API as the tables' signed whole numbers (0
+/// past `i64::MAX`, which no count reaches).
+pub fn int(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(0)
+}
+
+/// A statistic or a diff: a group key and its name.
+pub trait Group {
+    /// The group's name for `function` and `module` groups.
+    fn label(&self) -> Option<&str>;
+    /// The group key: one frame, or a whole traceback, most recent first.
+    fn traceback(&self) -> &[Frame];
+}
+
+impl Group for Statistic {
+    fn label(&self) -> Option<&str> {
+        self.label.as_deref()
+    }
+
+    fn traceback(&self) -> &[Frame] {
+        &self.traceback
+    }
+}
+
+impl Group for StatisticDiff {
+    fn label(&self) -> Option<&str> {
+        self.label.as_deref()
+    }
+
+    fn traceback(&self) -> &[Frame] {
+        &self.traceback
+    }
 }
 
 /// One frame as `file:line`, or `file` when its line is unknown (0).
-fn frame_place(frame: &Value) -> String {
-    let file = frame["filename"].as_str().unwrap_or("<unknown>");
-    match frame["lineno"].as_u64() {
-        Some(line) if line > 0 => format!("{file}:{line}"),
-        _ => file.to_string(),
+fn frame_place(frame: &Frame) -> String {
+    match frame.lineno {
+        0 => frame.filename.clone(),
+        line => format!("{}:{line}", frame.filename),
     }
 }
 
 /// Where a statistic (or diff) counts: the label of a function or module
 /// group, the file of a filename group, `file:line` of a line group, and a
 /// whole traceback one frame a line, most recent first, with functions.
-pub fn place(stat: &Value) -> String {
-    if let Some(label) = stat["label"].as_str() {
+pub fn place(stat: &impl Group) -> String {
+    if let Some(label) = stat.label() {
         return label.to_string();
     }
-    let frames = stat["traceback"]
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or(&[]);
-    match frames {
+    match stat.traceback() {
         [] => "<unknown>".to_string(),
         [frame] => frame_place(frame),
         frames => frames
             .iter()
-            .map(|f| match f["function"].as_str() {
+            .map(|f| match &f.function {
                 Some(function) => format!("{} in {function}", frame_place(f)),
                 None => frame_place(f),
             })
@@ -193,15 +215,15 @@ pub fn place(stat: &Value) -> String {
     }
 }
 
-/// A table of statistics (`"statistics"` of a statistics answer): size,
+/// A table of statistics (`statistics` of a statistics answer): size,
 /// blocks, average, where.
-pub fn statistics_table(stats: &[Value], style: &Style) -> Table {
+pub fn statistics_table(stats: &[Statistic], style: &Style) -> Table {
     let mut table = style.table(
         &["SIZE", "BLOCKS", "AVERAGE", "WHERE"],
         &["SIZE", "BLOCKS", "AVERAGE"],
     );
     for stat in stats {
-        let (size, count) = (int(stat, "size"), int(stat, "count"));
+        let (size, count) = (int(stat.size), int(stat.count));
         table.add_row(vec![
             style.number(style.size(size)),
             style.number(count.to_string()),
@@ -212,24 +234,77 @@ pub fn statistics_table(stats: &[Value], style: &Style) -> Table {
     table
 }
 
-/// A table of differences (`"statistics"` of a compare answer): size and
+/// A table of differences (`statistics` of a compare answer): size and
 /// its change, blocks and their change, where.
-pub fn diff_table(stats: &[Value], style: &Style) -> Table {
+pub fn diff_table(stats: &[StatisticDiff], style: &Style) -> Table {
     let mut table = style.table(
         &["SIZE", "CHANGE", "BLOCKS", "CHANGE", "WHERE"],
         &["SIZE", "CHANGE", "BLOCKS"],
     );
     for stat in stats {
-        let (size_diff, count_diff) = (int(stat, "size_diff"), int(stat, "count_diff"));
+        let (size_diff, count_diff) = (stat.size_diff, stat.count_diff);
         table.add_row(vec![
-            style.number(style.size(int(stat, "size"))),
+            style.number(style.size(int(stat.size))),
             style.delta(style.size_diff(size_diff), size_diff),
-            style.number(int(stat, "count").to_string()),
+            style.number(int(stat.count).to_string()),
             style.delta(format!("{count_diff:+}"), count_diff),
             Cell::new(place(stat)),
         ]);
     }
     table
+}
+
+/// What says whether its figures are complete: an answer's completeness,
+/// a process record, a snapshot summary.
+pub trait Complete {
+    /// False when events were lost or tracebacks cut.
+    fn complete(&self) -> bool;
+    /// Allocator events lost (the kernel maps were full).
+    fn drops(&self) -> u64;
+    /// Blocks recorded with a cut traceback.
+    fn cut_tracebacks(&self) -> u64;
+}
+
+impl Complete for Completeness {
+    fn complete(&self) -> bool {
+        self.complete
+    }
+
+    fn drops(&self) -> u64 {
+        self.drops
+    }
+
+    fn cut_tracebacks(&self) -> u64 {
+        self.cut_tracebacks
+    }
+}
+
+impl Complete for ProcessView {
+    fn complete(&self) -> bool {
+        self.complete
+    }
+
+    fn drops(&self) -> u64 {
+        self.drops
+    }
+
+    fn cut_tracebacks(&self) -> u64 {
+        self.cut_tracebacks
+    }
+}
+
+impl Complete for SnapshotSummary {
+    fn complete(&self) -> bool {
+        self.completeness.complete
+    }
+
+    fn drops(&self) -> u64 {
+        self.completeness.drops
+    }
+
+    fn cut_tracebacks(&self) -> u64 {
+        self.completeness.cut_tracebacks
+    }
 }
 
 /// A table of processes (`"processes"` of `GET /processes`), in the order
@@ -274,8 +349,8 @@ pub fn processes_table(processes: &[&ProcessStatus], style: &Style, state: bool)
 /// lost` (`drops`: allocator events the full kernel maps refused) and `M
 /// tracebacks cut` (`cut_tracebacks`: blocks with a part of their stack),
 /// each when not 0.
-pub fn losses(body: &Value) -> String {
-    lost(int(body, "drops"), int(body, "cut_tracebacks"))
+pub fn losses(body: &impl Complete) -> String {
+    lost(int(body.drops()), int(body.cut_tracebacks()))
 }
 
 /// [`losses`] of `drops` events lost and `cut` tracebacks cut.
@@ -308,201 +383,4 @@ pub const PLAIN: Style = Style {
 };
 
 #[cfg(test)]
-pub(crate) mod tests {
-    use serde_json::json;
-    use tracer_api::{ProcessState, ProcessView};
-
-    use super::*;
-
-    /// A complete process of `current` bytes (peak the same, no blocks).
-    pub fn process(pid: u32, comm: &str, current: u64, state: ProcessState) -> ProcessStatus {
-        ProcessStatus {
-            view: ProcessView {
-                pid,
-                generation: 1,
-                ppid: None,
-                comm: comm.into(),
-                exe: None,
-                nspid: None,
-                cgroup: None,
-                container_id: None,
-                owner_uid: None,
-                state,
-                first_seen_ms: 0,
-                ended_ms: None,
-                current,
-                peak: current,
-                blocks: 0,
-                allocs: 0,
-                frees: 0,
-                unknown_frees: 0,
-                drops: 0,
-                cut_tracebacks: 0,
-                complete: true,
-            },
-            is_tracing: true,
-            traceback_limit: 1,
-        }
-    }
-
-    #[test]
-    fn sizes_are_tracemallocs_or_exact() {
-        assert_eq!(PLAIN.size(5_120_000), "5000 KiB");
-        assert_eq!(PLAIN.size(4242), "4242 B");
-        assert_eq!(PLAIN.size_diff(300), "+300 B");
-        assert_eq!(PLAIN.size_diff(-20_480), "-20.0 KiB");
-        assert_eq!(PLAIN.average(1300, 13), "100 B");
-        assert_eq!(PLAIN.average(0, 0), "-");
-        let exact = Style {
-            bytes: true,
-            ..PLAIN
-        };
-        assert_eq!(exact.size(5_288_192), "5288192");
-        assert_eq!(exact.size_diff(0), "+0");
-        assert_eq!(exact.size_diff(-7), "-7");
-        assert_eq!(exact.average(1000, 3), "333");
-    }
-
-    #[test]
-    fn colour_follows_the_terminal_and_no_color() {
-        assert!(decide_color(ColorChoice::Auto, true, false));
-        assert!(!decide_color(ColorChoice::Auto, true, true));
-        assert!(!decide_color(ColorChoice::Auto, false, false));
-        assert!(decide_color(ColorChoice::Always, false, true));
-        assert!(!decide_color(ColorChoice::Never, true, false));
-        let coloured = Style {
-            color: true,
-            ..PLAIN
-        };
-        assert_eq!(coloured.signed("+1 B", 1), "\u{1b}[31m+1 B\u{1b}[39m");
-        assert_eq!(PLAIN.signed("+1 B", 1), "+1 B");
-    }
-
-    #[test]
-    fn places_name_the_line_file_label_or_traceback() {
-        let frame = |file: &str, line: u64, function: &str| json!({"filename": file, "lineno": line, "function": function});
-        assert_eq!(
-            place(&json!({"traceback": [frame("/src/a.c", 12, "f")]})),
-            "/src/a.c:12"
-        );
-        assert_eq!(
-            place(&json!({"traceback": [frame("/src/a.c", 0, "f")]})),
-            "/src/a.c"
-        );
-        assert_eq!(
-            place(&json!({"label": "alloc_a", "traceback": [frame("/src/a.c", 10, "alloc_a")]})),
-            "alloc_a"
-        );
-        assert_eq!(
-            place(
-                &json!({"traceback": [frame("/src/a.c", 10, "alloc_a"), frame("/src/a.c", 25, "main")]})
-            ),
-            "/src/a.c:10 in alloc_a\n/src/a.c:25 in main"
-        );
-        assert_eq!(place(&json!({"traceback": []})), "<unknown>");
-    }
-
-    #[test]
-    fn a_statistics_table_aligns_its_columns() {
-        let stats = [
-            json!({"size": 5_120_000, "count": 20000, "traceback": [{"filename": "/t/keep.c", "lineno": 9}]}),
-            json!({"size": 8192, "count": 2, "traceback": [{"filename": "./libio/filedoalloc.c", "lineno": 101}]}),
-        ];
-        assert_eq!(
-            table_text(&statistics_table(&stats, &PLAIN)),
-            [
-                "     SIZE  BLOCKS  AVERAGE  WHERE",
-                " 5000 KiB   20000    256 B  /t/keep.c:9",
-                "   8192 B       2   4096 B  ./libio/filedoalloc.c:101",
-            ]
-            .join("\n")
-        );
-    }
-
-    #[test]
-    fn a_diff_table_signs_the_changes() {
-        let stats = [json!({
-            "size": 5_120_000, "size_diff": 5_120_000, "count": 20000, "count_diff": 20000,
-            "traceback": [{"filename": "/t/keep.c", "lineno": 9}]
-        })];
-        let exact = Style {
-            bytes: true,
-            ..PLAIN
-        };
-        assert_eq!(
-            table_text(&diff_table(&stats, &exact)),
-            [
-                "    SIZE    CHANGE  BLOCKS  CHANGE  WHERE",
-                " 5120000  +5120000   20000  +20000  /t/keep.c:9",
-            ]
-            .join("\n")
-        );
-    }
-
-    #[test]
-    fn a_process_table_lists_pid_command_and_sizes() {
-        let mut a = process(12, "keep", 5_288_192, ProcessState::Alive);
-        (a.view.peak, a.view.blocks) = (5_288_192, 20003);
-        let mut b = process(7, "bash", 5937, ProcessState::Exited);
-        (b.view.peak, b.view.blocks) = (6560, 67);
-        assert_eq!(
-            table_text(&processes_table(&[&a, &b], &PLAIN, true)),
-            [
-                " PID  COMMAND   CURRENT      PEAK  BLOCKS  STATE",
-                "  12  keep     5164 KiB  5164 KiB   20003  alive",
-                "   7  bash       5937 B    6560 B      67  exited",
-            ]
-            .join("\n")
-        );
-    }
-
-    #[test]
-    fn a_process_that_lost_events_is_marked_in_the_table() {
-        let mut a = process(12, "keep", 4096, ProcessState::Alive);
-        (a.view.peak, a.view.blocks, a.view.complete, a.view.drops) = (4096, 1, false, 7);
-        let mut b = process(7, "bash", 5937, ProcessState::Alive);
-        (b.view.peak, b.view.blocks) = (6560, 67);
-        assert_eq!(
-            table_text(&processes_table(&[&a, &b], &PLAIN, false)),
-            [
-                " PID  COMMAND  CURRENT    PEAK  BLOCKS  NOTE",
-                "  12  keep      4096 B  4096 B       1  incomplete (7 events lost)",
-                "   7  bash      5937 B  6560 B      67",
-            ]
-            .join("\n")
-        );
-    }
-
-    #[test]
-    fn an_incomplete_process_says_what_it_lost() {
-        let note = |drops: u64, cut: u64| losses(&json!({"drops": drops, "cut_tracebacks": cut}));
-        assert_eq!(note(7, 0), "7 events lost");
-        assert_eq!(note(0, 44), "44 tracebacks cut");
-        assert_eq!(note(7, 44), "7 events lost, 44 tracebacks cut");
-        // An older tracerd gives no cut tracebacks.
-        assert_eq!(losses(&json!({"drops": 3})), "3 events lost");
-    }
-
-    #[test]
-    fn a_table_fits_the_terminals_width() {
-        let stats = [json!({"size": 64_000, "count": 1000,
-            "traceback": [{"filename": "/a/long/path/to/the/sources/names.c", "lineno": 9}]})];
-        let narrow = Style {
-            width: Some(40),
-            ..PLAIN
-        };
-        let text = table_text(&statistics_table(&stats, &narrow));
-        assert_eq!(
-            text,
-            [
-                "     SIZE  BLOCKS  AVERAGE  WHERE",
-                " 62.5 KiB    1000     64 B  /a/long/pat",
-                "                            h/to/the/so",
-                "                            urces/names",
-                "                            .c:9",
-            ]
-            .join("\n")
-        );
-        assert!(text.lines().all(|l| l.chars().count() <= 40));
-    }
-}
+pub(crate) mod tests;

@@ -4,8 +4,7 @@
 //! (`format=text`), a table (`--table`), or the JSON. What the base was
 //! goes to stderr.
 
-use serde::Deserialize as _;
-use tracer_api::{CompareSide, SideKind};
+use tracer_api::{CompareAnswer, SideKind};
 
 use super::{Context, emit_body};
 use crate::{
@@ -34,56 +33,57 @@ pub fn run(ctx: &Context, args: &DiffArgs) -> Result<(), CliError> {
         }
         return emit_body(&answer);
     }
-    let body = answer.json(&format!("GET {path}"))?;
-    let base = tracer_api::CompareSide::deserialize(&body["base"]).ok();
-    note(&format!("compared with {}", describe_base(base.as_ref())));
-    let stats = body["statistics"]
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or(&[]);
+    let body: CompareAnswer = answer.typed(&format!("GET {path}"))?;
+    note(&format!("compared with {}", describe_base(&body.base.kind)));
     emit(&table_text(&diff_table(
-        stats,
+        &body.statistics,
         &ctx.style(args.output.bytes),
     )))
 }
 
 /// What a compare answer's `base` was, in words.
-pub fn describe_base(base: Option<&CompareSide>) -> String {
-    let Some(base) = base else {
-        return "the default base".to_string();
-    };
-    let id = base.number("id").unwrap_or_default();
-    match base.kind {
-        SideKind::Snapshot => match base.text("label") {
+pub fn describe_base(base: &SideKind) -> String {
+    match base {
+        SideKind::Snapshot { id, .. } => match base.label() {
             Some(label) => format!("snapshot {id} ({label})"),
             None => format!("snapshot {id}"),
         },
-        SideKind::TracingStart => "the start of tracing (nothing allocated)".to_string(),
-        SideKind::Now => "now".to_string(),
-        SideKind::Since => "since".to_string(),
+        SideKind::TracingStart { .. } => "the start of tracing (nothing allocated)".to_string(),
+        SideKind::Now { .. } => "now".to_string(),
+        SideKind::Since { .. } => "since".to_string(),
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use serde_json::json;
+    use tracer_api::CompareSide;
 
     use super::*;
 
-    fn describe(side: serde_json::Value) -> String {
-        describe_base(CompareSide::deserialize(&side).ok().as_ref())
+    fn describe(side: &str) -> String {
+        let side: CompareSide = serde_json::from_str(side).unwrap();
+        describe_base(&side.kind)
     }
 
     #[test]
     fn the_base_is_named_in_words() {
         assert_eq!(
-            describe(json!({"kind": "snapshot", "id": 1, "label": "lab1"})),
+            describe(
+                r#"{"kind":"snapshot","id":1,"label":"lab1","snapshot_kind":"taken","taken_at_ms":5}"#
+            ),
             "snapshot 1 (lab1)"
         );
-        assert_eq!(describe(json!({"kind": "snapshot", "id": 4})), "snapshot 4");
         assert_eq!(
-            describe(json!({"kind": "tracing_start", "at_ms": 1})),
+            describe(r#"{"kind":"snapshot","id":4,"snapshot_kind":"auto","taken_at_ms":5}"#),
+            "snapshot 4"
+        );
+        assert_eq!(
+            describe(r#"{"kind":"tracing_start","at_ms":1}"#),
             "the start of tracing (nothing allocated)"
+        );
+        assert_eq!(
+            describe(r#"{"kind":"since","since_ms":1,"processes":[]}"#),
+            "since"
         );
     }
 }

@@ -4,6 +4,8 @@
 //! tracerd lets operators only load files (root, its operators group, the
 //! token's holder).
 
+use tracer_api::SnapshotSummary;
+
 use super::{Context, emit_body, print_snapshot_statistics, snapshot_name};
 use crate::{
     cli::{FileFormat, LoadArgs},
@@ -37,7 +39,7 @@ pub fn run(ctx: &Context, args: &LoadArgs) -> Result<(), CliError> {
     if ctx.json {
         return emit_body(&answer);
     }
-    let summary = answer.json(&format!("POST {path}"))?;
+    let summary: SnapshotSummary = answer.typed(&format!("POST {path}"))?;
     let style = Style {
         bytes: args.output.bytes,
         ..Style::default()
@@ -47,9 +49,14 @@ pub fn run(ctx: &Context, args: &LoadArgs) -> Result<(), CliError> {
         snapshot_name(&summary),
         args.file.display(),
         format.as_str(),
-        style.size(int(&summary, "size")),
-        int(&summary, "traces"),
+        style.size(int(summary.size)),
+        summary.traces,
     ));
-    let id = summary["id"].as_u64().unwrap_or_default();
-    print_snapshot_statistics(ctx, id, args.limit, args.output.table, args.output.bytes)
+    print_snapshot_statistics(
+        ctx,
+        summary.id,
+        args.limit,
+        args.output.table,
+        args.output.bytes,
+    )
 }

@@ -12,13 +12,13 @@ mod top;
 
 use std::process::ExitCode;
 
-use serde_json::Value;
+use tracer_api::{SnapshotSummary, StatisticsAnswer};
 
 use crate::{
     cli::{ColorChoice, Command},
     client::{Answer, Client, query},
     error::CliError,
-    format::{Style, int, statistics_table, table_text},
+    format::{Complete, Style, statistics_table, table_text},
     output::{emit, note},
 };
 
@@ -65,7 +65,7 @@ fn emit_body(answer: &Answer) -> Result<(), CliError> {
 /// Warns on stderr when the data of `what` are incomplete (`complete:
 /// false` in `body`, a process record or an answer): how many allocator
 /// events were lost (`drops`) and tracebacks cut (`cut_tracebacks`).
-fn warn_incomplete(what: &str, body: &Value) {
+fn warn_incomplete(what: &str, body: &impl Complete) {
     if let Some(why) = incomplete(body) {
         note(&format!("{what}: {why}; see docs/operations.md"));
     }
@@ -73,8 +73,8 @@ fn warn_incomplete(what: &str, body: &Value) {
 
 /// `incomplete, N events lost, M tracebacks cut: ...` when `body` (a
 /// process record or an answer) says `complete: false`, else None.
-pub fn incomplete(body: &Value) -> Option<String> {
-    (body["complete"].as_bool() == Some(false)).then(|| {
+pub fn incomplete(body: &impl Complete) -> Option<String> {
+    (!body.complete()).then(|| {
         format!(
             "incomplete, {} (lost events: the kernel maps were full, these figures undercount; cut tracebacks: blocks with a part of their stack)",
             crate::format::losses(body)
@@ -101,18 +101,17 @@ fn print_snapshot_statistics(
     if !table {
         return emit_body(&answer);
     }
-    let body = answer.json("the snapshot's statistics")?;
-    let stats = body["statistics"]
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or(&[]);
-    emit(&table_text(&statistics_table(stats, &ctx.style(bytes))))
+    let body: StatisticsAnswer = answer.typed("the snapshot's statistics")?;
+    emit(&table_text(&statistics_table(
+        &body.statistics,
+        &ctx.style(bytes),
+    )))
 }
 
 /// `snapshot N (label L)` for a snapshot summary.
-fn snapshot_name(summary: &Value) -> String {
-    match summary["label"].as_str() {
-        Some(label) => format!("snapshot {} ({label})", int(summary, "id")),
-        None => format!("snapshot {}", int(summary, "id")),
+fn snapshot_name(summary: &SnapshotSummary) -> String {
+    match &summary.label {
+        Some(label) => format!("snapshot {} ({label})", summary.id),
+        None => format!("snapshot {}", summary.id),
     }
 }

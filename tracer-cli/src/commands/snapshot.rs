@@ -3,6 +3,8 @@
 //! (`GET /snapshots/{id}/statistics`) as tracemalloc's text or a table;
 //! `--json` prints the stored snapshot's summary as tracerd answers it.
 
+use tracer_api::SnapshotSummary;
+
 use super::{Context, emit_body, print_snapshot_statistics, snapshot_name, warn_incomplete};
 use crate::{
     cli::SnapshotArgs,
@@ -27,7 +29,7 @@ pub fn run(ctx: &Context, args: &SnapshotArgs) -> Result<(), CliError> {
     if ctx.json {
         return emit_body(&answer);
     }
-    let summary = answer.json(&format!("POST {path}"))?;
+    let summary: SnapshotSummary = answer.typed(&format!("POST {path}"))?;
     warn_incomplete(&snapshot_name(&summary), &summary);
     let style = Style {
         bytes: args.output.bytes,
@@ -37,10 +39,15 @@ pub fn run(ctx: &Context, args: &SnapshotArgs) -> Result<(), CliError> {
         "{} of pid {} ({}) stored: {} in {} blocks",
         snapshot_name(&summary),
         args.pid,
-        summary["comm"].as_str().unwrap_or("?"),
-        style.size(int(&summary, "size")),
-        int(&summary, "traces"),
+        summary.comm.as_deref().unwrap_or("?"),
+        style.size(int(summary.size)),
+        summary.traces,
     ));
-    let id = summary["id"].as_u64().unwrap_or_default();
-    print_snapshot_statistics(ctx, id, args.limit, args.output.table, args.output.bytes)
+    print_snapshot_statistics(
+        ctx,
+        summary.id,
+        args.limit,
+        args.output.table,
+        args.output.bytes,
+    )
 }

@@ -21,7 +21,7 @@ use crossterm::{
     event::{self, Event, KeyCode, KeyEventKind, KeyModifiers},
     execute, queue, terminal,
 };
-use serde_json::Value;
+use tracer_api::{CompareAnswer, ProcessView, SnapshotSummary, StatisticDiff};
 
 use super::Context;
 use crate::{
@@ -38,14 +38,16 @@ const HEADER_LINES: u16 = 3;
 pub fn run(ctx: &Context, args: &TopArgs) -> Result<(), CliError> {
     let pid = args.pid;
     // Fails here, before anything is stored, for a pid tracerd does not trace.
-    ctx.client.get_json(&format!("/pid/{pid}"))?;
-    let summary = with_progress(&format!("taking the base snapshot of pid {pid}"), || {
-        ctx.client.post(&format!("/pid/{pid}/snapshots"), None)
-    })?
-    .json("POST /pid/{pid}/snapshots")?;
+    ctx.client
+        .get_typed::<ProcessView>(&format!("/pid/{pid}"))?;
+    let summary: SnapshotSummary =
+        with_progress(&format!("taking the base snapshot of pid {pid}"), || {
+            ctx.client.post(&format!("/pid/{pid}/snapshots"), None)
+        })?
+        .typed("POST /pid/{pid}/snapshots")?;
     let base = BaseSnapshot {
         client: &ctx.client,
-        id: summary["id"].as_u64().unwrap_or_default(),
+        id: summary.id,
     };
     let started = Instant::now();
     let interactive = std::io::stdin().is_terminal() && std::io::stdout().is_terminal();
@@ -59,8 +61,8 @@ pub fn run(ctx: &Context, args: &TopArgs) -> Result<(), CliError> {
     let screen = Screen::enter(interactive)?;
     let mut refreshes = 0u64;
     let ended = loop {
-        let record = ctx.client.get_json(&format!("/pid/{pid}"))?;
-        let compare = ctx.client.get_json(&format!(
+        let record: ProcessView = ctx.client.get_typed(&format!("/pid/{pid}"))?;
+        let compare: CompareAnswer = ctx.client.get_typed(&format!(
             "/pid/{pid}/compare{}",
             query(&args.pairs(base.id))
         ))?;
@@ -78,7 +80,7 @@ pub fn run(ctx: &Context, args: &TopArgs) -> Result<(), CliError> {
         );
         screen.draw(&frame)?;
         refreshes += 1;
-        if record["state"].as_str() != Some("alive") {
+        if !record.state.is_alive() {
             break true;
         }
         if args.iterations.is_some_and(|n| refreshes >= n) || screen.wait(args.interval, &stop)? {
@@ -124,15 +126,12 @@ fn visible_rows(limit: usize, interactive: bool) -> usize {
 }
 
 /// The lines to show, ordered by `sort`; ties by place.
-pub fn top_lines(compare: &Value, sort: TopSort, rows: usize) -> Vec<Value> {
-    let mut stats: Vec<Value> = compare["statistics"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    let key = |s: &Value| match sort {
-        TopSort::Size => int(s, "size"),
-        TopSort::Growth => int(s, "size_diff"),
-        TopSort::Count => int(s, "count"),
+pub fn top_lines(compare: &CompareAnswer, sort: TopSort, rows: usize) -> Vec<StatisticDiff> {
+    let mut stats = compare.statistics.clone();
+    let key = |s: &StatisticDiff| match sort {
+        TopSort::Size => int(s.size),
+        TopSort::Growth => s.size_diff,
+        TopSort::Count => int(s.count),
     };
     stats.sort_by(|a, b| key(b).cmp(&key(a)).then_with(|| place(a).cmp(&place(b))));
     stats.truncate(rows);
@@ -144,8 +143,8 @@ pub fn top_lines(compare: &Value, sort: TopSort, rows: usize) -> Vec<Value> {
 fn frame(
     args: &TopArgs,
     style: &Style,
-    record: &Value,
-    compare: &Value,
+    record: &ProcessView,
+    compare: &CompareAnswer,
     base: u64,
     elapsed: Duration,
     rows: usize,
@@ -154,12 +153,12 @@ fn frame(
     let stats = top_lines(compare, args.sort, rows);
     let head = format!(
         "tracer top: {} (pid {}, {}): current {}, peak {}, {} blocks",
-        record["comm"].as_str().unwrap_or("?"),
+        record.comm,
         args.pid,
-        record["state"].as_str().unwrap_or("?"),
-        style.size(int(record, "current")),
-        style.size(int(record, "peak")),
-        int(record, "blocks"),
+        record.state.as_str(),
+        style.size(int(record.current)),
+        style.size(int(record.peak)),
+        record.blocks,
     );
     let mut second = format!(
         "growth over {} s (since snapshot {base}), by {}, sorted by {}, every {} s",
@@ -285,18 +284,51 @@ impl Drop for Screen {
 
 #[cfg(test)]
 mod tests {
-    use serde_json::json;
+    use clap::Parser as _;
+    use tracer_api::{CompareSide, Completeness, ProcessState, SideKind};
 
     use super::*;
+    use crate::format::PLAIN;
+    use crate::format::tests::{diff, frame};
 
-    fn stat(line: u64, size: i64, size_diff: i64, count: i64) -> Value {
-        json!({"size": size, "size_diff": size_diff, "count": count, "count_diff": 0,
-               "traceback": [{"filename": "a.c", "lineno": line}]})
+    fn stat(line: u32, size: u64, size_diff: i64, count: u64) -> StatisticDiff {
+        diff(
+            (size, size_diff),
+            (count, 0),
+            vec![frame("a.c", line, None)],
+        )
+    }
+
+    fn compare(statistics: Vec<StatisticDiff>) -> CompareAnswer {
+        let side = CompareSide {
+            kind: SideKind::TracingStart {
+                at_ms: 0,
+                since_ms: None,
+            },
+            completeness: Completeness::default(),
+        };
+        CompareAnswer {
+            base: side.clone(),
+            complete: true,
+            cumulative: false,
+            filters: std::collections::BTreeMap::new(),
+            group_by: "lineno".into(),
+            limit: 0,
+            new: side,
+            pid: Some(7),
+            total: statistics.len(),
+            statistics,
+        }
     }
 
     #[test]
     fn top_lines_sort_by_size_growth_or_count_and_fit_the_rows() {
-        let compare = json!({"statistics": [stat(1, 10, 10, 1), stat(2, 300, 0, 3), stat(3, 200, 150, 9), stat(4, 200, 0, 2)]});
+        let compare = compare(vec![
+            stat(1, 10, 10, 1),
+            stat(2, 300, 0, 3),
+            stat(3, 200, 150, 9),
+            stat(4, 200, 0, 2),
+        ]);
         let lines = |sort, rows| -> Vec<String> {
             top_lines(&compare, sort, rows).iter().map(place).collect()
         };
@@ -306,6 +338,38 @@ mod tests {
         );
         assert_eq!(lines(TopSort::Growth, 2), ["a.c:3", "a.c:1"]);
         assert_eq!(lines(TopSort::Count, 1), ["a.c:3"]);
+    }
+
+    #[test]
+    fn a_frame_is_the_process_the_base_and_the_table() {
+        let cli = crate::cli::Cli::try_parse_from(["tracer", "top", "12", "-s", "growth"]).unwrap();
+        let crate::cli::Command::Top(args) = cli.command else {
+            panic!("a top command");
+        };
+        let mut record = crate::format::tests::process(12, "keep", 4096, ProcessState::Alive);
+        record.view.blocks = 2;
+        let compare = compare(vec![stat(9, 4096, 4096, 2)]);
+        let lines = super::frame(
+            &args,
+            &PLAIN,
+            &record.view,
+            &compare,
+            3,
+            Duration::from_secs(5),
+            20,
+            false,
+        );
+        assert_eq!(
+            lines.join("\n"),
+            [
+                "tracer top: keep (pid 12, alive): current 4096 B, peak 4096 B, 2 blocks",
+                "growth over 5 s (since snapshot 3), by lineno, sorted by growth, every 2 s",
+                "",
+                "   SIZE   CHANGE  BLOCKS  CHANGE  WHERE",
+                " 4096 B  +4096 B       2      +0  a.c:9",
+            ]
+            .join("\n")
+        );
     }
 
     #[test]

@@ -5,15 +5,19 @@
 //! only their content types and headers). The statistics, compare and
 //! traces answers of every target (a process, the system, a stored
 //! snapshot) are made here.
+use std::collections::BTreeMap;
 use std::io::Write as _;
 
 use axum::{
-    Json,
     http::{HeaderName, HeaderValue, header},
     response::{IntoResponse, Response},
 };
 use serde::Serialize;
-use serde_json::{Value, json};
+use serde_json::Value;
+use tracer_api::{
+    CompareAnswer, CompareSide, SideKind, StatisticsAnswer, StatisticsTarget, TracesAnswer,
+    TracesTarget,
+};
 use tracer_model::{
     Completeness, GroupBy, ModelError, Snapshot, Statistic, StatisticDiff, Trace, Traceback,
 };
@@ -21,9 +25,11 @@ use tracer_model::{
 use super::error::ApiError;
 use super::params::spec::FILTERS;
 use super::params::{Format, Params, TextOptions};
+use super::wire;
 use super::work::Sink;
 use crate::profile::{Collapsed, Pprof, ProfileFormat, Selection, Stacks, Svg};
 use crate::service::{ServiceError, Side};
+use crate::store::wire_completeness;
 use crate::symbolize::LineCache;
 
 /// Text output as the query's options ask.
@@ -65,16 +71,6 @@ impl TextOptions {
         }
         lines
     }
-}
-
-/// Adds the query's `group_by`, `cumulative`, `filters` and `limit`, and
-/// the number of groups before the limit (`total`), to a response head.
-fn insert_query(head: &mut serde_json::Map<String, Value>, query: &StatsQuery, total: usize) {
-    head.insert("group_by".into(), json!(query.selection.group_by.as_str()));
-    head.insert("cumulative".into(), json!(query.selection.cumulative));
-    head.insert("filters".into(), query.filters_json.clone());
-    head.insert("limit".into(), json!(query.selection.limit));
-    head.insert("total".into(), json!(total));
 }
 
 pub fn text_response(lines: &[String], headers: &[(&'static str, String)]) -> Response {
@@ -123,18 +119,16 @@ pub struct StatsQuery {
     selection: Selection,
     format: Format,
     options: TextOptions,
-    filters_json: Value,
+    filters: BTreeMap<String, Vec<String>>,
 }
 
-pub fn filters_json(params: &Params) -> Value {
-    let mut out = serde_json::Map::new();
-    for name in FILTERS.iter().map(|p| p.name) {
-        let values = params.all(name);
-        if !values.is_empty() {
-            out.insert(name.to_string(), json!(values));
-        }
-    }
-    Value::Object(out)
+/// The filters as asked, by parameter name (the answers' `filters`).
+pub fn filters_asked(params: &Params) -> BTreeMap<String, Vec<String>> {
+    FILTERS
+        .iter()
+        .map(|p| (p.name.to_string(), params.all(p.name).to_vec()))
+        .filter(|(_, values)| !values.is_empty())
+        .collect()
 }
 
 /// The query of a statistics or compare route. The profile formats
@@ -167,7 +161,7 @@ pub fn stats_query(params: &Params) -> Result<StatsQuery, ApiError> {
         },
         format,
         options,
-        filters_json: filters_json(params),
+        filters: filters_asked(params),
     };
     let selection = &query.selection;
     if selection.cumulative && profile {
@@ -195,13 +189,13 @@ fn completeness_headers(completeness: &Completeness) -> [(&'static str, String);
     ]
 }
 
-/// Statistics of `snapshot` (filtered) as JSON with `head` fields and its
+/// Statistics of `snapshot` (filtered) as JSON of `target` with its
 /// completeness, or text.
 pub fn statistics_response(
     snapshot: &Snapshot,
     completeness: &Completeness,
     query: &StatsQuery,
-    mut head: serde_json::Map<String, Value>,
+    target: StatisticsTarget,
 ) -> Result<Response, ApiError> {
     let filtered = query.selection.filter(snapshot);
     let grouped = query.selection.statistics(&filtered)?;
@@ -211,43 +205,47 @@ pub fn statistics_response(
         return Ok(text_response(&lines, &completeness_headers(completeness)));
     }
     if query.format.is_profile() {
-        let title = format!("tracer: {}: bytes in use", target_name(&head));
+        let title = format!("tracer: {}: bytes in use", target_name(&target));
         let stacks = Stacks::of_statistics(&stats, query.selection.group_by, title);
         return profile_response(query.format, &stacks, &completeness_headers(completeness));
     }
-    let out: Vec<_> = stats
+    let statistics = stats
         .iter()
         .map(|s| StatisticOut {
             statistic: s,
             text: s.to_string(),
         })
         .collect();
-    insert_query(&mut head, query, total);
-    head.insert("traces".into(), json!(filtered.blocks()));
-    head.insert("traceback_limit".into(), json!(filtered.traceback_limit()));
-    completeness.insert_into(&mut head);
-    head.insert("statistics".into(), json!(out));
-    Ok(Json(Value::Object(head)).into_response())
+    wire(&StatisticsAnswer {
+        target,
+        completeness: wire_completeness(completeness),
+        cumulative: query.selection.cumulative,
+        filters: query.filters.clone(),
+        group_by: query.selection.group_by.as_str().to_string(),
+        limit: query.selection.limit,
+        statistics,
+        total,
+        traceback_limit: filtered.traceback_limit(),
+        traces: filtered.blocks(),
+    })
 }
 
-/// `new.compare_to(base)` of the filtered sides, as JSON or text. Each
-/// side says its completeness; the answer is complete when both are.
+/// `new.compare_to(base)` of the filtered sides, as JSON or text; `pid`:
+/// the process of `/pid/{pid}/compare`. Each side says its completeness;
+/// the answer is complete when both are.
 pub fn compare_response(
     base: &Side,
     new: &Side,
     query: &StatsQuery,
-    mut head: serde_json::Map<String, Value>,
+    pid: Option<u32>,
 ) -> Result<Response, ApiError> {
     let grouped = query.selection.compare(&base.snapshot, &new.snapshot)?;
     let (diffs, total) = (grouped.groups, grouped.total);
     let complete = base.completeness.is_complete() && new.completeness.is_complete();
-    let base_header = match (
-        base.info.get("kind").and_then(Value::as_str),
-        base.info.get("id"),
-    ) {
-        (Some("snapshot"), Some(id)) => format!("snapshot {id}"),
-        (Some("since"), _) => "since".to_string(),
-        _ => "tracing-start".to_string(),
+    let base_header = match &base.info {
+        SideKind::Snapshot { id, .. } => format!("snapshot {id}"),
+        SideKind::Since { .. } => "since".to_string(),
+        SideKind::TracingStart { .. } | SideKind::Now { .. } => "tracing-start".to_string(),
     };
     let headers = [
         ("x-tracer-base", base_header),
@@ -264,7 +262,7 @@ pub fn compare_response(
         return Ok(text_response(&lines, &headers));
     }
     if query.format.is_profile() {
-        let target = match head.get("pid") {
+        let target = match pid {
             Some(pid) => format!("pid {pid}, "),
             None => String::new(),
         };
@@ -276,64 +274,66 @@ pub fn compare_response(
         let stacks = Stacks::of_diffs(&diffs, query.selection.group_by, title);
         return profile_response(query.format, &stacks, &headers);
     }
-    let out: Vec<_> = diffs
+    let statistics = diffs
         .iter()
         .map(|d| StatisticDiffOut {
             diff: d,
             text: d.to_string(),
         })
         .collect();
-    let side = |side: &Side| {
-        let mut info = object(side.info.clone());
-        side.completeness.insert_into(&mut info);
-        Value::Object(info)
+    let side = |side: &Side| CompareSide {
+        kind: side.info.clone(),
+        completeness: wire_completeness(&side.completeness),
     };
-    head.insert("complete".into(), json!(complete));
-    head.insert("base".into(), side(base));
-    head.insert("new".into(), side(new));
-    insert_query(&mut head, query, total);
-    head.insert("statistics".into(), json!(out));
-    Ok(Json(Value::Object(head)).into_response())
+    wire(&CompareAnswer {
+        base: side(base),
+        complete,
+        cumulative: query.selection.cumulative,
+        filters: query.filters.clone(),
+        group_by: query.selection.group_by.as_str().to_string(),
+        limit: query.selection.limit,
+        new: side(new),
+        pid,
+        statistics,
+        total,
+    })
 }
 
-/// What a statistics answer's `head` is of: `pid 1234 (comm)`, `snapshot 3
-/// "label" of pid 1234`, or every traced process.
-fn target_name(head: &serde_json::Map<String, Value>) -> String {
-    if let Some(pid) = head.get("pid") {
-        let comm = head
-            .get("process")
-            .and_then(|p| p.get("comm"))
-            .and_then(Value::as_str);
-        return match comm {
-            Some(comm) => format!("pid {pid} ({comm})"),
+/// What a statistics answer is of: `pid 1234 (comm)`, `snapshot 3 "label"
+/// of pid 1234`, or every traced process.
+fn target_name(target: &StatisticsTarget) -> String {
+    match target {
+        StatisticsTarget::Process { pid, process, .. } => match process {
+            Some(process) => format!("pid {pid} ({})", process.comm),
             None => format!("pid {pid}"),
-        };
+        },
+        StatisticsTarget::Stored { snapshot } => {
+            snapshot_name(snapshot.id, snapshot.label.as_deref(), snapshot.pid)
+        }
+        StatisticsTarget::System { .. } => "every traced process".to_string(),
     }
-    if let Some(summary) = head.get("snapshot") {
-        return snapshot_name(summary);
-    }
-    "every traced process".to_string()
 }
 
-/// `snapshot 3 "label" of pid 1234` from a snapshot's summary or side info.
-fn snapshot_name(summary: &Value) -> String {
-    let mut name = format!("snapshot {}", summary.get("id").unwrap_or(&Value::Null));
-    if let Some(label) = summary.get("label").and_then(Value::as_str) {
+/// `snapshot 3 "label" of pid 1234`: a snapshot's id, its label and its
+/// process when it has them.
+fn snapshot_name(id: u64, label: Option<&str>, pid: Option<u32>) -> String {
+    let mut name = format!("snapshot {id}");
+    if let Some(label) = label {
         name.push_str(&format!(" {label:?}"));
     }
-    if let Some(pid) = summary.get("pid").and_then(Value::as_u64) {
+    if let Some(pid) = pid {
         name.push_str(&format!(" of pid {pid}"));
     }
     name
 }
 
 /// A compare side's name: a snapshot, `now`, `tracing start`, `since`.
-fn side_name(info: &Value) -> String {
-    match info.get("kind").and_then(Value::as_str) {
-        Some("snapshot") => snapshot_name(info),
-        Some("tracing_start") => "tracing start".to_string(),
-        Some(kind) => kind.to_string(),
-        None => "?".to_string(),
+fn side_name(side: &SideKind) -> String {
+    match side {
+        SideKind::Snapshot { id, .. } => snapshot_name(*id, side.label(), None),
+        SideKind::TracingStart { .. } => "tracing start".to_string(),
+        SideKind::Now { .. } => "now".to_string(),
+        SideKind::Since { .. } => "since".to_string(),
     }
 }
 
@@ -368,11 +368,12 @@ fn profile_response(
 }
 
 /// The traces of `snapshot` (filtered), `offset`/`limit` paged, as JSON
-/// (with its completeness) or text (`str(Trace)` per line), written into
+/// of `target` (with its completeness) or text (`str(Trace)` per line), written into
 /// `sink` trace by trace: the answer holds a chunk at a time whatever the
 /// number of traces. The JSON is what `Json(head + {"traces": [...]})`
-/// would be, byte for byte: `head`'s keys in their order, `traces` at its
-/// place among them, each trace `{...Trace, "text": str(trace)}`.
+/// would be, byte for byte: the answer's keys sorted (it is sent as
+/// through a Value), `traces` at its place among them, each trace
+/// `{...Trace, "text": str(trace)}`.
 ///
 /// # Errors
 /// 400 for a bad parameter (before anything is written); the sink's error
@@ -382,7 +383,7 @@ pub fn write_traces(
     snapshot: &Snapshot,
     completeness: &Completeness,
     params: &Params,
-    mut head: serde_json::Map<String, Value>,
+    target: TracesTarget,
 ) -> Result<(), ApiError> {
     let text = params.text()?;
     let options = params.text_options(text)?;
@@ -415,14 +416,23 @@ pub fn write_traces(
         sink.begin(headers);
         write_text_lines(sink, &options, page)
     } else {
-        head.insert("filters".into(), filters_json(params));
-        head.insert("offset".into(), json!(offset));
-        head.insert("limit".into(), json!(limit));
-        head.insert("total".into(), json!(total));
-        head.insert("traceback_limit".into(), json!(filtered.traceback_limit()));
-        completeness.insert_into(&mut head);
-        // Its place among the keys, as the map orders them.
-        head.insert("traces".into(), Value::Null);
+        // The answer without its traces: `traces` at its place among the
+        // keys, as the map orders them.
+        let answer = TracesAnswer::<()> {
+            target,
+            completeness: wire_completeness(completeness),
+            filters: filters_asked(params),
+            limit,
+            offset,
+            total,
+            traceback_limit: filtered.traceback_limit(),
+            traces: Vec::new(),
+        };
+        let head = match tracer_api::to_wire(&answer) {
+            Ok(Value::Object(head)) => head,
+            Ok(_) => serde_json::Map::new(),
+            Err(err) => return Err(ApiError::internal(format!("encoding the answer: {err}"))),
+        };
         sink.begin(vec![(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
@@ -481,9 +491,96 @@ fn write_json_traces(
     sink.write_all(b"}")
 }
 
-pub fn object(pairs: Value) -> serde_json::Map<String, Value> {
-    match pairs {
-        Value::Object(map) => map,
-        _ => serde_json::Map::new(),
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use tracer_model::{AllocatorFamily, Frame};
+
+    use super::*;
+    use crate::http::params::spec;
+
+    /// The JSON body of `response`.
+    fn body(response: Response) -> String {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("a runtime");
+        let bytes = runtime
+            .block_on(axum::body::to_bytes(response.into_body(), 1 << 20))
+            .expect("a body");
+        String::from_utf8(bytes.to_vec()).expect("UTF-8")
+    }
+
+    fn snapshot(size: u64) -> Arc<Snapshot> {
+        let trace = Trace {
+            domain: 42,
+            size,
+            traceback: Arc::new(Traceback::new(vec![Frame::new("a.c", 3)], Some(1))),
+            source: AllocatorFamily::default(),
+        };
+        Arc::new(Snapshot::new(vec![trace], 1))
+    }
+
+    #[test]
+    fn a_compare_answer_is_the_json_it_was() {
+        let params =
+            Params::parse(Some("limit=5&include=a.c"), spec::COMPARE_NOW).expect("a query");
+        let query = stats_query(&params).expect("a query");
+        let base = Side {
+            snapshot: snapshot(8),
+            info: SideKind::Snapshot {
+                id: 3,
+                snapshot_kind: tracer_api::SnapshotKind::Taken,
+                label: Some(Some("before".into())),
+                taken_at_ms: 5,
+                allocator_frames: Some(None),
+                since_ms: None,
+            },
+            completeness: Completeness::of_process(42, 2, 0),
+            allocator_frames: None,
+        };
+        let new = Side {
+            snapshot: snapshot(24),
+            info: SideKind::Now {
+                at_ms: 9,
+                allocator_frames: tracer_api::AllocatorFrames::Drop,
+            },
+            completeness: Completeness::complete(),
+            allocator_frames: None,
+        };
+        let response = compare_response(&base, &new, &query, Some(42)).expect("an answer");
+        assert_eq!(
+            body(response),
+            concat!(
+                r#"{"base":{"allocator_frames":null,"complete":false,"cut_tracebacks":0,"cut_tracebacks_by_pid":{},"drops":2,"drops_by_pid":{"42":2},"id":3,"kind":"snapshot","label":"before","snapshot_kind":"taken","taken_at_ms":5},"#,
+                r#""complete":false,"cumulative":false,"filters":{"include":["a.c"]},"group_by":"lineno","limit":5,"#,
+                r#""new":{"allocator_frames":"drop","at_ms":9,"complete":true,"cut_tracebacks":0,"cut_tracebacks_by_pid":{},"drops":0,"drops_by_pid":{},"kind":"now"},"#,
+                r#""pid":42,"statistics":[{"count":1,"count_diff":0,"size":24,"size_diff":16,"text":"a.c:3: size=24 B (+16 B), count=1 (+0), average=24 B","traceback":[{"filename":"a.c","lineno":3}]}],"total":1}"#,
+            )
+        );
+    }
+
+    #[test]
+    fn a_statistics_answer_is_the_json_it_was() {
+        let params = Params::parse(None, spec::STATISTICS_NOW).expect("a query");
+        let query = stats_query(&params).expect("a query");
+        let target = tracer_api::StatisticsTarget::System {
+            allocator_frames: tracer_api::AllocatorFrames::Drop,
+            current: 8,
+            peak: 9,
+            pids: vec![42],
+            totals: tracer_api::Totals::PerBlock,
+        };
+        let response = statistics_response(&snapshot(8), &Completeness::complete(), &query, target)
+            .expect("an answer");
+        assert_eq!(
+            body(response),
+            concat!(
+                r#"{"allocator_frames":"drop","complete":true,"cumulative":false,"current":8,"cut_tracebacks":0,"cut_tracebacks_by_pid":{},"drops":0,"drops_by_pid":{},"#,
+                r#""filters":{},"group_by":"lineno","limit":50,"peak":9,"pids":[42],"#,
+                r#""statistics":[{"count":1,"size":8,"text":"a.c:3: size=8 B, count=1, average=8 B","traceback":[{"filename":"a.c","lineno":3}]}],"#,
+                r#""total":1,"totals":"per_block","traceback_limit":1,"traces":1}"#,
+            )
+        );
     }
 }

@@ -9,14 +9,14 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use serde_json::{Value, json};
+use tracer_api::{SideKind, SincePart};
 use tracer_model::{Completeness, Snapshot};
 
 use super::snapshots::{SnapshotRef, Target};
 use super::{Service, ServiceError, Viewer};
 use crate::capture::ImageId;
 use crate::snapshot::AllocatorFrames;
-use crate::store::{SnapshotInfo, SnapshotKind, StoredSnapshot};
+use crate::store::{SnapshotInfo, SnapshotKind, StoredSnapshot, wire_frames, wire_kind};
 use crate::sys::unix_ms;
 
 /// The base or new side of a compare: its traces and what to say about it.
@@ -24,9 +24,9 @@ use crate::sys::unix_ms;
 pub struct Side {
     /// The traces.
     pub snapshot: Arc<Snapshot>,
-    /// JSON describing it (`kind`: `now`, `snapshot`, `tracing_start`,
-    /// `since`).
-    pub info: Value,
+    /// What it is, as the answer describes it (`kind`: `now`,
+    /// `snapshot`, `tracing_start`, `since`, and what each says).
+    pub info: SideKind,
     /// Events its processes lost before it was taken.
     pub completeness: Completeness,
     /// Whether its tracebacks dropped the allocation machinery's leading
@@ -41,9 +41,14 @@ impl Side {
     pub fn stored(stored: &StoredSnapshot, info: &SnapshotInfo) -> Self {
         Self {
             snapshot: Arc::clone(&stored.snapshot),
-            info: json!({"kind": "snapshot", "id": stored.id, "snapshot_kind": info.kind,
-                         "label": info.label, "taken_at_ms": unix_ms(stored.taken_at),
-                         "allocator_frames": info.allocator_frames}),
+            info: SideKind::Snapshot {
+                id: stored.id,
+                snapshot_kind: wire_kind(info.kind),
+                label: Some(info.label.clone()),
+                taken_at_ms: unix_ms(stored.taken_at),
+                allocator_frames: Some(info.allocator_frames.map(wire_frames)),
+                since_ms: None,
+            },
             completeness: stored.completeness.clone(),
             allocator_frames: info.allocator_frames,
         }
@@ -53,7 +58,10 @@ impl Side {
     fn empty(limit: u32, at_ms: u64) -> Self {
         Self {
             snapshot: Arc::new(Snapshot::new(Vec::new(), limit)),
-            info: json!({"kind": "tracing_start", "at_ms": at_ms}),
+            info: SideKind::TracingStart {
+                at_ms,
+                since_ms: None,
+            },
             completeness: Completeness::complete(),
             allocator_frames: None,
         }
@@ -172,8 +180,10 @@ impl Service {
                 let now = self.grouped_now(viewer, target, frames)?;
                 Side {
                     snapshot: now.snapshot,
-                    info: json!({"kind": "now", "at_ms": unix_ms(now.at),
-                                 "allocator_frames": now.allocator_frames}),
+                    info: SideKind::Now {
+                        at_ms: unix_ms(now.at),
+                        allocator_frames: wire_frames(now.allocator_frames),
+                    },
                     completeness: now.completeness,
                     allocator_frames: Some(now.allocator_frames),
                 }
@@ -284,15 +294,26 @@ impl Service {
             match found {
                 Some((stored, info)) => {
                     completeness.merge(&stored.completeness);
-                    parts.push(
-                        json!({"pid": image.pid, "kind": "snapshot", "id": stored.id,
-                        "snapshot_kind": info.kind, "taken_at_ms": unix_ms(stored.taken_at)}),
-                    );
+                    parts.push(SincePart {
+                        pid: image.pid,
+                        kind: SideKind::Snapshot {
+                            id: stored.id,
+                            snapshot_kind: wire_kind(info.kind),
+                            label: None,
+                            taken_at_ms: unix_ms(stored.taken_at),
+                            allocator_frames: None,
+                            since_ms: None,
+                        },
+                    });
                     loaders.extend(held.store.loader(stored.id));
                 }
-                None => parts.push(
-                    json!({"pid": image.pid, "kind": "tracing_start", "at_ms": first_seen_ms}),
-                ),
+                None => parts.push(SincePart {
+                    pid: image.pid,
+                    kind: SideKind::TracingStart {
+                        at_ms: first_seen_ms,
+                        since_ms: None,
+                    },
+                }),
             }
         }
         drop(held);
@@ -302,16 +323,35 @@ impl Service {
         for loader in loaders {
             traces.extend(loader.load()?.snapshot.traces().iter().cloned());
         }
+        let since = unix_ms(cutoff);
         let info = match (target, parts.as_slice()) {
-            (Target::Process(_), [part]) => {
-                let mut part = part.clone();
-                if let Some(map) = part.as_object_mut() {
-                    map.remove("pid");
-                    map.insert("since_ms".into(), json!(unix_ms(cutoff)));
-                }
-                part
-            }
-            _ => json!({"kind": "since", "since_ms": unix_ms(cutoff), "processes": parts}),
+            // One process's side, its pid left out, the moment put in.
+            (Target::Process(_), [part]) => match part.kind.clone() {
+                SideKind::Snapshot {
+                    id,
+                    snapshot_kind,
+                    label,
+                    taken_at_ms,
+                    allocator_frames,
+                    ..
+                } => SideKind::Snapshot {
+                    id,
+                    snapshot_kind,
+                    label,
+                    taken_at_ms,
+                    allocator_frames,
+                    since_ms: Some(since),
+                },
+                SideKind::TracingStart { at_ms, .. } => SideKind::TracingStart {
+                    at_ms,
+                    since_ms: Some(since),
+                },
+                other => other,
+            },
+            _ => SideKind::Since {
+                since_ms: since,
+                processes: parts,
+            },
         };
         Ok(Side {
             snapshot: Arc::new(Snapshot::new(traces, limit)),

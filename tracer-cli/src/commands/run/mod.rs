@@ -47,20 +47,19 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
-use serde::Deserialize as _;
-use serde_json::{Value, json};
-use tracer_api::{ProcessState, ScopeView};
+use serde::Serialize;
+use tracer_api::{ProcessList, ProcessState, ScopeView, StatisticsAnswer, StatisticsTarget};
 
 use super::{Context, warn_incomplete};
 use crate::{
     cli::RunArgs,
     client::{ClientError, query},
     error::CliError,
-    format::int,
+    format::Complete as _,
     output::{emit, note},
 };
 use children::{Children, Ending};
-use tree::Member;
+use tree::{Member, Record};
 
 /// How long tracerd may lag behind the kernel's events: to report the end
 /// of an image it shows alive, or the helper's end (step 2).
@@ -170,32 +169,23 @@ impl Helper {
     }
 
     /// True when `records` show the helper ended.
-    fn seen_ended(&self, records: &[Value]) -> bool {
-        latest(records, self.pid, self.since_ms)
-            .is_some_and(|r| state(r) == Some(ProcessState::Exited))
+    fn seen_ended(&self, records: &[Record]) -> bool {
+        latest(records, self.pid, self.since_ms).is_some_and(|r| r.state() == ProcessState::Exited)
     }
 }
 
-/// Where a record's image is in its life (None: an untraced record, which
-/// has no state).
-fn state(record: &Value) -> Option<ProcessState> {
-    record
-        .get("state")
-        .and_then(|state| ProcessState::deserialize(state).ok())
-}
-
 /// The last image of `pid` first seen since `since_ms` in `records`.
-fn latest(records: &[Value], pid: u32, since_ms: i64) -> Option<&Value> {
+fn latest(records: &[Record], pid: u32, since_ms: i64) -> Option<&Record> {
     records
         .iter()
-        .filter(|r| int(r, "pid") == i64::from(pid) && int(r, "first_seen_ms") >= since_ms)
-        .max_by_key(|r| (int(r, "first_seen_ms"), int(r, "generation")))
+        .filter(|r| r.pid() == pid && r.first_seen_ms() >= since_ms)
+        .max_by_key(|r| (r.first_seen_ms(), r.figure(|v| u64::from(v.generation))))
 }
 
 /// The tree and the statistics of its members that held blocks.
 struct Gathered {
     members: Vec<Member>,
-    tables: Vec<(usize, Value)>,
+    tables: Vec<(usize, StatisticsAnswer)>,
 }
 
 fn gather(
@@ -208,19 +198,17 @@ fn gather(
 ) -> Result<Gathered, ClientError> {
     let mut records = settle(ctx, since_ms, waited, helper)?;
     if let Some(helper) = helper {
-        records.retain(|r| {
-            int(r, "pid") != i64::from(helper.pid) || int(r, "first_seen_ms") < helper.since_ms
-        });
+        records.retain(|r| r.pid() != helper.pid || r.first_seen_ms() < helper.since_ms);
     }
     // The processes tracer waited for whose program tracerd has no record
     // of: none of it, or none since an exec.
     for (pid, _) in &waited.ended {
         let last = latest(&records, *pid, since_ms);
-        if last.is_some_and(|r| state(r) != Some(ProcessState::Exec)) {
+        if last.is_some_and(|r| r.state() != ProcessState::Exec) {
             continue;
         }
         let seen = last.map_or(since_ms, |r| {
-            int(r, "ended_ms").max(int(r, "first_seen_ms")) + 1
+            r.figure(|v| v.ended_ms.unwrap_or(0)).max(r.first_seen_ms()) + 1
         });
         if let Some((ppid, comm)) = children::parent_and_comm(*pid) {
             records.push(tree::untraced(*pid, ppid, &comm, seen));
@@ -232,23 +220,20 @@ fn gather(
         let record = &member.record;
         if !member.latest
             || tree::is_untraced(record)
-            || !matches!(
-                state(record),
-                Some(ProcessState::Exited | ProcessState::Alive)
-            )
-            || int(record, "blocks") == 0
+            || !matches!(record.state(), ProcessState::Exited | ProcessState::Alive)
+            || record.figure(|v| v.blocks) == 0
         {
             continue;
         }
-        let pid = int(record, "pid");
+        let pid = record.pid();
         let mut pairs = Vec::new();
         args.group.pairs(&mut pairs);
         pairs.push(("limit".into(), args.limit.to_string()));
-        match ctx
+        let answer = ctx
             .client
-            .get_json(&format!("/pid/{pid}/statistics{}", query(&pairs)))
-        {
-            Ok(stats) if stats["process"]["generation"] == record["generation"] => {
+            .get_typed::<StatisticsAnswer>(&format!("/pid/{pid}/statistics{}", query(&pairs)));
+        match answer {
+            Ok(stats) if generation_of(&stats) == record.view().map(|v| v.generation) => {
                 tables.push((index, stats));
             }
             Ok(_) => note(&format!(
@@ -258,6 +243,18 @@ fn gather(
         }
     }
     Ok(Gathered { members, tables })
+}
+
+/// The generation of the process a statistics answer is of, if it names
+/// one.
+fn generation_of(stats: &StatisticsAnswer) -> Option<u32> {
+    match &stats.target {
+        StatisticsTarget::Process {
+            process: Some(process),
+            ..
+        } => Some(process.generation),
+        _ => None,
+    }
 }
 
 /// `GET /processes` once tracerd has handled the ends of the processes
@@ -270,7 +267,7 @@ fn settle(
     since_ms: i64,
     waited: &Children,
     helper: Option<&Helper>,
-) -> Result<Vec<Value>, ClientError> {
+) -> Result<Vec<Record>, ClientError> {
     let every_process = ctx
         .client
         .get("/scope")
@@ -283,15 +280,14 @@ fn settle(
     };
     let start = Instant::now();
     loop {
-        let body = ctx.client.get_json("/processes")?;
-        let records = body["processes"].as_array().cloned().unwrap_or_default();
+        let body: ProcessList = ctx.client.get_typed("/processes")?;
+        let records: Vec<Record> = body.processes.into_iter().map(Record::Traced).collect();
         let alive: Vec<u32> = waited
             .ended
             .iter()
             .map(|(pid, _)| *pid)
             .filter(|pid| {
-                latest(&records, *pid, since_ms)
-                    .is_some_and(|r| state(r) == Some(ProcessState::Alive))
+                latest(&records, *pid, since_ms).is_some_and(|r| r.state() == ProcessState::Alive)
             })
             .collect();
         let handled = helper.is_some_and(|h| h.seen_ended(&records));
@@ -326,47 +322,39 @@ fn print(
     gathered: &Gathered,
 ) -> Result<(), CliError> {
     if ctx.json {
-        let processes: Vec<Value> = gathered
-            .members
-            .iter()
-            .map(|m| {
-                let mut record = m.record.clone();
-                record["depth"] = json!(m.depth);
-                record["adopted"] = json!(m.adopted);
-                record
-            })
-            .collect();
-        let statistics: serde_json::Map<String, Value> = gathered
-            .tables
-            .iter()
-            .filter_map(|(index, stats)| {
-                let member = gathered.members.get(*index)?;
-                Some((int(&member.record, "pid").to_string(), stats.clone()))
-            })
-            .collect();
-        let ended = match ending {
-            Ending::Code(code) => json!({"status": code}),
-            Ending::Signal(signal) => json!({"signal": signal}),
+        let report = JsonReport {
+            pid: root,
+            ended: match ending {
+                Ending::Code(status) => Ended::Status { status },
+                Ending::Signal(signal) => Ended::Signal { signal },
+            },
+            exit_code: ending.exit_code(),
+            processes: gathered
+                .members
+                .iter()
+                .map(|m| JsonMember {
+                    record: &m.record,
+                    depth: m.depth,
+                    adopted: m.adopted,
+                })
+                .collect(),
+            statistics: gathered
+                .tables
+                .iter()
+                .filter_map(|(index, stats)| {
+                    let member = gathered.members.get(*index)?;
+                    Some((member.record.pid().to_string(), stats))
+                })
+                .collect(),
         };
-        return emit(
-            &json!({
-                "pid": root,
-                "ended": ended,
-                "exit_code": ending.exit_code(),
-                "processes": processes,
-                "statistics": statistics,
-            })
-            .to_string(),
-        );
+        // Through a Value, as it was built: its keys sorted at every level.
+        let text = serde_json::to_value(&report).map_err(|e| CliError::Run(e.to_string()))?;
+        return emit(&text.to_string());
     }
     for member in &gathered.members {
-        if member.record["complete"] == false {
+        if !member.record.complete() {
             warn_incomplete(
-                &format!(
-                    "pid {} ({})",
-                    int(&member.record, "pid"),
-                    member.record["comm"].as_str().unwrap_or("?")
-                ),
+                &format!("pid {} ({})", member.record.pid(), member.record.comm()),
                 &member.record,
             );
         }
@@ -381,4 +369,84 @@ fn print(
         tracer_pid: std::process::id(),
     };
     emit(&report::render(&outcome, &ctx.style(args.bytes)))
+}
+
+/// `tracer run --json`: the command, how it ended, its tree and the
+/// statistics of the members that held blocks (sent through a Value:
+/// keys sorted at every level).
+#[derive(Serialize)]
+struct JsonReport<'a> {
+    /// The command's pid.
+    pid: u32,
+    /// How the command ended.
+    ended: Ended,
+    /// tracer's exit status (the command's, or 128 + the signal).
+    exit_code: u8,
+    /// The tree's images, in the report's order.
+    processes: Vec<JsonMember<'a>>,
+    /// The statistics answers of the members that held blocks, by pid.
+    statistics: std::collections::BTreeMap<String, &'a StatisticsAnswer>,
+}
+
+/// How the command ended: `{"status": N}` or `{"signal": N}`.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum Ended {
+    /// It exited with this status.
+    Status { status: i32 },
+    /// This signal killed it.
+    Signal { signal: i32 },
+}
+
+/// One image of the tree: its record, its depth (0: the command's pid)
+/// and whether tracer adopted it.
+#[derive(Serialize)]
+struct JsonMember<'a> {
+    #[serde(flatten)]
+    record: &'a Record,
+    depth: usize,
+    adopted: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use tracer_api::ProcessState;
+
+    use super::*;
+    use crate::format::tests::{answer, process};
+
+    #[test]
+    fn the_json_report_is_sorted_at_every_level() {
+        let traced = Record::Traced(process(5, "names", 64, ProcessState::Exited));
+        let untraced = tree::untraced(6, Some(5), "true", 7);
+        let stats = answer(Vec::new());
+        let report = JsonReport {
+            pid: 5,
+            ended: Ended::Signal { signal: 9 },
+            exit_code: 137,
+            processes: vec![
+                JsonMember {
+                    record: &traced,
+                    depth: 0,
+                    adopted: false,
+                },
+                JsonMember {
+                    record: &untraced,
+                    depth: 1,
+                    adopted: true,
+                },
+            ],
+            statistics: [("5".to_string(), &stats)].into_iter().collect(),
+        };
+        let text = serde_json::to_value(&report).unwrap().to_string();
+        assert_eq!(
+            text,
+            concat!(
+                r#"{"ended":{"signal":9},"exit_code":137,"pid":5,"processes":["#,
+                r#"{"adopted":false,"allocs":0,"blocks":0,"cgroup":null,"comm":"names","complete":true,"container_id":null,"current":64,"cut_tracebacks":0,"depth":0,"drops":0,"ended_ms":null,"exe":null,"first_seen_ms":0,"frees":0,"generation":1,"is_tracing":true,"nspid":null,"owner_uid":null,"peak":64,"pid":5,"ppid":null,"state":"exited","traceback_limit":1,"unknown_frees":0},"#,
+                r#"{"adopted":true,"comm":"true","depth":1,"first_seen_ms":7,"pid":6,"ppid":5,"state":"exited","untraced":true}],"#,
+                r#""statistics":{"5":{"allocator_frames":"drop","complete":true,"cumulative":false,"cut_tracebacks":0,"cut_tracebacks_by_pid":{},"drops":0,"drops_by_pid":{},"filters":{},"group_by":"lineno","limit":10,"pid":1,"process":null,"statistics":[],"total":0,"totals":"per_block","traceback_limit":1,"traces":0}}}"#,
+            )
+        );
+    }
 }

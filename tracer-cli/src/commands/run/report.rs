@@ -9,16 +9,15 @@
 //! leaks do not add up into one place).
 
 use comfy_table::Cell;
-use serde_json::Value;
-use tracer_api::ProcessState;
+use tracer_api::{ProcessState, StatisticsAnswer};
 
 use super::{
     children::Ending,
-    tree::{Member, is_untraced},
+    tree::{Member, Record, is_untraced},
 };
 use crate::{
     commands::incomplete,
-    format::{Style, int, statistics_table, table_text},
+    format::{Complete as _, Style, statistics_table, table_text},
 };
 
 /// What the report is made of.
@@ -33,7 +32,7 @@ pub struct Outcome<'a> {
     pub members: &'a [Member],
     /// The statistics answers of the members that held blocks at their
     /// end, by index in `members`.
-    pub tables: &'a [(usize, Value)],
+    pub tables: &'a [(usize, StatisticsAnswer)],
     /// The grouping of those statistics (`lineno` ...).
     pub group_by: &'a str,
     /// tracer's own pid (the parent of adopted processes).
@@ -50,11 +49,11 @@ pub fn render(outcome: &Outcome<'_>, style: &Style) -> String {
     ))];
     match outcome.members {
         [] => out.push(format!("  {NO_RECORD}")),
-        [only] if int(&only.record, "pid") == i64::from(outcome.root) => {
+        [only] if only.record.pid() == outcome.root => {
             alone(&mut out, only, style);
             for (_, stats) in outcome.tables {
                 out.push(where_held("  where it was held", stats, outcome.group_by));
-                out.push(table_text(&statistics_table(groups(stats), style)));
+                out.push(table_text(&statistics_table(&stats.statistics, style)));
             }
         }
         members => {
@@ -64,19 +63,19 @@ pub fn render(outcome: &Outcome<'_>, style: &Style) -> String {
                     continue;
                 };
                 let record = &member.record;
-                let state = match super::state(record) {
-                    Some(ProcessState::Alive) => "still running, holds now",
+                let state = match record.state() {
+                    ProcessState::Alive => "still running, holds now",
                     _ => "exited, still held",
                 };
                 let head = format!(
                     "  pid {} ({}), {state} {} in {} blocks",
-                    int(record, "pid"),
-                    record["comm"].as_str().unwrap_or("?"),
-                    style.size(int(record, "current")),
-                    int(record, "blocks"),
+                    record.pid(),
+                    record.comm(),
+                    style.size(record.figure(|v| v.current)),
+                    record.figure(|v| v.blocks),
                 );
                 out.push(where_held(&head, stats, outcome.group_by));
-                out.push(table_text(&statistics_table(groups(stats), style)));
+                out.push(table_text(&statistics_table(&stats.statistics, style)));
             }
         }
     }
@@ -95,15 +94,15 @@ fn alone(out: &mut Vec<String>, member: &Member, style: &Style) {
     }
     out.push(format!(
         "  {} allocations, {} frees, peak {}",
-        int(record, "allocs"),
-        int(record, "frees"),
-        style.size(int(record, "peak"))
+        record.figure(|v| v.allocs),
+        record.figure(|v| v.frees),
+        style.size(record.figure(|v| v.peak))
     ));
-    let held = int(record, "current");
+    let held = record.figure(|v| v.current);
     let leaked = format!(
         "  still held at exit (leaks): {} in {} blocks",
         style.size(held),
-        int(record, "blocks")
+        record.figure(|v| v.blocks)
     );
     out.push(style.signed(&leaked, held));
     if let Some(why) = incomplete(record) {
@@ -112,38 +111,29 @@ fn alone(out: &mut Vec<String>, member: &Member, style: &Style) {
 }
 
 /// `HEAD, by GROUP (N of TOTAL):`.
-fn where_held(head: &str, stats: &Value, group_by: &str) -> String {
+fn where_held(head: &str, stats: &StatisticsAnswer, group_by: &str) -> String {
     format!(
         "{head}, by {group_by} ({} of {}):",
-        groups(stats).len(),
-        int(stats, "total")
+        stats.statistics.len(),
+        stats.total
     )
 }
 
-fn groups(stats: &Value) -> &[Value] {
-    stats["statistics"]
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or(&[])
-}
-
 /// How an image ended, as the table says it.
-fn state(record: &Value) -> &'static str {
+fn state(record: &Record) -> &'static str {
     if is_untraced(record) {
         return "untraced";
     }
-    match record["state"].as_str() {
-        Some("alive") => "running",
-        Some("exec") => "exec",
-        Some("exited") => "exited",
-        _ => "?",
+    match record.state() {
+        ProcessState::Alive => "running",
+        ProcessState::Exec => "exec",
+        ProcessState::Exited => "exited",
     }
 }
 
 /// The table of a tree's images and the totals.
 fn tree(out: &mut Vec<String>, outcome: &Outcome<'_>, members: &[Member], style: &Style) {
-    let pids: std::collections::BTreeSet<i64> =
-        members.iter().map(|m| int(&m.record, "pid")).collect();
+    let pids: std::collections::BTreeSet<u32> = members.iter().map(|m| m.record.pid()).collect();
     out.push(format!(
         "  it and its descendants: {} processes, {} images (a process has one per program it ran)",
         pids.len(),
@@ -184,31 +174,25 @@ fn tree(out: &mut Vec<String>, outcome: &Outcome<'_>, members: &[Member], style:
         let figures = if is_untraced(r) {
             vec!["-".to_string(); 5]
         } else {
-            allocs += int(r, "allocs");
-            frees += int(r, "frees");
-            if r["state"].as_str() == Some("exited") {
-                held += int(r, "current");
-                blocks += int(r, "blocks");
+            allocs += r.figure(|v| v.allocs);
+            frees += r.figure(|v| v.frees);
+            if r.state() == ProcessState::Exited {
+                held += r.figure(|v| v.current);
+                blocks += r.figure(|v| v.blocks);
             }
             vec![
-                int(r, "allocs").to_string(),
-                int(r, "frees").to_string(),
-                style.size(int(r, "peak")),
-                style.size(int(r, "current")),
-                int(r, "blocks").to_string(),
+                r.figure(|v| v.allocs).to_string(),
+                r.figure(|v| v.frees).to_string(),
+                style.size(r.figure(|v| v.peak)),
+                style.size(r.figure(|v| v.current)),
+                r.figure(|v| v.blocks).to_string(),
             ]
         };
-        let ppid = r["ppid"]
-            .as_u64()
-            .map_or_else(|| "-".to_string(), |p| p.to_string());
+        let ppid = r.ppid().map_or_else(|| "-".to_string(), |p| p.to_string());
         let mut row = vec![
-            Cell::new(int(r, "pid")),
+            Cell::new(r.pid()),
             Cell::new(ppid),
-            Cell::new(format!(
-                "{}{}",
-                "  ".repeat(member.depth),
-                r["comm"].as_str().unwrap_or("?")
-            )),
+            Cell::new(format!("{}{}", "  ".repeat(member.depth), r.comm())),
             Cell::new(state(r)),
         ];
         row.extend(figures.into_iter().map(Cell::new));
@@ -217,7 +201,7 @@ fn tree(out: &mut Vec<String>, outcome: &Outcome<'_>, members: &[Member], style:
             if member.adopted {
                 note.push("adopted".to_string());
             }
-            if r["complete"].as_bool() == Some(false) {
+            if !r.complete() {
                 note.push(format!("incomplete ({})", crate::format::losses(r)));
             }
             row.push(Cell::new(note.join(", ")));
@@ -249,12 +233,11 @@ fn tree(out: &mut Vec<String>, outcome: &Outcome<'_>, members: &[Member], style:
 
 #[cfg(test)]
 mod tests {
-    use serde_json::json;
-
     use super::*;
     use crate::format::PLAIN;
+    use crate::format::tests::{answer, frame, stat};
 
-    fn member(record: Value, depth: usize, adopted: bool) -> Member {
+    fn member(record: Record, depth: usize, adopted: bool) -> Member {
         Member {
             record,
             depth,
@@ -263,15 +246,24 @@ mod tests {
         }
     }
 
-    fn process(pid: u32, ppid: u32, comm: &str, state: &str, allocs: u64, held: u64) -> Value {
-        json!({"pid": pid, "ppid": ppid, "comm": comm, "state": state, "allocs": allocs,
-               "frees": 1, "peak": held + 100, "current": held, "blocks": allocs - 1,
-               "complete": true, "drops": 0})
+    fn process(pid: u32, ppid: u32, comm: &str, state: &str, allocs: u64, held: u64) -> Record {
+        let state = serde_json::from_value(serde_json::json!(state)).unwrap();
+        let mut status = crate::format::tests::process(pid, comm, held, state);
+        let view = &mut status.view;
+        view.ppid = Some(ppid);
+        (view.allocs, view.frees, view.peak, view.blocks) = (allocs, 1, held + 100, allocs - 1);
+        Record::Traced(status)
     }
 
-    fn stats(place: &str, size: u64, count: u64) -> Value {
-        json!({"total": 1, "statistics": [
-            {"size": size, "count": count, "traceback": [{"filename": place, "lineno": 9}]}]})
+    fn view(record: &mut Record) -> &mut tracer_api::ProcessView {
+        match record {
+            Record::Traced(status) => &mut status.view,
+            Record::Untraced(_) => unreachable!("a traced record"),
+        }
+    }
+
+    fn stats(place: &str, size: u64, count: u64) -> StatisticsAnswer {
+        answer(vec![stat(size, count, vec![frame(place, 9, None)])])
     }
 
     #[test]
@@ -307,9 +299,10 @@ mod tests {
 
     #[test]
     fn a_program_that_allocated_nothing_reads_zero_allocations() {
-        let record = json!({"pid": 6, "ppid": 50, "comm": "gzip", "state": "exited",
-            "allocs": 0, "frees": 0, "peak": 0, "current": 0, "blocks": 0,
-            "complete": false, "drops": 3});
+        let mut record = process(6, 50, "gzip", "exited", 1, 0);
+        let lost = view(&mut record);
+        (lost.allocs, lost.frees, lost.peak) = (0, 0, 0);
+        (lost.complete, lost.drops) = (false, 3);
         let members = [member(record, 0, false)];
         let outcome = Outcome {
             shown: "gzip",
@@ -358,11 +351,9 @@ mod tests {
 
     #[test]
     fn a_tree_lists_each_image_then_the_lines_of_each_that_held_blocks() {
-        let mut shell = process(10, 50, "sh", "exec", 40, 2048);
-        shell["generation"] = json!(1);
+        let shell = process(10, 50, "sh", "exec", 40, 2048);
         let mut lost = process(12, 10, "b", "exited", 8, 700);
-        lost["complete"] = json!(false);
-        lost["drops"] = json!(2);
+        (view(&mut lost).complete, view(&mut lost).drops) = (false, 2);
         let members = [
             member(shell, 0, false),
             member(process(10, 50, "a", "exited", 6, 500), 0, false),

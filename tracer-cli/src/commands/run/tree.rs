@@ -16,9 +16,112 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use serde_json::Value;
+use serde::Serialize;
+use tracer_api::{ProcessState, ProcessStatus, ProcessView};
 
-use crate::format::int;
+use crate::format::{Complete, int};
+
+/// A record of an image: tracerd's, or one tracer made. Serialized as
+/// the record itself (`--json`).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum Record {
+    /// tracerd's record of the image (`GET /processes`).
+    Traced(ProcessStatus),
+    /// A process tracer waited for that tracerd has no record of
+    /// ([`untraced`]).
+    Untraced(Untraced),
+}
+
+/// What tracer knows of a process tracerd has no record of: read from
+/// `/proc` while it is a zombie; no figures.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Untraced {
+    /// Process id.
+    pub pid: u32,
+    /// Its parent's pid, if it could be read.
+    pub ppid: Option<u32>,
+    /// Its command (`/proc/PID/comm`).
+    pub comm: String,
+    /// Always [`ProcessState::Exited`].
+    pub state: ProcessState,
+    /// Unix ms after which it ran (the command's start, or the end of its
+    /// pid's last image tracerd knows).
+    pub first_seen_ms: i64,
+    /// Always true: tells it from tracerd's records.
+    pub untraced: bool,
+}
+
+impl Record {
+    /// tracerd's figures of the image; None for an untraced one.
+    pub fn view(&self) -> Option<&ProcessView> {
+        match self {
+            Record::Traced(status) => Some(&status.view),
+            Record::Untraced(_) => None,
+        }
+    }
+
+    /// Process id.
+    pub fn pid(&self) -> u32 {
+        match self {
+            Record::Traced(status) => status.view.pid,
+            Record::Untraced(record) => record.pid,
+        }
+    }
+
+    /// The parent's pid, when known.
+    pub fn ppid(&self) -> Option<u32> {
+        match self {
+            Record::Traced(status) => status.view.ppid,
+            Record::Untraced(record) => record.ppid,
+        }
+    }
+
+    /// The command.
+    pub fn comm(&self) -> &str {
+        match self {
+            Record::Traced(status) => &status.view.comm,
+            Record::Untraced(record) => &record.comm,
+        }
+    }
+
+    /// Where the image is in its life (an untraced one has exited).
+    pub fn state(&self) -> ProcessState {
+        match self {
+            Record::Traced(status) => status.view.state,
+            Record::Untraced(record) => record.state,
+        }
+    }
+
+    /// Unix ms tracerd learned of the image (see [`Untraced`]).
+    pub fn first_seen_ms(&self) -> i64 {
+        match self {
+            Record::Traced(status) => int(status.view.first_seen_ms),
+            Record::Untraced(record) => record.first_seen_ms,
+        }
+    }
+
+    /// A figure of tracerd's record (`allocs`, `current` ...); 0 for an
+    /// untraced one.
+    pub fn figure(&self, of: impl Fn(&ProcessView) -> u64) -> i64 {
+        self.view().map_or(0, |view| int(of(view)))
+    }
+}
+
+/// An untraced record is complete: it has no figures to undercount.
+impl Complete for Record {
+    fn complete(&self) -> bool {
+        self.view().is_none_or(|view| view.complete)
+    }
+
+    fn drops(&self) -> u64 {
+        self.view().map_or(0, |view| view.drops)
+    }
+
+    fn cut_tracebacks(&self) -> u64 {
+        self.view().map_or(0, |view| view.cut_tracebacks)
+    }
+}
 
 /// One image of the tree, in the order the report lists them.
 #[derive(Clone, Debug, PartialEq)]
@@ -26,7 +129,7 @@ pub struct Member {
     /// tracerd's record of the image (`GET /processes`), or one tracer made
     /// for a process it waited for that tracerd has no record of
     /// ([`untraced`]).
-    pub record: Value,
+    pub record: Record,
     /// 0 for the command's own pid, 1 for its children, and so on.
     pub depth: usize,
     /// True for the last image of its pid (what `GET /pid/{pid}/...`
@@ -41,27 +144,27 @@ pub struct Member {
 /// at `since_ms` (Unix ms): the images among `records` of `root` and of its
 /// descendants, depth first, children in the order tracerd first saw them.
 /// `tracer_pid` is tracer's own pid (adopted processes name it as parent).
-pub fn build(records: &[Value], root: u32, tracer_pid: u32, since_ms: i64) -> Vec<Member> {
+pub fn build(records: &[Record], root: u32, tracer_pid: u32, since_ms: i64) -> Vec<Member> {
     // Images by pid, in the order they ran.
-    let mut by_pid: BTreeMap<u32, Vec<&Value>> = BTreeMap::new();
+    let mut by_pid: BTreeMap<u32, Vec<&Record>> = BTreeMap::new();
     for record in records {
-        let Some(pid) = pid_of(record) else { continue };
-        if pid == tracer_pid || int(record, "first_seen_ms") < since_ms {
+        let pid = record.pid();
+        if pid == tracer_pid || record.first_seen_ms() < since_ms {
             continue;
         }
         by_pid.entry(pid).or_default().push(record);
     }
     for images in by_pid.values_mut() {
-        images.sort_by_key(|r| (int(r, "first_seen_ms"), int(r, "generation")));
+        images.sort_by_key(|r| (r.first_seen_ms(), r.figure(|v| u64::from(v.generation))));
         // An image that allocated nothing before its exec (a fork's child
         // between fork and exec) tells nothing the next one does not.
         let last = images.len().saturating_sub(1);
         let mut index = 0;
         images.retain(|r| {
             let keep = index == last
-                || r["state"] != "exec"
-                || int(r, "allocs") != 0
-                || int(r, "current") != 0;
+                || r.state() != ProcessState::Exec
+                || r.figure(|v| v.allocs) != 0
+                || r.figure(|v| v.current) != 0;
             index += 1;
             keep
         });
@@ -73,8 +176,8 @@ pub fn build(records: &[Value], root: u32, tracer_pid: u32, since_ms: i64) -> Ve
         if pid == root {
             continue;
         }
-        let first_seen = images.first().map_or(0, |r| int(r, "first_seen_ms"));
-        let parent = images.iter().find_map(|r| ppid_of(r));
+        let first_seen = images.first().map_or(0, |r| r.first_seen_ms());
+        let parent = images.iter().find_map(|r| r.ppid());
         let (parent, adopted) = match parent {
             Some(ppid) if ppid == tracer_pid => (root, true),
             Some(ppid) => (ppid, false),
@@ -119,51 +222,54 @@ pub fn build(records: &[Value], root: u32, tracer_pid: u32, since_ms: i64) -> Ve
 /// A record for a process tracer waited for that tracerd has no record of:
 /// its pid, parent and command (read from `/proc` while it is a zombie),
 /// `state` `exited` and `untraced: true`; no figures.
-pub fn untraced(pid: u32, ppid: Option<u32>, comm: &str, since_ms: i64) -> Value {
-    serde_json::json!({
-        "pid": pid,
-        "ppid": ppid,
-        "comm": comm,
-        "state": "exited",
-        "first_seen_ms": since_ms,
-        "untraced": true,
+pub fn untraced(pid: u32, ppid: Option<u32>, comm: &str, since_ms: i64) -> Record {
+    Record::Untraced(Untraced {
+        pid,
+        ppid,
+        comm: comm.to_string(),
+        state: ProcessState::Exited,
+        first_seen_ms: since_ms,
+        untraced: true,
     })
 }
 
 /// True for a record of [`untraced`].
-pub fn is_untraced(record: &Value) -> bool {
-    record["untraced"].as_bool() == Some(true)
-}
-
-fn pid_of(record: &Value) -> Option<u32> {
-    record["pid"].as_u64().and_then(|p| u32::try_from(p).ok())
-}
-
-fn ppid_of(record: &Value) -> Option<u32> {
-    record["ppid"].as_u64().and_then(|p| u32::try_from(p).ok())
+pub fn is_untraced(record: &Record) -> bool {
+    matches!(record, Record::Untraced(_))
 }
 
 #[cfg(test)]
 mod tests {
-    use serde_json::json;
-
     use super::*;
+    use crate::format::tests::process;
 
     const TRACER: u32 = 50;
     const SINCE: i64 = 1_000;
 
-    fn image(pid: u32, generation: u32, ppid: Option<u32>, seen: i64, state: &str) -> Value {
-        json!({"pid": pid, "generation": generation, "ppid": ppid, "first_seen_ms": seen,
-               "state": state, "comm": format!("p{pid}"), "allocs": 1, "current": 8})
+    fn image(pid: u32, generation: u32, ppid: Option<u32>, seen: u64, state: &str) -> Record {
+        let state = serde_json::from_value(serde_json::json!(state)).unwrap();
+        let mut status = process(pid, &format!("p{pid}"), 8, state);
+        status.view.generation = generation;
+        status.view.ppid = ppid;
+        status.view.first_seen_ms = seen;
+        status.view.allocs = 1;
+        Record::Traced(status)
     }
 
-    fn shown(members: &[Member]) -> Vec<(i64, i64, usize, bool, bool)> {
+    fn view(record: &mut Record) -> &mut ProcessView {
+        match record {
+            Record::Traced(status) => &mut status.view,
+            Record::Untraced(_) => unreachable!("a traced record"),
+        }
+    }
+
+    fn shown(members: &[Member]) -> Vec<(u32, i64, usize, bool, bool)> {
         members
             .iter()
             .map(|m| {
                 (
-                    int(&m.record, "pid"),
-                    int(&m.record, "generation"),
+                    m.record.pid(),
+                    m.record.figure(|v| u64::from(v.generation)),
                     m.depth,
                     m.latest,
                     m.adopted,
@@ -241,13 +347,11 @@ mod tests {
     #[test]
     fn an_image_that_allocated_nothing_before_its_exec_is_left_out() {
         let mut before = image(500, 1, Some(TRACER), 1_000, "exec");
-        before["allocs"] = json!(0);
-        before["current"] = json!(0);
+        (view(&mut before).allocs, view(&mut before).current) = (0, 0);
         let mut after = image(500, 2, Some(TRACER), 1_001, "exited");
-        after["allocs"] = json!(0);
+        view(&mut after).allocs = 0;
         let mut alone = image(501, 3, Some(500), 1_002, "exec");
-        alone["allocs"] = json!(0);
-        alone["current"] = json!(0);
+        (view(&mut alone).allocs, view(&mut alone).current) = (0, 0);
         let records = [before, after, alone];
         assert_eq!(
             shown(&build(&records, 500, TRACER, SINCE)),
@@ -274,6 +378,10 @@ mod tests {
     fn an_untraced_process_is_a_record_without_figures() {
         let record = untraced(9, Some(TRACER), "gzip", SINCE);
         assert!(is_untraced(&record));
+        assert_eq!(
+            serde_json::to_value(&record).unwrap().to_string(),
+            r#"{"comm":"gzip","first_seen_ms":1000,"pid":9,"ppid":50,"state":"exited","untraced":true}"#
+        );
         assert!(!is_untraced(&image(9, 1, None, 0, "exited")));
         assert_eq!(
             shown(&build(&[record], 9, TRACER, SINCE)),

@@ -18,9 +18,7 @@ use crate::http::params::{
     Params, compare_specs, parse_pid, parse_ref, refuse_allocator_frames, spec,
     stored_allocator_frames,
 };
-use crate::http::render::{
-    compare_response, object, statistics_response, stats_query, write_traces,
-};
+use crate::http::render::{compare_response, statistics_response, stats_query, write_traces};
 use crate::http::{ApiError, blocking, streamed};
 use crate::service::{Now, Service, Side, SnapshotRef, Viewer};
 use crate::snapshot::AllocatorFrames;
@@ -111,15 +109,6 @@ fn totals(now: &Now) -> Totals {
     }
 }
 
-/// A view's head as the map the render functions take.
-fn head_of<T: serde::Serialize>(
-    target: &T,
-) -> Result<serde_json::Map<String, serde_json::Value>, ApiError> {
-    tracer_api::to_wire(target)
-        .map(object)
-        .map_err(|err| ApiError::internal(format!("encoding the answer: {err}")))
-}
-
 /// `GET /pid/{pid}/statistics`, `/statistics`, `/snapshots/{id}/statistics`.
 pub async fn statistics(
     State(service): State<Arc<Service>>,
@@ -140,31 +129,31 @@ pub async fn statistics(
     blocking(move || match target {
         Target::Process(pid) => {
             let now = service.grouped_now(viewer, crate::service::Target::Process(pid), frames)?;
-            let head = head_of(&StatisticsTarget::Process {
+            let target = StatisticsTarget::Process {
                 allocator_frames: wire_frames(now.allocator_frames),
                 pid,
                 process: now.process.as_ref().map(|p| p.view.clone()),
                 totals: totals(&now),
-            })?;
-            statistics_response(&now.snapshot, &now.completeness, &query, head)
+            };
+            statistics_response(&now.snapshot, &now.completeness, &query, target)
         }
         Target::System => {
             let now = service.snapshot_now_with(viewer, crate::service::Target::System, frames)?;
-            let head = head_of(&StatisticsTarget::System {
+            let target = StatisticsTarget::System {
                 allocator_frames: wire_frames(now.allocator_frames),
                 current: now.traced_memory.0,
                 peak: now.traced_memory.1,
                 pids: now.pids.clone(),
                 totals: totals(&now),
-            })?;
-            statistics_response(&now.snapshot, &now.completeness, &query, head)
+            };
+            statistics_response(&now.snapshot, &now.completeness, &query, target)
         }
         Target::Stored(reference) => {
             let (stored, summary, _) = service.stored(viewer, &reference)?;
-            let head = head_of(&StatisticsTarget::Stored {
+            let target = StatisticsTarget::Stored {
                 snapshot: summary.wire(),
-            })?;
-            statistics_response(&stored.snapshot, &stored.completeness, &query, head)
+            };
+            statistics_response(&stored.snapshot, &stored.completeness, &query, target)
         }
     })
     .await
@@ -180,11 +169,11 @@ pub async fn compare(
 ) -> Result<Response, ApiError> {
     let params = target.params(query.as_deref(), spec::COMPARE_NOW, spec::COMPARE_STORED)?;
     let query = stats_query(&params)?;
-    // The compare of a process names it; the others have no head.
-    let mut head = serde_json::Map::new();
-    if let Target::Process(pid) = target {
-        head.insert("pid".into(), pid.into());
-    }
+    // The compare of a process names it.
+    let pid = match target {
+        Target::Process(pid) => Some(pid),
+        _ => None,
+    };
     if let Target::Stored(new) = target {
         let base = params.snapshot_ref("base")?.ok_or_else(|| {
             ApiError::bad(
@@ -200,7 +189,7 @@ pub async fn compare(
                 Side::stored(&new_stored, &new_info),
             );
             Side::check_alike(&base, &new)?;
-            compare_response(&base, &new, &query, head)
+            compare_response(&base, &new, &query, pid)
         })
         .await;
     }
@@ -209,7 +198,7 @@ pub async fn compare(
     let now = target.now().unwrap_or(crate::service::Target::System);
     blocking(move || {
         let (base, new) = service.compare_sides(viewer, now, &base, new.as_ref(), frames)?;
-        compare_response(&base, &new, &query, head)
+        compare_response(&base, &new, &query, pid)
     })
     .await
 }
@@ -236,26 +225,26 @@ pub async fn traces(
                     crate::service::Target::Process(pid),
                     frames,
                 )?;
-                let head = head_of(&TracesTarget::Process {
+                let head = TracesTarget::Process {
                     allocator_frames: wire_frames(now.allocator_frames),
                     pid,
-                })?;
+                };
                 (now.snapshot, now.completeness, head)
             }
             Target::System => {
                 let now =
                     service.snapshot_now_with(viewer, crate::service::Target::System, frames)?;
-                let head = head_of(&TracesTarget::System {
+                let head = TracesTarget::System {
                     allocator_frames: wire_frames(now.allocator_frames),
                     pids: now.pids.clone(),
-                })?;
+                };
                 (now.snapshot, now.completeness, head)
             }
             Target::Stored(reference) => {
                 let (stored, summary, _) = service.stored(viewer, &reference)?;
-                let head = head_of(&TracesTarget::Stored {
+                let head = TracesTarget::Stored {
                     snapshot: summary.wire(),
-                })?;
+                };
                 (stored.snapshot, stored.completeness, head)
             }
         };

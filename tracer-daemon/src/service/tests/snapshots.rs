@@ -1,6 +1,7 @@
 //! Snapshots: system-wide ones and their compares, what stopping refuses,
 //! and whose snapshots a user sees.
 use super::*;
+use tracer_api::SideKind;
 
 #[test]
 fn a_system_snapshot_has_one_domain_per_process_and_compares_with_tracing_start() {
@@ -29,7 +30,7 @@ fn a_system_snapshot_has_one_domain_per_process_and_compares_with_tracing_start(
             AllocatorFrames::Drop,
         )
         .expect("sides");
-    assert_eq!(base.info["kind"], "tracing_start");
+    assert!(matches!(base.info, SideKind::TracingStart { .. }));
     assert!(base.snapshot.traces().is_empty());
     assert_eq!(new.snapshot.blocks(), 1);
     let stored = service
@@ -49,7 +50,7 @@ fn a_system_snapshot_has_one_domain_per_process_and_compares_with_tracing_start(
             AllocatorFrames::Drop,
         )
         .expect("sides");
-    assert_eq!(base.info["id"], stored.id);
+    assert_eq!(base.info.snapshot_id(), Some(stored.id));
     assert!(matches!(
         service.compare_sides(
             Viewer::Operator,
@@ -98,12 +99,24 @@ fn a_compare_never_mixes_dropped_and_kept_allocator_frames() {
             .expect("sides")
     };
     let (base, new) = sides(AllocatorFrames::Keep);
-    assert_eq!(base.info["id"], kept.id);
-    assert_eq!(base.info["allocator_frames"], "keep");
-    assert_eq!(new.info["allocator_frames"], "keep");
+    assert_eq!(base.info.snapshot_id(), Some(kept.id));
+    assert!(matches!(
+        base.info,
+        SideKind::Snapshot {
+            allocator_frames: Some(Some(tracer_api::AllocatorFrames::Keep)),
+            ..
+        }
+    ));
+    assert!(matches!(
+        new.info,
+        SideKind::Now {
+            allocator_frames: tracer_api::AllocatorFrames::Keep,
+            ..
+        }
+    ));
     assert_eq!(new.allocator_frames, Some(AllocatorFrames::Keep));
     let (base, _) = sides(AllocatorFrames::Drop);
-    assert_eq!(base.info["id"], dropped.id);
+    assert_eq!(base.info.snapshot_id(), Some(dropped.id));
     // An explicit base taken otherwise is refused.
     let err = service
         .compare_sides(
@@ -129,8 +142,7 @@ fn a_compare_never_mixes_dropped_and_kept_allocator_frames() {
             AllocatorFrames::Keep,
         )
         .expect("sides");
-    assert_eq!(base.info["kind"], "snapshot");
-    assert_eq!(base.info["id"], kept.id);
+    assert_eq!(base.info.snapshot_id(), Some(kept.id));
 }
 
 #[test]
