@@ -254,56 +254,63 @@ pub fn diff_table(stats: &[StatisticDiff], style: &Style) -> Table {
     table
 }
 
+/// Whether figures are complete, and what they lost (`complete`,
+/// `drops`, `cut_tracebacks` of an answer, a process record or a snapshot
+/// summary).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Loss {
+    /// False when events were lost or tracebacks cut.
+    pub complete: bool,
+    /// Allocator events lost (the kernel maps were full).
+    pub drops: u64,
+    /// Blocks recorded with a cut traceback.
+    pub cut_tracebacks: u64,
+}
+
+impl Loss {
+    /// Nothing lost: what a record with no figures says.
+    pub const NONE: Loss = Loss {
+        complete: true,
+        drops: 0,
+        cut_tracebacks: 0,
+    };
+}
+
 /// What says whether its figures are complete: an answer's completeness,
 /// a process record, a snapshot summary.
 pub trait Complete {
+    /// Its completeness and losses.
+    fn loss(&self) -> Loss;
+
     /// False when events were lost or tracebacks cut.
-    fn complete(&self) -> bool;
-    /// Allocator events lost (the kernel maps were full).
-    fn drops(&self) -> u64;
-    /// Blocks recorded with a cut traceback.
-    fn cut_tracebacks(&self) -> u64;
+    fn complete(&self) -> bool {
+        self.loss().complete
+    }
 }
 
 impl Complete for Completeness {
-    fn complete(&self) -> bool {
-        self.complete
-    }
-
-    fn drops(&self) -> u64 {
-        self.drops
-    }
-
-    fn cut_tracebacks(&self) -> u64 {
-        self.cut_tracebacks
+    fn loss(&self) -> Loss {
+        Loss {
+            complete: self.complete,
+            drops: self.drops,
+            cut_tracebacks: self.cut_tracebacks,
+        }
     }
 }
 
 impl Complete for ProcessView {
-    fn complete(&self) -> bool {
-        self.complete
-    }
-
-    fn drops(&self) -> u64 {
-        self.drops
-    }
-
-    fn cut_tracebacks(&self) -> u64 {
-        self.cut_tracebacks
+    fn loss(&self) -> Loss {
+        Loss {
+            complete: self.complete,
+            drops: self.drops,
+            cut_tracebacks: self.cut_tracebacks,
+        }
     }
 }
 
 impl Complete for SnapshotSummary {
-    fn complete(&self) -> bool {
-        self.completeness.complete
-    }
-
-    fn drops(&self) -> u64 {
-        self.completeness.drops
-    }
-
-    fn cut_tracebacks(&self) -> u64 {
-        self.completeness.cut_tracebacks
+    fn loss(&self) -> Loss {
+        self.completeness.loss()
     }
 }
 
@@ -350,7 +357,8 @@ pub fn processes_table(processes: &[&ProcessStatus], style: &Style, state: bool)
 /// tracebacks cut` (`cut_tracebacks`: blocks with a part of their stack),
 /// each when not 0.
 pub fn losses(body: &impl Complete) -> String {
-    lost(int(body.drops()), int(body.cut_tracebacks()))
+    let loss = body.loss();
+    lost(int(loss.drops), int(loss.cut_tracebacks))
 }
 
 /// [`losses`] of `drops` events lost and `cut` tracebacks cut.

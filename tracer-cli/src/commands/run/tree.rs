@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, HashSet};
 use serde::Serialize;
 use tracer_api::{ProcessState, ProcessStatus, ProcessView};
 
-use crate::format::{Complete, int};
+use crate::format::{Complete, Loss, int};
 
 /// A record of an image: tracerd's, or one tracer made. Serialized as
 /// the record itself (`--json`).
@@ -110,16 +110,8 @@ impl Record {
 
 /// An untraced record is complete: it has no figures to undercount.
 impl Complete for Record {
-    fn complete(&self) -> bool {
-        self.view().is_none_or(|view| view.complete)
-    }
-
-    fn drops(&self) -> u64 {
-        self.view().map_or(0, |view| view.drops)
-    }
-
-    fn cut_tracebacks(&self) -> u64 {
-        self.view().map_or(0, |view| view.cut_tracebacks)
+    fn loss(&self) -> Loss {
+        self.view().map_or(Loss::NONE, Complete::loss)
     }
 }
 
