@@ -32,6 +32,36 @@ pub fn compile<F: AsRef<OsStr>>(
     )))
 }
 
+/// The features of the Rust fixture crate
+/// (`tracer-daemon/tests/fixtures/rust_allocators`) that the root suite
+/// builds: its `rust_allocators` tests, one each.
+pub const RUST_FIXTURE_FEATURES: [&str; 2] = ["jemalloc", "mimalloc"];
+
+/// The arguments of `cargo` that build the Rust fixture crate with
+/// `--features {feature}` (release, `--locked`, its own Cargo.lock), into
+/// `{scratch}/rust_allocators-{feature}`, `scratch` being the suite's
+/// `CARGO_TARGET_TMPDIR`; the executable is then
+/// `{scratch}/rust_allocators-{feature}/release/rust_allocators`. The
+/// suite runs them, and `cargo xtask test` runs them first at low priority:
+/// one command, so that the suite's build finds the fixture up to date.
+pub fn rust_fixture_build(
+    manifest: &Path,
+    scratch: &Path,
+    feature: &str,
+) -> Vec<std::ffi::OsString> {
+    let mut args: Vec<std::ffi::OsString> = ["build", "--release", "--locked", "--quiet"]
+        .into_iter()
+        .map(Into::into)
+        .collect();
+    args.push("--features".into());
+    args.push(feature.into());
+    args.push("--manifest-path".into());
+    args.push(manifest.into());
+    args.push("--target-dir".into());
+    args.push(scratch.join(format!("rust_allocators-{feature}")).into());
+    args
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,6 +7,7 @@
 //! - [`Running`], [`signal`], [`free_port`], [`poll`]: child processes
 //!   stopped by pid (SIGTERM, then SIGKILL), even when the caller fails;
 //! - [`compile`]: the C compiler, with debug info and frame pointers;
+//!   [`rust_fixture_build`]: cargo's build of the Rust fixture crate;
 //! - [`Client`]: the HTTP client of tracerd's API (reqwest);
 //! - [`TracerdProcess`]: a tracerd on a free loopback port, ready once
 //!   `/health` answers 200, stopped by pid.
@@ -20,7 +21,7 @@ mod http;
 mod process;
 mod tracerd;
 
-pub use cc::compile;
+pub use cc::{RUST_FIXTURE_FEATURES, compile, rust_fixture_build};
 pub use dir::TempDir;
 pub use http::{Client, Response};
 pub use process::{Running, free_port, kill_child, poll, signal, status_kib, stop_child};

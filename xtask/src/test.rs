@@ -150,43 +150,42 @@ fn check_daemon_test_binaries(root: &std::path::Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The features of the Rust fixture crate
-/// (`tracer-daemon/tests/fixtures/rust_allocators`) that the root suite
-/// builds, one target directory each (its `rust_allocators` tests).
-const RUST_FIXTURE_FEATURES: [&str; 2] = ["jemalloc", "mimalloc"];
-
-/// Starts building the Rust fixtures in the background at the lowest
-/// priority (`nice -n 19`), with the very command the root suite runs
-/// (`rust_allocators::build`: same cargo, flags and target directory
-/// under `CARGO_TARGET_TMPDIR`), so that it takes the passes' idle CPU:
-/// on a fresh clone jemalloc's C build alone took 81 s of pass 2. The
-/// suite's own build then finds the fixture up to date, or waits on
-/// cargo's lock of that target directory while this one finishes. Output
-/// goes to `target/tmp/rust_allocators-prebuild.log`. None if it could
-/// not start (the suite builds them itself).
-fn prebuild_rust_fixtures() -> Option<std::process::Child> {
+/// Starts building the Rust fixtures ([`tracer_testkit::RUST_FIXTURE_FEATURES`])
+/// on a thread of its own, one after the other at the lowest priority
+/// (`nice -n 19`), with the very command the root suite runs
+/// ([`tracer_testkit::rust_fixture_build`], the same cargo, into its
+/// `CARGO_TARGET_TMPDIR`), so that it takes the passes' idle CPU: on a
+/// fresh clone jemalloc's C build alone took 81 s of pass 2. The suite's
+/// own build then finds the fixture up to date, or waits on cargo's lock of
+/// that target directory while this one finishes. Output goes to
+/// `target/tmp/rust_allocators-prebuild.log`; a build that fails or cannot
+/// start is left for the suite's own build to report.
+fn prebuild_rust_fixtures() -> std::thread::JoinHandle<()> {
     let root = crate::util::paths::workspace_root();
-    let tmp = crate::util::paths::target_dir(&root).join("tmp");
-    std::fs::create_dir_all(&tmp).ok()?;
-    let log = std::fs::File::create(tmp.join("rust_allocators-prebuild.log")).ok()?;
+    let scratch = crate::util::paths::target_dir(&root).join("tmp");
     let manifest = root.join("tracer-daemon/tests/fixtures/rust_allocators/Cargo.toml");
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut script = String::from("set -e");
-    for feature in RUST_FIXTURE_FEATURES {
-        script.push_str(&format!(
-            "; \"$0\" build --release --locked --quiet --features {feature} --manifest-path \"$1\" --target-dir \"$2/rust_allocators-{feature}\""
-        ));
-    }
-    std::process::Command::new("nice")
-        .args(["-n", "19", "sh", "-c", &script])
-        .arg(&cargo)
-        .arg(&manifest)
-        .arg(&tmp)
-        .stdin(std::process::Stdio::null())
-        .stdout(log.try_clone().ok()?)
-        .stderr(log)
-        .spawn()
-        .ok()
+    std::thread::spawn(move || {
+        let _ = std::fs::create_dir_all(&scratch);
+        let Ok(log) = std::fs::File::create(scratch.join("rust_allocators-prebuild.log")) else {
+            return;
+        };
+        for feature in tracer_testkit::RUST_FIXTURE_FEATURES {
+            let (Ok(stdout), Ok(stderr)) = (log.try_clone(), log.try_clone()) else {
+                return;
+            };
+            let _ = std::process::Command::new("nice")
+                .args(["-n", "19"])
+                .arg(&cargo)
+                .args(tracer_testkit::rust_fixture_build(
+                    &manifest, &scratch, feature,
+                ))
+                .stdin(std::process::Stdio::null())
+                .stdout(stdout)
+                .stderr(stderr)
+                .status();
+        }
+    })
 }
 
 pub fn run(extra: &[OsString]) -> anyhow::Result<()> {
@@ -242,10 +241,9 @@ pub fn run(extra: &[OsString]) -> anyhow::Result<()> {
         failed |= outcome.is_err();
         summaries.push(summary);
     }
-    if let Some(Some(mut build)) = fixtures {
-        // Long done by now (it had the passes' idle time); a failure was
-        // the root suite's to report, as its own build says why.
-        let _ = build.wait();
+    if let Some(build) = fixtures {
+        // Long done by now (it had the passes' idle time).
+        let _ = build.join();
     }
     // Again together, below the last pass's output.
     eprintln!();

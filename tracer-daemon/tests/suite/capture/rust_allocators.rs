@@ -33,32 +33,29 @@ fn source() -> PathBuf {
     crate_dir().join("src/main.rs")
 }
 
-/// Builds the fixture with `--features {feature}` (`cargo build --release
+/// Builds the fixture with `--features {feature}`
+/// ([`tracer_testkit::rust_fixture_build`]: `cargo build --release
 /// --locked`, its own Cargo.lock) into a target directory of its own under
 /// this test binary's scratch directory (`CARGO_TARGET_TMPDIR`), which is
 /// kept between runs: jemalloc's C build takes about a minute the first
 /// time, later runs only check that nothing changed. `cargo xtask test`
-/// starts this very command for each feature in the background at its
-/// start (`RUST_FIXTURE_FEATURES` in xtask/src/test.rs), so a whole run
-/// finds it built or waits on cargo's lock. Returns the executable.
+/// runs the same command for each feature in the background at its
+/// start, so a whole run finds it built or waits on cargo's lock. Returns
+/// the executable.
 fn build(feature: &str) -> PathBuf {
-    let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("rust_allocators-{feature}"));
+    let scratch = Path::new(env!("CARGO_TARGET_TMPDIR"));
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let started = Instant::now();
-    output_ok(
-        Command::new(cargo)
-            .args(["build", "--release", "--locked", "--quiet", "--features"])
-            .arg(feature)
-            .arg("--manifest-path")
-            .arg(crate_dir().join("Cargo.toml"))
-            .arg("--target-dir")
-            .arg(&target),
-    );
+    output_ok(Command::new(cargo).args(tracer_testkit::rust_fixture_build(
+        &crate_dir().join("Cargo.toml"),
+        scratch,
+        feature,
+    )));
     eprintln!(
         "rust_allocators --features {feature}: built in {:.1} s",
         started.elapsed().as_secs_f64()
     );
-    target.join("release/rust_allocators")
+    scratch.join(format!("rust_allocators-{feature}/release/rust_allocators"))
 }
 
 /// Each `(marker, count, size)` of `fixtures/rust_allocators/src/main.rs`

@@ -16,7 +16,7 @@
 
 use std::{
     ops::Deref,
-    sync::{Mutex, MutexGuard, Once, PoisonError},
+    sync::{Mutex, MutexGuard, Once, PoisonError, TryLockError},
 };
 
 use super::tracerd::Tracerd;
@@ -63,16 +63,21 @@ fn lock() -> MutexGuard<'static, Option<Slot>> {
     SHARED.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// The shared tracerd taken out of its slot (None when none runs), or
+/// Err when a test holds it.
+fn take() -> Result<Option<Slot>, ()> {
+    match SHARED.try_lock() {
+        Ok(mut guard) => Ok(guard.take()),
+        Err(TryLockError::Poisoned(poisoned)) => Ok(poisoned.into_inner().take()),
+        Err(TryLockError::WouldBlock) => Err(()),
+    }
+}
+
 /// Stops the shared tracerd at the test binary's exit (never panics: a
 /// panic here would abort; a tracerd still held by a test thread that
 /// never ended is stopped by its own drop, or not at all).
 extern "C" fn stop_at_exit() {
-    let slot = match SHARED.try_lock() {
-        Ok(mut guard) => guard.take(),
-        Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner().take(),
-        Err(std::sync::TryLockError::WouldBlock) => None,
-    };
-    drop(slot);
+    drop(take().ok().flatten());
 }
 
 impl Tracerd {
@@ -109,12 +114,7 @@ impl Tracerd {
 /// tracerd: they would trace the same processes), instead of waiting for
 /// ever.
 pub fn stop_shared() {
-    let slot = match SHARED.try_lock() {
-        Ok(mut guard) => guard.take(),
-        Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner().take(),
-        Err(std::sync::TryLockError::WouldBlock) => {
-            panic!("a test holding the shared tracerd starts another tracerd")
-        }
-    };
+    let slot = take()
+        .unwrap_or_else(|()| panic!("a test holding the shared tracerd starts another tracerd"));
     drop(slot);
 }
