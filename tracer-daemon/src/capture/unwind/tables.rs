@@ -241,6 +241,25 @@ impl TableStore {
     ) -> Result<Vec<(u32, u32, u32)>, TableError> {
         let needed = table.rows() as u64;
         let pages = table.pages.len() as u64;
+        // A table that would not fit even with every unused one gone
+        // (a compiler's 150 MB library) is refused at once: evicting them
+        // all first would only have them compiled again.
+        let (evictable_rows, evictable_pages) = self
+            .files
+            .values()
+            .filter(|f| f.users == 0 && f.id != UNWIND_FILE_NONE)
+            .flat_map(|f| &f.runs)
+            .fold((0u64, 0u64), |(rows, pages), &(_, _, count)| {
+                (rows + u64::from(count), pages + 1)
+            });
+        let pages_free = u64::from(self.pages_capacity.saturating_sub(self.pages_used));
+        if needed > self.rows.free_rows() + evictable_rows || pages > pages_free + evictable_pages {
+            return Err(TableError::Full {
+                needed,
+                pages,
+                free: self.rows.free_rows(),
+            });
+        }
         loop {
             let pages_free = u64::from(self.pages_capacity.saturating_sub(self.pages_used));
             if needed <= self.rows.free_rows()

@@ -130,6 +130,28 @@ fn a_file_that_cannot_be_compiled_or_has_no_cfi_is_refused_once() {
 }
 
 #[test]
+fn a_table_too_big_for_the_room_unused_ones_would_leave_evicts_none() {
+    let mut memory = Memory::default();
+    let mut store = TableStore::new(30, 10);
+    let a = store.load(&mut memory, key(1), Ok(&table(1, 10)));
+    let b = store.load(&mut memory, key(2), Ok(&table(1, 10)));
+    // 40 rows against 30: refused, and both unused tables stay.
+    assert_eq!(
+        store.load(&mut memory, key(3), Ok(&table(4, 10))),
+        UNWIND_FILE_NONE
+    );
+    assert_eq!((store.file(key(1)), store.file(key(2))), (Some(a), Some(b)));
+    let usage = store.usage();
+    assert_eq!((usage.files_evicted, usage.files_over_budget), (0, 1));
+    // 30 rows fit once both go.
+    assert_ne!(
+        store.load(&mut memory, key(4), Ok(&table(3, 10))),
+        UNWIND_FILE_NONE
+    );
+    assert_eq!(store.usage().files_evicted, 2);
+}
+
+#[test]
 fn unused_tables_make_room_for_new_ones_and_used_ones_never_do() {
     let mut memory = Memory::default();
     let mut store = TableStore::new(20, 10);
