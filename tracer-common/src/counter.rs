@@ -64,8 +64,10 @@ pub enum Counter {
     /// other processes stay complete.
     DropShare = 21,
     /// The process has its share of `STACKS` already
-    /// (`GLOBAL_PROCESS_MAX_STACKS`): its new stack is not stored, and the
-    /// block keeps its frame 0 only.
+    /// (`GLOBAL_PROCESS_MAX_STACKS`), or the map is into its reserve
+    /// (`GLOBAL_STACKS_RESERVE_FROM`) and the process holds a quarter of
+    /// the room left: its new stack is not stored, and the block keeps its
+    /// frame 0 only.
     DropStackShare = 22,
     /// Anonymous mappings recorded as blocks (source `mmap`).
     MmapRegions = 23,

@@ -53,6 +53,11 @@ pub const MAP_INFLIGHT_SPILL: &str = "INFLIGHT_SPILL";
 /// `BPF_MAP_TYPE_STACK_TRACE`: that one drops every stack whose bucket is
 /// taken (3.6% of stacks at 8% occupancy, measured here).
 pub const MAP_STACKS: &str = "STACKS";
+/// Name of the one-slot `BPF_F_MMAPABLE` array counting the stacks in
+/// [`MAP_STACKS`]: raised by the programs for each stack they store,
+/// lowered by tracerd (atomically, through its mapping) for each it
+/// collects. Compared with [`GLOBAL_STACKS_RESERVE_FROM`].
+pub const MAP_STACKS_HELD: &str = "STACKS_HELD";
 /// Per-CPU scratch buffer of one stack value ([`STACK_WORDS`] u64s).
 pub const MAP_STACK_SCRATCH: &str = "STACK_SCRATCH";
 /// u64 words of a [`MAP_STACKS`] value as compiled: the check hash (with
@@ -125,6 +130,16 @@ pub const GLOBAL_PROCESS_MAX_BLOCKS: &str = "PROCESS_MAX_BLOCKS";
 /// [`MAP_STACKS`] (its share); 0: no limit. A block whose new stack would
 /// pass it keeps its frame 0 only.
 pub const GLOBAL_PROCESS_MAX_STACKS: &str = "PROCESS_MAX_STACKS";
+/// The name of the global holding the stacks in [`MAP_STACKS`]
+/// ([`MAP_STACKS_HELD`]) from which on the rest of the map is a reserve:
+/// a process stores a new stack there only while it holds less than a
+/// quarter of the room left; 0: no reserve. A block whose new stack is
+/// refused keeps its frame 0 only, as past its share: a compiler or two
+/// that fill the map cannot cut every other process's tracebacks.
+pub const GLOBAL_STACKS_RESERVE_FROM: &str = "STACKS_RESERVE_FROM";
+/// The name of the global holding the capacity of [`MAP_STACKS`] in
+/// stacks, for its reserve ([`GLOBAL_STACKS_RESERVE_FROM`]).
+pub const GLOBAL_STACKS_CAPACITY: &str = "STACKS_CAPACITY";
 /// The name of the global holding the slot index mask of
 /// [`MAP_INFLIGHT_SLOTS`]: its number of slots (a power of two) minus 1.
 pub const GLOBAL_INFLIGHT_SLOT_MASK: &str = "INFLIGHT_SLOT_MASK";

@@ -63,6 +63,29 @@ pub(crate) fn process_max_stacks() -> u64 {
     unsafe { core::ptr::read_volatile(&PROCESS_MAX_STACKS) }
 }
 
+/// Stacks in STACKS (`STACKS_HELD`) from which on a process stores a new
+/// one only while it holds less than a quarter of the room left; 0: no
+/// reserve. Set at load time.
+#[unsafe(no_mangle)]
+static STACKS_RESERVE_FROM: u64 = 0;
+
+/// Capacity of STACKS in stacks (`max_stacks`). Set at load time.
+#[unsafe(no_mangle)]
+static STACKS_CAPACITY: u64 = 0;
+
+/// (`STACKS_RESERVE_FROM`, `STACKS_CAPACITY`): the stacks in STACKS from
+/// which on the reserve is kept (0: none), and the map's capacity.
+#[inline(always)]
+pub(crate) fn stacks_reserve() -> (u64, u64) {
+    // SAFETY: globals set once at load time (see tracerd_tgid).
+    unsafe {
+        (
+            core::ptr::read_volatile(&STACKS_RESERVE_FROM),
+            core::ptr::read_volatile(&STACKS_CAPACITY),
+        )
+    }
+}
+
 #[inline(always)]
 fn tracerd_tgid() -> u32 {
     // SAFETY: a global set once at load time; volatile so the compiler does

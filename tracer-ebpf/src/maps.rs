@@ -111,6 +111,12 @@ pub(crate) static INFLIGHT_SPILL: Array<u64> = Array::with_max_entries(1, 0);
 pub(crate) static STACKS: HashMap<u64, [u64; STACK_WORDS]> =
     HashMap::with_max_entries(1 << 16, BPF_F_NO_PREALLOC);
 
+/// Slot 0: the stacks in STACKS, raised by `stack` for each it stores and
+/// lowered by tracerd, through its mapping, for each it collects. Read
+/// against `STACKS_RESERVE_FROM`.
+#[map]
+pub(crate) static STACKS_HELD: Array<u64> = Array::with_max_entries(1, BPF_F_MMAPABLE);
+
 /// Totals per (image, stack): key → live blocks and bytes, kept in step
 /// with the live maps by `live` (never deleted by a program); read by
 /// tracerd for statistics of a live image, and cleaned (ended images).

@@ -160,6 +160,7 @@ impl Capture {
             live_table,
             _live_table_maps: (maps.live_keys, maps.live_values),
             stacks: maps.stacks,
+            stacks_held: maps.stacks_held,
             procs: maps.procs,
             stack_totals: maps.stack_totals,
             totals_reader,

@@ -232,6 +232,34 @@ impl CaptureConfig {
         (u64::from(self.max_stacks) * u64::from(share) / 100).max(1)
     }
 
+    /// The reserve of `STACKS` for the processes with few stacks: the
+    /// stacks in the map from which on a process stores a new one only
+    /// while it holds less than a quarter of the room left (three
+    /// quarters of `max_stacks`); 0, no reserve, when a process may hold
+    /// the whole map ([`CaptureConfig::process_max_stacks`] 0). A compiler
+    /// or two that fill the map to the reserve leave each program started
+    /// beside them its tracebacks (`GLOBAL_STACKS_RESERVE_FROM`).
+    pub fn stacks_reserve_from(&self) -> u64 {
+        if self.process_max_stacks() == 0 {
+            return 0;
+        }
+        let capacity = u64::from(self.max_stacks);
+        capacity - capacity / 4
+    }
+
+    /// Whether a process holding `held` stacks, with `stored` in `STACKS`,
+    /// may store no new one: past its share, or in the reserve
+    /// ([`CaptureConfig::stacks_reserve_from`]) with a quarter of the room
+    /// left or more (what the programs decide).
+    pub fn past_stack_share(&self, held: u64, stored: u64) -> bool {
+        let max = self.process_max_stacks();
+        let from = self.stacks_reserve_from();
+        (max != 0 && held >= max)
+            || (from != 0
+                && stored >= from
+                && held.saturating_mul(4) >= u64::from(self.max_stacks).saturating_sub(stored))
+    }
+
     /// Entries of `STACK_TOTALS`: twice `max_stacks`, for an image keeps
     /// the entries of stacks collected since (at 0 blocks) until it ends.
     pub fn stack_totals_entries(&self) -> u32 {
@@ -255,6 +283,8 @@ pub struct Capture {
     /// STACKS: its value size depends on nframe, so it is read with raw
     /// map syscalls rather than a typed aya map.
     stacks: MapData,
+    /// `STACKS_HELD`, mapped: lowered for each stack collected.
+    stacks_held: stacks::StacksHeld,
     procs: BpfHashMap<MapData, u32, ProcTotals>,
     /// `STACK_TOTALS`: live blocks and bytes per (image, stack).
     stack_totals: BpfHashMap<MapData, StackTotalsKey, StackTotals>,

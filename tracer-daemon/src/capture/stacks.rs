@@ -47,6 +47,48 @@ pub(super) fn read_stack(
     Some(frames)
 }
 
+/// `STACKS_HELD`, mapped: the stacks in `STACKS` as the programs count
+/// them (each stored raises it), which tracerd lowers for each stack it
+/// collects, so that the map's reserve (`GLOBAL_STACKS_RESERVE_FROM`)
+/// opens again as it empties.
+pub(super) struct StacksHeld {
+    map: memmap2::MmapRaw,
+}
+
+impl StacksHeld {
+    /// Maps the one-slot array `fd` read-write.
+    ///
+    /// # Errors
+    /// The kernel refused the mapping (the map is not `BPF_F_MMAPABLE`).
+    pub(super) fn map(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<Self> {
+        use std::os::fd::AsRawFd as _;
+        let map = memmap2::MmapOptions::new()
+            .len(size_of::<u64>())
+            .map_raw(fd.as_raw_fd())?;
+        Ok(Self { map })
+    }
+
+    fn word(&self) -> &std::sync::atomic::AtomicU64 {
+        // SAFETY: the mapping holds slot 0 (8 bytes, page-aligned); the
+        // programs change it only atomically.
+        unsafe { &*self.map.as_ptr().cast::<std::sync::atomic::AtomicU64>() }
+    }
+
+    /// The count now.
+    pub(super) fn get(&self) -> u64 {
+        self.word().load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Lowers the count by `removed` stacks, never below 0.
+    pub(super) fn release(&self, removed: u64) {
+        let _ = self.word().fetch_update(
+            std::sync::atomic::Ordering::AcqRel,
+            std::sync::atomic::Ordering::Relaxed,
+            |held| Some(held.saturating_sub(removed)),
+        );
+    }
+}
+
 impl Capture {
     /// The return addresses of stack `id` (frame 0 first: the call site in
     /// the allocator's caller), from `STACKS`, followed by
@@ -68,6 +110,7 @@ impl Capture {
     pub fn remove_stacks(&mut self, ids: &[u64]) -> usize {
         let fd = self.stacks.fd().as_fd();
         let removed = ids.iter().filter(|id| bpf_sys::delete(fd, *id)).count();
+        self.stacks_held.release(removed as u64);
         // Every CPU's cache of its last stack may name a removed one.
         let epoch = self
             .switches
@@ -82,9 +125,10 @@ impl Capture {
         removed
     }
 
-    /// Stacks now in `STACKS` (one syscall per stack).
+    /// Stacks now in `STACKS`, as the programs count them (`STACKS_HELD`:
+    /// one read, rather than a syscall per stack).
     pub fn stacks_stored(&self) -> u64 {
-        bpf_sys::count_keys::<u64>(self.stacks.fd().as_fd())
+        self.stacks_held.get()
     }
 }
 
@@ -98,6 +142,29 @@ mod tests {
             .iter()
             .fold(STACK_CHECK_SEED, |hash, &ip| stack_check_frame(hash, ip));
         stack_check_word(hash, frames.len() as u64, cut)
+    }
+
+    #[test]
+    fn the_fuller_the_stack_map_the_fewer_stacks_a_process_may_hold_to_store_one() {
+        let mut config = crate::capture::CaptureConfig::from(&crate::config::Config::default());
+        config.max_stacks = 1024;
+        assert_eq!(config.process_max_stacks(), 512);
+        assert_eq!(config.stacks_reserve_from(), 768);
+        // Below the reserve: the share alone.
+        assert!(!config.past_stack_share(511, 767));
+        assert!(config.past_stack_share(512, 100));
+        // In it: less than a quarter of the room left (256 at 768 stored,
+        // 64 at 960, 1 at 1020).
+        assert!(!config.past_stack_share(63, 768));
+        assert!(config.past_stack_share(64, 768));
+        assert!(!config.past_stack_share(15, 960));
+        assert!(config.past_stack_share(16, 960));
+        assert!(!config.past_stack_share(0, 1020));
+        assert!(config.past_stack_share(1, 1020));
+        // A process may hold the whole map: no share, no reserve.
+        config.process_share = 100;
+        assert_eq!(config.stacks_reserve_from(), 0);
+        assert!(!config.past_stack_share(1000, 1020));
     }
 
     #[test]

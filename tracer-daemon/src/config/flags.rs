@@ -120,7 +120,7 @@ pub struct Flags {
     /// Blocks of the kernel's preallocated fast live-block table (7 x a power of two); 0: off.
     #[arg(long, env = "TRACERD_LIVE_TABLE_BLOCKS")]
     pub live_table_blocks: Option<u32>,
-    /// Share of the live-block and stack maps one process may hold, in percent (100: no limit).
+    /// Share of the live-block and stack maps one process may hold, in percent (100: no limit, and no reserve of the stack map's last quarter for processes with few stacks).
     #[arg(long, env = "TRACERD_PROCESS_SHARE")]
     pub process_share: Option<u32>,
     /// Capacity of the kernel's stack map in distinct stacks.

@@ -195,7 +195,10 @@ pub struct MapsSection {
     /// (`max_stacks`), one process may hold, in percent (1..=100; 100: no
     /// limit; default 50): a process past it has its new blocks dropped
     /// (or, past its stacks, recorded with frame 0 only), counted in its
-    /// `drops`, so that the others stay complete.
+    /// `drops`, so that the others stay complete. Below 100 the last
+    /// quarter of the stack map is also a reserve: once three quarters of
+    /// it are taken, a process stores a new stack only while it holds
+    /// less than a quarter of the room left.
     pub process_share: u32,
     /// Capacity of the kernel's stack map (`STACKS`) in distinct stacks,
     /// 256 to 2^22; default 65536.

@@ -40,15 +40,16 @@ impl Housekeeping<'_> {
     /// map; else a full map, which `tracer_drops_total{reason}` names), and
     /// its cut tracebacks; host-wide, a full stack map with what to raise.
     pub fn log_drops(&self) {
-        let (max, max_stacks, stacks_capacity) = {
+        let (max, config, stored) = {
             let held = self.service.state.locks().kernel_shared();
-            let config = held.kernel.config();
+            let config = held.kernel.config().clone();
             (
                 config.process_max_blocks(),
-                config.process_max_stacks(),
-                config.max_stacks,
+                config,
+                held.kernel.stacks_stored(),
             )
         };
+        let (max_stacks, stacks_capacity) = (config.process_max_stacks(), config.max_stacks);
         let now = Instant::now();
         let store_full = self
             .service
@@ -116,7 +117,7 @@ impl Housekeeping<'_> {
                 .proc_totals(image.pid())
                 .filter(|t| t.stats.generation == image.id.generation)
                 .map(|t| t.stacks)
-                .filter(|&stacks| max_stacks != 0 && stacks >= max_stacks)
+                .filter(|&stacks| config.past_stack_share(stacks, stored))
             {
                 tracing::warn!(
                     pid = image.pid(),
@@ -126,7 +127,8 @@ impl Housekeeping<'_> {
                     stacks,
                     map = MAP_STACKS,
                     share_stacks = max_stacks,
-                    "a process is past its share of the stack map: its new stacks are not stored, their blocks keep their call site only (process_share)"
+                    stored,
+                    "a process is past its share of the stack map (half of it, or once three quarters are taken a quarter of the room left): its new stacks are not stored, their blocks keep their call site only (process_share, max_stacks)"
                 );
             } else {
                 tracing::warn!(

@@ -56,7 +56,10 @@ use crate::{
     atomic::{compare_exchange, fetch_add},
     counters::count,
     globals::{self, switch},
-    maps::{EEXIST, NO_MAPPINGS, PROC_MAPS, STACK_CACHE, STACK_SCRATCH, STACKS, WALK_SCRATCH},
+    maps::{
+        EEXIST, NO_MAPPINGS, PROC_MAPS, STACK_CACHE, STACK_SCRATCH, STACKS, STACKS_HELD,
+        WALK_SCRATCH,
+    },
     procs::{cut_counter, stacks_counter},
     vma,
 };
@@ -255,9 +258,8 @@ fn walk_and_store(
         Some(stored) => (unsafe { (*stored)[0] }) == check,
         None => {
             let stacks = stacks_counter(stats);
-            let max = globals::process_max_stacks();
             // SAFETY: a PROCS value's counter, changed only atomically.
-            if max != 0 && unsafe { core::ptr::read_volatile(stacks) } >= max {
+            if past_share(unsafe { core::ptr::read_volatile(stacks) }) {
                 count(Counter::DropStackShare);
                 // SAFETY: as above.
                 fetch_add(unsafe { &raw mut (*stats).drops }, 1);
@@ -392,6 +394,9 @@ fn store_new(id: u64, words: &[u64; STACK_WORDS], check: u64, stacks: *mut u64) 
                 return None;
             }
             fetch_add(stacks, 1);
+            if let Some(held) = STACKS_HELD.get_ptr_mut(0) {
+                fetch_add(held, 1);
+            }
             Some(true)
         }
         // Another CPU stored the same id meanwhile: check it as above.
@@ -402,6 +407,30 @@ fn store_new(id: u64, words: &[u64; STACK_WORDS], check: u64, stacks: *mut u64) 
         }),
         Err(_) => Some(false),
     }
+}
+
+/// Whether a process holding `held` stacks may store no new one: it holds
+/// its share (`PROCESS_MAX_STACKS`), or the map is into its reserve (the
+/// stacks in it, `STACKS_HELD`, at least `STACKS_RESERVE_FROM`) and the
+/// process holds a quarter of the room left or more: the fuller the map,
+/// the fewer stacks a process may hold to store one, so that its last
+/// entries go to the processes with the fewest.
+#[inline(always)]
+fn past_share(held: u64) -> bool {
+    let max = globals::process_max_stacks();
+    if max != 0 && held >= max {
+        return true;
+    }
+    let (from, capacity) = globals::stacks_reserve();
+    if from == 0 {
+        return false;
+    }
+    // SAFETY: slot 0 of STACKS_HELD, changed only atomically.
+    let total = match STACKS_HELD.get_ptr(0) {
+        Some(total) => unsafe { core::ptr::read_volatile(total) },
+        None => return false,
+    };
+    total >= from && held.saturating_mul(4) >= capacity.saturating_sub(total)
 }
 
 #[inline(always)]

@@ -10,8 +10,8 @@ use aya::{
 use tracer_common::{
     AllocInfo, AllocKey, Inflight, MAP_COUNTERS, MAP_EVENTS, MAP_EXP_TABLE, MAP_INFLIGHT,
     MAP_INFLIGHT_SLOTS, MAP_LIVE_ALLOCS, MAP_LIVE_KEYS, MAP_LIVE_VALUES, MAP_PROC_SLOTS, MAP_PROCS,
-    MAP_SCOPE_TGIDS, MAP_STACK_TOTALS, MAP_STACKS, MAP_SWITCHES, ProcTotals, StackTotals,
-    StackTotalsKey,
+    MAP_SCOPE_TGIDS, MAP_STACK_TOTALS, MAP_STACKS, MAP_STACKS_HELD, MAP_SWITCHES, ProcTotals,
+    StackTotals, StackTotalsKey,
 };
 
 use super::super::events::RingPositions;
@@ -19,6 +19,7 @@ use super::super::live_table::LiveTable;
 use super::super::object::exponential_table;
 use super::super::own_spill::OwnSpill;
 use super::super::proc_slots::ProcSlots;
+use super::super::stacks::StacksHeld;
 use super::super::unwind::maps::UnwindMaps;
 use super::super::{CaptureConfig, CaptureError};
 use super::sizes::Sizes;
@@ -43,6 +44,8 @@ pub(super) struct Taken {
     pub(super) live_table: Option<LiveTable>,
     /// `STACKS`.
     pub(super) stacks: MapData,
+    /// `STACKS_HELD`'s mapping (which keeps the map).
+    pub(super) stacks_held: StacksHeld,
     /// `PROCS`, and a second descriptor of it.
     pub(super) procs: aya::maps::HashMap<MapData, u32, ProcTotals>,
     pub(super) procs_fd: std::os::fd::OwnedFd,
@@ -101,6 +104,12 @@ impl Taken {
                 });
             }
         };
+        let stacks_held_map = take_array(ebpf, MAP_STACKS_HELD)?;
+        let stacks_held =
+            StacksHeld::map(stacks_held_map.fd().as_fd()).map_err(|e| CaptureError::Map {
+                map: MAP_STACKS_HELD,
+                reason: format!("cannot map the count of stacks: {e}"),
+            })?;
         let procs: aya::maps::HashMap<MapData, u32, ProcTotals> = take_map(ebpf, MAP_PROCS)?;
         let procs_fd = second_map_fd(aya::maps::IterableMap::map(&procs), MAP_PROCS)?;
         let stack_totals = take_map(ebpf, MAP_STACK_TOTALS)?;
@@ -135,6 +144,7 @@ impl Taken {
             live_values,
             live_table,
             stacks,
+            stacks_held,
             procs,
             procs_fd,
             stack_totals,

@@ -3,10 +3,11 @@
 use aya::{Ebpf, EbpfLoader};
 use tracer_common::{
     GLOBAL_INFLIGHT_SLOT_MASK, GLOBAL_LIVE_BUCKET_MASK, GLOBAL_NFRAME, GLOBAL_PAGE_SIZE,
-    GLOBAL_PROCESS_MAX_BLOCKS, GLOBAL_PROCESS_MAX_STACKS, GLOBAL_SAMPLE_MEAN, GLOBAL_TRACERD_TGID,
-    GLOBAL_VMA_OFFSETS, LIVE_WAYS, MAP_EVENTS, MAP_INFLIGHT, MAP_INFLIGHT_SLOTS, MAP_LIVE_ALLOCS,
-    MAP_LIVE_KEYS, MAP_LIVE_VALUES, MAP_PROCS, MAP_STACK_TOTALS, MAP_STACKS, MAX_NFRAME,
-    MAX_WALK_FRAMES, VmaOffsets,
+    GLOBAL_PROCESS_MAX_BLOCKS, GLOBAL_PROCESS_MAX_STACKS, GLOBAL_SAMPLE_MEAN,
+    GLOBAL_STACKS_CAPACITY, GLOBAL_STACKS_RESERVE_FROM, GLOBAL_TRACERD_TGID, GLOBAL_VMA_OFFSETS,
+    LIVE_WAYS, MAP_EVENTS, MAP_INFLIGHT, MAP_INFLIGHT_SLOTS, MAP_LIVE_ALLOCS, MAP_LIVE_KEYS,
+    MAP_LIVE_VALUES, MAP_PROCS, MAP_STACK_TOTALS, MAP_STACKS, MAX_NFRAME, MAX_WALK_FRAMES,
+    VmaOffsets,
     unwind::{MAP_PROC_MAPS, MAP_UNWIND_PAGES, MAP_UNWIND_ROWS},
 };
 
@@ -110,6 +111,8 @@ pub(super) fn load_object(
         ..config.clone()
     }
     .process_max_blocks();
+    let (reserve_from, stacks_capacity) =
+        (config.stacks_reserve_from(), u64::from(config.max_stacks));
     // The walk asks the kernel for a mapping PROC_MAPS lacks only with
     // the unwinder on (off, every stack is a frame-pointer walk).
     let vma_offsets = match sizes.unwind_rows {
@@ -133,6 +136,8 @@ pub(super) fn load_object(
             &config.process_max_stacks(),
             true,
         )
+        .override_global(GLOBAL_STACKS_RESERVE_FROM, &reserve_from, true)
+        .override_global(GLOBAL_STACKS_CAPACITY, &stacks_capacity, true)
         .map_max_entries(MAP_LIVE_ALLOCS, config.max_live_blocks)
         .map_max_entries(MAP_LIVE_KEYS, live_buckets.max(1))
         .map_max_entries(MAP_LIVE_VALUES, live_buckets.max(1) * LIVE_WAYS)

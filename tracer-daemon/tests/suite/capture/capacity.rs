@@ -1,7 +1,8 @@
 //! Fair capacity: one process that wants more live blocks than the kernel
 //! maps hold (5 M, beyond the 4.65 M of the default maps) keeps only its
 //! share (`process_share`, 50 % by default), its drops counted, while a
-//! small process traced beside it stays complete and exact.
+//! small process traced beside it stays complete and exact; the same for
+//! the stack map, whose last quarter is kept for processes with few stacks.
 
 use serde_json::Value;
 
@@ -63,45 +64,55 @@ fn a_process_past_its_share_leaves_the_others_complete() {
 }
 
 #[test]
-fn a_process_past_its_share_of_stacks_leaves_the_others_their_tracebacks() {
-    // 600 distinct stacks against a 256-stack map: the process keeps its
-    // share (128), the rest of its blocks keep their frame 0, and a small
-    // process beside it has every traceback whole.
+fn processes_past_their_share_of_stacks_leave_the_others_their_tracebacks() {
+    // 600 distinct stacks each, two processes, against a 1024-stack map:
+    // the first keeps its share (512); the second stores until the map is
+    // three quarters full (768) and its reserve (the last 256) is kept for
+    // processes with fewer than 64 stacks; the rest of their blocks keep
+    // their frame 0. A small process beside them has every traceback whole.
     let many = Program::build("manysites", &[]);
     let small = Program::build("allocator_libs", &[]);
-    let mut big = Fixture::spawn_ready(&many.exe, &[]);
+    let mut first = Fixture::spawn_ready(&many.exe, &[]);
+    let mut second = Fixture::spawn_ready(&many.exe, &[]);
     let mut fx = Fixture::spawn_ready(&small.exe, &[]);
-    let (big_pid, pid) = (big.pid(), fx.pid());
-    let scope = format!("{big_pid},{pid}");
-    let tracerd = Tracerd::start(&["--max-stacks", "256", "--scope-pid", &scope]);
-    big.step("done");
-    tracerd.wait_traced(big_pid);
+    let pids = [first.pid(), second.pid(), fx.pid()];
+    let scope = format!("{},{},{}", pids[0], pids[1], pids[2]);
+    let tracerd = Tracerd::start(&["--max-stacks", "1024", "--scope-pid", &scope]);
     let by_traceback =
         |pid: u32| tracerd.get_ok(&format!("/pid/{pid}/statistics?group_by=traceback&limit=0"));
-    let body = by_traceback(big_pid);
-    let stats = body["statistics"].as_array().expect("statistics");
     let frames = |s: &Value| s["traceback"].as_array().map_or(0, Vec::len);
-    // Every block is there; 128 with their whole stack, 472 with frame 0.
-    assert_eq!(u64_at(&body["process"], "blocks"), 600, "{body}");
-    assert_eq!(stats.iter().filter(|s| frames(s) > 1).count(), 128);
-    assert_eq!(stats.iter().filter(|s| frames(s) == 1).count(), 472);
-    assert_eq!(u64_at(&body["process"], "drops"), 472);
-    assert_eq!(tracerd.counter("drop_stack_share"), 472);
-    assert_eq!(tracerd.drops_total("process_stack_share"), 472.0);
+    // Whole stacks and frame-0 blocks of each big process, in turn.
+    for (fixture, whole) in [(&mut first, 512), (&mut second, 256)] {
+        fixture.step("done");
+        tracerd.wait_traced(fixture.pid());
+        let body = by_traceback(fixture.pid());
+        let stats = body["statistics"].as_array().expect("statistics");
+        assert_eq!(u64_at(&body["process"], "blocks"), 600, "{body}");
+        assert_eq!(stats.iter().filter(|s| frames(s) > 1).count(), whole);
+        assert_eq!(stats.iter().filter(|s| frames(s) == 1).count(), 600 - whole);
+        assert_eq!(u64_at(&body["process"], "drops"), 600 - whole as u64);
+    }
+    assert_eq!(tracerd.counter("drop_stack_share"), 88 + 344);
+    assert_eq!(tracerd.drops_total("process_stack_share"), 432.0);
+    assert_eq!(tracerd.counter("drop_stack"), 0);
     fx.step("done");
-    tracerd.wait_traced(pid);
-    let body = by_traceback(pid);
+    tracerd.wait_traced(pids[2]);
+    let body = by_traceback(pids[2]);
     assert_eq!(body["complete"], true, "{body}");
     let stats = body["statistics"].as_array().expect("statistics");
     assert!(!stats.is_empty());
     assert!(stats.iter().all(|s| frames(s) > 1), "{body}");
-    let lines = tracerd.get_ok(&format!("/pid/{pid}/statistics?group_by=lineno&limit=0"));
+    let lines = tracerd.get_ok(&format!(
+        "/pid/{}/statistics?group_by=lineno&limit=0",
+        pids[2]
+    ));
     expect(
         &small,
         &lines["statistics"],
-        "beside the stack hoard",
+        "beside the stack hoards",
         C_API,
     );
     fx.end();
-    big.end();
+    first.end();
+    second.end();
 }
