@@ -15,7 +15,7 @@ use crate::suite::support::{Program, TempDir, Tracerd, signal};
 #[test]
 fn tracer_run_prints_the_bytes_and_blocks_a_program_still_held_at_exit() {
     let keep = Program::build("keep", &[]);
-    let tracerd = Tracerd::start(&[]);
+    let tracerd = Tracerd::shared(&[]);
     let exe = keep.exe.to_str().expect("utf-8 path");
     // keep.c waits for two "go" lines: the first lets it allocate, the
     // second lets it return from main holding everything.
@@ -76,7 +76,7 @@ fn tracer_run_prints_the_bytes_and_blocks_a_program_still_held_at_exit() {
 
 #[test]
 fn tracer_run_exits_with_the_commands_status_or_128_plus_its_signal() {
-    let tracerd = Tracerd::start(&[]);
+    let tracerd = Tracerd::shared(&[]);
     for (script, code, said) in [
         ("exit 3", 3, ") exited with status 3\n"),
         ("kill -TERM $$", 143, ") was killed by signal 15\n"),
@@ -142,7 +142,7 @@ fn tracer_run_of_a_program_that_never_allocates_reports_zero_allocations() {
     let dir = TempDir::new("gzip-input");
     let file = dir.path().join("big.txt");
     std::fs::write(&file, "tracer run gzip\n".repeat(50_000)).expect("write the input");
-    let tracerd = Tracerd::start(&[]);
+    let tracerd = Tracerd::shared(&[]);
     let ran = finish(&mut tracer(
         &tracerd,
         &[
@@ -221,7 +221,7 @@ fn strings(items: &[&str]) -> Vec<String> {
 fn tracer_run_of_a_shell_lists_both_programs_it_ran_with_their_exact_counts_and_leaks() {
     let starts = Program::build("starts", &[]);
     let exits = Program::build("exits", &[]);
-    let tracerd = Tracerd::start(&[]);
+    let tracerd = Tracerd::shared(&[]);
     let script = format!("{}; {} 7", starts.exe.display(), exits.exe.display());
     let ran = finish(&mut tracer(
         &tracerd,
@@ -295,7 +295,7 @@ fn tracer_run_of_a_shell_lists_both_programs_it_ran_with_their_exact_counts_and_
 #[test]
 fn tracer_run_follows_forks_without_exec_and_their_children() {
     let tree = Program::build("forktree", &[]);
-    let tracerd = Tracerd::start(&[]);
+    let tracerd = Tracerd::shared(&[]);
     let exe = tree.exe.to_str().expect("utf-8");
     let ran = finish(&mut tracer(
         &tracerd,
@@ -434,7 +434,7 @@ fn assert_orphan_tree(ran: &Ran, state: &str) -> String {
 fn tracer_run_waits_for_an_orphan_that_outlives_the_command_up_to_its_bound() {
     let tree = Program::build("forktree", &[]);
     let _orphans = KillRunning(tree.exe.clone());
-    let tracerd = Tracerd::start(&[]);
+    let tracerd = Tracerd::shared(&[]);
     let exe = tree.exe.to_str().expect("utf-8");
 
     // The grandchild's parent exits at once, and main only waits for that

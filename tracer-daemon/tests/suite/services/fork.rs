@@ -104,7 +104,7 @@ fn a_fork_childs_3210_blocks_through_a_chain_are_one_traceback_of_that_chain() {
     const BLOCKS: u64 = 3210;
     const SIZE: u64 = 1357;
     let prog = Program::build("fork_chain", &["-O2", "-fomit-frame-pointer"]);
-    let tracerd = Tracerd::start(&[]);
+    let tracerd = Tracerd::shared(&[]);
     let mut fx = Fixture::spawn_traced(&tracerd, &prog.exe, &[]);
     settle(&tracerd, fx.pid());
     fx.go();
