@@ -140,6 +140,30 @@ pub const GLOBAL_STACKS_RESERVE_FROM: &str = "STACKS_RESERVE_FROM";
 /// The name of the global holding the capacity of [`MAP_STACKS`] in
 /// stacks, for its reserve ([`GLOBAL_STACKS_RESERVE_FROM`]).
 pub const GLOBAL_STACKS_CAPACITY: &str = "STACKS_CAPACITY";
+
+/// Whether a process holding `held` stacks in [`MAP_STACKS`], which holds
+/// `stored` ([`MAP_STACKS_HELD`]), may store no new one: it holds its
+/// share `max` ([`GLOBAL_PROCESS_MAX_STACKS`]; 0: none), or the map is
+/// into its reserve (`stored` at least `reserve_from`,
+/// [`GLOBAL_STACKS_RESERVE_FROM`]; 0: none) and the process holds a
+/// quarter of the room left in the map of `capacity` stacks or more. The
+/// fuller the map, the fewer stacks a process may hold to store one, so
+/// that its last entries go to the processes with the fewest. The programs
+/// decide with it, and tracerd says why with it.
+#[inline(always)]
+#[must_use]
+pub const fn stack_share_refuses(
+    held: u64,
+    stored: u64,
+    max: u64,
+    reserve_from: u64,
+    capacity: u64,
+) -> bool {
+    (max != 0 && held >= max)
+        || (reserve_from != 0
+            && stored >= reserve_from
+            && held.saturating_mul(4) >= capacity.saturating_sub(stored))
+}
 /// The name of the global holding the slot index mask of
 /// [`MAP_INFLIGHT_SLOTS`]: its number of slots (a power of two) minus 1.
 pub const GLOBAL_INFLIGHT_SLOT_MASK: &str = "INFLIGHT_SLOT_MASK";

@@ -250,14 +250,16 @@ impl CaptureConfig {
     /// Whether a process holding `held` stacks, with `stored` in `STACKS`,
     /// may store no new one: past its share, or in the reserve
     /// ([`CaptureConfig::stacks_reserve_from`]) with a quarter of the room
-    /// left or more (what the programs decide).
+    /// left or more: what the programs decide
+    /// ([`tracer_common::stack_share_refuses`]).
     pub fn past_stack_share(&self, held: u64, stored: u64) -> bool {
-        let max = self.process_max_stacks();
-        let from = self.stacks_reserve_from();
-        (max != 0 && held >= max)
-            || (from != 0
-                && stored >= from
-                && held.saturating_mul(4) >= u64::from(self.max_stacks).saturating_sub(stored))
+        tracer_common::stack_share_refuses(
+            held,
+            stored,
+            self.process_max_stacks(),
+            self.stacks_reserve_from(),
+            u64::from(self.max_stacks),
+        )
     }
 
     /// Entries of `STACK_TOTALS`: twice `max_stacks`, for an image keeps

@@ -47,7 +47,7 @@
 use aya_ebpf::{bindings::BPF_NOEXIST, helpers::bpf_get_current_pid_tgid};
 use tracer_common::{
     Counter, MAX_WALK_FRAMES, ProcStats, STACK_CHECK_SEED, STACK_ID_NONE, STACK_WORDS,
-    stack_check_word,
+    stack_check_word, stack_share_refuses,
     unwind::{ProcMapping, STACK_WINDOW_BYTES},
 };
 use unwind::{CUT_NO_MAPPING, CUT_STOPPED};
@@ -409,28 +409,24 @@ fn store_new(id: u64, words: &[u64; STACK_WORDS], check: u64, stacks: *mut u64) 
     }
 }
 
-/// Whether a process holding `held` stacks may store no new one: it holds
-/// its share (`PROCESS_MAX_STACKS`), or the map is into its reserve (the
-/// stacks in it, `STACKS_HELD`, at least `STACKS_RESERVE_FROM`) and the
-/// process holds a quarter of the room left or more: the fuller the map,
-/// the fewer stacks a process may hold to store one, so that its last
-/// entries go to the processes with the fewest.
+/// Whether a process holding `held` stacks may store no new one
+/// ([`tracer_common::stack_share_refuses`], with the stacks in STACKS
+/// from `STACKS_HELD`).
 #[inline(always)]
 fn past_share(held: u64) -> bool {
-    let max = globals::process_max_stacks();
-    if max != 0 && held >= max {
-        return true;
-    }
-    let (from, capacity) = globals::stacks_reserve();
-    if from == 0 {
-        return false;
-    }
+    let (reserve_from, capacity) = globals::stacks_reserve();
     // SAFETY: slot 0 of STACKS_HELD, changed only atomically.
-    let total = match STACKS_HELD.get_ptr(0) {
-        Some(total) => unsafe { core::ptr::read_volatile(total) },
-        None => return false,
+    let stored = match STACKS_HELD.get_ptr(0) {
+        Some(stored) => unsafe { core::ptr::read_volatile(stored) },
+        None => 0,
     };
-    total >= from && held.saturating_mul(4) >= capacity.saturating_sub(total)
+    stack_share_refuses(
+        held,
+        stored,
+        globals::process_max_stacks(),
+        reserve_from,
+        capacity,
+    )
 }
 
 #[inline(always)]
