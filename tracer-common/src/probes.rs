@@ -223,12 +223,29 @@ pub const MAPPING_TRACEPOINT: (&str, &str, &str) =
 /// The tracepoints that record a traced image's own anonymous mappings as
 /// blocks of source `mmap` (at each call's exit, where the result is
 /// known and the task's saved user registers still hold the arguments):
-/// (program, category, name).
+/// (program, category, name). Two programs: one records new mappings
+/// (the stack walk), the other takes out what a call unmapped (the loops
+/// over a process's mappings); each tail-calls the other where a call does
+/// both (`MAP_FIXED`, `mremap`), through the prog array `MMAP_PROGRAMS`
+/// ([`MMAP_TAIL_UNMAP`], [`MMAP_TAIL_ADD`]).
 pub const MMAP_TRACEPOINTS: [(&str, &str, &str); 3] = [
-    ("sys_exit_mmap", "syscalls", "sys_exit_mmap"),
-    ("sys_exit_munmap", "syscalls", "sys_exit_munmap"),
-    ("sys_exit_mremap", "syscalls", "sys_exit_mremap"),
+    (MMAP_ADD_PROGRAM, "syscalls", "sys_exit_mmap"),
+    (MMAP_UNMAP_PROGRAM, "syscalls", "sys_exit_munmap"),
+    (MMAP_UNMAP_PROGRAM, "syscalls", "sys_exit_mremap"),
 ];
+
+/// The program of [`MMAP_TRACEPOINTS`] that records a new mapping.
+pub const MMAP_ADD_PROGRAM: &str = "sys_exit_mmap";
+/// The program of [`MMAP_TRACEPOINTS`] that takes out an unmapped range.
+pub const MMAP_UNMAP_PROGRAM: &str = "sys_exit_unmap";
+/// The prog array of the anonymous-mapping programs.
+pub const MAP_MMAP_PROGRAMS: &str = "MMAP_PROGRAMS";
+/// Slot of [`MMAP_UNMAP_PROGRAM`] in [`MAP_MMAP_PROGRAMS`].
+pub const MMAP_TAIL_UNMAP: u32 = 0;
+/// Slot of [`MMAP_ADD_PROGRAM`] in [`MAP_MMAP_PROGRAMS`].
+pub const MMAP_TAIL_ADD: u32 = 1;
+/// Slots of [`MAP_MMAP_PROGRAMS`].
+pub const MMAP_TAIL_SLOTS: u32 = 2;
 
 /// The tracepoint programs for process lifecycle: (program, category, name).
 /// `task_newtask` starts a new process's image at its fork (its record has

@@ -242,3 +242,14 @@ pub(crate) static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_RING_BYTES, 0
 /// `crate::programs::on_task_stack`.
 #[map]
 pub(crate) static NO_PRIVATE_STACK: ProgramArray = ProgramArray::with_max_entries(1, 0);
+
+/// The anonymous-mapping programs, by `tracer_common::MMAP_TAIL_UNMAP` and
+/// `MMAP_TAIL_ADD`, filled by tracerd before it attaches them: the `mmap`
+/// exit tail-calls the unmap program for a `MAP_FIXED` mapping (which
+/// replaces what it covers), and the unmap program tail-calls the `mmap`
+/// exit after an `mremap` moved a block (which becomes the new mapping).
+/// Two programs, each verified once, rather than the unmap's loops and the
+/// stack walk verified again in every program that needs them.
+#[map]
+pub(crate) static MMAP_PROGRAMS: ProgramArray =
+    ProgramArray::with_max_entries(tracer_common::MMAP_TAIL_SLOTS, 0);

@@ -11,10 +11,10 @@ use std::{
 use aya::{
     Ebpf,
     maps::{Map, MapData},
-    programs::{TracePoint, UProbe, trace_point::TracePointLinkId},
+    programs::UProbe,
 };
 use tracer_common::{
-    FLOOR_PROGRAMS, MAP_STACKS, MAPPING_TRACEPOINT, MMAP_TRACEPOINTS, STACK_WORDS, TRACEPOINTS,
+    FLOOR_PROGRAMS, MAP_STACKS, MMAP_ADD_PROGRAM, MMAP_UNMAP_PROGRAM, STACK_WORDS,
 };
 
 use super::multi::MultiPrograms;
@@ -27,9 +27,11 @@ use crate::sys::procfs::FileKey;
 
 mod maps;
 mod sizes;
+mod tracepoints;
 
 use maps::Taken;
 use sizes::{Sizes, load_object};
+use tracepoints::{attach_tracepoints, verify_tracepoints};
 
 /// The eBPF object built by `build.rs` (empty when built with `AYA_BUILD_SKIP=1`).
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tracer"));
@@ -381,21 +383,14 @@ fn bump_memlock_rlimit() {
     }
 }
 
-/// Loads and attaches the lifecycle tracepoints ([`TRACEPOINTS`]), then
-/// the optional ones: the mapping tracepoint, and the anonymous-mapping
-/// ones when `config.trace_mmap` (tracer's own programs only). Returns
-/// their links.
-///
-/// # Errors
-/// [`CaptureError::Program`] or [`CaptureError::Attach`] naming the
-/// lifecycle tracepoint that failed.
 /// Verifies the programs before anything is attached. The verifier takes
-/// seconds over this object (the stack walk is in every allocator exit and
-/// anonymous-mapping program), one program at a time on one CPU: the
-/// uprobe programs (for uprobe_multi links, from `object`) and the last
-/// anonymous-mapping program are verified on a thread of their own while
-/// the other two are verified here (about 1.3 s and 1.4 s against 2.6 s).
-/// The uprobe programs, or why they could not be loaded so.
+/// seconds over this object (the stack walk is in every allocator exit
+/// program and in the anonymous-mapping one that records new mappings, the
+/// unmap's loops in the other), one program at a time on one CPU: the
+/// uprobe programs (for uprobe_multi links, from `object`) are verified on
+/// a thread of their own while the two anonymous-mapping programs
+/// ([`MMAP_ADD_PROGRAM`], [`MMAP_UNMAP_PROGRAM`]) are verified here.
+/// Returns the uprobe programs, or why they could not be loaded so.
 fn verify_on_both_cpus(
     object: &[u8],
     ebpf: &mut Ebpf,
@@ -405,146 +400,20 @@ fn verify_on_both_cpus(
 ) -> Result<MultiPrograms, String> {
     let prepared = MultiPrograms::prepare(object, ebpf);
     let costly: &[&str] = if config.trace_mmap && programs == Programs::Tracer {
-        &MMAP_TRACEPOINTS.map(|(name, _, _)| name)
+        &[MMAP_UNMAP_PROGRAM, MMAP_ADD_PROGRAM]
     } else {
         &[]
     };
-    let (mut here, mut there) = (Vec::new(), Vec::new());
-    for (name, program) in ebpf.programs_mut() {
-        match costly.iter().position(|c| *c == name) {
-            Some(i) if i + 1 == costly.len() => there.push(program),
-            Some(_) => here.push(program),
-            None => {}
-        }
-    }
+    let here: Vec<_> = ebpf
+        .programs_mut()
+        .filter(|(name, _)| costly.contains(name))
+        .map(|(_, program)| program)
+        .collect();
     std::thread::scope(|scope| {
-        let uprobes = scope.spawn(|| {
-            let multi = prepared.and_then(|p| p.load(names.iter().copied()));
-            verify_tracepoints(there);
-            multi
-        });
+        let uprobes = scope.spawn(|| prepared.and_then(|p| p.load(names.iter().copied())));
         verify_tracepoints(here);
         uprobes
             .join()
             .unwrap_or_else(|_| Err("the thread that loaded them panicked".into()))
     })
-}
-
-/// Verifies (loads) each of `programs` that is a tracepoint program not
-/// loaded yet, ahead of its attach. One that fails stays unloaded: it is
-/// loaded again where it is attached, which reports why.
-fn verify_tracepoints(programs: Vec<&mut aya::programs::Program>) {
-    for program in programs {
-        if let aya::programs::Program::TracePoint(program) = program
-            && program.fd().is_err()
-        {
-            let started = std::time::Instant::now();
-            if program.load().is_ok() {
-                tracing::debug!(
-                    ms = started.elapsed().as_millis() as u64,
-                    "program verified ahead of its attach"
-                );
-            }
-        }
-    }
-}
-
-/// Loads `program` unless it is loaded already (by [`verify_tracepoints`]).
-///
-/// # Errors
-/// aya's, when the kernel refuses it.
-fn load_once(program: &mut TracePoint) -> Result<(), aya::programs::ProgramError> {
-    if program.fd().is_ok() {
-        return Ok(());
-    }
-    program.load()
-}
-
-fn attach_tracepoints(
-    ebpf: &mut Ebpf,
-    config: &CaptureConfig,
-    programs: Programs,
-) -> Result<Vec<(&'static str, TracePointLinkId)>, CaptureError> {
-    let mut tracepoint_links = Vec::new();
-    for (name, category, event) in TRACEPOINTS {
-        let program: &mut TracePoint = program_mut(ebpf, name)?;
-        let started = std::time::Instant::now();
-        load_once(program).map_err(|source| CaptureError::Program {
-            program: name.into(),
-            source: Box::new(source),
-        })?;
-        tracing::debug!(
-            program = name,
-            ms = started.elapsed().as_millis() as u64,
-            "program verified"
-        );
-        let link = program
-            .attach(category, event)
-            .map_err(|source| CaptureError::Attach {
-                program: name.into(),
-                target: format!("{category}:{event}"),
-                source: Box::new(source),
-            })?;
-        tracepoint_links.push((name, link));
-    }
-    tracepoint_links.extend(attach_mapping_tracepoint(ebpf));
-    if config.trace_mmap && programs == Programs::Tracer {
-        tracepoint_links.extend(attach_mmap_tracepoints(ebpf));
-    }
-    Ok(tracepoint_links)
-}
-
-/// Attaches [`MMAP_TRACEPOINTS`] (anonymous mappings as blocks); a kernel
-/// without syscall tracepoints gets a warning, and no `mmap` source.
-fn attach_mmap_tracepoints(ebpf: &mut Ebpf) -> Vec<(&'static str, TracePointLinkId)> {
-    MMAP_TRACEPOINTS
-        .into_iter()
-        .filter_map(|tracepoint| {
-            attach_optional_tracepoint(ebpf, tracepoint, "anonymous mappings are not traced")
-        })
-        .collect()
-}
-
-/// Attaches [`MAPPING_TRACEPOINT`] (prompt news of a library mapped, for
-/// allocator discovery and the unwinder); a kernel without syscall
-/// tracepoints gets a warning, and both their periodic refresh only.
-fn attach_mapping_tracepoint(ebpf: &mut Ebpf) -> Option<(&'static str, TracePointLinkId)> {
-    attach_optional_tracepoint(
-        ebpf,
-        MAPPING_TRACEPOINT,
-        "libraries loaded later are unwound from the next refresh (within 1 s)",
-    )
-}
-
-/// Loads and attaches the tracepoint program (program, category, name)
-/// that tracerd can do without, and returns its link; when it cannot,
-/// logs a warning that says `without` (what is lost).
-fn attach_optional_tracepoint(
-    ebpf: &mut Ebpf,
-    (name, category, event): (&'static str, &str, &str),
-    without: &str,
-) -> Option<(&'static str, TracePointLinkId)> {
-    let attached = program_mut::<TracePoint>(ebpf, name).and_then(|program| {
-        let started = std::time::Instant::now();
-        load_once(program).map_err(|e| CaptureError::Load(e.to_string()))?;
-        tracing::debug!(
-            program = name,
-            ms = started.elapsed().as_millis() as u64,
-            "program verified"
-        );
-        program
-            .attach(category, event)
-            .map_err(|e| CaptureError::Load(e.to_string()))
-    });
-    match attached {
-        Ok(link) => Some((name, link)),
-        Err(err) => {
-            tracing::warn!(
-                err = %err,
-                tracepoint = %format!("{category}:{event}"),
-                "{without}"
-            );
-            None
-        }
-    }
 }

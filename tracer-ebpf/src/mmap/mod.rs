@@ -96,6 +96,29 @@ fn syscall_regs() -> Option<(UserRegs, [u64; 5])> {
     ))
 }
 
+/// The system call's first two arguments (`rdi`, `rsi`), read from the
+/// task's saved registers: two words, where [`syscall_regs`] copies all of
+/// them (168 bytes of the program's stack, which the unmap program, whose
+/// calls nest four deep, cannot spare).
+#[inline(always)]
+fn syscall_args01() -> Option<[u64; 2]> {
+    /// `rsi` and `rdi`, adjacent in x86-64's `pt_regs`.
+    #[repr(C)]
+    struct SiDi {
+        rsi: u64,
+        rdi: u64,
+    }
+    const _: () =
+        assert!(core::mem::offset_of!(pt_regs, rdi) == core::mem::offset_of!(pt_regs, rsi) + 8);
+    // SAFETY: as in syscall_regs; the two words are within pt_regs.
+    let args = unsafe {
+        let task = bpf_get_current_task_btf();
+        let at = bpf_task_pt_regs(task) as *const u8;
+        bpf_probe_read_kernel(at.add(core::mem::offset_of!(pt_regs, rsi)).cast::<SiDi>()).ok()?
+    };
+    Some([args.rdi, args.rsi])
+}
+
 /// The calling thread's image when it is traced, and whether the thread is
 /// inside a probed allocator call (whose mappings are the allocator's:
 /// never recorded, but still taken out of what was recorded, as when a
@@ -154,7 +177,7 @@ fn page_of(
 
 /// [`page_of`], null for none: a BPF function of its own, not inlined (its
 /// branches would multiply the states the verifier follows through the
-/// stack walk of `sys_exit_mmap`), whose result fits a register.
+/// stack walk of the `mmap` exit), whose result fits a register.
 #[inline(never)]
 fn page_lookup(
     tgid: u32,
@@ -350,39 +373,70 @@ fn claim_region(tgid: u32, stats: *mut ProcStats, generation: u32, start: u64, l
 // the order of definitions.
 mod unmap;
 
-/// At the exit of `mmap` (result `ret`): an anonymous mapping of a traced
-/// image becomes a block; a `MAP_FIXED` one only unmaps what it replaced.
+/// x86-64 system call numbers (arch/x86/entry/syscalls/syscall_64.tbl).
+const SYS_MMAP: i32 = 9;
+const SYS_MUNMAP: i32 = 11;
+const SYS_MREMAP: i32 = 25;
+
+/// What a program does after [`mapped`]: nothing more, or tail-call the
+/// unmap program (a `MAP_FIXED` mapping replaced what it covers).
+#[derive(PartialEq, Eq)]
+pub(crate) enum Then {
+    Done,
+    Unmap,
+}
+
+/// At the exit of `mmap`, and of an `mremap` whose old range held a block
+/// (result `ret`; system call `nr`): the new anonymous mapping of a traced
+/// image becomes a block, with the stack of the call (the `mremap`'s block
+/// takes it, as a `realloc`'s takes its caller's). A `MAP_FIXED` one only
+/// unmaps what it replaced: [`Then::Unmap`].
 #[inline(always)]
-pub(crate) fn mapped(ret: i64) {
-    if ret < 0 && ret >= -MAX_ERRNO {
-        return;
+pub(crate) fn mapped(nr: i32, ret: i64) -> Then {
+    if ret < 0 && ret >= -MAX_ERRNO || nr != SYS_MMAP && nr != SYS_MREMAP {
+        return Then::Done;
     }
     let Some((tgid, image, in_call)) = traced_caller() else {
-        return;
+        return Then::Done;
     };
+    let moved = nr == SYS_MREMAP;
     // A new mapping is recorded only once the image has allocated and
     // tracerd has its mappings (see the module doc); a MAP_FIXED one
     // unmaps what it replaced. An image starts at its exec now: without
     // the first condition, the dynamic loader's own mappings at start were
     // recorded whenever tracerd wrote the mappings before the loader made
     // them (1, 2 or none of them: a program's runs counted differently).
-    let settled = !in_call && allocated(image.0) && has_mappings(tgid, image.1);
-    if !settled && !has_regions(image.0) {
-        return;
+    // An allocator's own mremap moves only its own mappings: none of them
+    // is a block of this source.
+    let settled = !moved && !in_call && allocated(image.0) && has_mappings(tgid, image.1);
+    if moved && in_call || !moved && !settled && !has_regions(image.0) {
+        return Then::Done;
     }
-    let Some((regs, [_, len, prot, flags, _])) = syscall_regs() else {
-        return;
+    let Some((regs, [_, len, arg2, flags, _])) = syscall_regs() else {
+        return Then::Done;
     };
-    let start = ret as u64;
-    let len = pages(len);
-    if flags & MAP_FIXED != 0 {
-        unmap(tgid, image, start, start.wrapping_add(len));
-        return;
+    // mmap's third argument is its protection, mremap's its new length.
+    let len = if moved {
+        pages(arg2)
+    } else if flags & MAP_FIXED != 0 {
+        return Then::Unmap;
+    } else if !settled || flags & MAP_ANONYMOUS == 0 || flags & MAP_STACK != 0 || arg2 == 0 {
+        return Then::Done;
+    } else {
+        pages(len)
+    };
+    if len != 0 {
+        add_region(regs, tgid, image, ret as u64, len);
     }
-    if !settled || flags & MAP_ANONYMOUS == 0 || flags & MAP_STACK != 0 || prot == 0 || len == 0 {
-        return;
-    }
-    add_region(regs, tgid, image, start, len);
+    Then::Done
+}
+
+/// A tail call between the anonymous-mapping programs that failed (a
+/// slot of `MMAP_PROGRAMS` tracerd did not fill): the call's change to the
+/// mappings is lost, counted as a mapping not kept.
+#[inline(always)]
+pub(crate) fn chain_failed() {
+    count(Counter::DropMmapRegions);
 }
 
 /// At the exit of `mmap` (result `ret`): whether the call mapped a file's
@@ -400,46 +454,41 @@ pub(crate) fn mapped_code(ret: i64) -> bool {
     prot & PROT_EXEC != 0 && flags & MAP_ANONYMOUS == 0 && (fd as i64) >= 0
 }
 
-/// At the exit of `munmap` (result `ret`): the blocks of a traced image in
-/// the range lose that part.
+/// At the exit of `munmap`, of `mremap`, and of a `MAP_FIXED` `mmap`
+/// (result `ret`; system call `nr`): the blocks of a traced image in the
+/// range the call unmapped lose that part. Returns the bytes of blocks it
+/// covered: an `mremap` that covered some records its new mapping next
+/// ([`mapped`], tail-called).
 #[inline(always)]
-pub(crate) fn unmapped(ret: i64) {
-    if ret != 0 {
-        return;
+pub(crate) fn unmapped(nr: i32, ret: i64) -> u64 {
+    if ret < 0 && ret >= -MAX_ERRNO {
+        return 0;
     }
-    let Some((tgid, image, _)) = traced_caller() else {
-        return;
+    let Some((tgid, image, in_call)) = traced_caller() else {
+        return 0;
     };
-    // Most processes hold no mapping: no need to read the registers.
-    if !has_regions(image.0) {
-        return;
+    // An allocator's own mremap moves only its own mappings (see
+    // `mapped`). Most processes hold no mapping: no need to read the
+    // registers.
+    if nr == SYS_MREMAP && in_call || !has_regions(image.0) {
+        return 0;
     }
-    let Some((_, [start, len, ..])) = syscall_regs() else {
-        return;
+    let Some([addr, len]) = syscall_args01() else {
+        return 0;
     };
-    unmap(tgid, image, start, start.wrapping_add(pages(len)));
+    // munmap's and mremap's range starts at their first argument, a
+    // MAP_FIXED mapping's at its result.
+    let start = match nr {
+        SYS_MMAP => ret as u64,
+        SYS_MUNMAP | SYS_MREMAP => addr,
+        _ => return 0,
+    };
+    unmap(tgid, image, start, start.wrapping_add(pages(len)))
 }
 
-/// At the exit of `mremap` (result `ret`): a block of a traced image that
-/// the old range covered is now the new mapping, with this call's stack.
+/// Whether system call `nr` is `mremap` (whose unmap is followed by its
+/// new mapping).
 #[inline(always)]
-pub(crate) fn remapped(ret: i64) {
-    if ret < 0 && ret >= -MAX_ERRNO {
-        return;
-    }
-    // An allocator's own mremap moves only its own mappings: none of them
-    // is a block of this source. (Unmapping inside the call too made the
-    // program more than the verifier takes.)
-    let Some((tgid, image, false)) = traced_caller() else {
-        return;
-    };
-    if !has_regions(image.0) {
-        return;
-    }
-    let Some((regs, [old, old_len, new_len, ..])) = syscall_regs() else {
-        return;
-    };
-    if unmap(tgid, image, old, old.wrapping_add(pages(old_len))) != 0 {
-        add_region(regs, tgid, image, ret as u64, pages(new_len));
-    }
+pub(crate) fn is_mremap(nr: i32) -> bool {
+    nr == SYS_MREMAP
 }

@@ -61,7 +61,7 @@ pub(super) fn unmap(tgid: u32, (stats, generation): Image, start: u64, end: u64)
 
 /// [`unmap`]: a BPF function of its own, not inlined, so that the many
 /// paths of its loops' set-up do not multiply the states the verifier
-/// follows through `sys_exit_mremap`'s stack walk after it.
+/// follows through the unmap program's paths into it.
 #[inline(never)]
 fn unmap_range(tgid: u32, stats: *mut ProcStats, generation: u32, start: u64, end: u64) -> u64 {
     let image = (stats, generation);
