@@ -37,14 +37,25 @@ pub struct Inflight {
     /// `reallocarray`: the call fails), [`INFLIGHT_UNSAMPLED`] when sampling
     /// passed this call over.
     pub overflow: u32,
-    /// Padding (0).
-    pub _pad: u32,
+    /// What the return does with the result: [`INFLIGHT_NEW`] (it is the
+    /// new block), [`INFLIGHT_RESIZE`] (it replaces `ptr`'s) or
+    /// [`INFLIGHT_MEMPTR`] (0 for success, the new block written to `ptr`).
+    /// One return program reads it for every call.
+    pub shape: u32,
 }
 
 /// [`Inflight::overflow`] bit: `n * m` overflowed.
 pub const INFLIGHT_OVERFLOW: u32 = 1;
 /// [`Inflight::overflow`] bit: not sampled (its block is not recorded).
 pub const INFLIGHT_UNSAMPLED: u32 = 2;
+/// [`Inflight::shape`]: a call that returns the new block (`malloc`,
+/// `calloc`, `aligned_alloc`, ...).
+pub const INFLIGHT_NEW: u32 = 0;
+/// [`Inflight::shape`]: a call that resizes the block at `ptr` (`realloc`,
+/// `reallocarray`, ...).
+pub const INFLIGHT_RESIZE: u32 = 1;
+/// [`Inflight::shape`]: `posix_memalign(ptr, align, size)`.
+pub const INFLIGHT_MEMPTR: u32 = 2;
 const _: () = assert!(size_of::<Inflight>() == 32);
 
 /// Value of [`MAP_INFLIGHT_SLOTS`].

@@ -19,19 +19,18 @@ pub struct ProbeSpec {
 }
 
 /// The program pair of each shape of allocator call: (entry, exit). The
-/// entries differ in where they read the size; the exits only in what the
-/// result is, so calls that return the new block share `malloc_exit` and
-/// calls that resize one share `realloc_exit`. The kernel verifies each
-/// program once, and the exits are the costly ones (each holds the stack
-/// walk): one program per shape of result, not per function, is most of
-/// tracerd's start.
+/// entries differ in where they read the size and what they tell the
+/// return about its result (`Inflight::shape`); every call shares one
+/// exit, `malloc_exit`. The kernel verifies each program once, and the
+/// exit is the costly one (it holds the stack walk): one exit for every
+/// call, not one per shape of result, is a shorter start of tracerd.
 const MALLOC: (&str, Option<&str>) = ("malloc_enter", Some("malloc_exit"));
 const CALLOC: (&str, Option<&str>) = ("calloc_enter", Some("malloc_exit"));
-const REALLOC: (&str, Option<&str>) = ("realloc_enter", Some("realloc_exit"));
-const REALLOCARRAY: (&str, Option<&str>) = ("reallocarray_enter", Some("realloc_exit"));
+const REALLOC: (&str, Option<&str>) = ("realloc_enter", Some("malloc_exit"));
+const REALLOCARRAY: (&str, Option<&str>) = ("reallocarray_enter", Some("malloc_exit"));
 const FREE: (&str, Option<&str>) = ("free_enter", None);
-/// The block is written through the first argument: an exit of its own.
-const POSIX_MEMALIGN: (&str, Option<&str>) = ("posix_memalign_enter", Some("posix_memalign_exit"));
+/// The block is written through the first argument.
+const POSIX_MEMALIGN: (&str, Option<&str>) = ("posix_memalign_enter", Some("malloc_exit"));
 /// `(alignment, size)`: the size is the second argument.
 const ALIGNED_ALLOC: (&str, Option<&str>) = ("aligned_alloc_enter", Some("malloc_exit"));
 const MEMALIGN: (&str, Option<&str>) = ("memalign_enter", Some("malloc_exit"));

@@ -11,7 +11,10 @@
 //! separate allocation: its return finds nothing in flight and does nothing.
 
 use aya_ebpf::programs::RetProbeContext;
-use tracer_common::{Counter, INFLIGHT_OVERFLOW, INFLIGHT_UNSAMPLED};
+use tracer_common::{
+    Counter, INFLIGHT_MEMPTR, INFLIGHT_NEW, INFLIGHT_OVERFLOW, INFLIGHT_RESIZE, INFLIGHT_UNSAMPLED,
+    Inflight,
+};
 
 use crate::{
     counters::count,
@@ -23,8 +26,16 @@ use crate::{
 /// Entry of an allocator that returns a new block (`sp`: the user stack
 /// pointer at the entry): see [`record_entry`].
 #[inline(always)]
-pub(crate) fn alloc_entry(size: u64, ptr: u64, overflow: bool, sp: u64) -> u32 {
-    let _ = record_entry(size, ptr, overflow, sp);
+pub(crate) fn alloc_entry(size: u64, overflow: bool, sp: u64) -> u32 {
+    let _ = record_entry(size, 0, overflow, sp, INFLIGHT_NEW);
+    0
+}
+
+/// Entry of `posix_memalign(memptr, align, size)`: the return reads the
+/// new block from `memptr`.
+#[inline(always)]
+pub(crate) fn memptr_entry(size: u64, memptr: u64, sp: u64) -> u32 {
+    let _ = record_entry(size, memptr, false, sp, INFLIGHT_MEMPTR);
     0
 }
 
@@ -35,7 +46,7 @@ pub(crate) fn alloc_entry(size: u64, ptr: u64, overflow: bool, sp: u64) -> u32 {
 /// phantom leak.
 #[inline(always)]
 pub(crate) fn realloc_entry(size: u64, old: u64, overflow: bool, sp: u64) -> u32 {
-    if let Some(tgid) = record_entry(size, old, overflow, sp)
+    if let Some(tgid) = record_entry(size, old, overflow, sp, INFLIGHT_RESIZE)
         && old != 0
     {
         remove_block(tgid, old, false);
@@ -84,44 +95,65 @@ pub(crate) fn free(tgid: u32, ptr: u64) -> u32 {
     0
 }
 
-/// Return of malloc, calloc, aligned_alloc, memalign, valloc, pvalloc.
+/// The return of every probed call (`Inflight::shape` says which): the
+/// new block, if any, is recorded with the stack. One program for every
+/// shape, and one place that records: the kernel verifies the stack walk
+/// once, where a program per shape had it verified again in each.
 #[inline(always)]
-pub(crate) fn alloc_exit(ctx: &RetProbeContext) -> u32 {
+pub(crate) fn call_exit(ctx: &RetProbeContext) -> u32 {
     let Some((tgid, inflight)) = take_inflight(ret_sp(ctx)) else {
         return 0;
     };
-    let addr: u64 = ctx.ret();
+    let ret: u64 = ctx.ret();
+    let addr = match inflight.shape {
+        INFLIGHT_RESIZE => resized(tgid, &inflight, ret),
+        INFLIGHT_MEMPTR => aligned(&inflight, ret as i32),
+        _ => returned(&inflight, ret),
+    };
+    if addr != 0 {
+        record_alloc(ctx, tgid, addr, inflight.size);
+    }
+    0
+}
+
+/// Return of malloc, calloc, aligned_alloc, memalign, valloc, pvalloc
+/// (result `addr`): the block to record (0: none).
+#[inline(always)]
+fn returned(inflight: &Inflight, addr: u64) -> u64 {
     if addr == 0 {
         count(Counter::FailedAllocs);
         return 0;
     }
-    if inflight.overflow & INFLIGHT_UNSAMPLED != 0 {
-        count(Counter::Unsampled);
+    if unsampled(inflight) {
         return 0;
     }
-    record_alloc(ctx, tgid, addr, inflight.size);
-    0
+    addr
 }
 
-/// Return of realloc and reallocarray: see the capture table of docs/architecture.md.
+/// Whether sampling passed the call over (counted).
 #[inline(always)]
-pub(crate) fn realloc_exit(ctx: &RetProbeContext) -> u32 {
-    let Some((tgid, inflight)) = take_inflight(ret_sp(ctx)) else {
-        return 0;
-    };
-    let addr: u64 = ctx.ret();
+fn unsampled(inflight: &Inflight) -> bool {
+    let passed = inflight.overflow & INFLIGHT_UNSAMPLED != 0;
+    if passed {
+        count(Counter::Unsampled);
+    }
+    passed
+}
+
+/// Return of realloc and reallocarray (result `addr`): see the capture
+/// table of docs/architecture.md. The old block leaves the live set; the
+/// new one to record (0: none).
+#[inline(always)]
+fn resized(tgid: u32, inflight: &Inflight, addr: u64) -> u64 {
     let old = inflight.ptr;
     let exact = sample_mean() == 0;
     if addr != 0 {
         if old != 0 {
             remove_block(tgid, old, exact);
         }
-        if inflight.overflow & INFLIGHT_UNSAMPLED != 0 {
-            count(Counter::Unsampled);
-        } else {
-            record_alloc(ctx, tgid, addr, inflight.size);
-        }
-    } else if inflight.size == 0 && inflight.overflow & INFLIGHT_OVERFLOW == 0 && old != 0 {
+        return if unsampled(inflight) { 0 } else { addr };
+    }
+    if inflight.size == 0 && inflight.overflow & INFLIGHT_OVERFLOW == 0 && old != 0 {
         // realloc(p, 0) frees p; glibc's inner free() may have removed it
         // already, which is not an unknown free.
         remove_block(tgid, old, false);
@@ -131,28 +163,24 @@ pub(crate) fn realloc_exit(ctx: &RetProbeContext) -> u32 {
     0
 }
 
-/// Return of `posix_memalign(&p, align, size)`: only a 0 result made a
-/// block, at the address it wrote to `p` (read back from the caller).
+/// Return of `posix_memalign(&p, align, size)` (result `ret`): only a 0
+/// result made a block, at the address it wrote to `p` (read back from the
+/// caller); the block to record (0: none).
 #[inline(always)]
-pub(crate) fn posix_memalign_exit(ctx: &RetProbeContext) -> u32 {
-    let Some((tgid, inflight)) = take_inflight(ret_sp(ctx)) else {
-        return 0;
-    };
-    let ret: i32 = ctx.ret();
+fn aligned(inflight: &Inflight, ret: i32) -> u64 {
     if ret != 0 || inflight.ptr == 0 {
         count(Counter::FailedAllocs);
         return 0;
     }
-    if inflight.overflow & INFLIGHT_UNSAMPLED != 0 {
-        count(Counter::Unsampled);
+    if unsampled(inflight) {
         return 0;
     }
     // SAFETY: bpf_probe_read_user checks the user address itself.
-    let Ok(addr) = (unsafe { aya_ebpf::helpers::bpf_probe_read_user(inflight.ptr as *const u64) })
-    else {
-        count(Counter::FailedAllocs);
-        return 0;
-    };
-    record_alloc(ctx, tgid, addr, inflight.size);
-    0
+    match unsafe { aya_ebpf::helpers::bpf_probe_read_user(inflight.ptr as *const u64) } {
+        Ok(addr) => addr,
+        Err(_) => {
+            count(Counter::FailedAllocs);
+            0
+        }
+    }
 }

@@ -53,11 +53,17 @@ fn add_spilled(delta: u64) {
     }
 }
 
-/// Records an allocator call's entry (`sp`: the user stack pointer at it),
-/// for its return. Returns the tgid when the call could not be recorded
+/// Records an allocator call's entry (`sp`: the user stack pointer at it;
+/// `shape`: what its return does, `Inflight::shape`), for its return. Returns the tgid when the call could not be recorded
 /// (both in-flight maps full: counted as a drop), else None.
 #[inline(always)]
-pub(crate) fn record_entry(size: u64, ptr: u64, overflow: bool, sp: u64) -> Option<u32> {
+pub(crate) fn record_entry(
+    size: u64,
+    ptr: u64,
+    overflow: bool,
+    sp: u64,
+    shape: u32,
+) -> Option<u32> {
     let (id, tgid) = entry_caller()?;
     let mut flags = if overflow { INFLIGHT_OVERFLOW } else { 0 };
     let mean = sample_mean();
@@ -69,7 +75,7 @@ pub(crate) fn record_entry(size: u64, ptr: u64, overflow: bool, sp: u64) -> Opti
         ptr,
         sp,
         overflow: flags,
-        _pad: 0,
+        shape,
     };
     let slot = slot_of(id);
     if let Some(slot) = slot {

@@ -384,13 +384,14 @@ fn bump_memlock_rlimit() {
 }
 
 /// Verifies the programs before anything is attached. The verifier takes
-/// seconds over this object (the stack walk is in every allocator exit
-/// program and in the anonymous-mapping one that records new mappings, the
+/// seconds over this object (the stack walk is in the allocator exit and
+/// in the anonymous-mapping program that records new mappings, the
 /// unmap's loops in the other), one program at a time on one CPU: the
-/// uprobe programs (for uprobe_multi links, from `object`) are verified on
-/// a thread of their own while the two anonymous-mapping programs
-/// ([`MMAP_ADD_PROGRAM`], [`MMAP_UNMAP_PROGRAM`]) are verified here.
-/// Returns the uprobe programs, or why they could not be loaded so.
+/// uprobe programs (for uprobe_multi links, from `object`), then
+/// [`MMAP_ADD_PROGRAM`], are verified on a thread of their own while
+/// [`MMAP_UNMAP_PROGRAM`] is verified here (docs/design/0011 has the
+/// figures). Returns the uprobe programs, or why they could not be loaded
+/// so.
 fn verify_on_both_cpus(
     object: &[u8],
     ebpf: &mut Ebpf,
@@ -399,18 +400,21 @@ fn verify_on_both_cpus(
     programs: Programs,
 ) -> Result<MultiPrograms, String> {
     let prepared = MultiPrograms::prepare(object, ebpf);
-    let costly: &[&str] = if config.trace_mmap && programs == Programs::Tracer {
-        &[MMAP_UNMAP_PROGRAM, MMAP_ADD_PROGRAM]
-    } else {
-        &[]
-    };
-    let here: Vec<_> = ebpf
-        .programs_mut()
-        .filter(|(name, _)| costly.contains(name))
-        .map(|(_, program)| program)
-        .collect();
+    let mmap = config.trace_mmap && programs == Programs::Tracer;
+    let (mut here, mut there) = (Vec::new(), Vec::new());
+    for (name, program) in ebpf.programs_mut() {
+        if mmap && name == MMAP_UNMAP_PROGRAM {
+            here.push(program);
+        } else if mmap && name == MMAP_ADD_PROGRAM {
+            there.push(program);
+        }
+    }
     std::thread::scope(|scope| {
-        let uprobes = scope.spawn(|| prepared.and_then(|p| p.load(names.iter().copied())));
+        let uprobes = scope.spawn(|| {
+            let multi = prepared.and_then(|p| p.load(names.iter().copied()));
+            verify_tracepoints(there);
+            multi
+        });
         verify_tracepoints(here);
         uprobes
             .join()

@@ -1,9 +1,8 @@
 //! The allocator's uprobes (at each function's entry) and uretprobes (at
 //! its return), by the names of `tracer_common::PROBES`: an entry per
-//! shape of arguments, an exit per shape of result (`malloc_exit` for every
-//! call that returns a new block, `realloc_exit` for those that resize
-//! one, `posix_memalign_exit`). Each reads the call's arguments or result
-//! and hands them to [`crate::calls`].
+//! shape of arguments, one exit (`malloc_exit`) for every call, which the
+//! entry told what its result is. Each reads the call's arguments or
+//! result and hands them to [`crate::calls`].
 
 use aya_ebpf::{
     macros::{uprobe, uretprobe},
@@ -12,7 +11,7 @@ use aya_ebpf::{
 
 use super::on_task_stack;
 use crate::{
-    calls::{self, alloc_entry, mul, page_round, realloc_entry},
+    calls::{self, alloc_entry, memptr_entry, mul, page_round, realloc_entry},
     globals::{entry_caller, page_size},
 };
 
@@ -33,14 +32,14 @@ fn arg(ctx: &ProbeContext, n: usize) -> u64 {
 #[uprobe]
 pub fn malloc_enter(ctx: ProbeContext) -> u32 {
     on_task_stack(&ctx);
-    alloc_entry(arg(&ctx, 0), 0, false, sp(&ctx))
+    alloc_entry(arg(&ctx, 0), false, sp(&ctx))
 }
 
 #[uprobe]
 pub fn calloc_enter(ctx: ProbeContext) -> u32 {
     on_task_stack(&ctx);
     let (size, overflow) = mul(arg(&ctx, 0), arg(&ctx, 1));
-    alloc_entry(size, 0, overflow, sp(&ctx))
+    alloc_entry(size, overflow, sp(&ctx))
 }
 
 #[uprobe]
@@ -59,32 +58,32 @@ pub fn reallocarray_enter(ctx: ProbeContext) -> u32 {
 #[uprobe]
 pub fn posix_memalign_enter(ctx: ProbeContext) -> u32 {
     on_task_stack(&ctx);
-    alloc_entry(arg(&ctx, 2), arg(&ctx, 0), false, sp(&ctx))
+    memptr_entry(arg(&ctx, 2), arg(&ctx, 0), sp(&ctx))
 }
 
 #[uprobe]
 pub fn aligned_alloc_enter(ctx: ProbeContext) -> u32 {
     on_task_stack(&ctx);
-    alloc_entry(arg(&ctx, 1), 0, false, sp(&ctx))
+    alloc_entry(arg(&ctx, 1), false, sp(&ctx))
 }
 
 #[uprobe]
 pub fn memalign_enter(ctx: ProbeContext) -> u32 {
     on_task_stack(&ctx);
-    alloc_entry(arg(&ctx, 1), 0, false, sp(&ctx))
+    alloc_entry(arg(&ctx, 1), false, sp(&ctx))
 }
 
 #[uprobe]
 pub fn valloc_enter(ctx: ProbeContext) -> u32 {
     on_task_stack(&ctx);
-    alloc_entry(arg(&ctx, 0), 0, false, sp(&ctx))
+    alloc_entry(arg(&ctx, 0), false, sp(&ctx))
 }
 
 #[uprobe]
 pub fn pvalloc_enter(ctx: ProbeContext) -> u32 {
     on_task_stack(&ctx);
     let (size, overflow) = page_round(page_size(), arg(&ctx, 0));
-    alloc_entry(size, 0, overflow, sp(&ctx))
+    alloc_entry(size, overflow, sp(&ctx))
 }
 
 #[uprobe]
@@ -96,25 +95,11 @@ pub fn free_enter(ctx: ProbeContext) -> u32 {
     calls::free(tgid, arg(&ctx, 0))
 }
 
-/// The exit of every call that returns a new block (malloc, calloc,
-/// aligned_alloc, memalign, valloc, pvalloc and their kin): what it
-/// records was read at its entry.
+/// The exit of every probed call: what it records was read at its entry,
+/// with the shape of its result (a new block, a resized one, or one written
+/// through `posix_memalign`'s first argument).
 #[uretprobe]
 pub fn malloc_exit(ctx: RetProbeContext) -> u32 {
     on_task_stack(&ctx);
-    calls::alloc_exit(&ctx)
-}
-
-/// The exit of every call that resizes a block (realloc, reallocarray and
-/// their kin).
-#[uretprobe]
-pub fn realloc_exit(ctx: RetProbeContext) -> u32 {
-    on_task_stack(&ctx);
-    calls::realloc_exit(&ctx)
-}
-
-#[uretprobe]
-pub fn posix_memalign_exit(ctx: RetProbeContext) -> u32 {
-    on_task_stack(&ctx);
-    calls::posix_memalign_exit(&ctx)
+    calls::call_exit(&ctx)
 }
