@@ -74,18 +74,28 @@ const MAX_ERRNO: i64 = 4095;
 /// A traced image: its totals and generation ([`find_proc`]).
 type Image = (*mut ProcStats, u32);
 
+/// Whether a system call's result `ret` is an errno (`-MAX_ERRNO..0`).
+#[inline(always)]
+fn is_errno(ret: i64) -> bool {
+    ret < 0 && ret >= -MAX_ERRNO
+}
+
+/// The calling task's saved user registers (`bpf_task_pt_regs`), to be read
+/// by `bpf_probe_read_kernel`.
+#[inline(always)]
+fn saved_regs() -> *const pt_regs {
+    // SAFETY: helpers with no preconditions but a valid task, which the
+    // first returns.
+    unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) as *const pt_regs }
+}
+
 /// The system call's arguments 0 to 4 (`rdi`, `rsi`, `rdx`, `r10`, `r8`)
 /// and the user registers a stack walk starts from, read from the task's
 /// saved registers.
 #[inline(always)]
 fn syscall_regs() -> Option<(UserRegs, [u64; 5])> {
-    // SAFETY: helpers with no preconditions but a valid task, which the
-    // first returns; the registers are copied out by a checked read.
-    let regs = unsafe {
-        let task = bpf_get_current_task_btf();
-        let at = bpf_task_pt_regs(task) as *const pt_regs;
-        bpf_probe_read_kernel(at).ok()?
-    };
+    // SAFETY: the registers are copied out by a checked read.
+    let regs = unsafe { bpf_probe_read_kernel(saved_regs()).ok()? };
     Some((
         UserRegs {
             ip: regs.rip,
@@ -110,11 +120,12 @@ fn syscall_args01() -> Option<[u64; 2]> {
     }
     const _: () =
         assert!(core::mem::offset_of!(pt_regs, rdi) == core::mem::offset_of!(pt_regs, rsi) + 8);
-    // SAFETY: as in syscall_regs; the two words are within pt_regs.
+    // SAFETY: a checked read of two words within pt_regs.
     let args = unsafe {
-        let task = bpf_get_current_task_btf();
-        let at = bpf_task_pt_regs(task) as *const u8;
-        bpf_probe_read_kernel(at.add(core::mem::offset_of!(pt_regs, rsi)).cast::<SiDi>()).ok()?
+        let at = saved_regs()
+            .cast::<u8>()
+            .add(core::mem::offset_of!(pt_regs, rsi));
+        bpf_probe_read_kernel(at.cast::<SiDi>()).ok()?
     };
     Some([args.rdi, args.rsi])
 }
@@ -393,7 +404,7 @@ pub(crate) enum Then {
 /// unmaps what it replaced: [`Then::Unmap`].
 #[inline(always)]
 pub(crate) fn mapped(nr: i32, ret: i64) -> Then {
-    if ret < 0 && ret >= -MAX_ERRNO || nr != SYS_MMAP && nr != SYS_MREMAP {
+    if is_errno(ret) || nr != SYS_MMAP && nr != SYS_MREMAP {
         return Then::Done;
     }
     let Some((tgid, image, in_call)) = traced_caller() else {
@@ -444,7 +455,7 @@ pub(crate) fn chain_failed() {
 /// the task's saved registers.
 #[inline(always)]
 pub(crate) fn mapped_code(ret: i64) -> bool {
-    if ret < 0 && ret >= -MAX_ERRNO {
+    if is_errno(ret) {
         return false;
     }
     let Some((_, [_, _, prot, flags, fd])) = syscall_regs() else {
@@ -461,7 +472,7 @@ pub(crate) fn mapped_code(ret: i64) -> bool {
 /// ([`mapped`], tail-called).
 #[inline(always)]
 pub(crate) fn unmapped(nr: i32, ret: i64) -> u64 {
-    if ret < 0 && ret >= -MAX_ERRNO {
+    if is_errno(ret) {
         return 0;
     }
     let Some((tgid, image, in_call)) = traced_caller() else {

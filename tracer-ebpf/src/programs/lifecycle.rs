@@ -122,10 +122,6 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
     0
 }
 
-/// Offset of `ret` in the sys_exit_mmap record
-/// (/sys/kernel/tracing/events/syscalls/sys_exit_mmap/format).
-const MMAP_RET_OFFSET: usize = 16;
-
 /// `tracer_common::MAPPING_TRACEPOINT`: a process that mapped a file's
 /// code (the dynamic loader's `mmap` of a library's text, at start or at
 /// `dlopen`) sends a `Mapped` event once the mapping exists, so that
@@ -137,9 +133,7 @@ const MMAP_RET_OFFSET: usize = 16;
 /// failed calls, send nothing.
 #[tracepoint]
 pub fn sys_exit_mmap_code(ctx: TracePointContext) -> u32 {
-    // SAFETY: the offset is within the record (see the format file).
-    let ret: i64 = unsafe { ctx.read_at(MMAP_RET_OFFSET) }.unwrap_or(-1);
-    if !crate::mmap::mapped_code(ret) {
+    if !crate::mmap::mapped_code(super::mappings::ret(&ctx)) {
         return 0;
     }
     let Some((_, tgid)) = current() else { return 0 };

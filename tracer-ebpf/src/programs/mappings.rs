@@ -21,9 +21,10 @@ fn nr(ctx: &TracePointContext) -> i32 {
     unsafe { ctx.read_at(NR_OFFSET) }.unwrap_or(-1)
 }
 
-/// The system call's result (an errno when it cannot be read).
+/// The system call's result (an errno when it cannot be read); also the
+/// mapping tracepoint's (`programs::lifecycle`), at `mmap`'s exit.
 #[inline(always)]
-fn ret(ctx: &TracePointContext) -> i64 {
+pub(super) fn ret(ctx: &TracePointContext) -> i64 {
     // SAFETY: the offset is within the record (see the format file).
     unsafe { ctx.read_at(RET_OFFSET) }.unwrap_or(-1)
 }
