@@ -444,10 +444,14 @@ pub(crate) fn mapped(nr: i32, ret: i64) -> Then {
 
 /// A tail call between the anonymous-mapping programs that failed (a
 /// slot of `MMAP_PROGRAMS` tracerd did not fill): the call's change to the
-/// mappings is lost, counted as a mapping not kept.
+/// mappings is lost, counted as a mapping not kept, in the calling image's
+/// drops too (its answers are then incomplete), as [`drop_region`] counts.
 #[inline(always)]
 pub(crate) fn chain_failed() {
-    count(Counter::DropMmapRegions);
+    match traced_caller() {
+        Some((_, (stats, _), _)) => drop_region(stats),
+        None => count(Counter::DropMmapRegions),
+    }
 }
 
 /// At the exit of `mmap` (result `ret`): whether the call mapped a file's
