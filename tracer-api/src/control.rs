@@ -110,4 +110,23 @@ pub struct ScopeView {
     pub filtered: bool,
     /// The processes the kernel records while `filtered`.
     pub filter_pids: Vec<u32>,
+    /// `exact`: `demand` (outside the scope, processes are watched and
+    /// traced exactly when asked or growing) or `all`.
+    #[serde(default)]
+    pub exact: String,
+    /// The processes traced exactly on demand (by a query, or by the
+    /// watch), with since when and why, by pid.
+    #[serde(default)]
+    pub on_demand: Vec<OnDemandProcess>,
+}
+
+/// A process traced exactly on demand (`GET /scope`'s `on_demand`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OnDemandProcess {
+    /// Process id.
+    pub pid: u32,
+    /// Unix ms its exact tracing began.
+    pub since_ms: u64,
+    /// Why: `query` or `watch`.
+    pub reason: crate::ExactReason,
 }

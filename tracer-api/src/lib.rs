@@ -26,10 +26,13 @@ pub mod schema;
 mod snapshot;
 mod views;
 
-pub use control::{ErrorBody, Health, Library, ProcessTracing, Scope, ScopeView, TracingState};
+pub use control::{
+    ErrorBody, Health, Library, OnDemandProcess, ProcessTracing, Scope, ScopeView, TracingState,
+};
 pub use process::{
-    ClearedTraces, ObjectTraceback, PeakReset, ProcessList, ProcessState, ProcessStatus,
-    ProcessView, SourceMemory, SystemMemory, TracedMemory,
+    ClearedTraces, ExactReason, ExactTracing, ObjectTraceback, PeakReset, ProcessList,
+    ProcessState, ProcessStatus, ProcessView, SourceMemory, SystemMemory, TracedMemory,
+    WatchFigures, WatchedProcess,
 };
 pub use snapshot::{
     AllocatorFrames, Completeness, SnapshotDeleted, SnapshotHeader, SnapshotKind, SnapshotList,

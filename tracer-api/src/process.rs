@@ -108,6 +108,89 @@ pub struct ProcessStatus {
     pub is_tracing: bool,
     /// `get_traceback_limit()` of its image, in frames.
     pub traceback_limit: u32,
+    /// Since when and why it is traced exactly; absent for an image that
+    /// ended or a process no longer traced exactly.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exact: Option<ExactTracing>,
+    /// What the watch reads of it (`/proc/PID/statm`), beside the exact
+    /// figures: `current` is the bytes of the blocks it allocated since
+    /// exact tracing began and still holds; `watch.anon` all its resident
+    /// anonymous memory (allocators' free lists, blocks from before,
+    /// stacks and mappings included). Absent when not watched (ended, or
+    /// the watch is off).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub watch: Option<WatchFigures>,
+}
+
+/// Why a process is traced exactly (`exact.reason`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ExactReason {
+    /// `exact = "all"`: every process is.
+    All,
+    /// The scope names it (`scope_*` settings, `PUT /scope`).
+    Scope,
+    /// A query of its pid started it (`exact = "demand"`).
+    Query,
+    /// The watch saw it grow steadily (`auto_exact`).
+    Watch,
+}
+
+impl ExactReason {
+    /// The word the API uses: `all`, `scope`, `query`, `watch`.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExactReason::All => "all",
+            ExactReason::Scope => "scope",
+            ExactReason::Query => "query",
+            ExactReason::Watch => "watch",
+        }
+    }
+}
+
+/// Since when and why a process is traced exactly (every allocation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExactTracing {
+    /// Unix ms its exact tracing began (for `all` and `scope`: tracerd's
+    /// start); what it allocated before is not traced, as with
+    /// `tracemalloc.start()`.
+    pub since_ms: u64,
+    /// Why.
+    pub reason: ExactReason,
+}
+
+/// What the watch reads of a process: its memory as the kernel counts it
+/// (`/proc/PID/statm`), at every interval, for every process. Bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WatchFigures {
+    /// Resident bytes at the last read (`VmRSS`).
+    pub rss: u64,
+    /// Resident anonymous bytes at the last read (`RssAnon`).
+    pub anon: u64,
+    /// Anonymous bytes gained (negative: lost) over the watch's window,
+    /// from its oldest read to the last one.
+    pub anon_growth: i64,
+    /// Milliseconds between those two reads.
+    pub growth_over_ms: u64,
+    /// Unix ms of the last read.
+    pub read_at_ms: u64,
+    /// Unix ms of the first read of this process.
+    pub watched_since_ms: u64,
+}
+
+/// A process as the watch shows it (`GET /processes`' `watched`): every
+/// user process, traced exactly or not.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WatchedProcess {
+    /// Process id.
+    pub pid: u32,
+    /// `/proc/PID/comm` now.
+    pub comm: String,
+    /// Its memory and growth.
+    pub watch: WatchFigures,
+    /// Since when and why it is traced exactly; null: watched only.
+    pub exact: Option<ExactTracing>,
 }
 
 /// `GET /processes` (through a Value: keys sorted, the entries' too).
@@ -115,6 +198,14 @@ pub struct ProcessStatus {
 pub struct ProcessList {
     /// Every traced process the viewer may see, ended ones while kept.
     pub processes: Vec<ProcessStatus>,
+    /// `exact`: `demand` (processes traced exactly when asked or growing)
+    /// or `all`.
+    #[serde(default)]
+    pub exact: String,
+    /// Every process the watch reads that the viewer may see, traced
+    /// exactly or not, by pid (empty with the watch off).
+    #[serde(default)]
+    pub watched: Vec<WatchedProcess>,
 }
 
 /// Current and peak bytes of one allocator family.

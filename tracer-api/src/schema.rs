@@ -147,13 +147,64 @@ impl Schema for crate::ProcessList {
         let mut entry = process_view_properties();
         entry.push(("is_tracing", boolean()));
         entry.push(("traceback_limit", int()));
+        entry.push(("exact", exact_tracing(true)));
+        entry.push(("watch", watch_figures(true)));
         let mut required = PROCESS_VIEW.to_vec();
         required.extend(["is_tracing", "traceback_limit"]);
+        let watched = object(
+            &[
+                ("pid", int()),
+                ("comm", string()),
+                ("watch", watch_figures(false)),
+                ("exact", exact_tracing(true)),
+            ],
+            &["pid", "comm", "watch", "exact"],
+        );
         object(
-            &[("processes", array(object(&entry, &required)))],
-            &["processes"],
+            &[
+                ("processes", array(object(&entry, &required))),
+                ("exact", words(&["demand", "all"])),
+                ("watched", array(watched)),
+            ],
+            &["processes", "exact", "watched"],
         )
     }
+}
+
+/// [`crate::ExactTracing`] (or null, when `or_null`).
+fn exact_tracing(or_null: bool) -> Value {
+    let mut schema = object(
+        &[
+            ("since_ms", int()),
+            ("reason", words(&["all", "scope", "query", "watch"])),
+        ],
+        &["since_ms", "reason"],
+    );
+    if or_null {
+        schema["type"] = json!(["object", "null"]);
+    }
+    schema
+}
+
+/// [`crate::WatchFigures`] (or null, when `or_null`).
+fn watch_figures(or_null: bool) -> Value {
+    let keys = [
+        "rss",
+        "anon",
+        "anon_growth",
+        "growth_over_ms",
+        "read_at_ms",
+        "watched_since_ms",
+    ];
+    let properties: Vec<(&str, Value)> = keys
+        .iter()
+        .map(|k| (*k, if *k == "anon_growth" { signed() } else { int() }))
+        .collect();
+    let mut schema = object(&properties, &keys);
+    if or_null {
+        schema["type"] = json!(["object", "null"]);
+    }
+    schema
 }
 
 impl Schema for crate::TracedMemory {
@@ -275,6 +326,18 @@ impl Schema for crate::ScopeView {
                 ("attached_pids", array(int())),
                 ("filtered", boolean()),
                 ("filter_pids", array(int())),
+                ("exact", words(&["demand", "all"])),
+                (
+                    "on_demand",
+                    array(object(
+                        &[
+                            ("pid", int()),
+                            ("since_ms", int()),
+                            ("reason", words(&["query", "watch"])),
+                        ],
+                        &["pid", "since_ms", "reason"],
+                    )),
+                ),
             ],
             &[
                 "scope",
@@ -282,6 +345,8 @@ impl Schema for crate::ScopeView {
                 "attached_pids",
                 "filtered",
                 "filter_pids",
+                "exact",
+                "on_demand",
             ],
         )
     }

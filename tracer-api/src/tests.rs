@@ -45,11 +45,18 @@ fn a_process_is_sent_in_its_declared_order_and_in_a_list_sorted() {
         view: view(),
         is_tracing: true,
         traceback_limit: 8,
+        exact: None,
+        watch: None,
     };
     let list = ProcessList {
         processes: vec![status.clone()],
+        exact: "demand".into(),
+        watched: Vec::new(),
     };
-    assert_eq!(wire(&list), json!({ "processes": [status] }).to_string());
+    assert_eq!(
+        wire(&list),
+        json!({ "exact": "demand", "processes": [status], "watched": [] }).to_string()
+    );
     let back: ProcessList = serde_json::from_str(&wire(&list)).unwrap();
     assert_eq!(back, list);
     assert!(!back.processes[0].view.state.is_alive());

@@ -139,6 +139,7 @@ pub async fn run(config: Config) -> Result<(), AppError> {
             service.clone(),
             AutoPolicy::from(&config),
         )),
+        tokio::spawn(tasks::watch(service.clone())),
     ];
     // The processes of a chosen scope ran before tracerd: their tables
     // before it says ready, so that their walks are whole from the first.
@@ -249,6 +250,7 @@ fn start_service(
         Duration::from_secs(config.processes.exited_retention),
         allocator_frames,
     );
+    let service = service.with_exact(crate::service::ExactPolicy::from(config));
     let allocators = &config.allocators;
     let service = Arc::new(if !allocators.discover_allocators {
         service.without_discovery()

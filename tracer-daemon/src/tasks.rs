@@ -267,6 +267,28 @@ pub async fn automatic_snapshots(service: Arc<Service>, policy: AutoPolicy) {
     }
 }
 
+/// The loop of the watch (`service::exact`): every `watch_interval`, every
+/// process's memory read, and under `exact = "demand"` the steadily
+/// growing processes traced exactly and those whose time is up let go
+/// ([`Service::watch_tick`]). None with the interval 0. Runs until
+/// aborted.
+pub async fn watch(service: Arc<Service>) {
+    let interval = service.exact_policy().watch_interval;
+    if interval.is_zero() {
+        return;
+    }
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if service.stopping() {
+            return;
+        }
+        let service = Arc::clone(&service);
+        let _ = tokio::task::spawn_blocking(move || service.watch_tick()).await;
+    }
+}
+
 /// The threads that hold execs until their probes are in place
 /// (`hold_exec`, `service::exec_hold`). [`ExecHolds::stop`] ends them.
 pub struct ExecHolds {

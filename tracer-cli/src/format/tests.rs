@@ -32,6 +32,8 @@ pub fn process(pid: u32, comm: &str, current: u64, state: ProcessState) -> Proce
         },
         is_tracing: true,
         traceback_limit: 1,
+        exact: None,
+        watch: None,
     }
 }
 

@@ -154,6 +154,27 @@ pub struct Flags {
         value_delimiter = ','
     )]
     pub scope_cgroups: Option<Vec<String>>,
+    /// Which processes are traced exactly with no scope: demand (watched, traced when asked or growing) or all.
+    #[arg(long, env = "TRACERD_EXACT", value_enum)]
+    pub exact: Option<super::ExactMode>,
+    /// Seconds between reads of every process's memory (the watch); 0: off.
+    #[arg(long, env = "TRACERD_WATCH_INTERVAL")]
+    pub watch_interval: Option<u64>,
+    /// Trace exactly a process the watch sees growing steadily (true or false).
+    #[arg(long, env = "TRACERD_AUTO_EXACT")]
+    pub auto_exact: Option<bool>,
+    /// Bytes of anonymous memory gained over the window that make the watch trace a process.
+    #[arg(long, env = "TRACERD_AUTO_EXACT_GROWTH")]
+    pub auto_exact_growth: Option<u64>,
+    /// Seconds of the watch's window.
+    #[arg(long, env = "TRACERD_AUTO_EXACT_WINDOW")]
+    pub auto_exact_window: Option<u64>,
+    /// Processes the watch traces exactly at once.
+    #[arg(long, env = "TRACERD_AUTO_EXACT_MAX")]
+    pub auto_exact_max: Option<u32>,
+    /// Seconds a process picked by the watch stays traced before it is let go (unless it still grows).
+    #[arg(long, env = "TRACERD_AUTO_EXACT_FOR")]
+    pub auto_exact_for: Option<u64>,
     /// glibc to probe (repeatable; the variable takes a `:`-separated list).
     #[arg(long, env = "TRACERD_LIBC", value_delimiter = ':')]
     pub libc: Option<Vec<PathBuf>>,

@@ -35,8 +35,8 @@ pub use allocator_frames::{
 };
 pub use flags::{Cli, Command, ConfigCommand, Flags};
 pub use sections::{
-    AllocatorsSection, ApiSection, CaptureSection, LoggingSection, MapsSection, MetricsSection,
-    ProcessesSection, SnapshotsSection, StoreSection, UnwindSection,
+    AllocatorsSection, ApiSection, CaptureSection, ExactMode, LoggingSection, MapsSection,
+    MetricsSection, ProcessesSection, SnapshotsSection, StoreSection, UnwindSection,
 };
 
 use file::ConfigFile;

@@ -302,6 +302,60 @@ pub struct ProcessesSection {
     pub scope_exes: Vec<PathBuf>,
     /// Trace only processes in these cgroup v2 paths (or below them).
     pub scope_cgroups: Vec<String>,
+    /// Which processes are traced exactly (every allocation) when no scope
+    /// is chosen: `demand` (the default) watches every process cheaply
+    /// and traces one exactly when asked (a query of its pid,
+    /// `tracing/start`, or the watch seeing it grow); `all` traces every
+    /// process exactly from its first allocation, at the cost
+    /// `docs/operations.md` gives.
+    pub exact: ExactMode,
+    /// Seconds between two reads of every process's resident and anonymous
+    /// memory (`/proc/PID/statm`), 0 to 3600; 0 turns the watch off.
+    /// Default 5.
+    pub watch_interval: u64,
+    /// Trace a process exactly, under `exact = "demand"`, when the watch
+    /// sees it grow steadily (`auto_exact_growth` bytes of anonymous
+    /// memory over `auto_exact_window`, rising in most intervals). Default
+    /// true.
+    pub auto_exact: bool,
+    /// Bytes of anonymous memory a process must gain over
+    /// `auto_exact_window` to be traced by the watch, 1 MiB to 1 TiB;
+    /// default 64 MiB.
+    pub auto_exact_growth: u64,
+    /// Seconds of the watch's window, at least 3 intervals, at most 86400;
+    /// default 300.
+    pub auto_exact_window: u64,
+    /// Processes the watch traces exactly at once, 0 to 64 (0: none);
+    /// default 4.
+    pub auto_exact_max: u32,
+    /// Seconds a process picked by the watch stays traced exactly, 10 to
+    /// 604800; then it is let go unless it still grows (its traces
+    /// cleared, its probes detached). Default 1800.
+    pub auto_exact_for: u64,
+}
+
+/// `exact`: which processes are traced exactly when no scope is chosen.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize, clap::ValueEnum,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum ExactMode {
+    /// Every process watched; traced exactly on demand.
+    #[default]
+    Demand,
+    /// Every process traced exactly.
+    All,
+}
+
+impl ExactMode {
+    /// The word the settings and the API use: `demand` or `all`.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExactMode::Demand => "demand",
+            ExactMode::All => "all",
+        }
+    }
 }
 
 impl Default for ProcessesSection {
@@ -311,16 +365,27 @@ impl Default for ProcessesSection {
             scope_pids: Vec::new(),
             scope_exes: Vec::new(),
             scope_cgroups: Vec::new(),
+            exact: ExactMode::Demand,
+            watch_interval: 5,
+            auto_exact: true,
+            auto_exact_growth: 64 << 20,
+            auto_exact_window: 300,
+            auto_exact_max: 4,
+            auto_exact_for: 1800,
         }
     }
 }
 
 impl ProcessesSection {
     /// True when no scope is chosen (`scope_pids`, `scope_exes` and
-    /// `scope_cgroups` all empty): every process is traced.
+    /// `scope_cgroups` all empty) and `exact = "all"`: every process is
+    /// traced exactly.
     #[must_use]
     pub fn traces_every_process(&self) -> bool {
-        self.scope_pids.is_empty() && self.scope_exes.is_empty() && self.scope_cgroups.is_empty()
+        self.exact == ExactMode::All
+            && self.scope_pids.is_empty()
+            && self.scope_exes.is_empty()
+            && self.scope_cgroups.is_empty()
     }
 }
 

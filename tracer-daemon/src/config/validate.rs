@@ -173,6 +173,42 @@ impl ProcessesSection {
             7 * 86400,
             "0..=604800 (seconds)",
         )?;
+        range(
+            "watch_interval",
+            self.watch_interval,
+            0,
+            3600,
+            "0..=3600 (seconds; 0: off)",
+        )?;
+        range(
+            "auto_exact_growth",
+            self.auto_exact_growth,
+            1 << 20,
+            1 << 40,
+            "1048576..=1099511627776 (bytes)",
+        )?;
+        let least = (3 * self.watch_interval).max(1);
+        range(
+            "auto_exact_window",
+            self.auto_exact_window,
+            least,
+            86_400,
+            format!("{least}..=86400 (seconds: at least 3 watch intervals)"),
+        )?;
+        range(
+            "auto_exact_max",
+            self.auto_exact_max.into(),
+            0,
+            64,
+            "0..=64 (processes)",
+        )?;
+        range(
+            "auto_exact_for",
+            self.auto_exact_for,
+            10,
+            7 * 86_400,
+            "10..=604800 (seconds)",
+        )?;
         Ok(())
     }
 }
@@ -381,15 +417,16 @@ fn range(
     value: u64,
     low: u64,
     high: u64,
-    valid: &'static str,
+    valid: impl Into<std::borrow::Cow<'static, str>>,
 ) -> Result<(), ConfigError> {
+    let valid = valid.into();
     if (low..=high).contains(&value) {
         Ok(())
     } else {
         Err(ConfigError::OutOfRange {
             field,
             value: value.to_string(),
-            valid: valid.into(),
+            valid,
         })
     }
 }

@@ -524,8 +524,10 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Viewer {
 
 /// Route middleware of every `/pid/{pid}` route: a process the viewer may
 /// not see ([`Service::visible`]) is answered exactly as a pid no process
-/// has (404, "no such process"), before the route does anything. A pid
-/// that does not parse is left to the route (its 400).
+/// has (404, "no such process"), before the route does anything; one it
+/// may see is traced exactly from now on if it was watched only
+/// ([`Service::trace_on_query`], but for `tracing/stop`). A pid that does
+/// not parse is left to the route (its 400).
 pub async fn gate_pid(
     State(service): State<Arc<Service>>,
     viewer: Viewer,
@@ -537,10 +539,20 @@ pub async fn gate_pid(
         .iter()
         .find(|(name, _)| *name == "pid")
         .and_then(|(_, raw)| super::params::parse_pid(raw).ok());
-    let Some(pid) = pid.filter(|_| !viewer.is_operator()) else {
+    let Some(pid) = pid else {
         return next.run(request).await;
     };
-    let visible = super::blocking(move || Ok::<_, ApiError>(service.visible(viewer, pid))).await;
+    // A query starts exact tracing of a process watched only (`exact =
+    // "demand"`), but not the one that stops it.
+    let starts = !request.uri().path().ends_with("/tracing/stop");
+    let visible = super::blocking(move || {
+        let visible = viewer.is_operator() || service.visible(viewer, pid);
+        if visible && starts {
+            service.trace_on_query(pid);
+        }
+        Ok::<_, ApiError>(visible)
+    })
+    .await;
     match visible {
         Ok(true) => next.run(request).await,
         Ok(false) => ApiError::from(ServiceError::NotTraced {

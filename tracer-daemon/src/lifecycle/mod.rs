@@ -9,6 +9,7 @@
 //! - [`scope`]: which processes are traced, and attaching accordingly.
 //! - [`control`]: tracemalloc's `start`/`stop`/`clear_traces` state.
 //! - [`unwind`]: each live image's unwind tables and mappings in the kernel.
+//! - [`watch`]: every process's memory over time, and steady growth.
 //!
 //! Everything here works through [`KernelMaps`](crate::capture::KernelMaps),
 //! so it is tested with a fake kernel.
@@ -21,6 +22,7 @@ pub mod orphans;
 pub mod registry;
 pub mod scope;
 pub mod unwind;
+pub mod watch;
 
 pub use crate::capture::ImageId;
 pub use blocks::RawBlock;

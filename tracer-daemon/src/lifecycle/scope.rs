@@ -46,6 +46,11 @@ pub struct Scope {
     /// a process matches when it is in that cgroup or below it.
     #[serde(default)]
     pub cgroups: BTreeSet<String>,
+    /// tracerd's default (`exact = "demand"`): with no pid, executable or
+    /// cgroup chosen, no process is traced exactly (each is watched only)
+    /// rather than every one. The pids traced on demand are in `pids`.
+    #[serde(skip)]
+    pub on_demand: bool,
 }
 
 impl From<&Config> for Scope {
@@ -56,14 +61,16 @@ impl From<&Config> for Scope {
             pids: config.processes.scope_pids.iter().copied().collect(),
             exes: config.processes.scope_exes.iter().cloned().collect(),
             cgroups: config.processes.scope_cgroups.iter().cloned().collect(),
+            on_demand: config.processes.exact == crate::config::ExactMode::Demand,
         }
     }
 }
 
 impl Scope {
-    /// True when nothing is chosen: every process is traced.
+    /// True when nothing is chosen and not [`Scope::on_demand`]: every
+    /// process is traced.
     pub fn is_all(&self) -> bool {
-        self.pids.is_empty() && self.exes.is_empty() && self.cgroups.is_empty()
+        !self.on_demand && self.pids.is_empty() && self.exes.is_empty() && self.cgroups.is_empty()
     }
 
     /// True when executables or cgroups are chosen: the probes are then

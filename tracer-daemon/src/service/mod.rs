@@ -49,6 +49,7 @@ mod allocators;
 pub mod compare;
 pub mod control;
 mod error;
+mod exact;
 pub mod exec_hold;
 pub mod housekeeping;
 pub mod inspect;
@@ -66,6 +67,7 @@ pub use allocators::Discoverer;
 pub use compare::{BaseSpec, Side};
 pub use control::{ProcessTracing, TracingState};
 pub use error::{NotTracedWhy, ServiceError};
+pub use exact::{ExactPolicy, ExactReason, ExactTracing, WatchedProcess};
 pub use exec_hold::ExecHolder;
 pub use housekeeping::{Housekeeping, ProcRead};
 pub use inspect::{Health, KernelMapsView, LastStop, MapUse, TracerMemory};
@@ -134,6 +136,9 @@ pub struct Service {
     /// signal of each: a query for a pid whose image the kernel has and the
     /// registry not yet waits for them ([`Service::catch_up`]).
     events_applied: (std::sync::Mutex<u64>, std::sync::Condvar),
+    /// Exact tracing on demand and the watch ([`Service::start_exact`],
+    /// [`Service::watch_tick`]).
+    exact: exact::ExactState,
 }
 
 impl Service {
@@ -187,7 +192,19 @@ impl Service {
                 stopping,
             },
             started_at: SystemTime::now(),
+            exact: exact::ExactState::new(ExactPolicy {
+                mode: crate::config::ExactMode::All,
+                ..ExactPolicy::default()
+            }),
         }
+    }
+
+    /// This service with `policy` for exact tracing and the watch (the
+    /// service is made with `exact = "all"` and the default watch).
+    #[must_use]
+    pub fn with_exact(mut self, policy: ExactPolicy) -> Self {
+        self.exact = exact::ExactState::new(policy);
+        self
     }
 
     /// Marks tracerd as stopping: the background passes (unwind tables,

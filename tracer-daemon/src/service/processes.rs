@@ -103,6 +103,8 @@ pub(super) fn status(
         view,
         is_tracing: tracing.is_tracing,
         traceback_limit: tracing.traceback_limit,
+        exact: None,
+        watch: None,
     }
 }
 
@@ -134,7 +136,22 @@ impl Service {
                 .filter(|image| viewer.sees_image(image) && !image.replaced_unused())
                 .map(|image| status(&held.control, image, stats_of(totals, image))),
         );
+        drop(held);
+        for process in &mut live {
+            self.add_exact_and_watch(process);
+        }
         live
+    }
+
+    /// Fills `process`'s `exact` and `watch` (a live image's only), with
+    /// no lock of the registry held.
+    fn add_exact_and_watch(&self, process: &mut ProcessStatus) {
+        if process.view.state.is_alive() {
+            process.exact = self.exact_of(process.view.pid);
+            process.watch = self
+                .watch_of(process.view.pid)
+                .map(super::exact::wire_figures);
+        }
     }
 
     /// [`ServiceError::NotTraced`] for `pid`, which the registry does not
@@ -206,7 +223,10 @@ impl Service {
             drop(held);
             return Err(self.not_traced(pid));
         };
-        Ok(status(&held.control, image, stats_of(&*self.totals, image)))
+        let mut process = status(&held.control, image, stats_of(&*self.totals, image));
+        drop(held);
+        self.add_exact_and_watch(&mut process);
+        Ok(process)
     }
 
     /// [`Service::process`] with the bytes of its image by source: (source
@@ -242,7 +262,10 @@ impl Service {
             .filter(|(_, source)| source.peak != 0 || source.current != 0)
             .map(|(name, source)| (*name, source.current, source.peak))
             .collect();
-        Ok((status(&held.control, image, totals.stats), sources))
+        let mut process = status(&held.control, image, totals.stats);
+        drop(held);
+        self.add_exact_and_watch(&mut process);
+        Ok((process, sources))
     }
 
     /// Waits, at most [`CATCH_UP_LIMIT`], until the registry knows the

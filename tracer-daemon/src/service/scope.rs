@@ -23,6 +23,10 @@ pub struct ScopeView {
     /// The processes the kernel records while `filtered` (`SCOPE_TGIDS`:
     /// with the threads forked in scope that live).
     pub filter_pids: Vec<u32>,
+    /// `exact`: `demand` or `all`.
+    pub exact: crate::config::ExactMode,
+    /// The processes traced exactly on demand (query, watch), by pid.
+    pub on_demand: Vec<tracer_api::OnDemandProcess>,
 }
 
 impl ScopeView {
@@ -40,6 +44,8 @@ impl ScopeView {
             attached_pids: self.attached_pids.clone(),
             filtered: self.filtered,
             filter_pids: self.filter_pids.clone(),
+            exact: self.exact.as_str().to_string(),
+            on_demand: self.on_demand.clone(),
         }
     }
 }
@@ -53,7 +59,9 @@ impl Service {
             let attached = held.kernel.attached();
             let filtered = held.scope.is_filtered();
             ScopeView {
-                scope: held.scope.clone(),
+                scope: self.user_scope(),
+                exact: self.exact_mode(),
+                on_demand: self.on_demand(),
                 all_processes: attached.contains(&None) && !filtered,
                 attached_pids: attached.into_iter().flatten().collect(),
                 filtered,
@@ -67,6 +75,7 @@ impl Service {
         if !viewer.is_operator() {
             view.attached_pids.retain(|pid| self.visible(viewer, *pid));
             view.filter_pids.retain(|pid| self.visible(viewer, *pid));
+            view.on_demand.retain(|p| self.visible(viewer, p.pid));
         }
         view
     }
@@ -85,23 +94,27 @@ impl Service {
     /// [`ServiceError::Scope`] when the scope is invalid or the system-wide
     /// probes cannot be attached again.
     pub fn set_scope(&self, new: Scope) -> Result<Vec<u32>, ServiceError> {
-        let attached = {
+        // A scope is chosen on top of `exact`: with none chosen, `demand`
+        // traces no process exactly but those on demand.
+        let new = Scope {
+            on_demand: self.exact_mode() == crate::config::ExactMode::Demand,
+            ..new
+        };
+        new.validate()
+            .map_err(|reason| ServiceError::Scope { reason })?;
+        let (attached, new) = {
             let mut held = self.state.locks().kernel().scope();
-            let attached = scope::apply(&mut **held.kernel, &new)
-                .map_err(|reason| ServiceError::Scope { reason })?;
-            self.exec_holds
-                .scope_is_all
-                .store(new.is_all(), std::sync::atomic::Ordering::Release);
-            self.exec_holds
-                .epoch
-                .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-            *held.scope = new.clone();
-            *self
-                .scope_published
-                .write()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) =
-                std::sync::Arc::new(new.clone());
-            attached
+            let previous = self.user_scope();
+            let effective = self.effective_scope_with(new.clone());
+            let attached = match scope::apply(&mut **held.kernel, &effective) {
+                Ok(attached) => attached,
+                Err(reason) => {
+                    self.effective_scope_with(previous);
+                    return Err(ServiceError::Scope { reason });
+                }
+            };
+            self.publish_scope(&mut held.scope, effective.clone());
+            (attached, effective)
         };
         if !new.is_all() {
             let left: HashSet<ImageId> = {

@@ -105,10 +105,22 @@ impl<'a> Unwinder<'a> {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone();
         let own = std::process::id();
-        let maps: Vec<ModuleMaps> = crate::sys::procfs::all_pids()
+        let pids: Vec<u32> = crate::sys::procfs::all_pids()
             .into_iter()
             .filter(|&pid| pid != own && (scope.is_all() || scope.matches(pid)))
-            .filter_map(|pid| ModuleMaps::capture(pid).ok())
+            .collect();
+        self.tables_of(&pids)
+    }
+
+    /// Compiles the unwind tables of the files processes `pids` map now
+    /// (read from `/proc/PID/maps`; each file once, those with a table
+    /// already skipped), as [`Unwinder::preload_running_tables`] does for
+    /// the scope: before a running process is traced exactly, so that its
+    /// first walks are whole. Returns how many files were offered.
+    pub fn tables_of(&self, pids: &[u32]) -> usize {
+        let maps: Vec<ModuleMaps> = pids
+            .iter()
+            .filter_map(|&pid| ModuleMaps::capture(pid).ok())
             .collect();
         let mut seen = std::collections::HashSet::new();
         let objects: Vec<(crate::sys::procfs::FileKey, &std::fs::File)> = maps

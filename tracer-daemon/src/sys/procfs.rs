@@ -18,6 +18,8 @@ use std::sync::Arc;
 mod bpf_maps;
 
 pub use bpf_maps::{BpfMapInfo, bpf_maps_of_self};
+mod memory;
+pub use memory::read_memory;
 
 /// Errors of the process stage. Each carries the pid and `/proc` path it concerns.
 #[derive(Debug, thiserror::Error)]

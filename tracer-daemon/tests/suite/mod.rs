@@ -13,3 +13,4 @@ mod service;
 mod services;
 mod support;
 mod unwind;
+mod watch;

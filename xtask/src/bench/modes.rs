@@ -105,11 +105,19 @@ pub fn start_until(
 /// `state`, by the root suite's runner: ready once `/health` answers 200.
 pub fn start_tracerd(tracerd: &Path, state: &Path, extra: &[&str]) -> anyhow::Result<Running> {
     let listen = LISTEN.parse().context("LISTEN")?;
+    // Ours traces every process exactly unless `extra` says otherwise (the
+    // workloads start after it); a baseline from before `--exact` did so
+    // by default.
+    let mut args: Vec<&str> = extra.to_vec();
+    let baseline = tracerd.components().any(|c| c.as_os_str() == "baseline");
+    if !baseline && !extra.contains(&"--exact") {
+        args.extend(["--exact", "all"]);
+    }
     let process = TracerdProcess::start_on(
         listen,
         tracerd,
         state,
-        extra,
+        &args,
         Stdio::null(),
         Duration::from_secs(120),
     )

@@ -37,10 +37,16 @@ impl Daemon {
     pub fn start(root: &Path, extra: &[String]) -> anyhow::Result<Self> {
         let tracerd = release_dir(root).join("tracerd");
         let state = TempDir::try_new("state")?;
+        // Every process traced exactly unless `extra` says otherwise: the
+        // runs load processes they start after tracerd.
+        let mut args = extra.to_vec();
+        if !extra.iter().any(|a| a == "--exact") {
+            args.extend(["--exact".to_string(), "all".to_string()]);
+        }
         let process = TracerdProcess::start(
             &tracerd,
             state.path(),
-            extra,
+            &args,
             Stdio::null(),
             REQUEST_TIMEOUT,
         )

@@ -281,7 +281,11 @@ fn settle(
     let start = Instant::now();
     loop {
         let body: ProcessList = ctx.client.get_typed("/processes")?;
-        let records: Vec<Record> = body.processes.into_iter().map(Record::Traced).collect();
+        let records: Vec<Record> = body
+            .processes
+            .into_iter()
+            .map(|p| Record::Traced(Box::new(p)))
+            .collect();
         let alive: Vec<u32> = waited
             .ended
             .iter()
@@ -417,7 +421,7 @@ mod tests {
 
     #[test]
     fn the_json_report_is_sorted_at_every_level() {
-        let traced = Record::Traced(process(5, "names", 64, ProcessState::Exited));
+        let traced = Record::Traced(Box::new(process(5, "names", 64, ProcessState::Exited)));
         let untraced = tree::untraced(6, Some(5), "true", 7);
         let stats = answer(Vec::new());
         let report = JsonReport {

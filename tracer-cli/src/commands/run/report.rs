@@ -252,7 +252,7 @@ mod tests {
         let view = &mut status.view;
         view.ppid = Some(ppid);
         (view.allocs, view.frees, view.peak, view.blocks) = (allocs, 1, held + 100, allocs - 1);
-        Record::Traced(status)
+        Record::Traced(Box::new(status))
     }
 
     fn view(record: &mut Record) -> &mut tracer_api::ProcessView {

@@ -27,7 +27,7 @@ use crate::format::{Complete, Loss, int};
 #[serde(untagged)]
 pub enum Record {
     /// tracerd's record of the image (`GET /processes`).
-    Traced(ProcessStatus),
+    Traced(Box<ProcessStatus>),
     /// A process tracer waited for that tracerd has no record of
     /// ([`untraced`]).
     Untraced(Untraced),
@@ -245,7 +245,7 @@ mod tests {
         status.view.ppid = ppid;
         status.view.first_seen_ms = seen;
         status.view.allocs = 1;
-        Record::Traced(status)
+        Record::Traced(Box::new(status))
     }
 
     fn view(record: &mut Record) -> &mut ProcessView {

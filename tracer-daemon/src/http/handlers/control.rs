@@ -60,7 +60,13 @@ pub async fn pid_tracing_stop(
 ) -> Result<Response, ApiError> {
     let pid = parse_pid(&pid)?;
     Params::parse(query.as_deref(), spec::NONE)?;
-    let state = blocking(move || service.stop_tracing(Some(pid))).await?;
+    let state = blocking(move || {
+        let state = service.stop_tracing(Some(pid))?;
+        // Traced on demand: its probes go too, so it costs nothing again.
+        service.release_exact(pid);
+        Ok::<_, crate::service::ServiceError>(state)
+    })
+    .await?;
     Ok(Json(state).into_response())
 }
 

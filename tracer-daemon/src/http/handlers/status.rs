@@ -24,15 +24,23 @@ pub async fn health(
 }
 
 /// `GET /processes`: every traced process, with traced memory as
-/// tracemalloc reports it and its tracing state.
+/// tracemalloc reports it and its tracing state; and every watched
+/// process, traced exactly or not.
 pub async fn processes(
     State(service): State<Arc<Service>>,
     viewer: Viewer,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     Params::parse(query.as_deref(), spec::NONE)?;
-    let list = blocking(move || Ok::<_, ApiError>(service.processes(viewer))).await?;
-    wire(&ProcessList { processes: list })
+    let list = blocking(move || {
+        Ok::<_, ApiError>(ProcessList {
+            processes: service.processes(viewer),
+            exact: service.exact_mode().as_str().to_string(),
+            watched: service.watched(viewer),
+        })
+    })
+    .await?;
+    wire(&list)
 }
 
 /// `GET /maps`: the kernel maps' use and the programs' counters.

@@ -86,12 +86,20 @@ impl Tracerd {
         Self::spawn(state, extra, Stdio::inherit())
     }
 
+    /// Spawns tracerd with `extra`; every process traced exactly
+    /// (`--exact all`) unless `extra` says otherwise: the suite checks the
+    /// exact tracer on processes it starts after tracerd, and the tests of
+    /// the default (`exact = "demand"`, `suite::watch`) say `--exact demand`.
     fn spawn(state: &Path, extra: &[&str], stderr: Stdio) -> Self {
         require_root();
+        let mut args: Vec<&str> = extra.to_vec();
+        if !extra.contains(&"--exact") {
+            args.extend(["--exact", "all"]);
+        }
         let process = TracerdProcess::start(
             Path::new(env!("CARGO_BIN_EXE_tracerd")),
             state,
-            extra,
+            &args,
             stderr,
             ANSWER_WITHIN,
         )
