@@ -63,7 +63,24 @@ pub async fn process(
     let pid = parse_pid(&pid)?;
     Params::parse(query.as_deref(), spec::NONE)?;
     let status = blocking(move || service.process(pid)).await?;
-    Ok(Json(status.view).into_response())
+    Ok(Json(ProcessAnswer {
+        view: status.view,
+        exact: status.exact,
+        watch: status.watch,
+    })
+    .into_response())
+}
+
+/// `GET /pid/{pid}`: the process's view, then since when and why it is
+/// traced exactly and what the watch reads of it (each absent when none).
+#[derive(serde::Serialize)]
+struct ProcessAnswer {
+    #[serde(flatten)]
+    view: tracer_api::ProcessView,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    exact: Option<tracer_api::ExactTracing>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    watch: Option<tracer_api::WatchFigures>,
 }
 
 /// `GET /pid/{pid}/traced-memory`: `get_traced_memory()`, and the same
