@@ -91,6 +91,10 @@ pub struct PsArgs {
     /// Exact byte counts instead of KiB/MiB
     #[arg(short, long)]
     pub bytes: bool,
+    /// Every process the watch reads instead: resident and anonymous
+    /// memory, its growth over the window, and since when it is traced exactly
+    #[arg(short, long, conflicts_with = "all")]
+    pub watched: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

@@ -352,6 +352,44 @@ pub fn processes_table(processes: &[&ProcessStatus], style: &Style, state: bool)
     table
 }
 
+/// The table of `tracer ps --watched`: PID, COMMAND, RSS, ANON, GROWTH
+/// (anonymous bytes gained over the watch's window, and the window in
+/// seconds) and EXACT (why and since when the process is traced exactly,
+/// UTC; `-`: watched only).
+pub fn watched_table(processes: &[&tracer_api::WatchedProcess], style: &Style) -> Table {
+    let mut table = style.table(
+        &["PID", "COMMAND", "RSS", "ANON", "GROWTH", "EXACT"],
+        &["PID", "RSS", "ANON", "GROWTH"],
+    );
+    let size = |bytes: u64| i64::try_from(bytes).unwrap_or(i64::MAX);
+    for p in processes {
+        let w = &p.watch;
+        let exact = p.exact.map_or_else(
+            || "-".to_string(),
+            |e| format!("{} since {}", e.reason.as_str(), utc_time(e.since_ms)),
+        );
+        table.add_row(vec![
+            style.number(p.pid.to_string()),
+            Cell::new(&p.comm),
+            style.number(style.size(size(w.rss))),
+            style.number(style.size(size(w.anon))),
+            style.number(format!(
+                "{}/{}s",
+                style.size_diff(w.anon_growth),
+                w.growth_over_ms / 1000
+            )),
+            Cell::new(exact),
+        ]);
+    }
+    table
+}
+
+/// `HH:MM:SS` (UTC) of Unix ms `ms`.
+fn utc_time(ms: u64) -> String {
+    let secs = ms / 1000 % 86_400;
+    format!("{:02}:{:02}:{:02}", secs / 3600, secs / 60 % 60, secs % 60)
+}
+
 /// What an incomplete process record or answer lost, as a note: `N events
 /// lost` (`drops`: allocator events the full kernel maps refused) and `M
 /// tracebacks cut` (`cut_tracebacks`: blocks with a part of their stack),

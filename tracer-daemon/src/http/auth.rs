@@ -543,8 +543,10 @@ pub async fn gate_pid(
         return next.run(request).await;
     };
     // A query starts exact tracing of a process watched only (`exact =
-    // "demand"`), but not the one that stops it.
-    let starts = !request.uri().path().ends_with("/tracing/stop");
+    // "demand"`), but not the one that stops it (and `tracing/start`
+    // starts it itself, with or without its descendants).
+    let path = request.uri().path();
+    let starts = !path.ends_with("/tracing/stop") && !path.ends_with("/tracing/start");
     let visible = super::blocking(move || {
         let visible = viewer.is_operator() || service.visible(viewer, pid);
         if visible && starts {

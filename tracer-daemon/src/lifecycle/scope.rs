@@ -51,6 +51,12 @@ pub struct Scope {
     /// rather than every one. The pids traced on demand are in `pids`.
     #[serde(skip)]
     pub on_demand: bool,
+    /// Processes traced with their descendants (`tracing/start?descendants=true`,
+    /// as `tracer run` asks): in the kernel's scope filter, which adds a
+    /// child at its fork, so every descendant is traced from its first
+    /// allocation; a process matches when one of its ancestors is here.
+    #[serde(skip)]
+    pub trees: BTreeSet<u32>,
 }
 
 impl From<&Config> for Scope {
@@ -62,6 +68,7 @@ impl From<&Config> for Scope {
             exes: config.processes.scope_exes.iter().cloned().collect(),
             cgroups: config.processes.scope_cgroups.iter().cloned().collect(),
             on_demand: config.processes.exact == crate::config::ExactMode::Demand,
+            trees: BTreeSet::new(),
         }
     }
 }
@@ -70,7 +77,11 @@ impl Scope {
     /// True when nothing is chosen and not [`Scope::on_demand`]: every
     /// process is traced.
     pub fn is_all(&self) -> bool {
-        !self.on_demand && self.pids.is_empty() && self.exes.is_empty() && self.cgroups.is_empty()
+        !self.on_demand
+            && self.pids.is_empty()
+            && self.exes.is_empty()
+            && self.cgroups.is_empty()
+            && self.trees.is_empty()
     }
 
     /// True when executables or cgroups are chosen: the probes are then
@@ -79,13 +90,32 @@ impl Scope {
     /// processes start all the time. A scope of pids alone registers the
     /// probes for those processes only.
     pub fn is_filtered(&self) -> bool {
-        !self.exes.is_empty() || !self.cgroups.is_empty()
+        !self.exes.is_empty() || !self.cgroups.is_empty() || !self.trees.is_empty()
+    }
+
+    /// Whether `pid` or one of its ancestors (`/proc/PID/stat`'s parent,
+    /// at most 64 up) is one of [`Scope::trees`].
+    fn in_tree(&self, pid: u32) -> bool {
+        if self.trees.is_empty() {
+            return false;
+        }
+        let mut at = pid;
+        for _ in 0..64 {
+            if self.trees.contains(&at) {
+                return true;
+            }
+            match procfs::read_start_time_and_ppid(at) {
+                Ok((_, Some(parent))) if parent != at => at = parent,
+                _ => return false,
+            }
+        }
+        false
     }
 
     /// Whether process `pid` matches, read from `/proc/PID/exe` and
     /// `/proc/PID/cgroup` now. A process that is gone matches nothing.
     pub fn matches(&self, pid: u32) -> bool {
-        if self.is_all() || self.pids.contains(&pid) {
+        if self.is_all() || self.pids.contains(&pid) || self.in_tree(pid) {
             return true;
         }
         if !self.exes.is_empty()
@@ -112,7 +142,7 @@ impl Scope {
     /// being one of the executables (each `stat`ed now, symlinks
     /// resolved), or by the process's cgroup, which an exec keeps.
     pub fn matches_exec(&self, pid: u32, exe: FileKey) -> bool {
-        if self.is_all() || self.pids.contains(&pid) {
+        if self.is_all() || self.pids.contains(&pid) || self.in_tree(pid) {
             return true;
         }
         if self

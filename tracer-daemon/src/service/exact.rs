@@ -81,6 +81,8 @@ struct OnDemand {
     reason: ExactReason,
     /// When the watch lets it go unless it still grows (its picks only).
     until: Option<Instant>,
+    /// Its descendants too (`tracing/start?descendants=true`).
+    descendants: bool,
 }
 
 /// The scope the user chose and the pids traced on demand besides it.
@@ -94,7 +96,13 @@ impl Demand {
     /// The scope in force: the user's, with the pids traced on demand.
     fn effective(&self) -> Scope {
         let mut scope = self.user.clone();
-        scope.pids.extend(self.entries.keys());
+        for (pid, entry) in &self.entries {
+            if entry.descendants {
+                scope.trees.insert(*pid);
+            } else {
+                scope.pids.insert(*pid);
+            }
+        }
         scope
     }
 }
@@ -230,8 +238,56 @@ impl Service {
     /// [`ServiceError::Scope`] when its probes cannot be attached (it
     /// ended meanwhile); nothing of it stays then.
     pub fn start_exact(&self, pid: u32, reason: ExactReason) -> Result<u64, ServiceError> {
-        if let Some(exact) = self.exact_of(pid) {
-            return Ok(exact.since_ms);
+        self.start_exact_with(pid, reason, false)
+    }
+
+    /// `POST /pid/{pid}/tracing/start`: under `exact = "demand"`, traces
+    /// `pid` exactly from now on (as a query does), and with `descendants`
+    /// every process it forks from now on too, from their first
+    /// allocation (the kernel's scope filter adds each child at its fork:
+    /// while such a tree is traced, the probes are registered for every
+    /// process, as for a scope of executables). Nothing under `exact =
+    /// "all"`.
+    ///
+    /// # Errors
+    /// As [`Service::start_exact`]; [`ServiceError::NotTraced`] for a pid
+    /// no live process has.
+    pub fn start_exact_for(&self, pid: u32, descendants: bool) -> Result<(), ServiceError> {
+        if self.exact.policy.mode == ExactMode::All {
+            return Ok(());
+        }
+        if pid == std::process::id()
+            || !crate::sys::procfs::exists(pid)
+            || crate::sys::procfs::is_zombie(pid)
+        {
+            return Err(self.not_traced(pid));
+        }
+        self.start_exact_with(pid, ExactReason::Query, descendants)
+            .map(|_| ())
+    }
+
+    /// [`Service::start_exact`], with its descendants when `descendants`
+    /// (a process traced already without them gains them).
+    fn start_exact_with(
+        &self,
+        pid: u32,
+        reason: ExactReason,
+        descendants: bool,
+    ) -> Result<u64, ServiceError> {
+        let known = lock(&self.exact.demand)
+            .entries
+            .get(&pid)
+            .map(|e| (e.since_ms, e.descendants));
+        match known {
+            Some((since_ms, had)) if had || !descendants => return Ok(since_ms),
+            Some(_) => {}
+            None => {
+                if let Some(exact) = self.exact_of(pid)
+                    && !descendants
+                {
+                    return Ok(exact.since_ms);
+                }
+            }
         }
         super::Unwinder::new(self).tables_of(&[pid]);
         let since_ms = now_ms();
@@ -241,12 +297,14 @@ impl Service {
             let mut held = self.state.locks().kernel().scope();
             let effective = {
                 let mut demand = lock(&self.exact.demand);
+                let since_ms = known.map_or(since_ms, |(since, _)| since);
                 demand.entries.insert(
                     pid,
                     OnDemand {
                         since_ms,
                         reason,
                         until,
+                        descendants,
                     },
                 );
                 demand.effective()
@@ -265,8 +323,13 @@ impl Service {
         let discoverer = super::Discoverer::new(self);
         discoverer.queue_discovery(pid, false);
         discoverer.discover_pending();
-        tracing::info!(pid, reason = reason.as_str(), "traced exactly from now on");
-        Ok(since_ms)
+        tracing::info!(
+            pid,
+            reason = reason.as_str(),
+            descendants,
+            "traced exactly from now on"
+        );
+        Ok(known.map_or(since_ms, |(since, _)| since))
     }
 
     /// Stops tracing `pid` exactly if it was on demand: its probes are
@@ -274,34 +337,34 @@ impl Service {
     /// cleared, as `tracemalloc.stop()` clears them. Returns whether it
     /// was traced on demand. A process the user's scope names stays.
     pub fn release_exact(&self, pid: u32) -> bool {
-        let left = {
+        let (before, after) = {
             let mut held = self.state.locks().kernel().scope();
-            let effective = {
+            let (before, effective) = {
                 let mut demand = lock(&self.exact.demand);
+                let before = demand.effective();
                 if demand.entries.remove(&pid).is_none() {
                     return false;
                 }
-                demand.effective()
+                (before, demand.effective())
             };
             if let Err(reason) = scope::apply(&mut **held.kernel, &effective) {
                 tracing::warn!(pid, %reason, "could not detach a process traced on demand");
             }
-            let left = !effective.matches(pid);
-            self.publish_scope(&mut held.scope, effective);
-            left
+            self.publish_scope(&mut held.scope, effective.clone());
+            (before, effective)
         };
-        if left {
-            let images: std::collections::HashSet<_> = {
-                let held = self.state.locks().registry();
-                held.registry
-                    .live()
-                    .filter(|image| image.id.pid == pid)
-                    .map(|image| image.id)
-                    .collect()
-            };
-            self.clear_images(&images);
-        }
-        tracing::info!(pid, "no longer traced exactly");
+        // The live images it took out of the scope (it, and its
+        // descendants when it was traced with them).
+        let candidates: Vec<crate::capture::ImageId> = {
+            let held = self.state.locks().registry();
+            held.registry.live().map(|image| image.id).collect()
+        };
+        let left: std::collections::HashSet<_> = candidates
+            .into_iter()
+            .filter(|image| before.matches(image.pid) && !after.matches(image.pid))
+            .collect();
+        self.clear_images(&left);
+        tracing::info!(pid, processes = left.len(), "no longer traced exactly");
         true
     }
 
@@ -454,5 +517,29 @@ impl Service {
                 reason: entry.reason,
             })
             .collect()
+    }
+}
+
+impl Service {
+    /// How many processes the watch reads, and how many are traced
+    /// exactly on demand for each reason (`query`, `watch`), for
+    /// `/metrics`.
+    pub fn exact_counts(&self) -> (usize, [(&'static str, usize); 2]) {
+        let watched = lock(&self.exact.watch).pids().count();
+        let demand = lock(&self.exact.demand);
+        let count = |reason| {
+            demand
+                .entries
+                .values()
+                .filter(|e| e.reason == reason)
+                .count()
+        };
+        (
+            watched,
+            [
+                ("query", count(ExactReason::Query)),
+                ("watch", count(ExactReason::Watch)),
+            ],
+        )
     }
 }

@@ -78,6 +78,10 @@ pub fn run(ctx: &Context, args: &RunArgs) -> Result<ExitCode, CliError> {
         .ok_or_else(|| CliError::Run("no command given".into()))?;
     let shown = program.to_string_lossy().into_owned();
     children::become_subreaper()?;
+    // tracerd traces on demand by default (`exact = "demand"`): ask it to
+    // trace tracer and every process it forks from now on, the command's
+    // whole tree, from their first allocation; let go at the end.
+    let tree = TracedTree::start(ctx);
     let since_ms = unix_ms();
     let mut child = std::process::Command::new(program)
         .args(rest)
@@ -127,7 +131,41 @@ pub fn run(ctx: &Context, args: &RunArgs) -> Result<ExitCode, CliError> {
     if let Err(e) = printed {
         note(&format!("no report of {shown} (pid {root}): {e}"));
     }
+    tree.end(ctx);
     Ok(ExitCode::from(ending.exit_code()))
+}
+
+/// tracer's own process traced exactly with its descendants
+/// (`tracing/start?descendants=true`) for the run.
+struct TracedTree {
+    pid: u32,
+}
+
+impl TracedTree {
+    /// Asks tracerd to trace this process and its descendants. A 404 is
+    /// expected (this process allocated nothing since): tracing started;
+    /// any other refusal (403: not an operator) is a note, and the run
+    /// goes on with what tracerd traces anyway.
+    fn start(ctx: &Context) -> Self {
+        let pid = std::process::id();
+        match ctx
+            .client
+            .post(&format!("/pid/{pid}/tracing/start?descendants=true"), None)
+        {
+            Ok(_) | Err(ClientError::Api { status: 404, .. }) => {}
+            Err(e) => note(&format!(
+                "tracerd could not trace the command's tree exactly ({e}): it shows what tracerd traces anyway (all of it with exact = \"all\")"
+            )),
+        }
+        Self { pid }
+    }
+
+    /// Lets the tree go (`tracing/stop`): its probes detached.
+    fn end(self, ctx: &Context) {
+        let _ = ctx
+            .client
+            .post(&format!("/pid/{}/tracing/stop", self.pid), None);
+    }
 }
 
 /// Unix ms now (tracerd's `first_seen_ms` are the same clock's).

@@ -46,9 +46,14 @@ pub async fn pid_tracing_start(
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     let pid = parse_pid(&pid)?;
-    let params = Params::parse(query.as_deref(), spec::START)?;
+    let params = Params::parse(query.as_deref(), spec::PID_START)?;
     let nframe = nframe_param(&params)?;
-    let state = blocking(move || service.start_tracing(Some(pid), nframe)).await?;
+    let descendants = params.flag("descendants")?;
+    let state = blocking(move || {
+        service.start_exact_for(pid, descendants)?;
+        service.start_tracing(Some(pid), nframe)
+    })
+    .await?;
     Ok(Json(state).into_response())
 }
 
@@ -61,10 +66,11 @@ pub async fn pid_tracing_stop(
     let pid = parse_pid(&pid)?;
     Params::parse(query.as_deref(), spec::NONE)?;
     let state = blocking(move || {
-        let state = service.stop_tracing(Some(pid))?;
-        // Traced on demand: its probes go too, so it costs nothing again.
+        let state = service.stop_tracing(Some(pid));
+        // Traced on demand: its probes go too (and its descendants'), so
+        // it costs nothing again; even when it had no image to stop.
         service.release_exact(pid);
-        Ok::<_, crate::service::ServiceError>(state)
+        state
     })
     .await?;
     Ok(Json(state).into_response())

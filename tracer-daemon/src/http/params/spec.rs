@@ -342,6 +342,14 @@ pub const RELABEL: Query = &[SET_LABEL];
 pub const DUMP: Query = &[FILE_FORMAT];
 /// `start(nframe)`.
 pub const START: Query = &[NFRAME];
+/// `POST /pid/{pid}/tracing/start`: also `descendants`.
+pub const PID_START: Query = &[NFRAME, DESCENDANTS];
+/// Exact tracing of a process's descendants too.
+pub const DESCENDANTS: &[Param] = &[Param::new(
+    "descendants",
+    Kind::Flag,
+    "also trace exactly every process it forks from now on, and theirs, from their first allocation (default false)",
+)];
 /// `PUT /scope`.
 pub const SET_SCOPE: Query = &[SCOPE];
 

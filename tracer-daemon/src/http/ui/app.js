@@ -182,10 +182,31 @@ function drawProcesses() {
     + (showEnded || !hidden ? "" : " (" + hidden + " ended hidden)");
 }
 
+// The watched processes, the fastest growing first; a click traces one
+// exactly (its first query starts it) and shows it.
+function drawWatched(watched) {
+  const body = $("watched").tBodies[0];
+  body.replaceChildren();
+  const sorted = (watched || []).slice().sort((a, b) => b.watch.anon_growth - a.watch.anon_growth || a.pid - b.pid);
+  for (const p of sorted) {
+    const row = body.insertRow();
+    row.dataset.pid = p.pid;
+    cell(row, String(p.pid), "pid");
+    cell(row, p.comm || "", "comm");
+    sizeCell(row, p.watch.rss, "num rss");
+    sizeCell(row, p.watch.anon, "num anon");
+    const growth = sizeCell(row, p.watch.anon_growth, "num growth", true);
+    growth.title += " over " + Math.round(p.watch.growth_over_ms / 1000) + " s";
+    cell(row, p.exact ? p.exact.reason + " since " + time(p.exact.since_ms) : "-", "exact");
+    row.addEventListener("click", () => showProcess(p.pid, p.comm));
+  }
+}
+
 async function loadProcesses() {
   const answer = await api("/processes");
   state.processes = answer.processes;
   drawProcesses();
+  drawWatched(answer.watched);
   const live = answer.processes.filter((p) => p.state === "alive").length;
   showStatus(live + " traced processes, " + new Date().toLocaleTimeString(), false);
   $("token-form").hidden = true;

@@ -18,6 +18,7 @@ impl ServiceCollector {
         encode_events(encoder, &counters)?;
         self.encode_kernel(encoder, &usage, &programs)?;
         self.encode_sweeps(encoder)?;
+        self.encode_exact(encoder)?;
         self.encode_symbolizer(encoder)?;
         self.encode_store(encoder)?;
         self.encode_process(encoder)
@@ -116,6 +117,28 @@ impl ServiceCollector {
             "tracer_orphan_sweep_last_end_seconds",
             "When the last orphan sweep ended, in seconds since the Unix epoch (0 before the first)",
             &[(Vec::new(), sweep.last_ended_ms as f64 / 1e3)],
+        )
+    }
+
+    /// The watch and exact tracing on demand: processes watched, and
+    /// processes traced exactly on demand by why.
+    fn encode_exact(&self, encoder: &mut DescriptorEncoder) -> fmt::Result {
+        let (watched, on_demand) = self.service.exact_counts();
+        gauge(
+            encoder,
+            "tracer_watched_processes",
+            "Processes the watch reads (/proc/PID/statm at every watch_interval)",
+            &[(Vec::new(), watched as f64)],
+        )?;
+        let samples: Vec<(super::Labels<'_>, f64)> = on_demand
+            .iter()
+            .map(|(reason, count)| (vec![("reason", *reason)], *count as f64))
+            .collect();
+        gauge(
+            encoder,
+            "tracer_exact_on_demand_processes",
+            "Processes traced exactly on demand (exact = \"demand\"), by why: query or watch",
+            &samples,
         )
     }
 

@@ -219,9 +219,28 @@ fn strings(items: &[&str]) -> Vec<String> {
 
 #[test]
 fn tracer_run_of_a_shell_lists_both_programs_it_ran_with_their_exact_counts_and_leaks() {
+    shell_tree_is_exact(&[]);
+}
+
+/// tracerd's default traces on demand: `tracer run` asks it to trace its
+/// tree exactly (`tracing/start?descendants=true`) and the counts are
+/// the same, from each program's first allocation; at the end it lets
+/// the tree go.
+#[test]
+fn tracer_run_traces_its_tree_exactly_under_the_default_exact_on_demand() {
+    let tracerd = shell_tree_is_exact(&["--exact", "demand"]);
+    let scope = tracerd.get_ok("/scope");
+    assert_eq!(scope["exact"], "demand", "{scope}");
+    assert_eq!(scope["on_demand"], serde_json::json!([]), "let go: {scope}");
+    assert_eq!(scope["filtered"], false, "{scope}");
+}
+
+/// Runs a shell of two programs under `tracer run` with a tracerd started
+/// with `extra`, and checks each program's exact counts and leaks.
+fn shell_tree_is_exact(extra: &[&str]) -> crate::suite::support::SharedTracerd {
     let starts = Program::build("starts", &[]);
     let exits = Program::build("exits", &[]);
-    let tracerd = Tracerd::shared(&[]);
+    let tracerd = Tracerd::shared(extra);
     let script = format!("{}; {} 7", starts.exe.display(), exits.exe.display());
     let ran = finish(&mut tracer(
         &tracerd,
@@ -290,6 +309,7 @@ fn tracer_run_of_a_shell_lists_both_programs_it_ran_with_their_exact_counts_and_
         "{}",
         ran.stdout
     );
+    tracerd
 }
 
 #[test]
