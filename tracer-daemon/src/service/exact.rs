@@ -297,16 +297,15 @@ impl Service {
             let mut held = self.state.locks().kernel().scope();
             let effective = {
                 let mut demand = lock(&self.exact.demand);
-                let since_ms = known.map_or(since_ms, |(since, _)| since);
-                demand.entries.insert(
-                    pid,
-                    OnDemand {
-                        since_ms,
-                        reason,
-                        until,
-                        descendants,
-                    },
-                );
+                // A start of the same process meanwhile (two first
+                // queries at once) keeps its own start and reason.
+                let entry = demand.entries.entry(pid).or_insert(OnDemand {
+                    since_ms: known.map_or(since_ms, |(since, _)| since),
+                    reason,
+                    until,
+                    descendants,
+                });
+                entry.descendants |= descendants;
                 demand.effective()
             };
             if let Err(reason) = scope::apply(&mut **held.kernel, &effective) {
