@@ -87,6 +87,9 @@ pub struct BenchArgs {
     /// 1,000,000 traces against CPython's tracemalloc, `bench-model`).
     #[arg(long)]
     pub no_model: bool,
+    /// Run only this part; the `--no-*` flags then do not matter.
+    #[arg(long, value_name = "PART", value_parser = clap::builder::PossibleValuesParser::new(PARTS))]
+    pub only: Option<String>,
     /// Traces per snapshot in the snapshot-engine part.
     #[arg(long, default_value_t = 1_000_000)]
     pub model_traces: u64,
@@ -105,6 +108,22 @@ pub struct BenchArgs {
     pub baseline: Option<String>,
 }
 
+/// The parts of `cargo xtask bench`, as `--only` names them.
+const PARTS: [&str; 8] = [
+    "overhead", "scope", "unwind", "scale", "queries", "host", "cheap", "model",
+];
+
+impl BenchArgs {
+    /// Whether the part `part` (one of [`PARTS`]) runs: the one `--only`
+    /// names, else every part whose `--no-*` flag (`skipped`) is not given.
+    fn runs(&self, part: &str, skipped: bool) -> bool {
+        match &self.only {
+            Some(only) => only == part,
+            None => !skipped,
+        }
+    }
+}
+
 /// Set up, build tracerd (and the baseline's), run every part.
 pub fn task(args: &BenchArgs) -> anyhow::Result<()> {
     setup()?;
@@ -119,7 +138,7 @@ pub fn task(args: &BenchArgs) -> anyhow::Result<()> {
         None => None,
     };
     run(&root, args, baseline.as_ref())?;
-    if args.no_model {
+    if !args.runs("model", args.no_model) {
         return Ok(());
     }
     // The snapshot engine against CPython, on a machine as quiet as the
@@ -182,15 +201,81 @@ fn run(root: &Path, args: &BenchArgs, baseline: Option<&Baseline>) -> anyhow::Re
         .into_iter()
         .filter(|w| args.workloads.is_empty() || args.workloads.iter().any(|x| x == w.name))
         .collect();
+    if args.runs("overhead", false) {
+        overhead(root, args, &dir, &modes, &workloads, baseline)?;
+    }
+    let mut extra = serde_json::Map::new();
+    if args.runs("scope", args.no_scope) {
+        extra.insert("scope".into(), scope::scope_part(root, &dir, args)?);
+    }
+    if args.runs("unwind", args.no_unwind) {
+        extra.insert(
+            "unwind".into(),
+            unwind::unwind_part(root, &dir, args, &workloads)?,
+        );
+    }
+    if args.runs("scale", args.no_scale) {
+        wait_quiet()?;
+        extra.insert("scale".into(), scale::scale_part(root, &dir)?);
+    }
+    if args.runs("queries", args.no_queries) {
+        wait_quiet()?;
+        extra.insert("queries".into(), queries::queries_part(root, &dir)?);
+    }
+    if args.runs("host", args.no_host) {
+        wait_quiet()?;
+        extra.insert("host".into(), host::host_part(root, &dir)?);
+    }
+    if args.runs("cheap", args.no_cheap) {
+        wait_quiet()?;
+        let tracerd = crate::util::paths::release_dir(root).join("tracerd");
+        let baseline = baseline.map(|b| (b.label(), b.tracerd()));
+        extra.insert(
+            "cheap".into(),
+            cheap::cheap_part(
+                &tracerd,
+                &dir,
+                baseline
+                    .as_ref()
+                    .map(|(label, path)| (label.clone(), path.as_path())),
+            )?,
+        );
+    }
+    // The overhead part wrote the file; without it the others start one.
+    let mut json: serde_json::Value = if args.runs("overhead", false) {
+        serde_json::from_str(&fs::read_to_string(&args.json)?)?
+    } else {
+        serde_json::json!({})
+    };
+    if let Some(object) = json.as_object_mut() {
+        object.extend(extra);
+    }
+    if let Some(parent) = args.json.parent() {
+        fs::create_dir_all(parent)?;
+    }
+    fs::write(&args.json, serde_json::to_string_pretty(&json)?)?;
+    Ok(())
+}
+
+/// The overhead part: every workload under every mode, interleaved in
+/// rounds; prints its tables and writes `args.json`.
+fn overhead(
+    root: &Path,
+    args: &BenchArgs,
+    dir: &Path,
+    modes: &[&'static str],
+    workloads: &[workloads::Workload],
+    baseline: Option<&Baseline>,
+) -> anyhow::Result<()> {
     let mut results: Rounds = BTreeMap::new();
     let mut costs: BTreeMap<&str, DaemonCost> = BTreeMap::new();
     for round in 1..=args.rounds.max(1) {
         eprintln!("bench: round {round}/{}", args.rounds);
-        for mode in round_order(&modes, round) {
-            let tracer = start_mode(mode, root, &dir, baseline)?;
+        for mode in round_order(modes, round) {
+            let tracer = start_mode(mode, root, dir, baseline)?;
             let before = tracer.as_ref().map(|t| cpu_and_rss(t.pid()));
-            for workload in &workloads {
-                let figure = workloads::run_once(mode, workload, &dir)?;
+            for workload in workloads {
+                let figure = workloads::run_once(mode, workload, dir)?;
                 results
                     .entry(workload.name)
                     .or_default()
@@ -212,51 +297,7 @@ fn run(root: &Path, args: &BenchArgs, baseline: Option<&Baseline>) -> anyhow::Re
             }
         }
     }
-    report::report(args, &modes, &workloads, &mut results, &costs, baseline)?;
-    let mut extra = serde_json::Map::new();
-    if !args.no_scope {
-        extra.insert("scope".into(), scope::scope_part(root, &dir, args)?);
-    }
-    if !args.no_unwind {
-        extra.insert(
-            "unwind".into(),
-            unwind::unwind_part(root, &dir, args, &workloads)?,
-        );
-    }
-    if !args.no_scale {
-        wait_quiet()?;
-        extra.insert("scale".into(), scale::scale_part(root, &dir)?);
-    }
-    if !args.no_queries {
-        wait_quiet()?;
-        extra.insert("queries".into(), queries::queries_part(root, &dir)?);
-    }
-    if !args.no_host {
-        wait_quiet()?;
-        extra.insert("host".into(), host::host_part(root, &dir)?);
-    }
-    if !args.no_cheap {
-        wait_quiet()?;
-        let tracerd = crate::util::paths::release_dir(root).join("tracerd");
-        let baseline = baseline.map(|b| (b.label(), b.tracerd()));
-        extra.insert(
-            "cheap".into(),
-            cheap::cheap_part(
-                &tracerd,
-                &dir,
-                baseline
-                    .as_ref()
-                    .map(|(label, path)| (label.clone(), path.as_path())),
-            )?,
-        );
-    }
-    let text = fs::read_to_string(&args.json)?;
-    let mut json: serde_json::Value = serde_json::from_str(&text)?;
-    if let Some(object) = json.as_object_mut() {
-        object.extend(extra);
-    }
-    fs::write(&args.json, serde_json::to_string_pretty(&json)?)?;
-    Ok(())
+    report::report(args, modes, workloads, &mut results, &costs, baseline)
 }
 
 /// The host's busy share of CPU time over `over` (every CPU together),
@@ -325,6 +366,24 @@ mod tests {
             selected_modes(&strings(&["none", "tracerd", "baseline"]), true).unwrap(),
             ["none", "tracerd", "baseline"]
         );
+    }
+
+    #[test]
+    fn only_runs_the_part_it_names_whatever_the_no_flags_say() {
+        use clap::Parser as _;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            bench: BenchArgs,
+        }
+        let parse = |args: &[&str]| Cli::try_parse_from(args).map(|c| c.bench);
+        let every = parse(&["bench", "--no-scope"]).unwrap();
+        assert!(every.runs("overhead", false) && every.runs("scale", every.no_scale));
+        assert!(!every.runs("scope", every.no_scope));
+        let only = parse(&["bench", "--only", "scope", "--no-scope"]).unwrap();
+        assert!(only.runs("scope", only.no_scope));
+        assert!(!only.runs("overhead", false) && !only.runs("model", only.no_model));
+        assert!(parse(&["bench", "--only", "nothing"]).is_err());
     }
 
     #[test]
