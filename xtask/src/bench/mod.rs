@@ -3,7 +3,9 @@
 //! engine against CPython ([`model`], also `cargo xtask bench-model`).
 //!
 //! The unwind part ([`unwind`]) sets the unwinder against the
-//! frame-pointer walk.
+//! frame-pointer walk. The services part ([`services`]) loads Debian's
+//! PostgreSQL, nginx and redis-server without tracerd, with its defaults,
+//! tracing every process exactly, and tracing the services alone by scope.
 //!
 //! The overhead part runs every workload ([`workloads`]) under every mode
 //! ([`modes`]), interleaved: every mode once per round, each figure the
@@ -28,6 +30,7 @@ mod queries;
 mod report;
 mod scale;
 mod scope;
+mod services;
 mod unwind;
 mod workloads;
 
@@ -87,6 +90,20 @@ pub struct BenchArgs {
     /// 1,000,000 traces against CPython's tracemalloc, `bench-model`).
     #[arg(long)]
     pub no_model: bool,
+    /// Skip the real-services part (PostgreSQL under pgbench, nginx under
+    /// ab, redis-server under redis-benchmark; without tracerd, with its
+    /// defaults, tracing every process exactly, tracing the services by
+    /// scope).
+    #[arg(long)]
+    pub no_services: bool,
+    /// Only these services in the services part (comma-separated:
+    /// postgres,nginx,redis).
+    #[arg(long, value_delimiter = ',')]
+    pub services: Vec<String>,
+    /// Seconds of each load run of the services part (one per service,
+    /// mode and round).
+    #[arg(long, default_value_t = 3)]
+    pub service_seconds: u64,
     /// Run only this part; the `--no-*` flags then do not matter.
     #[arg(long, value_name = "PART", value_parser = clap::builder::PossibleValuesParser::new(PARTS))]
     pub only: Option<String>,
@@ -109,8 +126,8 @@ pub struct BenchArgs {
 }
 
 /// The parts of `cargo xtask bench`, as `--only` names them.
-const PARTS: [&str; 8] = [
-    "overhead", "scope", "unwind", "scale", "queries", "host", "cheap", "model",
+const PARTS: [&str; 9] = [
+    "overhead", "scope", "unwind", "scale", "queries", "host", "cheap", "services", "model",
 ];
 
 impl BenchArgs {
@@ -239,6 +256,13 @@ fn run(root: &Path, args: &BenchArgs, baseline: Option<&Baseline>) -> anyhow::Re
                     .as_ref()
                     .map(|(label, path)| (label.clone(), path.as_path())),
             )?,
+        );
+    }
+    if args.runs("services", args.no_services) {
+        wait_quiet()?;
+        extra.insert(
+            "services".into(),
+            services::services_part(root, &dir, args)?,
         );
     }
     // The overhead part wrote the file; without it the others start one.
