@@ -22,6 +22,7 @@ use std::{
     collections::BTreeMap,
     net::SocketAddr,
     path::{Path, PathBuf},
+    process::Stdio,
     time::{Duration, Instant},
 };
 
@@ -30,18 +31,19 @@ use serde_json::json;
 
 use super::{
     BenchArgs,
-    modes::{LISTEN, STOP_GRACE, start_tracerd},
+    modes::{LISTEN, STOP_GRACE},
     wait_quiet,
 };
 use crate::util::{paths::release_dir, stats::median};
 use server::{Figure, Server};
-use tracer_testkit::Client;
+use tracer_testkit::{Client, Running, TracerdProcess};
 
 /// A mode of the part: which tracerd runs while the services are loaded.
 pub struct Mode {
     /// Its name in the report.
     pub name: &'static str,
-    /// tracerd's flags after `--listen` and `--state-dir`; None: no tracerd.
+    /// tracerd's flags after `--listen` and `--state-dir`, and no other
+    /// (`modes::start_tracerd` would add `--exact all`); None: no tracerd.
     pub tracerd: Option<&'static [&'static str]>,
     /// Whether tracerd's scope is the services' executables, as a user
     /// traces a service: started with a `--scope-exe` of each service's
@@ -66,16 +68,13 @@ pub const MODES: [Mode; 4] = [
         tracerd: Some(&[]),
         scope_to_service: false,
     },
-    // Today's default is exact tracing of every process; with the flag of
-    // `--exact all|demand` this is `Some(&["--exact", "all"])`.
     Mode {
         name: "exact-all",
-        tracerd: Some(&[]),
+        tracerd: Some(&["--exact", "all"]),
         scope_to_service: false,
     },
-    // The scope of the services' executables, as a user traces one service
-    // today; should a scope alone not mean exact tracing once `demand` is
-    // the default, `--exact all` goes here too.
+    // The scope of the services' executables, as a user traces one
+    // service: a scope is traced exactly whatever `--exact` says.
     Mode {
         name: "scoped",
         tracerd: Some(&[]),
@@ -90,7 +89,7 @@ const ALL_SERVICES: [&str; 3] = ["postgres", "nginx", "redis"];
 ///
 /// # Errors
 /// It cannot be set up, started, or does not answer in time.
-fn start(name: &str, seconds: u64) -> anyhow::Result<Box<dyn Server>> {
+fn start_service(name: &str, seconds: u64) -> anyhow::Result<Box<dyn Server>> {
     let mut server: Box<dyn Server> = match name {
         "postgres" => Box::new(postgres::Postgres::start()?),
         "nginx" => Box::new(nginx::Nginx::start()?),
@@ -163,6 +162,25 @@ fn allocs_of(http: &Client, exe: &Path) -> anyhow::Result<u64> {
         .unwrap_or(0))
 }
 
+/// tracerd on [`LISTEN`] with its state in `state` and `flags` alone,
+/// ready once `/health` answers 200 (not `modes::start_tracerd`, which
+/// traces every process exactly unless told otherwise: the default mode
+/// is tracerd with no flag).
+fn start_tracerd(tracerd: &Path, state: &Path, flags: &[&str]) -> anyhow::Result<Running> {
+    let process = TracerdProcess::start_on(
+        LISTEN.parse().context("LISTEN")?,
+        tracerd,
+        state,
+        flags,
+        Stdio::null(),
+        Duration::from_secs(120),
+    )
+    .with_context(|| format!("starting {}", tracerd.display()))?;
+    // Give the kernel a moment to finish installing breakpoints.
+    std::thread::sleep(Duration::from_millis(300));
+    Ok(process.into_running())
+}
+
 /// How long tracerd gets after a run to take in the exits of the
 /// processes the load made (postgres's backends) before they are counted.
 const SETTLE: Duration = Duration::from_millis(300);
@@ -204,7 +222,7 @@ pub fn services_part(
     let mut services: Vec<Box<dyn Server>> = Vec::new();
     for name in selected(&args.services)? {
         eprintln!("bench: services: starting {name}");
-        services.push(start(name, seconds)?);
+        services.push(start_service(name, seconds)?);
     }
     let exes = services
         .iter()
