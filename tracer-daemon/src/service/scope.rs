@@ -116,6 +116,13 @@ impl Service {
             self.publish_scope(&mut held.scope, effective.clone());
             (attached, effective)
         };
+        // The allocators of the processes now in scope (redis's own
+        // jemalloc), as for a process that enters it at its exec.
+        let discoverer = super::Discoverer::new(self);
+        for pid in &attached {
+            discoverer.queue_discovery(*pid, false);
+        }
+        discoverer.discover_pending();
         if !new.is_all() {
             let left: HashSet<ImageId> = {
                 let held = self.state.locks().registry();
