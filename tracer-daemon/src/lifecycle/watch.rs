@@ -21,23 +21,8 @@ pub struct Reading {
 }
 
 /// What the watch shows of one process: its memory at the last read and
-/// how its anonymous memory changed over the window.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct WatchFigures {
-    /// Resident bytes at the last read.
-    pub rss: u64,
-    /// Resident anonymous bytes at the last read.
-    pub anon: u64,
-    /// Anonymous bytes gained (negative: lost) from the oldest read of the
-    /// window to the last one.
-    pub anon_growth: i64,
-    /// Milliseconds between those two reads (0 with one read).
-    pub growth_over_ms: u64,
-    /// Unix ms of the last read.
-    pub read_at_ms: u64,
-    /// Unix ms of the first read of this process.
-    pub watched_since_ms: u64,
-}
+/// how its anonymous memory changed over the window (bytes, Unix ms).
+pub use tracer_api::WatchFigures;
 
 /// The reads kept of one process: those of the window, oldest first.
 #[derive(Debug)]

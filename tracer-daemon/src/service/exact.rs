@@ -485,22 +485,10 @@ impl Service {
             .map(|(pid, figures)| WatchedProcess {
                 pid,
                 comm: crate::sys::procfs::read_comm(pid).unwrap_or_default(),
-                watch: wire_figures(figures),
+                watch: figures,
                 exact: self.exact_of(pid),
             })
             .collect()
-    }
-}
-
-/// The watch's figures as the API sends them.
-pub fn wire_figures(f: WatchFigures) -> tracer_api::WatchFigures {
-    tracer_api::WatchFigures {
-        rss: f.rss,
-        anon: f.anon,
-        anon_growth: f.anon_growth,
-        growth_over_ms: f.growth_over_ms,
-        read_at_ms: f.read_at_ms,
-        watched_since_ms: f.watched_since_ms,
     }
 }
 

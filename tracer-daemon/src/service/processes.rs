@@ -148,9 +148,7 @@ impl Service {
     fn add_exact_and_watch(&self, process: &mut ProcessStatus) {
         if process.view.state.is_alive() {
             process.exact = self.exact_of(process.view.pid);
-            process.watch = self
-                .watch_of(process.view.pid)
-                .map(super::exact::wire_figures);
+            process.watch = self.watch_of(process.view.pid);
         }
     }
 
