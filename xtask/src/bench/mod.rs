@@ -57,7 +57,7 @@ pub struct BenchArgs {
     /// malloc+free pairs per churn run.
     #[arg(long, default_value_t = 200_000)]
     pub pairs: u64,
-    /// Only these modes (comma-separated: none,floor,tracerd,baseline,memleak,heaptrack,massif;
+    /// Only these modes (comma-separated: none,floor,tracerd,tracerd-sampled,baseline,memleak,heaptrack,massif;
     /// baseline needs --baseline).
     #[arg(long, value_delimiter = ',')]
     pub modes: Vec<String>,
@@ -375,7 +375,15 @@ mod tests {
     fn every_mode_but_baseline_by_default() {
         assert_eq!(
             selected_modes(&[], false).unwrap(),
-            ["none", "floor", "tracerd", "memleak", "heaptrack", "massif"]
+            [
+                "none",
+                "floor",
+                "tracerd",
+                "tracerd-sampled",
+                "memleak",
+                "heaptrack",
+                "massif"
+            ]
         );
     }
 

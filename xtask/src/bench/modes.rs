@@ -1,6 +1,8 @@
 //! The overhead part's modes and the system-wide tracers they start:
 //! uninstrumented; `tracer-floor` (empty programs at tracerd's own probe
-//! points: the physical floor); tracerd (exact); `baseline` (tracerd built
+//! points: the physical floor); tracerd (exact); `tracerd-sampled`
+//! (tracerd sampling one byte in [`SAMPLE_INTERVAL`] on average: what a
+//! pair costs when almost no call is recorded); `baseline` (tracerd built
 //! at another revision, with `--baseline`); a bpftrace script doing what
 //! bcc's memleak does; heaptrack and `valgrind --tool=massif` (which wrap
 //! each workload instead, see `workloads::run_once`). And what a running
@@ -20,10 +22,11 @@ use crate::util::paths::release_dir;
 use tracer_testkit::{Running, TracerdProcess};
 
 /// Every mode, in the table's order (`baseline` only with `--baseline`).
-pub const ALL_MODES: [&str; 7] = [
+pub const ALL_MODES: [&str; 8] = [
     "none",
     "floor",
     "tracerd",
+    "tracerd-sampled",
     "baseline",
     "memleak",
     "heaptrack",
@@ -31,7 +34,12 @@ pub const ALL_MODES: [&str; 7] = [
 ];
 
 /// The modes that run a tracerd, whose own costs are reported.
-pub const DAEMON_MODES: [&str; 2] = ["tracerd", "baseline"];
+pub const DAEMON_MODES: [&str; 3] = ["tracerd", "tracerd-sampled", "baseline"];
+
+/// The mean sampling interval of the mode `tracerd-sampled`, in bytes
+/// (`--sample-interval`): 512 KiB, so that a churn pair's 64-byte block
+/// is recorded about once in 8,192 pairs.
+pub const SAMPLE_INTERVAL: u64 = 512 * 1024;
 
 /// Where the bench's tracerd listens (the scale and scope parts call it).
 pub const LISTEN: &str = "127.0.0.1:7467";
@@ -186,16 +194,26 @@ pub fn start_mode(
             command.args(probed_libraries()?);
             start_until(command, "ready", false).map(Some)
         }
-        "tracerd" => {
+        "tracerd" | "tracerd-sampled" => {
             // The same objects probed from the start as under the floor:
             // a churn-* run is then traced from its first call, not from
             // when discovery finds its allocator.
             let mut extra = vec!["--log".to_string(), "info".to_string()];
+            if mode == "tracerd-sampled" {
+                extra.extend(["--sample-interval".to_string(), SAMPLE_INTERVAL.to_string()]);
+            }
             for library in probed_libraries()? {
                 extra.extend(["--libc".to_string(), library]);
             }
             let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
-            start_tracerd(&release.join("tracerd"), &dir.join("state"), &extra).map(Some)
+            // A state directory per mode: a sampled tracerd's stored
+            // snapshots are estimates, never mixed with exact ones.
+            let state = dir.join(if mode == "tracerd" {
+                "state"
+            } else {
+                "state-sampled"
+            });
+            start_tracerd(&release.join("tracerd"), &state, &extra).map(Some)
         }
         "baseline" => {
             let Some(baseline) = baseline else {

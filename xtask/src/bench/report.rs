@@ -1,6 +1,6 @@
 //! The overhead part's report: a markdown table of the medians (slowdown
 //! against uninstrumented), the added cost per churn pair against the
-//! goals (memleak, floor), tracerd's own CPU, memory and kernel maps; with
+//! goals (memleak, floor, sampled against exact), tracerd's own CPU, memory and kernel maps; with
 //! `--baseline`, tracerd's added cost against the baseline's per workload.
 //! The same figures go to the JSON file.
 use std::{collections::BTreeMap, fs};
@@ -152,6 +152,16 @@ fn goals(
             );
             goals.insert("memleak_added_ns_per_pair".into(), theirs.into());
             goals.insert("ratio_vs_memleak".into(), ratio.into());
+        }
+        if let Some(sampled) = churn.get("tracerd-sampled") {
+            let sampled_added = sampled - none;
+            let ratio = sampled_added / added;
+            println!(
+                "  sampled ({} KiB) adds {sampled_added:.0} ns: sampled/exact = {ratio:.2} (goal <= 0.5)",
+                super::modes::SAMPLE_INTERVAL / 1024
+            );
+            goals.insert("sampled_added_ns_per_pair".into(), sampled_added.into());
+            goals.insert("ratio_sampled_vs_exact".into(), ratio.into());
         }
         if let Some(floor) = churn.get("floor") {
             let floor_added = floor - none;
