@@ -24,7 +24,8 @@ pub struct Inflight {
     /// Size in bytes the call would allocate, overflow-checked.
     pub size: u64,
     /// `realloc`/`reallocarray`: the old block; `posix_memalign`: the
-    /// `memptr` out-pointer. 0 otherwise.
+    /// `memptr` out-pointer; a call whose return is not run
+    /// ([`INFLIGHT_NO_RETURN`]): its return address. 0 otherwise.
     pub ptr: u64,
     /// The user stack pointer at the call's entry (the address of its
     /// return address; at its return the stack pointer is 8 bytes above).
@@ -35,7 +36,8 @@ pub struct Inflight {
     pub sp: u64,
     /// [`INFLIGHT_OVERFLOW`] when `n * m` overflowed (`calloc`,
     /// `reallocarray`: the call fails), [`INFLIGHT_UNSAMPLED`] when sampling
-    /// passed this call over.
+    /// passed this call over, [`INFLIGHT_NO_RETURN`] when its return is
+    /// not run.
     pub overflow: u32,
     /// What the return does with the result: [`INFLIGHT_NEW`] (it is the
     /// new block), [`INFLIGHT_RESIZE`] (it replaces `ptr`'s) or
@@ -48,6 +50,16 @@ pub struct Inflight {
 pub const INFLIGHT_OVERFLOW: u32 = 1;
 /// [`Inflight::overflow`] bit: not sampled (its block is not recorded).
 pub const INFLIGHT_UNSAMPLED: u32 = 2;
+/// [`Inflight::overflow`] bit: a call whose return is not run (a uprobe
+/// session's entry returned 1: sampling passed it over). Its record stays
+/// after the call returned, only to say that the thread is inside an
+/// allocator call while it is: then `ptr` holds the call's return address
+/// (the word at `sp`, read at its entry), and the thread is inside the
+/// call while its stack is below `sp` and that word is unchanged. The
+/// thread's next probed call replaces it, whatever its stack pointer
+/// (the calls a session skips, `malloc`'s and `calloc`'s shapes, call no
+/// probed function).
+pub const INFLIGHT_NO_RETURN: u32 = 4;
 /// [`Inflight::shape`]: a call that returns the new block (`malloc`,
 /// `calloc`, `aligned_alloc`, ...).
 pub const INFLIGHT_NEW: u32 = 0;

@@ -206,6 +206,70 @@ pub fn is_operator(symbol: &str) -> bool {
         .any(|prefix| symbol.starts_with(prefix))
 }
 
+/// The uprobe session program (Linux 6.13+, attach type
+/// `BPF_TRACE_UPROBE_SESSION`) that tracerd attaches, when it samples, in
+/// place of every entry of [`SESSION_ENTRIES`] and of their exit
+/// (`malloc_exit`): the kernel runs it at the call's entry and, unless
+/// that run returned 1, again at its return. A call sampling passes over
+/// returns 1, so that its return costs nothing (no trap, no program).
+pub const SESSION_PROGRAM: &str = "alloc_session";
+
+/// The entry programs whose calls [`SESSION_PROGRAM`] runs, by kind: a
+/// probe's kind is its index here, in its attach cookie's bits from
+/// [`SESSION_KIND_SHIFT`] up (the bits below are the allocator family's
+/// source, as every probe's cookie has it).
+pub const SESSION_ENTRIES: [&str; 9] = [
+    MALLOC.0,
+    CALLOC.0,
+    REALLOC.0,
+    REALLOCARRAY.0,
+    POSIX_MEMALIGN.0,
+    ALIGNED_ALLOC.0,
+    MEMALIGN.0,
+    VALLOC.0,
+    PVALLOC.0,
+];
+
+/// The kinds of call [`SESSION_PROGRAM`] runs: each is the index in
+/// [`SESSION_ENTRIES`] of the entry program whose arguments it decodes.
+#[repr(u64)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SessionKind {
+    /// `malloc(size)`'s shape.
+    Malloc = 0,
+    /// `calloc(n, m)`'s.
+    Calloc = 1,
+    /// `realloc(ptr, size)`'s.
+    Realloc = 2,
+    /// `reallocarray(ptr, n, m)`'s.
+    Reallocarray = 3,
+    /// `posix_memalign(memptr, align, size)`'s.
+    PosixMemalign = 4,
+    /// `aligned_alloc(align, size)`'s.
+    AlignedAlloc = 5,
+    /// `memalign(align, size)`'s.
+    Memalign = 6,
+    /// `valloc(size)`'s.
+    Valloc = 7,
+    /// `pvalloc(size)`'s.
+    Pvalloc = 8,
+}
+
+const _: () = assert!(SESSION_ENTRIES.len() == SessionKind::Pvalloc as usize + 1);
+
+/// The first bit of a session probe's attach cookie that holds its kind
+/// (an index of [`SESSION_ENTRIES`]).
+pub const SESSION_KIND_SHIFT: u32 = 32;
+
+/// The kind (index in [`SESSION_ENTRIES`]) of the entry program `entry`,
+/// None for one the session does not run (`free_enter`).
+pub fn session_kind(entry: &str) -> Option<u64> {
+    SESSION_ENTRIES
+        .iter()
+        .position(|name| *name == entry)
+        .map(|kind| kind as u64)
+}
+
 /// Empty uprobe and uretprobe programs, attached in place of every entry and
 /// exit program to measure the physical floor of the probes themselves.
 pub const FLOOR_PROGRAMS: (&str, &str) = ("floor_enter", "floor_exit");
@@ -255,3 +319,36 @@ pub const TRACEPOINTS: [(&str, &str, &str); 4] = [
     ("sched_process_fork", "sched", "sched_process_fork"),
     ("task_newtask", "task", "task_newtask"),
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn session_kinds_name_the_entries_whose_arguments_they_decode() {
+        let kinds = [
+            (SessionKind::Malloc, "malloc_enter"),
+            (SessionKind::Calloc, "calloc_enter"),
+            (SessionKind::Realloc, "realloc_enter"),
+            (SessionKind::Reallocarray, "reallocarray_enter"),
+            (SessionKind::PosixMemalign, "posix_memalign_enter"),
+            (SessionKind::AlignedAlloc, "aligned_alloc_enter"),
+            (SessionKind::Memalign, "memalign_enter"),
+            (SessionKind::Valloc, "valloc_enter"),
+            (SessionKind::Pvalloc, "pvalloc_enter"),
+        ];
+        for (kind, entry) in kinds {
+            assert_eq!(session_kind(entry), Some(kind as u64), "{entry}");
+        }
+        assert_eq!(session_kind("free_enter"), None);
+        // Every probed function but the frees is a session's call.
+        for spec in PROBES {
+            assert_eq!(
+                session_kind(spec.entry).is_some(),
+                spec.exit.is_some(),
+                "{}",
+                spec.symbol
+            );
+        }
+    }
+}

@@ -19,39 +19,39 @@ use tracer_common::{
 use crate::{
     counters::count,
     globals::sample_mean,
-    inflight::{record_entry, take_inflight},
+    inflight::{Entry, record_entry, take_inflight},
     live::{record_alloc, remove_block},
 };
 
 /// Entry of an allocator that returns a new block (`sp`: the user stack
-/// pointer at the entry): see [`record_entry`].
+/// pointer at the entry; `skippable`: a uprobe session's, whose return is
+/// skipped when sampling passes the call over): see [`record_entry`].
 #[inline(always)]
-pub(crate) fn alloc_entry(size: u64, overflow: bool, sp: u64) -> u32 {
-    let _ = record_entry(size, 0, overflow, sp, INFLIGHT_NEW);
-    0
+pub(crate) fn alloc_entry(size: u64, overflow: bool, sp: u64, skippable: bool) -> Entry {
+    record_entry(size, 0, overflow, sp, INFLIGHT_NEW, skippable)
 }
 
 /// Entry of `posix_memalign(memptr, align, size)`: the return reads the
 /// new block from `memptr`.
 #[inline(always)]
-pub(crate) fn memptr_entry(size: u64, memptr: u64, sp: u64) -> u32 {
-    let _ = record_entry(size, memptr, false, sp, INFLIGHT_MEMPTR);
-    0
+pub(crate) fn memptr_entry(size: u64, memptr: u64, sp: u64) -> Entry {
+    record_entry(size, memptr, false, sp, INFLIGHT_MEMPTR, false)
 }
 
 /// Entry of `realloc(old, size)` and `reallocarray`. When the call cannot be
 /// recorded, `old` leaves the live set at once: its return will not be seen,
 /// and glibc frees or moves the block (or it stays if the call fails: an
 /// untraced live block only undercounts), so keeping it would leave a
-/// phantom leak.
+/// phantom leak. Its return is never skipped: it takes `old` out.
 #[inline(always)]
-pub(crate) fn realloc_entry(size: u64, old: u64, overflow: bool, sp: u64) -> u32 {
-    if let Some(tgid) = record_entry(size, old, overflow, sp, INFLIGHT_RESIZE)
+pub(crate) fn realloc_entry(size: u64, old: u64, overflow: bool, sp: u64) -> Entry {
+    let entry = record_entry(size, old, overflow, sp, INFLIGHT_RESIZE, false);
+    if let Entry::Dropped(tgid) = entry
         && old != 0
     {
         remove_block(tgid, old, false);
     }
-    0
+    entry
 }
 
 /// The user stack pointer at a return (8 bytes above the call's entry's).

@@ -18,9 +18,18 @@
 //! unseen (its return probe was removed while it ran, by a scope change or
 //! a stop): it is forgotten and counted (`stale_inflight`), so that the
 //! thread's later calls are not all taken for nested ones.
+//!
+//! Calls whose return is not run. In a uprobe session (sampling on), an
+//! entry that sampling passes over skips its return; its record
+//! ([`INFLIGHT_NO_RETURN`]) stays behind the call only so that a system
+//! call made inside it is known to be the allocator's ([`in_call`]), and
+//! the thread's next probed call replaces it.
 
 use aya_ebpf::bindings::BPF_NOEXIST;
-use tracer_common::{Counter, INFLIGHT_OVERFLOW, INFLIGHT_UNSAMPLED, Inflight, InflightSlot};
+use aya_ebpf::helpers::bpf_probe_read_user;
+use tracer_common::{
+    Counter, INFLIGHT_NO_RETURN, INFLIGHT_OVERFLOW, INFLIGHT_UNSAMPLED, Inflight, InflightSlot,
+};
 
 use crate::{
     atomic::{compare_exchange, fetch_add},
@@ -53,9 +62,36 @@ fn add_spilled(delta: u64) {
     }
 }
 
+/// What an entry left for its return ([`record_entry`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Entry {
+    /// The call is recorded in flight: its return has work to do.
+    Recorded,
+    /// Its return has nothing to do: a nested call, a process not traced,
+    /// or a call sampling passed over whose return is skipped.
+    Nothing,
+    /// Not recorded (both in-flight maps full: counted as a drop), by
+    /// process `tgid`.
+    Dropped(u32),
+}
+
+impl Entry {
+    /// What a uprobe session's entry run returns: 1 (the kernel skips the
+    /// return) unless the return has work to do.
+    #[inline(always)]
+    pub(crate) fn session_return(self) -> u32 {
+        match self {
+            Entry::Recorded => 0,
+            Entry::Nothing | Entry::Dropped(_) => 1,
+        }
+    }
+}
+
 /// Records an allocator call's entry (`sp`: the user stack pointer at it;
-/// `shape`: what its return does, `Inflight::shape`), for its return. Returns the tgid when the call could not be recorded
-/// (both in-flight maps full: counted as a drop), else None.
+/// `shape`: what its return does, `Inflight::shape`), for its return.
+/// `skippable`: the call's return may be skipped (a uprobe session's
+/// `malloc` or `calloc` shape) when sampling passes it over; its record is
+/// then [`INFLIGHT_NO_RETURN`].
 #[inline(always)]
 pub(crate) fn record_entry(
     size: u64,
@@ -63,12 +99,22 @@ pub(crate) fn record_entry(
     overflow: bool,
     sp: u64,
     shape: u32,
-) -> Option<u32> {
-    let (id, tgid) = entry_caller()?;
+    skippable: bool,
+) -> Entry {
+    let Some((id, tgid)) = entry_caller() else {
+        return Entry::Nothing;
+    };
     let mut flags = if overflow { INFLIGHT_OVERFLOW } else { 0 };
+    let mut ptr = ptr;
     let mean = sample_mean();
     if mean != 0 && !take_sample(size, mean) {
         flags |= INFLIGHT_UNSAMPLED;
+        if skippable {
+            // Counted here: its return, which counts the others, is not run.
+            count(Counter::Unsampled);
+            flags |= INFLIGHT_NO_RETURN;
+            ptr = return_address(sp);
+        }
     }
     let value = Inflight {
         size,
@@ -77,6 +123,11 @@ pub(crate) fn record_entry(
         overflow: flags,
         shape,
     };
+    let kept = if flags & INFLIGHT_NO_RETURN != 0 {
+        Entry::Nothing
+    } else {
+        Entry::Recorded
+    };
     let slot = slot_of(id);
     if let Some(slot) = slot {
         // SAFETY: a slot of the array; its owner field is only changed by
@@ -84,8 +135,8 @@ pub(crate) fn record_entry(
         let owner = unsafe { core::ptr::read_volatile(&raw const (*slot).owner) };
         if owner == id {
             // SAFETY: the slot is this thread's own.
-            unsafe { nest_or_replace(&raw mut (*slot).call, &value) };
-            return None;
+            let replaced = unsafe { nest_or_replace(&raw mut (*slot).call, &value) };
+            return if replaced { kept } else { Entry::Nothing };
         }
     }
     // A call of this thread may be in the spill map (its slot was taken
@@ -94,8 +145,11 @@ pub(crate) fn record_entry(
     if spilled() != 0
         && let Some(inflight) = INFLIGHT.get_ptr_mut(id)
     {
-        nest_or_replace(inflight, &value);
-        return None;
+        return if nest_or_replace(inflight, &value) {
+            kept
+        } else {
+            Entry::Nothing
+        };
     }
     if let Some(slot) = slot
         // SAFETY: as above.
@@ -103,11 +157,11 @@ pub(crate) fn record_entry(
     {
         // SAFETY: claimed: the slot is this thread's own until it frees it.
         unsafe { (*slot).call = value };
-        return None;
+        return kept;
     }
     if INFLIGHT.insert(id, value, BPF_NOEXIST as u64).is_ok() {
         add_spilled(1);
-        return None;
+        return kept;
     }
     // Its return will find no entry: nothing of this call is recorded.
     count(Counter::DropInflightFull);
@@ -115,7 +169,15 @@ pub(crate) fn record_entry(
         // SAFETY: a PROCS value.
         fetch_add(unsafe { &raw mut (*stats).drops }, 1);
     }
-    Some(tgid)
+    Entry::Dropped(tgid)
+}
+
+/// The return address of a call whose user stack pointer at its entry is
+/// `sp` (the word there), 0 if it cannot be read.
+#[inline(always)]
+fn return_address(sp: u64) -> u64 {
+    // SAFETY: bpf_probe_read_user checks the user address itself.
+    unsafe { bpf_probe_read_user(sp as *const u64) }.unwrap_or(0)
 }
 
 /// The entry record of the call returning now (`ret_sp`: the user stack
@@ -131,8 +193,10 @@ pub(crate) fn take_inflight(ret_sp: u64) -> Option<(u32, Inflight)> {
         if owner == id {
             // SAFETY: the slot is this thread's own.
             let call = unsafe { (*slot).call };
-            if call.sp > entry_sp {
-                // Nested in the call recorded.
+            if call.sp > entry_sp || call.overflow & INFLIGHT_NO_RETURN != 0 {
+                // Nested in the call recorded, or the record of a call
+                // whose return is skipped (never this one's: a call that
+                // recorded itself replaced it).
                 return None;
             }
             if call.sp < entry_sp {
@@ -150,7 +214,7 @@ pub(crate) fn take_inflight(ret_sp: u64) -> Option<(u32, Inflight)> {
     };
     // SAFETY: the entry is this thread's own; no other thread writes it.
     let value = unsafe { *inflight };
-    if value.sp > entry_sp {
+    if value.sp > entry_sp || value.overflow & INFLIGHT_NO_RETURN != 0 {
         return None;
     }
     if value.sp < entry_sp {
@@ -164,32 +228,58 @@ pub(crate) fn take_inflight(ret_sp: u64) -> Option<(u32, Inflight)> {
 
 /// A probed call `new` of a thread whose call `recorded` is in flight: nested
 /// in it when deeper in the stack (counted), else the recorded call is over
-/// and `new` takes its place. `recorded` is the thread's own record (its
-/// slot or its spill entry).
+/// and `new` takes its place (true). A recorded call whose return is not
+/// run ([`INFLIGHT_NO_RETURN`]) is always replaced: the calls whose return
+/// a session skips call no probed function. `recorded` is the thread's own
+/// record (its slot or its spill entry).
 #[inline(always)]
-fn nest_or_replace(recorded: *mut Inflight, new: &Inflight) {
+fn nest_or_replace(recorded: *mut Inflight, new: &Inflight) -> bool {
     // SAFETY: the record is this thread's own; no other thread writes it.
     unsafe {
-        if new.sp < (*recorded).sp {
-            count(Counter::Nested);
-        } else {
+        if (*recorded).overflow & INFLIGHT_NO_RETURN == 0 {
+            if new.sp < (*recorded).sp {
+                count(Counter::Nested);
+                return false;
+            }
             count(Counter::StaleInflight);
-            *recorded = *new;
         }
+        *recorded = *new;
     }
+    true
 }
 
 /// Whether thread `id` is inside a probed allocator call (between its
 /// entry and its return): a system call it makes then is the allocator's.
+/// `user_sp` gives the thread's user stack pointer now, read only for a
+/// call whose return is not run ([`INFLIGHT_NO_RETURN`]): the thread is
+/// inside it while its stack is below the call's entry and the call's
+/// return address is still there (a call made since the call returned,
+/// at its depth, wrote its own).
 #[inline(always)]
-pub(crate) fn in_call(id: u64) -> bool {
+pub(crate) fn in_call(id: u64, user_sp: impl Fn() -> u64) -> bool {
     if let Some(slot) = slot_of(id) {
         // SAFETY: see record_entry.
         if unsafe { core::ptr::read_volatile(&raw const (*slot).owner) } == id {
-            return true;
+            // SAFETY: the slot is this thread's own.
+            return inside(unsafe { &(*slot).call }, &user_sp);
         }
     }
-    spilled() != 0 && INFLIGHT.get_ptr(id).is_some()
+    if spilled() == 0 {
+        return false;
+    }
+    match INFLIGHT.get_ptr(id) {
+        // SAFETY: the entry is this thread's own; no other thread writes it.
+        Some(call) => inside(unsafe { &*call }, &user_sp),
+        None => false,
+    }
+}
+
+/// Whether the thread whose record is `call` is inside that call (see
+/// [`in_call`]).
+#[inline(always)]
+fn inside(call: &Inflight, user_sp: &impl Fn() -> u64) -> bool {
+    call.overflow & INFLIGHT_NO_RETURN == 0
+        || user_sp() < call.sp && return_address(call.sp) == call.ptr
 }
 
 /// Forgets the call in flight of thread `id`, which is exiting: a thread

@@ -243,6 +243,13 @@ pub(crate) static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_RING_BYTES, 0
 #[map]
 pub(crate) static NO_PRIVATE_STACK: ProgramArray = ProgramArray::with_max_entries(1, 0);
 
+/// [`NO_PRIVATE_STACK`] of the uprobe session program: the kernel keeps
+/// a prog array to the programs of the first attach type that uses it
+/// (a session's run context is not a uprobe_multi's), and refuses the
+/// others' load.
+#[map]
+pub(crate) static NO_PRIV_SESSION: ProgramArray = ProgramArray::with_max_entries(1, 0);
+
 /// The anonymous-mapping programs, by `tracer_common::MMAP_TAIL_UNMAP` and
 /// `MMAP_TAIL_ADD`, filled by tracerd before it attaches them: the `mmap`
 /// exit tail-calls the unmap program for a `MAP_FIXED` mapping (which

@@ -3,7 +3,8 @@
 //! while tracing added and removed; the programs' runtime switches.
 //!
 //! Each program's probes in one object are one uprobe_multi link where the
-//! kernel has them ([`super::multi`]): closing it unregisters them all with
+//! kernel has them ([`super::multi`]; a sampling tracerd's allocating calls
+//! one uprobe session link, where the kernel has those): closing it unregisters them all with
 //! one wait for the kernel's grace periods, and links closed on several
 //! threads wait at once. Elsewhere each probe is a perf event of its own,
 //! which costs the kernel grace periods to detach (one probe after
@@ -24,14 +25,16 @@ use aya::programs::{
     trace_point::TracePointLink,
     uprobe::{UProbeAttachPoint, UProbeLink, UProbeScope},
 };
-use tracer_common::{MAP_SCOPE_TGIDS, MAP_SWITCHES};
+use tracer_common::{
+    MAP_SCOPE_TGIDS, MAP_SWITCHES, SESSION_KIND_SHIFT, SESSION_PROGRAM, session_kind,
+};
 
 use super::load::program_mut;
 use super::multi::MultiPrograms;
 use super::probes::{AttachedLibrary, ProbePoint, Target};
 use super::{Capture, CaptureError};
 use crate::sys::procfs::FileKey;
-use crate::sys::uprobe_multi::{self, MultiAttach};
+use crate::sys::uprobe_multi::{self, LinkKind, MultiAttach};
 
 /// One attached link: the object, and its ticket in the [`ProbeLinks`]
 /// that own the links.
@@ -171,16 +174,16 @@ impl Capture {
         let (key, path) = (target.key, target.path.clone());
         let cookie = u64::from(target.family.source());
         let points = target.points.clone();
+        let session = self.multi.as_ref().is_some_and(MultiPrograms::session);
         for exit_pass in [true, false] {
-            for (name, probes) in by_program(&points, self.programs, exit_pass) {
+            for (name, probes) in by_program(&points, self.programs, exit_pass, session) {
                 if let Some(multi) = &self.multi {
-                    let offsets: Vec<u64> = probes.iter().map(|(offset, _)| *offset).collect();
-                    let link = attach_multi(multi, name, &path, &offsets, cookie, pid, exit_pass);
-                    let symbols: Vec<&str> = probes.iter().map(|(_, symbol)| *symbol).collect();
+                    let link = attach_multi(multi, name, &path, &probes, cookie, pid, exit_pass);
+                    let symbols: Vec<&str> = probes.iter().map(|probe| probe.symbol).collect();
                     self.keep_link(link, (name, &path, &symbols.join(",")), key, links)?;
                     continue;
                 }
-                for (offset, symbol) in probes {
+                for Probe { offset, symbol, .. } in probes {
                     let link = attach_perf(&mut self.ebpf, name, &path, offset, cookie, pid);
                     self.keep_link(link, (name, &path, symbol), key, links)?;
                 }
@@ -407,26 +410,46 @@ impl Capture {
 /// Why a link could not be made: aya's error or the kernel's.
 type AttachError = Box<dyn std::error::Error + Send + Sync>;
 
+/// One probe of a program in an object.
+struct Probe {
+    /// File offset of the probed instruction.
+    offset: u64,
+    /// The probed function.
+    symbol: &'static str,
+    /// The bits of its attach cookie above the family's source: a session
+    /// probe's kind (`SessionKind << SESSION_KIND_SHIFT`), else 0.
+    kind: u64,
+}
+
 /// The probes of one pass over `points` (uretprobes when `exit`, else
 /// uprobes) by the program `programs` runs there, in order of first use:
-/// (program, [(file offset, symbol)]).
+/// (program, probes). With `session`, the calls of
+/// [`SESSION_ENTRIES`](tracer_common::SESSION_ENTRIES) have
+/// [`SESSION_PROGRAM`] at their entry and no uretprobe.
 fn by_program(
     points: &[ProbePoint],
     programs: super::load::Programs,
     exit: bool,
-) -> Vec<(&'static str, Vec<(u64, &'static str)>)> {
-    let mut groups: Vec<(&'static str, Vec<(u64, &'static str)>)> = Vec::new();
+    session: bool,
+) -> Vec<(&'static str, Vec<Probe>)> {
+    let mut groups: Vec<(&'static str, Vec<Probe>)> = Vec::new();
     for point in points {
         let spec = &point.spec;
-        let (name, offset) = match (exit, spec.exit) {
-            (true, Some(name)) => (name, point.exit),
-            (true, None) => continue,
-            (false, _) => (spec.entry, point.entry),
+        let kind = session.then(|| session_kind(spec.entry)).flatten();
+        let (name, offset, kind) = match (exit, spec.exit, kind) {
+            (true, _, Some(_)) | (true, None, _) => continue,
+            (true, Some(name), None) => (programs.program_for(name, true), point.exit, 0),
+            (false, _, Some(kind)) => (SESSION_PROGRAM, point.entry, kind << SESSION_KIND_SHIFT),
+            (false, _, None) => (programs.program_for(spec.entry, false), point.entry, 0),
         };
-        let name = programs.program_for(name, exit);
+        let probe = Probe {
+            offset,
+            symbol: spec.symbol,
+            kind,
+        };
         match groups.iter_mut().find(|(n, _)| *n == name) {
-            Some((_, probes)) => probes.push((offset, spec.symbol)),
-            None => groups.push((name, vec![(offset, spec.symbol)])),
+            Some((_, probes)) => probes.push(probe),
+            None => groups.push((name, vec![probe])),
         }
     }
     groups
@@ -459,14 +482,15 @@ fn attach_perf(
     Ok(ProbeLink::Perf(program.take_link(id)?))
 }
 
-/// Attaches program `name` at every one of `offsets` of the object at
-/// `path`, each with `cookie`, as uretprobes when `ret`, for `pid` (None or
-/// 0: every process): one uprobe_multi link.
+/// Attaches program `name` at every one of `probes` of the object at
+/// `path`, each with `cookie` and its kind's bits, as uretprobes when
+/// `ret`, for `pid` (None or 0: every process): one uprobe_multi link, or
+/// one uprobe session link for [`SESSION_PROGRAM`].
 fn attach_multi(
     multi: &MultiPrograms,
     name: &'static str,
     path: &Path,
-    offsets: &[u64],
+    probes: &[Probe],
     cookie: u64,
     pid: Option<u32>,
     ret: bool,
@@ -475,11 +499,18 @@ fn attach_multi(
         .program(name)
         .ok_or_else(|| format!("program {name} is not loaded"))?;
     let path = CString::new(path.as_os_str().as_bytes())?;
-    let cookies = vec![cookie; offsets.len()];
+    let offsets: Vec<u64> = probes.iter().map(|probe| probe.offset).collect();
+    let cookies: Vec<u64> = probes.iter().map(|probe| cookie | probe.kind).collect();
+    let kind = if name == SESSION_PROGRAM {
+        LinkKind::Session
+    } else {
+        LinkKind::Multi
+    };
     let fd = uprobe_multi::attach(&MultiAttach {
         program,
+        kind,
         path: &path,
-        offsets,
+        offsets: &offsets,
         cookies: &cookies,
         ret,
         pid: pid.unwrap_or(0),

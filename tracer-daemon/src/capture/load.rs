@@ -401,6 +401,9 @@ fn verify_on_both_cpus(
 ) -> Result<MultiPrograms, String> {
     let prepared = MultiPrograms::prepare(object, ebpf);
     let mmap = config.trace_mmap && programs == Programs::Tracer;
+    // Sampled: one session program for the allocating calls, whose
+    // entries skip the return of the calls sampling passes over.
+    let session = config.sample_interval != 0 && programs == Programs::Tracer;
     let (mut here, mut there) = (Vec::new(), Vec::new());
     for (name, program) in ebpf.programs_mut() {
         if mmap && name == MMAP_UNMAP_PROGRAM {
@@ -411,7 +414,7 @@ fn verify_on_both_cpus(
     }
     std::thread::scope(|scope| {
         let uprobes = scope.spawn(|| {
-            let multi = prepared.and_then(|p| p.load(names.iter().copied()));
+            let multi = prepared.and_then(|p| p.load(names.iter().copied(), session));
             verify_tracepoints(there);
             multi
         });

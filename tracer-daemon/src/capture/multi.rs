@@ -11,7 +11,10 @@
 //! (aya's own parser), its instructions relocated against the maps aya
 //! created (the same kernel maps, so the global data set at load and
 //! every map tracerd reads are the ones these programs use), and each
-//! uprobe program loaded by [`crate::sys::uprobe_multi`].
+//! uprobe program loaded by [`crate::sys::uprobe_multi`]. When tracerd
+//! samples, the allocating calls' entries and exit are one program for
+//! uprobe session links instead (Linux 6.13+, [`SESSION_PROGRAM`]): a call
+//! sampling passes over then skips its return probe.
 use std::{
     collections::{HashMap, HashSet},
     os::fd::{AsFd, AsRawFd as _, BorrowedFd, OwnedFd},
@@ -22,7 +25,9 @@ use aya::{
     maps::{Map, MapData},
 };
 
-use crate::sys::uprobe_multi::{self, ProgramBtf};
+use tracer_common::{PROBES, SESSION_PROGRAM, session_kind};
+
+use crate::sys::uprobe_multi::{self, LinkKind, ProgramBtf};
 
 /// The uprobe programs loaded for uprobe_multi links, by name.
 #[derive(Debug)]
@@ -88,9 +93,13 @@ impl MultiPrograms {
 
 impl Prepared {
     /// Loads the programs `names` for uprobe_multi links, and checks that
-    /// the kernel takes such links. The maps they refer to are those of
-    /// the `Ebpf` this was prepared from, which must keep them until the
-    /// load returns.
+    /// the kernel takes such links. With `session` (tracerd samples), first
+    /// [`SESSION_PROGRAM`] for uprobe session links, in place of the
+    /// programs of `names` it replaces ([`replaced_by_session`]), which are
+    /// then not loaded; a kernel that refuses it (before Linux 6.13) gets
+    /// them all, with a log line. The maps they refer to are those of the
+    /// `Ebpf` this was prepared from, which must keep them until the load
+    /// returns.
     ///
     /// # Errors
     /// Why not, in words: the kernel has no uprobe_multi links (before
@@ -99,52 +108,97 @@ impl Prepared {
     pub(super) fn load(
         self,
         names: impl IntoIterator<Item = &'static str>,
+        session: bool,
     ) -> Result<MultiPrograms, String> {
-        let Self { obj, btf } = self;
+        let session = match session.then(|| self.load_one(SESSION_PROGRAM, LinkKind::Session)) {
+            None => None,
+            Some(Ok(fd)) if uprobe_multi::supported(fd.as_fd(), LinkKind::Session) => Some(fd),
+            Some(result) => {
+                let reason = result.err().unwrap_or_else(|| "no session links".into());
+                tracing::warn!(
+                    program = SESSION_PROGRAM,
+                    %reason,
+                    "no uprobe session links (Linux 6.13+): each allocator call keeps a uprobe and a uretprobe, and sampling costs what exact tracing does"
+                );
+                None
+            }
+        };
         let mut programs = HashMap::new();
         for name in names {
-            if programs.contains_key(name) {
+            if programs.contains_key(name) || session.is_some() && replaced_by_session(name) {
                 continue;
             }
-            let program = obj
-                .programs
-                .get(name)
-                .ok_or_else(|| format!("program {name} is not in the object"))?;
-            let function = obj
-                .functions
-                .get(&program.function_key())
-                .ok_or_else(|| format!("program {name} has no code"))?;
-            let btf = btf.as_ref().map(|btf| ProgramBtf {
-                btf: btf.as_fd(),
-                func_info: &function.func_info.func_info,
-                line_info: &function.line_info.line_info,
-            });
-            let started = std::time::Instant::now();
-            let fd = uprobe_multi::load_program(
-                name,
-                &function.instructions,
-                &program.license,
-                btf.as_ref(),
-            )
-            .map_err(|e| format!("loading {name}: {e}"))?;
-            tracing::debug!(
-                program = name,
-                ms = started.elapsed().as_millis() as u64,
-                "program verified"
-            );
-            if programs.is_empty() && !uprobe_multi::supported(fd.as_fd()) {
+            let fd = self.load_one(name, LinkKind::Multi)?;
+            if programs.is_empty() && !uprobe_multi::supported(fd.as_fd(), LinkKind::Multi) {
                 return Err("this kernel has no uprobe_multi links filtered by process (Linux 6.10, or a stable kernel with the fix)".into());
             }
             programs.insert(name, fd);
         }
+        if let Some(fd) = session {
+            programs.insert(SESSION_PROGRAM, fd);
+        }
         Ok(MultiPrograms { programs })
     }
+
+    /// Loads program `name` for links of `kind`.
+    ///
+    /// # Errors
+    /// Why not, in words: not in the object, or refused (the verifier's
+    /// log's end).
+    fn load_one(&self, name: &'static str, kind: LinkKind) -> Result<OwnedFd, String> {
+        let program = self
+            .obj
+            .programs
+            .get(name)
+            .ok_or_else(|| format!("program {name} is not in the object"))?;
+        let function = self
+            .obj
+            .functions
+            .get(&program.function_key())
+            .ok_or_else(|| format!("program {name} has no code"))?;
+        let btf = self.btf.as_ref().map(|btf| ProgramBtf {
+            btf: btf.as_fd(),
+            func_info: &function.func_info.func_info,
+            line_info: &function.line_info.line_info,
+        });
+        let started = std::time::Instant::now();
+        let fd = uprobe_multi::load_program(
+            name,
+            kind,
+            &function.instructions,
+            &program.license,
+            btf.as_ref(),
+        )
+        .map_err(|e| format!("loading {name}: {e}"))?;
+        tracing::debug!(
+            program = name,
+            ms = started.elapsed().as_millis() as u64,
+            "program verified"
+        );
+        Ok(fd)
+    }
+}
+
+/// Whether program `name` is one that [`SESSION_PROGRAM`] replaces: an
+/// entry of [`SESSION_ENTRIES`], or the exit of one.
+pub(super) fn replaced_by_session(name: &str) -> bool {
+    session_kind(name).is_some()
+        || PROBES
+            .iter()
+            .any(|spec| session_kind(spec.entry).is_some() && spec.exit == Some(name))
 }
 
 impl MultiPrograms {
     /// Program `name`, if loaded.
     pub(super) fn program(&self, name: &str) -> Option<BorrowedFd<'_>> {
         self.programs.get(name).map(AsFd::as_fd)
+    }
+
+    /// Whether [`SESSION_PROGRAM`] is loaded: the calls of
+    /// [`SESSION_ENTRIES`](tracer_common::SESSION_ENTRIES) are probed by
+    /// session links.
+    pub(super) fn session(&self) -> bool {
+        self.programs.contains_key(SESSION_PROGRAM)
     }
 
     /// Each program by name, with a descriptor of its own (for

@@ -4,7 +4,9 @@
 //! type, and aya loads uprobes with none), asking whether the kernel has
 //! them, and creating one: many uprobes of one program in one object, all
 //! unregistered with one batched wait when the link's last descriptor
-//! closes.
+//! closes. The same for uprobe session links (Linux 6.13+,
+//! `BPF_TRACE_UPROBE_SESSION`): one program run at each call's entry and,
+//! unless that run returned 1, at its return.
 use std::{
     ffi::CStr,
     io,
@@ -22,6 +24,8 @@ const BPF_LINK_CREATE: libc::c_long = 28;
 const BPF_PROG_TYPE_KPROBE: u32 = 2;
 /// `BPF_TRACE_UPROBE_MULTI` of `enum bpf_attach_type`.
 const BPF_TRACE_UPROBE_MULTI: u32 = 48;
+/// `BPF_TRACE_UPROBE_SESSION` of `enum bpf_attach_type` (Linux 6.13+).
+const BPF_TRACE_UPROBE_SESSION: u32 = 57;
 /// `BPF_F_UPROBE_MULTI_RETURN`: the link's uprobes are uretprobes.
 const BPF_F_UPROBE_MULTI_RETURN: u32 = 1;
 /// Bytes of verifier log kept when a load is refused (its end, where the
@@ -126,9 +130,28 @@ pub struct ProgramBtf<'a> {
     pub line_info: &'a [bpf_line_info],
 }
 
+/// Which links a program is loaded for: its expected attach type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinkKind {
+    /// uprobe_multi links (`BPF_TRACE_UPROBE_MULTI`): uprobes or
+    /// uretprobes.
+    Multi,
+    /// uprobe session links (`BPF_TRACE_UPROBE_SESSION`, Linux 6.13+).
+    Session,
+}
+
+impl LinkKind {
+    fn attach_type(self) -> u32 {
+        match self {
+            LinkKind::Multi => BPF_TRACE_UPROBE_MULTI,
+            LinkKind::Session => BPF_TRACE_UPROBE_SESSION,
+        }
+    }
+}
+
 /// Loads `insns` (relocated: maps by descriptor, calls resolved) as a
-/// uprobe program for uprobe_multi links (`BPF_PROG_TYPE_KPROBE`,
-/// expected attach type `BPF_TRACE_UPROBE_MULTI`), named `name` (its first
+/// uprobe program for uprobe_multi or session links (`kind`;
+/// `BPF_PROG_TYPE_KPROBE`), named `name` (its first
 /// 15 bytes, as the kernel keeps it), under `license`, with its BTF (the
 /// verifier requires it of a program that passes a callback, as
 /// `bpf_loop` does).
@@ -139,6 +162,7 @@ pub struct ProgramBtf<'a> {
 /// verifier's log, asked for again when the first load fails.
 pub fn load_program(
     name: &str,
+    kind: LinkKind,
     insns: &[bpf_insn],
     license: &CStr,
     btf: Option<&ProgramBtf<'_>>,
@@ -153,7 +177,7 @@ pub fn load_program(
         insns: insns.as_ptr() as u64,
         license: license.as_ptr() as u64,
         prog_name,
-        expected_attach_type: BPF_TRACE_UPROBE_MULTI,
+        expected_attach_type: kind.attach_type(),
         ..ProgLoadAttr::default()
     };
     if let Some(btf) = btf {
@@ -205,16 +229,19 @@ fn owned(result: io::Result<libc::c_long>) -> io::Result<OwnedFd> {
 /// offset (`cookies`, as long as `offsets`: what the program's
 /// `bpf_get_attach_cookie` returns there), as uretprobes when `ret`, for
 /// the process `pid` only (its thread group) or, with 0, for every process.
+/// A session link (`kind`) runs its program at the entry and the return.
 pub struct MultiAttach<'a> {
-    /// A program loaded by [`load_program`].
+    /// A program loaded by [`load_program`] for links of `kind`.
     pub program: BorrowedFd<'a>,
+    /// uprobe_multi or session link.
+    pub kind: LinkKind,
     /// The object's path, resolved by the kernel when the link is created.
     pub path: &'a CStr,
     /// File offsets of the probed instructions.
     pub offsets: &'a [u64],
     /// One cookie per offset.
     pub cookies: &'a [u64],
-    /// Uretprobes (true) or uprobes.
+    /// Uretprobes (true) or uprobes; false for a session.
     pub ret: bool,
     /// One process (its tgid) or 0: all.
     pub pid: u32,
@@ -234,12 +261,12 @@ pub fn attach(attach: &MultiAttach<'_>) -> io::Result<OwnedFd> {
     }
     let mut attr = UprobeMultiAttr {
         prog_fd: attach.program.as_raw_fd() as u32,
-        attach_type: BPF_TRACE_UPROBE_MULTI,
+        attach_type: attach.kind.attach_type(),
         path: attach.path.as_ptr() as u64,
         offsets: attach.offsets.as_ptr() as u64,
         cookies: attach.cookies.as_ptr() as u64,
         cnt: attach.offsets.len() as u32,
-        multi_flags: if attach.ret {
+        multi_flags: if attach.ret && attach.kind == LinkKind::Multi {
             BPF_F_UPROBE_MULTI_RETURN
         } else {
             0
@@ -257,18 +284,18 @@ fn link_create(attr: &mut UprobeMultiAttr) -> io::Result<OwnedFd> {
     owned(unsafe { syscall(BPF_LINK_CREATE, attr) })
 }
 
-/// Whether the kernel takes uprobe_multi links for `program` (loaded by
-/// [`load_program`]) and filters them by process, not thread (fixed in
-/// Linux 6.10 and its stable kernels): libbpf's probe. A link on `/` is
-/// refused with EBADF (not a regular file) where links exist, and one
-/// with pid -1 with EINVAL where the pid filter is the process's. Nothing
-/// is attached.
-pub fn supported(program: BorrowedFd<'_>) -> bool {
+/// Whether the kernel takes links of `kind` for `program` (loaded by
+/// [`load_program`] for them) and filters them by process, not thread
+/// (fixed in Linux 6.10 and its stable kernels): libbpf's probe. A link
+/// on `/` is refused with EBADF (not a regular file) where links exist,
+/// and one with pid -1 with EINVAL where the pid filter is the process's.
+/// Nothing is attached.
+pub fn supported(program: BorrowedFd<'_>, kind: LinkKind) -> bool {
     let offset = 0u64;
     let cookie = 0u64;
     let mut attr = UprobeMultiAttr {
         prog_fd: program.as_raw_fd() as u32,
-        attach_type: BPF_TRACE_UPROBE_MULTI,
+        attach_type: kind.attach_type(),
         path: c"/".as_ptr() as u64,
         offsets: std::ptr::from_ref(&offset) as u64,
         cookies: std::ptr::from_ref(&cookie) as u64,

@@ -139,7 +139,20 @@ fn syscall_args01() -> Option<[u64; 2]> {
 fn traced_caller() -> Option<(u32, Image, bool)> {
     let (id, tgid) = current_in_scope()?;
     let image = find_proc(tgid)?;
-    Some((tgid, image, in_call(id)))
+    Some((tgid, image, in_call(id, user_sp)))
+}
+
+/// The calling thread's user stack pointer at its system call (0 if it
+/// cannot be read).
+#[inline(always)]
+fn user_sp() -> u64 {
+    // SAFETY: a checked read of one word within pt_regs.
+    unsafe {
+        let at = saved_regs()
+            .cast::<u8>()
+            .add(core::mem::offset_of!(pt_regs, rsp));
+        bpf_probe_read_kernel(at.cast::<u64>()).unwrap_or(0)
+    }
 }
 
 /// `len` rounded up to whole pages (the kernel maps and unmaps pages; it

@@ -18,72 +18,81 @@ use crate::{
 /// The user stack pointer at the probed call's entry (the address of its
 /// return address).
 #[inline(always)]
-fn sp(ctx: &ProbeContext) -> u64 {
+pub(super) fn sp(ctx: &ProbeContext) -> u64 {
     // SAFETY: regs points at the probe's saved registers for its duration.
     unsafe { (*ctx.regs).rsp }
 }
 
 /// Argument `n` of the probed call (0 if it cannot be read).
 #[inline(always)]
-fn arg(ctx: &ProbeContext, n: usize) -> u64 {
+pub(super) fn arg(ctx: &ProbeContext, n: usize) -> u64 {
     ctx.arg::<u64>(n).unwrap_or(0)
 }
 
 #[uprobe]
 pub fn malloc_enter(ctx: ProbeContext) -> u32 {
     on_task_stack(&ctx);
-    alloc_entry(arg(&ctx, 0), false, sp(&ctx))
+    let _ = alloc_entry(arg(&ctx, 0), false, sp(&ctx), false);
+    0
 }
 
 #[uprobe]
 pub fn calloc_enter(ctx: ProbeContext) -> u32 {
     on_task_stack(&ctx);
     let (size, overflow) = mul(arg(&ctx, 0), arg(&ctx, 1));
-    alloc_entry(size, overflow, sp(&ctx))
+    let _ = alloc_entry(size, overflow, sp(&ctx), false);
+    0
 }
 
 #[uprobe]
 pub fn realloc_enter(ctx: ProbeContext) -> u32 {
     on_task_stack(&ctx);
-    realloc_entry(arg(&ctx, 1), arg(&ctx, 0), false, sp(&ctx))
+    let _ = realloc_entry(arg(&ctx, 1), arg(&ctx, 0), false, sp(&ctx));
+    0
 }
 
 #[uprobe]
 pub fn reallocarray_enter(ctx: ProbeContext) -> u32 {
     on_task_stack(&ctx);
     let (size, overflow) = mul(arg(&ctx, 1), arg(&ctx, 2));
-    realloc_entry(size, arg(&ctx, 0), overflow, sp(&ctx))
+    let _ = realloc_entry(size, arg(&ctx, 0), overflow, sp(&ctx));
+    0
 }
 
 #[uprobe]
 pub fn posix_memalign_enter(ctx: ProbeContext) -> u32 {
     on_task_stack(&ctx);
-    memptr_entry(arg(&ctx, 2), arg(&ctx, 0), sp(&ctx))
+    let _ = memptr_entry(arg(&ctx, 2), arg(&ctx, 0), sp(&ctx));
+    0
 }
 
 #[uprobe]
 pub fn aligned_alloc_enter(ctx: ProbeContext) -> u32 {
     on_task_stack(&ctx);
-    alloc_entry(arg(&ctx, 1), false, sp(&ctx))
+    let _ = alloc_entry(arg(&ctx, 1), false, sp(&ctx), false);
+    0
 }
 
 #[uprobe]
 pub fn memalign_enter(ctx: ProbeContext) -> u32 {
     on_task_stack(&ctx);
-    alloc_entry(arg(&ctx, 1), false, sp(&ctx))
+    let _ = alloc_entry(arg(&ctx, 1), false, sp(&ctx), false);
+    0
 }
 
 #[uprobe]
 pub fn valloc_enter(ctx: ProbeContext) -> u32 {
     on_task_stack(&ctx);
-    alloc_entry(arg(&ctx, 0), false, sp(&ctx))
+    let _ = alloc_entry(arg(&ctx, 0), false, sp(&ctx), false);
+    0
 }
 
 #[uprobe]
 pub fn pvalloc_enter(ctx: ProbeContext) -> u32 {
     on_task_stack(&ctx);
     let (size, overflow) = page_round(page_size(), arg(&ctx, 0));
-    alloc_entry(size, overflow, sp(&ctx))
+    let _ = alloc_entry(size, overflow, sp(&ctx), false);
+    0
 }
 
 #[uprobe]

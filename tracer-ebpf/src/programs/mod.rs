@@ -2,13 +2,14 @@
 //! its context (arguments, return value, tracepoint record) and calls into
 //! the modules that own the data; no map is touched here.
 //!
-//! Program names are the ones `tracer_common::PROBES`, `TRACEPOINTS`,
-//! `MMAP_TRACEPOINTS` and `FLOOR_PROGRAMS` list: tracerd finds each by its function name.
+//! Program names are the ones `tracer_common::PROBES`, `SESSION_PROGRAM`,
+//! `TRACEPOINTS`, `MMAP_TRACEPOINTS` and `FLOOR_PROGRAMS` list: tracerd finds each by its function name.
 
 mod alloc;
 mod floor;
 mod lifecycle;
 mod mappings;
+mod session;
 
 use aya_ebpf::EbpfContext;
 
@@ -24,4 +25,12 @@ pub(crate) fn on_task_stack<C: EbpfContext>(ctx: &C) {
     // SAFETY: `ctx` is the program's own context; the slot is empty, so the
     // call returns here.
     unsafe { crate::maps::NO_PRIVATE_STACK.tail_call(ctx, 0) };
+}
+
+/// [`on_task_stack`] for the uprobe session program, through a prog array
+/// of its own ([`crate::maps::NO_PRIV_SESSION`]).
+#[inline(always)]
+pub(crate) fn session_on_task_stack<C: EbpfContext>(ctx: &C) {
+    // SAFETY: as in on_task_stack.
+    unsafe { crate::maps::NO_PRIV_SESSION.tail_call(ctx, 0) };
 }
