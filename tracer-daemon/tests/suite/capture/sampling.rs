@@ -1,8 +1,9 @@
 //! Sampling (`--sample-interval`): the estimates of counts and sizes stay
-//! within the stated error of an exact run of the same program.
+//! within the stated error of an exact run of the same program, and a call
+//! sampling passes over costs no return probe.
 
 use super::build;
-use crate::suite::support::{Fixture, Tracerd, stat_at};
+use crate::suite::support::{Fixture, Tracerd, sample, stat_at};
 
 /// (count, size) per marker line of `fixtures/sampled.c`, compared with
 /// the start of tracing.
@@ -65,4 +66,37 @@ fn sampling_estimates_are_within_the_stated_error_of_an_exact_run() {
             "{site}: size {size} vs {exact_size} ({size_error:.3} > {bound})"
         );
     }
+}
+
+/// Runs of [`tracer_common::SESSION_PROGRAM`] so far, from `/metrics`.
+fn session_runs(tracerd: &Tracerd) -> f64 {
+    let text = tracerd
+        .request(reqwest::Method::GET, "/metrics")
+        .text()
+        .expect("metrics");
+    sample(
+        &text,
+        "tracer_bpf_program_runs_total",
+        &[("program", tracer_common::SESSION_PROGRAM)],
+    )
+    .unwrap_or_else(|| panic!("no runs of the session program: {text}"))
+}
+
+#[test]
+fn calls_sampling_passes_over_skip_their_return() {
+    let prog = build("sampled");
+    // A mean interval of 1 TiB: hardly a call is sampled. A call whose
+    // return ran would run the session program twice.
+    let tracerd = Tracerd::start(&["--sample-interval", "1099511627776", "--bpf-stats", "true"]);
+    let mut fx = Fixture::spawn_ready(&prog.exe, &[]);
+    let before = session_runs(&tracerd);
+    fx.step("done");
+    let runs = session_runs(&tracerd) - before;
+    let calls = 120_200.0;
+    // Other processes' calls meanwhile are the slack.
+    assert!(
+        (calls..calls * 1.5).contains(&runs),
+        "{runs} runs for {calls} calls"
+    );
+    fx.end();
 }
