@@ -97,7 +97,7 @@ pub static ROUTES: &[Route] = &[
         path: "/pid/{pid}/tracing/start",
         cost: Cheap,
         ops: &[Op::post("start(nframe)")
-            .query(spec::START)
+            .query(spec::PID_START)
             .operators_only()
             .refuses(CONFLICT)],
     },
