@@ -24,6 +24,7 @@ use crate::lifecycle::{
     Scope, scope,
     watch::{Reading, Watch, WatchFigures},
 };
+use crate::sys::unix_ms;
 
 /// How long a query that started exact tracing waits for the process's
 /// first allocation, so that its answer already has the process.
@@ -129,13 +130,6 @@ impl ExactState {
     }
 }
 
-/// Unix ms now.
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
 /// One process as the watch shows it (`GET /processes`' `watched`).
 pub use tracer_api::{ExactTracing, WatchedProcess};
 
@@ -179,10 +173,7 @@ impl Service {
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone();
-        let since_ms = self
-            .started_at
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let since_ms = unix_ms(self.started_at);
         if scope.is_all() {
             Some(ExactTracing {
                 since_ms,
@@ -290,7 +281,7 @@ impl Service {
             }
         }
         super::Unwinder::new(self).tables_of(&[pid]);
-        let since_ms = now_ms();
+        let since_ms = unix_ms(SystemTime::now());
         let until =
             (reason == ExactReason::Watch).then(|| Instant::now() + self.exact.policy.hold_for);
         {
@@ -403,7 +394,7 @@ impl Service {
             .collect();
         let (growing, expired, gone) = {
             let mut watch = lock(&self.exact.watch);
-            watch.observe(now_ms(), &readings);
+            watch.observe(unix_ms(SystemTime::now()), &readings);
             let demand = lock(&self.exact.demand);
             let now = Instant::now();
             let expired: Vec<(u32, bool)> = demand

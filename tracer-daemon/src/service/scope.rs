@@ -100,8 +100,6 @@ impl Service {
             on_demand: self.exact_mode() == crate::config::ExactMode::Demand,
             ..new
         };
-        new.validate()
-            .map_err(|reason| ServiceError::Scope { reason })?;
         let (attached, new) = {
             let mut held = self.state.locks().kernel().scope();
             let previous = self.user_scope();
